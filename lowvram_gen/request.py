@@ -1,0 +1,150 @@
+"""The request every front end builds, and its validation.
+
+Validation happens here, once, before any model work: the CLI, the web UI, the batch script and
+the Python API all call `GenerationRequest.validated()` (or `from_mapping`, which also coerces text
+from forms and prompt files). No torch import here, so `--help` and validation stay fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import InvalidRequest
+
+# Caps. They bound what a typo can cost, not what a big card can do; presets cap further.
+MAX_SIDE = 4096  # px: SDXL-class models are trained at 1024; 4096 is already 16x that area
+MIN_SIDE = 64  # px: one 8x8 latent; anything smaller is not an image a VAE can decode
+MAX_STEPS = 150  # A1111's slider maximum
+MAX_CFG = 30.0  # A1111's slider maximum
+MAX_BATCH = 16  # images per job; presets split them into forward passes of max_batch
+MAX_SEED = 2**32 - 1  # seeds are 32-bit in A1111 and in most samplers' RNG seeding
+MAX_PROMPT_CHARS = 20_000  # a 10 kB prompt is accepted (and truncated by the tokenizer, with a warning)
+
+# C0/C1 control characters except tab and newline: NUL and friends become a space, everywhere.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean_prompt(field_name: str, text: Any) -> str:
+    """Normalise a prompt the same way for every front end: str, control characters to spaces."""
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise InvalidRequest(field_name, text, "a prompt must be text")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise InvalidRequest(
+            field_name, f"<{len(text)} characters>", f"at most {MAX_PROMPT_CHARS} characters are allowed"
+        )
+    return _CONTROL.sub(" ", text).strip()
+
+
+def as_int(field_name: str, value: Any, lo: int, hi: int, extra: str = "") -> int:
+    """An integer in [lo, hi] from an int or its decimal text; anything else is a clear error."""
+    allowed = f"a whole number from {lo} to {hi}{extra}"
+    if isinstance(value, bool):
+        raise InvalidRequest(field_name, value, allowed)
+    if isinstance(value, str):
+        text = value.strip()
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise InvalidRequest(field_name, value, allowed)
+        value = int(text)
+    elif isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise InvalidRequest(field_name, value, allowed)
+        value = int(value)
+    elif not isinstance(value, int):
+        raise InvalidRequest(field_name, value, allowed)
+    if not lo <= value <= hi:
+        raise InvalidRequest(field_name, value, allowed)
+    return value
+
+
+def as_float(field_name: str, value: Any, lo: float, hi: float) -> float:
+    allowed = f"a number from {lo:g} to {hi:g}"
+    if isinstance(value, bool):
+        raise InvalidRequest(field_name, value, allowed)
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise InvalidRequest(field_name, value, allowed) from None
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not lo <= value <= hi:
+        raise InvalidRequest(field_name, value, allowed)
+    return float(value)
+
+
+def as_side(field_name: str, value: Any, multiple: int = 8) -> int:
+    side = as_int(field_name, value, MIN_SIDE, MAX_SIDE, f" and a multiple of {multiple}")
+    if side % multiple:
+        lower, upper = side - side % multiple, side - side % multiple + multiple
+        raise InvalidRequest(
+            field_name, value, f"must be a multiple of {multiple} (try {lower} or {upper}), from {MIN_SIDE} to {MAX_SIDE}"
+        )
+    return side
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One txt2img job. Defaults follow A1111's txt2img tab."""
+
+    prompt: str = ""
+    negative_prompt: str = ""
+    width: int = 512
+    height: int = 512
+    steps: int = 20
+    cfg_scale: float = 7.0
+    seed: int = -1  # -1: random; the seed actually used is recorded in the result and the image
+    batch_size: int = 1  # images in this job; seeds are seed, seed+1, ...
+    sampler: str = "default"  # "default" keeps the model folder's own scheduler
+    model: str = "tiny"  # embedded tiny model, hub id, local folder or single checkpoint file
+    config: str | None = None  # base-architecture configs for a single-file checkpoint
+    outdir: str | None = None  # default: outputs/<date>/
+    preset: str | None = None  # preset name or path; None lets the planner choose
+    extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
+
+    def validated(self) -> "GenerationRequest":
+        """Return a normalised copy, or raise `InvalidRequest` naming the first bad field."""
+        from .samplers import check_sampler  # light: a table of names, no torch
+
+        seed = as_int("seed", self.seed, -1, MAX_SEED, " (-1 means random)")
+        return dataclasses.replace(
+            self,
+            prompt=clean_prompt("prompt", self.prompt),
+            negative_prompt=clean_prompt("negative prompt", self.negative_prompt),
+            width=as_side("width", self.width),
+            height=as_side("height", self.height),
+            steps=as_int("steps", self.steps, 1, MAX_STEPS),
+            cfg_scale=as_float("cfg scale", self.cfg_scale, 0.0, MAX_CFG),
+            seed=seed,
+            batch_size=as_int("batch size", self.batch_size, 1, MAX_BATCH),
+            sampler=check_sampler(self.sampler),
+            model=_non_empty("model", self.model),
+        )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "GenerationRequest":
+        """Build from a dict (JSON line, CSV row, form fields); unknown keys are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        aliases = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size"}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            name = aliases.get(key, key)
+            if name not in names:
+                raise InvalidRequest("field", key, "allowed fields: " + ", ".join(sorted(names - {"extra"})))
+            kwargs[name] = value
+        return cls(**kwargs).validated()
+
+    def resolved_seeds(self) -> list[int]:
+        """Seeds for each image: a random base when seed is -1, then base+i (wrapping at 2^32)."""
+        base = self.seed if self.seed >= 0 else random.SystemRandom().randrange(0, MAX_SEED + 1)
+        return [(base + i) % (MAX_SEED + 1) for i in range(self.batch_size)]
+
+
+def _non_empty(field_name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(field_name, value, "give an embedded name (tiny, tiny-sdxl), a hub id, a folder or a file")
+    return value.strip()
