@@ -1,0 +1,1 @@
+"""Model specs: embedded tiny models, hub ids, local folders and single checkpoint files."""
