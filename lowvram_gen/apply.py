@@ -1,0 +1,230 @@
+"""Apply `MemorySettings` to a loaded diffusers pipeline, and re-apply others without reloading.
+
+All calls go through `PipelineOps`, one small adapter over diffusers' own switches, so that tests
+can record exactly which calls a plan makes (with a fake CUDA device) and the same code path runs
+for real on the CPU. Settings that cannot run on this device are skipped and logged, never faked:
+
+- float16 on a CPU: slow or unsupported kernels and no VRAM to save -> float32.
+- xformers: CUDA only, and only when the package imports -> SDPA.
+- offload on a CPU: runs (diffusers' hooks work with the CPU as both devices) but saves nothing.
+
+Sequential offload is diffusers' leaf-level group offloading: its docs call it equivalent to
+`enable_sequential_cpu_offload`, it can prefetch on a CUDA stream, it composes with fp8 layerwise
+casting (accelerate's sequential hooks do not), and it runs on a CPU-only machine, so the whole
+ladder is exercised here.
+
+Precision is one-way: fp8 storage or a cast to half precision loses bits. Going back up needs the
+weights from disk again; `needs_reload()` tells the caller, which reloads only those components.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+from .device import DeviceInfo
+from .settings import MemorySettings
+
+log = logging.getLogger(__name__)
+
+_STATE = "_lowvram_state"  # attribute on the pipeline: what is applied now
+_GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
+# Bits of precision the weights keep; a request above what they went through needs a reload.
+_PRECISION = {"float32": 32, "float16": 16, "bfloat16": 16, "float8": 8}
+
+
+@dataclass
+class Applied:
+    requested: MemorySettings
+    effective: MemorySettings
+    skipped: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+
+
+def denoiser_name(pipe) -> str:
+    return "transformer" if getattr(pipe, "transformer", None) is not None else "unet"
+
+
+def _modules(pipe):
+    import torch
+
+    return {k: v for k, v in pipe.components.items() if isinstance(v, torch.nn.Module)}
+
+
+class PipelineOps:
+    """Every call a plan can make on a pipeline. Tests subclass it to record calls."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def reset(self) -> None:
+        """Undo offload hooks, slicing, tiling and xformers; weights stay where and what they are."""
+        from diffusers.hooks import HookRegistry
+
+        pipe = self.pipe
+        pipe.remove_all_hooks()  # accelerate hooks of model offload
+        for module in _modules(pipe).values():
+            for sub in module.modules():
+                registry = getattr(sub, "_diffusers_hook", None)
+                if isinstance(registry, HookRegistry):
+                    for name in _GROUP_HOOKS:
+                        registry.remove_hook(name, recurse=False)
+        if hasattr(pipe, "disable_attention_slicing"):
+            pipe.disable_attention_slicing()
+        if getattr(pipe, _STATE, {}).get("attention") == "xformers":
+            pipe.disable_xformers_memory_efficient_attention()
+        vae = getattr(pipe, "vae", None)
+        for method in ("disable_slicing", "disable_tiling"):
+            if hasattr(vae, method):
+                getattr(vae, method)()
+
+    def cast(self, dtype: str, skip: tuple[str, ...] = ()) -> None:
+        import torch
+
+        target = getattr(torch, dtype)
+        for name, module in _modules(self.pipe).items():
+            if name not in skip and getattr(module, "dtype", None) != target:
+                module.to(dtype=target)
+
+    def fp8_storage(self, compute_dtype: str) -> None:
+        import torch
+
+        module = getattr(self.pipe, denoiser_name(self.pipe))
+        module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=getattr(torch, compute_dtype))
+
+    def place(self, device: str) -> None:
+        for module in _modules(self.pipe).values():
+            module.to(device)
+
+    def model_offload(self, device: str) -> None:
+        self.pipe.enable_model_cpu_offload(device=device)
+
+    def group_offload(self, device: str, leaf: bool, use_stream: bool) -> None:
+        import torch
+
+        self.pipe.enable_group_offload(
+            onload_device=torch.device(device),
+            offload_device=torch.device("cpu"),
+            offload_type="leaf_level" if leaf else "block_level",
+            num_blocks_per_group=None if leaf else 1,
+            use_stream=use_stream,
+        )
+
+    def attention_slicing(self) -> None:
+        self.pipe.enable_attention_slicing("auto")
+
+    def xformers(self) -> None:
+        self.pipe.enable_xformers_memory_efficient_attention()
+
+    def vae_slicing(self) -> None:
+        self.pipe.vae.enable_slicing()
+
+    def vae_tiling(self) -> None:
+        self.pipe.vae.enable_tiling()
+
+
+def effective_settings(settings: MemorySettings, device: DeviceInfo) -> tuple[MemorySettings, list[str]]:
+    """What can run on this device, and why anything else was dropped."""
+    skipped: list[str] = []
+    effective = settings
+    if device.kind == "cpu" and settings.dtype == "float16":
+        effective = replace(effective, dtype="float32")
+        skipped.append("dtype float16 -> float32: half precision is for GPUs (slow or unsupported on a CPU)")
+    if settings.attention == "xformers" and not _xformers_usable(device):
+        effective = replace(effective, attention="sdpa")
+        skipped.append("xformers -> sdpa: xformers needs CUDA and the xformers package")
+    return effective, skipped
+
+
+def needs_reload(pipe, settings: MemorySettings) -> list[str]:
+    """Components whose weights lost precision that `settings` wants back (reload them from disk)."""
+    state = getattr(pipe, _STATE, None)
+    if not state:
+        return []
+    want = _PRECISION[settings.dtype]
+    keep_fp8 = state.get("fp8") and settings.fp8_storage
+    names = [n for n, floor in state["floor"].items() if floor < want and not (keep_fp8 and n == denoiser_name(pipe))]
+    if state.get("fp8") and not settings.fp8_storage:
+        names.append(denoiser_name(pipe))
+    return sorted(set(names))
+
+
+def forget_components(pipe, names: list[str]) -> None:
+    """Called after the caller reloaded `names` from disk: their precision is whole again."""
+    state = getattr(pipe, _STATE, None)
+    if state:
+        for name in names:
+            state["floor"].pop(name, None)
+            if name == denoiser_name(pipe):
+                state["fp8"] = False
+
+
+def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps | None = None) -> Applied:
+    """Configure `pipe` for `settings` on `device`; safe to call again with other settings.
+
+    Raises RuntimeError if a component needs reloading first (see `needs_reload`).
+    """
+    ops = ops or PipelineOps(pipe)
+    effective, skipped = effective_settings(settings.check(), device)
+    pending = needs_reload(pipe, effective)
+    if pending:
+        raise RuntimeError(f"reload {pending} before applying {effective}: their weights lost precision")
+    applied = Applied(requested=settings, effective=effective, skipped=skipped)
+    calls = applied.calls
+    state = getattr(pipe, _STATE, None) or {"floor": {}, "fp8": False, "attention": "sdpa"}
+
+    ops.reset()
+    calls.append("reset")
+    denoiser = denoiser_name(pipe)
+    ops.cast(effective.dtype, skip=(denoiser,) if state["fp8"] else ())
+    calls.append(f"cast:{effective.dtype}")
+    for name in _modules(pipe):
+        if not (state["fp8"] and name == denoiser):
+            state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION[effective.dtype])
+    if effective.fp8_storage and not state["fp8"]:
+        ops.fp8_storage(effective.dtype)
+        calls.append("fp8_storage")
+        state["fp8"] = True
+        state["floor"][denoiser] = _PRECISION["float8"]
+
+    target = device.torch_device
+    if effective.offload == "none":
+        ops.place(target)
+        calls.append(f"place:{target}")
+    elif effective.offload == "model":
+        ops.model_offload(target)
+        calls.append(f"model_offload:{target}")
+    else:
+        leaf = effective.offload == "sequential"
+        ops.group_offload(target, leaf=leaf, use_stream=device.kind == "cuda")
+        calls.append(f"group_offload:{'leaf' if leaf else 'block'}:{target}")
+    if device.kind == "cpu" and effective.offload != "none":
+        skipped.append(f"offload {effective.offload} runs on the CPU but saves nothing there (no VRAM)")
+
+    if effective.attention == "slicing":
+        ops.attention_slicing()
+        calls.append("attention_slicing")
+    elif effective.attention == "xformers":
+        ops.xformers()
+        calls.append("xformers")
+    state["attention"] = effective.attention
+    if effective.vae_slicing:
+        ops.vae_slicing()
+        calls.append("vae_slicing")
+    if effective.vae_tiling:
+        ops.vae_tiling()
+        calls.append("vae_tiling")
+    setattr(pipe, _STATE, state)
+    for reason in skipped:
+        log.info("memory settings: %s", reason)
+    return applied
+
+
+def _xformers_usable(device: DeviceInfo) -> bool:
+    if device.kind != "cuda":
+        return False
+    try:
+        import xformers.ops  # noqa: F401
+    except Exception:  # ImportError, or a build that does not match this torch
+        return False
+    return True

@@ -1,0 +1,135 @@
+"""Probe the device: what accelerator there is, how much memory it has, and the user's budget.
+
+Nothing here touches CUDA at import time. `probe()` is the first thing a job calls; it sets
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` before CUDA initialises (unless the user set
+it): expandable segments cut fragmentation, which is what turns "4 GB free" into an OOM.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+
+GiB = 1024**3
+MiB = 1024**2
+# ComfyUI leaves 0.4-0.6 GB for the OS and other programs; we default to the middle of that.
+DEFAULT_RESERVE = 512 * MiB
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": GiB, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": MiB, "mb": 10**6, "mib": MiB,
+          "g": GiB, "gb": 10**9, "gib": GiB, "t": 1024**4, "tb": 10**12, "tib": 1024**4}
+
+
+def parse_size(text: str | int | float, field: str = "size") -> int:
+    """'6GiB', '6G', '6 GB', '512MiB', '6' (text without a unit: GiB) -> bytes; numbers are bytes."""
+    from .errors import InvalidRequest
+
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise InvalidRequest(field, text, "a size must not be negative")
+        return int(text)
+    match = _SIZE.match(str(text))
+    unit = (match.group(2) or "").lower() if match else None
+    if not match or unit not in _UNITS:
+        raise InvalidRequest(field, text, "use a size like 6GiB, 6G, 512MiB or 6 (GiB)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(n: int | float) -> str:
+    return f"{n / GiB:.1f} GiB" if abs(n) >= GiB else f"{n / MiB:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # 'cuda' | 'mps' | 'cpu'
+    name: str
+    index: int = 0
+    total_bytes: int = 0  # 0 where unknown (CPU: system RAM is not a budget we plan against)
+    free_bytes: int = 0
+    capability: tuple[int, int] | None = None
+    bf16: bool = False
+    reserve_bytes: int = DEFAULT_RESERVE
+    budget_bytes: int | None = None  # user cap (--vram-budget); None: no cap beyond free memory
+
+    @property
+    def torch_device(self) -> str:
+        return f"cuda:{self.index}" if self.kind == "cuda" else self.kind
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.kind in ("cuda", "mps")
+
+    @property
+    def usable_bytes(self) -> int:
+        """What a job may plan to use: free memory minus the reserve, capped by the budget."""
+        usable = max(0, self.free_bytes - self.reserve_bytes)
+        if self.budget_bytes is not None:
+            usable = min(usable, self.budget_bytes)
+        return usable
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["usable_bytes"] = self.usable_bytes
+        return data
+
+
+def set_alloc_conf() -> None:
+    """Expandable segments before CUDA starts, unless the user chose their own allocator config."""
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ and "PYTORCH_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+
+
+def probe(
+    prefer: str | None = None,
+    index: int | None = None,
+    reserve_bytes: int = DEFAULT_RESERVE,
+    budget_bytes: int | None = None,
+) -> DeviceInfo:
+    """Detect the device. `prefer='cpu'` forces the CPU (--cpu); otherwise CUDA, then MPS, then CPU.
+
+    With a budget on CUDA, `torch.cuda.set_per_process_memory_fraction` enforces it, so the app
+    really stays under it (an allocation past it raises OOM, which the retry ladder handles).
+    """
+    set_alloc_conf()
+    import torch
+
+    if prefer != "cpu" and torch.cuda.is_available():
+        if index is None:
+            index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+        free, total = torch.cuda.mem_get_info(index)
+        props = torch.cuda.get_device_properties(index)
+        if budget_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), index)
+        return DeviceInfo(
+            kind="cuda", name=props.name, index=index, total_bytes=total, free_bytes=free,
+            capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
+            reserve_bytes=reserve_bytes, budget_bytes=budget_bytes,
+        )
+    if prefer != "cpu" and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        total = int(torch.mps.recommended_max_memory())
+        free = max(0, total - int(torch.mps.driver_allocated_memory()))
+        return DeviceInfo(kind="mps", name="Apple MPS", total_bytes=total, free_bytes=free, bf16=True,
+                          reserve_bytes=reserve_bytes, budget_bytes=budget_bytes)
+    return DeviceInfo(kind="cpu", name=_cpu_name(), bf16=True, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes)
+
+
+def fake(total_gib: float, kind: str = "cuda", name: str | None = None, **kw) -> DeviceInfo:
+    """A device that is not there: for `plan --vram`, the planner's tests and dry runs."""
+    total = int(total_gib * GiB)
+    return DeviceInfo(kind=kind, name=name or f"{total_gib:g} GiB {kind} (simulated)", total_bytes=total,
+                      free_bytes=kw.pop("free_bytes", total), capability=(8, 6) if kind == "cuda" else None,
+                      bf16=True, **kw)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "CPU"
