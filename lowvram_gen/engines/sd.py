@@ -1,0 +1,147 @@
+"""Stable Diffusion (any diffusers text-to-image pipeline): denoise and decode as separate stages.
+
+The split is what lets the retry ladder redo only the VAE decode, tiled, with the latents already
+computed, when the decode runs out of memory. For SD 1.x/2.x and SDXL the decode below is the
+pipeline's own decode, step for step, so `sampler="default"` gives the same pixels as a plain
+diffusers pipeline. Other pipelines (SD3, Flux, ...) pack their latents differently: they run in
+one call, and a decode OOM retries the whole chunk at the next preset.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import Cancelled
+from ..samplers import DEFAULT, make_scheduler
+
+ProgressFn = Callable[[int, int], None]  # (step done, total steps)
+
+
+@dataclass
+class Chunk:
+    """A group of images run in one forward pass: same prompt and size, one seed each."""
+
+    prompt: str
+    negative_prompt: str
+    width: int
+    height: int
+    steps: int
+    cfg_scale: float
+    seeds: list[int]
+
+
+def splits_decode(pipe) -> bool:
+    """Whether this pipeline's decode can run on its own (SD 1.x/2.x and SDXL)."""
+    return type(pipe).__name__ in ("StableDiffusionPipeline", "StableDiffusionXLPipeline")
+
+
+def set_sampler(pipe, sampler: str) -> None:
+    """Switch the scheduler by A1111 name; 'default' restores the model folder's own scheduler."""
+    if not hasattr(pipe, "_lowvram_scheduler"):
+        pipe._lowvram_scheduler = pipe.scheduler  # the folder's own, kept for 'default'
+    base = pipe._lowvram_scheduler
+    pipe.scheduler = base if sampler == DEFAULT else make_scheduler(sampler, base.config)
+
+
+def prompt_token_count(pipe, prompt: str) -> tuple[int, int]:
+    """(tokens in the prompt, tokens the text encoder takes) to warn before truncation."""
+    tokenizer = getattr(pipe, "tokenizer", None)
+    if tokenizer is None or not prompt:
+        return 0, 0
+    limit = tokenizer.model_max_length
+    return len(tokenizer(prompt, truncation=False).input_ids), limit
+
+
+def _generators(seeds: list[int], device: str):
+    import torch
+
+    # One generator per image: image i depends on its seed alone, whatever the batch split.
+    gen_device = "cpu" if device.startswith("mps") else device
+    return [torch.Generator(gen_device).manual_seed(s) for s in seeds]
+
+
+def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
+            cancel: threading.Event | None = None):
+    """Run the UNet steps. Returns latents (split pipelines) or decoded PIL images (others)."""
+    n = len(chunk.seeds)
+
+    def step_end(_pipe, i, _t, kwargs):
+        total = getattr(_pipe, "num_timesteps", chunk.steps)  # PLMS runs one step more than asked
+        if on_step:
+            on_step(i + 1, total)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled at step %d of %d" % (i + 1, total))
+        return kwargs
+
+    out = pipe(
+        prompt=[chunk.prompt] * n,
+        negative_prompt=[chunk.negative_prompt] * n if chunk.negative_prompt else None,
+        width=chunk.width,
+        height=chunk.height,
+        num_inference_steps=chunk.steps,
+        guidance_scale=chunk.cfg_scale,
+        generator=_generators(chunk.seeds, device),
+        output_type="latent" if splits_decode(pipe) else "pil",
+        callback_on_step_end=step_end,
+    )
+    return out.images
+
+
+def decode(pipe, latents, upcast: bool = False):
+    """Latents -> PIL images, exactly as the SD/SDXL pipelines do it. `upcast`: decode in float32."""
+    import torch
+
+    vae = pipe.vae
+    needs_upcast = upcast or (vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False)
+                              and type(pipe).__name__.startswith("StableDiffusionXL"))
+    original_dtype = vae.dtype
+    if needs_upcast:
+        vae.to(dtype=torch.float32)
+    try:
+        latents = latents.to(dtype=vae.dtype if needs_upcast else latents.dtype)
+        if latents.dtype != vae.dtype:
+            latents = latents.to(vae.dtype)
+        mean = getattr(vae.config, "latents_mean", None)
+        std = getattr(vae.config, "latents_std", None)
+        if mean is not None and std is not None:
+            mean = torch.tensor(mean).view(1, -1, 1, 1).to(latents.device, latents.dtype)
+            std = torch.tensor(std).view(1, -1, 1, 1).to(latents.device, latents.dtype)
+            latents = latents * std / vae.config.scaling_factor + mean
+        else:
+            latents = latents / vae.config.scaling_factor
+        with torch.inference_mode():
+            image = vae.decode(latents, return_dict=False)[0]
+    finally:
+        if needs_upcast:
+            vae.to(dtype=original_dtype)
+    if getattr(pipe, "watermark", None) is not None:
+        image = pipe.watermark.apply_watermark(image)
+    bad = bad_output(image)
+    nsfw = [False] * image.shape[0]
+    if getattr(pipe, "safety_checker", None) is not None and bad is None:
+        # the model folder ships diffusers' safety checker: run it as the pipeline would, and label its black images
+        image, flags = pipe.run_safety_checker(image, image.device, image.dtype)
+        nsfw = [bool(f) for f in (flags or nsfw)]
+    images = pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=[not f for f in nsfw])
+    pipe.maybe_free_model_hooks()
+    return Decoded(images, bad, nsfw)
+
+
+@dataclass
+class Decoded:
+    images: list  # PIL images
+    bad: str | None  # 'nan' | 'black' | None
+    nsfw: list[bool]  # per image: blacked out by the model's safety checker
+
+
+def bad_output(image) -> str | None:
+    """'nan' if the decode produced NaN/Inf, 'black' if every image is black, else None."""
+    import torch
+
+    if not torch.isfinite(image).all():
+        return "nan"
+    if bool((image <= -0.999).all()):  # images are in [-1, 1]; -1 everywhere is pure black
+        return "black"
+    return None

@@ -1,0 +1,63 @@
+"""Remember what ran out of memory on this device, so the next comparable job starts lower.
+
+A small JSON file in the user cache; one record per (device, model, preset) with the smallest
+job (pixels x images per pass) that failed. A job at least that big starts below that preset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from .paths import home
+
+
+def _path() -> Path:
+    return home() / "failures.json"
+
+
+def load() -> list[dict]:
+    try:
+        data = json.loads(_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+
+
+def _save(records: list[dict]) -> None:
+    path = _path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".failures-", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(records, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def record(device: str, model: str, preset: str, pixels: int, batch: int) -> None:
+    records = load()
+    work = pixels * batch
+    for r in records:
+        if (r.get("device"), r.get("model"), r.get("preset")) == (device, model, preset):
+            if work < r.get("work", work + 1):
+                r.update(work=work, pixels=pixels, batch=batch)
+            break
+    else:
+        records.append({"device": device, "model": model, "preset": preset, "pixels": pixels, "batch": batch, "work": work})
+    _save(records)
+
+
+def failed_presets(device: str, model: str, pixels: int, batch: int) -> set[str]:
+    """Presets that already ran out of memory on this device for a job no bigger than this one."""
+    work = pixels * batch
+    return {r["preset"] for r in load() if r.get("device") == device and r.get("model") == model and r.get("work", 0) <= work}
+
+
+def forget() -> int:
+    n = len(load())
+    try:
+        _path().unlink()
+    except FileNotFoundError:
+        pass
+    return n

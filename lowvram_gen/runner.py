@@ -1,0 +1,243 @@
+"""The retry ladder: run a job and, on out-of-memory, step down until it finishes.
+
+Order of steps, cheapest first (DESIGN.md): split the batch; the next preset down; a lower
+resolution with upscaling afterwards. An OOM in the VAE decode retries only the decode, tiled,
+with the latents already computed. Recovery happens after the `except` block (the exception's
+frames pin the tensors), then `free_memory()`. The loaded pipeline is reconfigured, never reloaded
+(except to restore precision that fp8/half storage lost, which `apply` reports).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from . import apply as apply_mod
+from .device import DeviceInfo
+from .engines import sd
+from .errors import BadOutput, OutOfMemoryEverywhere
+from .models.loading import LoadedModel, reload_components
+from .oom import free_memory, is_oom, short_reason
+from .presets import Preset
+from .settings import MemorySettings
+
+log = logging.getLogger(__name__)
+MAX_RESOLUTION_STEPS = 2  # each halves the pixels; beyond a quarter of the request the upscale is mush
+
+
+@dataclass
+class Attempt:
+    preset: str
+    batch: int  # images in the forward pass
+    width: int
+    height: int
+    stage: str  # 'denoise' | 'decode'
+    outcome: str  # 'ok' | 'oom' | 'nan' | 'black'
+    seconds: float
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ChunkDone:
+    images: list  # PIL, at the requested size
+    seeds: list[int]
+    preset: str
+    generated_size: tuple[int, int]  # what the model made, before any upscale
+    nsfw: list[bool]
+
+
+@dataclass
+class JobReport:
+    attempts: list[Attempt] = field(default_factory=list)
+    final_preset: str = ""
+    upscaled: bool = False
+    generated_size: tuple[int, int] = (0, 0)
+
+    def summary(self, seconds: float) -> str:
+        """One line for people: 'out of memory at highvram, batch 4 -> split to 2; finished at medvram in 14.2 s'."""
+        parts = []
+        for a in self.attempts:
+            if a.outcome == "oom":
+                parts.append(f"out of memory at {a.preset} ({a.stage}, batch {a.batch}, {a.width}x{a.height})")
+            elif a.outcome in ("nan", "black"):
+                parts.append(f"{a.outcome} output at {a.preset}: decoded again in float32")
+        tail = f"finished at {self.final_preset} in {seconds:.1f} s"
+        if self.upscaled:
+            tail += f" (generated at {self.generated_size[0]}x{self.generated_size[1]}, upscaled)"
+        return "; ".join(parts + [tail])
+
+
+def capped_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """The largest size within `max_pixels` with the same aspect ratio, sides multiples of 8."""
+    if width * height <= max_pixels:
+        return width, height
+    scale = math.sqrt(max_pixels / (width * height))
+    return max(64, int(width * scale) // 8 * 8), max(64, int(height * scale) // 8 * 8)
+
+
+def upscale(image, size: tuple[int, int], method: str = "lanczos"):
+    from PIL import Image
+
+    return image.resize(size, Image.Resampling.LANCZOS)
+
+
+class Runner:
+    """Runs chunks of one job on one loaded model, stepping down the ladder on OOM."""
+
+    def __init__(self, model: LoadedModel, device: DeviceInfo, ops_factory=apply_mod.PipelineOps):
+        self.model = model
+        self.device = device
+        self.ops_factory = ops_factory
+        self.applied: MemorySettings | None = None
+
+    # -- presets ---------------------------------------------------------------------------
+    def use(self, settings: MemorySettings) -> None:
+        """Reconfigure the loaded pipeline for `settings` (a no-op when they are already applied)."""
+        if settings == self.applied:
+            return
+        pipe = self.model.pipe
+        effective, _ = apply_mod.effective_settings(settings, self.device)
+        stale = apply_mod.needs_reload(pipe, effective)
+        if stale:
+            reload_components(self.model, stale, effective.dtype)
+            apply_mod.forget_components(pipe, stale)
+        apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe))
+        self.applied = settings
+
+    # -- the job -----------------------------------------------------------------------------
+    def run(
+        self,
+        prompt: str,
+        negative_prompt: str,
+        width: int,
+        height: int,
+        steps: int,
+        cfg_scale: float,
+        seeds: list[int],
+        ladder: list[Preset],
+        on_chunk: Callable[[ChunkDone], None],
+        on_step: sd.ProgressFn | None = None,
+        cancel: threading.Event | None = None,
+        report: JobReport | None = None,
+    ) -> JobReport:
+        report = report or JobReport()
+        rung, lowered = 0, 0
+        preset = ladder[0]
+        self.use(preset.memory)
+        size = capped_size(width, height, preset.max_pixels)
+        per_pass = min(len(seeds), preset.max_batch)
+        pending = list(seeds)
+        while pending:
+            chunk = sd.Chunk(prompt, negative_prompt, size[0], size[1], steps, cfg_scale, pending[:per_pass])
+            started = time.perf_counter()
+            oom = None
+            try:
+                latents = sd.denoise(self.model.pipe, chunk, self.device.torch_device, on_step, cancel)
+            except Exception as exc:  # noqa: BLE001 - anything but OOM is re-raised
+                if not is_oom(exc):
+                    raise
+                oom = short_reason(exc)
+            if oom is not None:
+                report.attempts.append(Attempt(preset.name, per_pass, *size, "denoise", "oom", _since(started), oom))
+                free_memory(self.device.kind)
+                if per_pass > 1:
+                    per_pass = math.ceil(per_pass / 2)
+                elif rung + 1 < len(ladder):
+                    rung += 1
+                    preset = ladder[rung]
+                    self.use(preset.memory)
+                    size = capped_size(*size, preset.max_pixels)
+                elif lowered < MAX_RESOLUTION_STEPS and min(size) > 64:
+                    lowered += 1
+                    size = capped_size(*size, size[0] * size[1] // 2)
+                else:
+                    raise OutOfMemoryEverywhere(_everything_failed(report.attempts), report.attempts)
+                log.warning("out of memory at %s; retrying with %s, batch %d, %dx%d", report.attempts[-1].preset,
+                            preset.name, per_pass, *size)
+                continue
+            report.attempts.append(Attempt(preset.name, per_pass, *size, "denoise", "ok", _since(started)))
+            if sd.splits_decode(self.model.pipe):
+                decoded, preset, rung = self._decode(latents, ladder, rung, preset, per_pass, size, report)
+                images, nsfw = decoded.images, decoded.nsfw
+            else:
+                images, nsfw = latents, [False] * len(latents)
+            del latents
+            upscaled = size != (width, height)
+            if upscaled:
+                images = [upscale(im, (width, height), preset.upscaler) for im in images]
+            report.final_preset, report.generated_size = preset.name, size
+            report.upscaled = report.upscaled or upscaled
+            on_chunk(ChunkDone(images, chunk.seeds, preset.name, size, nsfw))
+            pending = pending[per_pass:]
+        return report
+
+    def _decode(self, latents, ladder, rung, preset, per_pass, size, report):
+        """Decode with retries: tiled on OOM, then cheaper presets; float32 on NaN/black half output."""
+        pipe = self.model.pipe
+        tiled = preset.memory.vae_tiling
+        while True:
+            started = time.perf_counter()
+            oom = None
+            try:
+                decoded = sd.decode(pipe, latents)
+            except Exception as exc:  # noqa: BLE001
+                if not is_oom(exc):
+                    raise
+                oom = short_reason(exc)
+            if oom is None:
+                break
+            report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", "oom", _since(started), oom))
+            free_memory(self.device.kind)
+            if not tiled:
+                tiled = True
+                self.use(_with_tiling(preset.memory))
+            elif rung + 1 < len(ladder):
+                rung += 1
+                preset = ladder[rung]
+                self.use(_with_tiling(preset.memory))
+            else:
+                raise OutOfMemoryEverywhere(_everything_failed(report.attempts), report.attempts)
+        if decoded.bad and pipe.vae.dtype != _float32():
+            report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", decoded.bad, _since(started),
+                                           "half-precision decode; retrying in float32"))
+            started = time.perf_counter()
+            decoded = sd.decode(pipe, latents, upcast=True)
+        if decoded.bad:
+            raise BadOutput(
+                f"the model produced {'NaN/Inf' if decoded.bad == 'nan' else 'an all-black image'} even when decoded "
+                "in float32; the weights may be broken (check the file) or the VAE needs a fixed version"
+            )
+        report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", "ok", _since(started)))
+        return decoded, preset, rung
+
+
+def _with_tiling(settings: MemorySettings) -> MemorySettings:
+    from dataclasses import replace
+
+    return replace(settings, vae_tiling=True, vae_slicing=True)
+
+
+def _float32():
+    import torch
+
+    return torch.float32
+
+
+def _since(t: float) -> float:
+    return round(time.perf_counter() - t, 3)
+
+
+def _everything_failed(attempts: list[Attempt]) -> str:
+    tried = ", ".join(f"{a.preset} (batch {a.batch}, {a.width}x{a.height}, {a.stage})" for a in attempts if a.outcome == "oom")
+    return (
+        f"out of memory at every step of the ladder; tried: {tried}. "
+        "Close other programs using the GPU, lower --vram-budget/--reserve-vram, use a smaller size or batch, "
+        "or run with --cpu"
+    )

@@ -1,0 +1,57 @@
+"""Shared fixtures: an isolated user cache (the tiny models are built once per run), no network."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory):
+    """Every test run gets its own LOWVRAM_GEN_HOME and HF cache; the hub is never contacted."""
+    home = tmp_path_factory.mktemp("lowvram-home")
+    saved = {k: os.environ.get(k) for k in ("LOWVRAM_GEN_HOME", "HF_HOME", "HF_HUB_OFFLINE")}
+    os.environ["LOWVRAM_GEN_HOME"] = str(home)
+    os.environ["HF_HOME"] = str(home / "hf")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    yield home
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def fresh_failures(isolated_home):
+    """Remembered OOM failures must not leak from one test into the next."""
+    from lowvram_gen import failures
+
+    failures.forget()
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_path(isolated_home):
+    from lowvram_gen.models.tiny import ensure_tiny
+
+    return ensure_tiny("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_sdxl_path(isolated_home):
+    from lowvram_gen.models.tiny import ensure_tiny
+
+    return ensure_tiny("tiny-sdxl")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

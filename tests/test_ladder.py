@@ -1,0 +1,160 @@
+"""The retry ladder under simulated out-of-memory.
+
+There is no GPU here, so OOM is simulated: forward pre-hooks on the tiny model's UNet or VAE
+decoder raise `torch.OutOfMemoryError` (the exception CUDA raises) under the conditions each test
+names. Everything else is real: the GPU presets are applied to the loaded pipeline on the CPU
+(offload hooks included), weights are never reloaded, and the images are really decoded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lowvram_gen import failures
+from lowvram_gen.device import probe
+from lowvram_gen.errors import OutOfMemoryEverywhere
+from lowvram_gen.models.loading import load
+from lowvram_gen.models.resolve import resolve
+from lowvram_gen.oom import allocated_bytes
+from lowvram_gen.presets import gpu_ladder, load_presets
+from lowvram_gen.runner import Runner
+
+
+@pytest.fixture()
+def model(tiny_path):
+    return load(resolve("tiny"), "float32")
+
+
+@pytest.fixture()
+def ladder():
+    return gpu_ladder(load_presets())
+
+
+class UnetCounter:
+    def __init__(self):
+        self.calls = 0
+        self.batches = []
+
+
+def run(runner, ladder, seeds, size=(64, 64), steps=3):
+    done = []
+    report = runner.run("a boat", "", size[0], size[1], steps, 7.0, seeds, ladder, done.append)
+    return report, done
+
+
+def oom_when(module, condition, counter=None, allocate_mb=0):
+    """Make `module` raise OutOfMemoryError whenever `condition(input)` holds."""
+
+    def hook(_module, args, kwargs):
+        sample = args[0] if args else next(iter(kwargs.values()))
+        if counter is not None:
+            counter.calls += 1
+            counter.batches.append(sample.shape[0])
+        if condition(sample):
+            waste = torch.empty(allocate_mb * 2**20, dtype=torch.uint8) if allocate_mb else None  # noqa: F841
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_oom_at_top_preset_finishes_at_the_next(model, ladder):
+    runner = Runner(model, probe("cpu"))
+    # simulated: the first preset (highvram: no offload) runs out of memory in every UNet call
+    oom_when(model.pipe.unet, lambda s: runner.applied.offload == "none")
+    weights_before = model.pipe.unet.conv_in.weight
+    report, done = run(runner, ladder, [1])
+    assert report.final_preset == "medvram"
+    assert [(a.preset, a.stage, a.outcome) for a in report.attempts] == [
+        ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok"), ("medvram", "decode", "ok")]
+    assert done[0].images[0].size == (64, 64)
+    assert model.pipe.unet.conv_in.weight is weights_before  # reconfigured, not reloaded
+    assert "out of memory at highvram" in report.summary(1.0) and "finished at medvram" in report.summary(1.0)
+
+
+def test_result_after_recovery_equals_a_job_started_at_that_preset(model, ladder, tiny_path):
+    runner = Runner(model, probe("cpu"))
+    handle = oom_when(model.pipe.unet, lambda s: runner.applied.offload == "none")
+    _, recovered = run(runner, ladder, [42])
+    handle.remove()
+    fresh = Runner(load(resolve("tiny"), "float32"), probe("cpu"))
+    _, direct = run(fresh, ladder[1:], [42])
+    a, b = (np.asarray(d[0].images[0], dtype=int) for d in (recovered, direct))
+    assert np.abs(a - b).max() <= 1
+
+
+def test_oom_in_decode_retries_only_the_decode_tiled(model, ladder):
+    runner = Runner(model, probe("cpu"))
+    unet = UnetCounter()
+    oom_when(model.pipe.unet, lambda s: False, counter=unet)
+    # simulated: the untiled VAE decode runs out of memory; tiles fit
+    oom_when(model.pipe.vae.decoder, lambda s: not model.pipe.vae.use_tiling)
+    report, done = run(runner, ladder, [1], size=(64, 64), steps=4)
+    steps_run = len(model.pipe.scheduler.timesteps)
+    assert unet.calls == steps_run  # the UNet ran once per step: denoising was not redone
+    assert [(a.stage, a.outcome) for a in report.attempts] == [("denoise", "ok"), ("decode", "oom"), ("decode", "ok")]
+    assert report.final_preset == "highvram" and model.pipe.vae.use_tiling
+    assert done[0].images[0].size == (64, 64)
+
+
+def test_batch_of_four_is_split_before_changing_preset(model, ladder):
+    runner = Runner(model, probe("cpu"))
+    counter = UnetCounter()
+    # simulated: more than 2 images per pass (4 with CFG) do not fit at any preset
+    oom_when(model.pipe.unet, lambda s: s.shape[0] > 4, counter=counter)
+    report, done = run(runner, ladder, [1, 2, 3, 4])
+    ooms = [a for a in report.attempts if a.outcome == "oom"]
+    assert [(a.preset, a.batch) for a in ooms] == [("highvram", 4)]
+    assert report.final_preset == "highvram"
+    assert [d.seeds for d in done] == [[1, 2], [3, 4]]
+    assert sum(len(d.images) for d in done) == 4
+
+
+def test_oom_at_every_preset_gives_one_clear_error_and_the_next_job_works(model, ladder):
+    runner = Runner(model, probe("cpu"))
+    handle = oom_when(model.pipe.unet, lambda s: True)
+    with pytest.raises(OutOfMemoryEverywhere) as err:
+        run(runner, ladder, [1, 2])
+    message = str(err.value)
+    for name in ("highvram", "medvram", "lowvram", "novram"):
+        assert name in message
+    assert "--cpu" in message and "smaller size" in message
+    tried = [(a.preset, a.batch, a.width) for a in err.value.attempts]
+    assert tried[0] == ("highvram", 2, 64) and ("novram", 1, 64) in tried
+    assert any(w < 64 for _, _, w in tried) or tried[-1][0] == "novram"  # resolution steps come last
+    handle.remove()
+    report, done = run(runner, ladder, [3])  # same runner, same weights: the process is healthy
+    assert done and done[0].images[0].size == (64, 64)
+
+
+def test_resolution_is_lowered_last_and_upscaled_to_the_request(model, ladder):
+    runner = Runner(model, probe("cpu"))
+    # simulated: a 128x128 latent pass (1024 px) never fits; 64x64 px fits everywhere
+    oom_when(model.pipe.unet, lambda s: s.shape[-1] * 8 > 96)
+    report, done = run(runner, ladder, [1], size=(128, 128), steps=2)
+    assert report.upscaled and report.final_preset == "novram"
+    assert report.generated_size[0] < 128
+    assert done[0].images[0].size == (128, 128)
+
+
+def test_thirty_oom_cycles_do_not_leak(model, ladder):
+    runner = Runner(model, probe("cpu"))
+    # simulated: every first-preset UNet call allocates 32 MB, then runs out of memory
+    oom_when(model.pipe.unet, lambda s: runner.applied.offload == "none", allocate_mb=32)
+    run(runner, ladder[:2], [1])  # warm-up: allocator pools, hooks, caches
+    baseline = allocated_bytes("cpu")
+    for i in range(30):
+        runner.use(ladder[0].memory)
+        run(runner, ladder[:2], [i])
+    growth = allocated_bytes("cpu") - baseline
+    assert growth < 200 * 2**20, f"memory grew by {growth / 2**20:.0f} MB over 30 OOM cycles"  # a leak would be ~1 GB
+
+
+def test_failures_are_remembered_per_device_and_model(tmp_path):
+    failures.record("GPU X", "sd15", "highvram", 512 * 512, 2)
+    assert failures.failed_presets("GPU X", "sd15", 512 * 512, 2) == {"highvram"}
+    assert failures.failed_presets("GPU X", "sd15", 1024 * 1024, 1) == {"highvram"}  # bigger job: also skip
+    assert failures.failed_presets("GPU X", "sd15", 256 * 256, 1) == set()  # smaller job may fit
+    assert failures.failed_presets("GPU Y", "sd15", 512 * 512, 2) == set()
+    assert failures.forget() == 1 and failures.load() == []
