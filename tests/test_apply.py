@@ -1,0 +1,108 @@
+"""Memory settings on a loaded pipeline: which calls each preset makes, and that they really run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lowvram_gen import apply as apply_mod
+from lowvram_gen.device import fake, probe
+from lowvram_gen.models.loading import load
+from lowvram_gen.models.resolve import resolve
+from lowvram_gen.presets import load_presets
+from lowvram_gen.settings import MemorySettings
+
+
+class RecordingOps(apply_mod.PipelineOps):
+    """Records the calls a plan makes instead of making them (a CUDA device is not there)."""
+
+    def __init__(self, pipe):
+        super().__init__(pipe)
+        self.log = []
+
+    def __getattribute__(self, name):
+        attr = object.__getattribute__(self, name)
+        if name in ("reset", "cast", "fp8_storage", "place", "model_offload", "group_offload", "attention_slicing",
+                    "xformers", "vae_slicing", "vae_tiling"):
+            log = object.__getattribute__(self, "log")
+            return lambda *a, **k: log.append((name, a, k))
+        return attr
+
+
+@pytest.fixture()
+def model(tiny_path):
+    return load(resolve("tiny"), "float32")
+
+
+EXPECTED_CUDA_CALLS = {
+    "highvram": ["reset", "cast", "place"],
+    "medvram": ["reset", "cast", "model_offload", "vae_slicing"],
+    "lowvram": ["reset", "cast", "group_offload", "vae_slicing", "vae_tiling"],
+    "novram": ["reset", "cast", "fp8_storage", "group_offload", "vae_slicing", "vae_tiling"],
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_CUDA_CALLS))
+def test_each_gpu_preset_makes_exactly_its_calls_on_cuda(name, model):
+    preset = load_presets()[name]
+    ops = RecordingOps(model.pipe)
+    applied = apply_mod.apply_settings(model.pipe, preset.memory, fake(8), ops)
+    assert [c[0] for c in ops.log] == EXPECTED_CUDA_CALLS[name]
+    assert applied.skipped == []  # nothing is skipped on a CUDA device
+    assert ("cast", ("float16",), {"skip": ()}) in ops.log
+    if name == "novram":
+        assert ("group_offload", ("cuda:0",), {"leaf": True, "use_stream": True}) in ops.log
+    if name == "lowvram":
+        assert ("group_offload", ("cuda:0",), {"leaf": False, "use_stream": True}) in ops.log
+
+
+def test_gpu_only_settings_are_skipped_and_logged_on_cpu(model):
+    settings = MemorySettings(dtype="float16", attention="xformers", offload="model")
+    applied = apply_mod.apply_settings(model.pipe, settings, probe("cpu"))
+    assert applied.effective.dtype == "float32" and applied.effective.attention == "sdpa"
+    text = " ".join(applied.skipped)
+    assert "float16 -> float32" in text and "xformers -> sdpa" in text and "saves nothing" in text
+    assert model.pipe.unet.dtype == torch.float32
+
+
+def _image(pipe):
+    out = pipe("a", num_inference_steps=2, width=64, height=64, generator=torch.Generator().manual_seed(3),
+               output_type="np")
+    return out.images[0]
+
+
+@pytest.mark.parametrize("settings", [
+    MemorySettings(dtype="float32", offload="model", vae_slicing=True),
+    MemorySettings(dtype="float32", offload="group", vae_tiling=True),
+    MemorySettings(dtype="float32", offload="sequential", attention="slicing"),
+], ids=["model-offload", "group-offload", "sequential-offload"])
+def test_offload_modes_run_for_real_and_give_the_same_pixels(settings, model):
+    reference = _image(model.pipe)
+    applied = apply_mod.apply_settings(model.pipe, settings, probe("cpu"))
+    assert applied.effective.offload == settings.offload
+    assert np.abs(_image(model.pipe) - reference).max() < 1e-4
+    apply_mod.apply_settings(model.pipe, MemorySettings(dtype="float32"), probe("cpu"))  # and back again
+    assert np.abs(_image(model.pipe) - reference).max() < 1e-4
+
+
+def test_fp8_storage_really_stores_float8_and_asks_for_a_reload_to_undo(model):
+    apply_mod.apply_settings(model.pipe, MemorySettings(dtype="bfloat16", fp8_storage=True), probe("cpu"))
+    assert model.pipe.unet.conv_in.weight.dtype == torch.float8_e4m3fn
+    assert np.isfinite(_image(model.pipe)).all()
+    # fp8 stays: no reload needed for another fp8 preset; going back to full precision needs one
+    assert apply_mod.needs_reload(model.pipe, MemorySettings(dtype="bfloat16", fp8_storage=True, offload="group")) == []
+    assert set(apply_mod.needs_reload(model.pipe, MemorySettings(dtype="float32"))) >= {"unet", "vae", "text_encoder"}
+    with pytest.raises(RuntimeError, match="reload"):
+        apply_mod.apply_settings(model.pipe, MemorySettings(dtype="float32"), probe("cpu"))
+
+
+def test_runner_reloads_only_what_lost_precision(model):
+    from lowvram_gen.runner import Runner
+
+    runner = Runner(model, probe("cpu"))
+    runner.use(MemorySettings(dtype="bfloat16", fp8_storage=True))
+    runner.use(MemorySettings(dtype="float32"))
+    assert model.pipe.unet.conv_in.weight.dtype == torch.float32
+    fresh = load(resolve("tiny"), "float32").pipe
+    assert torch.equal(model.pipe.unet.conv_in.weight, fresh.unet.conv_in.weight)  # full precision is back
