@@ -158,3 +158,47 @@ def test_failures_are_remembered_per_device_and_model(tmp_path):
     assert failures.failed_presets("GPU X", "sd15", 256 * 256, 1) == set()  # smaller job may fit
     assert failures.failed_presets("GPU Y", "sd15", 512 * 512, 2) == set()
     assert failures.forget() == 1 and failures.load() == []
+
+
+def test_session_reports_attempts_in_result_metadata_and_remembers_them(tmp_path, monkeypatch):
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.outputs import read_png_metadata
+    from lowvram_gen.session import Session
+
+    session = Session(preset="highvram")  # the GPU ladder, run on this CPU
+    session.generate(GenerationRequest(prompt="x", width=64, height=64, steps=1, outdir=str(tmp_path)))
+    # simulated: highvram (no offload) runs out of memory on every UNet call from now on
+    session.model.pipe.unet.register_forward_pre_hook(
+        lambda m, a: _raise_oom() if session.runner.applied.offload == "none" else None)
+    result = session.generate(GenerationRequest(prompt="x", width=64, height=64, steps=2, seed=3,
+                                                outdir=str(tmp_path)))
+    assert result.preset == "medvram"
+    assert [(a["preset"], a["outcome"]) for a in result.attempts][:2] == [("highvram", "oom"), ("medvram", "ok")]
+    assert "out of memory at highvram" in result.summary
+    _, meta = read_png_metadata(result.images[0])
+    assert meta["preset"] == "medvram" and meta["attempts"][0]["outcome"] == "oom"
+    remembered = failures.load()
+    assert [(r["preset"], r["model"], r["pixels"]) for r in remembered] == [("highvram", "tiny", 64 * 64)]
+
+
+def _raise_oom():
+    raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+
+def test_nan_decode_in_half_precision_is_retried_in_float32_and_float32_nan_is_an_error(model, ladder):
+    from dataclasses import replace
+
+    from lowvram_gen.errors import BadOutput
+
+    runner = Runner(model, probe("cpu"))
+    half = replace(ladder[0], memory=replace(ladder[0].memory, dtype="bfloat16"))  # bfloat16 runs on a CPU
+    # simulated: the half-precision VAE decoder overflows to NaN, as SD VAEs do in float16
+    model.pipe.vae.decoder.register_forward_hook(
+        lambda m, a, out: out * float("nan") if out.dtype != torch.float32 else out)
+    report, done = run(runner, [half], [1])
+    assert [(a.stage, a.outcome) for a in report.attempts] == [("denoise", "ok"), ("decode", "nan"), ("decode", "ok")]
+    assert np.isfinite(np.asarray(done[0].images[0], dtype=float)).all()
+    assert model.pipe.vae.dtype == torch.bfloat16  # the upcast was for that decode only
+    model.pipe.vae.decoder.register_forward_hook(lambda m, a, out: out * float("nan"))
+    with pytest.raises(BadOutput, match="NaN"):
+        run(runner, [half], [1])

@@ -1,0 +1,220 @@
+"""Command line: `lowvram-gen generate|plan|doctor ...` with A1111-style memory flags.
+
+Domain errors (`LowVramError`) become a one-line message and an exit code at this edge (2 for bad
+input); anything else is a bug and keeps its traceback. Nothing heavy is imported until a command
+runs, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+MEMORY_FLAGS = ("medvram", "lowvram", "novram")
+
+
+def _add_memory_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("memory (A1111/ComfyUI-style; without them the planner picks per job)")
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--medvram", action="store_true", help="start at the medvram preset (model offload)")
+    x.add_argument("--lowvram", action="store_true", help="start at the lowvram preset (group offload, tiled VAE)")
+    x.add_argument("--novram", action="store_true", help="start at the novram preset (sequential offload, fp8 weights)")
+    x.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
+    x.add_argument("--preset", metavar="NAME|PATH", help="start at this preset (a name from presets/ or a .toml file)")
+    g.add_argument("--vram-budget", metavar="SIZE", help="use at most this much VRAM, e.g. 6GiB (enforced on CUDA)")
+    g.add_argument("--reserve-vram", metavar="SIZE", default=None,
+                   help="VRAM left for the OS and other programs (default 512MiB)")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", metavar="SPEC",
+                   help="tiny (default; random weights, noise), tiny-sdxl, a hub id, a diffusers folder or a "
+                        ".safetensors/.ckpt file")
+    p.add_argument("--config", metavar="FOLDER|HUB_ID",
+                   help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 folder)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lowvram-gen",
+        description="Stable Diffusion on GPUs that are too small for it: picks a memory preset per job and, on "
+                    "out-of-memory, steps down and finishes the job. The default model 'tiny' has random weights "
+                    "and makes abstract noise; use --model for real images.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the memory layer does")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="text to image", description="Generate images from a prompt.")
+    gen.add_argument("prompt", help="what to draw")
+    gen.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT")
+    gen.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
+    gen.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
+    gen.add_argument("--steps", default=20, metavar="N", help="denoising steps, 1-150 (default 20)")
+    gen.add_argument("--cfg", dest="cfg_scale", default=7.0, metavar="X", help="CFG scale, 0-30 (default 7)")
+    gen.add_argument("--seed", default=-1, metavar="N", help="0..4294967295, or -1 for random (default)")
+    gen.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images in this job (default 1)")
+    gen.add_argument("--sampler", default="default", metavar="NAME",
+                     help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
+    _add_model(gen)
+    gen.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
+    _add_memory_flags(gen)
+
+    pl = sub.add_parser("plan", help="dry run: which preset would run, and every preset's memory estimate",
+                        description="Estimate peak VRAM of a job under every preset and show which would run. "
+                                    "Needs no GPU: --vram simulates a card.")
+    pl.add_argument("--vram", metavar="SIZE", help="simulate a card with this much free VRAM, e.g. 4GiB")
+    pl.add_argument("--model", default="sd15", metavar="SPEC",
+                    help="sd15, sd21, sdxl (configs ship with the package), tiny, or a diffusers folder")
+    pl.add_argument("--width", default=512, metavar="N")
+    pl.add_argument("--height", default=512, metavar="N")
+    pl.add_argument("--batch", dest="batch_size", default=1, metavar="N")
+    pl.add_argument("--json", action="store_true")
+    _add_memory_flags(pl)
+
+    doc = sub.add_parser("doctor", help="what to paste into a bug report: GPU, versions, kernels, presets")
+    doc.add_argument("--json", action="store_true")
+    doc.add_argument("--forget-failures", action="store_true", help="clear the remembered out-of-memory failures")
+    _add_memory_flags(doc)
+    return parser
+
+
+def _session_kwargs(args) -> dict:
+    from .device import DEFAULT_RESERVE, parse_size
+
+    preset = next((name for name in MEMORY_FLAGS if getattr(args, name, False)), None) or getattr(args, "preset", None)
+    return {
+        "device": "cpu" if getattr(args, "cpu", False) else None,
+        "preset": preset,
+        "vram_budget": parse_size(args.vram_budget, "--vram-budget") if getattr(args, "vram_budget", None) else None,
+        "reserve_vram": parse_size(args.reserve_vram, "--reserve-vram") if getattr(args, "reserve_vram", None)
+        else DEFAULT_RESERVE,
+    }
+
+
+def cmd_generate(args) -> int:
+    from .request import GenerationRequest
+
+    request = GenerationRequest(
+        prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
+        steps=args.steps, cfg_scale=args.cfg_scale, seed=args.seed, batch_size=args.batch_size,
+        sampler=args.sampler, model=args.model, config=args.config, outdir=args.outdir,
+    ).validated()  # before anything heavy is imported or loaded
+    kwargs = _session_kwargs(args)
+    from .session import Session
+
+    session = Session(**kwargs)
+    bar = _progress_bar()
+    try:
+        result = session.generate(request, on_step=bar.update)
+    finally:
+        bar.close()
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(result.summary, file=sys.stderr)
+    if args.json:
+        print(json.dumps(result.as_json()))
+    else:
+        for path in result.images:
+            print(path)
+    return 0
+
+
+class _progress_bar:
+    """A tqdm bar on stderr that follows (step, total) callbacks across the chunks of a job."""
+
+    def __init__(self):
+        self.bar = None
+
+    def update(self, step: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None or step == 1:
+            self.close()
+            self.bar = tqdm(total=total, unit="step", file=sys.stderr, leave=False)
+        self.bar.n = step
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def cmd_plan(args) -> int:
+    from . import device as device_mod
+    from . import memory
+    from .planner import plan
+    from .presets import find_preset, load_presets
+    from .request import MAX_BATCH, as_int, as_side
+
+    width, height = as_side("width", args.width), as_side("height", args.height)
+    batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
+    kwargs = _session_kwargs(args)
+    if args.vram:
+        dev = device_mod.fake(device_mod.parse_size(args.vram, "--vram") / device_mod.GiB,
+                              reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
+    else:
+        dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
+    if args.model in memory.BUILTIN_NAMES:
+        profile = memory.profile_builtin(args.model)
+    else:
+        from .models.resolve import resolve
+
+        profile = memory.profile_from_folder(resolve(args.model).path)
+    forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
+    result = plan(dev, profile, width, height, batch, load_presets(), forced)
+    if args.json:
+        print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
+                          "batch": batch, **result.as_dict()}))
+        return 0
+    gib = device_mod.format_size
+    print(f"device: {dev.name}; usable {gib(dev.usable_bytes)} (free {gib(dev.free_bytes)}, reserve {gib(dev.reserve_bytes)})")
+    print(f"job: {args.model} {width}x{height}, batch {batch}")
+    for e in result.estimates:
+        mark = "->" if e.name == result.preset.name else "  "
+        size = f"{e.width}x{e.height}" + (" (capped, upscaled after)" if (e.width, e.height) != (width, height) else "")
+        print(f"{mark} {e.name:9} {gib(e.estimate_bytes):>9}  {'fits' if e.fits else 'too big':7}  {size}, batch {e.batch}")
+    print(f"would run: {result.preset.name} ({result.reason})")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import report
+
+    if args.forget_failures:
+        from . import failures
+
+        print(f"forgot {failures.forget()} remembered failure(s)", file=sys.stderr)
+    info = report(**_session_kwargs(args))
+    if args.json:
+        print(json.dumps(info, default=str))
+    else:
+        from .doctor import format_report
+
+        print(format_report(info))
+    return 0
+
+
+COMMANDS = {"generate": cmd_generate, "plan": cmd_plan, "doctor": cmd_doctor}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from .errors import LowVramError
+
+    try:
+        return COMMANDS[args.command](args)
+    except LowVramError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,97 @@
+"""`lowvram-gen doctor`: what a user pastes into a bug report."""
+
+from __future__ import annotations
+
+import platform
+
+
+def _version(module: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _kernels(device) -> dict:
+    import torch
+
+    info = {"sdpa": hasattr(torch.nn.functional, "scaled_dot_product_attention")}
+    if device.kind == "cuda":
+        info["flash_sdp"] = torch.backends.cuda.flash_sdp_enabled()
+        info["mem_efficient_sdp"] = torch.backends.cuda.mem_efficient_sdp_enabled()
+        info["cudnn_sdp"] = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        import xformers.ops  # noqa: F401
+
+        info["xformers"] = device.kind == "cuda"
+    except Exception as exc:  # ImportError or a torch mismatch
+        info["xformers"] = f"unusable ({type(exc).__name__})"
+    return info
+
+
+def report(device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
+           reserve_vram: int | None = None) -> dict:
+    import torch
+
+    from . import failures, memory
+    from .device import DEFAULT_RESERVE, probe
+    from .planner import plan
+    from .presets import find_preset, load_presets
+
+    dev = probe(device, reserve_bytes=reserve_vram if reserve_vram is not None else DEFAULT_RESERVE, budget_bytes=vram_budget)
+    presets = load_presets()
+    forced = find_preset(preset) if preset else None
+    picks = {}
+    for name, w, h in (("sd15", 512, 512), ("sdxl", 1024, 1024)):
+        p = plan(dev, memory.profile_builtin(name), w, h, 1, presets, forced)
+        picks[f"{name} {w}x{h}"] = p.preset.name
+    return {
+        "device": dev.as_dict(),
+        "driver": _nvidia_driver() if dev.kind == "cuda" else None,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {m: _version(m) for m in ("lowvram-gen", "torch", "diffusers", "transformers", "accelerate",
+                                              "gradio", "xformers")},
+        "kernels": _kernels(dev),
+        "alloc_conf": __import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "presets": list(presets),
+        "planner_picks": picks,
+        "remembered_failures": failures.load(),
+    }
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def format_report(info: dict) -> str:
+    from .device import format_size
+
+    d = info["device"]
+    lines = [
+        f"device:      {d['name']} ({d['kind']})",
+        f"memory:      total {format_size(d['total_bytes'])}, free {format_size(d['free_bytes'])}, "
+        f"reserve {format_size(d['reserve_bytes'])}, budget {format_size(d['budget_bytes']) if d['budget_bytes'] else 'none'}, "
+        f"usable {format_size(d['usable_bytes'])}",
+        f"driver/cuda: {info['driver'] or '-'} / {info['cuda'] or '-'}",
+        "versions:    " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
+        f"python:      {info['python']} on {info['platform']}",
+        "kernels:     " + ", ".join(f"{k}={v}" for k, v in info["kernels"].items()),
+        f"allocator:   PYTORCH_CUDA_ALLOC_CONF={info['alloc_conf']}",
+        f"presets:     {', '.join(info['presets'])}",
+        "planner:     " + "; ".join(f"{k} -> {v}" for k, v in info["planner_picks"].items()),
+        f"failures:    {len(info['remembered_failures'])} remembered"
+        + "".join(f"\n  {r['model']} {r['pixels']} px x{r['batch']} at {r['preset']} on {r['device']}"
+                  for r in info["remembered_failures"]),
+    ]
+    return "\n".join(lines)

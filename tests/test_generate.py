@@ -1,0 +1,140 @@
+"""End-to-end txt2img on the embedded tiny models, through the CLI and the Python API."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lowvram_gen import GenerationRequest
+from lowvram_gen.cli import main
+from lowvram_gen.errors import Cancelled
+from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.session import Session
+
+
+def pixels(path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-sdxl"])
+def test_cli_generate_json(model, tmp_path, capsys):
+    code = main(["generate", "a lighthouse at dusk", "--model", model, "--width", "128", "--height", "96",
+                 "--steps", "3", "--seed", "7", "--batch", "2", "--outdir", str(tmp_path), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    result = json.loads(captured.out)  # stdout is exactly one JSON object
+    assert result["seeds"] == [7, 8]
+    assert (result["width"], result["height"], result["steps"]) == (128, 96, 3)
+    assert result["model"] == model and result["model_path"].endswith(f"{model}-v1")
+    assert result["preset"] == "cpu" and result["attempts"][-1]["outcome"] == "ok"
+    assert "noise" in captured.err  # the CLI says plainly that the tiny model makes noise
+    assert len(result["images"]) == 2
+    for path, seed in zip(result["images"], result["seeds"]):
+        assert Image.open(path).size == (128, 96)
+        assert f"-{seed}-a-lighthouse-at-dusk.png" in path
+
+
+def test_same_seed_twice_gives_identical_pixels_and_two_files(tmp_path):
+    session = Session()
+    req = GenerationRequest(prompt="a red fox", width=64, height=64, steps=2, seed=1234, outdir=str(tmp_path))
+    first = session.generate(req)
+    second = session.generate(req)
+    assert first.images != second.images
+    assert len(list(tmp_path.glob("*.png"))) == 2
+    assert np.array_equal(pixels(first.images[0]), pixels(second.images[0]))
+    third = session.generate(GenerationRequest(prompt="a red fox", width=64, height=64, steps=2, seed=1235,
+                                               outdir=str(tmp_path)))
+    assert not np.array_equal(pixels(first.images[0]), pixels(third.images[0]))
+
+
+def test_batch_seed_i_equals_single_image_with_that_seed(tmp_path):
+    """Batch seeds are seed+i, and image i does not depend on how the batch is split."""
+    session = Session()
+    batch = session.generate(GenerationRequest(prompt="x", width=64, height=64, steps=2, seed=10, batch_size=3,
+                                               outdir=str(tmp_path)))
+    single = session.generate(GenerationRequest(prompt="x", width=64, height=64, steps=2, seed=12,
+                                                outdir=str(tmp_path)))
+    assert batch.seeds == [10, 11, 12]
+    diff = np.abs(pixels(batch.images[2]).astype(int) - pixels(single.images[0]).astype(int)).max()
+    assert diff <= 1  # batched convolutions may round differently by one level
+
+
+@pytest.mark.parametrize("model,fixture", [("tiny", "tiny_path"), ("tiny-sdxl", "tiny_sdxl_path")])
+def test_default_sampler_equals_plain_diffusers(model, fixture, tmp_path, request):
+    import torch
+    from diffusers import AutoPipelineForText2Image
+
+    folder = request.getfixturevalue(fixture)
+    ours = Session().generate(GenerationRequest(prompt="a castle", negative_prompt="fog", width=128, height=128,
+                                                steps=3, cfg_scale=6.5, seed=99, model=model, outdir=str(tmp_path)))
+    pipe = AutoPipelineForText2Image.from_pretrained(str(folder))
+    plain = pipe("a castle", negative_prompt="fog", width=128, height=128, num_inference_steps=3, guidance_scale=6.5,
+                 generator=torch.Generator().manual_seed(99)).images[0]
+    assert np.array_equal(pixels(ours.images[0]), np.asarray(plain.convert("RGB")))
+
+
+def test_metadata_round_trip(tmp_path):
+    result = Session().generate(GenerationRequest(prompt="a lighthouse, at dusk: 'golden'", negative_prompt="blur",
+                                                  width=64, height=64, steps=2, seed=5, sampler="Euler a",
+                                                  outdir=str(tmp_path)))
+    text, meta = read_png_metadata(result.images[0])
+    params = parse_a1111_parameters(text)
+    assert params["prompt"] == "a lighthouse, at dusk: 'golden'"
+    assert params["negative_prompt"] == "blur"
+    assert (params["Steps"], params["Sampler"], params["Seed"], params["Size"], params["Model"]) == (
+        "2", "Euler a", "5", "64x64", "tiny")
+    assert params["CFG scale"] == "7"
+    assert meta["seed"] == 5 and meta["preset"] == "cpu"
+    assert meta["request"]["sampler"] == "Euler a"
+    assert meta["attempts"][0]["stage"] == "denoise"
+
+
+def test_samplers_change_the_image(tmp_path):
+    session = Session()
+    base = dict(prompt="x", width=64, height=64, steps=3, seed=3, outdir=str(tmp_path))
+    default = session.generate(GenerationRequest(**base))
+    euler_a = session.generate(GenerationRequest(**base, sampler="Euler a"))
+    again = session.generate(GenerationRequest(**base))  # 'default' restores the folder's own scheduler
+    assert not np.array_equal(pixels(default.images[0]), pixels(euler_a.images[0]))
+    assert np.array_equal(pixels(default.images[0]), pixels(again.images[0]))
+
+
+def test_progress_per_step_and_cancel_keeps_finished_images(tmp_path):
+    session = Session()
+    cancel = threading.Event()
+    seen = []
+
+    def on_step(step, total):
+        seen.append((step, total))
+        if len(seen) == 6:  # first step of the second image (the first took 4 PLMS steps + 1)
+            cancel.set()
+
+    # preset cpu has max_batch 4; a custom batch of 1 per pass makes two chunks
+    req = GenerationRequest(prompt="x", width=64, height=64, steps=4, seed=1, batch_size=2, outdir=str(tmp_path))
+    session.presets_dir = None
+    from lowvram_gen import presets as presets_mod
+
+    one_per_pass = presets_mod.find_preset("cpu")
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(Session, "forced_preset", lambda self, spec=None: presets_mod.Preset(
+        **{**one_per_pass.__dict__, "max_batch": 1}))
+    try:
+        with pytest.raises(Cancelled) as err:
+            session.generate(req, on_step=on_step, cancel=cancel)
+    finally:
+        monkey.undo()
+    assert len(err.value.images) == 1 and "1 finished image" in str(err.value)
+    assert [p.name for p in tmp_path.glob("*.png")] == [err.value.images[0].split("/")[-1]]
+    assert seen[:6] == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5), (1, 5)] and len(seen) == 6  # stopped at once
+    # the session is healthy: the next job runs normally
+    assert len(session.generate(GenerationRequest(prompt="y", width=64, height=64, steps=2, outdir=str(tmp_path))).images) == 1
+
+
+def test_long_prompt_is_truncated_with_a_warning(tmp_path):
+    result = Session().generate(GenerationRequest(prompt="lighthouse " * 100, width=64, height=64, steps=1,
+                                                  outdir=str(tmp_path)))
+    assert any("tokens" in w and "ignored" in w for w in result.warnings)

@@ -1,0 +1,97 @@
+"""The planner on simulated cards: the fastest preset whose estimate fits, never a faster one with less VRAM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lowvram_gen import failures
+from lowvram_gen.cli import main
+from lowvram_gen.device import GiB, fake, probe
+from lowvram_gen.memory import profile_builtin
+from lowvram_gen.planner import plan
+from lowvram_gen.presets import find_preset, load_presets
+
+CARDS = [2, 4, 6, 8, 12, 24]
+JOBS = [("sd15", 512, 512), ("sd15", 768, 768), ("sdxl", 1024, 1024), ("sdxl", 768, 768)]
+RANK = {"highvram": 0, "medvram": 1, "lowvram": 2, "novram": 3}
+
+
+@pytest.mark.parametrize("arch,width,height", JOBS)
+def test_less_vram_never_gives_a_faster_preset(arch, width, height):
+    presets, profile = load_presets(), profile_builtin(arch)
+    picks = [plan(fake(gib), profile, width, height, 1, presets).preset.name for gib in CARDS]
+    ranks = [RANK[p] for p in picks]
+    assert ranks == sorted(ranks, reverse=True), dict(zip(CARDS, picks))
+    assert picks[-1] == "highvram"  # a 24 GB card runs everything at full speed
+
+
+@pytest.mark.parametrize("gib", CARDS)
+@pytest.mark.parametrize("arch,width,height", JOBS)
+def test_the_chosen_preset_fits_and_every_faster_one_does_not(gib, arch, width, height):
+    device = fake(gib)
+    result = plan(device, profile_builtin(arch), width, height, 1, load_presets())
+    by_name = {e.name: e for e in result.estimates}
+    chosen = by_name[result.preset.name]
+    if chosen.fits:
+        assert chosen.estimate_bytes <= device.usable_bytes
+        for e in result.estimates[: RANK[result.preset.name]]:
+            assert not e.fits and e.estimate_bytes > device.usable_bytes
+    else:  # nothing fits: start at the cheapest, the ladder lowers the resolution if it must
+        assert result.preset.name == "novram" and not any(e.fits for e in result.estimates)
+    assert [p.name for p in result.ladder] == [n for n in RANK if RANK[n] >= RANK[result.preset.name]]
+
+
+def test_known_cards():
+    presets = load_presets()
+    sd15, sdxl = profile_builtin("sd15"), profile_builtin("sdxl")
+    assert plan(fake(2), sd15, 512, 512, 1, presets).preset.name in ("lowvram", "novram")
+    assert plan(fake(8), sd15, 512, 512, 1, presets).preset.name == "highvram"
+    assert plan(fake(4), sdxl, 1024, 1024, 1, presets).preset.name in ("lowvram", "novram")
+    assert RANK[plan(fake(8), sdxl, 1024, 1024, 1, presets).preset.name] >= 1  # SDXL does not fit whole in 8 GB
+
+
+def test_budget_and_reserve_shrink_what_is_usable():
+    presets, sdxl = load_presets(), profile_builtin("sdxl")
+    roomy = plan(fake(24), sdxl, 1024, 1024, 1, presets)
+    capped = plan(fake(24, budget_bytes=4 * GiB), sdxl, 1024, 1024, 1, presets)
+    reserved = plan(fake(24, reserve_bytes=20 * GiB), sdxl, 1024, 1024, 1, presets)
+    assert roomy.preset.name == "highvram"
+    assert RANK[capped.preset.name] > RANK[roomy.preset.name] and RANK[reserved.preset.name] > RANK[roomy.preset.name]
+
+
+def test_forced_and_remembered_and_cpu():
+    presets, sd15 = load_presets(), profile_builtin("sd15")
+    forced = plan(fake(24), sd15, 512, 512, 1, presets, forced=find_preset("lowvram"))
+    assert forced.preset.name == "lowvram" and [p.name for p in forced.ladder] == ["lowvram", "novram"]
+    skipped = plan(fake(24), sd15, 512, 512, 1, presets, failed={"highvram"})
+    assert skipped.preset.name == "medvram"
+    assert plan(probe("cpu"), sd15, 512, 512, 1, presets).preset.name == "cpu"
+
+
+def test_a_remembered_failure_moves_the_next_comparable_job_down():
+    failures.record(fake(8).name, "sdxl", "medvram", 1024 * 1024, 1)
+    failed = failures.failed_presets(fake(8).name, "sdxl", 1024 * 1024, 1)
+    result = plan(fake(8), profile_builtin("sdxl"), 1024, 1024, 1, load_presets(), failed=failed)
+    assert RANK[result.preset.name] > RANK["medvram"]
+
+
+def test_plan_cli_json(capsys):
+    code = main(["plan", "--vram", "6GiB", "--model", "sdxl", "--width", "1024", "--height", "1024", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["preset"] in RANK
+    assert [p["name"] for p in out["presets"]] == list(RANK)
+    assert all(isinstance(p["estimate_bytes"], int) and isinstance(p["fits"], bool) for p in out["presets"])
+    chosen = next(p for p in out["presets"] if p["name"] == out["preset"])
+    assert chosen["fits"] or out["preset"] == "novram"
+
+
+def test_plan_cli_text_and_errors(capsys):
+    assert main(["plan", "--vram", "4GiB", "--model", "sd15"]) == 0
+    text = capsys.readouterr().out
+    assert "would run:" in text and "highvram" in text and "novram" in text
+    assert main(["plan", "--vram", "lots", "--model", "sd15"]) == 2
+    assert "--vram" in capsys.readouterr().err
+    assert main(["plan", "--model", "sd15", "--width", "1003"]) == 2
