@@ -1,0 +1,630 @@
+"""Estimate the peak device memory of a text-to-image job before running it.
+
+estimate(profile, width, height, batch, settings) -> Estimate, where the profile holds everything the
+estimate needs and comes from configs only (no weights are read):
+
+    profile_builtin("sd15" | "sd21" | "sdxl")   shipped configs, counts precomputed in calibration.json
+    profile_from_folder(path)                    any local diffusers folder, counted on the meta device
+
+The model (docs/benchmarks.md, "Memory estimator", has the numbers behind it):
+
+    peak = max over phases (text encode, one UNet step, VAE decode) of
+           weights resident in that phase + activations of that phase,   plus a fixed overhead.
+
+Activations are a shape-derived feature times a fitted coefficient. The UNet feature walks the UNet
+config: at each resolution level it adds the skip connections still held for the up path to the
+working set of the largest block at that level (a GEGLU transformer block holds ~19 C per token; a
+resnet ~3.5 x its input channels). The VAE feature is the largest decoder stage (3 C_in + C_out at
+its resolution). Both are elements per latent pixel per image; times pixels, images and bytes per
+element, times the coefficient that scripts/calibrate_memory.py fits to real forward passes of SD 1.5,
+SD 2.1 and SDXL. Built-in architectures (and folders whose UNet matches one) use their own fitted
+coefficient; other models use the coefficient fitted over all of them.
+
+No torch import at module import time: torch, diffusers and transformers are imported inside the
+functions that instantiate models on the meta device.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .settings import MemorySettings
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+CALIBRATION_FILE = CONFIGS / "calibration.json"
+
+BUILTIN_NAMES = ("sd15", "sd21", "sdxl")
+ALIASES = {
+    "sd15": "sd15", "sd1.5": "sd15", "sd-1.5": "sd15", "sd1": "sd15", "v1-5": "sd15",
+    "stable-diffusion-v1-5": "sd15", "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd15",
+    "runwayml/stable-diffusion-v1-5": "sd15",
+    "sd21": "sd21", "sd2.1": "sd21", "sd-2.1": "sd21", "sd2": "sd21", "stabilityai/stable-diffusion-2-1": "sd21",
+    "sdxl": "sdxl", "sd-xl": "sdxl", "sdxl-base": "sdxl", "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
+}
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+FP8_BYTES = 1
+MiB = 1024**2
+
+# What torch.cuda.max_memory_allocated() does not count but the card must still hold once the job
+# runs: kernels loaded lazily on first use (CUDA >= 12.2 loads modules lazily by default, so they land
+# after the probe), cuBLAS/cuDNN handles and workspaces (PyTorch's default cuBLAS workspace config
+# ":4096:8" alone is 32 MiB per stream), and the caching allocator's rounding of blocks. The CUDA
+# context itself is created before the probe and is already missing from its free memory; the OS
+# and other programs are device.py's reserve. 384 MiB is a judgement, not a measurement (no GPU
+# here), below ComfyUI's minimum_inference_memory() (0.8 GiB + 400 MiB reserve) because that also
+# covers activations, which we count separately. See docs/benchmarks.md.
+OVERHEAD_BYTES = 384 * MiB
+
+# Used when calibration.json has no fit (first run of the calibration script); overwritten by the fit.
+_DEFAULT_FIT = {
+    "unet": {"global": 1.0, "per_call": 0.0},
+    "vae": {"global": 1.0, "per_call": 0.0},
+    "slicing": 1.0,
+}
+
+# Token count of the CLIP text encoders (what the pipelines pad prompts to).
+TEXT_TOKENS = 77
+# Tile overlap of diffusers' AutoencoderKL tiled decode (tile_overlap_factor).
+VAE_TILE_OVERLAP = 0.25
+
+
+# ------------------------------------------------------------------------------------------ profile
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Everything the estimate needs about a model, taken from its configs."""
+
+    arch: str  # 'sd15' | 'sd21' | 'sdxl' | 'custom'
+    params: dict[str, int]  # parameters per component: unet (or transformer), vae, text_encoder, ...
+    denoiser: str = "unet"  # the component that runs every step: 'unet' or 'transformer'
+    # UNet, one entry per resolution level (down path order)
+    unet_channels: tuple[int, ...] = ()
+    unet_attention: tuple[bool, ...] = ()  # level has transformer blocks
+    unet_transformer_layers: tuple[int, ...] = ()
+    unet_heads: tuple[int, ...] = ()
+    unet_layers_per_block: int = 2
+    unet_mid_attention: bool = True
+    unet_upcast_attention: bool = False
+    unet_ff_inner: int = 8  # GEGLU projection width per channel (2 x ff_mult 4)
+    cross_attention_dim: int = 768
+    # a transformer denoiser (SD3, PixArt, Flux ...): hidden width and patch size; rough, not calibrated
+    transformer_hidden: int = 0
+    transformer_patch: int = 2
+    # VAE
+    latent_channels: int = 4
+    vae_scale_factor: int = 8
+    vae_channels: tuple[int, ...] = (128, 256, 512, 512)
+    vae_layers_per_block: int = 2
+    vae_sample_size: int = 512  # diffusers' tile_sample_min_size
+    vae_force_upcast: bool = False  # SDXL pipelines decode in float32 when the VAE is float16
+    # text encoders: hidden width and layer count of each
+    text_hidden: tuple[int, ...] = (768,)
+    text_layers: tuple[int, ...] = (12,)
+    # weight layout, for offload and fp8 storage (parameter counts)
+    largest_layer: dict[str, int] = field(default_factory=dict)  # per component: largest leaf module
+    denoiser_blocks: tuple[int, ...] = ()  # block-level group offload groups (ModuleList children)
+    denoiser_unmatched: int = 0  # what group offload keeps loaded for the whole step
+    fp8_kept: int = 0  # denoiser parameters layerwise casting leaves in the compute dtype
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelProfile":
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
+        kw["params"] = dict(d["params"])
+        kw["largest_layer"] = dict(d.get("largest_layer", {}))
+        return cls(**kw)
+
+    @property
+    def text_encoders(self) -> list[str]:
+        return [k for k in self.params if k.startswith("text_encoder")]
+
+
+def _builtin_key(name: str) -> str:
+    key = ALIASES.get(str(name).strip().lower())
+    if key is None:
+        raise ValueError(f"unknown built-in model {name!r}; use one of {', '.join(BUILTIN_NAMES)} "
+                         f"(aliases: {', '.join(sorted(a for a in ALIASES if a not in BUILTIN_NAMES))})")
+    return key
+
+
+def profile_builtin(name: str) -> ModelProfile:
+    """Profile of a shipped architecture: 'sd15', 'sd21' or 'sdxl' (aliases such as 'sd1.5' work)."""
+    key = _builtin_key(name)
+    stored = _calibration().get("profiles", {}).get(key)
+    if stored is not None:
+        return ModelProfile.from_dict(stored)
+    return _profile_for_dir(str(CONFIGS / key), arch=key)
+
+
+def profile_from_folder(path) -> ModelProfile:
+    """Profile of a local diffusers folder (model_index.json + <component>/config.json).
+
+    Parameters are counted by instantiating each component from its config on the meta device: no
+    weight file is read and no memory is allocated. Cached on the resolved path and the configs'
+    modification times.
+    """
+    p = Path(path).expanduser().resolve()
+    index = p / "model_index.json"
+    if not index.is_file():
+        raise ValueError(f"{p} is not a diffusers folder: it has no model_index.json")
+    stamps = tuple(sorted((str(f.relative_to(p)), f.stat().st_mtime_ns)
+                          for f in [index, *p.glob("*/config.json")]))
+    return _profile_cached(str(p), stamps)
+
+
+@functools.lru_cache(maxsize=32)
+def _profile_cached(path: str, stamps: tuple) -> ModelProfile:
+    profile = _profile_for_dir(path, arch="custom")
+    return _with_matched_arch(profile)
+
+
+def _with_matched_arch(profile: ModelProfile) -> ModelProfile:
+    """A fine-tune keeps its base's architecture: give it that architecture's calibration."""
+    from dataclasses import replace
+
+    for key in BUILTIN_NAMES:
+        ref = _calibration().get("profiles", {}).get(key)
+        if ref is None:
+            continue
+        if (ref["params"].get("unet") == profile.params.get("unet")
+                and tuple(ref["unet_channels"]) == profile.unet_channels
+                and ref["cross_attention_dim"] == profile.cross_attention_dim
+                and tuple(ref["vae_channels"]) == profile.vae_channels):
+            return replace(profile, arch=key)
+    return profile
+
+
+def _profile_for_dir(path: str, arch: str) -> ModelProfile:
+    import torch  # noqa: F401  (imported here, never at module import)
+
+    root = Path(path)
+    index = json.loads((root / "model_index.json").read_text())
+    components = {k: v for k, v in index.items()
+                  if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] and v[1]}
+    params: dict[str, int] = {}
+    largest: dict[str, int] = {}
+    kw: dict[str, Any] = {}
+    text_hidden, text_layers = [], []
+    for name, (library, class_name) in sorted(components.items()):
+        cfg_file = root / name / "config.json"
+        if not cfg_file.is_file() or name in ("safety_checker", "feature_extractor", "image_encoder"):
+            continue
+        cfg = json.loads(cfg_file.read_text())
+        model = _instantiate_meta(library, class_name, cfg)
+        if model is None:
+            continue
+        params[name] = sum(p.numel() for p in model.parameters())
+        largest[name] = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
+                            default=0)
+        if name in ("unet", "transformer"):
+            kw.update(_denoiser_fields(name, model))
+        elif name == "vae":
+            kw.update(_vae_fields(model))
+            # only the SDXL pipelines honour force_upcast (and diffusers defaults it to true when absent)
+            kw["vae_force_upcast"] = bool(cfg.get("force_upcast", False)) and "XL" in str(index.get("_class_name"))
+        elif name.startswith("text_encoder"):
+            c = model.config
+            text_hidden.append(int(getattr(c, "hidden_size", getattr(c, "d_model", 768))))
+            text_layers.append(int(getattr(c, "num_hidden_layers", getattr(c, "num_layers", 12))))
+        del model
+    if "denoiser" not in kw:
+        raise ValueError(f"{root}: no unet or transformer component with a config.json")
+    return ModelProfile(arch=arch, params=params, largest_layer=largest,
+                        text_hidden=tuple(text_hidden) or (768,), text_layers=tuple(text_layers) or (12,), **kw)
+
+
+def _instantiate_meta(library: str, class_name: str, cfg: dict):
+    """Build a model from its config with every tensor on the meta device (nothing allocated)."""
+    from accelerate import init_empty_weights
+
+    if library == "diffusers":
+        import diffusers
+
+        cls = getattr(diffusers, class_name, None)
+        if cls is None or not hasattr(cls, "from_config"):
+            return None
+        with init_empty_weights(include_buffers=True):
+            return cls.from_config(cfg)
+    if library == "transformers":
+        import transformers
+
+        cls = getattr(transformers, class_name, None)
+        if cls is None or not hasattr(cls, "config_class"):
+            return None
+        config = cls.config_class.from_dict(cfg)
+        with init_empty_weights(include_buffers=True):
+            return cls(config)
+    return None
+
+
+def _as_list(value, n: int) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * n
+
+
+def _denoiser_fields(name: str, model) -> dict:
+    import torch
+
+    cfg = model.config
+    out: dict[str, Any] = {"denoiser": name}
+    blocks, in_blocks = [], 0
+    for child in model.children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            for block in child:
+                n = sum(p.numel() for p in block.parameters())
+                blocks.append(n)
+                in_blocks += n
+    total = sum(p.numel() for p in model.parameters())
+    out["denoiser_blocks"] = tuple(blocks)
+    out["denoiser_unmatched"] = total - in_blocks
+    try:
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+        out["fp8_kept"] = sum(p.numel() for p in model.parameters() if p.dtype != torch.float8_e4m3fn)
+    except Exception:  # not a diffusers ModelMixin, or casting unsupported: keep everything in compute dtype
+        out["fp8_kept"] = total
+    if name == "unet" and "block_out_channels" in cfg:
+        channels = [int(c) for c in cfg["block_out_channels"]]
+        n = len(channels)
+        down = list(cfg["down_block_types"])
+        heads = cfg.get("num_attention_heads") or cfg.get("attention_head_dim") or 8
+        layers = cfg.get("transformer_layers_per_block", 1)
+        layers = [int(x if not isinstance(x, (list, tuple)) else max(x)) for x in _as_list(layers, n)]
+        out.update(
+            unet_channels=tuple(channels),
+            unet_attention=tuple("Attn" in t for t in down),
+            unet_transformer_layers=tuple(layers),
+            unet_heads=tuple(int(h) for h in _as_list(heads, n)),
+            unet_layers_per_block=int(max(_as_list(cfg.get("layers_per_block", 2), n))),
+            unet_mid_attention="CrossAttn" in str(cfg.get("mid_block_type") or "UNetMidBlock2DCrossAttn"),
+            unet_upcast_attention=bool(cfg.get("upcast_attention") or False),
+            cross_attention_dim=int(max(_as_list(cfg.get("cross_attention_dim", 768), n))),
+            latent_channels=int(cfg.get("in_channels", 4)),
+        )
+    else:
+        heads = int(cfg.get("num_attention_heads", 0) or 0)
+        head_dim = int(cfg.get("attention_head_dim", 0) or 0)
+        hidden = heads * head_dim or int(cfg.get("hidden_size", 0) or cfg.get("inner_dim", 0) or 1152)
+        out.update(transformer_hidden=hidden, transformer_patch=int(cfg.get("patch_size", 2) or 2),
+                   latent_channels=int(cfg.get("in_channels", 4)))
+    return out
+
+
+def _vae_fields(model) -> dict:
+    cfg = model.config
+    channels = tuple(int(c) for c in cfg.get("block_out_channels", (128, 256, 512, 512)))
+    return {
+        "vae_channels": channels,
+        "vae_layers_per_block": int(cfg.get("layers_per_block", 2)),
+        "vae_scale_factor": 2 ** (len(channels) - 1),
+        "vae_sample_size": int(_as_list(cfg.get("sample_size", 512), 1)[0]),
+    }
+
+
+# ------------------------------------------------------------------------------------ calibration
+
+
+@functools.lru_cache(maxsize=1)
+def _calibration() -> dict:
+    try:
+        return json.loads(CALIBRATION_FILE.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def reload_calibration() -> None:
+    """Forget the cached calibration.json (the calibration script calls this after writing it)."""
+    _calibration.cache_clear()
+    _profile_cached.cache_clear()
+
+
+def _fit() -> dict:
+    return _calibration().get("fit") or _DEFAULT_FIT
+
+
+def _coefficient(kind: str, arch: str) -> float:
+    table = _fit()[kind]
+    return float(table.get(arch, table["global"]))
+
+
+def _per_call(kind: str) -> float:
+    """Images' worth of activations a forward needs whatever its batch (fitted from batch pairs)."""
+    return float(_fit()[kind].get("per_call", 0.0))
+
+
+# ------------------------------------------------------------------------------------ features
+# Elements per latent pixel per image (the UNet and VAE features), before the fitted coefficient.
+
+
+def _unet_levels(profile: ModelProfile):
+    """Per resolution level (up path, where the most skips are held): (resolution factor, skips held,
+    channels, input channels of the first resnet, has attention, heads)."""
+    c = profile.unet_channels
+    n = len(c)
+    lpb = profile.unet_layers_per_block
+    res = [4.0**-level for level in range(n)]
+    # skips consumed by the up block of each level, all at that level's resolution
+    skips = [res[i] * (lpb * c[i] + (c[i - 1] if i > 0 else c[0])) for i in range(n)]
+    for i in range(n):
+        c_prev = c[i + 1] if i + 1 < n else c[-1]
+        attn = profile.unet_attention[i] or (i == n - 1 and profile.unet_mid_attention)
+        yield res[i], sum(skips[: i + 1]), c[i], c_prev + c[i], attn, profile.unet_heads[i]
+
+
+def unet_feature(profile: ModelProfile) -> float:
+    """Peak live elements of one UNet forward, per latent pixel per image, from the UNet's shape."""
+    if not profile.unet_channels:  # a transformer denoiser: tokens x hidden x ~24 (rough, see docs)
+        return 24.0 * profile.transformer_hidden / profile.transformer_patch**2
+    ff = 3 + profile.unet_ff_inner * 2  # residuals + norm + GEGLU projection + gelu(gate) + product
+    best = 0.0
+    for res, held, c, c_in, attn, _ in _unet_levels(profile):
+        best = max(best, held + res * max(3.5 * c_in, ff * c if attn else 0.0))
+    return best
+
+
+def _sliced_attention_terms(profile: ModelProfile, hw: float):
+    """Per attention level: (elements per latent pixel per image live during self-attention,
+    score elements of one slice). pipe.enable_attention_slicing('auto') computes heads // 2 rows of
+    the (batch x heads, tokens, tokens) score matrix at a time, whatever the batch."""
+    for res, held, c, _, attn, heads in _unet_levels(profile):
+        if attn:
+            tokens = hw * res
+            yield held + res * 8 * c, max(1, heads // 2) * tokens * tokens
+
+
+def vae_feature(profile: ModelProfile) -> float:
+    """Peak live elements of the VAE decode, per latent pixel per image."""
+    rev = list(reversed(profile.vae_channels))
+    best, c_in = 0.0, rev[0]
+    for i, c_out in enumerate(rev):
+        scale = 4.0**i
+        resnet = scale * (3 * c_in + c_out)
+        upsample = scale * c_out * 9 if i < len(rev) - 1 else 0.0  # input + interpolated + conv output
+        best = max(best, resnet, upsample)
+        c_in = c_out
+    return best
+
+
+def _score_bytes(profile: ModelProfile, dtype_bytes: int) -> int:
+    """Bytes per attention score held at the peak of diffusers' get_attention_scores: two score-sized
+    tensors at once (the baddbmm input buffer and the scores, then the scores and the probabilities),
+    in float32 when the UNet upcasts attention (SD 2.1)."""
+    return 2 * (4 if profile.unet_upcast_attention else dtype_bytes)
+
+
+# ------------------------------------------------------------------------------------- estimate
+
+
+@dataclass(frozen=True)
+class Estimate:
+    total_bytes: int  # predicted peak device memory of the job
+    weights_bytes: int  # weights resident on the device at the peak
+    unet_bytes: int  # activations of one UNet step (CFG doubles the batch)
+    vae_bytes: int  # activations of the VAE decode
+    overhead_bytes: int  # fixed allowance: kernels, cuBLAS/cuDNN workspaces, allocator rounding
+    peak_phase: str = "unet"  # 'text' | 'unet' | 'vae'
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images: int, dtype_bytes: int,
+                          attention: str = "sdpa") -> int:
+    """Activations of one denoiser forward over `images` latents (CFG: 2 per image)."""
+    sf = profile.vae_scale_factor
+    hw = math.ceil(height / sf) * math.ceil(width / sf)
+    coef = _coefficient("unet", profile.arch)
+    n = images + _per_call("unet")
+    act = coef * unet_feature(profile) * hw * n * dtype_bytes
+    if attention == "slicing" and profile.unet_channels:
+        # the score slices are live during self-attention, not at the feed-forward peak: the peak is
+        # the larger of the two
+        for working, scores in _sliced_attention_terms(profile, hw):
+            act = max(act, coef * working * hw * n * dtype_bytes
+                      + _fit()["slicing"] * scores * _score_bytes(profile, dtype_bytes))
+    return int(act)
+
+
+def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images: int, dtype_bytes: int,
+                         slicing: bool = False, tiling: bool = False) -> int:
+    """Activations of decoding `images` latents, with diffusers' VAE slicing and tiling."""
+    sf = profile.vae_scale_factor
+    lh, lw = math.ceil(height / sf), math.ceil(width / sf)
+    coef = _coefficient("vae", profile.arch) * vae_feature(profile) * dtype_bytes
+    image = 3 * (lh * sf) * (lw * sf) * dtype_bytes  # one decoded image
+
+    def decode(h: int, w: int, n: int) -> float:
+        return coef * h * w * (n + _per_call("vae"))
+
+    best = decode(lh, lw, images)
+    per_call = images
+    if slicing and images > 1:
+        # one image at a time; the decoded slices and their torch.cat stay until the end
+        best = min(best, decode(lh, lw, 1) + 2 * images * image)
+        per_call = 1
+    tile = max(1, profile.vae_sample_size // sf)
+    if tiling and (lh > tile or lw > tile):
+        # one tile decoded at a time; the decoded tiles (overlapping) and the blended result stay
+        tiles_kept = per_call * image / (1 - VAE_TILE_OVERLAP) ** 2
+        extra_slices = 2 * images * image if per_call == 1 and images > 1 else 0
+        best = min(best, decode(min(lh, tile), min(lw, tile), per_call) + tiles_kept + per_call * image + extra_slices)
+    return int(best)
+
+
+def text_activation_bytes(profile: ModelProfile, prompts: int, dtype_bytes: int) -> int:
+    """Text encoders: 77 tokens, every hidden state kept (SDXL reads the penultimate one)."""
+    return int(sum(prompts * TEXT_TOKENS * h * (layers + 16) * dtype_bytes
+                   for h, layers in zip(profile.text_hidden, profile.text_layers)))
+
+
+def estimate(profile: ModelProfile, width: int, height: int, batch: int, settings: MemorySettings,
+             cfg: bool = True) -> Estimate:
+    """Peak device memory of generating `batch` images of width x height in one forward pass each step."""
+    if width <= 0 or height <= 0 or batch <= 0:
+        raise ValueError(f"width, height and batch must be positive, got {width}x{height}, batch {batch}")
+    if settings.dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {settings.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    b = DTYPE_BYTES[settings.dtype]
+    images = batch * (2 if cfg else 1)
+    # SDXL-style pipelines decode in float32 when the VAE is float16 and its config says force_upcast
+    vae_b = 4 if (settings.dtype == "float16" and profile.vae_force_upcast) else b
+
+    unet_act = unet_activation_bytes(profile, width, height, images, b, settings.attention)
+    vae_act = vae_activation_bytes(profile, width, height, batch, vae_b, settings.vae_slicing, settings.vae_tiling)
+    text_act = text_activation_bytes(profile, 2 if cfg else 1, b)
+
+    den = profile.denoiser
+    p = profile.params
+    te_names = profile.text_encoders
+    te_each = [p[n] * b for n in te_names]
+    den_full = p.get(den, 0) * b
+    if settings.fp8_storage:
+        largest = profile.largest_layer.get(den, 0)
+        den_w = (p.get(den, 0) - profile.fp8_kept) * FP8_BYTES + profile.fp8_kept * b + largest * b
+        den_scale = den_w / den_full if den_full else 1.0
+    else:
+        den_w, den_scale = den_full, 1.0
+    vae_w = p.get("vae", 0) * b
+    vae_w_decode = p.get("vae", 0) * vae_b
+
+    off = settings.offload
+    if off == "none":
+        rest = sum(te_each) + den_w
+        phases = {"text": (rest + vae_w, text_act), "unet": (rest + vae_w, unet_act),
+                  "vae": (rest + max(vae_w, vae_w_decode), vae_act)}
+    else:
+        model_phases = {"text": (max(te_each, default=0), text_act), "unet": (den_w, unet_act),
+                        "vae": (vae_w_decode, vae_act)}
+        phases = model_phases
+        if off in ("group", "sequential"):
+            blocks = sorted(profile.denoiser_blocks, reverse=True) or [p.get(den, 0)]
+            # the unmatched top-level group stays loaded; one block group runs while the next is
+            # prefetched on a CUDA stream (two blocks resident)
+            group_den = (profile.denoiser_unmatched + sum(blocks[:2])) * b * den_scale
+            if settings.fp8_storage:
+                group_den += profile.largest_layer.get(den, 0) * b
+            group = {"text": model_phases["text"], "unet": (min(group_den, den_w), unet_act),
+                     "vae": model_phases["vae"]}
+            phases = group
+            if off == "sequential":
+                def leaf(name: str, nbytes: float) -> float:
+                    # the running layer and the prefetched one; under fp8 storage each is upcast to
+                    # the compute dtype while it runs, so count them at that size
+                    return 2 * profile.largest_layer.get(name, 0) * nbytes
+
+                te_leaf = max((leaf(n, b) for n in te_names), default=0)
+                den_leaf = leaf(den, b)
+                phases = {"text": (min(te_leaf, group["text"][0]), text_act),
+                          "unet": (min(den_leaf, group["unet"][0]), unet_act),
+                          "vae": (min(leaf("vae", vae_b), group["vae"][0]), vae_act)}
+    phase, (weights, act) = max(phases.items(), key=lambda kv: kv[1][0] + kv[1][1])
+    weights = int(weights)
+    total = weights + int(act) + OVERHEAD_BYTES
+    return Estimate(total_bytes=total, weights_bytes=weights, unet_bytes=unet_act, vae_bytes=vae_act,
+                    overhead_bytes=OVERHEAD_BYTES, peak_phase=phase)
+
+
+# ------------------------------------------------------------------------- fitting and reporting
+# Used by scripts/calibrate_memory.py and the tests; they only read calibration.json's measurements.
+
+
+def _measured_feature(m: dict, profile: ModelProfile, per_call: float = 0.0) -> float:
+    """The model's activation bytes for one measurement with coefficient 1 (no slicing term)."""
+    b = DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
+    sf = profile.vae_scale_factor
+    hw = math.ceil(m["height"] / sf) * math.ceil(m["width"] / sf)
+    feature = unet_feature(profile) if m["component"] == "unet" else vae_feature(profile)
+    return feature * hw * (m["batch"] + per_call) * b
+
+
+def fit_coefficients(measurements: list[dict]) -> dict:
+    """Coefficients that make the features match the measured activation peaks.
+
+    per_call: from pairs of measurements that differ only in batch, the part of the peak that does
+    not grow with the batch, in images (act = coef x feature x pixels x bytes x (batch + per_call)).
+    Then per architecture and component: the mean of measured / modelled over the plain (SDPA,
+    untiled) measurements; 'global' is the mean over architectures, used for other models. The
+    slicing coefficient scales the score-matrix term to the measured peak with attention slicing.
+    """
+    ok = [m for m in measurements if "activation_bytes" in m]
+    plain = [m for m in ok if not m.get("options", {}).get("attention") and not m.get("options", {}).get("tiling")]
+    fit: dict[str, Any] = {}
+    for kind in ("unet", "vae"):
+        rows = [m for m in plain if m["component"] == kind]
+        ks = []
+        for a, b in itertools.combinations(rows, 2):
+            same = all(a[k] == b[k] for k in ("arch", "width", "height", "options"))
+            if same and a["batch"] != b["batch"]:
+                lo, hi = sorted((a, b), key=lambda m: m["batch"])
+                per_image = (hi["activation_bytes"] - lo["activation_bytes"]) / (hi["batch"] - lo["batch"])
+                ks.append(max(0.0, lo["activation_bytes"] / per_image - lo["batch"]))
+        per_call = round(sum(ks) / len(ks), 4) if ks else 0.0
+        ratios: dict[str, list[float]] = {}
+        for m in rows:
+            prof = profile_builtin(m["arch"])
+            ratios.setdefault(m["arch"], []).append(m["activation_bytes"] / _measured_feature(m, prof, per_call))
+        table: dict[str, float] = {arch: round(sum(v) / len(v), 4) for arch, v in sorted(ratios.items())}
+        table["global"] = round(sum(table.values()) / len(table), 4) if table else 1.0
+        table["per_call"] = per_call
+        fit[kind] = table
+    fit["slicing"] = 1.0
+    for m in ok:
+        if m.get("options", {}).get("attention") == "slicing" and m["component"] == "unet":
+            prof = profile_builtin(m["arch"])
+            coef = fit["unet"].get(m["arch"], fit["unet"]["global"])
+            b = DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
+            sf = prof.vae_scale_factor
+            hw = math.ceil(m["height"] / sf) * math.ceil(m["width"] / sf)
+            working, scores = max(_sliced_attention_terms(prof, hw), key=lambda t: t[1])
+            rest = m["activation_bytes"] - coef * working * hw * (m["batch"] + fit["unet"]["per_call"]) * b
+            fit["slicing"] = round(max(0.0, rest) / (scores * _score_bytes(prof, b)), 4)
+    return fit
+
+
+def predicted_activation(m: dict) -> int:
+    """What the estimator predicts for one calibration measurement."""
+    prof = profile_builtin(m["arch"])
+    opts = m.get("options", {})
+    b = DTYPE_BYTES[opts.get("dtype", "bfloat16")]
+    if m["component"] == "unet":
+        return unet_activation_bytes(prof, m["width"], m["height"], m["batch"], b, opts.get("attention", "sdpa"))
+    return vae_activation_bytes(prof, m["width"], m["height"], m["batch"], b, tiling=bool(opts.get("tiling")))
+
+
+def calibration_report() -> list[dict]:
+    """Measured vs estimated activation peak for every stored measurement, and published GPU totals."""
+    rows = []
+    for m in _calibration().get("measurements", []):
+        if "activation_bytes" not in m:
+            continue
+        est = predicted_activation(m)
+        rows.append({"id": m["id"], "measured_mib": m["activation_bytes"] / MiB, "estimated_mib": est / MiB,
+                     "error_pct": 100.0 * (est - m["activation_bytes"]) / m["activation_bytes"]})
+    return rows
+
+
+def published_report() -> list[dict]:
+    """Published GPU max_memory_allocated figures vs this estimator (without the fixed overhead)."""
+    rows = []
+    for pub in _calibration().get("published", []):
+        from dataclasses import replace
+
+        s = MemorySettings(**pub["settings"])
+        prof = replace(profile_builtin(pub["arch"]), **pub.get("profile_overrides", {}))
+        est = estimate(prof, pub["width"], pub["height"], pub["batch"], s, pub.get("cfg", True))
+        predicted = est.total_bytes - est.overhead_bytes  # max_memory_allocated has no overhead in it
+        rows.append({"id": pub["id"], "published_gib": pub["max_memory_allocated_bytes"] / 1024**3,
+                     "estimated_gib": predicted / 1024**3, "phase": est.peak_phase,
+                     "error_pct": 100.0 * (predicted - pub["max_memory_allocated_bytes"]) / pub["max_memory_allocated_bytes"],
+                     "source": pub["source"]})
+    return rows

@@ -1,0 +1,350 @@
+#!/usr/bin/env python
+"""Measure activation peaks of the real SD architectures on this CPU and fit the memory estimator.
+
+    python scripts/calibrate_memory.py              # measure what is missing, then fit
+    python scripts/calibrate_memory.py --fit-only   # refit from the stored measurements
+    python scripts/calibrate_memory.py --only sd15  # measure only jobs whose id contains "sd15"
+    python scripts/calibrate_memory.py --redo       # measure again even where a result is stored
+
+What is measured. Each job builds one real component (SD 1.5 / 2.1 / SDXL UNet, or the SD VAE) from
+the configs shipped in lowvram_gen/configs, with random bfloat16 weights (no download), in a fresh
+subprocess. It runs one small warm-up pass (so oneDNN and the thread pool have set themselves up),
+resets the kernel's peak-RSS counter (`echo 5 > /proc/self/clear_refs`, which resets VmHWM), reads
+VmRSS, runs one forward pass under torch.inference_mode(), and reads VmHWM. activation_bytes =
+VmHWM - VmRSS(before): the memory the forward pass needed on top of resident weights and inputs,
+i.e. what torch.cuda.max_memory_allocated() minus memory_allocated() before the step reports on a GPU.
+
+Why RSS and not torch.profiler: profile_memory records every allocation, but getting a peak from it
+means replaying the event list, it slows the 2-core run down several-fold, and it misses memory that
+is not a torch tensor (oneDNN scratch pads). VmHWM sees everything the process touched. To make RSS
+follow live tensors instead of glibc's free lists, every worker runs with MALLOC_MMAP_THRESHOLD_=65536
+(allocations above 64 KiB are mmap'ed and go back to the kernel when freed) and MALLOC_TRIM_THRESHOLD_=0,
+so a freed activation leaves RSS at once, as it leaves max_memory_allocated on CUDA.
+
+Why bfloat16: the same 2 bytes per element as float16 on a GPU, so activation bytes are comparable
+one for one; this CPU has AVX512-BF16 and runs bf16 ~2.7x faster than fp32. SDPA on CPU dispatches
+to the flash-attention CPU kernel (no full score matrix), as SDPA does on CUDA.
+
+The results go to lowvram_gen/configs/calibration.json ("measurements"), written after every job,
+next to published GPU figures ("published"); then the fitted coefficients ("fit") that
+lowvram_gen/memory.py reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "lowvram_gen" / "configs"
+CALIBRATION = CONFIGS / "calibration.json"
+
+# (id, component, arch, width, height, batch, options). batch = the batch the model sees (CFG: 2 per image).
+JOBS: list[tuple[str, str, str, int, int, int, dict]] = [
+    ("vae-sd15-512", "vae", "sd15", 512, 512, 1, {}),
+    ("unet-sd15-512-b2", "unet", "sd15", 512, 512, 2, {}),
+    ("unet-sd21-768-b2", "unet", "sd21", 768, 768, 2, {}),
+    ("unet-sdxl-1024-b2", "unet", "sdxl", 1024, 1024, 2, {}),
+    ("unet-sd15-768-b2", "unet", "sd15", 768, 768, 2, {}),
+    ("vae-sd15-768", "vae", "sd15", 768, 768, 1, {}),
+    ("unet-sd21-512-b2", "unet", "sd21", 512, 512, 2, {}),
+    ("unet-sdxl-768-b2", "unet", "sdxl", 768, 768, 2, {}),
+    ("vae-sd15-1024", "vae", "sd15", 1024, 1024, 1, {}),
+    ("unet-sd15-512-b4", "unet", "sd15", 512, 512, 4, {}),
+    ("unet-sd15-512-b2-slicing", "unet", "sd15", 512, 512, 2, {"attention": "slicing"}),
+    ("vae-sd15-1024-tiled", "vae", "sd15", 1024, 1024, 1, {"tiling": True}),
+    ("vae-sd15-512-b2", "vae", "sd15", 512, 512, 2, {}),
+    ("unet-sd15-512-b2-fp32", "unet", "sd15", 512, 512, 2, {"dtype": "float32"}),
+]
+
+
+# Published GPU peaks (torch.cuda.max_memory_allocated of a whole pipeline call) to check totals against.
+DIFFUSION_FAST = ("https://huggingface.co/datasets/sayakpaul/sample-datasets/blob/"
+                  "8285f7668326f13af8d213cd8087218cd7f97483/collated_results_sdxl.csv")
+PUBLISHED = [
+    {
+        "id": "sdxl-1024-half-sdpa-h100",
+        "arch": "sdxl", "width": 1024, "height": 1024, "batch": 1, "cfg": True,
+        "settings": {"dtype": "float16", "attention": "sdpa"},
+        # the run swaps in madebyollin/sdxl-vae-fp16-fix (same architecture, force_upcast false)
+        "profile_overrides": {"vae_force_upcast": False},
+        "max_memory_allocated_bytes": int(8.958 * 1024**3),
+        "source": DIFFUSION_FAST,
+        "notes": "huggingface/diffusion-fast run_benchmark.py: SDXL base 1.0, 30 steps, batch 1, half precision, "
+                 "SDPA, no compile, H100 80GB; memory = torch.cuda.max_memory_allocated() / 1024**3. "
+                 "The same run without SDPA gave 8.961 GiB.",
+    },
+    {
+        "id": "sdxl-1024-fp32-h100",
+        "arch": "sdxl", "width": 1024, "height": 1024, "batch": 1, "cfg": True,
+        "settings": {"dtype": "float32", "attention": "sdpa"},
+        "profile_overrides": {"vae_force_upcast": False},
+        "max_memory_allocated_bytes": int(16.827 * 1024**3),
+        "source": DIFFUSION_FAST,
+        "notes": "same benchmark, float32 weights, default (non-SDPA) attention processor; the fp16 rows show "
+                 "the attention processor does not move the peak (it is the VAE decode).",
+    },
+]
+
+
+# --------------------------------------------------------------------------------------------- worker
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":")
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _build(component: str, arch: str, dtype):
+    """The component from its shipped config, random weights of `dtype`, built without an fp32 copy."""
+    import torch
+    from accelerate import init_empty_weights
+
+    cfg = json.loads((CONFIGS / arch / component / "config.json").read_text())
+    if component == "unet":
+        from diffusers import UNet2DConditionModel as cls
+    else:
+        from diffusers import AutoencoderKL as cls
+    with init_empty_weights():
+        model = cls.from_config(cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for mod_name, module in model.named_modules():
+            for name, p in list(module._parameters.items()):
+                if p is None:
+                    continue
+                t = torch.empty(p.shape, dtype=dtype)
+                if p.ndim >= 2:
+                    fan_in = p[0].numel()
+                    t.normal_(0.0, fan_in**-0.5, generator=gen)
+                elif name == "weight":
+                    t.fill_(1.0)
+                else:
+                    t.zero_()
+                module._parameters[name] = torch.nn.Parameter(t, requires_grad=False)
+            for name, b in list(module._buffers.items()):
+                if b is not None and b.is_floating_point():
+                    module._buffers[name] = b.to(dtype)
+    model.eval()
+    return model, cfg
+
+
+def _inputs(component: str, cfg: dict, width: int, height: int, batch: int, dtype):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    h, w = height // 8, width // 8
+    if component == "vae":
+        return {"z": torch.randn(batch, cfg.get("latent_channels", 4), h, w, generator=g).to(dtype)}
+    kw = {
+        "sample": torch.randn(batch, cfg.get("in_channels", 4), h, w, generator=g).to(dtype),
+        "timestep": torch.tensor(500),
+        "encoder_hidden_states": torch.randn(batch, 77, cfg["cross_attention_dim"], generator=g).to(dtype),
+    }
+    if cfg.get("addition_embed_type") == "text_time":
+        n_time = (cfg["projection_class_embeddings_input_dim"] - 1280) // cfg["addition_time_embed_dim"]
+        kw["added_cond_kwargs"] = {
+            "text_embeds": torch.randn(batch, 1280, generator=g).to(dtype),
+            "time_ids": torch.tensor([[height, width, 0, 0, height, width][:n_time]] * batch, dtype=dtype),
+        }
+    return kw
+
+
+def _run(model, component: str, kw: dict):
+    if component == "vae":
+        return model.decode(kw["z"]).sample
+    return model(**kw).sample
+
+
+def worker(job: dict) -> dict:
+    import gc
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("CALIB_THREADS", "2")))
+    dtype = getattr(torch, job["options"].get("dtype", "bfloat16"))
+    component = job["component"]
+    rss0 = _status()["VmRSS"]
+    t0 = time.perf_counter()
+    model, cfg = _build(component, job["arch"], dtype)
+    gc.collect()
+    rss_weights = _status()["VmRSS"] - rss0
+    n_params = sum(p.numel() for p in model.parameters())
+    build_s = time.perf_counter() - t0
+    if job["options"].get("attention") == "slicing":
+        model.set_attention_slice("auto")  # what pipe.enable_attention_slicing("auto") does to the UNet
+    if job["options"].get("tiling"):
+        model.enable_tiling()
+    # Warm-up: small size, same code paths (tiling needs a latent above the tile size to engage).
+    wsize = 256 if not job["options"].get("tiling") else job["width"]
+    with torch.inference_mode():
+        _run(model, component, _inputs(component, cfg, wsize, wsize, 1, dtype))
+    kw = _inputs(component, cfg, job["width"], job["height"], job["batch"], dtype)
+    gc.collect()
+    _reset_peak()
+    before = _status()["VmRSS"]
+    t1 = time.perf_counter()
+    with torch.inference_mode():
+        out = _run(model, component, kw)
+    run_s = time.perf_counter() - t1
+    peak = _status()["VmHWM"]
+    return {
+        **job,
+        "params": n_params,
+        "weights_rss_bytes": rss_weights,
+        "rss_before_bytes": before,
+        "peak_rss_bytes": peak,
+        "activation_bytes": peak - before,
+        "output_shape": list(out.shape),
+        "build_s": round(build_s, 1),
+        "run_s": round(run_s, 1),
+        "torch": torch.__version__,
+    }
+
+
+# --------------------------------------------------------------------------------------------- driver
+
+
+@contextlib.contextmanager
+def locked():
+    """One writer at a time: a fit run while measurements go on must not drop a result."""
+    with open(Path(tempfile.gettempdir()) / "lowvram-gen-calibration.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load() -> dict:
+    if CALIBRATION.exists():
+        return json.loads(CALIBRATION.read_text())
+    return {}
+
+
+def save(data: dict) -> None:
+    tmp = CALIBRATION.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(CALIBRATION)
+
+
+def measure(only: str | None, redo: bool, timeout: int) -> None:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS="2")
+    for job_id, component, arch, width, height, batch, options in JOBS:
+        if only and only not in job_id:
+            continue
+        data = load()
+        done = {m["id"] for m in data.get("measurements", []) if "activation_bytes" in m}
+        if job_id in done and not redo:
+            continue
+        job = {"id": job_id, "component": component, "arch": arch, "width": width, "height": height,
+               "batch": batch, "options": options}
+        print(f"[calibrate] {job_id} ...", flush=True)
+        t0 = time.time()
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env,
+                                  capture_output=True, text=True, timeout=timeout)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            result = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+                **job, "error": (proc.stderr or proc.stdout)[-2000:]}
+        except subprocess.TimeoutExpired:
+            result = {**job, "error": f"timed out after {timeout} s"}
+        print(f"[calibrate] {job_id}: {time.time() - t0:.0f} s "
+              f"{'%.0f MiB' % (result['activation_bytes'] / 2**20) if 'activation_bytes' in result else result.get('error')}",
+              flush=True)
+        order = [j[0] for j in JOBS]
+        with locked():
+            data = load()
+            rows = [m for m in data.get("measurements", []) if m["id"] != job_id] + [result]
+            data["measurements"] = sorted(rows, key=lambda m: order.index(m["id"]) if m["id"] in order else len(order))
+            save(data)
+
+
+def fit() -> None:
+    sys.path.insert(0, str(ROOT))
+    from lowvram_gen import memory
+
+    with locked():
+        data = load()
+        # Built-in profiles: counted once here on the meta device, so profile_builtin() needs no torch.
+        data["profiles"] = {k: memory._profile_for_dir(str(CONFIGS / k), arch=k).as_dict()
+                            for k in memory.BUILTIN_NAMES}
+        data["published"] = PUBLISHED
+        order = [j[0] for j in JOBS]
+        data["measurements"] = sorted(data.get("measurements", []),
+                                      key=lambda m: order.index(m["id"]) if m["id"] in order else len(order))
+        save(data)
+        memory.reload_calibration()
+        data["fit"] = memory.fit_coefficients(data.get("measurements", []))
+        save(data)
+        memory.reload_calibration()
+    for row in memory.calibration_report():
+        print(f"{row['id']:28s} measured {row['measured_mib']:8.0f} MiB  estimated {row['estimated_mib']:8.0f} MiB"
+              f"  {row['error_pct']:+6.1f} %")
+    for row in memory.published_report():
+        print(f"{row['id']:28s} published {row['published_gib']:6.2f} GiB  estimated {row['estimated_gib']:6.2f} GiB"
+              f"  {row['error_pct']:+6.1f} %  (peak in {row['phase']})")
+
+
+def markdown() -> None:
+    sys.path.insert(0, str(ROOT))
+    from lowvram_gen import memory
+
+    meas = {m["id"]: m for m in load().get("measurements", [])}
+    print("| measurement | batch | measured (MiB) | estimated (MiB) | error | CPU time (s) |")
+    print("|---|---|---|---|---|---|")
+    for row in memory.calibration_report():
+        m = meas[row["id"]]
+        print(f"| `{row['id']}` | {m['batch']} | {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} "
+              f"| {row['error_pct']:+.1f} % | {m['run_s']:.0f} |")
+    print()
+    print("| published run | published max_memory_allocated (GiB) | estimated, no overhead (GiB) | error | peak phase |")
+    print("|---|---|---|---|---|")
+    for row in memory.published_report():
+        print(f"| [{row['id']}]({row['source']}) | {row['published_gib']:.2f} | {row['estimated_gib']:.2f} "
+              f"| {row['error_pct']:+.1f} % | {row['phase']} |")
+    print()
+    print("fit:", json.dumps(load().get("fit")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--only", help="measure only jobs whose id contains this text")
+    ap.add_argument("--redo", action="store_true", help="measure again even where a result is stored")
+    ap.add_argument("--fit-only", action="store_true", help="do not measure; refit from stored measurements")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per measurement (default 900)")
+    ap.add_argument("--markdown", action="store_true", help="print the tables of docs/benchmarks.md and exit")
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))), flush=True)
+        return 0
+    if args.markdown:
+        markdown()
+        return 0
+    if not args.fit_only:
+        measure(args.only, args.redo, args.timeout)
+    fit()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

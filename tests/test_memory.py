@@ -1,0 +1,288 @@
+"""The peak-memory estimator: profiles from configs, monotonicity, offload order, calibration fit."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lowvram_gen import memory
+from lowvram_gen.settings import MemorySettings
+
+HALF = MemorySettings(dtype="float16")
+OFFLOADS = ("none", "model", "group", "sequential")
+SIZES = [(256, 256), (512, 512), (512, 768), (768, 768), (1024, 1024), (1536, 1536), (2048, 2048)]
+
+
+def settings_grid():
+    for dtype, attention, vs, vt, off, fp8 in itertools.product(
+        ("float32", "float16", "bfloat16"), ("sdpa", "xformers", "slicing"), (False, True), (False, True),
+        OFFLOADS, (False, True),
+    ):
+        if fp8 and dtype == "float32":
+            continue
+        yield MemorySettings(dtype=dtype, attention=attention, vae_slicing=vs, vae_tiling=vt, offload=off,
+                             fp8_storage=fp8)
+
+
+# ----------------------------------------------------------------------------------------- profiles
+
+
+def test_builtin_parameter_counts():
+    sd15 = memory.profile_builtin("sd15")
+    assert sd15.params["unet"] == 859_520_964  # ~859.5M
+    assert sd15.params["vae"] == 83_653_863  # ~83.7M
+    assert sd15.params["text_encoder"] == 123_060_480  # ~123.1M
+    sdxl = memory.profile_builtin("sdxl")
+    assert sdxl.params["unet"] == 2_567_463_684  # ~2.567B
+    assert sdxl.params["text_encoder_2"] == 694_659_840
+    assert sdxl.params["vae"] == 83_653_863
+    sd21 = memory.profile_builtin("sd21")
+    assert sd21.params["unet"] == 865_910_724
+    assert sd21.params["text_encoder"] == 340_387_840
+    assert sd21.unet_upcast_attention and not sd15.unet_upcast_attention
+    assert sdxl.unet_attention == (False, True, True) and sdxl.unet_transformer_layers == (1, 2, 10)
+    assert sdxl.vae_force_upcast and not sd15.vae_force_upcast
+    assert (sd15.vae_sample_size, sd21.vae_sample_size, sdxl.vae_sample_size) == (512, 768, 1024)
+
+
+@pytest.mark.parametrize("alias,key", [("sd1.5", "sd15"), ("SD2.1", "sd21"), ("sdxl", "sdxl"), ("sd15", "sd15")])
+def test_builtin_aliases(alias, key):
+    assert memory.profile_builtin(alias).arch == key
+
+
+def test_unknown_builtin_lists_the_names():
+    with pytest.raises(ValueError) as err:
+        memory.profile_builtin("sd3-large")
+    assert "sd3-large" in str(err.value)
+    for name in memory.BUILTIN_NAMES:
+        assert name in str(err.value)
+
+
+def test_profile_from_folder_rejects_a_folder_without_model_index(tmp_path):
+    with pytest.raises(ValueError, match="model_index.json"):
+        memory.profile_from_folder(tmp_path)
+
+
+def test_shipped_configs_are_the_published_architectures():
+    for name, parts in {"sd15": ["unet", "vae", "text_encoder"], "sd21": ["unet", "vae", "text_encoder"],
+                        "sdxl": ["unet", "vae", "text_encoder", "text_encoder_2"]}.items():
+        index = json.loads((memory.CONFIGS / name / "model_index.json").read_text())
+        for part in parts:
+            assert part in index
+            json.loads((memory.CONFIGS / name / part / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A diffusers folder with tiny random configs (configs only, no weights) and the real counts."""
+    torch = pytest.importorskip("torch")
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    root = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=2, sample_size=32, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=(2, 4), norm_num_groups=8,
+    )
+    vae = AutoencoderKL(
+        block_out_channels=(8, 16, 16, 16), in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=8,
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4, sample_size=64,
+    )
+    text = CLIPTextModel(CLIPTextConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                        num_attention_heads=4, vocab_size=1000, max_position_embeddings=77))
+    unet.save_config(root / "unet")
+    vae.save_config(root / "vae")
+    text.config.save_pretrained(root / "text_encoder")
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": "StableDiffusionPipeline", "_diffusers_version": "0.42.1",
+        "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"],
+        "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+        "scheduler": ["diffusers", "PNDMScheduler"], "safety_checker": [None, None],
+    }))
+    counts = {name: sum(p.numel() for p in m.parameters()) for name, m in
+              (("unet", unet), ("vae", vae), ("text_encoder", text))}
+    return root, counts
+
+
+def test_profile_from_folder_counts_match_the_real_models(tiny_folder):
+    root, counts = tiny_folder
+    profile = memory.profile_from_folder(root)
+    assert profile.arch == "custom"
+    assert profile.params == counts
+    assert profile.unet_channels == (32, 64) and profile.unet_attention == (False, True)
+    assert profile.unet_heads == (2, 4)
+    assert profile.vae_scale_factor == 8 and profile.vae_sample_size == 64
+    assert profile.text_hidden == (32,)
+    assert profile.denoiser_unmatched + sum(profile.denoiser_blocks) == counts["unet"]
+    assert 0 < profile.fp8_kept < counts["unet"]
+    # cached: the same object comes back while the configs are unchanged
+    assert memory.profile_from_folder(root) is profile
+    est = memory.estimate(profile, 256, 256, 1, HALF)
+    assert est.total_bytes > est.weights_bytes > 0
+
+
+def test_a_folder_with_a_builtin_architecture_gets_its_calibration(tmp_path):
+    pytest.importorskip("torch")
+    folder = tmp_path / "my-sd15-finetune"
+    shutil.copytree(memory.CONFIGS / "sd15", folder)
+    profile = memory.profile_from_folder(folder)
+    assert profile.arch == "sd15"
+    assert profile == memory.profile_builtin("sd15")  # the stored profile is what the configs give
+
+
+def test_no_torch_at_import_time():
+    code = "import sys, lowvram_gen.memory as m; m.profile_builtin('sdxl'); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------------------- estimate
+
+
+def test_estimate_fields():
+    est = memory.estimate(memory.profile_builtin("sd15"), 512, 512, 1, HALF)
+    d = est.as_dict()
+    for key in ("total_bytes", "weights_bytes", "unet_bytes", "vae_bytes", "overhead_bytes"):
+        assert isinstance(d[key], int) and d[key] > 0
+    assert est.total_bytes >= est.weights_bytes + est.overhead_bytes + min(est.unet_bytes, est.vae_bytes)
+    # all of SD 1.5 in half precision is ~2.13 GB of weights
+    assert 2.0e9 < est.weights_bytes < 2.3e9
+
+
+@pytest.mark.parametrize("bad", [(0, 512, 1), (512, -8, 1), (512, 512, 0)])
+def test_estimate_rejects_nonsense(bad):
+    with pytest.raises(ValueError):
+        memory.estimate(memory.profile_builtin("sd15"), *bad, HALF)
+
+
+@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+def test_monotone_in_pixels_and_batch(name):
+    profile = memory.profile_builtin(name)
+    for s in settings_grid():
+        totals = [memory.estimate(profile, w, h, 1, s).total_bytes for w, h in SIZES]
+        assert totals == sorted(totals), s
+        by_batch = [memory.estimate(profile, 768, 768, b, s).total_bytes for b in (1, 2, 3, 4, 8)]
+        assert by_batch == sorted(by_batch), s
+        assert memory.estimate(profile, 768, 768, 1, s, cfg=False).total_bytes <= \
+            memory.estimate(profile, 768, 768, 1, s, cfg=True).total_bytes
+
+
+CHEAPER = [
+    ("vae_slicing", False, True),
+    ("vae_tiling", False, True),
+    ("fp8_storage", False, True),
+    ("dtype", "float32", "float16"),
+    ("dtype", "float32", "bfloat16"),
+    ("attention", "slicing", "sdpa"),
+    ("attention", "slicing", "xformers"),
+    ("offload", "none", "model"),
+    ("offload", "model", "group"),
+    ("offload", "group", "sequential"),
+]
+
+
+@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+@pytest.mark.parametrize("key,dearer,cheaper", CHEAPER)
+def test_each_cheaper_setting_never_raises_the_estimate(name, key, dearer, cheaper):
+    profile = memory.profile_builtin(name)
+    for s in settings_grid():
+        if getattr(s, key) != dearer:
+            continue
+        low = replace(s, **{key: cheaper})
+        if low.fp8_storage and low.dtype == "float32":
+            continue
+        for (w, h), batch in itertools.product([(512, 512), (1024, 1024), (2048, 1536)], (1, 4)):
+            a = memory.estimate(profile, w, h, batch, s).total_bytes
+            b = memory.estimate(profile, w, h, batch, low).total_bytes
+            assert b <= a, (s, key, cheaper, w, h, batch)
+
+
+@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+def test_offload_order(name):
+    profile = memory.profile_builtin(name)
+    for dtype, fp8, (w, h), batch in itertools.product(("float16", "float32"), (False, True),
+                                                       [(512, 512), (1024, 1024)], (1, 2)):
+        if fp8 and dtype == "float32":
+            continue
+        totals = [memory.estimate(profile, w, h, batch, MemorySettings(dtype=dtype, offload=o, fp8_storage=fp8))
+                  for o in OFFLOADS]
+        t = [e.total_bytes for e in totals]
+        assert t[0] >= t[1] >= t[2] >= t[3], (name, dtype, fp8, w, h, batch, t)
+        assert totals[0].weights_bytes > totals[1].weights_bytes > totals[3].weights_bytes
+
+
+def test_sequential_offload_keeps_about_two_layers():
+    profile = memory.profile_builtin("sd15")
+    est = memory.estimate(profile, 512, 512, 1, MemorySettings(offload="sequential"))
+    assert est.weights_bytes <= 2 * max(profile.largest_layer.values()) * 2
+
+
+@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+def test_fp8_lowers_the_weights(name):
+    profile = memory.profile_builtin(name)
+    for off in OFFLOADS[:3]:
+        a = memory.estimate(profile, 1024, 1024, 1, MemorySettings(offload=off, vae_tiling=True))
+        b = memory.estimate(profile, 1024, 1024, 1, MemorySettings(offload=off, vae_tiling=True, fp8_storage=True))
+        if a.peak_phase == b.peak_phase == "unet" or off == "none":
+            assert b.weights_bytes < a.weights_bytes, off
+    # the UNet alone: about half its bytes (norms and embeddings stay in half precision)
+    a = memory.estimate(profile, 512, 512, 1, MemorySettings(offload="model"))
+    b = memory.estimate(profile, 512, 512, 1, MemorySettings(offload="model", fp8_storage=True))
+    unet = profile.params["unet"] * 2
+    if a.peak_phase == b.peak_phase == "unet":
+        assert 0.45 * unet < b.weights_bytes < 0.6 * unet
+
+
+def test_vae_tiling_bounds_the_decode_of_big_images():
+    profile = memory.profile_builtin("sd15")
+    plain = memory.estimate(profile, 2048, 2048, 1, HALF)
+    tiled = memory.estimate(profile, 2048, 2048, 1, replace(HALF, vae_tiling=True))
+    assert tiled.vae_bytes < plain.vae_bytes / 4
+    # below the tile size tiling changes nothing
+    small = memory.estimate(profile, 512, 512, 1, HALF)
+    assert memory.estimate(profile, 512, 512, 1, replace(HALF, vae_tiling=True)).vae_bytes == small.vae_bytes
+
+
+def test_sdxl_float16_decodes_in_float32():
+    profile = memory.profile_builtin("sdxl")
+    fp16 = memory.estimate(profile, 1024, 1024, 1, MemorySettings(dtype="float16"))
+    bf16 = memory.estimate(profile, 1024, 1024, 1, MemorySettings(dtype="bfloat16"))
+    assert fp16.vae_bytes == 2 * bf16.vae_bytes
+
+
+def test_attention_slicing_costs_more_than_sdpa():
+    profile = memory.profile_builtin("sd15")
+    sdpa = memory.estimate(profile, 768, 768, 1, HALF)
+    sliced = memory.estimate(profile, 768, 768, 1, replace(HALF, attention="slicing"))
+    xf = memory.estimate(profile, 768, 768, 1, replace(HALF, attention="xformers"))
+    assert sliced.unet_bytes > sdpa.unet_bytes == xf.unet_bytes
+
+
+# ----------------------------------------------------------------------------------------- calibration
+
+
+def test_calibration_points_within_15_percent():
+    rows = memory.calibration_report()
+    assert len(rows) >= 8, "run scripts/calibrate_memory.py"
+    bad = [r for r in rows if abs(r["error_pct"]) > 15]
+    assert not bad, bad
+    archs = {m["arch"] for m in memory._calibration()["measurements"] if m["component"] == "unet"}
+    assert archs == {"sd15", "sd21", "sdxl"}
+
+
+def test_published_gpu_totals_within_15_percent():
+    rows = memory.published_report()
+    assert rows
+    for r in rows:
+        assert abs(r["error_pct"]) <= 15, r
+        assert r["source"].startswith("https://")
