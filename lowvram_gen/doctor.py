@@ -32,7 +32,7 @@ def _kernels(device) -> dict:
 
 
 def report(device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
-           reserve_vram: int | None = None) -> dict:
+           reserve_vram: int | None = None, xformers: bool = False) -> dict:
     import torch
 
     from . import failures, memory

@@ -21,7 +21,7 @@ from .device import DeviceInfo
 from .engines import sd
 from .errors import BadOutput, OutOfMemoryEverywhere
 from .models.loading import LoadedModel, reload_components
-from .oom import free_memory, is_oom, short_reason
+from .oom import allocated_bytes, free_memory, is_oom, short_reason
 from .presets import Preset
 from .settings import MemorySettings
 
@@ -137,6 +137,7 @@ class Runner:
         while pending:
             chunk = sd.Chunk(prompt, negative_prompt, size[0], size[1], steps, cfg_scale, pending[:per_pass])
             started = time.perf_counter()
+            baseline = allocated_bytes(self.device.kind)
             oom = None
             try:
                 latents = sd.denoise(self.model.pipe, chunk, self.device.torch_device, on_step, cancel)
@@ -146,7 +147,7 @@ class Runner:
                 oom = short_reason(exc)
             if oom is not None:
                 report.attempts.append(Attempt(preset.name, per_pass, *size, "denoise", "oom", _since(started), oom))
-                free_memory(self.device.kind)
+                free_memory(self.device.kind, baseline)
                 if per_pass > 1:
                     per_pass = math.ceil(per_pass / 2)
                 elif rung + 1 < len(ladder):
@@ -184,6 +185,7 @@ class Runner:
         tiled = preset.memory.vae_tiling
         while True:
             started = time.perf_counter()
+            baseline = allocated_bytes(self.device.kind)
             oom = None
             try:
                 decoded = sd.decode(pipe, latents)
@@ -194,7 +196,7 @@ class Runner:
             if oom is None:
                 break
             report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", "oom", _since(started), oom))
-            free_memory(self.device.kind)
+            free_memory(self.device.kind, baseline)
             if not tiled:
                 tiled = True
                 self.use(_with_tiling(preset.memory))
