@@ -26,6 +26,8 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vram-budget", metavar="SIZE", help="use at most this much VRAM, e.g. 6GiB (enforced on CUDA)")
     g.add_argument("--reserve-vram", metavar="SIZE", default=None,
                    help="VRAM left for the OS and other programs (default 512MiB)")
+    g.add_argument("--xformers", action="store_true",
+                   help="use xformers attention where it works (CUDA + the xformers extra); SDPA otherwise")
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -78,6 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true")
     doc.add_argument("--forget-failures", action="store_true", help="clear the remembered out-of-memory failures")
     _add_memory_flags(doc)
+
+    ui = sub.add_parser("ui", help="the web UI (also what bare `lowvram-gen [flags]` starts)",
+                        description="Start the Gradio web UI. Listens on 127.0.0.1 unless --listen.")
+    _add_model(ui)
+    ui.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/); the only folder served")
+    ui.add_argument("--listen", action="store_true", help="listen on 0.0.0.0 (every interface) instead of 127.0.0.1")
+    ui.add_argument("--port", type=int, default=7860, metavar="N", help="port (default 7860)")
+    ui.add_argument("--gradio-auth", metavar="USER:PASS[,USER2:PASS2]", help="require a login")
+    ui.add_argument("--share", action="store_true", help="make a public gradio.live link (warns: it is public)")
+    ui.add_argument("--queue-size", type=int, default=16, metavar="N", help="most jobs waiting (default 16)")
+    _add_memory_flags(ui)
+
+    from .batch import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
+
+    add_batch_parser(sub, _add_model, _add_memory_flags)
     return parser
 
 
@@ -91,6 +108,7 @@ def _session_kwargs(args) -> dict:
         "vram_budget": parse_size(args.vram_budget, "--vram-budget") if getattr(args, "vram_budget", None) else None,
         "reserve_vram": parse_size(args.reserve_vram, "--reserve-vram") if getattr(args, "reserve_vram", None)
         else DEFAULT_RESERVE,
+        "xformers": bool(getattr(args, "xformers", False)),
     }
 
 
@@ -198,15 +216,38 @@ def cmd_doctor(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "plan": cmd_plan, "doctor": cmd_doctor}
+def cmd_ui(args) -> int:
+    from . import outputs
+    from .session import Session
+    from .ui.launch import launch
+
+    outdir = args.outdir or str(outputs.default_outdir())
+    session = Session(**_session_kwargs(args), outdir=outdir)
+    launch(session, outdir, args.model, listen=args.listen, port=args.port, auth=args.gradio_auth, share=args.share,
+           queue_size=args.queue_size)
+    return 0
+
+
+def cmd_batch(args) -> int:
+    from .batch import run_batch_command
+
+    return run_batch_command(args, _session_kwargs(args))
+
+
+COMMANDS = {"generate": cmd_generate, "plan": cmd_plan, "doctor": cmd_doctor, "batch": cmd_batch, "ui": cmd_ui}
+
+
+def _with_default_command(argv: list[str]) -> list[str]:
+    """Bare `lowvram-gen [flags]` starts the web UI, as A1111's launcher does."""
+    if argv[:1] in (["-h"], ["--help"]) or any(a in COMMANDS for a in argv):
+        return argv
+    verbose = [a for a in argv if a in ("-v", "--verbose")]
+    return [*verbose[:1], "ui", *(a for a in argv if a not in ("-v", "--verbose"))]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 0
+    args = parser.parse_args(_with_default_command(sys.argv[1:] if argv is None else list(argv)))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from .errors import LowVramError
 

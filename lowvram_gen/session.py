@@ -6,6 +6,7 @@ new model before dropping the old one, so a broken checkpoint leaves the loaded 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -54,7 +55,7 @@ class GenerationResult:
 class Session:
     def __init__(self, device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
                  reserve_vram: int = DEFAULT_RESERVE, outdir: str | None = None, presets_dir: str | None = None,
-                 ops_factory=None):
+                 ops_factory=None, xformers: bool = False):
         self.device_pref = device  # 'cpu' forces the CPU (--cpu)
         self.preset_spec = preset  # forced preset (--medvram etc.), None: the planner decides
         self.vram_budget = vram_budget
@@ -62,6 +63,7 @@ class Session:
         self.outdir = outdir
         self.presets_dir = presets_dir
         self.ops_factory = ops_factory
+        self.xformers = xformers  # --xformers: xformers attention in GPU presets (SDPA where it cannot run)
         self.lock = threading.RLock()  # one GPU, one job at a time
         self.model: LoadedModel | None = None
         self.runner: Runner | None = None
@@ -74,13 +76,18 @@ class Session:
         return self._device
 
     def presets(self) -> dict[str, Preset]:
-        return load_presets(self.presets_dir)
+        return {name: self._flagged(p) for name, p in load_presets(self.presets_dir).items()}
 
     def forced_preset(self, spec: str | None = None) -> Preset | None:
         spec = spec or self.preset_spec
         if spec is None and self.device_pref == "cpu":
             spec = "cpu"
-        return find_preset(spec, self.presets_dir) if spec else None
+        return self._flagged(find_preset(spec, self.presets_dir)) if spec else None
+
+    def _flagged(self, preset: Preset) -> Preset:
+        if self.xformers and preset.device == "gpu":
+            return dataclasses.replace(preset, memory=dataclasses.replace(preset.memory, attention="xformers"))
+        return preset
 
     def load_model(self, spec: str, config: str | None, dtype: str) -> LoadedModel:
         source = resolve(spec, config)

@@ -1,0 +1,48 @@
+"""Models a user already has: the embedded ones, a local models folder, and the Hugging Face cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .resolve import SINGLE_FILE_SUFFIXES
+from .tiny import TINY_MODELS
+
+
+def local_models(folder: str | Path) -> list[str]:
+    """Diffusers folders and single checkpoint files directly inside `folder` (A1111's models/Stable-diffusion)."""
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir() and (entry / "model_index.json").is_file():
+            found.append(str(entry))
+        elif entry.is_file() and entry.suffix.lower() in (".safetensors", ".ckpt"):
+            found.append(str(entry))
+    return found
+
+
+def cached_hub_models() -> list[str]:
+    """Hub repos in the HF cache that hold a diffusers pipeline (they load offline)."""
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        info = scan_cache_dir()
+    except Exception:  # no cache yet, or an unreadable one: nothing to offer
+        return []
+    repos = []
+    for repo in info.repos:
+        if repo.repo_type == "model" and any(
+            f.file_name == "model_index.json" for rev in repo.revisions for f in rev.files
+        ):
+            repos.append(repo.repo_id)
+    return sorted(repos)
+
+
+def model_choices(models_folder: str | Path | None = None) -> list[str]:
+    folder = models_folder or os.environ.get("LOWVRAM_GEN_MODELS", "models")
+    return [*TINY_MODELS, *local_models(folder), *cached_hub_models()]
+
+
+__all__ = ["SINGLE_FILE_SUFFIXES", "cached_hub_models", "local_models", "model_choices"]

@@ -1,0 +1,330 @@
+"""The web UI as a person and an API client use it: a real headless Chromium, and gradio_client.
+
+Chromium is Debian's (`apt-get install chromium`; ./test.sh installs it when run as root) driven
+by Playwright for Python with no browser download. Without it the browser tests skip, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from lowvram_gen.session import Session
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshot.png"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tmp: Path, auth: str | None = None, queue_size: int = 16):
+        from lowvram_gen.ui.launch import launch
+
+        self.outdir = tmp / "outputs"
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        self.session = Session(outdir=str(self.outdir))
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.app = launch(self.session, str(self.outdir), "tiny", port=self.port, auth=auth, queue_size=queue_size,
+                          block=False)
+
+    def close(self):
+        self.app.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("ui"))
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.goto(server.url)
+    pg.wait_for_selector("#prompt textarea", timeout=30_000)
+    yield pg
+    context.close()
+
+
+def _fill_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input").first
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def _set_slider(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]").first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+@needs_browser
+def test_type_a_prompt_generate_and_see_the_image_and_its_metadata(page, server):
+    page.locator("#prompt textarea").fill("a lighthouse at dusk")
+    _fill_number(page, "width", 192)
+    _fill_number(page, "height", 128)
+    _set_slider(page, "steps", 3)
+    page.click("#generate")
+    image = page.locator("#gallery img").first
+    image.wait_for(timeout=120_000)
+    page.wait_for_function("() => document.querySelector('#info textarea').value.includes('Steps: 3')",
+                           timeout=60_000)
+    size = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
+    assert size == [192, 128]
+    info = page.locator("#info textarea").input_value()
+    assert info.startswith("a lighthouse at dusk") and "Size: 192x128" in info and "Model: tiny" in info
+    assert "finished at cpu" in page.locator("#summary textarea").input_value()
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    target = SCREENSHOT if os.environ.get("LOWVRAM_GEN_SCREENSHOT") else server.outdir.parent / "screenshot.png"
+    page.screenshot(path=str(target), full_page=True)
+    assert target.stat().st_size > 10_000
+
+
+@needs_browser
+def test_cancel_a_long_job_and_the_ui_is_ready_again(page, server):
+    started = threading.Event()
+    real = server.session.generate
+
+    def watched(request, on_step=None, cancel=None):
+        def step(i, total):
+            started.set()
+            if on_step:
+                on_step(i, total)
+        return real(request, on_step=step, cancel=cancel)
+
+    server.session.generate = watched
+    try:
+        page.locator("#prompt textarea").fill("a long job")
+        _fill_number(page, "width", 256)
+        _fill_number(page, "height", 256)
+        _set_slider(page, "steps", 150)
+        page.click("#generate")
+        assert started.wait(60)  # the job is denoising
+        page.click("#cancel")
+        page.wait_for_function("() => document.querySelector('#summary textarea').value.includes('cancelled at step')",
+                               timeout=60_000)  # the job itself reports where it stopped
+        _set_slider(page, "steps", 2)
+        _fill_number(page, "width", 64)
+        _fill_number(page, "height", 64)
+        page.locator("#prompt textarea").fill("after the cancel")
+        page.click("#generate")
+        page.wait_for_function("() => document.querySelector('#info textarea').value.startsWith('after the cancel')",
+                               timeout=120_000)
+    finally:
+        server.session.generate = real
+
+
+@needs_browser
+def test_closing_the_tab_mid_run_stops_the_job_and_the_next_one_runs(browser, server):
+    stepping, ended = threading.Event(), []
+    real = server.session.generate
+
+    def watched(request, on_step=None, cancel=None):
+        def step(i, total):
+            stepping.set()
+            on_step(i, total)
+        try:
+            return real(request, on_step=step, cancel=cancel)
+        except Exception as exc:
+            ended.append(exc)
+            raise
+
+    server.session.generate = watched
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(server.url)
+        page.wait_for_selector("#prompt textarea", timeout=30_000)
+        page.locator("#prompt textarea").fill("a job nobody waits for")
+        _set_slider(page, "steps", 150)
+        page.click("#generate")
+        assert stepping.wait(60)
+        context.close()  # the browser goes away mid-run
+        deadline = time.monotonic() + 90
+        while not ended and time.monotonic() < deadline:  # bounded wait for the job to notice
+            time.sleep(0.2)
+    finally:
+        server.session.generate = real
+    assert ended and type(ended[0]).__name__ == "Cancelled" and "cancelled at step" in str(ended[0])
+    from gradio_client import Client
+
+    _, info, _, _ = Client(server.url, verbose=False).predict(prompt="next", width=64, height=64, steps=1,
+                                                              api_name="/generate")
+    assert info.startswith("next")
+
+
+def test_a_full_queue_says_so(tmp_path):
+    from gradio_client import Client
+
+    srv = Server(tmp_path, queue_size=1)
+    gate, running = threading.Event(), threading.Event()
+    real = srv.session.generate
+
+    def held(request, **kw):
+        running.set()
+        gate.wait(120)  # the first job holds the GPU until the test lets it go
+        return real(request, **kw)
+
+    srv.session.generate = held
+    try:
+        client = Client(srv.url, verbose=False)
+        first = client.submit(prompt="first", width=64, height=64, steps=1, api_name="/generate")
+        assert running.wait(60)
+        second = client.submit(prompt="second", width=64, height=64, steps=1, api_name="/generate")
+        deadline = time.monotonic() + 30
+        while second.status().code.name not in ("IN_QUEUE", "QUEUE_FULL") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(Exception, match="(?i)queue is full"):
+            Client(srv.url, verbose=False).predict(prompt="third", width=64, height=64, steps=1, api_name="/generate")
+        gate.set()
+        assert first.result(timeout=120)[1].startswith("first")
+        assert second.result(timeout=120)[1].startswith("second")
+    finally:
+        gate.set()
+        srv.close()
+
+
+@needs_browser
+def test_invalid_width_shows_a_clear_error(page):
+    page.locator("#prompt textarea").fill("x")
+    _fill_number(page, "width", 500)
+    page.click("#generate")
+    toast = page.get_by_text("invalid width: 500", exact=False).first
+    toast.wait_for(timeout=30_000)
+    assert "multiple of 8" in toast.inner_text()
+
+
+@needs_browser
+def test_html_in_user_text_is_shown_as_text_not_markup(page):
+    page.locator("#prompt textarea").fill("x")
+    page.locator("#model input").first.fill("<img src=x id=injected onerror=\"document.title='pwned'\">")
+    page.locator("#model input").first.press("Enter")
+    page.click("#generate")
+    shown = page.get_by_text("model not found", exact=False).first
+    shown.wait_for(timeout=60_000)
+    assert "<img src=x id=injected" in shown.inner_text()  # the user's text, shown as text
+    assert page.locator("#injected").count() == 0 and page.title() != "pwned"
+
+
+@needs_browser
+def test_with_gradio_auth_nobody_gets_in_without_the_password(browser, tmp_path):
+    srv = Server(tmp_path, auth="alice:wonderland")
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(srv.url)
+        user, password = page.get_by_label("username"), page.get_by_label("password")
+        password.wait_for(timeout=30_000)
+        assert page.locator("#prompt").count() == 0
+        user.fill("alice")
+        password.fill("wrong")
+        page.get_by_role("button", name="Login").click()
+        page.get_by_text("Incorrect", exact=False).first.wait_for(timeout=30_000)
+        assert page.locator("#prompt").count() == 0
+        user.fill("alice")
+        password.fill("wonderland")
+        page.get_by_role("button", name="Login").click()
+        page.wait_for_selector("#prompt textarea", timeout=30_000)
+        context.close()
+        with pytest.raises(Exception):  # and the API is closed too
+            from gradio_client import Client
+
+            Client(srv.url, verbose=False).predict(prompt="x", api_name="/generate")
+    finally:
+        srv.close()
+
+
+def test_gradio_client_generate_with_only_a_prompt(server):
+    from gradio_client import Client
+
+    gallery, info, summary, seed = Client(server.url, verbose=False).predict(prompt="a red fox", api_name="/generate")
+    assert len(gallery) == 1 and info.startswith("a red fox") and "Size: 512x512" in info
+    assert isinstance(seed, (int, float)) and "finished at" in summary
+
+
+def test_two_clients_at_once_both_finish_one_after_the_other(server):
+    from gradio_client import Client
+
+    spans, real = [], server.session.generate
+
+    def timed(request, **kw):
+        start = time.monotonic()
+        try:
+            return real(request, **kw)
+        finally:
+            spans.append((start, time.monotonic()))
+
+    server.session.generate = timed
+    try:
+        results = {}
+
+        def call(name):
+            results[name] = Client(server.url, verbose=False).predict(
+                prompt=name, width=64, height=64, steps=2, api_name="/generate")
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in ("first", "second")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+    finally:
+        server.session.generate = real
+    assert set(results) == {"first", "second"}
+    assert all(r[1].startswith(name) for name, r in results.items())
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0  # one GPU, one job at a time: the second started after the first ended
+
+
+def test_file_routes_serve_only_the_output_folder(server, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the browser")
+    for target in (secret, Path("/etc/passwd"), server.outdir / ".." / ".." / "secret.txt"):
+        url = f"{server.url}gradio_api/file={target}"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url, timeout=30)
+        assert err.value.code in (403, 404)
+    inside = next(server.outdir.rglob("*.png"), None)
+    if inside is not None:
+        with urllib.request.urlopen(f"{server.url}gradio_api/file={inside}", timeout=30) as response:
+            assert response.status == 200
+
+
+def test_listen_or_share_without_auth_warns_loudly():
+    from lowvram_gen.ui.launch import exposure_warning, parse_auth
+
+    assert "WITHOUT a password" in exposure_warning(True, False, None)
+    assert "gradio.live" in exposure_warning(False, True, None)
+    assert exposure_warning(True, False, [("a", "b")]) is None and exposure_warning(False, False, None) is None
+    assert parse_auth("a:b,c:d") == [("a", "b"), ("c", "d")]
+    with pytest.raises(Exception, match="user:password"):
+        parse_auth("nocolon")
