@@ -1,0 +1,209 @@
+"""`lowvram-gen batch FILE`: every prompt of a file, resumable, on one or several processes.
+
+One Session per process (the model loads once); every job goes through the planner and the retry
+ladder, so what one job learned about memory is where the next comparable job starts. Lines are
+parsed by `batch_files`, progress is recorded by `batch_manifest`. Under `accelerate launch` each
+process takes a contiguous share of the jobs still to do (`PartialState.split_between_processes`
+over a list every process computes the same way), runs on its own device, writes its own manifest
+and its own image folder. Nothing heavy is imported at module import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FORMATS_HELP = """\
+prompt files:
+  .txt    one prompt per line; blank lines and '#' comments are ignored; a line starting with
+          '--' takes A1111 options: --prompt "a cat" --negative_prompt "blurry" --steps 30 --seed 5
+          --width 768 --sampler_name "DPM++ 2M Karras" --batch_size 2 --n_iter 3 --cfg_scale 7
+  .jsonl  one JSON object per line: {"prompt": "a cat", "steps": 30, "engine": "sd", "repeat": 2}
+  .csv    a header row of field names (prompt,negative_prompt,seed,steps,...); empty cells = default
+A line's own values win over the options below. A bad line is reported with its number and skipped.
+Finished jobs are recorded in OUTDIR/manifest.rankN.jsonl; running the same command again resumes.
+"""
+
+
+def add_batch_parser(sub, add_model, add_memory_flags) -> None:
+    p = sub.add_parser("batch", help="generate every prompt of a file (.txt, .jsonl, .csv), resumable",
+                       description="Generate every prompt of a file. Loads the model once, skips bad lines, "
+                                   "resumes after a crash, and splits the work over the processes of "
+                                   "`accelerate launch`.",
+                       epilog=FORMATS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="prompt file: .txt, .jsonl or .csv")
+    p.add_argument("--format", choices=("txt", "jsonl", "csv"), help="file format (default: from the extension)")
+    g = p.add_argument_group("defaults for every job (a line's own values win)")
+    g.add_argument("--negative", "--negative-prompt", dest="negative_prompt", metavar="TEXT")
+    g.add_argument("--width", metavar="N", help="multiple of 8 (default 512)")
+    g.add_argument("--height", metavar="N", help="multiple of 8 (default 512)")
+    g.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default 20)")
+    g.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default 7)")
+    g.add_argument("--batch", dest="batch_size", metavar="N", help="images per job (default 1)")
+    g.add_argument("--sampler", metavar="NAME", help="'default' or an A1111 name such as 'DPM++ 2M Karras'")
+    seeds = g.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", metavar="N", help="the seed of every job without its own (default -1: random)")
+    seeds.add_argument("--seed-start", metavar="N",
+                       help="jobs without their own seed get N, N+1, ... in file order (reproducible variations)")
+    g.add_argument("--repeat", default="1", metavar="N", help="jobs per line, for variations (default 1)")
+    add_model(p)
+    o = p.add_argument_group("batch")
+    o.add_argument("--outdir", metavar="DIR", help="output folder and its manifests (default outputs/batch-<file name>)")
+    o.add_argument("--restart", action="store_true", help="ignore what the manifests say is done and start over "
+                                                           "(old manifests are kept as manifest.rankN.jsonl.<time>)")
+    o.add_argument("--dry-run", action="store_true", help="list the jobs and what is done; load no model")
+    o.add_argument("--json", action="store_true", help="print one JSON summary to stdout at the end")
+    add_memory_flags(p)
+
+
+@dataclass
+class Outcome:
+    """What one process did; the main process adds them up."""
+
+    rank: int = 0
+    done: int = 0
+    images: int = 0
+    seconds: float = 0.0
+    failures: list = field(default_factory=list)
+    recovered: int = 0
+    temp_removed: int = 0
+    moved_aside: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    manifest: str = ""
+
+
+def run_batch_command(args, session_kwargs: dict) -> int:
+    from .batch_files import MAX_REPEAT
+    from .request import MAX_SEED, GenerationRequest, as_int
+
+    names = ("negative_prompt", "width", "height", "steps", "cfg_scale", "batch_size", "sampler", "seed", "model",
+             "config")
+    defaults = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+    GenerationRequest.from_mapping(defaults)  # a bad --width is exit 2 before anything is read or loaded
+    repeat = as_int("--repeat", args.repeat, 1, MAX_REPEAT)
+    seed_start = as_int("--seed-start", args.seed_start, 0, MAX_SEED) if args.seed_start is not None else None
+    file = Path(args.file)
+    outdir = Path(args.outdir) if args.outdir else Path("outputs") / f"batch-{file.stem or 'prompts'}"
+    return run_batch(file, outdir, defaults, session_kwargs, fmt=args.format, repeat=repeat, seed_start=seed_start,
+                     restart=args.restart, as_json=args.json, dry_run=args.dry_run)
+
+
+def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *, fmt=None, repeat=1,
+              seed_start=None, restart=False, as_json=False, dry_run=False, session=None) -> int:
+    from . import batch_manifest as bm
+    from .batch_files import expand, read_entries
+    from .batch_report import Processes, dry_run_report, print_summary, report_lines
+
+    joblist = expand(read_entries(file, fmt), defaults, repeat, seed_start)
+    root = outdir.expanduser().resolve()
+    if dry_run:
+        return dry_run_report(file, root, joblist, restart, as_json)
+
+    group = Processes.start(session_kwargs)
+    started = time.perf_counter()
+    if group.is_main:
+        report_lines(file, joblist)
+        if restart and root.is_dir():
+            bm.archive_manifests(root)
+    group.barrier()  # nobody opens a manifest before --restart has put the old ones aside
+
+    manifest = bm.Manifest(root, group.rank)
+    outcome = Outcome(rank=group.rank, manifest=str(manifest.path))
+    try:
+        records = bm.read_records(bm.current_manifests(root))
+        archived = bm.read_records(sorted(root.glob(bm.ARCHIVE_GLOB)))
+        referenced = bm.referenced_paths(root, records + archived)
+        done = {r["job"] for r in records if r.get("status") == "ok"}
+        jobs = {job.key: job for job in joblist.jobs}
+        folder = bm.image_folder(root, group.rank, group.world)
+        mine = [folder]
+        if group.is_main:  # folders of an earlier run with another process count
+            owned = {bm.image_folder(root, r, group.world) for r in range(group.world)}
+            mine += [f for f in bm.candidate_folders(root) if f not in owned]
+        adopted, outcome.temp_removed, outcome.moved_aside = bm.sweep(
+            root, mine, referenced, {} if restart else jobs, done, rank=group.rank, file=file)
+        for record in adopted:
+            manifest.append(record)
+        outcome.recovered = len(adopted)
+
+        all_done = set().union(*group.gather(done))
+        pending = [job for job in joblist.jobs if job.key not in all_done]
+        share = group.split(pending)
+        _run_jobs(share, group, manifest, root, folder, referenced, outcome, session_kwargs, session, file,
+                  as_json, total=len(pending))
+    finally:
+        manifest.close()
+    outcomes = group.gather(outcome)
+    code = 0
+    if group.is_main:
+        code = print_summary(file, root, joblist, outcomes, len(joblist.jobs) - len(pending),
+                             time.perf_counter() - started, group.world, as_json)
+    group.close()
+    return code
+
+
+def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session_kwargs, session, file, as_json,
+              total) -> None:
+    import dataclasses
+
+    from . import batch_manifest as bm
+    from .batch_report import JobBar
+    from .errors import LowVramError
+
+    if not share:
+        return
+    if session is None:
+        from .session import Session
+
+        session = Session(**session_kwargs)
+    bar = JobBar(len(share), group, total)
+    loop_start = time.perf_counter()
+    try:
+        for job in share:
+            request = dataclasses.replace(job.request, outdir=str(folder))
+            try:
+                result = ENGINE_RUNNERS[job.engine](session, request)
+            except LowVramError as exc:
+                error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - one broken job must not end a night's batch
+                error = f"{type(exc).__name__}: {exc}"
+                log.info("job on line %d failed", job.line, exc_info=True)
+            else:
+                record = bm.make_record(job, root, "ok", result.images, seeds=result.seeds, preset=result.preset,
+                                        attempts=result.attempts, seconds=result.seconds, rank=group.rank, file=file)
+                manifest.append(record)  # only now is the job done
+                referenced.update(os.path.normpath(p) for p in result.images)
+                outcome.done += 1
+                outcome.images += len(result.images)
+                outcome.warnings.extend(w for w in result.warnings if w not in outcome.warnings)
+                if not as_json:
+                    for path in result.images:
+                        bar.write(path, sys.stdout)
+                bar.advance(len(result.images))
+                continue
+            _, _, moved = bm.sweep(root, [folder], referenced, {job.key: job}, set(), only_job=job.key)
+            manifest.append(bm.make_record(job, root, "failed", [], error=error, rank=group.rank, file=file,
+                                           incomplete=moved))
+            referenced.update(os.path.normpath(p) for p in moved)
+            outcome.failures.append({"line": job.line, "job": job.key, "error": error, "rank": group.rank})
+            bar.write(f"{file}:{job.line}: failed: {error}", sys.stderr)
+            bar.advance(0)
+    finally:
+        bar.close()
+        outcome.seconds = round(time.perf_counter() - loop_start, 3)
+
+
+def _run_sd(session, request):
+    return session.generate(request)
+
+
+# engine name -> runner(session, request) -> GenerationResult. 'vqgan' lines never get here today:
+# batch_files refuses them with "the VQGAN-CLIP engine is not installed yet" (skipped, reported).
+ENGINE_RUNNERS = {"sd": _run_sd}

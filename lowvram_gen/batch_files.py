@@ -1,0 +1,351 @@
+"""Prompt files for `lowvram-gen batch`: read .txt / .jsonl / .csv into jobs, one bad line at a time.
+
+A line that cannot become a valid request is reported with its line number and skipped; the
+others run (FAULTS.md 26). Everything here is standard library plus `request.py`: a whole file is
+checked before any model is loaded, and `--dry-run` needs no torch.
+
+Formats:
+
+* ``.txt``: one prompt per line; blank lines and lines starting with ``#`` are ignored. A line
+  starting with ``--`` holds A1111 "prompts from file" options, split with shlex:
+  ``--prompt "a cat" --negative_prompt "blurry" --steps 30 --seed 5 --sampler_name "DPM++ 2M Karras"``.
+* ``.jsonl``: one JSON object per line with request fields, plus ``engine`` (``sd`` or ``vqgan``)
+  and ``repeat``.
+* ``.csv``: a header row of request fields; empty cells take the command line's value.
+
+Job identity (for resume): the hash of the validated request (engine, prompt, size, steps, seed,
+sampler, model, ...; not the output folder) plus how many identical requests came before it in the
+file, so two identical lines with random seeds are two jobs, and inserting a comment or reordering
+lines does not redo anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import shlex
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import InvalidRequest, LowVramError
+from .request import MAX_SEED, GenerationRequest, as_int
+
+FORMATS = {".txt": "txt", ".prompts": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
+MAX_REPEAT = 10_000  # per line; bounds what a typo can queue
+
+# Field aliases accepted in every format (A1111 option names included).
+ALIASES = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size",
+           "sampler_name": "sampler", "n_iter": "repeat"}
+REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest))
+BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
+# A1111 options that only concern A1111's own saving: accepted and ignored, with a warning.
+A1111_IGNORED = frozenset({"prompt_for_display", "do_not_save_grid", "do_not_save_samples", "outpath_samples",
+                           "outpath_grids"})
+# A1111 options that would change the image and that we cannot honour: the line is refused.
+A1111_UNSUPPORTED = frozenset({"styles", "subseed", "subseed_strength", "seed_resize_from_h", "seed_resize_from_w",
+                               "sampler_index", "restore_faces", "tiling"})
+
+
+class BatchError(LowVramError):
+    """The batch cannot start (no such file, unknown format, bad CSV header, folder in use)."""
+
+    exit_code = 2
+
+
+@dataclass
+class Entry:
+    """One non-blank line (or CSV row) of a prompt file: its fields, or why it is malformed."""
+
+    line: int
+    fields: dict | None = None
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    line: int
+    repeat: int  # 0..n-1 among the repeats of its line
+    engine: str
+    request: Any  # GenerationRequest for 'sd'
+    request_hash: str
+    key: str  # request_hash:occurrence, unique in the file; what the manifest records
+
+
+@dataclass
+class BadLine:
+    line: int
+    error: str
+
+
+@dataclass
+class JobList:
+    jobs: list[Job]
+    bad: list[BadLine]
+    warnings: list[str]
+
+
+# ------------------------------------------------------------------------------------ engines
+
+
+def _build_sd(fields: dict) -> GenerationRequest:
+    try:
+        return GenerationRequest.from_mapping(fields)
+    except InvalidRequest as exc:
+        if exc.field == "field":  # unknown key: list what a prompt file may also hold
+            raise InvalidRequest("field", exc.value, exc.allowed + ", engine, repeat") from None
+        raise
+
+
+def _build_vqgan(fields: dict):
+    # The VQGAN-CLIP engine is another issue. When it lands, this builds its request from `fields`
+    # and batch.ENGINE_RUNNERS gets a runner for it; the manifest, resume and split need no change.
+    raise InvalidRequest("engine", "vqgan", "the VQGAN-CLIP engine is not installed yet; this line is skipped "
+                                            "(use engine 'sd', or run it again once VQGAN-CLIP is available)")
+
+
+ENGINES: dict[str, Callable[[dict], Any]] = {"sd": _build_sd, "vqgan": _build_vqgan}
+
+
+def request_hash(engine: str, request) -> str:
+    """A stable hash of what a job makes: every request field but the output folder and extras."""
+    data = dataclasses.asdict(request)
+    data.pop("outdir", None)
+    data.pop("extra", None)
+    text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def detect_format(path: Path, fmt: str | None = None) -> str:
+    if fmt:
+        return fmt
+    found = FORMATS.get(path.suffix.lower())
+    if not found:
+        raise BatchError(f"unknown prompt file type {path.suffix or '(none)'!r} for {path}; use .txt, .jsonl or "
+                         f".csv, or name the format with --format txt|jsonl|csv")
+    return found
+
+
+def read_entries(path: str | Path, fmt: str | None = None) -> list[Entry]:
+    path = Path(path)
+    fmt = detect_format(path, fmt)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BatchError(f"cannot read the prompt file {path}: {exc.strerror or exc}") from exc
+    lines: list[tuple[int, str | None]] = []  # (line number, text or None when not UTF-8)
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]  # a UTF-8 byte order mark (Excel, Notepad)
+        raw = raw[:-1] if raw.endswith(b"\r") else raw
+        try:
+            lines.append((number, raw.decode("utf-8")))
+        except UnicodeDecodeError:
+            lines.append((number, None))
+    return {"txt": _read_txt, "jsonl": _read_jsonl, "csv": _read_csv}[fmt](lines)
+
+
+_NOT_UTF8 = "not valid UTF-8 text; save the file as UTF-8"
+
+
+def _read_txt(lines) -> list[Entry]:
+    entries = []
+    for number, text in lines:
+        if text is None:
+            entries.append(Entry(number, error=_NOT_UTF8))
+            continue
+        stripped = text.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("--"):
+            try:
+                fields, warnings = parse_options(stripped)
+            except ValueError as exc:
+                entries.append(Entry(number, error=str(exc)))
+            else:
+                entries.append(Entry(number, fields=fields, warnings=warnings))
+        else:
+            entries.append(Entry(number, fields={"prompt": stripped}))
+    return entries
+
+
+def parse_options(text: str) -> tuple[dict, list[str]]:
+    """A1111's per-line options: ``--name value``; ``--prompt`` and ``--negative_prompt`` take every
+    word up to the next ``--`` option (as A1111 does); ``--name=value`` works too."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"cannot split the options ({exc}); check the quotes") from None
+    fields: dict[str, str] = {}
+    warnings: list[str] = []
+    pos = 0
+    while pos < len(words):
+        word = words[pos]
+        if not word.startswith("--") or len(word) == 2:
+            raise ValueError(f"expected an option like --steps, got {word!r}")
+        name, eq, value = word[2:].partition("=")
+        name = name.replace("-", "_").lower()
+        values = [value] if eq else []
+        pos += 1
+        if name in ("prompt", "negative_prompt", "negative"):
+            while pos < len(words) and not words[pos].startswith("--"):
+                values.append(words[pos])
+                pos += 1
+        elif not eq:
+            if pos >= len(words):
+                raise ValueError(f"option --{name} needs a value")
+            values.append(words[pos])
+            pos += 1
+        if not values:
+            raise ValueError(f"option --{name} needs a value")
+        if name in A1111_IGNORED:
+            warnings.append(f"--{name} is A1111's own and is ignored")
+            continue
+        if name in A1111_UNSUPPORTED:
+            raise ValueError(f"A1111 option --{name} is not supported by lowvram-gen")
+        canonical = ALIASES.get(name, name)
+        if canonical not in REQUEST_FIELDS | BATCH_FIELDS or canonical == "extra":
+            allowed = sorted((REQUEST_FIELDS | BATCH_FIELDS | set(ALIASES)) - {"extra", "outdir"})
+            raise ValueError(f"unknown option --{name}; allowed: " + ", ".join("--" + a for a in allowed))
+        if canonical in fields:
+            raise ValueError(f"option --{name} is given twice")
+        fields[canonical] = " ".join(values)
+    return fields, warnings
+
+
+def _read_jsonl(lines) -> list[Entry]:
+    entries = []
+    for number, text in lines:
+        if text is None:
+            entries.append(Entry(number, error=_NOT_UTF8))
+            continue
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            entries.append(Entry(number, error=f"not valid JSON ({exc})"))
+            continue
+        if not isinstance(obj, dict):
+            entries.append(Entry(number, error=f"expected a JSON object {{...}}, got {type(obj).__name__}"))
+            continue
+        entries.append(Entry(number, fields={k: v for k, v in obj.items() if v is not None}))
+    return entries
+
+
+def _header_name(cell: str) -> str:
+    return cell.strip().lower().replace(" ", "_").replace("-", "_")
+
+
+def _read_csv(lines) -> list[Entry]:
+    entries: list[Entry] = []
+    good: list[str] = []
+    numbers: list[int] = []
+    for number, text in lines:
+        if text is None:
+            entries.append(Entry(number, error=_NOT_UTF8))
+        else:
+            good.append(text + "\n")  # csv joins a quoted cell's lines with what ends them
+            numbers.append(number)
+    reader = csv.reader(good)
+    header: list[str] | None = None
+    while True:
+        start = numbers[reader.line_num] if reader.line_num < len(numbers) else None
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            entries.append(Entry(start or 0, error=f"malformed CSV ({exc})"))
+            continue
+        if not any(cell.strip() for cell in row):
+            continue
+        if header is None:
+            header = [_header_name(c) for c in row]
+            allowed = (REQUEST_FIELDS | BATCH_FIELDS | set(ALIASES)) - {"extra", "outdir"}
+            bad = [h for h in header if h not in allowed]
+            if bad or len(set(header)) != len(header):
+                why = f"unknown column(s) {', '.join(map(repr, bad))}" if bad else "a column is named twice"
+                raise BatchError(f"CSV header on line {start}: {why}; columns may be: {', '.join(sorted(allowed))}")
+            continue
+        if len(row) > len(header):
+            entries.append(Entry(start, error=f"{len(row)} cells but the header has {len(header)} columns"))
+            continue
+        fields = {name: cell.strip() for name, cell in zip(header, row) if cell.strip()}
+        entries.append(Entry(start, fields=fields))
+    entries.sort(key=lambda e: e.line)
+    return entries
+
+
+# ---------------------------------------------------------------------------------- expanding
+
+
+def normalise_fields(fields: dict) -> dict:
+    out: dict = {}
+    for key, value in fields.items():
+        name = ALIASES.get(key, key)
+        if name in out:
+            raise InvalidRequest("field", key, f"{name!r} is given twice on this line")
+        out[name] = value
+    return out
+
+
+def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: int | None = None) -> JobList:
+    """Turn entries into jobs: line fields over the command line's `defaults`, `repeat` copies
+    each (a line's own ``repeat``/``n_iter`` wins), seeds as described in the README."""
+    jobs: list[Job] = []
+    bad: list[BadLine] = []
+    warnings: list[str] = []
+    seen: Counter = Counter()
+    counter = seed_start
+    default_batch = int(defaults.get("batch_size", 1))
+    for entry in entries:
+        warnings.extend(f"line {entry.line}: {w}" for w in entry.warnings)
+        if entry.error is not None:
+            bad.append(BadLine(entry.line, entry.error))
+            if counter is not None:  # keep later seeds stable when this line gets fixed
+                counter += repeat * default_batch
+            continue
+        try:
+            fields = normalise_fields(entry.fields or {})
+            engine = fields.pop("engine", "sd")
+            if not isinstance(engine, str) or engine.strip().lower() not in ENGINES:
+                raise InvalidRequest("engine", engine, "use 'sd' (Stable Diffusion) or 'vqgan' (VQGAN-CLIP)")
+            engine = engine.strip().lower()
+            copies = as_int("repeat", fields.pop("repeat"), 1, MAX_REPEAT) if "repeat" in fields else repeat
+            if "outdir" in fields:
+                raise InvalidRequest("outdir", fields["outdir"], "the output folder is set for the whole batch "
+                                                                 "with --outdir")
+            extra = fields.get("extra", {})
+            if not isinstance(extra, dict):
+                raise InvalidRequest("extra", extra, "extra must be a JSON object")
+            base = ENGINES[engine]({**defaults, **fields})
+        except LowVramError as exc:
+            bad.append(BadLine(entry.line, str(exc)))
+            if counter is not None:
+                counter += repeat * default_batch
+            continue
+        seed_given = "seed" in fields or "seed" in defaults
+        batch = base.batch_size
+        for r in range(copies):
+            if seed_given:
+                seed = base.seed if base.seed < 0 else (base.seed + r * batch) % (MAX_SEED + 1)
+            elif counter is not None:
+                seed = counter % (MAX_SEED + 1)
+                counter += batch
+            else:
+                seed = -1
+            request = dataclasses.replace(base, seed=seed)
+            digest = request_hash(engine, request)
+            key = f"{digest}:{seen[digest]}"
+            seen[digest] += 1
+            request = dataclasses.replace(request, extra={**request.extra, "batch_job": key})
+            jobs.append(Job(entry.line, r, engine, request, digest, key))
+    return JobList(jobs, bad, warnings)

@@ -1,0 +1,173 @@
+"""The batch's processes (accelerate), its progress bar and its reports (stderr; `--json` on stdout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+COLLECTIVE_TIMEOUT_DAYS = 30  # bounds a wait for the slowest process, not a job; a dead process ends the set anyway
+
+
+class Processes:
+    """This process's place in an `accelerate launch` set (one process without a launcher)."""
+
+    def __init__(self, state):
+        self.state = state
+        self.rank = state.process_index
+        self.world = state.num_processes
+        self.is_main = state.is_main_process
+
+    @classmethod
+    def start(cls, session_kwargs: dict) -> "Processes":
+        """PartialState on this process's device: `cuda:LOCAL_RANK` under a launcher on GPUs (the
+        Session's probe picks the same index), the CPU with --cpu, `accelerate launch --cpu` or no GPU
+        (gloo between processes). Updates `session_kwargs` when the launcher asked for the CPU."""
+        from .device import set_alloc_conf
+
+        set_alloc_conf()  # before anything initialises CUDA
+        import torch
+        from accelerate import PartialState
+
+        asked_cpu = session_kwargs.get("device") == "cpu" or os.environ.get("ACCELERATE_USE_CPU", "").lower() in (
+            "1", "true", "yes")
+        has_gpu = torch.cuda.is_available()
+        # A process that finishes its share early waits in the final gather for the slowest one, which
+        # may take hours: the default collective timeout (30 min) would abort the whole set.
+        state = PartialState(cpu=asked_cpu or not has_gpu, timeout=timedelta(days=COLLECTIVE_TIMEOUT_DAYS))
+        if state.device.type == "cpu" and has_gpu:
+            session_kwargs["device"] = "cpu"
+        return cls(state)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.state.wait_for_everyone()
+
+    def gather(self, obj) -> list:
+        if self.world == 1:
+            return [obj]
+        from accelerate.utils import gather_object
+
+        return gather_object([obj])
+
+    def split(self, items: list) -> list:
+        """A contiguous share; every process computes `items` the same way, so no job is lost or doubled."""
+        with self.state.split_between_processes(items) as part:
+            return list(part)
+
+    def close(self) -> None:
+        if self.world > 1 and hasattr(self.state, "destroy_process_group"):
+            self.state.destroy_process_group()
+
+
+class JobBar:
+    """Jobs done, images per minute and ETA on stderr (the main process's bar shows its own share)."""
+
+    def __init__(self, total: int, group: Processes, all_pending: int):
+        from tqdm import tqdm
+
+        self.images = 0
+        self.start = time.perf_counter()
+        self.show = group.is_main
+        desc = "batch" if group.world == 1 else f"process 0 of {group.world} ({all_pending} jobs in all)"
+        self.bar = tqdm(total=total, unit="job", desc=desc, file=sys.stderr, dynamic_ncols=True, smoothing=0.1,
+                        disable=not self.show)
+
+    def advance(self, images: int) -> None:
+        self.images += images
+        minutes = (time.perf_counter() - self.start) / 60
+        self.bar.set_postfix_str(f"{self.images / minutes:.1f} img/min" if minutes > 0 else "", refresh=False)
+        self.bar.update(1)
+
+    def write(self, text: str, stream) -> None:
+        if self.show:
+            self.bar.write(text, file=stream)
+        else:
+            print(text, file=stream, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def report_lines(file: Path, joblist) -> None:
+    lines = len({job.line for job in joblist.jobs})
+    print(f"{file}: {len(joblist.jobs)} job(s) from {lines} line(s)"
+          + (f"; {len(joblist.bad)} line(s) skipped as invalid" if joblist.bad else ""), file=sys.stderr)
+    for warning in joblist.warnings:
+        print(f"{file}: warning: {warning}", file=sys.stderr)
+    for bad in joblist.bad:
+        print(f"{file}:{bad.line}: skipped: {bad.error}", file=sys.stderr)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int, seconds: float, world: int,
+                  as_json: bool) -> int:
+    done = sum(o.done for o in outcomes)
+    images = sum(o.images for o in outcomes)
+    failures = sorted((f for o in outcomes for f in o.failures), key=lambda f: (f["line"], f["job"]))
+    work_seconds = max((o.seconds for o in outcomes), default=0.0)
+    per_minute = round(images / (work_seconds / 60), 2) if work_seconds > 0 else 0.0
+    warnings = list(dict.fromkeys(w for o in outcomes for w in o.warnings))
+    summary = {
+        "file": str(file), "outdir": str(root), "processes": world, "jobs": len(joblist.jobs),
+        "already_done": already, "done": done, "failed": len(failures), "invalid": len(joblist.bad),
+        "images": images, "seconds": round(seconds, 3), "images_per_minute": per_minute,
+        "recovered": sum(o.recovered for o in outcomes), "temp_files_removed": sum(o.temp_removed for o in outcomes),
+        "moved_to_incomplete": [p for o in outcomes for p in o.moved_aside],
+        "failures": failures, "invalid_lines": [{"line": b.line, "error": b.error} for b in joblist.bad],
+        "warnings": warnings, "manifests": sorted(o.manifest for o in outcomes),
+    }
+    code = 0 if not failures and not joblist.bad else 1
+    summary["ok"] = code == 0
+    err = sys.stderr
+    for w in warnings:
+        print(f"warning: {w}", file=err)
+    print(f"batch {file}: {len(joblist.jobs)} job(s): {done} done now, {already} already done, {len(failures)} failed"
+          + (f"; {len(joblist.bad)} invalid line(s) skipped" if joblist.bad else "")
+          + f"; {images} image(s) in {_duration(seconds)} ({per_minute:g} images/min)"
+          + (f" on {world} processes" if world > 1 else ""), file=err)
+    if summary["recovered"]:
+        print(f"recovered {summary['recovered']} job(s) whose images were saved just before a crash", file=err)
+    if summary["moved_to_incomplete"]:
+        print(f"moved {len(summary['moved_to_incomplete'])} image(s) of unfinished jobs to .incomplete/", file=err)
+    for f in failures:
+        print(f"  failed {file}:{f['line']}: {f['error']}", file=err)
+    for b in joblist.bad:
+        print(f"  skipped {file}:{b.line}: {b.error}", file=err)
+    if code:
+        print("run the same command again to retry the failed jobs (finished ones are skipped)", file=err)
+    print(f"images and manifests in {root}", file=err)
+    if as_json:
+        print(json.dumps(summary))
+    return code
+
+
+def dry_run_report(file: Path, root: Path, joblist, restart: bool, as_json: bool) -> int:
+    from . import batch_manifest as bm
+
+    records = [] if restart else bm.read_records(bm.current_manifests(root))
+    done = {r["job"] for r in records if r.get("status") == "ok"}
+    rows = [{"line": j.line, "repeat": j.repeat, "job": j.key, "engine": j.engine, "seed": j.request.seed,
+             "batch_size": j.request.batch_size, "prompt": j.request.prompt, "done": j.key in done}
+            for j in joblist.jobs]
+    to_do = sum(not r["done"] for r in rows)
+    if as_json:
+        print(json.dumps({"file": str(file), "outdir": str(root), "jobs": rows, "to_do": to_do,
+                          "already_done": len(rows) - to_do, "warnings": joblist.warnings,
+                          "invalid_lines": [{"line": b.line, "error": b.error} for b in joblist.bad]}))
+    else:
+        report_lines(file, joblist)
+        for r in rows:
+            seed = "random" if r["seed"] < 0 else r["seed"]
+            print(f"{'done ' if r['done'] else 'to do'}  line {r['line']:<5} seed {seed!s:<10} {r['prompt'][:70]}")
+        print(f"{to_do} job(s) to do, {len(rows) - to_do} already done; output folder {root}", file=sys.stderr)
+    return 0 if not joblist.bad else 1

@@ -1,0 +1,494 @@
+"""Batch prompt files: formats, bad lines, the manifest, resume after SIGKILL, several processes.
+
+FAULTS.md 26-28. Most logic is tested in-process with a fake session that saves tiny PNGs the way
+`Session.generate` does (no model: fast); end-to-end runs use the embedded tiny model at 64x64 and
+1 step. The SIGKILL and `accelerate launch` tests run real subprocesses (marked slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from PIL import Image
+
+from lowvram_gen import batch_manifest as bm
+from lowvram_gen.batch import run_batch
+from lowvram_gen.batch_files import BatchError, expand, parse_options, read_entries, request_hash
+from lowvram_gen.cli import main
+from lowvram_gen.errors import LowVramError, ModelLoadError
+from lowvram_gen.outputs import next_image_path, read_png_metadata, save_png
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"width": "64", "height": "64", "steps": "1"}
+SMALL = ["--width", "64", "--height", "64", "--steps", "1"]
+
+
+def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return path
+
+
+def jobs_of(path, defaults=None, **kw):
+    return expand(read_entries(path), {**TINY, "model": "tiny", **(defaults or {})}, **kw)
+
+
+class FakeSession:
+    """Saves one small PNG per image, with the metadata `Session.generate` writes; can fail."""
+
+    def __init__(self, fail_prompts=(), fail_after_images=None):
+        self.calls = []
+        self.fail_prompts = set(fail_prompts)
+        self.fail_after_images = fail_after_images
+
+    def generate(self, request):
+        self.calls.append(request)
+        seeds = [request.seed + i if request.seed >= 0 else 1000 + len(self.calls) * 16 + i
+                 for i in range(request.batch_size)]
+        if request.prompt in self.fail_prompts:
+            raise ModelLoadError(f"cannot load {request.prompt}")
+        images = []
+        for i, seed in enumerate(seeds):
+            if self.fail_after_images is not None and i >= self.fail_after_images:
+                raise LowVramError("out of memory at every preset (simulated)")
+            meta = {"request": {"prompt": request.prompt, "extra": request.extra}, "seed": seed, "preset": "fake",
+                    "attempts": []}
+            path = next_image_path(request.outdir, seed, request.prompt)
+            images.append(str(save_png(Image.new("RGB", (8, 8), (seed % 256, 0, 0)), path, "p", meta)))
+        return SimpleNamespace(images=images, seeds=seeds, preset="fake", attempts=[], seconds=0.0, warnings=[])
+
+
+def run(file, outdir, session, defaults=None, **kw):
+    return run_batch(Path(file), Path(outdir), {**TINY, "model": "tiny", **(defaults or {})}, {"device": "cpu"},
+                     session=session, **kw)
+
+
+def records(outdir: Path) -> list[dict]:
+    return bm.read_records(bm.current_manifests(outdir))
+
+
+def result_files(outdir: Path) -> set[str]:
+    """Every image that counts as a result: PNGs not hidden, not in .incomplete/."""
+    return {str(p.relative_to(outdir)) for p in outdir.rglob("*.png")
+            if not any(part.startswith(".") for part in p.relative_to(outdir).parts)}
+
+
+# ---------------------------------------------------------------------------------- formats
+
+
+def test_txt_plain_lines_comments_and_a1111_options(tmp_path):
+    path = write(tmp_path, "p.txt", "\ufeff# a comment\n\na red fox\n   \n"
+                 '--prompt "a blue whale" --negative_prompt "blurry, dark" --steps 3 --seed 5 --width 128 '
+                 '--sampler_name "DPM++ 2M Karras" --cfg_scale 6.5 --batch_size 2\n'
+                 "--prompt a green tree at dawn --negative ugly --n_iter 2 --seed=10\r\n"
+                 "a prompt with -- dashes # and a hash\n")
+    result = jobs_of(path)
+    assert not result.bad
+    fox, whale, tree0, tree1, dashes = result.jobs
+    assert (fox.line, fox.request.prompt, fox.request.seed, fox.request.width) == (3, "a red fox", -1, 64)
+    w = whale.request
+    assert (whale.line, w.prompt, w.negative_prompt, w.steps, w.seed, w.width, w.height) == (
+        5, "a blue whale", "blurry, dark", 3, 5, 128, 64)
+    assert (w.sampler, w.cfg_scale, w.batch_size) == ("DPM++ 2M Karras", 6.5, 2)
+    assert tree0.request.prompt == "a green tree at dawn" and tree0.request.negative_prompt == "ugly"
+    assert [tree0.request.seed, tree1.request.seed] == [10, 11] and tree1.repeat == 1
+    assert dashes.request.prompt == "a prompt with -- dashes # and a hash"
+
+
+@pytest.mark.parametrize("line,error", [
+    ('--prompt "unterminated', "check the quotes"),
+    ("--steps", "needs a value"),
+    ("--prompt x --tiling true", "--tiling is not supported"),
+    ("--prompt x --wings 2", "unknown option --wings"),
+    ("--prompt x --steps 2 --steps 3", "given twice"),
+    ("--prompt x --width 100", "multiple of 8"),
+    ("--prompt x --steps 0", "invalid steps"),
+    ("--prompt x --seed 99999999999", "invalid seed"),
+    ("--prompt x --cfg_scale nan", "invalid cfg scale"),
+    ("--prompt x --sampler_name Bogus", "invalid sampler"),
+    ("--prompt x --outdir /tmp", "whole batch"),
+])
+def test_txt_malformed_line_is_reported_with_its_number_and_skipped(tmp_path, line, error):
+    path = write(tmp_path, "p.txt", f"first\n{line}\nthird\n")
+    result = jobs_of(path)
+    assert [j.request.prompt for j in result.jobs] == ["first", "third"]
+    assert [b.line for b in result.bad] == [2] and error in result.bad[0].error
+
+
+def test_txt_a1111_bookkeeping_options_are_ignored_with_a_warning(tmp_path):
+    fields, warnings = parse_options('--prompt "x" --do_not_save_grid true --prompt_for_display y')
+    assert fields == {"prompt": "x"} and len(warnings) == 2
+
+
+def test_a_line_that_is_not_utf8_is_skipped(tmp_path):
+    path = write(tmp_path, "p.txt", b"good\n\xff\xfe bad bytes\nalso good\n")
+    result = jobs_of(path)
+    assert [j.request.prompt for j in result.jobs] == ["good", "also good"]
+    assert result.bad[0].line == 2 and "UTF-8" in result.bad[0].error
+
+
+def test_jsonl_lines_engines_and_errors(tmp_path):
+    path = write(tmp_path, "p.jsonl", "\n".join([
+        '{"prompt": "a cat", "steps": 2, "seed": 3, "repeat": 2}',
+        '{"prompt": "a vqgan dream", "engine": "vqgan", "iterations": 100}',
+        "not json",
+        '["a list"]',
+        '{"prompt": "x", "wings": 2}',
+        '{"prompt": "x", "engine": "dalle"}',
+        '{"prompt": "a dog", "negative": "fur", "cfg": 4, "seed": null, "engine": "SD"}',
+        "",
+    ]))
+    result = jobs_of(path)
+    assert [(j.line, j.request.prompt, j.request.seed) for j in result.jobs] == [
+        (1, "a cat", 3), (1, "a cat", 4), (7, "a dog", -1)]
+    assert result.jobs[2].request.negative_prompt == "fur" and result.jobs[2].request.cfg_scale == 4.0
+    bad = {b.line: b.error for b in result.bad}
+    assert "VQGAN-CLIP engine is not installed yet" in bad[2]
+    assert "not valid JSON" in bad[3] and "JSON object" in bad[4]
+    assert "'wings'" in bad[5] and "engine" in bad[5]  # the allowed list names engine and repeat too
+    assert "invalid engine" in bad[6]
+
+
+def test_csv_header_cells_and_line_numbers(tmp_path):
+    path = write(tmp_path, "p.csv", 'Prompt,Negative Prompt,seed,steps\n'
+                 '"a cat",,1,\n'
+                 '"a dog, running","blurry",2,3\n'
+                 '"a prompt\non two lines",,3,2\n'
+                 'too,many,cells,2,extra\n'
+                 '"bad steps",,4,zero\n'
+                 ',,,\n')
+    result = jobs_of(path)
+    cat, dog, two = result.jobs
+    assert (cat.line, cat.request.prompt, cat.request.seed, cat.request.steps) == (2, "a cat", 1, 1)
+    assert (dog.request.prompt, dog.request.negative_prompt, dog.request.steps) == ("a dog, running", "blurry", 3)
+    assert two.line == 4 and two.request.prompt == "a prompt\non two lines"
+    assert [(b.line, "cells" in b.error or "steps" in b.error) for b in result.bad] == [(6, True), (7, True)]
+
+
+def test_csv_unknown_column_stops_before_anything_runs(tmp_path):
+    path = write(tmp_path, "p.csv", "prompt,wingspan\na,1\n")
+    with pytest.raises(BatchError, match="wingspan"):
+        read_entries(path)
+
+
+# ------------------------------------------------------------------------- seeds and identity
+
+
+def test_seed_start_repeat_and_job_identity(tmp_path):
+    path = write(tmp_path, "p.txt", "a\n--prompt b --batch_size 2\n--prompt c --seed 7\n--prompt bad --width 9\nd\n")
+    result = jobs_of(path, seed_start=100, repeat=2)
+    seeds = [(j.request.prompt, j.request.seed) for j in result.jobs]
+    # a: 100, 101; b: batch 2 -> 102, 104; c: its own seed, repeats step by its batch; the bad line
+    # keeps its place (2 repeats x 1 image) so fixing it does not change d's seeds
+    assert seeds == [("a", 100), ("a", 101), ("b", 102), ("b", 104), ("c", 7), ("c", 8), ("d", 108), ("d", 109)]
+    assert len({j.key for j in result.jobs}) == len(result.jobs)
+
+
+def test_identical_random_lines_are_distinct_jobs_and_keys_are_stable(tmp_path):
+    one = jobs_of(write(tmp_path, "a.txt", "same\nsame\nother\n"))
+    assert [j.key.split(":")[1] for j in one.jobs] == ["0", "1", "0"]
+    two = jobs_of(write(tmp_path, "b.txt", "# new comment\nother\n\nsame\nsame\n"))
+    assert {j.key for j in one.jobs} == {j.key for j in two.jobs}  # comments, blank lines, order: same jobs
+    changed = jobs_of(write(tmp_path, "c.txt", "same\nsame\nother\n"), {"steps": "2"})
+    assert not {j.key for j in one.jobs} & {j.key for j in changed.jobs}
+    assert request_hash("sd", one.jobs[0].request) == one.jobs[0].request_hash
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--width", "100"], "invalid width"),
+    (["--repeat", "0"], "invalid --repeat"),
+    (["--seed-start", "-5"], "invalid --seed-start"),
+])
+def test_cli_bad_defaults_exit_2_before_any_work(tmp_path, capsys, argv, message):
+    path = write(tmp_path, "p.txt", "a cat\n")
+    assert main(["batch", str(path), "--outdir", str(tmp_path / "o"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_missing_file_and_unknown_format_exit_2(tmp_path, capsys):
+    assert main(["batch", str(tmp_path / "nope.txt")]) == 2
+    assert "cannot read the prompt file" in capsys.readouterr().err
+    path = write(tmp_path, "p.yaml", "a\n")
+    assert main(["batch", str(path)]) == 2
+    assert "--format" in capsys.readouterr().err
+    assert main(["batch", str(path), "--format", "txt", "--dry-run", "--outdir", str(tmp_path / "o")]) == 0
+
+
+def test_batch_modules_and_help_stay_light():
+    code = ("import sys; import lowvram_gen.batch, lowvram_gen.batch_files, lowvram_gen.batch_manifest, "
+            "lowvram_gen.batch_report; print(sorted(m for m in ('torch', 'diffusers', 'accelerate') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "batch_prompts.py"), "--help"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0
+    for flag in ("--repeat", "--seed-start", "--restart", "--json", "--outdir", "--lowvram", "--dry-run", ".jsonl"):
+        assert flag in result.stdout
+
+
+def test_cli_seed_and_seed_start_are_exclusive(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["batch", "p.txt", "--seed", "1", "--seed-start", "2"])
+
+
+def test_dry_run_lists_jobs_and_loads_nothing(tmp_path, capsys):
+    path = write(tmp_path, "p.txt", "a cat\n--prompt bad --steps 0\n")
+    code = main(["batch", str(path), "--outdir", str(tmp_path / "o"), "--dry-run", "--json", "--seed-start", "3"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1  # an invalid line is a failure of the batch
+    assert [(j["prompt"], j["seed"], j["done"]) for j in out["jobs"]] == [("a cat", 3, False)]
+    assert out["invalid_lines"][0]["line"] == 2
+
+
+# --------------------------------------------------------------------------- runs (fake session)
+
+
+def test_run_records_every_job_and_resume_skips_done_ones(tmp_path, capsys):
+    path = write(tmp_path, "p.txt", "a\n--prompt b --batch_size 2\n--prompt bad --steps 0\nc\n")
+    out = tmp_path / "out"
+    session = FakeSession()
+    assert run(path, out, session, as_json=True) == 1  # the bad line makes the exit code say so
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["done"], summary["failed"], summary["invalid"], summary["images"]) == (3, 0, 1, 4)
+    recs = records(out)
+    assert [r["line"] for r in recs] == [1, 2, 4] and all(r["status"] == "ok" for r in recs)
+    assert {o for r in recs for o in r["outputs"]} == result_files(out)
+    assert recs[1]["seeds"] == read_png_seeds(out, recs[1]["outputs"])
+
+    again = FakeSession()
+    assert run(path, out, again, as_json=True) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert again.calls == [] and (summary["already_done"], summary["done"]) == (3, 0)
+
+    fixed = write(tmp_path, "p.txt", "a\n--prompt b --batch_size 2\n--prompt bad --steps 2\nc\n")
+    third = FakeSession()
+    assert run(fixed, out, third) == 0
+    assert [r.prompt for r in third.calls] == ["bad"]  # only the fixed line runs
+
+
+def read_png_seeds(out, rels):
+    return [read_png_metadata(out / rel)[1]["seed"] for rel in rels]
+
+
+def test_failed_job_is_listed_others_run_and_retry_runs_only_it(tmp_path, capsys):
+    path = write(tmp_path, "p.txt", "a\nbroken\nc\n")
+    out = tmp_path / "out"
+    assert run(path, out, FakeSession(fail_prompts={"broken"}), as_json=True) == 1
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["done"] == 2 and summary["failures"][0]["line"] == 2
+    assert "cannot load broken" in summary["failures"][0]["error"] and "p.txt:2: failed" in captured.err
+    assert [r["status"] for r in records(out)] == ["ok", "failed", "ok"]
+    retry = FakeSession()
+    assert run(path, out, retry) == 0
+    assert [r.prompt for r in retry.calls] == ["broken"]
+
+
+def test_images_of_a_job_that_fails_half_way_are_moved_to_incomplete(tmp_path):
+    path = write(tmp_path, "p.txt", "--prompt pair --batch_size 2 --seed 4\n")
+    out = tmp_path / "out"
+    assert run(path, out, FakeSession(fail_after_images=1)) == 1
+    assert result_files(out) == set()  # the half job is no result
+    (failed,) = records(out)
+    assert failed["status"] == "failed" and failed["incomplete"] == [".incomplete/00000-4-pair.png"]
+    assert run(path, out, FakeSession()) == 0
+    assert result_files(out) == set(records(out)[-1]["outputs"]) and len(result_files(out)) == 2
+
+
+def test_restart_ignores_the_manifest_and_keeps_the_old_one(tmp_path):
+    path = write(tmp_path, "p.txt", "a\nb\n")
+    out = tmp_path / "out"
+    run(path, out, FakeSession())
+    second = FakeSession()
+    assert run(path, out, second, restart=True) == 0
+    assert len(second.calls) == 2 and len(records(out)) == 2
+    assert len(list(out.glob("manifest.rank0.jsonl.*"))) == 1
+    assert len(result_files(out)) == 4  # nothing overwritten
+    third = FakeSession()
+    run(path, out, third)  # old images are recorded in the archived manifest: nothing to adopt or move
+    assert third.calls == [] and len(result_files(out)) == 4
+
+
+def test_a_second_batch_on_the_same_folder_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    held = bm.Manifest(out, 0)
+    try:
+        path = write(tmp_path, "p.txt", "a\n")
+        assert main(["batch", str(path), "--outdir", str(out)]) == 2
+        assert "another batch is running" in capsys.readouterr().err
+        assert main(["batch", str(path), "--outdir", str(out), "--restart"]) == 2
+        assert "another batch is running" in capsys.readouterr().err
+        assert bm.current_manifests(out) == [held.path]  # --restart did not pull it away either
+    finally:
+        held.close()
+
+
+# ---------------------------------------------------------------------------- crash recovery
+
+
+def test_torn_manifest_line_is_cut_and_its_images_adopted(tmp_path, capsys):
+    """A kill after the images were saved but during (or before) the record: no job runs twice."""
+    path = write(tmp_path, "p.txt", "a\n--prompt b --batch_size 2\nc\n")
+    out = tmp_path / "out"
+    run(path, out, FakeSession())
+    capsys.readouterr()
+    manifest = bm.manifest_path(out, 0)
+    lines = manifest.read_bytes().splitlines(keepends=True)
+    manifest.write_bytes(lines[0] + lines[1][:40])  # b's record torn, c's never written
+    files_before = result_files(out)
+    again = FakeSession()
+    assert run(path, out, again, as_json=True) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert again.calls == [] and summary["recovered"] == 2 and summary["already_done"] == 3
+    recs = records(out)
+    assert sorted(r["line"] for r in recs) == [1, 2, 3] and sum(bool(r.get("adopted")) for r in recs) == 2
+    assert {o for r in recs for o in r["outputs"]} == files_before == result_files(out)
+    assert manifest.read_bytes().endswith(b"\n")
+
+
+def test_sweep_removes_stale_temp_files_and_moves_partial_jobs_but_leaves_other_files(tmp_path):
+    path = write(tmp_path, "p.txt", "--prompt pair --batch_size 2 --seed 1\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (job,) = jobs_of(path).jobs
+    meta = {"request": {"extra": {"batch_job": job.key}}, "seed": 1}
+    save_png(Image.new("RGB", (8, 8)), out / "00000-1-pair.png", "p", meta)  # 1 of 2 images: partial
+    save_png(Image.new("RGB", (8, 8)), out / "00001-5-mine.png", "p", {"seed": 5})  # the user's own
+    (out / ".00002-1-pair.png.0123456789ab.tmp").write_bytes(b"\x89PNG half")
+    session = FakeSession()
+    assert run(path, out, session, as_json=False) == 0
+    assert len(session.calls) == 1
+    assert (out / ".incomplete" / "00000-1-pair.png").is_file() and (out / "00001-5-mine.png").is_file()
+    assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_sigkill_part_way_then_resume_each_job_exactly_once(tmp_path, tiny_path):
+    """FAULTS.md 27 with a real process, the tiny model and SIGKILL."""
+    n = 30
+    path = write(tmp_path, "p.txt", "".join(f"prompt number {i}\n" for i in range(n)))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "lowvram_gen", "batch", str(path), *SMALL, "--seed-start", "100",
+           "--outdir", str(out), "--json"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    manifest = bm.manifest_path(out, 0)
+    with open(tmp_path / "first.err", "wb") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None:
+                if manifest.is_file() and manifest.read_bytes().count(b"\n") >= 2:
+                    break
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.wait(timeout=30)
+    killed_at = manifest.read_bytes().count(b"\n")
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "first.err").read_text()[-2000:]
+    assert 2 <= killed_at < n  # it really died part-way
+
+    second = subprocess.run(cmd, env=env, capture_output=True, cwd=tmp_path, timeout=180)
+    assert second.returncode == 0, second.stderr.decode()[-2000:]
+    summary = json.loads(second.stdout)
+    assert summary["already_done"] + summary["done"] == n and summary["failed"] == 0
+
+    recs = records(out)
+    assert sorted(r["job"] for r in recs) == sorted(j.key for j in jobs_of(path, seed_start=100).jobs)
+    assert sorted(s for r in recs for s in r["seeds"]) == list(range(100, 100 + n))
+    outputs = [o for r in recs for o in r["outputs"]]
+    assert sorted(outputs) == sorted(result_files(out)) and len(set(outputs)) == n
+    for rel in outputs:
+        with Image.open(out / rel) as im:
+            im.verify()  # a complete, valid PNG
+        with Image.open(out / rel) as im:
+            assert im.size == (64, 64)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_with_accelerate_launch_make_each_job_once(tmp_path, tiny_path, capsys):
+    """FAULTS.md 28: `accelerate launch` with two processes on the CPU (gloo)."""
+    n = 7
+    path = write(tmp_path, "p.txt", "".join(f"prompt {i}\n" for i in range(n)))
+    out = tmp_path / "out"
+    launcher = Path(sys.executable).with_name("accelerate")
+    launch = [str(launcher)] if launcher.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
+    cmd = [*launch, "launch"] if launcher.exists() else launch
+    cmd += ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+            str(ROOT / "scripts" / "batch_prompts.py"), str(path), *SMALL, "--cpu", "--seed-start", "0",
+            "--outdir", str(out), "--json"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    summary = json.loads(done.stdout)
+    assert (summary["processes"], summary["done"], summary["failed"]) == (2, n, 0)
+
+    per_rank = {rank: bm.read_records([bm.manifest_path(out, rank)]) for rank in (0, 1)}
+    assert per_rank[0] and per_rank[1]  # both processes worked
+    keys = [r["job"] for recs in per_rank.values() for r in recs]
+    assert sorted(keys) == sorted(j.key for j in jobs_of(path, seed_start=0).jobs)
+    for rank, recs in per_rank.items():
+        assert all(o.startswith(f"rank{rank}/") for r in recs for o in r["outputs"])
+    assert sorted(o for recs in per_rank.values() for r in recs for o in r["outputs"]) == sorted(result_files(out))
+
+    # resume across the set, here with one process: everything is already done
+    resumed = FakeSession()
+    assert run(path, out, resumed, seed_start=0) == 0
+    assert resumed.calls == []
+
+
+# ------------------------------------------------------------------------ with the tiny model
+
+
+@pytest.fixture
+def shared_session(monkeypatch, tiny_path):
+    """One real Session for the tests below (the CLI makes one per run: that is one per process)."""
+    from lowvram_gen import session as session_mod
+
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = session_mod.Session()
+    monkeypatch.setattr(session_mod, "Session", lambda **kw: _SESSION)
+    return _SESSION
+
+
+_SESSION = None
+
+
+def test_cli_batch_end_to_end_with_the_tiny_model(tmp_path, capsys, shared_session):
+    path = write(tmp_path, "p.jsonl", '{"prompt": "a red fox", "seed": 3}\n'
+                 '{"prompt": "a vqgan dream", "engine": "vqgan"}\n'
+                 '{"prompt": "two foxes", "batch_size": 2, "seed": 10, "sampler": "Euler a"}\n')
+    out = tmp_path / "out"
+    code = main(["batch", str(path), *SMALL, "--outdir", str(out), "--json"])
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)  # stdout is exactly one JSON object
+    assert code == 1 and summary["invalid_lines"][0]["line"] == 2
+    assert "VQGAN-CLIP engine is not installed yet" in captured.err
+    assert (summary["done"], summary["images"]) == (2, 3) and "job" in captured.err  # the progress bar
+    recs = records(out)
+    assert [r["seeds"] for r in recs] == [[3], [10, 11]] and recs[0]["preset"] == "cpu"
+    assert recs[0]["attempts"][-1]["outcome"] == "ok"
+    for r in recs:
+        for rel, seed in zip(r["outputs"], r["seeds"]):
+            _, meta = read_png_metadata(out / rel)
+            assert meta["seed"] == seed and meta["request"]["extra"]["batch_job"] == r["job"]
+            assert Image.open(out / rel).size == (64, 64)
