@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .batch import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
 
     add_batch_parser(sub, _add_model, _add_memory_flags)
+    # -- more subcommands: each module offers add_*_parser(sub, ...) and is registered in COMMANDS --
     return parser
 
 

@@ -193,6 +193,8 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
         reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
         gallery.select(show_selected, None, [info], queue=False, api_visibility="private")
 
+        # -- more tabs: each is a build_*_tab(session, options, jobs) function in its own module --
+
         with gr.Tab("System"):
             device_md = gr.Markdown(elem_id="device")
             with gr.Row():
