@@ -24,6 +24,7 @@ MAX_CFG = 30.0  # A1111's slider maximum
 MAX_BATCH = 16  # images per job; presets split them into forward passes of max_batch
 MAX_SEED = 2**32 - 1  # seeds are 32-bit in A1111 and in most samplers' RNG seeding
 MAX_PROMPT_CHARS = 20_000  # a 10 kB prompt is accepted (and truncated by the tokenizer, with a warning)
+MAX_HIRES_SCALE = 4.0  # A1111's slider maximum
 
 # C0/C1 control characters except tab and newline: NUL and friends become a space, everywhere.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -104,6 +105,14 @@ class GenerationRequest:
     config: str | None = None  # base-architecture configs for a single-file checkpoint
     outdir: str | None = None  # default: outputs/<date>/
     preset: str | None = None  # preset name or path; None lets the planner choose
+    # img2img: start from this image (path) instead of noise; strength 0 keeps it, 1 ignores it
+    init_image: str | None = None
+    strength: float = 0.75  # A1111's default denoising strength
+    # hires fix (A1111): generate at width x height, upscale by hires_scale, then a second img2img pass
+    hires_scale: float = 1.0  # 1: off
+    hires_upscaler: str = "latent"  # A1111's default: upscale the latents themselves
+    hires_steps: int = 0  # 0: as many as `steps`
+    hires_denoise: float = 0.7  # A1111's default for the second pass
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -123,7 +132,32 @@ class GenerationRequest:
             batch_size=as_int("batch size", self.batch_size, 1, MAX_BATCH),
             sampler=check_sampler(self.sampler),
             model=_non_empty("model", self.model),
-        )
+            init_image=check_image_path("init image", self.init_image) if self.init_image else None,
+            strength=as_float("strength", self.strength, 0.0, 1.0),
+            hires_scale=as_float("hires scale", self.hires_scale, 1.0, MAX_HIRES_SCALE),
+            hires_upscaler=check_upscaler_name("hires upscaler", self.hires_upscaler, latent_ok=True),
+            hires_steps=as_int("hires steps", self.hires_steps, 0, MAX_STEPS, " (0: as many as steps)"),
+            hires_denoise=as_float("hires denoise", self.hires_denoise, 0.0, 1.0),
+        )._check_hires()
+
+    def _check_hires(self) -> "GenerationRequest":
+        if self.hires_scale > 1:
+            w, h = self.hires_size()
+            if max(w, h) > MAX_SIDE:
+                raise InvalidRequest("hires scale", self.hires_scale,
+                                     f"{self.width}x{self.height} x{self.hires_scale:g} is {w}x{h}; at most {MAX_SIDE} px a side")
+        return self
+
+    @property
+    def hires(self) -> bool:
+        return self.hires_scale > 1
+
+    def hires_size(self) -> tuple[int, int]:
+        """The final size with hires fix: the base size times the scale, down to multiples of 8."""
+        return int(self.width * self.hires_scale) // 8 * 8, int(self.height * self.hires_scale) // 8 * 8
+
+    def output_size(self) -> tuple[int, int]:
+        return self.hires_size() if self.hires else (self.width, self.height)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "GenerationRequest":
@@ -142,6 +176,31 @@ class GenerationRequest:
         """Seeds for each image: a random base when seed is -1, then base+i (wrapping at 2^32)."""
         base = self.seed if self.seed >= 0 else random.SystemRandom().randrange(0, MAX_SEED + 1)
         return [(base + i) % (MAX_SEED + 1) for i in range(self.batch_size)]
+
+
+def check_image_path(field_name: str, value: Any) -> str:
+    """An existing, readable image file; a clear error otherwise (the pixels are read when the job runs)."""
+    from pathlib import Path
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(value, (str, Path)) or not str(value).strip():
+        raise InvalidRequest(field_name, value, "give the path of a PNG, JPEG or WebP image")
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise InvalidRequest(field_name, str(value), "no such file")
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise InvalidRequest(field_name, str(value), f"not a readable image ({exc.__class__.__name__})") from None
+    return str(path)
+
+
+def check_upscaler_name(field_name: str, value: Any, latent_ok: bool = False) -> str:
+    from .upscale import check_upscaler
+
+    return check_upscaler(value, field_name, latent_ok=latent_ok)
 
 
 def _non_empty(field_name: str, value: Any) -> str:

@@ -24,6 +24,7 @@ from .models.loading import LoadedModel, reload_components
 from .oom import allocated_bytes, free_memory, is_oom, short_reason
 from .presets import Preset
 from .settings import MemorySettings
+from .upscale import upscale_images
 
 log = logging.getLogger(__name__)
 MAX_RESOLUTION_STEPS = 2  # each halves the pixels; beyond a quarter of the request the upscale is mush
@@ -82,10 +83,44 @@ def capped_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
     return max(64, int(width * scale) // 8 * 8), max(64, int(height * scale) // 8 * 8)
 
 
-def upscale(image, size: tuple[int, int], method: str = "lanczos"):
-    from PIL import Image
+@dataclass
+class JobSpec:
+    """One job as the runner sees it: what to make, whatever front end asked for it."""
 
-    return image.resize(size, Image.Resampling.LANCZOS)
+    prompt: str
+    negative_prompt: str
+    width: int
+    height: int
+    steps: int
+    cfg_scale: float
+    seeds: list[int]
+    init_images: list | None = None  # img2img: one PIL image per seed
+    strength: float = 1.0
+    hires_scale: float = 1.0
+    hires_upscaler: str = "latent"
+    hires_steps: int = 0
+    hires_denoise: float = 0.7
+
+    @classmethod
+    def from_request(cls, request, seeds: list[int], init_images: list | None = None) -> "JobSpec":
+        return cls(request.prompt, request.negative_prompt, request.width, request.height, request.steps,
+                   request.cfg_scale, seeds, init_images, request.strength, request.hires_scale,
+                   request.hires_upscaler, request.hires_steps, request.hires_denoise)
+
+    def hires_size(self, base: tuple[int, int]) -> tuple[int, int]:
+        return int(base[0] * self.hires_scale) // 8 * 8, int(base[1] * self.hires_scale) // 8 * 8
+
+    def final_size(self) -> tuple[int, int]:
+        return self.hires_size((self.width, self.height)) if self.hires_scale > 1 else (self.width, self.height)
+
+    def chunk(self, indices: list[int], size: tuple[int, int]) -> sd.Chunk:
+        init = None
+        if self.init_images is not None:
+            init = [im.convert("RGB").resize(size) if im.size != size else im.convert("RGB")
+                    for im in (self.init_images[i] for i in indices)]
+        return sd.Chunk(self.prompt, self.negative_prompt, size[0], size[1], self.steps, self.cfg_scale,
+                        [self.seeds[i] for i in indices], init=init,
+                        strength=self.strength if init is not None else 1.0)
 
 
 class Runner:
@@ -112,30 +147,19 @@ class Runner:
         self.applied = settings
 
     # -- the job -----------------------------------------------------------------------------
-    def run(
-        self,
-        prompt: str,
-        negative_prompt: str,
-        width: int,
-        height: int,
-        steps: int,
-        cfg_scale: float,
-        seeds: list[int],
-        ladder: list[Preset],
-        on_chunk: Callable[[ChunkDone], None],
-        on_step: sd.ProgressFn | None = None,
-        cancel: threading.Event | None = None,
-        report: JobReport | None = None,
-    ) -> JobReport:
+    def run(self, job: "JobSpec", ladder: list[Preset], on_chunk: Callable[[ChunkDone], None],
+            on_step: sd.ProgressFn | None = None, cancel: threading.Event | None = None,
+            report: JobReport | None = None) -> JobReport:
         report = report or JobReport()
         rung, lowered = 0, 0
         preset = ladder[0]
         self.use(preset.memory)
-        size = capped_size(width, height, preset.max_pixels)
-        per_pass = min(len(seeds), preset.max_batch)
-        pending = list(seeds)
+        size = capped_size(job.width, job.height, preset.max_pixels)
+        per_pass = min(len(job.seeds), preset.max_batch)
+        pending = list(range(len(job.seeds)))  # image indices still to make
         while pending:
-            chunk = sd.Chunk(prompt, negative_prompt, size[0], size[1], steps, cfg_scale, pending[:per_pass])
+            batch = pending[:per_pass]
+            chunk = job.chunk(batch, size)
             started = time.perf_counter()
             baseline = allocated_bytes(self.device.kind)
             oom = None
@@ -164,20 +188,64 @@ class Runner:
                             preset.name, per_pass, *size)
                 continue
             report.attempts.append(Attempt(preset.name, per_pass, *size, "denoise", "ok", _since(started)))
+            target = job.final_size()
+            if job.hires_scale > 1 and sd.splits_decode(self.model.pipe):
+                latents, size, preset, rung = self._hires(job, chunk, latents, size, ladder, rung, preset,
+                                                         per_pass, on_step, cancel, report)
             if sd.splits_decode(self.model.pipe):
                 decoded, preset, rung = self._decode(latents, ladder, rung, preset, per_pass, size, report)
                 images, nsfw = decoded.images, decoded.nsfw
             else:
                 images, nsfw = latents, [False] * len(latents)
             del latents
-            upscaled = size != (width, height)
+            upscaled = size != target
             if upscaled:
-                images = [upscale(im, (width, height), preset.upscaler) for im in images]
+                images = upscale_images(images, target, preset.upscaler, self.device.torch_device)
             report.final_preset, report.generated_size = preset.name, size
             report.upscaled = report.upscaled or upscaled
             on_chunk(ChunkDone(images, chunk.seeds, preset.name, size, nsfw))
             pending = pending[per_pass:]
         return report
+
+    def _hires(self, job, chunk, latents, size, ladder, rung, preset, per_pass, on_step, cancel, report):
+        """A1111's hires fix: upscale the first pass (latents or pixels), then an img2img pass.
+
+        The second pass runs with VAE tiling; on OOM it steps down the presets (the first pass's
+        latents are kept, so it is never redone). Over the preset's cap it runs at the cap and the
+        result is upscaled to the hires size afterwards.
+        """
+        import torch.nn.functional as F
+
+        target = capped_size(*job.hires_size(size), preset.max_pixels)
+        self.use(_with_tiling(preset.memory))
+        while True:
+            started = time.perf_counter()
+            baseline = allocated_bytes(self.device.kind)
+            oom = None
+            try:
+                if job.hires_upscaler == "latent":
+                    init = F.interpolate(latents, size=(target[1] // 8, target[0] // 8), mode="bilinear")
+                else:
+                    first, _, _ = self._decode(latents, ladder, rung, preset, per_pass, size, report)
+                    init = upscale_images(first.images, target, job.hires_upscaler, self.device.torch_device)
+                second = sd.Chunk(chunk.prompt, chunk.negative_prompt, *target, job.hires_steps or job.steps,
+                                  chunk.cfg_scale, chunk.seeds, init=init, strength=job.hires_denoise)
+                result = sd.denoise(self.model.pipe, second, self.device.torch_device, on_step, cancel)
+            except Exception as exc:  # noqa: BLE001
+                if not is_oom(exc):
+                    raise
+                oom = short_reason(exc)
+            if oom is None:
+                report.attempts.append(Attempt(preset.name, per_pass, *target, "hires", "ok", _since(started)))
+                return result, target, preset, rung
+            report.attempts.append(Attempt(preset.name, per_pass, *target, "hires", "oom", _since(started), oom))
+            free_memory(self.device.kind, baseline)
+            if rung + 1 >= len(ladder):
+                raise OutOfMemoryEverywhere(_everything_failed(report.attempts), report.attempts)
+            rung += 1
+            preset = ladder[rung]
+            self.use(_with_tiling(preset.memory))
+            target = capped_size(*target, preset.max_pixels)
 
     def _decode(self, latents, ladder, rung, preset, per_pass, size, report):
         """Decode with retries: tiled on OOM, then cheaper presets; float32 on NaN/black half output."""

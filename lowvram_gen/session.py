@@ -21,7 +21,7 @@ from .models.loading import LoadedModel, load
 from .models.resolve import ModelSource, resolve
 from .presets import Preset, find_preset, load_presets
 from .request import GenerationRequest
-from .runner import ChunkDone, JobReport, Runner
+from .runner import ChunkDone, JobReport, JobSpec, Runner
 
 log = logging.getLogger(__name__)
 NOISE_NOTE = "embedded tiny model: random weights, the image is abstract noise; pass --model for real images"
@@ -124,9 +124,9 @@ class Session:
         device = device or self.device()
         source = source or resolve(request.model, request.config)
         model = self.model if self.model and self.model.source == source else None
-        failed = failures.failed_presets(device.name, request.model, request.width * request.height,
-                                         request.batch_size)
-        return plan(device, self.profile_for(source, model), request.width, request.height, request.batch_size,
+        width, height = request.output_size()  # with hires fix the second pass is the bigger one
+        failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
+        return plan(device, self.profile_for(source, model), width, height, request.batch_size,
                     self.presets(), self.forced_preset(request.preset), failed, cfg=request.cfg_scale > 1)
 
     # -- generation -----------------------------------------------------------------------------
@@ -170,9 +170,14 @@ class Session:
         def save(done: ChunkDone) -> None:
             for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
                 fields = {"Steps": request.steps, "Sampler": sampler_name, "CFG scale": request.cfg_scale,
-                          "Seed": seed, "Size": f"{request.width}x{request.height}", "Model": request.model,
-                          "Lowvram preset": done.preset}
-                if done.generated_size != (request.width, request.height):
+                          "Seed": seed, "Size": f"{request.width}x{request.height}", "Model": request.model}
+                if request.init_image:
+                    fields["Denoising strength"] = request.strength
+                if request.hires:
+                    fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
+                                   "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
+                fields["Lowvram preset"] = done.preset
+                if done.generated_size != request.output_size():
                     fields["Generated size"] = "%dx%d" % done.generated_size
                 meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,
                         "attempts": [a.as_dict() for a in report.attempts], "model_path": str(source.path),
@@ -183,9 +188,15 @@ class Session:
                 saved.append(str(outputs.save_png(image, path, params, meta)))
                 nsfw.append(flagged)
 
+        init_images = None
+        if request.init_image:
+            from PIL import Image
+
+            with Image.open(request.init_image) as im:
+                init_images = [im.convert("RGB")] * len(seeds)
+        job = JobSpec.from_request(request, seeds, init_images)
         try:
-            self.runner.run(request.prompt, request.negative_prompt, request.width, request.height, request.steps,
-                            request.cfg_scale, seeds, the_plan.ladder, save, on_step, cancel, report)
+            self.runner.run(job, the_plan.ladder, save, on_step, cancel, report)
         except Cancelled as exc:
             raise Cancelled(f"{exc}; {len(saved)} finished image(s) kept", images=saved) from None
         finally:
@@ -195,8 +206,9 @@ class Session:
         seconds = round(time.perf_counter() - started, 3)
         if any(nsfw):
             warnings.append("the model's safety checker blacked out %d image(s)" % sum(nsfw))
+        width, height = request.output_size()
         return GenerationResult(
-            images=saved, seeds=seeds, width=request.width, height=request.height, steps=request.steps,
+            images=saved, seeds=seeds, width=width, height=height, steps=request.steps,
             sampler=request.sampler, model=request.model, model_path=str(source.path), seconds=seconds,
             preset=report.final_preset, attempts=[a.as_dict() for a in report.attempts],
             summary=report.summary(seconds), generated_width=report.generated_size[0],

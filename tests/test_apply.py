@@ -106,3 +106,17 @@ def test_runner_reloads_only_what_lost_precision(model):
     assert model.pipe.unet.conv_in.weight.dtype == torch.float32
     fresh = load(resolve("tiny"), "float32").pipe
     assert torch.equal(model.pipe.unet.conv_in.weight, fresh.unet.conv_in.weight)  # full precision is back
+
+
+def test_vae_tile_size_follows_usable_vram(model):
+    from lowvram_gen.apply import vae_tile_size
+
+    assert [vae_tile_size(fake(g)) for g in (2, 4, 8, 24)] == [256, 512, 768, 1024]
+    assert vae_tile_size(probe("cpu")) == 512
+    apply_mod.apply_settings(model.pipe, MemorySettings(dtype="float32", vae_tiling=True), probe("cpu"))
+    assert model.pipe.vae.use_tiling and model.pipe.vae.tile_sample_min_size == 512
+    assert model.pipe.vae.tile_latent_min_size == 64
+    other = load(resolve("tiny"), "float32")
+    ops = RecordingOps(other.pipe)
+    apply_mod.apply_settings(other.pipe, load_presets()["lowvram"].memory, fake(4), ops)
+    assert ("vae_tiling", (512,), {}) in ops.log

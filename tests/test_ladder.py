@@ -19,7 +19,7 @@ from lowvram_gen.models.loading import load
 from lowvram_gen.models.resolve import resolve
 from lowvram_gen.oom import allocated_bytes
 from lowvram_gen.presets import gpu_ladder, load_presets
-from lowvram_gen.runner import Runner
+from lowvram_gen.runner import JobSpec, Runner
 
 
 @pytest.fixture()
@@ -40,7 +40,8 @@ class UnetCounter:
 
 def run(runner, ladder, seeds, size=(64, 64), steps=3):
     done = []
-    report = runner.run("a boat", "", size[0], size[1], steps, 7.0, seeds, ladder, done.append)
+    job = JobSpec("a boat", "", size[0], size[1], steps, 7.0, seeds)
+    report = runner.run(job, ladder, done.append)
     return report, done
 
 

@@ -30,6 +30,8 @@ class Chunk:
     steps: int
     cfg_scale: float
     seeds: list[int]
+    init: object = None  # img2img: PIL images (one per seed) or latents already in model space
+    strength: float = 1.0  # img2img: how much of the init is replaced; 0 keeps it as it is
 
 
 def splits_decode(pipe) -> bool:
@@ -62,10 +64,38 @@ def _generators(seeds: list[int], device: str):
     return [torch.Generator(gen_device).manual_seed(s) for s in seeds]
 
 
+def img2img_pipe(pipe):
+    """The image-to-image pipeline over the same components (no copy, no reload), kept on `pipe`."""
+    from diffusers import AutoPipelineForImage2Image
+
+    i2i = getattr(pipe, "_lowvram_img2img", None)
+    if i2i is None:
+        i2i = AutoPipelineForImage2Image.from_pipe(pipe)
+        i2i.set_progress_bar_config(disable=True)
+        pipe._lowvram_img2img = i2i
+    i2i.scheduler = pipe.scheduler  # follow the sampler chosen for this job
+    return i2i
+
+
+def encode(pipe, images, device: str):
+    """PIL images -> latents in model space, the mode of the VAE posterior (deterministic)."""
+    import torch
+
+    processed = pipe.image_processor.preprocess(images).to(device=device, dtype=pipe.vae.dtype)
+    with torch.inference_mode():
+        latents = pipe.vae.encode(processed).latent_dist.mode()
+    shift = getattr(pipe.vae.config, "shift_factor", None) or 0.0
+    return (latents - shift) * pipe.vae.config.scaling_factor
+
+
 def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
             cancel: threading.Event | None = None):
     """Run the UNet steps. Returns latents (split pipelines) or decoded PIL images (others)."""
     n = len(chunk.seeds)
+    if chunk.init is not None and chunk.strength == 0:
+        if not isinstance(chunk.init, list):
+            return chunk.init  # latents: nothing to change
+        return encode(pipe, chunk.init, device)
 
     def step_end(_pipe, i, _t, kwargs):
         total = getattr(_pipe, "num_timesteps", chunk.steps)  # PLMS runs one step more than asked
@@ -75,18 +105,18 @@ def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
             raise Cancelled("cancelled at step %d of %d" % (i + 1, total))
         return kwargs
 
-    out = pipe(
+    kwargs = dict(
         prompt=[chunk.prompt] * n,
         negative_prompt=[chunk.negative_prompt] * n if chunk.negative_prompt else None,
-        width=chunk.width,
-        height=chunk.height,
         num_inference_steps=chunk.steps,
         guidance_scale=chunk.cfg_scale,
         generator=_generators(chunk.seeds, device),
         output_type="latent" if splits_decode(pipe) else "pil",
         callback_on_step_end=step_end,
     )
-    return out.images
+    if chunk.init is None:
+        return pipe(width=chunk.width, height=chunk.height, **kwargs).images
+    return img2img_pipe(pipe)(image=chunk.init, strength=chunk.strength, **kwargs).images
 
 
 def decode(pipe, latents, upcast: bool = False):

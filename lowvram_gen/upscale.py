@@ -1,0 +1,233 @@
+"""Upscalers: Lanczos (Pillow), ESRGAN-family models through spandrel, diffusers' SD x4 upscaler.
+
+`latent` (A1111's default hires upscaler) upscales latents, not images: it exists only inside a
+hires pass (`runner`), so asking `upscale` for it is an error. Model upscalers run in tiles; on
+out-of-memory the tile is halved down to a floor (ComfyUI's habit), then it is a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InvalidRequest, OutOfMemoryEverywhere
+
+log = logging.getLogger(__name__)
+BUILTIN = ("lanczos", "latent", "sd-x4")
+MODEL_SUFFIXES = (".pth", ".pt", ".safetensors")
+MIN_TILE = 64  # px: below this the overlap is most of the tile
+TILE_OVERLAP = 16  # px of context on each side of a tile, cropped away after the model runs
+SD_X4_REPO = "stabilityai/stable-diffusion-x4-upscaler"
+
+
+def upscaler_dirs() -> list[Path]:
+    """Where ESRGAN-family models are looked up by name: $LOWVRAM_GEN_MODELS/ESRGAN, ./models/ESRGAN."""
+    root = os.environ.get("LOWVRAM_GEN_MODELS", "models")
+    return [Path(root).expanduser() / "ESRGAN", Path(root).expanduser() / "upscalers"]
+
+
+def available() -> list[str]:
+    names = ["lanczos", "latent"]
+    for folder in upscaler_dirs():
+        if folder.is_dir():
+            names += sorted(p.name for p in folder.iterdir() if p.suffix.lower() in MODEL_SUFFIXES)
+    return names + ["sd-x4"]
+
+
+def _find_model(name: str) -> Path | None:
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    for folder in upscaler_dirs():
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def check_upscaler(value, field: str = "upscaler", latent_ok: bool = False) -> str:
+    """A built-in name, an upscaler model file, or a model's name in the models folder."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequest(field, value, "use lanczos, latent (hires only), sd-x4 or an ESRGAN-family model file")
+    name = value.strip()
+    if name.lower() in BUILTIN:
+        if name.lower() == "latent" and not latent_ok:
+            raise InvalidRequest(field, name, "'latent' upscales latents inside a hires pass; for an image use "
+                                              "lanczos, sd-x4 or an ESRGAN-family model")
+        return name.lower()
+    if Path(name).suffix.lower() in MODEL_SUFFIXES or "/" in name or "\\" in name:
+        if _find_model(name) is None:
+            raise InvalidRequest(field, name, f"no such upscaler model file (looked in {', '.join(map(str, upscaler_dirs()))})")
+        return name
+    raise InvalidRequest(field, name, "use one of: " + ", ".join(available()))
+
+
+@dataclass
+class UpscaleReport:
+    upscaler: str
+    tiles: list[int] = field(default_factory=list)  # the tile sizes tried, OOM halvings included
+    attempts: list[dict] = field(default_factory=list)
+
+
+def upscale_images(images: list, size: tuple[int, int], name: str, device: str = "cpu", tile: int = 512,
+                   report: UpscaleReport | None = None, prompt: str = "") -> list:
+    """Every image at exactly `size` (W, H) using upscaler `name`."""
+    from PIL import Image
+
+    report = report or UpscaleReport(name)
+    if name == "lanczos":
+        return [im.resize(size, Image.Resampling.LANCZOS) for im in images]
+    if name == "latent":
+        raise InvalidRequest("upscaler", name, "'latent' works only inside a hires pass")
+    if name == "sd-x4":
+        out = [_sd_x4(im, device, prompt) for im in images]
+    else:
+        model = load_model(name)
+        out = [run_tiled(model, im, device, tile, report) for im in images]
+    # the model's own factor rarely equals the request: finish with Lanczos, as A1111 does
+    return [im if im.size == size else im.resize(size, Image.Resampling.LANCZOS) for im in out]
+
+
+_MODELS: dict[str, object] = {}
+
+
+def load_model(name: str):
+    """An ESRGAN-family model through spandrel, from weights loaded without unpickling code."""
+    path = _find_model(name)
+    if path is None:
+        raise InvalidRequest("upscaler", name, "no such upscaler model file")
+    key = str(path.resolve())
+    if key not in _MODELS:
+        from spandrel import ModelLoader, UnsupportedModelError
+
+        from .models.checkpoint import check_safetensors, load_pickle_weights_only
+
+        if path.suffix.lower() == ".safetensors":
+            check_safetensors(path)
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = load_pickle_weights_only(path)  # weights-only: a pickle that runs code is refused
+        try:
+            descriptor = ModelLoader().load_from_state_dict(state)
+        except UnsupportedModelError as exc:
+            raise InvalidRequest("upscaler", name, f"spandrel does not recognise this architecture ({exc})") from None
+        descriptor.model.eval()
+        _MODELS[key] = descriptor
+    return _MODELS[key]
+
+
+def run_tiled(descriptor, image, device: str, tile: int, report: UpscaleReport):
+    """Run the model tile by tile; on out-of-memory halve the tile, down to MIN_TILE."""
+    import numpy as np
+    import torch
+
+    from .oom import free_memory, is_oom, short_reason
+
+    x = torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
+    descriptor.model.to(device)
+    while True:
+        report.tiles.append(tile)
+        failure = None
+        try:
+            out = _tiles(descriptor, x, device, tile)
+        except Exception as exc:  # noqa: BLE001 - anything but OOM is re-raised
+            if not is_oom(exc):
+                raise
+            failure = short_reason(exc)
+        if failure is None:
+            break
+        report.attempts.append({"stage": "upscale", "tile": tile, "outcome": "oom", "detail": failure})
+        free_memory(device.split(":")[0])
+        if tile // 2 < MIN_TILE:
+            raise OutOfMemoryEverywhere(f"out of memory upscaling with {report.upscaler} even with {tile} px tiles; "
+                                        "free GPU memory, use --cpu, or the lanczos upscaler", report.attempts)
+        tile //= 2
+        log.warning("out of memory upscaling; trying %d px tiles", tile)
+    from PIL import Image
+
+    array = (out[0].clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255.0).round().astype("uint8")
+    return Image.fromarray(array)
+
+
+def _tiles(descriptor, x, device: str, tile: int):
+    import torch
+
+    scale = descriptor.scale
+    _, c, h, w = x.shape
+    out = torch.zeros((1, c, h * scale, w * scale))
+    with torch.inference_mode():
+        for top in range(0, h, tile):
+            for left in range(0, w, tile):
+                t0, l0 = max(0, top - TILE_OVERLAP), max(0, left - TILE_OVERLAP)
+                t1, l1 = min(h, top + tile + TILE_OVERLAP), min(w, left + tile + TILE_OVERLAP)
+                piece = descriptor(x[:, :, t0:t1, l0:l1].to(device)).float().cpu()
+                bottom, right = min(h, top + tile), min(w, left + tile)
+                out[:, :, top * scale:bottom * scale, left * scale:right * scale] = piece[
+                    :, :, (top - t0) * scale:(bottom - t0) * scale, (left - l0) * scale:(right - l0) * scale]
+    return out
+
+
+def _sd_x4(image, device: str, prompt: str):
+    """diffusers' SD x4 upscaler, when the user has it (HF cache or $LOWVRAM_GEN_SD_X4 folder)."""
+    from .errors import ModelLoadError
+
+    source = os.environ.get("LOWVRAM_GEN_SD_X4") or SD_X4_REPO
+    try:
+        from diffusers import StableDiffusionUpscalePipeline
+
+        pipe = StableDiffusionUpscalePipeline.from_pretrained(source, local_files_only=True)
+    except Exception as exc:  # not downloaded, or a broken folder
+        raise ModelLoadError(
+            f"the sd-x4 upscaler is not available offline ({str(exc).splitlines()[0][:120]}); download it once with "
+            f"`hf download {SD_X4_REPO}` or set LOWVRAM_GEN_SD_X4 to a local copy"
+        ) from None
+    pipe.to(device)
+    pipe.enable_attention_slicing()
+    pipe.vae.enable_tiling()
+    return pipe(prompt=prompt, image=image.convert("RGB")).images[0]
+
+
+MAX_SCALE = 8.0
+
+
+def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str | None = None,
+                device: str | None = None) -> dict:
+    """`lowvram-gen upscale`: one image, saved next to the others with A1111 "extras" metadata."""
+    import time
+
+    from PIL import Image
+
+    from . import outputs
+    from .request import MAX_SIDE, as_float, check_image_path
+
+    started = time.perf_counter()
+    path = check_image_path("image", image_path)
+    factor = as_float("scale", scale, 1.0, MAX_SCALE)
+    name = check_upscaler(upscaler)
+    with Image.open(path) as im:
+        source = im.convert("RGB")
+        params_in, _ = outputs.read_png_metadata(path) if path.lower().endswith(".png") else (None, None)
+    size = (round(source.width * factor), round(source.height * factor))
+    if max(size) > MAX_SIDE * 2:
+        raise InvalidRequest("scale", scale, f"{source.width}x{source.height} x{factor:g} is {size[0]}x{size[1]}; "
+                                             f"at most {MAX_SIDE * 2} px a side")
+    if device is None:
+        from .device import probe
+
+        device = probe().torch_device
+    report = UpscaleReport(name)
+    image = upscale_images([source], size, name, device, report=report)[0]
+    target = Path(outdir) if outdir else outputs.default_outdir()
+    extras = f"Postprocess upscale by: {factor:g}, Postprocess upscaler: {name}, Size: {size[0]}x{size[1]}"
+    parameters = f"{params_in}\n{extras}" if params_in else extras
+    meta = {"source": path, "scale": factor, "upscaler": name, "tiles": report.tiles, "attempts": report.attempts}
+    saved = outputs.save_png(image, outputs.next_image_path(target, 0, Path(path).stem + "-upscaled"), parameters, meta)
+    seconds = round(time.perf_counter() - started, 3)
+    return {"images": [str(saved)], "seeds": [], "width": size[0], "height": size[1], "steps": 0, "sampler": None,
+            "model": name, "model_path": str(_find_model(name) or name), "seconds": seconds, "preset": None,
+            "attempts": report.attempts, "summary": f"upscaled x{factor:g} with {name} in {seconds:.1f} s",
+            "generated_width": source.width, "generated_height": source.height, "upscaled": True,
+            "device": device, "warnings": []}

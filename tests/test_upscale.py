@@ -1,0 +1,220 @@
+"""Resolution caps with upscaling afterwards, img2img, hires fix and the upscalers."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lowvram_gen import GenerationRequest
+from lowvram_gen.cli import main
+from lowvram_gen.errors import InvalidRequest, OutOfMemoryEverywhere, UnsafeCheckpoint
+from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.session import Session
+from lowvram_gen.upscale import UpscaleReport, load_model, run_tiled, upscale_images
+
+
+def pixels(path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"), dtype=int)
+
+
+@pytest.fixture()
+def init_png(tmp_path):
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 255, (64, 96, 3), dtype=np.uint8))
+    path = tmp_path / "init.png"
+    image.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def esrgan(tmp_path_factory):
+    """A small random-weight ESRGAN (RRDBNet, x2), saved as users download them."""
+    from spandrel.architectures.ESRGAN import ESRGAN
+
+    torch.manual_seed(0)
+    state = ESRGAN(num_filters=8, num_blocks=1, scale=2).state_dict()
+    folder = tmp_path_factory.mktemp("esrgan")
+    torch.save(state, folder / "tiny-x2.pth")
+    from safetensors.torch import save_file
+
+    save_file(state, str(folder / "tiny-x2.safetensors"))
+    return folder
+
+
+def test_over_the_cap_generates_at_the_cap_and_upscales_to_the_request(tmp_path):
+    result = Session(preset="lowvram").generate(GenerationRequest(
+        prompt="a lighthouse", width=1024, height=1024, steps=1, seed=4, outdir=str(tmp_path)))
+    assert (result.width, result.height) == (1024, 1024) and result.upscaled
+    assert (result.generated_width, result.generated_height) == (768, 768)  # lowvram's cap: 768x768
+    assert Image.open(result.images[0]).size == (1024, 1024)
+    params, meta = read_png_metadata(result.images[0])
+    fields = parse_a1111_parameters(params)
+    assert fields["Size"] == "1024x1024" and fields["Generated size"] == "768x768"
+    assert meta["generated_size"] == [768, 768] and meta["preset"] == "lowvram"
+    assert "generated at 768x768, upscaled" in result.summary
+
+
+def test_cap_keeps_the_aspect_ratio_in_multiples_of_8(tmp_path):
+    result = Session(preset="novram").generate(GenerationRequest(
+        prompt="x", width=1024, height=512, steps=1, outdir=str(tmp_path)))
+    w, h = result.generated_width, result.generated_height
+    assert w % 8 == 0 and h % 8 == 0 and w * h <= 512 * 512 and abs(w / h - 2) < 0.05
+    assert Image.open(result.images[0]).size == (1024, 512)
+
+
+def test_img2img_strength_0_returns_the_init_image_through_the_vae(init_png, tmp_path, tiny_path):
+    from diffusers import AutoPipelineForImage2Image
+
+    session = Session()
+    result = session.generate(GenerationRequest(prompt="x", width=96, height=64, steps=4, init_image=str(init_png),
+                                                strength=0.0, outdir=str(tmp_path)))
+    pipe = AutoPipelineForImage2Image.from_pretrained(str(tiny_path))
+    with torch.inference_mode():
+        x = pipe.image_processor.preprocess(Image.open(init_png))
+        round_trip = pipe.vae.decode(pipe.vae.encode(x).latent_dist.mode()).sample
+    expected = np.asarray(pipe.image_processor.postprocess(round_trip, output_type="pil")[0], dtype=int)
+    assert np.abs(pixels(result.images[0]) - expected).max() <= 1  # the init, within the VAE's round trip
+    changed = session.generate(GenerationRequest(prompt="x", width=96, height=64, steps=4,
+                                                 init_image=str(init_png), strength=1.0, outdir=str(tmp_path)))
+    assert np.abs(pixels(changed.images[0]) - expected).mean() > 5
+    assert parse_a1111_parameters(read_png_metadata(changed.images[0])[0])["Denoising strength"] == "1"
+
+
+def test_img2img_cli(init_png, tmp_path, capsys):
+    code = main(["img2img", "a boat", "--init", str(init_png), "--strength", "0.5", "--width", "96", "--height",
+                 "64", "--steps", "4", "--seed", "3", "--outdir", str(tmp_path), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and Image.open(result["images"][0]).size == (96, 64)
+
+
+@pytest.mark.parametrize("upscaler", ["latent", "lanczos"])
+def test_hires_fix_second_pass_with_a1111_metadata(upscaler, tmp_path):
+    result = Session().generate(GenerationRequest(
+        prompt="x", width=64, height=64, steps=2, seed=1, hires_scale=2, hires_upscaler=upscaler, hires_steps=2,
+        hires_denoise=0.5, outdir=str(tmp_path)))
+    assert (result.width, result.height) == (128, 128) and not result.upscaled
+    assert Image.open(result.images[0]).size == (128, 128)
+    assert [a["stage"] for a in result.attempts if a["stage"] == "hires"] == ["hires"]
+    fields = parse_a1111_parameters(read_png_metadata(result.images[0])[0])
+    assert (fields["Hires upscale"], fields["Hires upscaler"], fields["Hires steps"], fields["Denoising strength"]) == (
+        "2", upscaler, "2", "0.5")
+
+
+def test_hires_second_pass_oom_steps_down_without_redoing_the_first(tmp_path):
+    session = Session(preset="highvram")
+    session.generate(GenerationRequest(prompt="x", width=64, height=64, steps=1, outdir=str(tmp_path)))
+    calls = []
+
+    def hook(_module, args):
+        calls.append(args[0].shape[-1])
+        # simulated: the 128 px second pass (16x16 latents) does not fit without offload
+        if args[0].shape[-1] == 16 and session.runner.applied.offload == "none":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    session.model.pipe.unet.register_forward_pre_hook(hook)
+    result = session.generate(GenerationRequest(prompt="x", width=64, height=64, steps=2, hires_scale=2,
+                                                hires_steps=2, hires_denoise=0.5, outdir=str(tmp_path)))
+    stages = [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts]
+    assert ("highvram", "hires", "oom") in stages and ("medvram", "hires", "ok") in stages
+    assert calls.count(8) == len([c for c in calls if c == 8]) and calls[:1] == [8]
+    first_pass_calls = [c for c in calls if c == 8]
+    assert len(first_pass_calls) == 3  # PLMS: 2 steps + 1, run once: the first pass was not redone
+
+
+def test_esrgan_through_spandrel_pth_and_safetensors(esrgan, tmp_path, capsys):
+    source = tmp_path / "in.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(source)
+    for name in ("tiny-x2.pth", "tiny-x2.safetensors"):
+        code = main(["upscale", str(source), "--scale", "2", "--upscaler", str(esrgan / name), "--outdir",
+                     str(tmp_path / "out"), "--json", "--cpu"])
+        result = json.loads(capsys.readouterr().out)
+        assert code == 0 and Image.open(result["images"][0]).size == (112, 80)
+        params, meta = read_png_metadata(result["images"][0])
+        assert "Postprocess upscale by: 2" in params and meta["upscaler"].endswith(name)
+
+
+def test_esrgan_tiles_halve_on_out_of_memory_and_give_the_same_image(esrgan):
+    descriptor = load_model(str(esrgan / "tiny-x2.pth"))
+    image = Image.fromarray(np.random.default_rng(2).integers(0, 255, (160, 160, 3), dtype=np.uint8))
+    reference = np.asarray(run_tiled(descriptor, image, "cpu", 64, UpscaleReport("x")), dtype=int)
+    real_call = type(descriptor).__call__
+
+    def small_tiles_only(self, x):
+        # simulated: a tile bigger than 64 px (plus its 16 px margins) does not fit
+        if x.shape[-1] > 64 + 2 * 16:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_call(self, x)
+
+    report = UpscaleReport("tiny")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(type(descriptor), "__call__", small_tiles_only)
+    try:
+        halved = np.asarray(run_tiled(descriptor, image, "cpu", 128, report), dtype=int)
+        assert report.tiles == [128, 64]
+        assert [a["tile"] for a in report.attempts] == [128]
+        assert np.abs(halved - reference).max() <= 2  # tiles with margins: seams do not show
+        mp.setattr(type(descriptor), "__call__", lambda self, x: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+        with pytest.raises(OutOfMemoryEverywhere, match="px tiles"):
+            run_tiled(descriptor, image, "cpu", 128, UpscaleReport("tiny"))
+    finally:
+        mp.undo()
+
+
+def test_a_pickle_that_runs_code_is_refused_as_an_upscaler(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "evil.pth"
+    path.write_bytes(pickle.dumps({"model.0.weight": Evil()}))
+    with pytest.raises(UnsafeCheckpoint):
+        load_model(str(path))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("args,word", [
+    (["--scale", "0"], "scale"), (["--scale", "abc"], "scale"), (["--scale", "9"], "scale"),
+    (["--upscaler", "latent"], "hires pass"), (["--upscaler", "nope"], "lanczos"),
+])
+def test_upscale_rejects_bad_values(args, word, init_png, capsys):
+    assert main(["upscale", str(init_png), *args]) == 2
+    assert word in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field,value,word", [
+    ("strength", -0.1, "0 to 1"), ("strength", 1.5, "0 to 1"), ("strength", "x", "0 to 1"),
+    ("init_image", "/no/such.png", "no such file"), ("hires_scale", 0.5, "1 to 4"),
+    ("hires_upscaler", "bogus", "lanczos"), ("hires_denoise", 2, "0 to 1"),
+])
+def test_bad_img2img_and_hires_values(field, value, word, init_png):
+    kwargs = {"init_image": str(init_png)} if field != "init_image" else {}
+    with pytest.raises(InvalidRequest, match=word):
+        GenerationRequest(**{**kwargs, field: value}).validated()
+
+
+def test_a_file_that_is_not_an_image_is_refused(tmp_path):
+    text = tmp_path / "notes.png"
+    text.write_text("not a picture")
+    with pytest.raises(InvalidRequest, match="not a readable image"):
+        GenerationRequest(init_image=str(text)).validated()
+
+
+def test_hires_over_the_side_limit(capsys):
+    assert main(["generate", "x", "--width", "2048", "--hires-scale", "4"]) == 2
+    assert "at most 4096" in capsys.readouterr().err
+
+
+def test_sd_x4_without_the_model_says_how_to_get_it(init_png):
+    from lowvram_gen.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="hf download stabilityai/stable-diffusion-x4-upscaler"):
+        upscale_images([Image.open(init_png)], (256, 384), "sd-x4")
