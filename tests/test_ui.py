@@ -328,3 +328,25 @@ def test_listen_or_share_without_auth_warns_loudly():
     assert parse_auth("a:b,c:d") == [("a", "b"), ("c", "d")]
     with pytest.raises(Exception, match="user:password"):
         parse_auth("nocolon")
+
+
+def test_img2img_and_upscale_endpoints(server, tmp_path):
+    from gradio_client import Client, handle_file
+    from PIL import Image
+
+    source = tmp_path / "init.png"
+    Image.new("RGB", (96, 64), (200, 40, 40)).save(source)
+    client = Client(server.url, verbose=False)
+    gallery, info, summary, _ = client.predict(init_image=handle_file(str(source)), prompt="a boat", strength=0.5,
+                                               width=96, height=64, steps=2, api_name="/img2img")
+    assert info.startswith("a boat") and "Denoising strength: 0.5" in info and len(gallery) == 1
+    upscaled, what = client.predict(image=handle_file(str(source)), scale=2, upscaler="lanczos", api_name="/upscale")
+    assert Image.open(upscaled).size == (192, 128) and "x2" in what
+
+
+def test_hires_fix_from_the_api(server):
+    from gradio_client import Client
+
+    _, info, summary, _ = Client(server.url, verbose=False).predict(
+        prompt="hires", width=64, height=64, steps=2, hires_scale=2, hires_steps=1, api_name="/generate")
+    assert "Size: 64x64" in info and "Hires upscale: 2" in info

@@ -218,3 +218,9 @@ def test_sd_x4_without_the_model_says_how_to_get_it(init_png):
 
     with pytest.raises(ModelLoadError, match="hf download stabilityai/stable-diffusion-x4-upscaler"):
         upscale_images([Image.open(init_png)], (256, 384), "sd-x4")
+
+
+def test_low_strength_still_runs_at_least_one_step(init_png, tmp_path):
+    result = Session().generate(GenerationRequest(prompt="x", width=96, height=64, steps=2, strength=0.1,
+                                                  init_image=str(init_png), outdir=str(tmp_path)))
+    assert Image.open(result.images[0]).size == (96, 64)

@@ -9,6 +9,7 @@ one call, and a decode OOM retries the whole chunk at the next preset.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -116,6 +117,8 @@ def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
     )
     if chunk.init is None:
         return pipe(width=chunk.width, height=chunk.height, **kwargs).images
+    # diffusers runs int(steps * strength) steps; at least one, or the result is empty
+    kwargs["num_inference_steps"] = max(chunk.steps, math.ceil(1 / chunk.strength))
     return img2img_pipe(pipe)(image=chunk.init, strength=chunk.strength, **kwargs).images
 
 

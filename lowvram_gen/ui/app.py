@@ -22,6 +22,7 @@ from ..models.discover import model_choices
 from ..outputs import read_png_metadata
 from ..request import MAX_BATCH, MAX_CFG, MAX_SEED, MAX_STEPS, GenerationRequest
 from ..samplers import DEFAULT, SAMPLERS
+from .image_tabs import upscaler_choices
 from ..session import Session
 from .jobs import Job, Registry
 
@@ -55,16 +56,10 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
     jobs = Registry()
     state = {"last_seed": None}
 
-    def generate(prompt, negative_prompt=None, width=DEFAULTS.width, height=DEFAULTS.height,
-                 steps=DEFAULTS.steps, cfg_scale=DEFAULTS.cfg_scale, seed=DEFAULTS.seed,
-                 batch_size=DEFAULTS.batch_size, sampler=DEFAULTS.sampler, model=options.model,
-                 request: gr.Request = None, progress=gr.Progress()):
+    def run_job(fields: dict, request, progress):
+        """Validate, queue behind the GPU, stream per-step progress, and return the outputs."""
         try:
-            job_request = GenerationRequest(
-                prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
-                cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
-                model=model or options.model, outdir=options.outdir,
-            ).validated()
+            job_request = GenerationRequest(outdir=options.outdir, **fields).validated()
         except LowVramError as exc:
             raise _error(exc) from None
         client = _client(request)
@@ -78,8 +73,7 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
             jobs.finish(client, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
-            yield kept, (_info(kept[0]) if kept else ""), html.escape(str(job.error)), state["last_seed"]
-            return
+            return kept, (_info(kept[0]) if kept else ""), html.escape(str(job.error)), state["last_seed"]
         if isinstance(job.error, LowVramError):
             raise _error(job.error)
         if job.error is not None:
@@ -87,7 +81,19 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
         result = job.result
         state["last_seed"] = result.seeds[0]
         lines = [result.summary, *result.warnings]
-        yield result.images, _info(result.images[0]), html.escape("\n".join(lines)), result.seeds[0]
+        return result.images, _info(result.images[0]), html.escape("\n".join(lines)), result.seeds[0]
+
+    def generate(prompt, negative_prompt=None, width=DEFAULTS.width, height=DEFAULTS.height,
+                 steps=DEFAULTS.steps, cfg_scale=DEFAULTS.cfg_scale, seed=DEFAULTS.seed,
+                 batch_size=DEFAULTS.batch_size, sampler=DEFAULTS.sampler, model=options.model,
+                 hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
+                 hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise,
+                 request: gr.Request = None, progress=gr.Progress()):
+        yield run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height,
+                           steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
+                           sampler=sampler or DEFAULT, model=model or options.model, hires_scale=hires_scale,
+                           hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise),
+                      request, progress)
 
     def cancel(request: gr.Request):
         return "cancelling at the next step…" if jobs.cancel(_client(request)) else "nothing to cancel"
@@ -178,6 +184,14 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
                         sampler = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULT, label="Sampler", elem_id="sampler")
                         model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                             allow_custom_value=True, label="Model (or type a hub id / path)", elem_id="model")
+                    with gr.Accordion("Hires fix (a second pass at a larger size)", open=False):
+                        with gr.Row():
+                            hires_scale = gr.Slider(1, 4, value=1, step=0.05, label="Upscale by (1: off)")
+                            hires_upscaler = gr.Dropdown(upscaler_choices(hires=True), value="latent",
+                                                         allow_custom_value=True, label="Upscaler")
+                        with gr.Row():
+                            hires_steps = gr.Slider(0, MAX_STEPS, value=0, step=1, label="Hires steps (0: same)")
+                            hires_denoise = gr.Slider(0, 1, value=0.7, step=0.01, label="Denoising strength")
                     with gr.Row():
                         go = gr.Button("Generate", variant="primary", elem_id="generate")
                         stop = gr.Button("Cancel", variant="stop", elem_id="cancel")
@@ -187,13 +201,18 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
                     summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="summary")
                     last_seed = gr.Number(visible=False, precision=0)
         inputs = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
-        go.click(generate, inputs, [gallery, info, summary, last_seed], api_name="generate",
+        go.click(generate, [*inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise],
+                 [gallery, info, summary, last_seed], api_name="generate",
                  concurrency_id=GPU, concurrency_limit=1)
         stop.click(cancel, None, [summary], queue=False, api_visibility="private")
         reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
         gallery.select(show_selected, None, [info], queue=False, api_visibility="private")
 
         # -- more tabs: each is a build_*_tab(session, options, jobs) function in its own module --
+        from .image_tabs import build_img2img_tab, build_upscale_tab
+
+        build_img2img_tab(run_job, cancel, options)
+        build_upscale_tab(session)
 
         with gr.Tab("System"):
             device_md = gr.Markdown(elem_id="device")
