@@ -38,6 +38,30 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                    help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 folder)")
 
 
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    """What generate and img2img share: the prompt, the A1111 fields, hires fix, model and memory flags."""
+    p.add_argument("prompt", help="what to draw")
+    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT")
+    p.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
+    p.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
+    p.add_argument("--steps", default=20, metavar="N", help="denoising steps, 1-150 (default 20)")
+    p.add_argument("--cfg", dest="cfg_scale", default=7.0, metavar="X", help="CFG scale, 0-30 (default 7)")
+    p.add_argument("--seed", default=-1, metavar="N", help="0..4294967295, or -1 for random (default)")
+    p.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images in this job (default 1)")
+    p.add_argument("--sampler", default="default", metavar="NAME",
+                     help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
+    h = p.add_argument_group("hires fix (A1111): a second pass at a larger size")
+    h.add_argument("--hires-scale", default=1.0, metavar="X", help="upscale by X, then a second pass (1: off)")
+    h.add_argument("--hires-upscaler", default="latent", metavar="NAME",
+                   help="latent (default), lanczos, or an ESRGAN-family model")
+    h.add_argument("--hires-steps", default=0, metavar="N", help="second-pass steps (0: as many as --steps)")
+    h.add_argument("--hires-denoise", default=0.7, metavar="X", help="second-pass denoising strength (default 0.7)")
+    _add_model(p)
+    p.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
+    _add_memory_flags(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lowvram-gen",
@@ -49,22 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="text to image", description="Generate images from a prompt.")
-    gen.add_argument("prompt", help="what to draw")
-    gen.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT")
-    gen.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
-    gen.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
-    gen.add_argument("--steps", default=20, metavar="N", help="denoising steps, 1-150 (default 20)")
-    gen.add_argument("--cfg", dest="cfg_scale", default=7.0, metavar="X", help="CFG scale, 0-30 (default 7)")
-    gen.add_argument("--seed", default=-1, metavar="N", help="0..4294967295, or -1 for random (default)")
-    gen.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images in this job (default 1)")
-    gen.add_argument("--sampler", default="default", metavar="NAME",
-                     help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
-    _add_model(gen)
-    gen.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
-    gen.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
-    _add_memory_flags(gen)
+    _add_generation_args(gen)
+    i2i = sub.add_parser("img2img", help="image to image",
+                         description="Generate from an init image: --strength 0 keeps it, 1 ignores it.")
+    i2i.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to start from")
+    i2i.add_argument("--strength", default=0.75, metavar="X", help="denoising strength, 0-1 (default 0.75)")
+    _add_generation_args(i2i)
 
-    pl = sub.add_parser("plan", help="dry run: which preset would run, and every preset's memory estimate",
+    up = sub.add_parser("upscale", help="upscale an image (lanczos, an ESRGAN-family model, sd-x4)")
+    up.add_argument("image")
+    up.add_argument("--scale", default=2, metavar="X", help="factor, 1-8 (default 2)")
+    up.add_argument("--upscaler", default="lanczos", metavar="NAME",
+                    help="lanczos (default), sd-x4, or an ESRGAN-family .pth/.safetensors (a path, or a name in models/ESRGAN)")
+    up.add_argument("--outdir", metavar="DIR")
+    up.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
+    up.add_argument("--json", action="store_true")
+
+    pl_help = "dry run: which preset would run, and every preset's memory estimate"
+    pl = sub.add_parser("plan", help=pl_help,
                         description="Estimate peak VRAM of a job under every preset and show which would run. "
                                     "Needs no GPU: --vram simulates a card.")
     pl.add_argument("--vram", metavar="SIZE", help="simulate a card with this much free VRAM, e.g. 4GiB")
@@ -95,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .batch import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
 
     add_batch_parser(sub, _add_model, _add_memory_flags)
+    from .engines.vqgan_cli import add_vqgan_parser, add_vqgan_plan_args  # VQGAN-CLIP (no heavy imports)
+
+    add_vqgan_parser(sub, _add_memory_flags)
+    add_vqgan_plan_args(sub.choices["plan"])
     # -- more subcommands: each module offers add_*_parser(sub, ...) and is registered in COMMANDS --
     return parser
 
@@ -120,6 +150,9 @@ def cmd_generate(args) -> int:
         prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
         steps=args.steps, cfg_scale=args.cfg_scale, seed=args.seed, batch_size=args.batch_size,
         sampler=args.sampler, model=args.model, config=args.config, outdir=args.outdir,
+        init_image=getattr(args, "init_image", None), strength=getattr(args, "strength", 0.75),
+        hires_scale=args.hires_scale, hires_upscaler=args.hires_upscaler, hires_steps=args.hires_steps,
+        hires_denoise=args.hires_denoise,
     ).validated()  # before anything heavy is imported or loaded
     kwargs = _session_kwargs(args)
     from .session import Session
@@ -162,7 +195,20 @@ class _progress_bar:
             self.bar = None
 
 
+def cmd_upscale(args) -> int:
+    from .upscale import run_upscale
+
+    result = run_upscale(args.image, args.scale, args.upscaler, args.outdir, "cpu" if args.cpu else None)
+    print(result["summary"], file=sys.stderr)
+    print(json.dumps(result) if args.json else result["images"][0])
+    return 0
+
+
 def cmd_plan(args) -> int:
+    if getattr(args, "engine", "sd") == "vqgan":
+        from .engines.vqgan_cli import plan_vqgan_command
+
+        return plan_vqgan_command(args, _session_kwargs(args))
     from . import device as device_mod
     from . import memory
     from .planner import plan
@@ -235,7 +281,14 @@ def cmd_batch(args) -> int:
     return run_batch_command(args, _session_kwargs(args))
 
 
-COMMANDS = {"generate": cmd_generate, "plan": cmd_plan, "doctor": cmd_doctor, "batch": cmd_batch, "ui": cmd_ui}
+def cmd_vqgan(args) -> int:
+    from .engines.vqgan_cli import run_vqgan_command
+
+    return run_vqgan_command(args, _session_kwargs(args))
+
+
+COMMANDS = {"generate": cmd_generate, "img2img": cmd_generate, "upscale": cmd_upscale, "plan": cmd_plan, "doctor": cmd_doctor, "batch": cmd_batch, "ui": cmd_ui,
+            "vqgan": cmd_vqgan}
 
 
 def _with_default_command(argv: list[str]) -> list[str]:

@@ -169,16 +169,7 @@ class Session:
 
         def save(done: ChunkDone) -> None:
             for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
-                fields = {"Steps": request.steps, "Sampler": sampler_name, "CFG scale": request.cfg_scale,
-                          "Seed": seed, "Size": f"{request.width}x{request.height}", "Model": request.model}
-                if request.init_image:
-                    fields["Denoising strength"] = request.strength
-                if request.hires:
-                    fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
-                                   "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
-                fields["Lowvram preset"] = done.preset
-                if done.generated_size != request.output_size():
-                    fields["Generated size"] = "%dx%d" % done.generated_size
+                fields = a1111_fields(request, sampler_name, seed, done.preset, done.generated_size)
                 meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,
                         "attempts": [a.as_dict() for a in report.attempts], "model_path": str(source.path),
                         "generated_size": list(done.generated_size), "device": device.name,
@@ -215,6 +206,22 @@ class Session:
             generated_height=report.generated_size[1], upscaled=report.upscaled, device=device.name,
             warnings=warnings, nsfw=nsfw,
         )
+
+
+def a1111_fields(request: GenerationRequest, sampler: str, seed: int, preset: str,
+                 generated_size: tuple[int, int]) -> dict:
+    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did."""
+    fields = {"Steps": request.steps, "Sampler": sampler, "CFG scale": request.cfg_scale, "Seed": seed,
+              "Size": f"{request.width}x{request.height}", "Model": request.model}
+    if request.init_image:
+        fields["Denoising strength"] = request.strength
+    if request.hires:
+        fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
+                       "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
+    fields["Lowvram preset"] = preset
+    if generated_size != request.output_size():
+        fields["Generated size"] = "%dx%d" % generated_size
+    return fields
 
 
 def _request_dict(request: GenerationRequest) -> dict:
