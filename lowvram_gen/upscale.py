@@ -71,7 +71,7 @@ class UpscaleReport:
 
 
 def upscale_images(images: list, size: tuple[int, int], name: str, device: str = "cpu", tile: int = 512,
-                   report: UpscaleReport | None = None, prompt: str = "") -> list:
+                   report: UpscaleReport | None = None, prompt: str = "", steps: int = 20) -> list:
     """Every image at exactly `size` (W, H) using upscaler `name`."""
     from PIL import Image
 
@@ -81,7 +81,7 @@ def upscale_images(images: list, size: tuple[int, int], name: str, device: str =
     if name == "latent":
         raise InvalidRequest("upscaler", name, "'latent' works only inside a hires pass")
     if name == "sd-x4":
-        out = [_sd_x4(im, device, prompt) for im in images]
+        out = [_sd_x4(im, device, prompt, steps) for im in images]
     else:
         model = load_model(name)
         out = [run_tiled(model, im, device, tile, report) for im in images]
@@ -170,24 +170,27 @@ def _tiles(descriptor, x, device: str, tile: int):
     return out
 
 
-def _sd_x4(image, device: str, prompt: str):
+def _sd_x4(image, device: str, prompt: str, steps: int):
     """diffusers' SD x4 upscaler, when the user has it (HF cache or $LOWVRAM_GEN_SD_X4 folder)."""
     from .errors import ModelLoadError
 
     source = os.environ.get("LOWVRAM_GEN_SD_X4") or SD_X4_REPO
-    try:
-        from diffusers import StableDiffusionUpscalePipeline
+    pipe = _MODELS.get(f"sd-x4:{source}")
+    if pipe is None:
+        try:
+            from diffusers import StableDiffusionUpscalePipeline
 
-        pipe = StableDiffusionUpscalePipeline.from_pretrained(source, local_files_only=True)
-    except Exception as exc:  # not downloaded, or a broken folder
-        raise ModelLoadError(
-            f"the sd-x4 upscaler is not available offline ({str(exc).splitlines()[0][:120]}); download it once with "
-            f"`hf download {SD_X4_REPO}` or set LOWVRAM_GEN_SD_X4 to a local copy"
-        ) from None
+            pipe = StableDiffusionUpscalePipeline.from_pretrained(source, local_files_only=True)
+        except Exception as exc:  # not downloaded, or a broken folder
+            raise ModelLoadError(
+                f"the sd-x4 upscaler is not available offline ({str(exc).splitlines()[0][:120]}); download it once "
+                f"with `hf download {SD_X4_REPO}` or set LOWVRAM_GEN_SD_X4 to a local copy"
+            ) from None
+        _MODELS[f"sd-x4:{source}"] = pipe
+    pipe.set_progress_bar_config(disable=True)
     pipe.to(device)
-    pipe.enable_attention_slicing()
-    pipe.vae.enable_tiling()
-    return pipe(prompt=prompt, image=image.convert("RGB")).images[0]
+    pipe.vae.enable_tiling()  # its decode at 4x is the peak; tiles keep it flat
+    return pipe(prompt=prompt, image=image.convert("RGB"), num_inference_steps=steps).images[0]
 
 
 MAX_SCALE = 8.0

@@ -224,3 +224,39 @@ def test_low_strength_still_runs_at_least_one_step(init_png, tmp_path):
     result = Session().generate(GenerationRequest(prompt="x", width=96, height=64, steps=2, strength=0.1,
                                                   init_image=str(init_png), outdir=str(tmp_path)))
     assert Image.open(result.images[0]).size == (96, 64)
+
+
+def _tiny_sd_x4(folder):
+    """diffusers' SD x4 upscaler in miniature (the shapes of its pipeline tests), random weights."""
+    from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusionUpscalePipeline, \
+        UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from lowvram_gen.models.tiny import _tokenizer
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=1, sample_size=32, in_channels=7, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, use_linear_projection=True, num_class_embeds=100,
+        norm_num_groups=8)
+    vae = AutoencoderKL(block_out_channels=[16, 16, 32], in_channels=3, out_channels=3, latent_channels=4,
+                        down_block_types=["DownEncoderBlock2D"] * 3, up_block_types=["UpDecoderBlock2D"] * 3,
+                        norm_num_groups=8, scaling_factor=0.08333)
+    text = CLIPTextModel(CLIPTextConfig(vocab_size=1000, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                                        num_attention_heads=4, max_position_embeddings=77, bos_token_id=512,
+                                        eos_token_id=513, pad_token_id=513, hidden_act="gelu"))
+    pipe = StableDiffusionUpscalePipeline(vae=vae, text_encoder=text, tokenizer=_tokenizer(), unet=unet,
+                                          low_res_scheduler=DDPMScheduler(),
+                                          scheduler=DDIMScheduler(prediction_type="v_prediction"),
+                                          max_noise_level=350)
+    pipe.save_pretrained(folder)
+
+
+def test_sd_x4_upscaler_when_the_user_has_it(tmp_path, monkeypatch):
+    _tiny_sd_x4(tmp_path / "x4")
+    monkeypatch.setenv("LOWVRAM_GEN_SD_X4", str(tmp_path / "x4"))
+    source = Image.fromarray(np.random.default_rng(3).integers(0, 255, (24, 32, 3), dtype=np.uint8))
+    out = upscale_images([source], (128, 96), "sd-x4", steps=4)[0]
+    assert out.size == (128, 96)
+    assert np.asarray(out).std() > 0  # an image came out, not a blank canvas
