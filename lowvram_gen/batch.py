@@ -204,6 +204,11 @@ def _run_sd(session, request):
     return session.generate(request)
 
 
-# engine name -> runner(session, request) -> GenerationResult. 'vqgan' lines never get here today:
-# batch_files refuses them with "the VQGAN-CLIP engine is not installed yet" (skipped, reported).
-ENGINE_RUNNERS = {"sd": _run_sd}
+def _run_vqgan(session, request):
+    from .engines.vqgan import generate_vqgan
+
+    return generate_vqgan(session, request)
+
+
+# engine name -> runner(session, request) -> GenerationResult (VqganResult for 'vqgan', a subclass).
+ENGINE_RUNNERS = {"sd": _run_sd, "vqgan": _run_vqgan}

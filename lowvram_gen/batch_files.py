@@ -102,10 +102,11 @@ def _build_sd(fields: dict) -> GenerationRequest:
 
 
 def _build_vqgan(fields: dict):
-    # The VQGAN-CLIP engine is another issue. When it lands, this builds its request from `fields`
-    # and batch.ENGINE_RUNNERS gets a runner for it; the manifest, resume and split need no change.
-    raise InvalidRequest("engine", "vqgan", "the VQGAN-CLIP engine is not installed yet; this line is skipped "
-                                            "(use engine 'sd', or run it again once VQGAN-CLIP is available)")
+    # VQGAN-CLIP: `steps` means iterations, a negative prompt becomes a prompt with weight -1, and the
+    # SD-only fields (cfg_scale, sampler, model, config) do not apply (engines/vqgan_request.py). No torch.
+    from .engines.vqgan_request import VqganRequest
+
+    return VqganRequest.from_batch_fields(fields)
 
 
 ENGINES: dict[str, Callable[[dict], Any]] = {"sd": _build_sd, "vqgan": _build_vqgan}

@@ -149,10 +149,12 @@ def test_jsonl_lines_engines_and_errors(tmp_path):
     ]))
     result = jobs_of(path)
     assert [(j.line, j.request.prompt, j.request.seed) for j in result.jobs] == [
-        (1, "a cat", 3), (1, "a cat", 4), (7, "a dog", -1)]
-    assert result.jobs[2].request.negative_prompt == "fur" and result.jobs[2].request.cfg_scale == 4.0
+        (1, "a cat", 3), (1, "a cat", 4), (2, "a vqgan dream", -1), (7, "a dog", -1)]
+    vqgan = result.jobs[2]
+    assert (vqgan.engine, vqgan.request.iterations, vqgan.request.width) == ("vqgan", 100, 64)
+    assert result.jobs[3].request.negative_prompt == "fur" and result.jobs[3].request.cfg_scale == 4.0
     bad = {b.line: b.error for b in result.bad}
-    assert "VQGAN-CLIP engine is not installed yet" in bad[2]
+    assert 2 not in bad
     assert "not valid JSON" in bad[3] and "JSON object" in bad[4]
     assert "'wings'" in bad[5] and "engine" in bad[5]  # the allowed list names engine and repeat too
     assert "invalid engine" in bad[6]
@@ -475,14 +477,14 @@ _SESSION = None
 
 def test_cli_batch_end_to_end_with_the_tiny_model(tmp_path, capsys, shared_session):
     path = write(tmp_path, "p.jsonl", '{"prompt": "a red fox", "seed": 3}\n'
-                 '{"prompt": "a vqgan dream", "engine": "vqgan"}\n'
+                 '{"prompt": "a vqgan dream", "engine": "vqgan", "cutn": 0}\n'
                  '{"prompt": "two foxes", "batch_size": 2, "seed": 10, "sampler": "Euler a"}\n')
     out = tmp_path / "out"
     code = main(["batch", str(path), *SMALL, "--outdir", str(out), "--json"])
     captured = capsys.readouterr()
     summary = json.loads(captured.out)  # stdout is exactly one JSON object
     assert code == 1 and summary["invalid_lines"][0]["line"] == 2
-    assert "VQGAN-CLIP engine is not installed yet" in captured.err
+    assert "invalid cutn: 0" in captured.err  # a bad VQGAN-CLIP line is reported and skipped like any other
     assert (summary["done"], summary["images"]) == (2, 3) and "job" in captured.err  # the progress bar
     recs = records(out)
     assert [r["seeds"] for r in recs] == [[3], [10, 11]] and recs[0]["preset"] == "cpu"

@@ -213,6 +213,9 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
 
         build_img2img_tab(run_job, cancel, options)
         build_upscale_tab(session)
+        from .vqgan_tab import build_vqgan_tab
+
+        build_vqgan_tab(session, options, jobs)
 
         with gr.Tab("System"):
             device_md = gr.Markdown(elem_id="device")

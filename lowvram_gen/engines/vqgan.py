@@ -1,0 +1,250 @@
+"""VQGAN-CLIP jobs in a Session: `generate_vqgan(session, request)` -> VqganResult.
+
+validate -> probe the device -> load VQGAN and CLIP (kept in RAM per session; on the device only
+while a job runs, so they never crowd a Stable Diffusion model out of a small card between jobs) ->
+plan (memory_vqgan: the fastest preset whose estimate fits) -> optimise (vqgan_loop, with its
+out-of-memory ladder) -> save progress images, the final image (upscaled when a preset capped the
+size) and optionally an animated WebP of the progress, all with A1111-style metadata.
+
+The CLI (`lowvram-gen vqgan`), the web UI's VQGAN-CLIP tab and `lowvram-gen batch` (engine
+``vqgan``) all call this function, under the session's lock: one GPU, one job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import failures, outputs
+from ..errors import Cancelled
+from ..session import GenerationResult
+from .vqgan_request import VqganRequest
+
+log = logging.getLogger(__name__)
+NOISE_NOTE = ("embedded tiny VQGAN and CLIP: random weights, the image is abstract noise; pass --vqgan (e.g. "
+              "vqgan_imagenet_f16_16384.ckpt) and --clip (e.g. ViT-B/32) for real images")
+MAX_VIDEO_FRAMES = 240  # frames kept for the progress animation (halved by dropping every other one)
+ImageFn = Callable[[str, int, bool], None]  # (path, iteration, final)
+
+
+@dataclass
+class VqganResult(GenerationResult):
+    """`generate`'s fields (steps = iterations, sampler = optimizer) and VQGAN-CLIP's own."""
+
+    iterations: int = 0
+    clip: str = ""
+    clip_path: str = ""
+    cutn: int = 0  # cutouts per iteration at the end (lower than asked only if memory forced it)
+    progress_images: list[str] = field(default_factory=list)
+    videos: list[str] = field(default_factory=list)
+    losses: list[list[float]] = field(default_factory=list)  # final loss per prompt, per image
+
+
+@dataclass
+class VqganModels:
+    key: tuple
+    vqgan_source: Any
+    clip_source: Any
+    vq: Any
+    clip: Any  # vqgan_models.LoadedClip
+
+
+_LOADED: "weakref.WeakKeyDictionary[Any, VqganModels]" = weakref.WeakKeyDictionary()
+
+
+def models_for(session, request: VqganRequest) -> VqganModels:
+    """The session's VQGAN and CLIP for this request: the loaded pair, or the new one (loaded first)."""
+    from ..models import vqgan_models as vm
+
+    vsrc, csrc = vm.resolve_vqgan(request.vqgan, request.vqgan_config), vm.resolve_clip(request.clip)
+    current = _LOADED.get(session)
+    if current is not None and current.key == (vsrc, csrc):
+        return current
+    vq = current.vq if current is not None and current.vqgan_source == vsrc else vm.load_vqgan(vsrc)
+    clip = current.clip if current is not None and current.clip_source == csrc else vm.load_clip(csrc)
+    models = VqganModels((vsrc, csrc), vsrc, csrc, vq, clip)
+    _LOADED[session] = models
+    return models
+
+
+def unload(session) -> None:
+    """Forget the session's VQGAN and CLIP (the UI's Free VRAM does this too)."""
+    _LOADED.pop(session, None)
+
+
+def plan_for(session, request: VqganRequest, models: VqganModels, device):
+    from .. import memory_vqgan
+
+    profile = memory_vqgan.profile_from_models(models.vq, models.clip.model, request.model_name)
+    failed = failures.failed_presets(device.name, _failure_key(request), request.width * request.height, request.cutn)
+    return memory_vqgan.plan_vqgan(device, profile, request.width, request.height, request.cutn, session.presets(),
+                                   session.forced_preset(request.preset), failed, len(request.augments),
+                                   bool(request.init_image))
+
+
+def _failure_key(request: VqganRequest) -> str:
+    return f"vqgan:{request.model_name}"
+
+
+def generate_vqgan(session, request: VqganRequest, on_step: Callable[[int, int], None] | None = None,
+                   cancel: threading.Event | None = None, on_image: ImageFn | None = None, ladder=None,
+                   ops=None) -> VqganResult:
+    """Run one VQGAN-CLIP job (`batch_size` images) in `session`. `ladder` and `ops` are for tests."""
+    request = request.validated()
+    with session.lock:
+        return _generate(session, request, on_step, cancel, on_image, ladder, ops)
+
+
+def _generate(session, request, on_step, cancel, on_image, ladder, ops) -> VqganResult:
+    from .. import memory_vqgan
+    from .vqgan_loop import VqganLoop, summary
+
+    started = time.perf_counter()
+    device = session.device()
+    models = models_for(session, request)
+    the_plan = plan_for(session, request, models, device)
+    if device.is_accelerator and session.model is not None and the_plan.estimates and not the_plan.estimates[0].fits:
+        log.info("unloading the Stable Diffusion model to make room for VQGAN-CLIP")
+        session.free()  # its weights would take the room the fastest VQGAN-CLIP preset needs
+        device = session.device()
+        the_plan = plan_for(session, request, models, device)
+    ladder = list(ladder or the_plan.ladder)
+    requested = (request.width, request.height)
+    size = memory_vqgan.capped_size(*requested, ladder[0].vqgan.max_pixels)
+    warnings = [NOISE_NOTE] if models.vqgan_source.is_tiny or models.clip_source.is_tiny else []
+    outdir = Path(request.outdir or session.outdir or outputs.default_outdir())
+    saver = _Saver(request, outdir, models, device, size, on_image)
+    attempts: list = []
+    loop = None
+    try:
+        for seed in request.resolved_seeds():
+            previous, loop = loop, VqganLoop(models.vq, models.clip, request, seed, size, ladder, device, ops, on_step,
+                                             cancel, None, attempts)
+            if previous is not None:  # the next image starts where the last one ended up
+                loop.rung, loop.preset = previous.rung, previous.preset
+                loop.knobs, loop.cutn = previous.knobs, previous.cutn
+                loop.float32_only = previous.float32_only
+            loop.on_image = lambda image, iteration, loop=loop, seed=seed: saver.save(image, seed, iteration, loop)
+            try:
+                image = loop.run()
+            except Cancelled as exc:
+                if loop.state is not None and loop.state.iteration > 0:
+                    saver.save(loop.current_image(), seed, loop.state.iteration, loop, final=True, note=str(exc))
+                raise Cancelled(f"{exc}; {len(saver.images)} image(s) kept", images=saver.images) from None
+            finally:
+                loop.close()
+            saver.save(image, seed, request.iterations, loop, final=True)
+    finally:
+        for a in attempts:
+            if a.outcome == "oom" and a.stage != "preview":
+                failures.record(device.name, _failure_key(request), a.preset, a.width * a.height, a.cutn)
+    seconds = round(time.perf_counter() - started, 3)
+    for w in dict.fromkeys(w for w in (loop.warnings if loop else [])):
+        warnings.append(w)
+    warnings += saver.warnings
+    return VqganResult(
+        images=saver.images, seeds=saver.seeds, width=request.width, height=request.height, steps=request.iterations,
+        sampler=request.optimizer, model=request.vqgan, model_path=str(models.vqgan_source.path), seconds=seconds,
+        preset=loop.preset.name, attempts=[a.as_dict() for a in attempts],
+        summary=summary(attempts, loop.preset.name, seconds, size, requested), generated_width=size[0],
+        generated_height=size[1], upscaled=size != requested, device=device.name, warnings=warnings,
+        nsfw=[False] * len(saver.images), iterations=request.iterations, clip=request.clip,
+        clip_path=str(models.clip_source.path), cutn=loop.cutn, progress_images=saver.progress, videos=saver.videos,
+        losses=saver.losses)
+
+
+class _Saver:
+    """Progress images in `outdir/progress/`, final images in `outdir/`, the animation beside them."""
+
+    def __init__(self, request: VqganRequest, outdir: Path, models: VqganModels, device, size, on_image):
+        self.request, self.outdir, self.models, self.device, self.size = request, outdir, models, device, size
+        self.on_image = on_image
+        self.images: list[str] = []
+        self.seeds: list[int] = []
+        self.progress: list[str] = []
+        self.videos: list[str] = []
+        self.losses: list[list[float]] = []
+        self.warnings: list[str] = []
+        self.frames: list = []
+
+    def _texts(self, seed: int, iteration: int, loop, final: bool, note: str) -> tuple[str, dict]:
+        r = self.request
+        fields = {"Steps": r.iterations, "Sampler": r.optimizer, "Seed": seed, "Size": f"{r.width}x{r.height}",
+                  "Model": r.vqgan, "CLIP": r.clip, "Engine": "VQGAN-CLIP", "Cutouts": loop.cutn,
+                  "Cut power": r.cut_pow, "Learning rate": r.lr, "Lowvram preset": loop.preset.name}
+        if r.image_prompts:
+            fields["Image prompts"] = " | ".join(r.image_prompts)
+        if r.init_image:
+            fields["Init image"] = Path(r.init_image).name
+        if self.size != (r.width, r.height):
+            fields["Generated size"] = "%dx%d" % self.size
+        if not final or note:
+            fields["Iteration"] = iteration
+        request = dataclasses.asdict(r)
+        request.pop("outdir", None)
+        meta = {"engine": "vqgan", "request": request, "seed": seed, "preset": loop.preset.name,
+                "attempts": [a.as_dict() for a in loop.attempts], "model_path": str(self.models.vqgan_source.path),
+                "clip_path": str(self.models.clip_source.path), "generated_size": list(self.size),
+                "device": self.device.name, "iteration": iteration, "iterations": r.iterations, "cutn": loop.cutn,
+                "losses": list(loop.state.losses) if loop.state else [], "final": final, "note": note, "version": 1}
+        title = r.prompt or "image prompt: " + " | ".join(Path(p).name for p in r.image_prompts)
+        return outputs.a1111_parameters(title, "", fields), meta
+
+    def save(self, image, seed: int, iteration: int, loop, final: bool = False, note: str = "") -> str:
+        params, meta = self._texts(seed, iteration, loop, final, note)
+        if self.request.video:
+            self.frames.append(image.copy())
+            if len(self.frames) > MAX_VIDEO_FRAMES:
+                self.frames = self.frames[::2]
+        slug = self.request.prompt or "image prompt"
+        if final:
+            requested = (self.request.width, self.request.height)
+            shown = image if self.size == requested else image.resize(requested, _LANCZOS())
+            path = str(outputs.save_png(shown, outputs.next_image_path(self.outdir, seed, slug), params, meta))
+            self.images.append(path)
+            self.seeds.append(seed)
+            self.losses.append(list(loop.state.losses) if loop.state else [])
+            if self.request.video and len(self.frames) > 1:
+                self._video(Path(path))
+            self.frames = []
+        else:
+            planned = outputs.next_image_path(self.outdir / "progress", seed, slug)
+            planned = planned.with_name(f"{planned.stem}-it{iteration:05d}.png")
+            path = str(outputs.save_png(image, planned, params, meta))
+            self.progress.append(path)
+        if self.on_image is not None:
+            self.on_image(path, iteration, final)
+        return path
+
+    def _video(self, png: Path) -> None:
+        """An animated WebP (Pillow) of the progress frames, written beside the final PNG, never overwriting."""
+        target = png.with_suffix(".webp")
+        tmp = png.with_name(f".{png.stem}.{secrets.token_hex(6)}.webp.tmp")
+        try:
+            frames = self.frames
+            durations = [100] * (len(frames) - 1) + [1500]
+            frames[0].save(tmp, format="WEBP", save_all=True, append_images=frames[1:], duration=durations, loop=0,
+                           quality=90)
+            os.link(tmp, target)
+            self.videos.append(str(target))
+        except (OSError, ValueError) as exc:
+            self.warnings.append(f"no progress animation for {png.name}: {exc}")
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _LANCZOS():  # noqa: N802 - Pillow's name; the upscaling module's upscalers can replace it later
+    from PIL import Image
+
+    return Image.Resampling.LANCZOS

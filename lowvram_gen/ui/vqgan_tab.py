@@ -1,0 +1,136 @@
+"""The VQGAN-CLIP tab: prompts and options as VQGAN-CLIP users know them, a live preview every
+save-every iterations, Cancel (stops at the next iteration and keeps the image so far), and the
+retry report. Jobs share the app's queue and the session's lock: one GPU, one job.
+
+(No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
+annotations.)
+"""
+
+import html
+import uuid
+
+import gradio as gr
+
+from ..engines.vqgan_request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS,
+                                     VqganRequest)
+from ..errors import Cancelled, LowVramError
+from ..outputs import read_png_metadata
+from ..request import MAX_SEED
+from .jobs import Job
+
+GPU = "gpu"
+DEFAULTS = VqganRequest()
+
+
+def _key(request) -> str:
+    """The client's job key: its Gradio session, so closing the tab cancels its VQGAN job too."""
+    return (getattr(request, "session_hash", None) or uuid.uuid4().hex) + ":vqgan"
+
+
+def _info(path: str) -> str:
+    params, _ = read_png_metadata(path)
+    return params or ""
+
+
+def build_vqgan_tab(session, options, jobs) -> None:
+    from ..engines.vqgan import generate_vqgan
+
+    def run(prompts, image_prompt=None, init_image=None, width=256, height=256, iterations=100, save_every=10,
+            cutn=DEFAULTS.cutn, cut_pow=DEFAULTS.cut_pow, lr=DEFAULTS.lr, optimizer=DEFAULTS.optimizer,
+            augments=None, seed=-1, vqgan="tiny", clip="tiny", request: gr.Request = None, progress=gr.Progress()):
+        try:
+            job_request = VqganRequest(
+                prompt=prompts or "", image_prompts=(image_prompt,) if image_prompt else (),
+                init_image=init_image or None,
+                width=width, height=height, iterations=iterations, save_every=save_every, cutn=cutn, cut_pow=cut_pow,
+                lr=lr, optimizer=optimizer or DEFAULTS.optimizer,
+                augments=tuple(augments) if augments is not None else DEFAULTS.augments, seed=seed,
+                vqgan=vqgan or "tiny", clip=clip or "tiny", outdir=options.outdir,
+            ).validated()
+        except LowVramError as exc:
+            raise gr.Error(html.escape(str(exc))) from None
+        key = _key(request)
+
+        def work(on_step, cancel):
+            return generate_vqgan(session, job_request, on_step=on_step, cancel=cancel,
+                                  on_image=lambda path, iteration, final: job.events.put(("image", path, iteration)))
+
+        job = jobs.start(key, Job(work))
+        progress(0, desc="waiting for the GPU")
+        try:
+            for event in job.progress():
+                if event[0] == "image":
+                    yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}"
+                else:
+                    progress(event, desc="iterations", unit="it")
+        finally:
+            jobs.finish(key, job)
+        if isinstance(job.error, Cancelled):
+            kept = job.error.images
+            yield (kept[0] if kept else None), (_info(kept[0]) if kept else ""), html.escape(str(job.error))
+            return
+        if isinstance(job.error, LowVramError):
+            raise gr.Error(html.escape(str(job.error)))
+        if job.error is not None:
+            raise job.error
+        result = job.result
+        lines = [result.summary, *result.warnings]
+        yield result.images[0], _info(result.images[0]), html.escape("\n".join(lines))
+
+    def cancel(request: gr.Request):
+        return "cancelling at the next iteration…" if jobs.cancel(_key(request)) else "nothing to cancel"
+
+    def disconnected(request: gr.Request):
+        jobs.cancel(_key(request))
+
+    with gr.Tab("VQGAN-CLIP"):
+        gr.Markdown("Prompts as in VQGAN-CLIP: `text:weight:stop` separated by `|` (negative weights push away). "
+                    "`tiny` models have random weights and make noise: give a VQGAN "
+                    "(`…/vqgan_imagenet_f16_16384.ckpt` with its `.yaml`) and a CLIP (`ViT-B/32`) for real images.")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompts = gr.Textbox(label="Prompts", lines=2, elem_id="vq-prompts",
+                                     placeholder="a lighthouse at dusk:1|oil painting:0.5|blurry:-0.5")
+                with gr.Row():
+                    image_prompt = gr.Image(label="Image prompt (optional)", type="filepath", elem_id="vq-image-prompt")
+                    init_image = gr.Image(label="Init image (optional)", type="filepath", elem_id="vq-init")
+                with gr.Row():
+                    width = gr.Number(label="Width (multiple of 16)", value=256, precision=0, elem_id="vq-width")
+                    height = gr.Number(label="Height (multiple of 16)", value=256, precision=0, elem_id="vq-height")
+                    seed = gr.Number(label="Seed (-1: random)", value=-1, precision=0, minimum=-1, maximum=MAX_SEED,
+                                     elem_id="vq-seed")
+                with gr.Row():
+                    iterations = gr.Slider(1, MAX_ITERATIONS, value=100, step=1, label="Iterations",
+                                           elem_id="vq-iterations")
+                    save_every = gr.Slider(0, 500, value=10, step=1, label="Preview every N iterations (0: end only)",
+                                           elem_id="vq-save-every")
+                with gr.Accordion("Cutouts, optimiser, models", open=False):
+                    with gr.Row():
+                        cutn = gr.Slider(1, MAX_CUTN, value=DEFAULTS.cutn, step=1, label="Cutouts (cutn)")
+                        cut_pow = gr.Slider(0.1, 4, value=DEFAULTS.cut_pow, step=0.1, label="Cut power")
+                    with gr.Row():
+                        lr = gr.Number(label="Learning rate", value=DEFAULTS.lr)
+                        optimizer = gr.Dropdown(list(OPTIMIZERS), value=DEFAULTS.optimizer, label="Optimizer")
+                    augments = gr.CheckboxGroup([(f"{k} {v}", k) for k, v in AUGMENTS.items()],
+                                                value=list(DEFAULT_AUGMENTS), label="Augmentations")
+                    with gr.Row():
+                        vqgan = gr.Textbox(label="VQGAN (tiny, folder, hub id or .ckpt)", value="tiny",
+                                           elem_id="vq-vqgan")
+                        clip = gr.Textbox(label="CLIP (tiny, ViT-B/32, hub id or folder)", value="tiny",
+                                          elem_id="vq-clip")
+                    gr.Markdown(f"Init noise ({', '.join(INIT_NOISE)}) and init weight: command line.")
+                with gr.Row():
+                    go = gr.Button("Generate", variant="primary", elem_id="vq-generate")
+                    stop = gr.Button("Cancel", variant="stop", elem_id="vq-cancel")
+            with gr.Column(scale=2):
+                preview = gr.Image(label="Preview / result", type="filepath", interactive=False, format="png",
+                                   elem_id="vq-preview")
+                info = gr.Textbox(label="Image parameters", lines=4, interactive=False, elem_id="vq-info")
+                summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="vq-summary")
+    go.click(run, [prompts, image_prompt, init_image, width, height, iterations, save_every, cutn, cut_pow, lr,
+                   optimizer, augments, seed, vqgan, clip], [preview, info, summary], api_name="vqgan",
+             concurrency_id=GPU, concurrency_limit=1)
+    stop.click(cancel, None, [summary], queue=False, api_visibility="private")
+    root = getattr(gr.context.Context, "root_block", None)
+    if root is not None:  # a closed tab stops its VQGAN job at the next iteration
+        root.unload(disconnected)
