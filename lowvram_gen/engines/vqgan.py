@@ -207,7 +207,12 @@ class _Saver:
         slug = self.request.prompt or "image prompt"
         if final:
             requested = (self.request.width, self.request.height)
-            shown = image if self.size == requested else image.resize(requested, _LANCZOS())
+            if self.size == requested:
+                shown = image
+            else:  # the preset capped the size: the same upscalers as Stable Diffusion's caps
+                from ..upscale import upscale_images
+
+                shown = upscale_images([image], requested, loop.preset.upscaler, self.device.torch_device)[0]
             path = str(outputs.save_png(shown, outputs.next_image_path(self.outdir, seed, slug), params, meta))
             self.images.append(path)
             self.seeds.append(seed)
@@ -242,9 +247,3 @@ class _Saver:
                 os.unlink(tmp)
             except OSError:
                 pass
-
-
-def _LANCZOS():  # noqa: N802 - Pillow's name; the upscaling module's upscalers can replace it later
-    from PIL import Image
-
-    return Image.Resampling.LANCZOS
