@@ -255,7 +255,7 @@ def capped_size(width: int, height: int, max_pixels: int, multiple: int = 16) ->
 def plan_vqgan(device, profile: VqganProfile, width: int, height: int, cutn: int, presets: dict, forced=None,
                failed: frozenset | set = frozenset(), augments: int = 4, init_image: bool = False):
     """planner.plan for VQGAN-CLIP: the fastest preset whose estimate fits, and the cheaper ones below it."""
-    from .planner import Plan, PresetEstimate
+    from .planner import PresetEstimate, choose
     from .presets import gpu_ladder
 
     ladder = gpu_ladder(presets)
@@ -266,18 +266,5 @@ def plan_vqgan(device, profile: VqganProfile, width: int, height: int, cutn: int
         fits = device.is_accelerator and est.total_bytes <= device.usable_bytes
         reason = "ran out of memory before on this device for a job this size" if p.name in failed else ""
         estimates.append(PresetEstimate(p.name, est.total_bytes, fits, w, h, cutn, reason, est.as_dict()))
-    if forced is not None:
-        below = [p for p in ladder if forced.device == "gpu" and p.rank > forced.rank]
-        return Plan(forced, [forced, *below], estimates, f"forced by the user: {forced.name}")
-    if not device.is_accelerator:
-        cpu = next((p for p in presets.values() if p.device == "cpu"), None)
-        if cpu is None:
-            raise ValueError("no preset with device = 'cpu' in the presets folder")
-        return Plan(cpu, [cpu], estimates, "no GPU found: the cpu preset")
-    for i, (p, e) in enumerate(zip(ladder, estimates)):
-        if e.fits and not e.skipped_reason:
-            return Plan(p, ladder[i:], estimates,
-                        f"fastest preset whose estimate fits {device.usable_bytes} usable bytes")
-    last = ladder[-1]
-    return Plan(last, [last], estimates, "no preset's estimate fits; starting at the cheapest (the ladder lowers "
-                                         "the cutout chunk, then the number of cutouts, if needed)")
+    return choose(device, presets, estimates, forced,
+                  "the ladder lowers the cutout chunk, then the number of cutouts, if needed")

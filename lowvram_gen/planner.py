@@ -57,6 +57,14 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
         reason = "ran out of memory before on this device for a job this size" if p.name in failed else ""
         estimates.append(PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict()))
 
+    return choose(device, presets, estimates, forced,
+                  "the ladder lowers the resolution if needed")
+
+
+def choose(device: DeviceInfo, presets: dict[str, Preset], estimates: list[PresetEstimate],
+           forced: Preset | None = None, last_resort: str = "") -> Plan:
+    """The plan from per-preset estimates (GPU ladder order), whatever engine made them."""
+    ladder = gpu_ladder(presets)
     if forced is not None:
         below = [p for p in ladder if forced.device == "gpu" and p.rank > forced.rank]
         return Plan(forced, [forced, *below], estimates, f"forced by the user: {forced.name}")
@@ -69,4 +77,4 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
         if e.fits and not e.skipped_reason:
             return Plan(p, ladder[i:], estimates, f"fastest preset whose estimate fits {device.usable_bytes} usable bytes")
     last = ladder[-1]
-    return Plan(last, [last], estimates, "no preset's estimate fits; starting at the cheapest (the ladder lowers the resolution if needed)")
+    return Plan(last, [last], estimates, f"no preset's estimate fits; starting at the cheapest ({last_resort})")
