@@ -207,7 +207,7 @@ def main(argv=None) -> int:
 
     data[f"{args.arch}-{args.size}-{args.cutn}"] = {
         "title": title + f", {args.cutn} cutouts, float32 unless noted; CPU ({platform.processor() or 'x86_64'}, "
-                         f"{os.environ.get('BENCH_THREADS', '2')} threads), torch {torch.__version__}",
+                         f"torch threads: {os.environ.get('BENCH_THREADS', '2')}), torch {torch.__version__}",
         "command": "python scripts/bench_vqgan.py " + " ".join(a for a in (argv or sys.argv[1:])),
         "date": time.strftime("%Y-%m-%d"), "points": rows}
     OUT.parent.mkdir(parents=True, exist_ok=True)
