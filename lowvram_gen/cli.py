@@ -157,42 +157,15 @@ def cmd_generate(args) -> int:
     kwargs = _session_kwargs(args)
     from .session import Session
 
+    from .cli_output import ProgressBar, print_result
+
     session = Session(**kwargs)
-    bar = _progress_bar()
+    bar = ProgressBar("step")
     try:
         result = session.generate(request, on_step=bar.update)
     finally:
         bar.close()
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(result.summary, file=sys.stderr)
-    if args.json:
-        print(json.dumps(result.as_json()))
-    else:
-        for path in result.images:
-            print(path)
-    return 0
-
-
-class _progress_bar:
-    """A tqdm bar on stderr that follows (step, total) callbacks across the chunks of a job."""
-
-    def __init__(self):
-        self.bar = None
-
-    def update(self, step: int, total: int) -> None:
-        from tqdm import tqdm
-
-        if self.bar is None or step == 1:
-            self.close()
-            self.bar = tqdm(total=total, unit="step", file=sys.stderr, leave=False)
-        self.bar.n = step
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+    return print_result(result, args.json, result.images)
 
 
 def cmd_upscale(args) -> int:

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 
+from ..cli_output import ProgressBar, print_result
 from .vqgan_request import AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS
 
 EPILOG = f"""\
@@ -83,7 +84,7 @@ def run_vqgan_command(args, session_kwargs: dict) -> int:
 
     session = Session(**session_kwargs)
     cancel = threading.Event()
-    bar = _Bar()
+    bar = ProgressBar("it")
 
     def on_interrupt(signum, frame):
         if cancel.is_set():
@@ -104,34 +105,7 @@ def run_vqgan_command(args, session_kwargs: dict) -> int:
         bar.close()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(result.summary, file=sys.stderr)
-    if args.json:
-        print(json.dumps(result.as_json()))
-    else:
-        for path in result.images + result.videos:
-            print(path)
-    return 0
-
-
-class _Bar:
-    def __init__(self):
-        self.bar = None
-
-    def update(self, step: int, total: int) -> None:
-        from tqdm import tqdm
-
-        if self.bar is None or step == 1:
-            self.close()
-            self.bar = tqdm(total=total, unit="it", file=sys.stderr, leave=False)
-        self.bar.n = step
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+    return print_result(result, args.json, result.images + result.videos)
 
 
 # ------------------------------------------------------------------------------------------- plan
