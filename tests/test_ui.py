@@ -120,6 +120,8 @@ def test_cancel_a_long_job_and_the_ui_is_ready_again(page, server):
             started.set()
             if on_step:
                 on_step(i, total)
+            if request.prompt == "a long job":
+                cancel.wait(60)  # each step waits for the Cancel button, so the job cannot finish before it
         return real(request, on_step=step, cancel=cancel)
 
     server.session.generate = watched
@@ -127,7 +129,7 @@ def test_cancel_a_long_job_and_the_ui_is_ready_again(page, server):
         page.locator("#prompt textarea").fill("a long job")
         _fill_number(page, "width", 256)
         _fill_number(page, "height", 256)
-        _set_slider(page, "steps", 150)
+        _set_slider(page, "steps", 20)
         page.click("#generate")
         assert started.wait(60)  # the job is denoising
         page.click("#cancel")
@@ -153,6 +155,7 @@ def test_closing_the_tab_mid_run_stops_the_job_and_the_next_one_runs(browser, se
         def step(i, total):
             stepping.set()
             on_step(i, total)
+            cancel.wait(90)  # each step waits for the disconnect to cancel the job, so it cannot finish first
         try:
             return real(request, on_step=step, cancel=cancel)
         except Exception as exc:
@@ -166,7 +169,7 @@ def test_closing_the_tab_mid_run_stops_the_job_and_the_next_one_runs(browser, se
         page.goto(server.url)
         page.wait_for_selector("#prompt textarea", timeout=30_000)
         page.locator("#prompt textarea").fill("a job nobody waits for")
-        _set_slider(page, "steps", 150)
+        _set_slider(page, "steps", 20)
         page.click("#generate")
         assert stepping.wait(60)
         context.close()  # the browser goes away mid-run
@@ -181,6 +184,30 @@ def test_closing_the_tab_mid_run_stops_the_job_and_the_next_one_runs(browser, se
     _, info, _, _ = Client(server.url, verbose=False).predict(prompt="next", width=64, height=64, steps=1,
                                                               api_name="/generate")
     assert info.startswith("next")
+
+
+def test_cancel_answers_what_the_stopped_job_says_so_a_late_answer_cannot_overwrite_it():
+    """The Cancel button's answer and the job's own last output race to the browser: they must agree."""
+    from lowvram_gen.errors import Cancelled
+    from lowvram_gen.ui.jobs import Job, Registry
+
+    def work(on_step, cancel):
+        for i in range(1, 1000):
+            on_step(i, 999)
+            if cancel.wait(60):  # a step that lasts until Cancel
+                raise Cancelled(f"cancelled at step {i} of 999 <b>")
+        raise AssertionError("the job was never cancelled")
+
+    jobs = Registry()
+    job = jobs.start("tab", Job(work))
+    progress = job.progress()
+    assert next(progress) == (1, 999)
+    answered = jobs.cancel("tab", wait=60)
+    assert answered is job and job.done.is_set()
+    assert job.summary() == "cancelled at step 1 of 999 &lt;b&gt;"  # escaped, as every job summary is
+    assert list(progress) == []  # the job's own stream ends: it has stopped
+    jobs.finish("tab", job)
+    assert jobs.cancel("tab") is None  # nothing runs any more: the UI leaves the summary as it is
 
 
 def test_a_full_queue_says_so(tmp_path):

@@ -73,15 +73,14 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
             jobs.finish(client, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
-            return kept, (_info(kept[0]) if kept else ""), html.escape(str(job.error)), state["last_seed"]
+            return kept, (_info(kept[0]) if kept else ""), job.summary(), state["last_seed"]
         if isinstance(job.error, LowVramError):
             raise _error(job.error)
         if job.error is not None:
             raise job.error
         result = job.result
         state["last_seed"] = result.seeds[0]
-        lines = [result.summary, *result.warnings]
-        return result.images, _info(result.images[0]), html.escape("\n".join(lines)), result.seeds[0]
+        return result.images, _info(result.images[0]), job.summary(), result.seeds[0]
 
     def generate(prompt, negative_prompt=None, width=DEFAULTS.width, height=DEFAULTS.height,
                  steps=DEFAULTS.steps, cfg_scale=DEFAULTS.cfg_scale, seed=DEFAULTS.seed,
@@ -96,7 +95,12 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
                       request, progress)
 
     def cancel(request: gr.Request):
-        return "cancelling at the next step…" if jobs.cancel(_client(request)) else "nothing to cancel"
+        job = jobs.cancel(_client(request))
+        if job is None:
+            return gr.update()  # nothing runs: the summary already says how the last job ended
+        if not job.done.is_set():
+            return "cancelling at the next step…"
+        return job.summary() or gr.update()
 
     def disconnected(request: gr.Request):
         """The tab was closed or lost its connection: stop its job at the next step."""

@@ -3,13 +3,22 @@
 Gradio closes the generator when the user presses Cancel or the browser goes away; the `finally`
 then sets the job's cancel event, and generation stops at the next denoising step. The session's
 lock keeps one job on the GPU at a time, so a job queued behind a cancelled one simply waits.
+
+The Cancel button waits (briefly) for the job to stop before it answers, so its answer and the
+job's own last output say the same thing whichever reaches the browser first.
 """
 
 from __future__ import annotations
 
+import html
 import queue
 import threading
 from typing import Callable, Iterator
+
+from ..errors import Cancelled
+
+
+CANCEL_WAIT_S = 10.0  # how long Cancel waits for the job to stop before it answers "cancelling…"
 
 
 class Job:
@@ -18,6 +27,7 @@ class Job:
         self.events: queue.Queue = queue.Queue()
         self.result = None
         self.error: BaseException | None = None
+        self.done = threading.Event()
         self._work = work
         self._thread = threading.Thread(target=self._run, daemon=True, name="lowvram-gen job")
 
@@ -27,7 +37,16 @@ class Job:
         except BaseException as exc:  # noqa: BLE001 - handed to the UI thread, which reports it
             self.error = exc
         finally:
+            self.done.set()
             self.events.put(None)
+
+    def summary(self) -> str | None:
+        """The "what ran" line of a finished job (HTML-escaped), shared by its own output and Cancel's answer."""
+        if isinstance(self.error, Cancelled):
+            return html.escape(str(self.error))
+        if self.error is None and self.result is not None:
+            return html.escape("\n".join([self.result.summary, *self.result.warnings]))
+        return None  # still running, or an error the job reports as a gr.Error
 
     def progress(self) -> Iterator[tuple[int, int]]:
         """Yield (step, total) until the job ends; closing this iterator cancels the job."""
@@ -57,13 +76,15 @@ class Registry:
             self._jobs[key] = job
         return job
 
-    def cancel(self, key: str) -> bool:
+    def cancel(self, key: str, wait: float = CANCEL_WAIT_S) -> Job | None:
+        """Ask this session's running job to stop, wait up to `wait` seconds for it; None if none runs."""
         with self._lock:
             job = self._jobs.get(key)
-        if job is None or job.result is not None or job.error is not None:
-            return False
+        if job is None or job.done.is_set():
+            return None
         job.cancel.set()
-        return True
+        job.done.wait(wait)
+        return job
 
     def finish(self, key: str, job: Job) -> None:
         with self._lock:

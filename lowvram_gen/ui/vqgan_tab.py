@@ -67,18 +67,22 @@ def build_vqgan_tab(session, options, jobs) -> None:
             jobs.finish(key, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
-            yield (kept[0] if kept else None), (_info(kept[0]) if kept else ""), html.escape(str(job.error))
+            yield (kept[0] if kept else None), (_info(kept[0]) if kept else ""), job.summary()
             return
         if isinstance(job.error, LowVramError):
             raise gr.Error(html.escape(str(job.error)))
         if job.error is not None:
             raise job.error
         result = job.result
-        lines = [result.summary, *result.warnings]
-        yield result.images[0], _info(result.images[0]), html.escape("\n".join(lines))
+        yield result.images[0], _info(result.images[0]), job.summary()
 
     def cancel(request: gr.Request):
-        return "cancelling at the next iteration…" if jobs.cancel(_key(request)) else "nothing to cancel"
+        job = jobs.cancel(_key(request))
+        if job is None:
+            return gr.update()  # nothing runs: the summary already says how the last job ended
+        if not job.done.is_set():
+            return "cancelling at the next iteration…"
+        return job.summary() or gr.update()
 
     def disconnected(request: gr.Request):
         jobs.cancel(_key(request))
