@@ -513,9 +513,13 @@ def test_cli_end_to_end_json_metadata_progress_and_video(tmp_path, capsys):
     [progress] = result["progress_images"]  # iteration 2; iteration 4 is the final image
     assert Path(progress).parent == out / "progress" and progress.endswith("-it00002.png")
     assert read_png_metadata(progress)[1]["iteration"] == 2
-    [video] = result["videos"]
-    with Image.open(video) as anim:
-        assert anim.format == "WEBP" and anim.n_frames == 2
+    [video] = result["videos"]  # the test extra installs PyAV, so the progress video is an mp4
+    assert video == str(Path(final).with_suffix(".mp4"))
+    import av
+
+    with av.open(video) as container:
+        frames = [f.to_image() for f in container.decode(video=0)]
+    assert frames[0].size == (64, 64) and len(frames) > 2  # iteration 2, the final image, then held
 
 
 def test_capped_size_is_upscaled_and_same_seed_never_overwrites(session, tmp_path):
@@ -619,8 +623,8 @@ def test_web_ui_tab_streams_previews_and_reports_what_ran(session, tmp_path):
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         job = client.submit(prompts="a red fox|blurry:-1", width=64, height=64, iterations=4, save_every=2, cutn=4,
-                            seed=5, api_name="/vqgan")
-        image, info, summary = job.result(timeout=300)
+                            seed=5, init_noise="gradient", video=True, api_name="/vqgan")
+        image, info, summary, video = job.result(timeout=300)
         updates = job.outputs()
         with pytest.raises(Exception, match="weight"):
             client.predict(prompts="a fox:0", api_name="/vqgan")
@@ -628,4 +632,6 @@ def test_web_ui_tab_streams_previews_and_reports_what_ran(session, tmp_path):
         app.close()
     assert info.startswith("a red fox|blurry:-1") and "Steps: 4" in info and "Seed: 5" in info
     assert "finished at cpu" in summary and Image.open(image).size == (64, 64)
+    assert "Init noise: gradient" in info  # the tab's init noise reached the job
+    assert str(video).endswith(".mp4")  # the progress video, playable in the tab
     assert any("iteration 2 of 4" in str(u[2]) for u in updates)  # the live preview at save-every

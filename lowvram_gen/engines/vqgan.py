@@ -4,7 +4,7 @@ validate -> probe the device -> load VQGAN and CLIP (kept in RAM per session; on
 while a job runs, so they never crowd a Stable Diffusion model out of a small card between jobs) ->
 plan (memory_vqgan: the fastest preset whose estimate fits) -> optimise (vqgan_loop, with its
 out-of-memory ladder) -> save progress images, the final image (upscaled when a preset capped the
-size) and optionally an animated WebP of the progress, all with A1111-style metadata.
+size) and optionally a progress video (progress_video.py), all with A1111-style metadata.
 
 The CLI (`lowvram-gen vqgan`), the web UI's VQGAN-CLIP tab and `lowvram-gen batch` (engine
 ``vqgan``) all call this function, under the session's lock: one GPU, one job.
@@ -31,7 +31,7 @@ from .vqgan_request import VqganRequest
 log = logging.getLogger(__name__)
 NOISE_NOTE = ("embedded tiny VQGAN and CLIP: random weights, the image is abstract noise; pass --vqgan (e.g. "
               "vqgan_imagenet_f16_16384.ckpt) and --clip (e.g. ViT-B/32) for real images")
-MAX_VIDEO_FRAMES = 240  # frames kept for the progress animation (halved by dropping every other one)
+MAX_VIDEO_FRAMES = 240  # frames kept for the progress video (halved by dropping every other one)
 ImageFn = Callable[[str, int, bool], None]  # (path, iteration, final)
 
 
@@ -162,7 +162,7 @@ def _generate(session, request, on_step, cancel, on_image, ladder, ops) -> Vqgan
 
 
 class _Saver:
-    """Progress images in `outdir/progress/`, final images in `outdir/`, the animation beside them."""
+    """Progress images in `outdir/progress/`, final images in `outdir/`, the video beside them."""
 
     def __init__(self, request: VqganRequest, outdir: Path, models: VqganModels, device, size, on_image):
         self.request, self.outdir, self.models, self.device, self.size = request, outdir, models, device, size
@@ -184,6 +184,10 @@ class _Saver:
             fields["Image prompts"] = " | ".join(r.image_prompts)
         if r.init_image:
             fields["Init image"] = Path(r.init_image).name
+        if r.init_weight:
+            fields["Init weight"] = r.init_weight
+        if r.init_noise != "none" and not r.init_image:
+            fields["Init noise"] = r.init_noise
         if self.size != (r.width, r.height):
             fields["Generated size"] = "%dx%d" % self.size
         if not final or note:
@@ -230,20 +234,14 @@ class _Saver:
         return path
 
     def _video(self, png: Path) -> None:
-        """An animated WebP (Pillow) of the progress frames, written beside the final PNG, never overwriting."""
-        target = png.with_suffix(".webp")
-        tmp = png.with_name(f".{png.stem}.{secrets.token_hex(6)}.webp.tmp")
+        from ..progress_video import write_progress_video
+
         try:
-            frames = self.frames
-            durations = [100] * (len(frames) - 1) + [1500]
-            frames[0].save(tmp, format="WEBP", save_all=True, append_images=frames[1:], duration=durations, loop=0,
-                           quality=90)
-            os.link(tmp, target)
-            self.videos.append(str(target))
+            video = write_progress_video(self.frames, png)
         except (OSError, ValueError) as exc:
-            self.warnings.append(f"no progress animation for {png.name}: {exc}")
-        finally:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            self.warnings.append(f"no progress video for {png.name}: {exc}")
+            return
+        self.videos.append(str(video))
+        if video.suffix == ".webp":
+            self.warnings.append("progress video written as an animated WebP; for mp4 install the video extra "
+                                 "(pip install 'lowvram-gen[video]', PyAV)")

@@ -54,7 +54,7 @@ def add_vqgan_parser(sub, add_memory_flags) -> None:
                    help="VQGAN: tiny, a VQModel folder/hub id, or a taming .ckpt")
     p.add_argument("--vqgan-config", metavar="YAML", help="the taming .yaml when it is not beside the .ckpt")
     p.add_argument("--clip", default="tiny", metavar="SPEC", help="CLIP: tiny, ViT-B/32, a hub id or a folder")
-    p.add_argument("--video", action="store_true", help="also write an animated WebP of the progress images")
+    p.add_argument("--video", action="store_true", help="also write a progress video (mp4 with the video extra, else animated WebP)")
     p.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
     add_memory_flags(p)

@@ -179,7 +179,7 @@ class VqganRequest:
     vqgan: str = "tiny"  # tiny, a diffusers VQModel folder or hub id, or a taming .ckpt (+ .yaml)
     vqgan_config: str | None = None  # the taming .yaml, when it is not beside the .ckpt
     clip: str = "tiny"  # tiny, a CLIP hub id or folder, or an OpenAI name such as ViT-B/32
-    video: bool = False  # an animated WebP of the progress images beside the final image
+    video: bool = False  # a progress video beside the final image (mp4 with PyAV, else animated WebP)
     outdir: str | None = None
     preset: str | None = None
     extra: dict = field(default_factory=dict)

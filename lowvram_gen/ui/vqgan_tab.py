@@ -11,8 +11,8 @@ import uuid
 
 import gradio as gr
 
-from ..engines.vqgan_request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS,
-                                     VqganRequest)
+from ..engines.vqgan_request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_INIT_WEIGHT,
+                                     MAX_ITERATIONS, OPTIMIZERS, VqganRequest)
 from ..errors import Cancelled, LowVramError
 from ..outputs import read_png_metadata
 from ..request import MAX_SEED
@@ -32,20 +32,26 @@ def _info(path: str) -> str:
     return params or ""
 
 
+def _playable(videos: list[str]) -> str | None:
+    """The progress video if a browser plays it (mp4); an animated WebP stays a file in the outputs."""
+    return next((v for v in videos if v.endswith(".mp4")), None)
+
+
 def build_vqgan_tab(session, options, jobs) -> None:
     from ..engines.vqgan import generate_vqgan
 
     def run(prompts, image_prompt=None, init_image=None, width=256, height=256, iterations=100, save_every=10,
             cutn=DEFAULTS.cutn, cut_pow=DEFAULTS.cut_pow, lr=DEFAULTS.lr, optimizer=DEFAULTS.optimizer,
-            augments=None, seed=-1, vqgan="tiny", clip="tiny", request: gr.Request = None, progress=gr.Progress()):
+            augments=None, seed=-1, vqgan="tiny", clip="tiny", init_noise=DEFAULTS.init_noise,
+            init_weight=DEFAULTS.init_weight, video=False, request: gr.Request = None, progress=gr.Progress()):
         try:
             job_request = VqganRequest(
                 prompt=prompts or "", image_prompts=(image_prompt,) if image_prompt else (),
-                init_image=init_image or None,
+                init_image=init_image or None, init_noise=init_noise or DEFAULTS.init_noise, init_weight=init_weight,
                 width=width, height=height, iterations=iterations, save_every=save_every, cutn=cutn, cut_pow=cut_pow,
                 lr=lr, optimizer=optimizer or DEFAULTS.optimizer,
                 augments=tuple(augments) if augments is not None else DEFAULTS.augments, seed=seed,
-                vqgan=vqgan or "tiny", clip=clip or "tiny", outdir=options.outdir,
+                vqgan=vqgan or "tiny", clip=clip or "tiny", video=bool(video), outdir=options.outdir,
             ).validated()
         except LowVramError as exc:
             raise gr.Error(html.escape(str(exc))) from None
@@ -60,21 +66,21 @@ def build_vqgan_tab(session, options, jobs) -> None:
         try:
             for event in job.progress():
                 if event[0] == "image":
-                    yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}"
+                    yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}", gr.update()
                 else:
                     progress(event, desc="iterations", unit="it")
         finally:
             jobs.finish(key, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
-            yield (kept[0] if kept else None), (_info(kept[0]) if kept else ""), job.summary()
+            yield (kept[0] if kept else None), (_info(kept[0]) if kept else ""), job.summary(), None
             return
         if isinstance(job.error, LowVramError):
             raise gr.Error(html.escape(str(job.error)))
         if job.error is not None:
             raise job.error
         result = job.result
-        yield result.images[0], _info(result.images[0]), job.summary()
+        yield result.images[0], _info(result.images[0]), job.summary(), _playable(result.videos)
 
     def cancel(request: gr.Request):
         job = jobs.cancel(_key(request))
@@ -122,7 +128,12 @@ def build_vqgan_tab(session, options, jobs) -> None:
                                            elem_id="vq-vqgan")
                         clip = gr.Textbox(label="CLIP (tiny, ViT-B/32, hub id or folder)", value="tiny",
                                           elem_id="vq-clip")
-                    gr.Markdown(f"Init noise ({', '.join(INIT_NOISE)}) and init weight: command line.")
+                    with gr.Row():
+                        init_noise = gr.Dropdown(list(INIT_NOISE), value=DEFAULTS.init_noise,
+                                                 label="Init noise (without an init image)")
+                        init_weight = gr.Number(label="Init weight (pull towards the init image)",
+                                                value=DEFAULTS.init_weight, minimum=0, maximum=MAX_INIT_WEIGHT)
+                        video = gr.Checkbox(label="Progress video", value=False, elem_id="vq-video")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="vq-generate")
                     stop = gr.Button("Cancel", variant="stop", elem_id="vq-cancel")
@@ -131,8 +142,10 @@ def build_vqgan_tab(session, options, jobs) -> None:
                                    elem_id="vq-preview")
                 info = gr.Textbox(label="Image parameters", lines=4, interactive=False, elem_id="vq-info")
                 summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="vq-summary")
+                movie = gr.Video(label="Progress video", interactive=False, elem_id="vq-video-out")
     go.click(run, [prompts, image_prompt, init_image, width, height, iterations, save_every, cutn, cut_pow, lr,
-                   optimizer, augments, seed, vqgan, clip], [preview, info, summary], api_name="vqgan",
+                   optimizer, augments, seed, vqgan, clip, init_noise, init_weight, video],
+             [preview, info, summary, movie], api_name="vqgan",
              concurrency_id=GPU, concurrency_limit=1)
     stop.click(cancel, None, [summary], queue=False, api_visibility="private")
     root = getattr(gr.context.Context, "root_block", None)
