@@ -19,6 +19,7 @@ BUILTIN = ("lanczos", "latent", "sd-x4")
 MODEL_SUFFIXES = (".pth", ".pt", ".safetensors")
 MIN_TILE = 64  # px: below this the overlap is most of the tile
 TILE_OVERLAP = 16  # px of context on each side of a tile, cropped away after the model runs
+MAX_MODEL_PASSES = 3  # as A1111: an x2 model reaches x8 at most; Lanczos does the rest
 SD_X4_REPO = "stabilityai/stable-diffusion-x4-upscaler"
 
 
@@ -68,6 +69,7 @@ class UpscaleReport:
     upscaler: str
     tiles: list[int] = field(default_factory=list)  # the tile sizes tried, OOM halvings included
     attempts: list[dict] = field(default_factory=list)
+    passes: int = 0  # model runs, all images together (an image gets several when the scale exceeds the factor)
 
 
 def upscale_images(images: list, size: tuple[int, int], name: str, device: str = "cpu", tile: int = 512,
@@ -84,9 +86,20 @@ def upscale_images(images: list, size: tuple[int, int], name: str, device: str =
         out = [_sd_x4(im, device, prompt, steps) for im in images]
     else:
         model = load_model(name)
-        out = [run_tiled(model, im, device, tile, report) for im in images]
+        out = [_model_passes(model, im, size, device, tile, report) for im in images]
     # the model's own factor rarely equals the request: finish with Lanczos, as A1111 does
     return [im if im.size == size else im.resize(size, Image.Resampling.LANCZOS) for im in out]
+
+
+def _model_passes(descriptor, image, size: tuple[int, int], device: str, tile: int, report: UpscaleReport):
+    """Run the model until the image reaches `size` (x4 from an x2 model: two passes), at most
+    MAX_MODEL_PASSES times, as A1111 does; a model of factor 1 (a restorer) runs once."""
+    for _ in range(MAX_MODEL_PASSES):
+        image = run_tiled(descriptor, image, device, tile, report)
+        report.passes += 1
+        if descriptor.scale <= 1 or (image.width >= size[0] and image.height >= size[1]):
+            break
+    return image
 
 
 _MODELS: dict[str, object] = {}
@@ -196,6 +209,10 @@ def _sd_x4(image, device: str, prompt: str, steps: int):
 MAX_SCALE = 8.0
 
 
+def _passes_note(report: UpscaleReport) -> str:
+    return f" ({report.passes} model passes)" if report.passes > 1 else ""
+
+
 def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str | None = None,
                 device: str | None = None) -> dict:
     """`lowvram-gen upscale`: one image, saved next to the others with A1111 "extras" metadata."""
@@ -226,11 +243,13 @@ def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str |
     target = Path(outdir) if outdir else outputs.default_outdir()
     extras = f"Postprocess upscale by: {factor:g}, Postprocess upscaler: {name}, Size: {size[0]}x{size[1]}"
     parameters = f"{params_in}\n{extras}" if params_in else extras
-    meta = {"source": path, "scale": factor, "upscaler": name, "tiles": report.tiles, "attempts": report.attempts}
+    meta = {"source": path, "scale": factor, "upscaler": name, "tiles": report.tiles, "attempts": report.attempts,
+            "model_passes": report.passes}
     saved = outputs.save_png(image, outputs.next_image_path(target, 0, Path(path).stem + "-upscaled"), parameters, meta)
     seconds = round(time.perf_counter() - started, 3)
     return {"images": [str(saved)], "seeds": [], "width": size[0], "height": size[1], "steps": 0, "sampler": None,
             "model": name, "model_path": str(_find_model(name) or name), "seconds": seconds, "preset": None,
-            "attempts": report.attempts, "summary": f"upscaled x{factor:g} with {name} in {seconds:.1f} s",
+            "attempts": report.attempts, "model_passes": report.passes,
+            "summary": f"upscaled x{factor:g} with {name}{_passes_note(report)} in {seconds:.1f} s",
             "generated_width": source.width, "generated_height": source.height, "upscaled": True,
             "device": device, "warnings": []}

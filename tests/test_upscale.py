@@ -138,6 +138,24 @@ def test_esrgan_through_spandrel_pth_and_safetensors(esrgan, tmp_path, capsys):
         assert "Postprocess upscale by: 2" in params and meta["upscaler"].endswith(name)
 
 
+def test_a_scale_beyond_the_model_factor_runs_the_model_again_as_a1111(esrgan, tmp_path, capsys):
+    source = tmp_path / "in.png"
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (24, 32, 3), dtype=np.uint8)).save(source)
+    for scale, passes in (("1.5", 1), ("2", 1), ("3", 2), ("4", 2), ("8", 3)):
+        code = main(["upscale", str(source), "--scale", scale, "--upscaler", str(esrgan / "tiny-x2.pth"), "--outdir",
+                     str(tmp_path / "out"), "--json", "--cpu"])
+        result = json.loads(capsys.readouterr().out)
+        factor = float(scale)
+        assert code == 0 and Image.open(result["images"][0]).size == (round(32 * factor), round(24 * factor))
+        assert result["model_passes"] == passes, scale  # x8 from an x2 model: 3 passes, no Lanczos from x2
+        assert read_png_metadata(result["images"][0])[1]["model_passes"] == passes
+    descriptor = load_model(str(esrgan / "tiny-x2.pth"))
+    twice = run_tiled(descriptor, run_tiled(descriptor, Image.open(source), "cpu", 64, UpscaleReport("x")), "cpu", 64,
+                      UpscaleReport("x"))
+    x4 = upscale_images([Image.open(source)], (128, 96), str(esrgan / "tiny-x2.pth"))[0]
+    assert np.array_equal(np.asarray(x4), np.asarray(twice))  # exactly two model passes, nothing resized
+
+
 def test_esrgan_tiles_halve_on_out_of_memory_and_give_the_same_image(esrgan):
     descriptor = load_model(str(esrgan / "tiny-x2.pth"))
     image = Image.fromarray(np.random.default_rng(2).integers(0, 255, (160, 160, 3), dtype=np.uint8))
