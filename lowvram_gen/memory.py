@@ -436,8 +436,9 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
 
 
 def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images: int, dtype_bytes: int,
-                         slicing: bool = False, tiling: bool = False) -> int:
-    """Activations of decoding `images` latents, with diffusers' VAE slicing and tiling."""
+                         slicing: bool = False, tiling: bool = False, tile_px: int | None = None) -> int:
+    """Activations of decoding `images` latents, with diffusers' VAE slicing and tiling (tiles of
+    `tile_px` pixels, as apply.vae_tile_size picks them; None: the VAE config's own tile size)."""
     sf = profile.vae_scale_factor
     lh, lw = math.ceil(height / sf), math.ceil(width / sf)
     coef = _coefficient("vae", profile.arch) * vae_feature(profile) * dtype_bytes
@@ -452,7 +453,7 @@ def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images:
         # one image at a time; the decoded slices and their torch.cat stay until the end
         best = min(best, decode(lh, lw, 1) + 2 * images * image)
         per_call = 1
-    tile = max(1, profile.vae_sample_size // sf)
+    tile = max(1, (tile_px or profile.vae_sample_size) // sf)
     if tiling and (lh > tile or lw > tile):
         # one tile decoded at a time; the decoded tiles (overlapping) and the blended result stay
         tiles_kept = per_call * image / (1 - VAE_TILE_OVERLAP) ** 2
@@ -468,8 +469,9 @@ def text_activation_bytes(profile: ModelProfile, prompts: int, dtype_bytes: int)
 
 
 def estimate(profile: ModelProfile, width: int, height: int, batch: int, settings: MemorySettings,
-             cfg: bool = True) -> Estimate:
-    """Peak device memory of generating `batch` images of width x height in one forward pass each step."""
+             cfg: bool = True, vae_tile: int | None = None) -> Estimate:
+    """Peak device memory of generating `batch` images of width x height in one forward pass each step
+    (`vae_tile`: the VAE tile edge in pixels when the settings tile the VAE; None: the VAE's default)."""
     if width <= 0 or height <= 0 or batch <= 0:
         raise ValueError(f"width, height and batch must be positive, got {width}x{height}, batch {batch}")
     if settings.dtype not in DTYPE_BYTES:
@@ -480,7 +482,8 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     vae_b = 4 if (settings.dtype == "float16" and profile.vae_force_upcast) else b
 
     unet_act = unet_activation_bytes(profile, width, height, images, b, settings.attention)
-    vae_act = vae_activation_bytes(profile, width, height, batch, vae_b, settings.vae_slicing, settings.vae_tiling)
+    vae_act = vae_activation_bytes(profile, width, height, batch, vae_b, settings.vae_slicing, settings.vae_tiling,
+                                   vae_tile)
     text_act = text_activation_bytes(profile, 2 if cfg else 1, b)
 
     den = profile.denoiser

@@ -45,14 +45,16 @@ class Plan:
 
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True) -> Plan:
+    from .apply import vae_tile_size
     from .memory import estimate
 
     ladder = gpu_ladder(presets)
+    tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
     estimates = []
     for p in ladder:
         w, h = capped_size(width, height, p.max_pixels)
         b = min(batch, p.max_batch)
-        est = estimate(profile, w, h, b, p.memory, cfg=cfg)
+        est = estimate(profile, w, h, b, p.memory, cfg=cfg, vae_tile=tile)
         fits = device.is_accelerator and est.total_bytes <= device.usable_bytes
         reason = "ran out of memory before on this device for a job this size" if p.name in failed else ""
         estimates.append(PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict()))

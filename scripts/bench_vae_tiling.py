@@ -80,15 +80,11 @@ def mem_available() -> int:
 def estimated_bytes(side: int, tile: int | None) -> int | None:
     """lowvram_gen.memory's prediction for this point (bf16, batch 1), or None if it cannot be had."""
     try:
-        from dataclasses import replace
-
         sys.path.insert(0, str(ROOT))
         from lowvram_gen import memory
 
         profile = memory.profile_builtin(ARCH)
-        if tile is not None:
-            profile = replace(profile, vae_sample_size=tile)
-        return int(memory.vae_activation_bytes(profile, side, side, 1, 2, tiling=tile is not None))
+        return int(memory.vae_activation_bytes(profile, side, side, 1, 2, tiling=tile is not None, tile_px=tile))
     except Exception:  # noqa: BLE001  (the estimate is a guard and a comparison, not the measurement)
         return None
 

@@ -95,3 +95,20 @@ def test_plan_cli_text_and_errors(capsys):
     assert main(["plan", "--vram", "lots", "--model", "sd15"]) == 2
     assert "--vram" in capsys.readouterr().err
     assert main(["plan", "--model", "sd15", "--width", "1003"]) == 2
+
+
+def test_estimates_use_the_vae_tile_apply_gives_this_card():
+    """A 2 GiB card decodes in 256 px tiles (apply.vae_tile_size), a 16 GiB card in 1024 px ones: each
+    plan must count the tiles that card will use, not diffusers' default 512 px ones."""
+    from lowvram_gen.apply import vae_tile_size
+    from lowvram_gen.memory import estimate
+
+    presets, profile = load_presets(), profile_builtin("sd15")
+    assert presets["lowvram"].memory.vae_tiling
+    default = estimate(profile, 768, 768, 1, presets["lowvram"].memory).vae_bytes
+    vae = {}
+    for gib in (2, 16):
+        lowvram = next(e for e in plan(fake(gib), profile, 768, 768, 1, presets).estimates if e.name == "lowvram")
+        assert (lowvram.width, lowvram.height) == (768, 768)
+        vae[vae_tile_size(fake(gib))] = lowvram.breakdown["vae_bytes"]
+    assert vae[256] < default < vae[1024]  # a 768 px image is one 1024 px tile: decoded whole
