@@ -202,12 +202,11 @@ def test_cancel_answers_what_the_stopped_job_says_so_a_late_answer_cannot_overwr
     job = jobs.start("tab", Job(work))
     progress = job.progress()
     assert next(progress) == (1, 999)
-    answered = jobs.cancel("tab", wait=60)
-    assert answered is job and job.done.is_set()
-    assert job.summary() == "cancelled at step 1 of 999 &lt;b&gt;"  # escaped, as every job summary is
+    answer = jobs.answer_cancel("tab", "cancelling…")  # waits (up to CANCEL_WAIT_S) for the job to stop
+    assert job.done.is_set() and answer == job.summary() == "cancelled at step 1 of 999 &lt;b&gt;"  # escaped
     assert list(progress) == []  # the job's own stream ends: it has stopped
     jobs.finish("tab", job)
-    assert jobs.cancel("tab") is None  # nothing runs any more: the UI leaves the summary as it is
+    assert jobs.answer_cancel("tab", "cancelling…") is None  # nothing runs: the UI leaves the summary alone
 
 
 def test_a_full_queue_says_so(tmp_path):

@@ -95,12 +95,8 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
                       request, progress)
 
     def cancel(request: gr.Request):
-        job = jobs.cancel(_client(request))
-        if job is None:
-            return gr.update()  # nothing runs: the summary already says how the last job ended
-        if not job.done.is_set():
-            return "cancelling at the next step…"
-        return job.summary() or gr.update()
+        answer = jobs.answer_cancel(_client(request), "cancelling at the next step…")
+        return gr.update() if answer is None else answer  # None: the summary already says how it ended
 
     def disconnected(request: gr.Request):
         """The tab was closed or lost its connection: stop its job at the next step."""

@@ -86,6 +86,14 @@ class Registry:
         job.done.wait(wait)
         return job
 
+    def answer_cancel(self, key: str, pending: str) -> str | None:
+        """Cancel this session's job and say what the summary should show: the job's own summary once it
+        stopped, `pending` while it is still stopping, None (leave it as it is) when nothing was running."""
+        job = self.cancel(key)
+        if job is None:
+            return None
+        return job.summary() if job.done.is_set() else pending
+
     def finish(self, key: str, job: Job) -> None:
         with self._lock:
             if self._jobs.get(key) is job:

@@ -83,12 +83,8 @@ def build_vqgan_tab(session, options, jobs) -> None:
         yield result.images[0], _info(result.images[0]), job.summary(), _playable(result.videos)
 
     def cancel(request: gr.Request):
-        job = jobs.cancel(_key(request))
-        if job is None:
-            return gr.update()  # nothing runs: the summary already says how the last job ended
-        if not job.done.is_set():
-            return "cancelling at the next iteration…"
-        return job.summary() or gr.update()
+        answer = jobs.answer_cancel(_key(request), "cancelling at the next iteration…")
+        return gr.update() if answer is None else answer  # None: the summary already says how it ended
 
     def disconnected(request: gr.Request):
         jobs.cancel(_key(request))
