@@ -195,8 +195,8 @@ class Runner:
             if sd.splits_decode(self.model.pipe):
                 decoded, preset, rung = self._decode(latents, ladder, rung, preset, per_pass, size, report)
                 images, nsfw = decoded.images, decoded.nsfw
-            else:
-                images, nsfw = latents, [False] * len(latents)
+            else:  # the pipeline decoded (and safety-checked) its images itself
+                images, nsfw = latents.images, latents.nsfw
             del latents
             upscaled = size != target
             if upscaled:
@@ -226,7 +226,8 @@ class Runner:
                 if job.hires_upscaler == "latent":
                     init = F.interpolate(latents, size=(target[1] // 8, target[0] // 8), mode="bilinear")
                 else:
-                    first, _, _ = self._decode(latents, ladder, rung, preset, per_pass, size, report)
+                    first, _, _ = self._decode(latents, ladder, rung, preset, per_pass, size, report,
+                                               safety_check=False)
                     init = upscale_images(first.images, target, job.hires_upscaler, self.device.torch_device)
                 second = sd.Chunk(chunk.prompt, chunk.negative_prompt, *target, job.hires_steps or job.steps,
                                   chunk.cfg_scale, chunk.seeds, init=init, strength=job.hires_denoise)
@@ -247,7 +248,7 @@ class Runner:
             self.use(_with_tiling(preset.memory))
             target = capped_size(*target, preset.max_pixels)
 
-    def _decode(self, latents, ladder, rung, preset, per_pass, size, report):
+    def _decode(self, latents, ladder, rung, preset, per_pass, size, report, safety_check: bool = True):
         """Decode with retries: tiled on OOM, then cheaper presets; float32 on NaN/black half output."""
         pipe = self.model.pipe
         tiled = preset.memory.vae_tiling
@@ -256,7 +257,7 @@ class Runner:
             baseline = allocated_bytes(self.device.kind)
             oom = None
             try:
-                decoded = sd.decode(pipe, latents)
+                decoded = sd.decode(pipe, latents, safety_check=safety_check)
             except Exception as exc:  # noqa: BLE001
                 if not is_oom(exc):
                     raise
@@ -278,7 +279,7 @@ class Runner:
             report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", decoded.bad, _since(started),
                                            "half-precision decode; retrying in float32"))
             started = time.perf_counter()
-            decoded = sd.decode(pipe, latents, upcast=True)
+            decoded = sd.decode(pipe, latents, upcast=True, safety_check=safety_check)
         if decoded.bad:
             raise BadOutput(
                 f"the model produced {'NaN/Inf' if decoded.bad == 'nan' else 'an all-black image'} even when decoded "

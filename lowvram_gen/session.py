@@ -170,6 +170,8 @@ class Session:
         def save(done: ChunkDone) -> None:
             for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
                 fields = a1111_fields(request, sampler_name, seed, done.preset, done.generated_size)
+                if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
+                    fields["Safety checker"] = "blacked out"
                 meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,
                         "attempts": [a.as_dict() for a in report.attempts], "model_path": str(source.path),
                         "generated_size": list(done.generated_size), "device": device.name,

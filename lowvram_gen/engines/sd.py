@@ -91,7 +91,8 @@ def encode(pipe, images, device: str):
 
 def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
             cancel: threading.Event | None = None):
-    """Run the UNet steps. Returns latents (split pipelines) or decoded PIL images (others)."""
+    """Run the UNet steps. Returns latents (split pipelines) or, for pipelines that decode themselves,
+    a Decoded with their images and their own safety checker's flags."""
     n = len(chunk.seeds)
     if chunk.init is not None and chunk.strength == 0:
         if not isinstance(chunk.init, list):
@@ -116,14 +117,21 @@ def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
         callback_on_step_end=step_end,
     )
     if chunk.init is None:
-        return pipe(width=chunk.width, height=chunk.height, **kwargs).images
-    # diffusers runs int(steps * strength) steps; at least one, or the result is empty
-    kwargs["num_inference_steps"] = max(chunk.steps, math.ceil(1 / chunk.strength))
-    return img2img_pipe(pipe)(image=chunk.init, strength=chunk.strength, **kwargs).images
+        out = pipe(width=chunk.width, height=chunk.height, **kwargs)
+    else:
+        # diffusers runs int(steps * strength) steps; at least one, or the result is empty
+        kwargs["num_inference_steps"] = max(chunk.steps, math.ceil(1 / chunk.strength))
+        out = img2img_pipe(pipe)(image=chunk.init, strength=chunk.strength, **kwargs)
+    if kwargs["output_type"] == "latent":
+        return out.images
+    flags = getattr(out, "nsfw_content_detected", None) or [False] * n  # black images from its own checker
+    return Decoded(list(out.images), None, [bool(f) for f in flags])
 
 
-def decode(pipe, latents, upcast: bool = False):
-    """Latents -> PIL images, exactly as the SD/SDXL pipelines do it. `upcast`: decode in float32."""
+def decode(pipe, latents, upcast: bool = False, safety_check: bool = True):
+    """Latents -> PIL images, exactly as the SD/SDXL pipelines do it. `upcast`: decode in float32.
+    `safety_check=False` skips the model's safety checker (a hires first pass: only the final image is
+    checked, as in A1111, or a blacked-out first pass would come back as an unlabelled dark image)."""
     import torch
 
     vae = pipe.vae
@@ -153,9 +161,11 @@ def decode(pipe, latents, upcast: bool = False):
         image = pipe.watermark.apply_watermark(image)
     bad = bad_output(image)
     nsfw = [False] * image.shape[0]
-    if getattr(pipe, "safety_checker", None) is not None and bad is None:
-        # the model folder ships diffusers' safety checker: run it as the pipeline would, and label its black images
-        image, flags = pipe.run_safety_checker(image, image.device, image.dtype)
+    if safety_check and getattr(pipe, "safety_checker", None) is not None and bad is None:
+        # the model folder ships diffusers' safety checker: run it as the pipeline would, and label its black images.
+        # Inside inference mode: `image` is an inference tensor and the checker blacks images out in place.
+        with torch.inference_mode():
+            image, flags = pipe.run_safety_checker(image, image.device, image.dtype)
         nsfw = [bool(f) for f in (flags or nsfw)]
     images = pipe.image_processor.postprocess(image, output_type="pil", do_denormalize=[not f for f in nsfw])
     pipe.maybe_free_model_hooks()
