@@ -75,12 +75,14 @@ class JobReport:
         return "; ".join(parts + [tail])
 
 
-def capped_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
-    """The largest size within `max_pixels` with the same aspect ratio, sides multiples of 8."""
+def capped_size(width: int, height: int, max_pixels: int, multiple: int = 8) -> tuple[int, int]:
+    """The largest size within `max_pixels` with the same aspect ratio, sides multiples of `multiple`
+    (what the pipeline takes: sd.size_multiple, 16 for SD3), at least 64 px."""
     if width * height <= max_pixels:
         return width, height
     scale = math.sqrt(max_pixels / (width * height))
-    return max(64, int(width * scale) // 8 * 8), max(64, int(height * scale) // 8 * 8)
+    least = -(-64 // multiple) * multiple
+    return max(least, int(width * scale) // multiple * multiple), max(least, int(height * scale) // multiple * multiple)
 
 
 @dataclass
@@ -154,7 +156,8 @@ class Runner:
         rung, lowered = 0, 0
         preset = ladder[0]
         self.use(preset.memory)
-        size = capped_size(job.width, job.height, preset.max_pixels)
+        multiple = sd.size_multiple(self.model.pipe)  # the sides this pipeline takes
+        size = capped_size(job.width, job.height, preset.max_pixels, multiple)
         per_pass = min(len(job.seeds), preset.max_batch)
         pending = list(range(len(job.seeds)))  # image indices still to make
         while pending:
@@ -178,10 +181,10 @@ class Runner:
                     rung += 1
                     preset = ladder[rung]
                     self.use(preset.memory)
-                    size = capped_size(*size, preset.max_pixels)
+                    size = capped_size(*size, preset.max_pixels, multiple)
                 elif lowered < MAX_RESOLUTION_STEPS and min(size) > 64:
                     lowered += 1
-                    size = capped_size(*size, size[0] * size[1] // 2)
+                    size = capped_size(*size, size[0] * size[1] // 2, multiple)
                 else:
                     raise OutOfMemoryEverywhere(_everything_failed(report.attempts), report.attempts)
                 log.warning("out of memory at %s; retrying with %s, batch %d, %dx%d", report.attempts[-1].preset,

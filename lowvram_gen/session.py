@@ -138,7 +138,7 @@ class Session:
 
     def _generate(self, request, on_step, cancel) -> GenerationResult:
         from . import apply as apply_mod
-        from .engines.sd import prompt_token_count, set_sampler
+        from .engines.sd import check_request, prompt_token_count, set_sampler
 
         started = time.perf_counter()
         device = self.device()
@@ -150,6 +150,7 @@ class Session:
             kwargs = {"ops_factory": self.ops_factory} if self.ops_factory else {}
             self.runner = Runner(model, device, **kwargs)
         self.runner.device = device
+        check_request(model.pipe, request.width, request.height, request.hires_scale)
         set_sampler(model.pipe, request.sampler)
 
         warnings = [NOISE_NOTE] if source.is_tiny else []

@@ -4,17 +4,20 @@ The split is what lets the retry ladder redo only the VAE decode, tiled, with th
 computed, when the decode runs out of memory. For SD 1.x/2.x and SDXL the decode below is the
 pipeline's own decode, step for step, so `sampler="default"` gives the same pixels as a plain
 diffusers pipeline. Other pipelines (SD3, Flux, ...) pack their latents differently: they run in
-one call, and a decode OOM retries the whole chunk at the next preset.
+one call, and a decode OOM retries the whole chunk at the next preset. What such a pipeline cannot
+do (hires fix, A1111 samplers on a flow-matching model, sides off its patch grid) is refused by
+`check_request` / `set_sampler` with a clear error before any step runs.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import Cancelled
+from ..errors import Cancelled, InvalidRequest
 from ..samplers import DEFAULT, make_scheduler
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
@@ -40,11 +43,43 @@ def splits_decode(pipe) -> bool:
     return type(pipe).__name__ in ("StableDiffusionPipeline", "StableDiffusionXLPipeline")
 
 
+def size_multiple(pipe) -> int:
+    """Width and height must be multiples of this: the VAE's scale factor times the denoiser's patch
+    size (SD 1.x/2.x and SDXL: 8; SD3, whose transformer takes 2x2 latent patches: 16)."""
+    return int(getattr(pipe, "vae_scale_factor", 8) or 8) * int(getattr(pipe, "patch_size", 1) or 1)
+
+
+def check_request(pipe, width: int, height: int, hires_scale: float = 1.0) -> None:
+    """What this pipeline cannot do with the request, as a clear error before any step runs."""
+    name = type(pipe).__name__
+    multiple = size_multiple(pipe)
+    for field, value in (("width", width), ("height", height)):
+        if value % multiple:
+            low = max(multiple, value // multiple * multiple)
+            raise InvalidRequest(field, value,
+                                 f"{name} needs multiples of {multiple}: use {low} or {low + multiple}")
+    if hires_scale > 1 and not splits_decode(pipe):
+        raise InvalidRequest("hires scale", hires_scale,
+                             f"hires fix works with SD 1.x/2.x and SDXL; {name} decodes inside its own call. "
+                             "Generate at the size you want, or upscale afterwards (lowvram-gen upscale)")
+
+
+def _flow_matching(scheduler) -> bool:
+    name = type(scheduler).__name__
+    return name.startswith("FlowMatch") or scheduler.config.get("prediction_type") == "flow_prediction"
+
+
 def set_sampler(pipe, sampler: str) -> None:
     """Switch the scheduler by A1111 name; 'default' restores the model folder's own scheduler."""
     if not hasattr(pipe, "_lowvram_scheduler"):
         pipe._lowvram_scheduler = pipe.scheduler  # the folder's own, kept for 'default'
     base = pipe._lowvram_scheduler
+    if sampler != DEFAULT and _flow_matching(base):
+        # the A1111 samplers integrate a noise prediction; fed a flow-matching model's velocity they
+        # run without error and make wrong images
+        raise InvalidRequest("sampler", sampler,
+                             f"{type(pipe).__name__} is a flow-matching model ({type(base).__name__}); "
+                             "the A1111 samplers are for noise-prediction models: use 'default'")
     pipe.scheduler = base if sampler == DEFAULT else make_scheduler(sampler, base.config)
 
 
@@ -97,6 +132,8 @@ def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
     if chunk.init is not None and chunk.strength == 0:
         if not isinstance(chunk.init, list):
             return chunk.init  # latents: nothing to change
+        if not splits_decode(pipe):  # a pipeline that decodes itself returns images: the init ones, kept
+            return Decoded([im.copy() for im in chunk.init], None, [False] * n)
         return encode(pipe, chunk.init, device)
 
     def step_end(_pipe, i, _t, kwargs):
@@ -121,7 +158,11 @@ def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
     else:
         # diffusers runs int(steps * strength) steps; at least one, or the result is empty
         kwargs["num_inference_steps"] = max(chunk.steps, math.ceil(1 / chunk.strength))
-        out = img2img_pipe(pipe)(image=chunk.init, strength=chunk.strength, **kwargs)
+        i2i = img2img_pipe(pipe)
+        if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
+            # SD3, Flux, ...: without a size they resize the init image to the model's native size
+            kwargs.update(width=chunk.width, height=chunk.height)
+        out = i2i(image=chunk.init, strength=chunk.strength, **kwargs)
     if kwargs["output_type"] == "latent":
         return out.images
     flags = getattr(out, "nsfw_content_detected", None) or [False] * n  # black images from its own checker
