@@ -314,3 +314,17 @@ def test_what_sd3_cannot_do_is_a_clear_error(sd3, tmp_path, capsys, args, messag
     assert code == 2 and out == ""
     assert err.startswith("error: invalid ") and message in err
     assert "Traceback" not in err and not list(tmp_path.glob("*.png"))
+
+
+def test_the_size_grid_of_each_pipeline_family(sd3, tiny_path):
+    """Sides must be multiples of 8 for SD, 16 for SD3 (2x2 patches) and Flux (2x2 packed latents, which
+    its image processor rounds to); built empty, as the grid is read from the pipeline, not the weights."""
+    from diffusers import DiffusionPipeline, FluxPipeline
+
+    from lowvram_gen.engines.sd import size_multiple
+
+    flux = FluxPipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
+                        tokenizer_2=None, transformer=None)
+    assert size_multiple(flux) == 16
+    assert size_multiple(DiffusionPipeline.from_pretrained(tiny_path)) == 8
+    assert size_multiple(DiffusionPipeline.from_pretrained(sd3, text_encoder_3=None, tokenizer_3=None)) == 16

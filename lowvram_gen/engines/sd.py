@@ -45,8 +45,12 @@ def splits_decode(pipe) -> bool:
 
 def size_multiple(pipe) -> int:
     """Width and height must be multiples of this: the VAE's scale factor times the denoiser's patch
-    size (SD 1.x/2.x and SDXL: 8; SD3, whose transformer takes 2x2 latent patches: 16)."""
-    return int(getattr(pipe, "vae_scale_factor", 8) or 8) * int(getattr(pipe, "patch_size", 1) or 1)
+    size (SD 1.x/2.x and SDXL: 8; SD3, whose transformer takes 2x2 latent patches: 16), or what the
+    pipeline's image processor rounds to (Flux packs 2x2 latents and says so there: 16)."""
+    vae = int(getattr(pipe, "vae_scale_factor", 8) or 8)
+    patch = int(getattr(pipe, "patch_size", 1) or 1)
+    processor = getattr(getattr(pipe, "image_processor", None), "config", None)
+    return max(vae * patch, int(getattr(processor, "vae_scale_factor", vae) or vae))
 
 
 def check_request(pipe, width: int, height: int, hires_scale: float = 1.0) -> None:
