@@ -110,6 +110,7 @@ def build_vqgan_tab(session, options, jobs) -> None:
                                            elem_id="vq-iterations")
                     save_every = gr.Slider(0, 500, value=10, step=1, label="Preview every N iterations (0: end only)",
                                            elem_id="vq-save-every")
+                    video = gr.Checkbox(label="Progress video of the previews", value=False, elem_id="vq-video")
                 with gr.Accordion("Cutouts, optimiser, models", open=False):
                     with gr.Row():
                         cutn = gr.Slider(1, MAX_CUTN, value=DEFAULTS.cutn, step=1, label="Cutouts (cutn)")
@@ -129,7 +130,6 @@ def build_vqgan_tab(session, options, jobs) -> None:
                                                  label="Init noise (without an init image)")
                         init_weight = gr.Number(label="Init weight (pull towards the init image)",
                                                 value=DEFAULTS.init_weight, minimum=0, maximum=MAX_INIT_WEIGHT)
-                        video = gr.Checkbox(label="Progress video", value=False, elem_id="vq-video")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="vq-generate")
                     stop = gr.Button("Cancel", variant="stop", elem_id="vq-cancel")
