@@ -3,7 +3,8 @@
 estimate(profile, width, height, batch, settings) -> Estimate, where the profile holds everything the
 estimate needs and comes from configs only (no weights are read):
 
-    profile_builtin("sd15" | "sd21" | "sdxl")   shipped configs, counts precomputed in calibration.json
+    profile_builtin("sd15" | "sd21" | "sdxl" | "sd3" | "flux")   shipped configs (SD3 = SD3-medium,
+                                                 flux = FLUX.1-dev), counts precomputed in calibration.json
     profile_from_folder(path)                    any local diffusers folder, counted on the meta device
 
 The model (docs/benchmarks.md, "Memory estimator", has the numbers behind it):
@@ -17,8 +18,13 @@ working set of the largest block at that level (a GEGLU transformer block holds 
 resnet ~3.5 x its input channels). The VAE feature is the largest decoder stage (3 C_in + C_out at
 its resolution). Both are elements per latent pixel per image; times pixels, images and bytes per
 element, times the coefficient that scripts/calibrate_memory.py fits to real forward passes of SD 1.5,
-SD 2.1 and SDXL. Built-in architectures (and folders whose UNet matches one) use their own fitted
-coefficient; other models use the coefficient fitted over all of them.
+SD 2.1 and SDXL. A transformer denoiser (SD3, Flux, PixArt ...) is a stack of same-width blocks over
+one token stream: its feature is (image tokens + the text tokens joint attention carries beside them)
+x hidden width per image, and the coefficient (fitted to SD3-medium and FLUX.1-dev blocks) is how
+many stream-sized tensors its largest block holds at once. Attention adds no tokens^2 term: SDPA runs
+flash / memory-efficient kernels on CUDA and a flash kernel on the CPU, and the measurements grow
+linearly in tokens. Built-in architectures (and folders whose denoiser matches one) use their own
+fitted coefficient; other models use the coefficient fitted over all of them.
 
 No torch import at module import time: torch, diffusers and transformers are imported inside the
 functions that instantiate models on the meta device.
@@ -39,13 +45,15 @@ from .settings import MemorySettings
 CONFIGS = Path(__file__).resolve().parent / "configs"
 CALIBRATION_FILE = CONFIGS / "calibration.json"
 
-BUILTIN_NAMES = ("sd15", "sd21", "sdxl")
+BUILTIN_NAMES = ("sd15", "sd21", "sdxl", "sd3", "flux")
 ALIASES = {
     "sd15": "sd15", "sd1.5": "sd15", "sd-1.5": "sd15", "sd1": "sd15", "v1-5": "sd15",
     "stable-diffusion-v1-5": "sd15", "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd15",
     "runwayml/stable-diffusion-v1-5": "sd15",
     "sd21": "sd21", "sd2.1": "sd21", "sd-2.1": "sd21", "sd2": "sd21", "stabilityai/stable-diffusion-2-1": "sd21",
     "sdxl": "sdxl", "sd-xl": "sdxl", "sdxl-base": "sdxl", "stabilityai/stable-diffusion-xl-base-1.0": "sdxl",
+    "sd3": "sd3", "sd3-medium": "sd3", "stabilityai/stable-diffusion-3-medium-diffusers": "sd3",
+    "flux": "flux", "flux-dev": "flux", "flux.1-dev": "flux", "flux1-dev": "flux", "black-forest-labs/flux.1-dev": "flux",
 }
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -66,11 +74,31 @@ OVERHEAD_BYTES = 384 * MiB
 _DEFAULT_FIT = {
     "unet": {"global": 1.0, "per_call": 0.0},
     "vae": {"global": 1.0, "per_call": 0.0},
+    "transformer": {"global": 12.0, "per_call": 0.0},
     "slicing": 1.0,
 }
 
 # Token count of the CLIP text encoders (what the pipelines pad prompts to).
 TEXT_TOKENS = 77
+# What a pipeline family feeds its text encoders and transformer, by the prefix of model_index.json's
+# _class_name (FluxImg2ImgPipeline is a "Flux" pipeline). t5: the T5 prompt length, the default
+# max_sequence_length of the pipeline's __call__ (our engine never passes one; tests/test_memory.py
+# checks these against the installed diffusers). joint: the text tokens the transformer carries next
+# to the image tokens through every block (MMDiT joint attention): SD3 concatenates its CLIP-L and
+# CLIP-G token embeddings (77) with T5's; Flux uses T5's tokens only (CLIP gives a pooled vector).
+# cfg_batch: CFG runs as a doubled batch. FLUX.1-dev is guidance-distilled (the guidance scale is an
+# input) and schnell needs no guidance: FluxPipeline batches no CFG (its optional true CFG, with
+# true_cfg_scale > 1 and a negative prompt, runs two separate forwards). FLUX.1-schnell's model card
+# suggests max_sequence_length=256, but the pipeline's default (what runs here) is 512.
+PIPELINE_FAMILIES: dict[str, dict[str, Any]] = {
+    "StableDiffusion3": {"t5": 256, "joint": 77 + 256, "cfg_batch": True},
+    "Flux": {"t5": 512, "joint": 512, "cfg_batch": False},
+    "PixArtSigma": {"t5": 300, "joint": 0, "cfg_batch": True},  # cross-attention: text not in the stream
+    "PixArtAlpha": {"t5": 120, "joint": 0, "cfg_batch": True},
+}
+# A T5 encoder in a pipeline not listed above: its prompts are taken as this long, and a transformer with
+# joint attention (a joint_attention_dim in its config) carries them. A guess, not read from anywhere.
+DEFAULT_T5_TOKENS = 256
 # Tile overlap of diffusers' AutoencoderKL tiled decode (tile_overlap_factor).
 VAE_TILE_OVERLAP = 0.25
 
@@ -82,7 +110,7 @@ VAE_TILE_OVERLAP = 0.25
 class ModelProfile:
     """Everything the estimate needs about a model, taken from its configs."""
 
-    arch: str  # 'sd15' | 'sd21' | 'sdxl' | 'custom'
+    arch: str  # 'sd15' | 'sd21' | 'sdxl' | 'sd3' | 'flux' | 'custom'
     params: dict[str, int]  # parameters per component: unet (or transformer), vae, text_encoder, ...
     denoiser: str = "unet"  # the component that runs every step: 'unet' or 'transformer'
     # UNet, one entry per resolution level (down path order)
@@ -95,9 +123,13 @@ class ModelProfile:
     unet_upcast_attention: bool = False
     unet_ff_inner: int = 8  # GEGLU projection width per channel (2 x ff_mult 4)
     cross_attention_dim: int = 768
-    # a transformer denoiser (SD3, PixArt, Flux ...): hidden width and patch size; rough, not calibrated
+    # a transformer denoiser (SD3, PixArt, Flux ...): hidden width, and the edge in latent pixels of the
+    # patch one image token covers (SD3: patch_size 2; Flux: patch_size 1 on latents the pipeline packs
+    # 2x2 into 64 channels, so 2 as well)
     transformer_hidden: int = 0
     transformer_patch: int = 2
+    joint_text_tokens: int = 0  # text tokens carried next to the image tokens (PIPELINE_FAMILIES)
+    cfg_batch: bool = True  # CFG doubles the denoiser batch (not for guidance-distilled Flux)
     # VAE
     latent_channels: int = 4
     vae_scale_factor: int = 8
@@ -108,6 +140,7 @@ class ModelProfile:
     # text encoders: hidden width and layer count of each
     text_hidden: tuple[int, ...] = (768,)
     text_layers: tuple[int, ...] = (12,)
+    text_tokens: tuple[int, ...] = ()  # prompt length of each (CLIP 77, T5 the pipeline's); () = 77 each
     # weight layout, for offload and fp8 storage (parameter counts)
     largest_layer: dict[str, int] = field(default_factory=dict)  # per component: largest leaf module
     denoiser_blocks: tuple[int, ...] = ()  # block-level group offload groups (ModuleList children)
@@ -140,7 +173,8 @@ def _builtin_key(name: str) -> str:
 
 
 def profile_builtin(name: str) -> ModelProfile:
-    """Profile of a shipped architecture: 'sd15', 'sd21' or 'sdxl' (aliases such as 'sd1.5' work)."""
+    """Profile of a shipped architecture: 'sd15', 'sd21', 'sdxl', 'sd3' (SD3-medium) or 'flux' (FLUX.1-dev);
+    aliases such as 'sd1.5' work."""
     key = _builtin_key(name)
     stored = _calibration().get("profiles", {}).get(key)
     if stored is not None:
@@ -174,12 +208,14 @@ def _with_matched_arch(profile: ModelProfile) -> ModelProfile:
     """A fine-tune keeps its base's architecture: give it that architecture's calibration."""
     from dataclasses import replace
 
+    den = profile.denoiser
     for key in BUILTIN_NAMES:
         ref = _calibration().get("profiles", {}).get(key)
         if ref is None:
             continue
-        if (ref["params"].get("unet") == profile.params.get("unet")
+        if (ref.get("denoiser", "unet") == den and ref["params"].get(den) == profile.params.get(den)
                 and tuple(ref["unet_channels"]) == profile.unet_channels
+                and ref.get("transformer_hidden", 0) == profile.transformer_hidden
                 and ref["cross_attention_dim"] == profile.cross_attention_dim
                 and tuple(ref["vae_channels"]) == profile.vae_channels):
             return replace(profile, arch=key)
@@ -196,7 +232,9 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
     params: dict[str, int] = {}
     largest: dict[str, int] = {}
     kw: dict[str, Any] = {}
-    text_hidden, text_layers = [], []
+    text_hidden, text_layers, text_tokens, t5_tokens = [], [], [], []
+    family = _pipeline_family(str(index.get("_class_name") or ""))
+    joint, in_channels = False, 0
     for name, (library, class_name) in sorted(components.items()):
         cfg_file = root / name / "config.json"
         if not cfg_file.is_file() or name in ("safety_checker", "feature_extractor", "image_encoder"):
@@ -210,6 +248,8 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                             default=0)
         if name in ("unet", "transformer"):
             kw.update(_denoiser_fields(name, model))
+            joint = name == "transformer" and "joint_attention_dim" in cfg
+            in_channels = int(cfg.get("in_channels", 4))
         elif name == "vae":
             kw.update(_vae_fields(model))
             # only the SDXL pipelines honour force_upcast (and diffusers defaults it to true when absent)
@@ -218,11 +258,32 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
             c = model.config
             text_hidden.append(int(getattr(c, "hidden_size", getattr(c, "d_model", 768))))
             text_layers.append(int(getattr(c, "num_hidden_layers", getattr(c, "num_layers", 12))))
+            if str(getattr(c, "model_type", "")).startswith("clip"):
+                text_tokens.append(int(getattr(c, "max_position_embeddings", TEXT_TOKENS)))
+            else:  # T5 (or another sequence encoder): padded to the pipeline's max_sequence_length
+                t5_tokens.append(int(family.get("t5", DEFAULT_T5_TOKENS)))
+                text_tokens.append(t5_tokens[-1])
         del model
     if "denoiser" not in kw:
         raise ValueError(f"{root}: no unet or transformer component with a config.json")
-    return ModelProfile(arch=arch, params=params, largest_layer=largest,
-                        text_hidden=tuple(text_hidden) or (768,), text_layers=tuple(text_layers) or (12,), **kw)
+    if kw["denoiser"] == "transformer":
+        # the pipeline packs n x n latent pixels into one input token when the transformer takes n^2 x
+        # the VAE's latent channels (Flux: 64 = 4 x 16); a patch_size > 1 patchifies on top of that
+        packed = in_channels / kw.get("latent_channels", in_channels)
+        n = math.isqrt(int(packed)) if packed >= 1 and float(packed).is_integer() else 1
+        kw["transformer_patch"] = kw["transformer_patch"] * (n if n * n == packed else 1)
+        if joint:  # text tokens in the stream: the family's, else the T5 (non-CLIP) encoders' prompts
+            kw["joint_text_tokens"] = int(family.get("joint", sum(t5_tokens)))
+        kw["cfg_batch"] = bool(family.get("cfg_batch", True))
+    return ModelProfile(arch=arch, params=params, largest_layer=largest, text_hidden=tuple(text_hidden) or (768,),
+                        text_layers=tuple(text_layers) or (12,), text_tokens=tuple(text_tokens) or (TEXT_TOKENS,),
+                        **kw)
+
+
+def _pipeline_family(class_name: str) -> dict[str, Any]:
+    """PIPELINE_FAMILIES' entry for a pipeline class name (the longest matching prefix), or {}."""
+    hits = [k for k in PIPELINE_FAMILIES if class_name.startswith(k)]
+    return PIPELINE_FAMILIES[max(hits, key=len)] if hits else {}
 
 
 def _instantiate_meta(library: str, class_name: str, cfg: dict):
@@ -304,6 +365,7 @@ def _vae_fields(model) -> dict:
     cfg = model.config
     channels = tuple(int(c) for c in cfg.get("block_out_channels", (128, 256, 512, 512)))
     return {
+        "latent_channels": int(cfg.get("latent_channels", 4)),
         "vae_channels": channels,
         "vae_layers_per_block": int(cfg.get("layers_per_block", 2)),
         "vae_scale_factor": 2 ** (len(channels) - 1),
@@ -332,14 +394,18 @@ def _fit() -> dict:
     return _calibration().get("fit") or _DEFAULT_FIT
 
 
+def _fit_table(kind: str) -> dict:
+    return _fit().get(kind) or _DEFAULT_FIT[kind]
+
+
 def _coefficient(kind: str, arch: str) -> float:
-    table = _fit()[kind]
+    table = _fit_table(kind)
     return float(table.get(arch, table["global"]))
 
 
 def _per_call(kind: str) -> float:
     """Images' worth of activations a forward needs whatever its batch (fitted from batch pairs)."""
-    return float(_fit()[kind].get("per_call", 0.0))
+    return float(_fit_table(kind).get("per_call", 0.0))
 
 
 # ------------------------------------------------------------------------------------ features
@@ -363,13 +429,32 @@ def _unet_levels(profile: ModelProfile):
 
 def unet_feature(profile: ModelProfile) -> float:
     """Peak live elements of one UNet forward, per latent pixel per image, from the UNet's shape."""
-    if not profile.unet_channels:  # a transformer denoiser: tokens x hidden x ~24 (rough, see docs)
-        return 24.0 * profile.transformer_hidden / profile.transformer_patch**2
+    if not profile.unet_channels:  # a transformer denoiser: see transformer_feature
+        return float(profile.transformer_hidden) / profile.transformer_patch**2
     ff = 3 + profile.unet_ff_inner * 2  # residuals + norm + GEGLU projection + gelu(gate) + product
     best = 0.0
     for res, held, c, c_in, attn, _ in _unet_levels(profile):
         best = max(best, held + res * max(3.5 * c_in, ff * c if attn else 0.0))
     return best
+
+
+def transformer_tokens(profile: ModelProfile, hw: int) -> float:
+    """Tokens one image puts through every transformer block: hw latent pixels in patches, plus the
+    text tokens that joint attention (SD3, Flux) carries beside them."""
+    return hw / profile.transformer_patch**2 + profile.joint_text_tokens
+
+
+def transformer_feature(profile: ModelProfile, hw: int) -> float:
+    """Elements of one image's token stream (tokens x hidden): what a transformer block's working set
+    is a multiple of. The fitted coefficient is that multiple (see docs/benchmarks.md)."""
+    return transformer_tokens(profile, hw) * profile.transformer_hidden
+
+
+def _denoiser_elements(profile: ModelProfile, hw: int) -> tuple[str, float]:
+    """(calibration kind, elements per image with coefficient 1) of one denoiser forward."""
+    if profile.unet_channels:
+        return "unet", unet_feature(profile) * hw
+    return "transformer", transformer_feature(profile, hw)
 
 
 def _sliced_attention_terms(profile: ModelProfile, hw: float):
@@ -409,10 +494,10 @@ def _score_bytes(profile: ModelProfile, dtype_bytes: int) -> int:
 class Estimate:
     total_bytes: int  # predicted peak device memory of the job
     weights_bytes: int  # weights resident on the device at the peak
-    unet_bytes: int  # activations of one UNet step (CFG doubles the batch)
+    unet_bytes: int  # activations of one denoiser step, UNet or transformer (CFG doubles the batch)
     vae_bytes: int  # activations of the VAE decode
     overhead_bytes: int  # fixed allowance: kernels, cuBLAS/cuDNN workspaces, allocator rounding
-    peak_phase: str = "unet"  # 'text' | 'unet' | 'vae'
+    peak_phase: str = "unet"  # 'text' | 'unet' (the denoiser, UNet or transformer) | 'vae'
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -423,9 +508,10 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
     """Activations of one denoiser forward over `images` latents (CFG: 2 per image)."""
     sf = profile.vae_scale_factor
     hw = math.ceil(height / sf) * math.ceil(width / sf)
-    coef = _coefficient("unet", profile.arch)
-    n = images + _per_call("unet")
-    act = coef * unet_feature(profile) * hw * n * dtype_bytes
+    kind, elements = _denoiser_elements(profile, hw)
+    coef = _coefficient(kind, profile.arch)
+    n = images + _per_call(kind)
+    act = coef * elements * n * dtype_bytes
     if attention == "slicing" and profile.unet_channels:
         # the score slices are live during self-attention, not at the feed-forward peak: the peak is
         # the larger of the two
@@ -463,9 +549,11 @@ def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images:
 
 
 def text_activation_bytes(profile: ModelProfile, prompts: int, dtype_bytes: int) -> int:
-    """Text encoders: 77 tokens, every hidden state kept (SDXL reads the penultimate one)."""
-    return int(sum(prompts * TEXT_TOKENS * h * (layers + 16) * dtype_bytes
-                   for h, layers in zip(profile.text_hidden, profile.text_layers)))
+    """Text encoders: their prompt length (CLIP 77, T5 the pipeline's), every hidden state kept (SDXL
+    reads the penultimate one). Not calibrated; the text phase is the peak only when its weights are."""
+    tokens = profile.text_tokens or (TEXT_TOKENS,) * len(profile.text_hidden)
+    return int(sum(prompts * t * h * (layers + 16) * dtype_bytes
+                   for h, layers, t in zip(profile.text_hidden, profile.text_layers, tokens)))
 
 
 def estimate(profile: ModelProfile, width: int, height: int, batch: int, settings: MemorySettings,
@@ -477,6 +565,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     if settings.dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {settings.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     b = DTYPE_BYTES[settings.dtype]
+    cfg = cfg and profile.cfg_batch  # Flux: no CFG batch whatever the guidance scale
     images = batch * (2 if cfg else 1)
     # SDXL-style pipelines decode in float32 when the VAE is float16 and its config says force_upcast
     vae_b = 4 if (settings.dtype == "float16" and profile.vae_force_upcast) else b
@@ -546,8 +635,11 @@ def _measured_feature(m: dict, profile: ModelProfile, per_call: float = 0.0) -> 
     b = DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
     sf = profile.vae_scale_factor
     hw = math.ceil(m["height"] / sf) * math.ceil(m["width"] / sf)
-    feature = unet_feature(profile) if m["component"] == "unet" else vae_feature(profile)
-    return feature * hw * (m["batch"] + per_call) * b
+    if m["component"] == "vae":
+        elements = vae_feature(profile) * hw
+    else:
+        elements = _denoiser_elements(profile, hw)[1]
+    return elements * (m["batch"] + per_call) * b
 
 
 def fit_coefficients(measurements: list[dict]) -> dict:
@@ -558,11 +650,12 @@ def fit_coefficients(measurements: list[dict]) -> dict:
     Then per architecture and component: the mean of measured / modelled over the plain (SDPA,
     untiled) measurements; 'global' is the mean over architectures, used for other models. The
     slicing coefficient scales the score-matrix term to the measured peak with attention slicing.
+    Points marked "check" (transformer depth, SD3.5-medium) are held out of the fit.
     """
     ok = [m for m in measurements if "activation_bytes" in m]
-    plain = [m for m in ok if not m.get("options", {}).get("attention") and not m.get("options", {}).get("tiling")]
+    plain = [m for m in ok if not any(m.get("options", {}).get(k) for k in ("attention", "tiling", "check"))]
     fit: dict[str, Any] = {}
-    for kind in ("unet", "vae"):
+    for kind in ("unet", "vae", "transformer"):
         rows = [m for m in plain if m["component"] == kind]
         ks = []
         for a, b in itertools.combinations(rows, 2):
@@ -595,11 +688,16 @@ def fit_coefficients(measurements: list[dict]) -> dict:
 
 
 def predicted_activation(m: dict) -> int:
-    """What the estimator predicts for one calibration measurement."""
-    prof = profile_builtin(m["arch"])
+    """What the estimator predicts for one calibration measurement ("estimate_as": 'custom' estimates
+    it as an architecture that is not built in, i.e. with the global coefficient)."""
+    from dataclasses import replace
+
     opts = m.get("options", {})
+    prof = profile_builtin(m["arch"])
+    if opts.get("estimate_as"):
+        prof = replace(prof, arch=opts["estimate_as"])
     b = DTYPE_BYTES[opts.get("dtype", "bfloat16")]
-    if m["component"] == "unet":
+    if m["component"] in ("unet", "transformer"):
         return unet_activation_bytes(prof, m["width"], m["height"], m["batch"], b, opts.get("attention", "sdpa"))
     return vae_activation_bytes(prof, m["width"], m["height"], m["batch"], b, tiling=bool(opts.get("tiling")))
 

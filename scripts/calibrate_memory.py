@@ -5,13 +5,14 @@
     python scripts/calibrate_memory.py --fit-only   # refit from the stored measurements
     python scripts/calibrate_memory.py --only sd15  # measure only jobs whose id contains "sd15"
     python scripts/calibrate_memory.py --redo       # measure again even where a result is stored
+    python scripts/calibrate_memory.py --live-check # cross-check RSS against live tensor bytes (transformers)
 
-What is measured. Each job builds one real component (SD 1.5 / 2.1 / SDXL UNet, or the SD VAE) from
-the configs shipped in lowvram_gen/configs, with random bfloat16 weights (no download), in a fresh
-subprocess. It runs one small warm-up pass (so oneDNN and the thread pool have set themselves up),
-resets the kernel's peak-RSS counter (`echo 5 > /proc/self/clear_refs`, which resets VmHWM), reads
-VmRSS, runs one forward pass under torch.inference_mode(), and reads VmHWM. activation_bytes =
-VmHWM - VmRSS(before): the memory the forward pass needed on top of resident weights and inputs,
+What is measured. Each job builds one real component (SD 1.5 / 2.1 / SDXL UNet, the SD VAE, or the
+SD3-medium / FLUX.1-dev transformer) from the configs shipped in lowvram_gen/configs, with random
+bfloat16 weights (no download), in a fresh subprocess. It runs one small warm-up pass (so oneDNN and
+the thread pool have set themselves up), resets the kernel's peak-RSS counter (`echo 5 >
+/proc/self/clear_refs`, which resets VmHWM), reads VmRSS, runs one forward pass under
+torch.inference_mode(), and reads VmHWM. activation_bytes = VmHWM - VmRSS(before): the memory the forward pass needed on top of resident weights and inputs,
 i.e. what torch.cuda.max_memory_allocated() minus memory_allocated() before the step reports on a GPU.
 
 Why RSS and not torch.profiler: profile_memory records every allocation, but getting a peak from it
@@ -20,6 +21,15 @@ is not a torch tensor (oneDNN scratch pads). VmHWM sees everything the process t
 follow live tensors instead of glibc's free lists, every worker runs with MALLOC_MMAP_THRESHOLD_=65536
 (allocations above 64 KiB are mmap'ed and go back to the kernel when freed) and MALLOC_TRIM_THRESHOLD_=0,
 so a freed activation leaves RSS at once, as it leaves max_memory_allocated on CUDA.
+
+Transformers are built with fewer blocks than the real model (options "layers": SD3 2 of 24 joint
+blocks; Flux 1 of 19 double-stream and 1 of 38 single-stream blocks). In an inference forward each
+block's activations are freed before the next block runs, so the peak is that of the largest block
+plus what lives across blocks (the image and text token streams, the timestep embedding) and does
+not depend on the depth; the "check": "depth" points measure 4 blocks (2 + 2 for Flux) against that.
+Their text sequence is what the pipelines feed by default: SD3 77 CLIP tokens + the T5
+max_sequence_length default of StableDiffusion3Pipeline (256); Flux that of FluxPipeline (512); read
+from the installed diffusers' pipeline signatures and stored with each point ("text_tokens").
 
 Why bfloat16: the same 2 bytes per element as float16 on a GPU, so activation bytes are comparable
 one for one; this CPU has AVX512-BF16 and runs bf16 ~2.7x faster than fp32. SDPA on CPU dispatches
@@ -47,6 +57,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "lowvram_gen" / "configs"
 CALIBRATION = CONFIGS / "calibration.json"
 
+# Reduced depth of the measured transformers (config overrides), and SD3.5-medium's transformer against
+# SD3-medium's (stabilityai/stable-diffusion-3.5-medium transformer/config.json; two blocks, the first
+# one with the dual attention).
+SD3_LAYERS = {"num_layers": 2}
+FLUX_LAYERS = {"num_layers": 1, "num_single_layers": 1}
+SD35_MEDIUM = {"qk_norm": "rms_norm", "dual_attention_layers": [0], "pos_embed_max_size": 384}
+
 # (id, component, arch, width, height, batch, options). batch = the batch the model sees (CFG: 2 per image).
 JOBS: list[tuple[str, str, str, int, int, int, dict]] = [
     ("vae-sd15-512", "vae", "sd15", 512, 512, 1, {}),
@@ -63,6 +80,25 @@ JOBS: list[tuple[str, str, str, int, int, int, dict]] = [
     ("vae-sd15-1024-tiled", "vae", "sd15", 1024, 1024, 1, {"tiling": True}),
     ("vae-sd15-512-b2", "vae", "sd15", 512, 512, 2, {}),
     ("unet-sd15-512-b2-fp32", "unet", "sd15", 512, 512, 2, {"dtype": "float32"}),
+    # Transformer denoisers at reduced depth (see the module docstring). SD3: a CFG batch of 2 per image;
+    # Flux (guidance-distilled: the guidance scale is an input, no CFG batch): batch 1.
+    ("transformer-sd3-512-b2", "transformer", "sd3", 512, 512, 2, {"layers": SD3_LAYERS}),
+    ("transformer-sd3-768-b2", "transformer", "sd3", 768, 768, 2, {"layers": SD3_LAYERS}),
+    ("transformer-sd3-1024-b2", "transformer", "sd3", 1024, 1024, 2, {"layers": SD3_LAYERS}),
+    ("transformer-sd3-512-b4", "transformer", "sd3", 512, 512, 4, {"layers": SD3_LAYERS}),
+    ("transformer-flux-512-b1", "transformer", "flux", 512, 512, 1, {"layers": FLUX_LAYERS}),
+    ("transformer-flux-768-b1", "transformer", "flux", 768, 768, 1, {"layers": FLUX_LAYERS}),
+    ("transformer-flux-1024-b1", "transformer", "flux", 1024, 1024, 1, {"layers": FLUX_LAYERS}),
+    ("transformer-flux-512-b2", "transformer", "flux", 512, 512, 2, {"layers": FLUX_LAYERS}),
+    # checks, not fitted: depth (4 blocks against 2), and SD3.5-medium's block (RMS qk-norm, a second
+    # image-only attention in the first 13 blocks) estimated as a folder of it would be: SD3-medium's
+    # shape (same hidden width, patches and text tokens), but not a built-in, so the global coefficient
+    ("transformer-sd3-1024-b2-4layers", "transformer", "sd3", 1024, 1024, 2,
+     {"layers": {"num_layers": 4}, "check": "depth"}),
+    ("transformer-flux-768-b1-4layers", "transformer", "flux", 768, 768, 1,
+     {"layers": {"num_layers": 2, "num_single_layers": 2}, "check": "depth"}),
+    ("transformer-sd35m-1024-b2", "transformer", "sd3", 1024, 1024, 2,
+     {"layers": {**SD3_LAYERS, **SD35_MEDIUM}, "check": "sd3.5-medium", "estimate_as": "custom"}),
 ]
 
 
@@ -113,14 +149,19 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def _build(component: str, arch: str, dtype):
-    """The component from its shipped config, random weights of `dtype`, built without an fp32 copy."""
+def _build(component: str, arch: str, dtype, overrides: dict | None = None):
+    """The component from its shipped config (with `overrides`, e.g. fewer blocks), random weights of
+    `dtype`, built without an fp32 copy."""
+    import diffusers
     import torch
     from accelerate import init_empty_weights
 
     cfg = json.loads((CONFIGS / arch / component / "config.json").read_text())
+    cfg.update(overrides or {})
     if component == "unet":
         from diffusers import UNet2DConditionModel as cls
+    elif component == "transformer":
+        cls = getattr(diffusers, cfg["_class_name"])
     else:
         from diffusers import AutoencoderKL as cls
     with init_empty_weights():
@@ -147,13 +188,55 @@ def _build(component: str, arch: str, dtype):
     return model, cfg
 
 
-def _inputs(component: str, cfg: dict, width: int, height: int, batch: int, dtype):
+def text_tokens(arch: str) -> int:
+    """Text tokens the transformer attends to with the image tokens, as the pipelines feed them by default:
+    SD3 77 CLIP tokens (CLIP-L and CLIP-G side by side) + T5 max_sequence_length; Flux T5 only."""
+    import inspect
+
+    import diffusers
+
+    pipe = {"sd3": "StableDiffusion3Pipeline", "flux": "FluxPipeline"}[arch]
+    t5 = inspect.signature(getattr(diffusers, pipe).__call__).parameters["max_sequence_length"].default
+    return (77 if arch == "sd3" else 0) + int(t5)
+
+
+def _transformer_inputs(cfg: dict, arch: str, h: int, w: int, batch: int, dtype, g):
+    import torch
+
+    n_text = text_tokens(arch)
+    text = torch.randn(batch, n_text, cfg["joint_attention_dim"], generator=g).to(dtype)
+    pooled = torch.randn(batch, cfg["pooled_projection_dim"], generator=g).to(dtype)
+    if cfg["_class_name"] == "FluxTransformer2DModel":
+        # FluxPipeline packs 2x2 patches of the 16-channel latent into 64-channel tokens
+        ph, pw = h // 2, w // 2
+        ids = torch.zeros(ph, pw, 3)
+        ids[..., 1] += torch.arange(ph)[:, None]
+        ids[..., 2] += torch.arange(pw)[None, :]
+        kw = {
+            "hidden_states": torch.randn(batch, ph * pw, cfg["in_channels"], generator=g).to(dtype),
+            "encoder_hidden_states": text, "pooled_projections": pooled,
+            "timestep": torch.full((batch,), 0.5, dtype=dtype),
+            "img_ids": ids.reshape(ph * pw, 3).to(dtype), "txt_ids": torch.zeros(n_text, 3, dtype=dtype),
+        }
+        if cfg.get("guidance_embeds"):
+            kw["guidance"] = torch.full((batch,), 3.5, dtype=torch.float32)
+        return kw
+    return {
+        "hidden_states": torch.randn(batch, cfg["in_channels"], h, w, generator=g).to(dtype),
+        "encoder_hidden_states": text, "pooled_projections": pooled,
+        "timestep": torch.full((batch,), 500.0, dtype=dtype),
+    }
+
+
+def _inputs(component: str, cfg: dict, width: int, height: int, batch: int, dtype, arch: str = ""):
     import torch
 
     g = torch.Generator().manual_seed(1)
     h, w = height // 8, width // 8
     if component == "vae":
         return {"z": torch.randn(batch, cfg.get("latent_channels", 4), h, w, generator=g).to(dtype)}
+    if component == "transformer":
+        return _transformer_inputs(cfg, arch, h, w, batch, dtype, g)
     kw = {
         "sample": torch.randn(batch, cfg.get("in_channels", 4), h, w, generator=g).to(dtype),
         "timestep": torch.tensor(500),
@@ -177,14 +260,16 @@ def _run(model, component: str, kw: dict):
 def worker(job: dict) -> dict:
     import gc
 
+    import diffusers
     import torch
 
     torch.set_num_threads(int(os.environ.get("CALIB_THREADS", "2")))
     dtype = getattr(torch, job["options"].get("dtype", "bfloat16"))
     component = job["component"]
+    arch = job["arch"]
     rss0 = _status()["VmRSS"]
     t0 = time.perf_counter()
-    model, cfg = _build(component, job["arch"], dtype)
+    model, cfg = _build(component, arch, dtype, job["options"].get("layers"))
     gc.collect()
     rss_weights = _status()["VmRSS"] - rss0
     n_params = sum(p.numel() for p in model.parameters())
@@ -196,8 +281,8 @@ def worker(job: dict) -> dict:
     # Warm-up: small size, same code paths (tiling needs a latent above the tile size to engage).
     wsize = 256 if not job["options"].get("tiling") else job["width"]
     with torch.inference_mode():
-        _run(model, component, _inputs(component, cfg, wsize, wsize, 1, dtype))
-    kw = _inputs(component, cfg, job["width"], job["height"], job["batch"], dtype)
+        _run(model, component, _inputs(component, cfg, wsize, wsize, 1, dtype, arch))
+    kw = _inputs(component, cfg, job["width"], job["height"], job["batch"], dtype, arch)
     gc.collect()
     _reset_peak()
     before = _status()["VmRSS"]
@@ -217,7 +302,85 @@ def worker(job: dict) -> dict:
         "build_s": round(build_s, 1),
         "run_s": round(run_s, 1),
         "torch": torch.__version__,
+        **({"diffusers": diffusers.__version__, "text_tokens": text_tokens(arch),
+            "attention": type(model.attn_processors[next(iter(model.attn_processors))]).__name__,
+            "command": f"python scripts/calibrate_memory.py --only {job['id']} --redo"}
+           if component == "transformer" else {}),
     }
+
+
+def live_worker(job: dict) -> dict:
+    """The same forward as worker(), but counting bytes of live tensor storages instead of RSS: every op's
+    output storage is added when it appears and taken off when it is freed (a TorchDispatchMode and a
+    weakref finalizer per storage). Storages that exist before the forward (weights, buffers, inputs)
+    are not counted, nor are views of them. This is what a caching allocator must hold (less its
+    rounding), and it sees no oneDNN or attention-kernel scratch; RSS sees both."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Live(TorchDispatchMode):
+        def __init__(self, existing):
+            super().__init__()
+            self.sizes = {ptr: 0 for ptr in existing}
+            self.now = self.peak = 0
+
+        def _free(self, ptr, n):
+            self.sizes.pop(ptr, None)
+            self.now -= n
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    ptr = st.data_ptr()
+                    if ptr and ptr not in self.sizes:
+                        self.sizes[ptr] = st.nbytes()
+                        self.now += st.nbytes()
+                        self.peak = max(self.peak, self.now)
+                        weakref.finalize(st, self._free, ptr, st.nbytes())
+            return out
+
+    torch.set_num_threads(int(os.environ.get("CALIB_THREADS", "2")))
+    dtype = getattr(torch, job["options"].get("dtype", "bfloat16"))
+    component, arch = job["component"], job["arch"]
+    model, cfg = _build(component, arch, dtype, job["options"].get("layers"))
+    kw = _inputs(component, cfg, job["width"], job["height"], job["batch"], dtype, arch)
+    tensors = [*model.parameters(), *model.buffers(), *[t for t in tree_flatten(kw)[0] if isinstance(t, torch.Tensor)]]
+    mode = Live(t.untyped_storage().data_ptr() for t in tensors)
+    with torch.inference_mode(), mode:
+        _run(model, component, kw)
+    return {"id": job["id"], "live_tensor_peak_bytes": mode.peak, "torch": torch.__version__}
+
+
+LIVE_CHECK = ("transformer-sd3-512-b2", "transformer-sd3-1024-b2", "transformer-flux-512-b1", "transformer-flux-1024-b1")
+LIVE_FILE = ROOT / "docs" / "bench" / "transformer_live_tensors.json"
+
+
+def live_check(timeout: int) -> None:
+    """Run live_worker for LIVE_CHECK and store it next to the RSS measurement of the same point."""
+    measured = {m["id"]: m for m in load().get("measurements", [])}
+    rows = []
+    for job_id, component, arch, width, height, batch, options in JOBS:
+        if job_id not in LIVE_CHECK:
+            continue
+        job = {"id": job_id, "component": component, "arch": arch, "width": width, "height": height,
+               "batch": batch, "options": options}
+        proc = subprocess.run([sys.executable, __file__, "--live-worker", json.dumps(job)], capture_output=True,
+                              text=True, timeout=timeout)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        row = json.loads(lines[-1]) if proc.returncode == 0 and lines else {"id": job_id, "error": proc.stderr[-2000:]}
+        rss = measured.get(job_id, {}).get("activation_bytes")
+        if rss and "live_tensor_peak_bytes" in row:
+            row["rss_activation_bytes"] = rss
+            row["rss_minus_live_mib"] = round((rss - row["live_tensor_peak_bytes"]) / 2**20, 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    LIVE_FILE.write_text(json.dumps({"command": "python scripts/calibrate_memory.py --live-check",
+                                     "rows": rows}, indent=1) + "\n")
 
 
 # --------------------------------------------------------------------------------------------- driver
@@ -309,12 +472,29 @@ def markdown() -> None:
     from lowvram_gen import memory
 
     meas = {m["id"]: m for m in load().get("measurements", [])}
+    rows = memory.calibration_report()
     print("| measurement | batch | measured (MiB) | estimated (MiB) | error | CPU time (s) |")
     print("|---|---|---|---|---|---|")
-    for row in memory.calibration_report():
+    for row in rows:
         m = meas[row["id"]]
-        print(f"| `{row['id']}` | {m['batch']} | {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} "
-              f"| {row['error_pct']:+.1f} % | {m['run_s']:.0f} |")
+        if m["component"] != "transformer":
+            print(f"| `{row['id']}` | {m['batch']} | {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} "
+                  f"| {row['error_pct']:+.1f} % | {m['run_s']:.0f} |")
+    print()
+    print("| measurement | blocks | batch | tokens per image (image + text) | measured (MiB) | estimated (MiB) "
+          "| error | CPU time (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        m = meas[row["id"]]
+        if m["component"] == "transformer":
+            prof = memory.profile_builtin(m["arch"])
+            image = (m["height"] // 8 // prof.transformer_patch) * (m["width"] // 8 // prof.transformer_patch)
+            layers = m["options"]["layers"]
+            blocks = " + ".join(str(layers[k]) for k in ("num_layers", "num_single_layers") if k in layers)
+            note = f" ({m['options']['check']}, not fitted)" if m["options"].get("check") else ""
+            print(f"| `{row['id']}`{note} | {blocks} | {m['batch']} | {image} + {m['text_tokens']} "
+                  f"| {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} | {row['error_pct']:+.1f} % "
+                  f"| {m['run_s']:.0f} |")
     print()
     print("| published run | published max_memory_allocated (GiB) | estimated, no overhead (GiB) | error | peak phase |")
     print("|---|---|---|---|---|")
@@ -328,6 +508,9 @@ def markdown() -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--live-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--live-check", action="store_true",
+                    help=f"cross-check RSS against live tensor bytes on a few transformer points, to {LIVE_FILE.name}")
     ap.add_argument("--only", help="measure only jobs whose id contains this text")
     ap.add_argument("--redo", action="store_true", help="measure again even where a result is stored")
     ap.add_argument("--fit-only", action="store_true", help="do not measure; refit from stored measurements")
@@ -336,6 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
+        return 0
+    if args.live_worker:
+        print(json.dumps(live_worker(json.loads(args.live_worker))), flush=True)
+        return 0
+    if args.live_check:
+        live_check(args.timeout)
         return 0
     if args.markdown:
         markdown()

@@ -52,7 +52,48 @@ def test_builtin_parameter_counts():
     assert (sd15.vae_sample_size, sd21.vae_sample_size, sdxl.vae_sample_size) == (512, 768, 1024)
 
 
-@pytest.mark.parametrize("alias,key", [("sd1.5", "sd15"), ("SD2.1", "sd21"), ("sdxl", "sdxl"), ("sd15", "sd15")])
+def test_builtin_transformer_parameter_counts():
+    """SD3-medium and FLUX.1-dev from the shipped configs: the published sizes (SD3-medium's MMDiT ~2.03B
+    with T5-XXL's encoder ~4.76B; Flux's transformer ~11.9B with its 16-channel VAE ~84M)."""
+    sd3 = memory.profile_builtin("sd3")
+    assert sd3.denoiser == "transformer"
+    assert sd3.params == {"transformer": 2_028_328_000, "vae": 83_819_683, "text_encoder": 123_650_304,
+                          "text_encoder_2": 694_659_840, "text_encoder_3": 4_762_310_656}
+    flux = memory.profile_builtin("flux")
+    assert flux.denoiser == "transformer"
+    assert flux.params == {"transformer": 11_901_408_320, "vae": 83_819_683, "text_encoder": 123_060_480,
+                           "text_encoder_2": 4_762_310_656}
+    assert round(sd3.params["transformer"] / 1e9, 2) == 2.03 and round(sd3.params["text_encoder_3"] / 1e9, 2) == 4.76
+    assert round(flux.params["transformer"] / 1e9, 1) == 11.9 and round(flux.params["vae"] / 1e6) == 84
+    # the VAE is the SD VAE's layout with 16 latent channels and no quant convs (83.82M against 83.65M)
+    for p in (sd3, flux):
+        assert p.latent_channels == 16 and p.vae_channels == (128, 256, 512, 512) and p.vae_scale_factor == 8
+        assert not p.vae_force_upcast  # only the SDXL pipelines upcast the VAE
+    # SD3: 24 heads x 64, 2x2 patches; Flux: 24 x 128 on latents the pipeline packs 2x2 (patch_size 1)
+    assert (sd3.transformer_hidden, sd3.transformer_patch) == (1536, 2)
+    assert (flux.transformer_hidden, flux.transformer_patch) == (3072, 2)
+    assert len(sd3.denoiser_blocks) == 24 and len(flux.denoiser_blocks) == 19 + 38
+    # text: SD3 77 CLIP tokens + 256 T5 tokens through every block, CFG batched; Flux 512 T5 tokens, no CFG batch
+    assert (sd3.joint_text_tokens, sd3.cfg_batch, sd3.text_tokens) == (333, True, (77, 77, 256))
+    assert (flux.joint_text_tokens, flux.cfg_batch, flux.text_tokens) == (512, False, (77, 512))
+
+
+def test_pipeline_families_follow_the_installed_diffusers():
+    """PIPELINE_FAMILIES' T5 prompt lengths are the max_sequence_length defaults of the pipelines' __call__."""
+    import inspect
+
+    diffusers = pytest.importorskip("diffusers")
+    for family, pipeline in (("StableDiffusion3", "StableDiffusion3Pipeline"), ("Flux", "FluxPipeline"),
+                             ("PixArtSigma", "PixArtSigmaPipeline"), ("PixArtAlpha", "PixArtAlphaPipeline")):
+        default = inspect.signature(getattr(diffusers, pipeline).__call__).parameters["max_sequence_length"].default
+        assert memory.PIPELINE_FAMILIES[family]["t5"] == default, pipeline
+        assert memory._pipeline_family(pipeline) is memory.PIPELINE_FAMILIES[family]
+    assert memory._pipeline_family("FluxImg2ImgPipeline")["cfg_batch"] is False
+    assert memory._pipeline_family("StableDiffusionXLPipeline") == {}
+
+
+@pytest.mark.parametrize("alias,key", [("sd1.5", "sd15"), ("SD2.1", "sd21"), ("sdxl", "sdxl"), ("sd15", "sd15"),
+                                       ("SD3-medium", "sd3"), ("black-forest-labs/FLUX.1-dev", "flux")])
 def test_builtin_aliases(alias, key):
     assert memory.profile_builtin(alias).arch == key
 
@@ -72,7 +113,9 @@ def test_profile_from_folder_rejects_a_folder_without_model_index(tmp_path):
 
 def test_shipped_configs_are_the_published_architectures():
     for name, parts in {"sd15": ["unet", "vae", "text_encoder"], "sd21": ["unet", "vae", "text_encoder"],
-                        "sdxl": ["unet", "vae", "text_encoder", "text_encoder_2"]}.items():
+                        "sdxl": ["unet", "vae", "text_encoder", "text_encoder_2"],
+                        "sd3": ["transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"],
+                        "flux": ["transformer", "vae", "text_encoder", "text_encoder_2"]}.items():
         index = json.loads((memory.CONFIGS / name / "model_index.json").read_text())
         for part in parts:
             assert part in index
@@ -137,6 +180,20 @@ def test_a_folder_with_a_builtin_architecture_gets_its_calibration(tmp_path):
     profile = memory.profile_from_folder(folder)
     assert profile.arch == "sd15"
     assert profile == memory.profile_builtin("sd15")  # the stored profile is what the configs give
+
+
+def test_folders_with_the_transformer_architectures_get_theirs(tmp_path):
+    """The shipped SD3/Flux configs give the stored profiles, and each matches its own calibration (a
+    transformer folder must not be taken for another transformer architecture)."""
+    pytest.importorskip("torch")
+    for name in ("sd3", "flux"):
+        folder = tmp_path / f"my-{name}-finetune"
+        shutil.copytree(memory.CONFIGS / name, folder)
+        profile = memory.profile_from_folder(folder)
+        assert profile.arch == name
+        assert profile == memory.profile_builtin(name)
+    other = replace(memory.profile_builtin("flux"), arch="custom", params={"transformer": 1, "vae": 1})
+    assert memory._with_matched_arch(other).arch == "custom"
 
 
 def test_no_torch_at_import_time():
@@ -238,8 +295,8 @@ def test_fp8_lowers_the_weights(name):
     # the UNet alone: about half its bytes (norms and embeddings stay in half precision)
     a = memory.estimate(profile, 512, 512, 1, MemorySettings(offload="model"))
     b = memory.estimate(profile, 512, 512, 1, MemorySettings(offload="model", fp8_storage=True))
-    unet = profile.params["unet"] * 2
-    if a.peak_phase == b.peak_phase == "unet":
+    unet = profile.params[profile.denoiser] * 2
+    if a.peak_phase == b.peak_phase == "unet" and profile.denoiser == "unet":
         assert 0.45 * unet < b.weights_bytes < 0.6 * unet
 
 
@@ -260,6 +317,25 @@ def test_sdxl_float16_decodes_in_float32():
     assert fp16.vae_bytes == 2 * bf16.vae_bytes
 
 
+def test_transformer_activations_count_the_text_tokens():
+    sd3 = memory.profile_builtin("sd3")
+    no_text = replace(sd3, joint_text_tokens=0)
+    for side in (512, 1024):
+        with_text = memory.unet_activation_bytes(sd3, side, side, 2, 2)
+        image_only = memory.unet_activation_bytes(no_text, side, side, 2, 2)
+        image_tokens = (side // 16) ** 2
+        # activations grow with image + text tokens: at 512 px the 333 text tokens are a third more
+        assert with_text / image_only == pytest.approx((image_tokens + 333) / image_tokens, rel=0.01)
+
+
+def test_flux_runs_no_cfg_batch():
+    flux, sd3 = memory.profile_builtin("flux"), memory.profile_builtin("sd3")
+    for s in (HALF, MemorySettings(dtype="bfloat16", offload="sequential", fp8_storage=True)):
+        assert memory.estimate(flux, 1024, 1024, 1, s, cfg=True) == memory.estimate(flux, 1024, 1024, 1, s, cfg=False)
+        a = memory.estimate(sd3, 1024, 1024, 1, s, cfg=True).unet_bytes
+        assert a > memory.estimate(sd3, 1024, 1024, 1, s, cfg=False).unet_bytes
+
+
 def test_attention_slicing_costs_more_than_sdpa():
     profile = memory.profile_builtin("sd15")
     sdpa = memory.estimate(profile, 768, 768, 1, HALF)
@@ -278,6 +354,17 @@ def test_calibration_points_within_15_percent():
     assert not bad, bad
     archs = {m["arch"] for m in memory._calibration()["measurements"] if m["component"] == "unet"}
     assert archs == {"sd15", "sd21", "sdxl"}
+    archs = {m["arch"] for m in memory._calibration()["measurements"] if m["component"] == "transformer"}
+    assert archs == {"sd3", "flux"}
+
+
+def test_transformer_peak_does_not_depend_on_depth():
+    """The transformer points are measured with 2 blocks (Flux 1 + 1); 4 blocks (2 + 2) peak the same."""
+    meas = {m["id"]: m for m in memory._calibration()["measurements"]}
+    for deep, shallow in (("transformer-sd3-1024-b2-4layers", "transformer-sd3-1024-b2"),
+                          ("transformer-flux-768-b1-4layers", "transformer-flux-768-b1")):
+        assert meas[deep]["params"] > 1.5 * meas[shallow]["params"]
+        assert meas[deep]["activation_bytes"] == pytest.approx(meas[shallow]["activation_bytes"], rel=0.05)
 
 
 def test_published_gpu_totals_within_15_percent():
