@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "Needs no GPU: --vram simulates a card.")
     pl.add_argument("--vram", metavar="SIZE", help="simulate a card with this much free VRAM, e.g. 4GiB")
     pl.add_argument("--model", default="sd15", metavar="SPEC",
-                    help="sd15, sd21, sdxl (configs ship with the package), tiny, or a diffusers folder")
+                    help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
+                         "tiny, or a diffusers folder")
     pl.add_argument("--width", default=512, metavar="N")
     pl.add_argument("--height", default=512, metavar="N")
     pl.add_argument("--batch", dest="batch_size", default=1, metavar="N")
@@ -196,7 +197,7 @@ def cmd_plan(args) -> int:
                               reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     else:
         dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
-    if args.model in memory.BUILTIN_NAMES:
+    if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
         from .models.resolve import resolve

@@ -15,6 +15,9 @@ from lowvram_gen.presets import find_preset, load_presets
 
 CARDS = [2, 4, 6, 8, 12, 24]
 JOBS = [("sd15", 512, 512), ("sd15", 768, 768), ("sdxl", 1024, 1024), ("sdxl", 768, 768)]
+# transformer denoisers: SD3-medium (with T5-XXL, 15 GB of half-precision weights) and FLUX.1-dev (34 GB)
+TRANSFORMER_JOBS = [("sd3", 1024, 1024), ("sd3", 512, 512), ("flux", 1024, 1024), ("flux", 768, 768)]
+BIG_CARDS = [2, 4, 6, 8, 12, 16, 24, 48, 80]
 RANK = {"highvram": 0, "medvram": 1, "lowvram": 2, "novram": 3}
 
 
@@ -27,8 +30,18 @@ def test_less_vram_never_gives_a_faster_preset(arch, width, height):
     assert picks[-1] == "highvram"  # a 24 GB card runs everything at full speed
 
 
-@pytest.mark.parametrize("gib", CARDS)
-@pytest.mark.parametrize("arch,width,height", JOBS)
+@pytest.mark.parametrize("arch,width,height", TRANSFORMER_JOBS)
+def test_less_vram_never_gives_a_faster_preset_transformers(arch, width, height):
+    presets, profile = load_presets(), profile_builtin(arch)
+    picks = [plan(fake(gib), profile, width, height, 1, presets).preset.name for gib in BIG_CARDS]
+    ranks = [RANK[p] for p in picks]
+    assert ranks == sorted(ranks, reverse=True), dict(zip(BIG_CARDS, picks))
+    assert picks[-1] == "highvram"  # an 80 GB card holds Flux with T5-XXL whole
+    assert picks[0] == "novram"
+
+
+@pytest.mark.parametrize("gib", BIG_CARDS)
+@pytest.mark.parametrize("arch,width,height", JOBS + TRANSFORMER_JOBS)
 def test_the_chosen_preset_fits_and_every_faster_one_does_not(gib, arch, width, height):
     device = fake(gib)
     result = plan(device, profile_builtin(arch), width, height, 1, load_presets())
@@ -50,6 +63,25 @@ def test_known_cards():
     assert plan(fake(8), sd15, 512, 512, 1, presets).preset.name == "highvram"
     assert plan(fake(4), sdxl, 1024, 1024, 1, presets).preset.name in ("lowvram", "novram")
     assert RANK[plan(fake(8), sdxl, 1024, 1024, 1, presets).preset.name] >= 1  # SDXL does not fit whole in 8 GB
+
+
+def test_known_cards_transformers():
+    presets = load_presets()
+    sd3, flux = profile_builtin("sd3"), profile_builtin("flux")
+    # 8 GB: T5-XXL alone is 9.5 GB in half precision and model / block-level offload move it whole
+    # (T5EncoderModel has no top-level block list), so both need leaf-level offload; Flux's 22 GB
+    # transformer needs it (or fp8 storage) anyway
+    for profile in (sd3, flux):
+        chosen = plan(fake(8), profile, 1024, 1024, 1, presets).preset
+        assert chosen.name == "novram"
+        assert chosen.memory.offload == "sequential" or chosen.memory.fp8_storage
+    assert plan(fake(24), sd3, 1024, 1024, 1, presets).preset.name == "highvram"  # 15.4 GB of weights
+    assert RANK[plan(fake(24), flux, 1024, 1024, 1, presets).preset.name] >= RANK["medvram"]  # 34 GB of weights
+    assert plan(fake(80), flux, 1024, 1024, 1, presets).preset.name == "highvram"
+    # Flux batches no CFG: the guidance scale changes nothing
+    with_cfg = plan(fake(24), flux, 1024, 1024, 1, presets, cfg=True).estimates
+    without = plan(fake(24), flux, 1024, 1024, 1, presets, cfg=False).estimates
+    assert [e.estimate_bytes for e in with_cfg] == [e.estimate_bytes for e in without]
 
 
 def test_budget_and_reserve_shrink_what_is_usable():
@@ -88,6 +120,17 @@ def test_plan_cli_json(capsys):
     assert chosen["fits"] or out["preset"] == "novram"
 
 
+@pytest.mark.parametrize("model", ["sd3", "flux"])
+def test_plan_cli_json_transformers(capsys, model):
+    code = main(["plan", "--vram", "8GiB", "--model", model, "--width", "1024", "--height", "1024", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["model"] == model
+    assert out["preset"] == "novram"
+    chosen = next(p for p in out["presets"] if p["name"] == out["preset"])
+    assert chosen["fits"] and chosen["estimate_bytes"] <= out["device"]["usable_bytes"]
+    assert (chosen["width"], chosen["height"]) == (512, 512)  # novram's cap; upscaled after
+
+
 def test_plan_cli_text_and_errors(capsys):
     assert main(["plan", "--vram", "4GiB", "--model", "sd15"]) == 0
     text = capsys.readouterr().out
@@ -112,3 +155,10 @@ def test_estimates_use_the_vae_tile_apply_gives_this_card():
         assert (lowvram.width, lowvram.height) == (768, 768)
         vae[vae_tile_size(fake(gib))] = lowvram.breakdown["vae_bytes"]
     assert vae[256] < default < vae[1024]  # a 768 px image is one 1024 px tile: decoded whole
+
+
+def test_plan_takes_the_hub_ids_and_aliases_of_known_models_offline(capsys):
+    for spec in ("sd3-medium", "black-forest-labs/FLUX.1-dev", "stabilityai/stable-diffusion-xl-base-1.0"):
+        assert main(["plan", "--vram", "8GiB", "--model", spec, "--width", "1024", "--height", "1024", "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["model"] == spec and data["preset"] in RANK and len(data["presets"]) == 4
