@@ -599,22 +599,23 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                         "vae": (vae_w_decode, vae_act)}
         phases = model_phases
         if off in ("group", "sequential"):
+            def leaf(name: str, nbytes: float) -> float:
+                # the running layer and the prefetched one; under fp8 storage each is upcast to
+                # the compute dtype while it runs, so count them at that size
+                return 2 * profile.largest_layer.get(name, 0) * nbytes
+
             blocks = sorted(profile.denoiser_blocks, reverse=True) or [p.get(den, 0)]
             # the unmatched top-level group stays loaded; one block group runs while the next is
             # prefetched on a CUDA stream (two blocks resident)
             group_den = (profile.denoiser_unmatched + sum(blocks[:2])) * b * den_scale
             if settings.fp8_storage:
                 group_den += profile.largest_layer.get(den, 0) * b
-            group = {"text": model_phases["text"], "unet": (min(group_den, den_w), unet_act),
-                     "vae": model_phases["vae"]}
+            # text encoders are offloaded leaf by leaf under both modes (apply.PipelineOps.group_offload)
+            te_leaf = max((leaf(n, b) for n in te_names), default=0)
+            group = {"text": (min(te_leaf, model_phases["text"][0]), text_act),
+                     "unet": (min(group_den, den_w), unet_act), "vae": model_phases["vae"]}
             phases = group
             if off == "sequential":
-                def leaf(name: str, nbytes: float) -> float:
-                    # the running layer and the prefetched one; under fp8 storage each is upcast to
-                    # the compute dtype while it runs, so count them at that size
-                    return 2 * profile.largest_layer.get(name, 0) * nbytes
-
-                te_leaf = max((leaf(n, b) for n in te_names), default=0)
                 den_leaf = leaf(den, b)
                 phases = {"text": (min(te_leaf, group["text"][0]), text_act),
                           "unet": (min(den_leaf, group["unet"][0]), unet_act),

@@ -86,6 +86,26 @@ def test_offload_modes_run_for_real_and_give_the_same_pixels(settings, model):
     assert np.abs(_image(model.pipe) - reference).max() < 1e-4
 
 
+def test_group_offload_streams_text_encoders_leaf_by_leaf(model):
+    """Block-level grouping only splits top-level block lists; a text encoder (CLIP here, T5-XXL in
+    SD3/Flux) has none and would be moved whole, so text encoders are offloaded leaf by leaf."""
+
+    def own_hook(module) -> bool:
+        registry = getattr(module, "_diffusers_hook", None)
+        return registry is not None and registry.get_hook("group_offloading") is not None
+
+    apply_mod.apply_settings(model.pipe, MemorySettings(dtype="float32", offload="group"), probe("cpu"))
+    try:
+        text_linears = [m for m in model.pipe.text_encoder.modules() if isinstance(m, torch.nn.Linear)]
+        unet_linears = [m for m in model.pipe.unet.modules() if isinstance(m, torch.nn.Linear)]
+        assert text_linears and all(own_hook(m) for m in text_linears)  # each layer is its own group
+        assert not any(own_hook(m) for m in unet_linears)  # the UNet is grouped by blocks
+        assert np.isfinite(_image(model.pipe)).all()
+    finally:
+        apply_mod.apply_settings(model.pipe, MemorySettings(dtype="float32"), probe("cpu"))
+    assert not any(own_hook(m) for m in model.pipe.text_encoder.modules())  # and removed again
+
+
 def test_fp8_storage_really_stores_float8_and_asks_for_a_reload_to_undo(model):
     apply_mod.apply_settings(model.pipe, MemorySettings(dtype="bfloat16", fp8_storage=True), probe("cpu"))
     assert model.pipe.unet.conv_in.weight.dtype == torch.float8_e4m3fn
