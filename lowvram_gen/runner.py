@@ -109,8 +109,9 @@ class JobSpec:
                    request.cfg_scale, seeds, init_images, request.strength, request.hires_scale,
                    request.hires_upscaler, request.hires_steps, request.hires_denoise)
 
-    def hires_size(self, base: tuple[int, int]) -> tuple[int, int]:
-        return int(base[0] * self.hires_scale) // 8 * 8, int(base[1] * self.hires_scale) // 8 * 8
+    def hires_size(self, base: tuple[int, int], multiple: int = 8) -> tuple[int, int]:
+        return (int(base[0] * self.hires_scale) // multiple * multiple,
+                int(base[1] * self.hires_scale) // multiple * multiple)
 
     def final_size(self) -> tuple[int, int]:
         return self.hires_size((self.width, self.height)) if self.hires_scale > 1 else (self.width, self.height)
@@ -192,7 +193,7 @@ class Runner:
                 continue
             report.attempts.append(Attempt(preset.name, per_pass, *size, "denoise", "ok", _since(started)))
             target = job.final_size()
-            if job.hires_scale > 1 and sd.splits_decode(self.model.pipe):
+            if job.hires_scale > 1:
                 latents, size, preset, rung = self._hires(job, chunk, latents, size, ladder, rung, preset,
                                                          per_pass, on_step, cancel, report)
             if sd.splits_decode(self.model.pipe):
@@ -219,7 +220,8 @@ class Runner:
         """
         import torch.nn.functional as F
 
-        target = capped_size(*job.hires_size(size), preset.max_pixels)
+        multiple = sd.size_multiple(self.model.pipe)
+        target = capped_size(*job.hires_size(size, multiple), preset.max_pixels, multiple)
         self.use(_with_tiling(preset.memory))
         while True:
             started = time.perf_counter()
@@ -229,8 +231,11 @@ class Runner:
                 if job.hires_upscaler == "latent":
                     init = F.interpolate(latents, size=(target[1] // 8, target[0] // 8), mode="bilinear")
                 else:
-                    first, _, _ = self._decode(latents, ladder, rung, preset, per_pass, size, report,
-                                               safety_check=False)
+                    if sd.splits_decode(self.model.pipe):
+                        first, _, _ = self._decode(latents, ladder, rung, preset, per_pass, size, report,
+                                                   safety_check=False)
+                    else:
+                        first = latents  # the pipeline decoded its first pass itself (sd.Decoded)
                     init = upscale_images(first.images, target, job.hires_upscaler, self.device.torch_device)
                 second = sd.Chunk(chunk.prompt, chunk.negative_prompt, *target, job.hires_steps or job.steps,
                                   chunk.cfg_scale, chunk.seeds, init=init, strength=job.hires_denoise)
@@ -249,7 +254,7 @@ class Runner:
             rung += 1
             preset = ladder[rung]
             self.use(_with_tiling(preset.memory))
-            target = capped_size(*target, preset.max_pixels)
+            target = capped_size(*target, preset.max_pixels, multiple)
 
     def _decode(self, latents, ladder, rung, preset, per_pass, size, report, safety_check: bool = True):
         """Decode with retries: tiled on OOM, then cheaper presets; float32 on NaN/black half output."""

@@ -150,7 +150,7 @@ class Session:
             kwargs = {"ops_factory": self.ops_factory} if self.ops_factory else {}
             self.runner = Runner(model, device, **kwargs)
         self.runner.device = device
-        check_request(model.pipe, request.width, request.height, request.hires_scale)
+        check_request(model.pipe, request)
         set_sampler(model.pipe, request.sampler)
 
         warnings = [NOISE_NOTE] if source.is_tiny else []

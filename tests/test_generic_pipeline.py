@@ -303,11 +303,36 @@ def test_img2img_cli(sd3, tmp_path, capsys):
     assert np.array_equal(pixels(json.loads(out)["images"][0]), resized)
 
 
+def test_hires_fix_upscales_the_first_pass_in_pixels(sd3, tmp_path, monkeypatch):
+    """SD3 decodes inside its own call: hires fix takes its first-pass images, upscales them and runs
+    img2img at the hires size (A1111's hires fix with a pixel upscaler), with A1111's metadata."""
+    from lowvram_gen.engines import sd
+
+    calls = []
+    real = sd.denoise
+
+    def watched(pipe, chunk, *args, **kwargs):
+        calls.append((chunk.width, chunk.height, chunk.init is not None, chunk.strength))
+        return real(pipe, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(sd, "denoise", watched)
+    result = Session().generate(request(sd3, tmp_path, hires_scale=2, hires_upscaler="lanczos", hires_steps=2,
+                                        hires_denoise=0.6))
+    assert calls == [(64, 64, False, 1.0), (128, 128, True, 0.6)]  # first pass, then img2img at 2x
+    image = Image.open(result.images[0])
+    assert image.size == (128, 128) and not result.upscaled
+    fields = parse_a1111_parameters(read_png_metadata(result.images[0])[0])
+    assert (fields["Hires upscale"], fields["Hires upscaler"], fields["Denoising strength"]) == ("2", "lanczos", "0.6")
+    assert [a["stage"] for a in result.attempts] == ["denoise", "hires"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--width", "72"], "StableDiffusion3Pipeline needs multiples of 16: use 64 or 80"),
-    (["--hires-scale", "2"], "hires fix works with SD 1.x/2.x and SDXL"),
+    (["--hires-scale", "2", "--hires-upscaler", "latent"], "its latents cannot be upscaled: use lanczos"),
+    (["--width", "80", "--height", "80", "--hires-scale", "1.5", "--hires-upscaler", "lanczos"],
+     "80x80 x1.5 is 120x120; StableDiffusion3Pipeline needs multiples of 16"),
     (["--sampler", "Euler a"], "flow-matching model (FlowMatchEulerDiscreteScheduler)"),
-], ids=["size", "hires", "sampler"])
+], ids=["size", "hires-latent", "hires-off-grid", "sampler"])
 def test_what_sd3_cannot_do_is_a_clear_error(sd3, tmp_path, capsys, args, message):
     code, out, err = cli(capsys, "generate", "x", "--model", sd3, "--width", "64", "--height", "64", "--steps", "1",
                          "--outdir", str(tmp_path), *args)

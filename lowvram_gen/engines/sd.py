@@ -4,9 +4,10 @@ The split is what lets the retry ladder redo only the VAE decode, tiled, with th
 computed, when the decode runs out of memory. For SD 1.x/2.x and SDXL the decode below is the
 pipeline's own decode, step for step, so `sampler="default"` gives the same pixels as a plain
 diffusers pipeline. Other pipelines (SD3, Flux, ...) pack their latents differently: they run in
-one call, and a decode OOM retries the whole chunk at the next preset. What such a pipeline cannot
-do (hires fix, A1111 samplers on a flow-matching model, sides off its patch grid) is refused by
-`check_request` / `set_sampler` with a clear error before any step runs.
+one call, and a decode OOM retries the whole chunk at the next preset; their hires fix upscales the
+first pass in pixels. What such a pipeline cannot do (the latent hires upscaler, A1111 samplers on a
+flow-matching model, sides off its patch grid) is refused by `check_request` / `set_sampler` with a
+clear error before any step runs.
 """
 
 from __future__ import annotations
@@ -53,19 +54,27 @@ def size_multiple(pipe) -> int:
     return max(vae * patch, int(getattr(processor, "vae_scale_factor", vae) or vae))
 
 
-def check_request(pipe, width: int, height: int, hires_scale: float = 1.0) -> None:
-    """What this pipeline cannot do with the request, as a clear error before any step runs."""
+def check_request(pipe, request) -> None:
+    """What this pipeline cannot do with `request` (a GenerationRequest), as a clear error before any
+    step runs: sides off its grid, or a hires fix it cannot run."""
     name = type(pipe).__name__
     multiple = size_multiple(pipe)
-    for field, value in (("width", width), ("height", height)):
+    for field, value in (("width", request.width), ("height", request.height)):
         if value % multiple:
             low = max(multiple, value // multiple * multiple)
             raise InvalidRequest(field, value,
                                  f"{name} needs multiples of {multiple}: use {low} or {low + multiple}")
-    if hires_scale > 1 and not splits_decode(pipe):
-        raise InvalidRequest("hires scale", hires_scale,
-                             f"hires fix works with SD 1.x/2.x and SDXL; {name} decodes inside its own call. "
-                             "Generate at the size you want, or upscale afterwards (lowvram-gen upscale)")
+    if not request.hires:
+        return
+    if not splits_decode(pipe) and request.hires_upscaler == "latent":
+        raise InvalidRequest("hires upscaler", "latent",
+                             f"{name} decodes inside its own call, so its latents cannot be upscaled: "
+                             "use lanczos or an ESRGAN model")
+    w, h = request.hires_size()
+    if w % multiple or h % multiple:
+        raise InvalidRequest("hires scale", request.hires_scale,
+                             f"{request.width}x{request.height} x{request.hires_scale:g} is {w}x{h}; {name} needs "
+                             f"multiples of {multiple}: pick a scale that gives them (e.g. 2)")
 
 
 def _flow_matching(scheduler) -> bool:
