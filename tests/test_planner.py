@@ -21,22 +21,13 @@ BIG_CARDS = [2, 4, 6, 8, 12, 16, 24, 48, 80]
 RANK = {"highvram": 0, "medvram": 1, "lowvram": 2, "novram": 3}
 
 
-@pytest.mark.parametrize("arch,width,height", JOBS)
-def test_less_vram_never_gives_a_faster_preset(arch, width, height):
+@pytest.mark.parametrize("arch,width,height,cards", [(*j, CARDS) for j in JOBS] + [(*j, BIG_CARDS) for j in TRANSFORMER_JOBS])
+def test_less_vram_never_gives_a_faster_preset(arch, width, height, cards):
     presets, profile = load_presets(), profile_builtin(arch)
-    picks = [plan(fake(gib), profile, width, height, 1, presets).preset.name for gib in CARDS]
+    picks = [plan(fake(gib), profile, width, height, 1, presets).preset.name for gib in cards]
     ranks = [RANK[p] for p in picks]
-    assert ranks == sorted(ranks, reverse=True), dict(zip(CARDS, picks))
-    assert picks[-1] == "highvram"  # a 24 GB card runs everything at full speed
-
-
-@pytest.mark.parametrize("arch,width,height", TRANSFORMER_JOBS)
-def test_less_vram_never_gives_a_faster_preset_transformers(arch, width, height):
-    presets, profile = load_presets(), profile_builtin(arch)
-    picks = [plan(fake(gib), profile, width, height, 1, presets).preset.name for gib in BIG_CARDS]
-    ranks = [RANK[p] for p in picks]
-    assert ranks == sorted(ranks, reverse=True), dict(zip(BIG_CARDS, picks))
-    assert picks[-1] == "highvram"  # an 80 GB card holds Flux with T5-XXL whole
+    assert ranks == sorted(ranks, reverse=True), dict(zip(cards, picks))
+    assert picks[-1] == "highvram"  # the biggest card runs it at full speed (24 GB: SD; 80 GB: Flux with T5-XXL)
     assert RANK[picks[0]] >= RANK["lowvram"]  # a 2 GB card: block or leaf offload, nothing whole
 
 
