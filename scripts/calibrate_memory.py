@@ -443,7 +443,7 @@ def measure(only: str | None, redo: bool, timeout: int) -> None:
 
 def fit() -> None:
     sys.path.insert(0, str(ROOT))
-    from lowvram_gen import memory
+    from lowvram_gen import memory, memory_fit
 
     with locked():
         data = load()
@@ -456,23 +456,23 @@ def fit() -> None:
                                       key=lambda m: order.index(m["id"]) if m["id"] in order else len(order))
         save(data)
         memory.reload_calibration()
-        data["fit"] = memory.fit_coefficients(data.get("measurements", []))
+        data["fit"] = memory_fit.fit_coefficients(data.get("measurements", []))
         save(data)
         memory.reload_calibration()
-    for row in memory.calibration_report():
+    for row in memory_fit.calibration_report():
         print(f"{row['id']:28s} measured {row['measured_mib']:8.0f} MiB  estimated {row['estimated_mib']:8.0f} MiB"
               f"  {row['error_pct']:+6.1f} %")
-    for row in memory.published_report():
+    for row in memory_fit.published_report():
         print(f"{row['id']:28s} published {row['published_gib']:6.2f} GiB  estimated {row['estimated_gib']:6.2f} GiB"
               f"  {row['error_pct']:+6.1f} %  (peak in {row['phase']})")
 
 
 def markdown() -> None:
     sys.path.insert(0, str(ROOT))
-    from lowvram_gen import memory
+    from lowvram_gen import memory, memory_fit
 
     meas = {m["id"]: m for m in load().get("measurements", [])}
-    rows = memory.calibration_report()
+    rows = memory_fit.calibration_report()
     print("| measurement | batch | measured (MiB) | estimated (MiB) | error | CPU time (s) |")
     print("|---|---|---|---|---|---|")
     for row in rows:
@@ -498,7 +498,7 @@ def markdown() -> None:
     print()
     print("| published run | published max_memory_allocated (GiB) | estimated, no overhead (GiB) | error | peak phase |")
     print("|---|---|---|---|---|")
-    for row in memory.published_report():
+    for row in memory_fit.published_report():
         print(f"| [{row['id']}]({row['source']}) | {row['published_gib']:.2f} | {row['estimated_gib']:.2f} "
               f"| {row['error_pct']:+.1f} % | {row['phase']} |")
     print()

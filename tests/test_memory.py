@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lowvram_gen import memory
+from lowvram_gen import memory, memory_fit
 from lowvram_gen.settings import MemorySettings
 
 HALF = MemorySettings(dtype="float16")
@@ -348,7 +348,7 @@ def test_attention_slicing_costs_more_than_sdpa():
 
 
 def test_calibration_points_within_15_percent():
-    rows = memory.calibration_report()
+    rows = memory_fit.calibration_report()
     assert len(rows) >= 8, "run scripts/calibrate_memory.py"
     bad = [r for r in rows if abs(r["error_pct"]) > 15]
     assert not bad, bad
@@ -368,7 +368,7 @@ def test_transformer_peak_does_not_depend_on_depth():
 
 
 def test_published_gpu_totals_within_15_percent():
-    rows = memory.published_report()
+    rows = memory_fit.published_report()
     assert rows
     for r in rows:
         assert abs(r["error_pct"]) <= 15, r

@@ -1,0 +1,115 @@
+"""Fitting the estimator's coefficients to measured activation peaks, and reporting its error.
+
+Used by scripts/calibrate_memory.py (which measures and then fits) and by the tests (which check the
+stored fit against the stored measurements); the estimator itself (memory.py) only reads the fit from
+configs/calibration.json, so none of this runs during a job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from typing import Any
+
+from . import memory
+from .settings import MemorySettings
+
+def _measured_feature(m: dict, profile: memory.ModelProfile, per_call: float = 0.0) -> float:
+    """The model's activation bytes for one measurement with coefficient 1 (no slicing term)."""
+    b = memory.DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
+    sf = profile.vae_scale_factor
+    hw = math.ceil(m["height"] / sf) * math.ceil(m["width"] / sf)
+    if m["component"] == "vae":
+        elements = memory.vae_feature(profile) * hw
+    else:
+        elements = memory._denoiser_elements(profile, hw)[1]
+    return elements * (m["batch"] + per_call) * b
+
+
+def fit_coefficients(measurements: list[dict]) -> dict:
+    """Coefficients that make the features match the measured activation peaks.
+
+    per_call: from pairs of measurements that differ only in batch, the part of the peak that does
+    not grow with the batch, in images (act = coef x feature x pixels x bytes x (batch + per_call)).
+    Then per architecture and component: the mean of measured / modelled over the plain (SDPA,
+    untiled) measurements; 'global' is the mean over architectures, used for other models. The
+    slicing coefficient scales the score-matrix term to the measured peak with attention slicing.
+    Points marked "check" (transformer depth, SD3.5-medium) are held out of the fit.
+    """
+    ok = [m for m in measurements if "activation_bytes" in m]
+    plain = [m for m in ok if not any(m.get("options", {}).get(k) for k in ("attention", "tiling", "check"))]
+    fit: dict[str, Any] = {}
+    for kind in ("unet", "vae", "transformer"):
+        rows = [m for m in plain if m["component"] == kind]
+        ks = []
+        for a, b in itertools.combinations(rows, 2):
+            same = all(a[k] == b[k] for k in ("arch", "width", "height", "options"))
+            if same and a["batch"] != b["batch"]:
+                lo, hi = sorted((a, b), key=lambda m: m["batch"])
+                per_image = (hi["activation_bytes"] - lo["activation_bytes"]) / (hi["batch"] - lo["batch"])
+                ks.append(max(0.0, lo["activation_bytes"] / per_image - lo["batch"]))
+        per_call = round(sum(ks) / len(ks), 4) if ks else 0.0
+        ratios: dict[str, list[float]] = {}
+        for m in rows:
+            prof = memory.profile_builtin(m["arch"])
+            ratios.setdefault(m["arch"], []).append(m["activation_bytes"] / _measured_feature(m, prof, per_call))
+        table: dict[str, float] = {arch: round(sum(v) / len(v), 4) for arch, v in sorted(ratios.items())}
+        table["global"] = round(sum(table.values()) / len(table), 4) if table else 1.0
+        table["per_call"] = per_call
+        fit[kind] = table
+    fit["slicing"] = 1.0
+    for m in ok:
+        if m.get("options", {}).get("attention") == "slicing" and m["component"] == "unet":
+            prof = memory.profile_builtin(m["arch"])
+            coef = fit["unet"].get(m["arch"], fit["unet"]["global"])
+            b = memory.DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
+            sf = prof.vae_scale_factor
+            hw = math.ceil(m["height"] / sf) * math.ceil(m["width"] / sf)
+            working, scores = max(memory._sliced_attention_terms(prof, hw), key=lambda t: t[1])
+            rest = m["activation_bytes"] - coef * working * hw * (m["batch"] + fit["unet"]["per_call"]) * b
+            fit["slicing"] = round(max(0.0, rest) / (scores * memory._score_bytes(prof, b)), 4)
+    return fit
+
+
+def predicted_activation(m: dict) -> int:
+    """What the estimator predicts for one calibration measurement ("estimate_as": 'custom' estimates
+    it as an architecture that is not built in, i.e. with the global coefficient)."""
+    opts = m.get("options", {})
+    prof = memory.profile_builtin(m["arch"])
+    if opts.get("estimate_as"):
+        prof = replace(prof, arch=opts["estimate_as"])
+    b = memory.DTYPE_BYTES[opts.get("dtype", "bfloat16")]
+    if m["component"] in ("unet", "transformer"):
+        return memory.unet_activation_bytes(prof, m["width"], m["height"], m["batch"], b,
+                                            opts.get("attention", "sdpa"))
+    return memory.vae_activation_bytes(prof, m["width"], m["height"], m["batch"], b,
+                                       tiling=bool(opts.get("tiling")))
+
+
+def calibration_report() -> list[dict]:
+    """Measured vs estimated activation peak for every stored measurement, and published GPU totals."""
+    rows = []
+    for m in memory._calibration().get("measurements", []):
+        if "activation_bytes" not in m:
+            continue
+        est = predicted_activation(m)
+        rows.append({"id": m["id"], "measured_mib": m["activation_bytes"] / memory.MiB,
+                     "estimated_mib": est / memory.MiB,
+                     "error_pct": 100.0 * (est - m["activation_bytes"]) / m["activation_bytes"]})
+    return rows
+
+
+def published_report() -> list[dict]:
+    """Published GPU max_memory_allocated figures vs this estimator (without the fixed overhead)."""
+    rows = []
+    for pub in memory._calibration().get("published", []):
+        s = MemorySettings(**pub["settings"])
+        prof = replace(memory.profile_builtin(pub["arch"]), **pub.get("profile_overrides", {}))
+        est = memory.estimate(prof, pub["width"], pub["height"], pub["batch"], s, pub.get("cfg", True))
+        predicted = est.total_bytes - est.overhead_bytes  # max_memory_allocated has no overhead in it
+        rows.append({"id": pub["id"], "published_gib": pub["max_memory_allocated_bytes"] / 1024**3,
+                     "estimated_gib": predicted / 1024**3, "phase": est.peak_phase,
+                     "error_pct": 100.0 * (predicted - pub["max_memory_allocated_bytes"]) / pub["max_memory_allocated_bytes"],
+                     "source": pub["source"]})
+    return rows
