@@ -138,7 +138,7 @@ class Session:
 
     def _generate(self, request, on_step, cancel) -> GenerationResult:
         from . import apply as apply_mod
-        from .engines.sd import check_request, prompt_token_count, set_sampler
+        from .engines.sd import check_request, ignores_negative_prompt, prompt_token_count, set_sampler
 
         started = time.perf_counter()
         device = self.device()
@@ -158,6 +158,9 @@ class Session:
             used, limit = prompt_token_count(model.pipe, text)
             if used > limit:
                 warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
+        if request.negative_prompt and ignores_negative_prompt(model.pipe):
+            warnings.append(f"{type(model.pipe).__name__} does not use a negative prompt (it runs without CFG): "
+                            "it is ignored")
         for w in warnings:
             log.info(w)
 

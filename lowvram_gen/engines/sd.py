@@ -96,13 +96,34 @@ def set_sampler(pipe, sampler: str) -> None:
     pipe.scheduler = base if sampler == DEFAULT else make_scheduler(sampler, base.config)
 
 
+def _call_default(pipe, name: str):
+    """The default of `name` in the pipeline's __call__, or None where it takes no such argument."""
+    param = inspect.signature(type(pipe).__call__).parameters.get(name)
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
+
+
 def prompt_token_count(pipe, prompt: str) -> tuple[int, int]:
-    """(tokens in the prompt, tokens the text encoder takes) to warn before truncation."""
-    tokenizer = getattr(pipe, "tokenizer", None)
-    if tokenizer is None or not prompt:
+    """(tokens in the prompt, tokens the text encoder takes) to warn before truncation. A pipeline with
+    a T5 encoder (Flux, SD3 with its T5) takes up to its max_sequence_length T5 tokens past CLIP's 77:
+    the prompt is counted with that tokenizer against that length."""
+    if not prompt:
         return 0, 0
-    limit = tokenizer.model_max_length
-    return len(tokenizer(prompt, truncation=False).input_ids), limit
+    limit = _call_default(pipe, "max_sequence_length")
+    for name in ("tokenizer_2", "tokenizer_3"):
+        tokenizer = getattr(pipe, name, None)
+        if limit and tokenizer is not None and type(tokenizer).__name__.startswith("T5"):
+            return len(tokenizer(prompt, truncation=False).input_ids), int(limit)
+    tokenizer = getattr(pipe, "tokenizer", None)
+    if tokenizer is None:
+        return 0, 0
+    return len(tokenizer(prompt, truncation=False).input_ids), tokenizer.model_max_length
+
+
+def ignores_negative_prompt(pipe) -> bool:
+    """Whether the pipeline, called as we call it, drops a negative prompt: Flux takes one only for its
+    true CFG (true_cfg_scale > 1, default 1.0), which we do not turn on, as a plain diffusers call does not."""
+    scale = _call_default(pipe, "true_cfg_scale")
+    return scale is not None and scale <= 1
 
 
 def _generators(seeds: list[int], device: str):
