@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench" / "vae_tiling.json"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibrate_memory import _build, _reset_peak, _status  # noqa: E402  (same measurement, same helpers)
+from calibrate_memory import _build  # noqa: E402  (the same VAE the calibration measures)
+from peak_rss import reset_peak, run_worker, status, worker_env  # noqa: E402
 
 ARCH = "sd15"
 GiB = 1024**3
@@ -100,10 +100,10 @@ def worker(job: dict) -> dict:
     torch.set_num_threads(int(os.environ.get("CALIB_THREADS", "2")))
     dtype = torch.bfloat16
     side, tile = job["side"], job["tile"]
-    rss0 = _status()["VmRSS"]
+    rss0 = status()["VmRSS"]
     vae, cfg = _build("vae", ARCH, dtype)
     gc.collect()
-    weights = _status()["VmRSS"] - rss0
+    weights = status()["VmRSS"] - rss0
     default_tile = vae.tile_sample_min_size
     if tile is not None:
         vae.enable_tiling()
@@ -118,13 +118,13 @@ def worker(job: dict) -> dict:
         vae.decode(torch.randn(1, ch, wside // 8, wside // 8, generator=g).to(dtype))
     latents = torch.randn(1, ch, side // 8, side // 8, generator=torch.Generator().manual_seed(0)).to(dtype)
     gc.collect()
-    _reset_peak()
-    before = _status()["VmRSS"]
+    reset_peak()
+    before = status()["VmRSS"]
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = vae.decode(latents).sample
     decode_s = time.perf_counter() - t0
-    peak = _status()["VmHWM"]
+    peak = status()["VmHWM"]
     return {
         **job,
         "n_tiles": n_tiles(side, tile),
@@ -173,7 +173,7 @@ def header(argv: list[str]) -> dict:
 
 
 def measure(argv: list[str], only: str | None, timeout: int, max_gib: float) -> None:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS="2")
+    env = worker_env()
     order = [j[0] for j in JOBS]
     for job_id, side, tile in JOBS:
         if only and only not in job_id:
@@ -194,14 +194,7 @@ def measure(argv: list[str], only: str | None, timeout: int, max_gib: float) -> 
         else:
             print(f"[vae-tiling] {job_id} (estimated {est / MiB:.0f} MiB, {free / GiB:.1f} GiB free) ...", flush=True)
             t0 = time.time()
-            try:
-                proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env,
-                                      capture_output=True, text=True, timeout=timeout)
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-                result = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
-                    **job, "error": f"rc {proc.returncode}: " + (proc.stderr or proc.stdout)[-2000:]}
-            except subprocess.TimeoutExpired:
-                result = {**job, "error": f"timed out after {timeout} s"}
+            result = run_worker(__file__, "--worker", job, timeout, env)
             result["wall_s"] = round(time.time() - t0, 1)
             print(f"[vae-tiling] {job_id}: {result['wall_s']:.0f} s, "
                   + (f"{result['activation_bytes'] / MiB:.0f} MiB, decode {result['decode_s']} s"

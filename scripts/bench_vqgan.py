@@ -22,10 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from peak_rss import reset_peak, run_worker, status, worker_env  # scripts/peak_rss.py
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench" / "vqgan.json"
@@ -40,21 +41,6 @@ VIT_B32 = dict(text=dict(hidden_size=512, intermediate_size=2048, num_hidden_lay
 # (chunk, gradient checkpointing, autocast): 64 cutouts in chunks of 64/32/16/8, then the other knobs.
 POINTS = [(64, False, False), (32, False, False), (16, False, False), (8, False, False), (8, True, False),
           (8, True, True)]
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":")
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _models(arch: str):
@@ -105,13 +91,13 @@ def worker(job: dict) -> dict:
     import gc
 
     gc.collect()
-    _reset_peak()
-    before = _status()["VmRSS"]
+    reset_peak()
+    before = status()["VmRSS"]
     t = time.perf_counter()
     for _ in range(job["iterations"]):
         iteration()
     seconds = time.perf_counter() - t
-    peak = _status()["VmHWM"]
+    peak = status()["VmHWM"]
     profile = memory_vqgan.profile_from_models(vq, clip.model, job["arch"])
     est = memory_vqgan.estimate_vqgan(profile, size, size, cutn, loop.knobs, len(request.augments), device_kind="cpu")
     estimated = est.total_bytes - est.weights_bytes - est.overhead_bytes
@@ -122,20 +108,16 @@ def worker(job: dict) -> dict:
 
 
 def run(arch: str, size: int, cutn: int, iterations: int, timeout: int) -> list[dict]:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS="2",
-               PYTHONPATH=str(ROOT))
+    env = worker_env(PYTHONPATH=str(ROOT))
     rows = []
     for chunk, ckpt, autocast in POINTS:
         job = {"arch": arch, "size": size, "cutn": cutn, "chunk": chunk, "checkpointing": ckpt, "autocast": autocast,
                "iterations": iterations}
         label = f"chunk {chunk}{', checkpointing' if ckpt else ''}{', bf16 autocast' if autocast else ''}"
         print(f"[bench_vqgan] {arch} {size}px, {cutn} cutouts, {label} ...", flush=True)
-        proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode or not lines:
-            raise SystemExit(f"worker failed:\n{proc.stderr[-3000:]}")
-        row = json.loads(lines[-1])
+        row = run_worker(__file__, "--worker", job, timeout, env)
+        if "error" in row:
+            raise SystemExit(f"worker failed:\n{row['error']}")
         rows.append(row)
         print(f"    activation {row['activation_bytes'] / 2**20:7.0f} MiB (estimated "
               f"{row['estimated_activation_bytes'] / 2**20:.0f}), {row['seconds_per_iteration']:.2f} s/iteration",

@@ -47,11 +47,12 @@ import contextlib
 import fcntl
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from peak_rss import reset_peak, run_worker, status, worker_env  # scripts/peak_rss.py
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "lowvram_gen" / "configs"
@@ -132,21 +133,6 @@ PUBLISHED = [
 
 
 # --------------------------------------------------------------------------------------------- worker
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":")
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _build(component: str, arch: str, dtype, overrides: dict | None = None):
@@ -267,11 +253,11 @@ def worker(job: dict) -> dict:
     dtype = getattr(torch, job["options"].get("dtype", "bfloat16"))
     component = job["component"]
     arch = job["arch"]
-    rss0 = _status()["VmRSS"]
+    rss0 = status()["VmRSS"]
     t0 = time.perf_counter()
     model, cfg = _build(component, arch, dtype, job["options"].get("layers"))
     gc.collect()
-    rss_weights = _status()["VmRSS"] - rss0
+    rss_weights = status()["VmRSS"] - rss0
     n_params = sum(p.numel() for p in model.parameters())
     build_s = time.perf_counter() - t0
     if job["options"].get("attention") == "slicing":
@@ -284,13 +270,13 @@ def worker(job: dict) -> dict:
         _run(model, component, _inputs(component, cfg, wsize, wsize, 1, dtype, arch))
     kw = _inputs(component, cfg, job["width"], job["height"], job["batch"], dtype, arch)
     gc.collect()
-    _reset_peak()
-    before = _status()["VmRSS"]
+    reset_peak()
+    before = status()["VmRSS"]
     t1 = time.perf_counter()
     with torch.inference_mode():
         out = _run(model, component, kw)
     run_s = time.perf_counter() - t1
-    peak = _status()["VmHWM"]
+    peak = status()["VmHWM"]
     return {
         **job,
         "params": n_params,
@@ -369,10 +355,7 @@ def live_check(timeout: int) -> None:
             continue
         job = {"id": job_id, "component": component, "arch": arch, "width": width, "height": height,
                "batch": batch, "options": options}
-        proc = subprocess.run([sys.executable, __file__, "--live-worker", json.dumps(job)], capture_output=True,
-                              text=True, timeout=timeout)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        row = json.loads(lines[-1]) if proc.returncode == 0 and lines else {"id": job_id, "error": proc.stderr[-2000:]}
+        row = run_worker(__file__, "--live-worker", job, timeout)
         rss = measured.get(job_id, {}).get("activation_bytes")
         if rss and "live_tensor_peak_bytes" in row:
             row["rss_activation_bytes"] = rss
@@ -410,7 +393,7 @@ def save(data: dict) -> None:
 
 
 def measure(only: str | None, redo: bool, timeout: int) -> None:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS="2")
+    env = worker_env()
     for job_id, component, arch, width, height, batch, options in JOBS:
         if only and only not in job_id:
             continue
@@ -422,14 +405,7 @@ def measure(only: str | None, redo: bool, timeout: int) -> None:
                "batch": batch, "options": options}
         print(f"[calibrate] {job_id} ...", flush=True)
         t0 = time.time()
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env,
-                                  capture_output=True, text=True, timeout=timeout)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-            result = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
-                **job, "error": (proc.stderr or proc.stdout)[-2000:]}
-        except subprocess.TimeoutExpired:
-            result = {**job, "error": f"timed out after {timeout} s"}
+        result = run_worker(__file__, "--worker", job, timeout, env)
         print(f"[calibrate] {job_id}: {time.time() - t0:.0f} s "
               f"{'%.0f MiB' % (result['activation_bytes'] / 2**20) if 'activation_bytes' in result else result.get('error')}",
               flush=True)
