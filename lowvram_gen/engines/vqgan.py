@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import secrets
 import threading
 import time
 import weakref
