@@ -7,8 +7,8 @@
 Importing the package loads neither torch nor gradio: the heavy modules load on first use.
 """
 
-from .errors import LowVramError
-from .request import GenerationRequest
+from lowvram_gen.errors import LowVramError
+from lowvram_gen.request import GenerationRequest
 
 __version__ = "0.1.0"
 __all__ = ["GenerationRequest", "GenerationResult", "LowVramError", "Session", "generate"]
@@ -16,7 +16,7 @@ __all__ = ["GenerationRequest", "GenerationResult", "LowVramError", "Session", "
 
 def __getattr__(name: str):
     if name in ("generate", "Session", "GenerationResult"):
-        from . import session
+        from lowvram_gen import session
 
         return getattr(session, name)
     raise AttributeError(f"module 'lowvram_gen' has no attribute {name!r}")

@@ -1,3 +1,3 @@
-from .cli import main
+from lowvram_gen.cli.main import main
 
 raise SystemExit(main())

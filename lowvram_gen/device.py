@@ -23,7 +23,7 @@ _UNITS = {"": GiB, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": MiB, "mb": 1
 
 def parse_size(text: str | int | float, field: str = "size") -> int:
     """'6GiB', '6G', '6 GB', '512MiB', '6' (text without a unit: GiB) -> bytes; numbers are bytes."""
-    from .errors import InvalidRequest
+    from lowvram_gen.errors import InvalidRequest
 
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if text < 0:

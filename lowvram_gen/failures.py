@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .paths import home
+from lowvram_gen.paths import home
 
 
 def _path() -> Path:

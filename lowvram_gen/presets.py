@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .errors import PresetError
-from .settings import MemorySettings
+from lowvram_gen.errors import PresetError
+from lowvram_gen.settings import MemorySettings
 
 if sys.version_info >= (3, 11):
     import tomllib

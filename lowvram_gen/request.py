@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .errors import InvalidRequest
+from lowvram_gen.errors import InvalidRequest
 
 # Caps. They bound what a typo can cost, not what a big card can do; presets cap further.
 MAX_SIDE = 4096  # px: SDXL-class models are trained at 1024; 4096 is already 16x that area
@@ -117,7 +117,7 @@ class GenerationRequest:
 
     def validated(self) -> "GenerationRequest":
         """Return a normalised copy, or raise `InvalidRequest` naming the first bad field."""
-        from .samplers import check_sampler  # light: a table of names, no torch
+        from lowvram_gen.samplers import check_sampler  # light: a table of names, no torch
 
         seed = as_int("seed", self.seed, -1, MAX_SEED, " (-1 means random)")
         return dataclasses.replace(
@@ -198,7 +198,7 @@ def check_image_path(field_name: str, value: Any) -> str:
 
 
 def check_upscaler_name(field_name: str, value: Any, latent_ok: bool = False) -> str:
-    from .upscale import check_upscaler
+    from lowvram_gen.upscale.upscalers import check_upscaler
 
     return check_upscaler(value, field_name, latent_ok=latent_ok)
 

@@ -7,7 +7,7 @@ pipeline loaded from the same folder.
 
 from __future__ import annotations
 
-from .errors import InvalidRequest
+from lowvram_gen.errors import InvalidRequest
 
 # name -> (diffusers class name, extra config)
 SAMPLERS: dict[str, tuple[str, dict]] = {

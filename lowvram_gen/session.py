@@ -14,14 +14,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import failures, outputs
-from .device import DEFAULT_RESERVE, DeviceInfo, probe
-from .errors import Cancelled, ModelLoadError
-from .models.loading import LoadedModel, load
-from .models.resolve import ModelSource, resolve
-from .presets import Preset, find_preset, load_presets
-from .request import GenerationRequest
-from .runner import ChunkDone, JobReport, JobSpec, Runner
+from lowvram_gen import failures, outputs
+from lowvram_gen.device import DEFAULT_RESERVE, DeviceInfo, probe
+from lowvram_gen.errors import Cancelled, ModelLoadError
+from lowvram_gen.models.loading import LoadedModel, load
+from lowvram_gen.models.resolve import ModelSource, resolve
+from lowvram_gen.presets import Preset, find_preset, load_presets
+from lowvram_gen.request import GenerationRequest
+from lowvram_gen.engines.sd.runner import ChunkDone, JobReport, JobSpec, Runner
 
 log = logging.getLogger(__name__)
 NOISE_NOTE = "embedded tiny model: random weights, the image is abstract noise; pass --model for real images"
@@ -99,7 +99,7 @@ class Session:
 
     def free(self) -> None:
         """Unload the model and give its memory back (the UI's 'free VRAM' button)."""
-        from .oom import free_memory
+        from lowvram_gen.oom import free_memory
 
         with self.lock:
             self.model, self.runner = None, None
@@ -107,7 +107,7 @@ class Session:
 
     # -- planning -------------------------------------------------------------------------------
     def profile_for(self, source: ModelSource, model: LoadedModel | None = None):
-        from . import memory
+        from lowvram_gen.planning import estimate as memory
 
         folder = source.path if source.kind != "single_file" else source.config
         if folder and Path(folder).is_dir():
@@ -119,7 +119,7 @@ class Session:
         return memory.profile_builtin("sdxl" if family == "sdxl" else "sd15")
 
     def plan(self, request: GenerationRequest, device: DeviceInfo | None = None, source: ModelSource | None = None):
-        from .planner import plan
+        from lowvram_gen.planning.planner import plan
 
         device = device or self.device()
         source = source or resolve(request.model, request.config)
@@ -137,8 +137,8 @@ class Session:
             return self._generate(request, on_step, cancel)
 
     def _generate(self, request, on_step, cancel) -> GenerationResult:
-        from . import apply as apply_mod
-        from .engines.sd import check_request, ignores_negative_prompt, prompt_token_count, set_sampler
+        from lowvram_gen.engines.sd import apply as apply_mod
+        from lowvram_gen.engines.sd.pipeline import check_request, ignores_negative_prompt, prompt_token_count, set_sampler
 
         started = time.perf_counter()
         device = self.device()

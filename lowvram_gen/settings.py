@@ -29,7 +29,7 @@ class MemorySettings:
     fp8_storage: bool = False  # keep UNet/transformer weights in float8, upcast per layer
 
     def check(self, where: str = "settings") -> "MemorySettings":
-        from .errors import PresetError
+        from lowvram_gen.errors import PresetError
 
         for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD)):
             value = getattr(self, key)

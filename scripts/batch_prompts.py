@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lowvram_gen.cli import main  # noqa: E402 - after the path fix-up
+from lowvram_gen.cli.main import main  # noqa: E402 - after the path fix-up
 
 
 def run(argv: list[str]) -> int:

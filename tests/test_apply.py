@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowvram_gen import apply as apply_mod
+from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.device import fake, probe
 from lowvram_gen.models.loading import load
 from lowvram_gen.models.resolve import resolve
@@ -118,7 +118,7 @@ def test_fp8_storage_really_stores_float8_and_asks_for_a_reload_to_undo(model):
 
 
 def test_runner_reloads_only_what_lost_precision(model):
-    from lowvram_gen.runner import Runner
+    from lowvram_gen.engines.sd.runner import Runner
 
     runner = Runner(model, probe("cpu"))
     runner.use(MemorySettings(dtype="bfloat16", fp8_storage=True))
@@ -129,7 +129,7 @@ def test_runner_reloads_only_what_lost_precision(model):
 
 
 def test_vae_tile_size_follows_usable_vram(model):
-    from lowvram_gen.apply import vae_tile_size
+    from lowvram_gen.engines.sd.apply import vae_tile_size
 
     assert [vae_tile_size(fake(g)) for g in (2, 4, 8, 24)] == [256, 512, 768, 1024]
     assert vae_tile_size(probe("cpu")) == 512

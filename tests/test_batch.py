@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 
-from lowvram_gen import batch_manifest as bm
-from lowvram_gen.batch import run_batch
-from lowvram_gen.batch_files import BatchError, expand, parse_options, read_entries, request_hash
-from lowvram_gen.cli import main
+from lowvram_gen.batch import manifest as bm
+from lowvram_gen.batch.command import run_batch
+from lowvram_gen.batch.files import BatchError, expand, parse_options, read_entries, request_hash
+from lowvram_gen.cli.main import main
 from lowvram_gen.errors import LowVramError, ModelLoadError
 from lowvram_gen.outputs import next_image_path, read_png_metadata, save_png
 
@@ -230,8 +230,8 @@ def test_cli_missing_file_and_unknown_format_exit_2(tmp_path, capsys):
 
 
 def test_batch_modules_and_help_stay_light():
-    code = ("import sys; import lowvram_gen.batch, lowvram_gen.batch_files, lowvram_gen.batch_manifest, "
-            "lowvram_gen.batch_report; print(sorted(m for m in ('torch', 'diffusers', 'accelerate') if m in sys.modules))")
+    code = ("import sys; import lowvram_gen.batch.command, lowvram_gen.batch.files, lowvram_gen.batch.manifest, "
+            "lowvram_gen.batch.report; print(sorted(m for m in ('torch', 'diffusers', 'accelerate') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "batch_prompts.py"), "--help"],
                             capture_output=True, text=True)

@@ -58,7 +58,7 @@ def test_cuda_probe_and_budget_enforced():
 
 
 def test_doctor_runs_and_reports(capsys):
-    from lowvram_gen.cli import main
+    from lowvram_gen.cli.main import main
 
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out

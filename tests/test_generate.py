@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from lowvram_gen import GenerationRequest
-from lowvram_gen.cli import main
+from lowvram_gen.cli.main import main
 from lowvram_gen.errors import Cancelled
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session

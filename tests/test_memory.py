@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lowvram_gen import memory, memory_fit
+from lowvram_gen.planning import estimate as memory
+from lowvram_gen.planning import fit as memory_fit
 from lowvram_gen.settings import MemorySettings
 
 HALF = MemorySettings(dtype="float16")
@@ -197,7 +198,7 @@ def test_folders_with_the_transformer_architectures_get_theirs(tmp_path):
 
 
 def test_no_torch_at_import_time():
-    code = "import sys, lowvram_gen.memory as m; m.profile_builtin('sdxl'); print('torch' in sys.modules)"
+    code = "import sys, lowvram_gen.planning.estimate as m; m.profile_builtin('sdxl'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
@@ -349,7 +350,7 @@ def test_attention_slicing_costs_more_than_sdpa():
 
 def test_calibration_points_within_15_percent():
     rows = memory_fit.calibration_report()
-    assert len(rows) >= 8, "run scripts/calibrate_memory.py"
+    assert len(rows) >= 8, "run benchmarks/calibrate_memory.py"
     bad = [r for r in rows if abs(r["error_pct"]) > 15]
     assert not bad, bad
     archs = {m["arch"] for m in memory._calibration()["measurements"] if m["component"] == "unet"}

@@ -11,14 +11,14 @@ def _run(code: str) -> str:
 
 
 def test_import_has_no_heavy_side_effects():
-    out = _run("import sys, lowvram_gen, lowvram_gen.cli, lowvram_gen.request, lowvram_gen.presets, "
-               "lowvram_gen.device, lowvram_gen.outputs, lowvram_gen.planner; "
+    out = _run("import sys, lowvram_gen, lowvram_gen.cli.main, lowvram_gen.request, lowvram_gen.presets, "
+               "lowvram_gen.device, lowvram_gen.outputs, lowvram_gen.planning.planner; "
                "print(sorted(m for m in ('torch', 'gradio', 'diffusers', 'transformers') if m in sys.modules))")
     assert out.strip() == "[]"
 
 
 def test_help_answers_without_torch():
-    out = _run("import sys; from lowvram_gen.cli import main\n"
+    out = _run("import sys; from lowvram_gen.cli.main import main\n"
                "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
                "print('TORCH' if 'torch' in sys.modules else 'LIGHT')")
     assert "usage: lowvram-gen" in out and out.strip().endswith("LIGHT")

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from lowvram_gen import failures
-from lowvram_gen.cli import main
+from lowvram_gen.cli.main import main
 from lowvram_gen.device import GiB, fake, probe
-from lowvram_gen.memory import profile_builtin
-from lowvram_gen.planner import plan
+from lowvram_gen.planning.estimate import profile_builtin
+from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import find_preset, load_presets
 
 CARDS = [2, 4, 6, 8, 12, 24]
@@ -135,8 +135,8 @@ def test_plan_cli_text_and_errors(capsys):
 def test_estimates_use_the_vae_tile_apply_gives_this_card():
     """A 2 GiB card decodes in 256 px tiles (apply.vae_tile_size), a 16 GiB card in 1024 px ones: each
     plan must count the tiles that card will use, not diffusers' default 512 px ones."""
-    from lowvram_gen.apply import vae_tile_size
-    from lowvram_gen.memory import estimate
+    from lowvram_gen.engines.sd.apply import vae_tile_size
+    from lowvram_gen.planning.estimate import estimate
 
     presets, profile = load_presets(), profile_builtin("sd15")
     assert presets["lowvram"].memory.vae_tiling

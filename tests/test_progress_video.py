@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from lowvram_gen import progress_video
+from lowvram_gen.engines.vqgan import video as progress_video
 
 
 def _frames(n: int, size=(48, 32)) -> list:

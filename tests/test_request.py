@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lowvram_gen.cli import main
+from lowvram_gen.cli.main import main
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_SEED, GenerationRequest
 

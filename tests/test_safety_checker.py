@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from lowvram_gen import GenerationRequest
-from lowvram_gen.cli import main
+from lowvram_gen.cli.main import main
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
@@ -152,7 +152,7 @@ def test_hires_fix_checks_only_the_final_image(flags_everything, tmp_path, monke
 def test_a_pipeline_that_decodes_itself_reports_its_checker_flags(flags_everything, tmp_path, monkeypatch):
     """Pipelines other than SD/SDXL (LCM, PAG, ...) decode and safety-check inside their own call; their
     `nsfw_content_detected` must reach the result like ours. Simulated by treating SD as one of them."""
-    from lowvram_gen.engines import sd
+    from lowvram_gen.engines.sd import pipeline as sd
 
     monkeypatch.setattr(sd, "splits_decode", lambda pipe: False)
     result = Session().generate(GenerationRequest(prompt="a lighthouse", width=64, height=64, steps=2, seed=3,

@@ -247,7 +247,7 @@ def test_out_of_memory_at_the_first_preset_finishes_the_same_job_at_the_next(fam
 
 
 def test_plan_json_reads_the_folder_as_its_family_and_estimates_every_preset(family, capsys):
-    from lowvram_gen.memory import estimate, profile_from_folder
+    from lowvram_gen.planning.estimate import estimate, profile_from_folder
     from lowvram_gen.presets import find_preset
 
     profile = profile_from_folder(family.folder)
@@ -307,7 +307,7 @@ def test_hires_fix_upscales_the_first_pass_in_pixels_and_runs_img2img_at_the_hir
                                                                                        monkeypatch):
     """The pipeline decodes inside its own call: hires fix takes its first-pass images, upscales them and
     runs img2img at the hires size (A1111's hires fix with a pixel upscaler), with A1111's metadata."""
-    from lowvram_gen.engines import sd
+    from lowvram_gen.engines.sd import pipeline as sd
 
     calls = []
     real = sd.denoise
@@ -347,7 +347,7 @@ def test_sd3_out_of_memory_in_the_pipelines_own_decode_retries_the_chunk_at_the_
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import gpu_ladder, load_presets
-    from lowvram_gen.runner import JobSpec, Runner
+    from lowvram_gen.engines.sd.runner import JobSpec, Runner
 
     model = load(resolve(sd3.folder), "float32")
     runner = Runner(model, probe("cpu"))
@@ -374,7 +374,7 @@ def test_sd3_capped_size_keeps_sides_the_transformer_takes(sd3):
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import find_preset
-    from lowvram_gen.runner import JobSpec, Runner, capped_size
+    from lowvram_gen.engines.sd.runner import JobSpec, Runner, capped_size
 
     assert capped_size(112, 80, 4096) == (72, 64)  # fine for SD, refused by SD3
     assert capped_size(112, 80, 4096, 16) == (64, 64)
@@ -409,7 +409,7 @@ def test_the_size_grid_of_each_pipeline_family(sd3, tiny_path):
     its image processor rounds to); built empty, as the grid is read from the pipeline, not the weights."""
     from diffusers import DiffusionPipeline, FluxPipeline
 
-    from lowvram_gen.engines.sd import size_multiple
+    from lowvram_gen.engines.sd.pipeline import size_multiple
 
     flux = FluxPipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
                         tokenizer_2=None, transformer=None)
@@ -450,7 +450,7 @@ def test_flux_prompt_length_is_counted_in_t5_tokens(flux, tmp_path):
 def test_prompt_token_count_uses_clip_where_there_is_no_t5(flux, tiny_path):
     from diffusers import DiffusionPipeline, FluxPipeline
 
-    from lowvram_gen.engines.sd import ignores_negative_prompt, prompt_token_count
+    from lowvram_gen.engines.sd.pipeline import ignores_negative_prompt, prompt_token_count
 
     prompt = "a lighthouse at dusk " * 8
     sd = DiffusionPipeline.from_pretrained(tiny_path)

@@ -11,11 +11,11 @@ import torch
 from PIL import Image
 
 from lowvram_gen import GenerationRequest
-from lowvram_gen.cli import main
+from lowvram_gen.cli.main import main
 from lowvram_gen.errors import InvalidRequest, OutOfMemoryEverywhere, UnsafeCheckpoint
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
-from lowvram_gen.upscale import UpscaleReport, load_model, run_tiled, upscale_images
+from lowvram_gen.upscale.upscalers import UpscaleReport, load_model, run_tiled, upscale_images
 
 
 def pixels(path) -> np.ndarray:

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from lowvram_gen import memory_vqgan
-from lowvram_gen.cli import main
+from lowvram_gen.planning import vqgan as memory_vqgan
+from lowvram_gen.cli.main import main
 from lowvram_gen.device import fake, probe
-from lowvram_gen.engines.vqgan_request import VqganRequest, parse_prompts, split_prompt
+from lowvram_gen.engines.vqgan.request import VqganRequest, parse_prompts, split_prompt
 from lowvram_gen.errors import Cancelled, InvalidRequest, ModelLoadError, OutOfMemoryEverywhere, UnsafeCheckpoint
 from lowvram_gen.outputs import read_png_metadata
 from lowvram_gen.presets import Preset, VqganKnobs, load_presets
@@ -54,13 +54,13 @@ def session(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(session):
-    from lowvram_gen.engines.vqgan import models_for
+    from lowvram_gen.engines.vqgan.job import models_for
 
     return models_for(session, VqganRequest(prompt="x"))
 
 
 def make_loop(models, ladder, **fields):
-    from lowvram_gen.engines.vqgan_loop import VqganLoop
+    from lowvram_gen.engines.vqgan.loop import VqganLoop
 
     request = VqganRequest(prompt="a red fox|blurry:-0.5", **{**SMALL, **fields}).validated()
     return VqganLoop(models.vq, models.clip, request, request.seed, (request.width, request.height), ladder,
@@ -443,7 +443,7 @@ def test_nan_loss_under_autocast_is_redone_in_float32(models):
 
 
 def test_oom_everywhere_is_one_clear_error_and_the_next_job_runs(session, tmp_path):
-    from lowvram_gen.engines.vqgan import generate_vqgan, models_for
+    from lowvram_gen.engines.vqgan.job import generate_vqgan, models_for
 
     request = VqganRequest(prompt="a fox", outdir=str(tmp_path), **SMALL)
     models = models_for(session, request)
@@ -463,7 +463,7 @@ def test_oom_everywhere_is_one_clear_error_and_the_next_job_runs(session, tmp_pa
 
 
 def test_init_image_image_prompt_and_text_offload_placements(models, tmp_path):
-    from lowvram_gen.engines.vqgan_loop import VqganOps
+    from lowvram_gen.engines.vqgan.loop import VqganOps
 
     class Recording(VqganOps):  # what would move where on a GPU (nothing moves on this CPU)
         def place(self, name, modules, on_device):
@@ -523,7 +523,7 @@ def test_cli_end_to_end_json_metadata_progress_and_video(tmp_path, capsys):
 
 
 def test_capped_size_is_upscaled_and_same_seed_never_overwrites(session, tmp_path):
-    from lowvram_gen.engines.vqgan import generate_vqgan
+    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     request = VqganRequest(prompt="a fox", **{**SMALL, "width": 128, "height": 96}, outdir=str(tmp_path))
     capped = [preset("capped", 0, cutn_chunk=4, max_pixels=6144)]
@@ -540,7 +540,7 @@ def test_capped_size_is_upscaled_and_same_seed_never_overwrites(session, tmp_pat
 def test_cancel_keeps_the_image_so_far(session, tmp_path):
     import threading
 
-    from lowvram_gen.engines.vqgan import generate_vqgan
+    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     cancel = threading.Event()
     request = VqganRequest(prompt="a fox", **{**SMALL, "iterations": 50}, outdir=str(tmp_path))
@@ -551,8 +551,8 @@ def test_cancel_keeps_the_image_so_far(session, tmp_path):
 
 
 def test_batch_runs_vqgan_lines(session, tmp_path):
-    from lowvram_gen import batch_manifest as bm
-    from lowvram_gen.batch import run_batch
+    from lowvram_gen.batch import manifest as bm
+    from lowvram_gen.batch.command import run_batch
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "a fox", "engine": "vqgan", "iterations": 2, "cutn": 4, "seed": 3}\n'

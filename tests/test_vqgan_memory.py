@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from leaks import live_tensors  # tests/leaks.py
-from lowvram_gen.engines.vqgan_request import VqganRequest
+from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.oom import allocated_bytes
 from lowvram_gen.presets import Preset, VqganKnobs
 from lowvram_gen.settings import MemorySettings
@@ -45,7 +45,7 @@ def test_many_vqgan_oom_cycles_do_not_leak(tmp_path):
     and its 32 MB with them), nor the process RSS (the measure of the SD test), and every job must
     finish with its image.
     """
-    from lowvram_gen.engines.vqgan import generate_vqgan, models_for
+    from lowvram_gen.engines.vqgan.job import generate_vqgan, models_for
     from lowvram_gen.session import Session
 
     session = Session(device="cpu", outdir=str(tmp_path))

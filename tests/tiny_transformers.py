@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lowvram_gen.cli import main
+from lowvram_gen.cli.main import main
 
 T5_DIM = 32  # T5 d_model: the width of the text tokens the Flux transformer attends to
 

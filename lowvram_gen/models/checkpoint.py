@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import ModelLoadError, UnsafeCheckpoint
+from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
 
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .resolve import SINGLE_FILE_SUFFIXES
-from .tiny import TINY_MODELS
+from lowvram_gen.models.resolve import SINGLE_FILE_SUFFIXES
+from lowvram_gen.models.tiny import TINY_MODELS
 
 
 def local_models(folder: str | Path) -> list[str]:

@@ -6,8 +6,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ModelLoadError
-from .resolve import ModelSource
+from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.models.resolve import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +40,11 @@ def load(source: ModelSource, dtype: str = "float32") -> LoadedModel:
     _quiet_hub_bars()
     torch_dtype = getattr(torch, dtype)
     if source.kind == "single_file":
-        from .checkpoint import check_finite, load_single_file
+        from lowvram_gen.models.checkpoint import check_finite, load_single_file
 
         pipe = load_single_file(str(source.path), source.config, torch_dtype)
     else:
-        from .checkpoint import check_finite
+        from lowvram_gen.models.checkpoint import check_finite
 
         pipe = _from_folder(source, torch_dtype)
     check_finite(pipe)

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelLoadError
-from .tiny import TINY_MODELS, ensure_tiny
+from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.models.tiny import TINY_MODELS, ensure_tiny
 
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..paths import models_dir
+from lowvram_gen.paths import models_dir
 
 # Bump when a builder changes, so old caches are rebuilt instead of silently reused.
 VERSION = 1
@@ -35,7 +35,7 @@ def ensure_tiny(name: str) -> Path:
     if (target / "model_index.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    from .loading import _quiet_hub_bars
+    from lowvram_gen.models.loading import _quiet_hub_bars
 
     _quiet_hub_bars()
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelLoadError, UnsafeCheckpoint
-from ..paths import models_dir
+from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
+from lowvram_gen.paths import models_dir
 
 VERSION = 1  # bump when a tiny builder changes: old caches are rebuilt, not reused
 CONVERTER_VERSION = 1  # bump when the key mapping changes: cached conversions are redone
@@ -101,8 +101,8 @@ def ensure_tiny_vqgan_clip() -> Path:
     target = tiny_path()
     if (target / "vqgan" / "config.json").is_file() and (target / "clip" / "config.json").is_file():
         return target
-    from .loading import _quiet_hub_bars
-    from .tiny import _tokenizer
+    from lowvram_gen.models.loading import _quiet_hub_bars
+    from lowvram_gen.models.tiny import _tokenizer
 
     _quiet_hub_bars()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -390,12 +390,12 @@ def convert_taming(ckpt: Path, yaml_path: Path) -> Path:
     if ckpt.suffix.lower() == ".safetensors":
         from safetensors.torch import load_file
 
-        from .checkpoint import check_safetensors
+        from lowvram_gen.models.checkpoint import check_safetensors
 
         check_safetensors(ckpt)
         state = load_file(str(ckpt))
     else:
-        from .checkpoint import load_pickle_weights_only
+        from lowvram_gen.models.checkpoint import load_pickle_weights_only
 
         state = load_pickle_weights_only(ckpt)
     converted = convert_taming_state_dict(state, params, ckpt.name)
@@ -442,7 +442,7 @@ def load_vqgan(source: VqganSource):
     import torch
     from diffusers import VQModel
 
-    from .loading import _quiet_hub_bars
+    from lowvram_gen.models.loading import _quiet_hub_bars
 
     _quiet_hub_bars()
     folder = convert_taming(source.path, source.config) if source.kind == "taming" else source.path
@@ -458,7 +458,7 @@ def load_clip(source: ClipSource) -> LoadedClip:
     import torch
     from transformers import CLIPModel, CLIPTokenizer
 
-    from .loading import _quiet_hub_bars
+    from lowvram_gen.models.loading import _quiet_hub_bars
 
     _quiet_hub_bars()
     if not any(source.path.glob("*.safetensors")):
@@ -482,6 +482,6 @@ def load_clip(source: ClipSource) -> LoadedClip:
 def _check_finite(module, name: str) -> None:
     from types import SimpleNamespace
 
-    from .checkpoint import check_finite
+    from lowvram_gen.models.checkpoint import check_finite
 
     check_finite(SimpleNamespace(components={name: module}))

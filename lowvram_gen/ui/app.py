@@ -16,15 +16,15 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..device import GiB, format_size
-from ..errors import Cancelled, LowVramError
-from ..models.discover import model_choices
-from ..outputs import read_png_metadata
-from ..request import MAX_BATCH, MAX_CFG, MAX_SEED, MAX_STEPS, GenerationRequest
-from ..samplers import DEFAULT, SAMPLERS
-from .image_tabs import upscaler_choices
-from ..session import Session
-from .jobs import Job, Registry
+from lowvram_gen.device import GiB, format_size
+from lowvram_gen.errors import Cancelled, LowVramError
+from lowvram_gen.models.discover import model_choices
+from lowvram_gen.outputs import read_png_metadata
+from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_SEED, MAX_STEPS, GenerationRequest
+from lowvram_gen.samplers import DEFAULT, SAMPLERS
+from lowvram_gen.ui.tabs.images import upscaler_choices
+from lowvram_gen.session import Session
+from lowvram_gen.ui.jobs import Job, Registry
 
 GPU = "gpu"  # the one concurrency group of every action that uses the GPU
 DEFAULTS = GenerationRequest()
@@ -109,7 +109,7 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
 
     # -- System tab --------------------------------------------------------------------------
     def device_text():
-        from ..oom import allocated_bytes
+        from lowvram_gen.oom import allocated_bytes
 
         d = session.device()
         used = allocated_bytes(d.kind)
@@ -147,12 +147,12 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
                       else "Starting preset: chosen by the planner for each job")
 
     def failures_table():
-        from .. import failures
+        from lowvram_gen import failures
 
         return [[r["device"], r["model"], r["preset"], r["pixels"], r["batch"]] for r in failures.load()]
 
     def forget_failures():
-        from .. import failures
+        from lowvram_gen import failures
 
         failures.forget()
         return failures_table()
@@ -209,11 +209,11 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
         gallery.select(show_selected, None, [info], queue=False, api_visibility="private")
 
         # -- more tabs: each is a build_*_tab(session, options, jobs) function in its own module --
-        from .image_tabs import build_img2img_tab, build_upscale_tab
+        from lowvram_gen.ui.tabs.images import build_img2img_tab, build_upscale_tab
 
         build_img2img_tab(run_job, cancel, options)
         build_upscale_tab(session)
-        from .vqgan_tab import build_vqgan_tab
+        from lowvram_gen.ui.tabs.vqgan import build_vqgan_tab
 
         build_vqgan_tab(session, options, jobs)
 

@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import Callable, Iterator
 
-from ..errors import Cancelled
+from lowvram_gen.errors import Cancelled
 
 
 CANCEL_WAIT_S = 10.0  # how long Cancel waits for the job to stop before it answers "cancelling…"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import InvalidRequest
+from lowvram_gen.errors import InvalidRequest
 
 LOUD = "!" * 78
 
@@ -35,7 +35,7 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     """Build and start the app; `block=False` returns the running app (tests, embedding)."""
     import os
 
-    from .app import UiOptions, allowed_paths, build_app
+    from lowvram_gen.ui.app import UiOptions, allowed_paths, build_app
 
     # Gradio notices a closed tab when its heartbeat fails (default every 15 s); the unload event
     # then cancels that tab's job. 2 s keeps a closed tab from holding the GPU for long.

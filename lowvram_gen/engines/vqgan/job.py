@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import failures, outputs
-from ..errors import Cancelled
-from ..session import GenerationResult
-from .vqgan_request import VqganRequest
+from lowvram_gen import failures, outputs
+from lowvram_gen.errors import Cancelled
+from lowvram_gen.session import GenerationResult
+from lowvram_gen.engines.vqgan.request import VqganRequest
 
 log = logging.getLogger(__name__)
 NOISE_NOTE = ("embedded tiny VQGAN and CLIP: random weights, the image is abstract noise; pass --vqgan (e.g. "
@@ -60,7 +60,7 @@ _LOADED: "weakref.WeakKeyDictionary[Any, VqganModels]" = weakref.WeakKeyDictiona
 
 def models_for(session, request: VqganRequest) -> VqganModels:
     """The session's VQGAN and CLIP for this request: the loaded pair, or the new one (loaded first)."""
-    from ..models import vqgan_models as vm
+    from lowvram_gen.models import vqgan_models as vm
 
     vsrc, csrc = vm.resolve_vqgan(request.vqgan, request.vqgan_config), vm.resolve_clip(request.clip)
     current = _LOADED.get(session)
@@ -79,7 +79,7 @@ def unload(session) -> None:
 
 
 def plan_for(session, request: VqganRequest, models: VqganModels, device):
-    from .. import memory_vqgan
+    from lowvram_gen.planning import vqgan as memory_vqgan
 
     profile = memory_vqgan.profile_from_models(models.vq, models.clip.model, request.model_name)
     failed = failures.failed_presets(device.name, _failure_key(request), request.width * request.height, request.cutn)
@@ -102,8 +102,8 @@ def generate_vqgan(session, request: VqganRequest, on_step: Callable[[int, int],
 
 
 def _generate(session, request, on_step, cancel, on_image, ladder, ops) -> VqganResult:
-    from .. import memory_vqgan
-    from .vqgan_loop import VqganLoop, summary
+    from lowvram_gen.planning import vqgan as memory_vqgan
+    from lowvram_gen.engines.vqgan.loop import VqganLoop, summary
 
     started = time.perf_counter()
     device = session.device()
@@ -212,7 +212,7 @@ class _Saver:
             if self.size == requested:
                 shown = image
             else:  # the preset capped the size: the same upscalers as Stable Diffusion's caps
-                from ..upscale import upscale_images
+                from lowvram_gen.upscale.upscalers import upscale_images
 
                 shown = upscale_images([image], requested, loop.preset.upscaler, self.device.torch_device)[0]
             path = str(outputs.save_png(shown, outputs.next_image_path(self.outdir, seed, slug), params, meta))
@@ -232,7 +232,7 @@ class _Saver:
         return path
 
     def _video(self, png: Path) -> None:
-        from ..progress_video import write_progress_video
+        from lowvram_gen.engines.vqgan.video import write_progress_video
 
         try:
             video = write_progress_video(self.frames, png)

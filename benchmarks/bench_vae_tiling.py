@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Peak memory of a VAE decode, tiled vs untiled: the real SD 1.5 VAE, 1024-2048 px, several tile sizes.
 
-    .venv/bin/python scripts/bench_vae_tiling.py                 # measure every point (~1 h on 2 cores)
-    .venv/bin/python scripts/bench_vae_tiling.py --only 2048     # only points whose id contains "2048"
-    .venv/bin/python scripts/bench_vae_tiling.py --markdown      # print the table of docs/benchmarks.md
+    .venv/bin/python benchmarks/bench_vae_tiling.py                 # measure every point (~1 h on 2 cores)
+    .venv/bin/python benchmarks/bench_vae_tiling.py --only 2048     # only points whose id contains "2048"
+    .venv/bin/python benchmarks/bench_vae_tiling.py --markdown      # print the table of docs/benchmarks.md
 
 Each point builds diffusers' AutoencoderKL from lowvram_gen/configs/sd15/vae/config.json with seeded
 random bfloat16 weights (bf16 has the same 2 bytes per element as float16 on a GPU, so the bytes compare
 one for one) and decodes one seeded random latent of side/8 x side/8, batch 1, in a fresh subprocess.
-The measurement is the one of scripts/calibrate_memory.py, whose helpers it imports: after a small
+The measurement is the one of benchmarks/calibrate_memory.py, whose helpers it imports: after a small
 warm-up decode, reset the kernel's peak-RSS counter (/proc/self/clear_refs), read VmRSS, run
 `vae.decode(latents)` under torch.inference_mode(), read VmHWM; activation = VmHWM - VmRSS(before),
 the CPU analogue of torch.cuda.max_memory_allocated() minus memory_allocated() before the call. Workers
@@ -19,7 +19,7 @@ vae.tile_latent_min_size = T // 8 (diffusers' default T is the config's sample_s
 Seconds per decode are recorded too; they are informational (one decode, shared 2-core machine).
 
 Before each point the driver reads MemAvailable and skips the point (recording why) when the project's
-estimator (lowvram_gen.memory) predicts an activation above --max-gib (default 16) or more than is free.
+estimator (lowvram_gen.planning.estimate) predicts an activation above --max-gib (default 16) or more than is free.
 Results go to docs/bench/vae_tiling.json, written after every point.
 """
 
@@ -78,10 +78,10 @@ def mem_available() -> int:
 
 
 def estimated_bytes(side: int, tile: int | None) -> int | None:
-    """lowvram_gen.memory's prediction for this point (bf16, batch 1), or None if it cannot be had."""
+    """lowvram_gen.planning.estimate's prediction for this point (bf16, batch 1), or None if it cannot be had."""
     try:
         sys.path.insert(0, str(ROOT))
-        from lowvram_gen import memory
+        from lowvram_gen.planning import estimate as memory
 
         profile = memory.profile_builtin(ARCH)
         return int(memory.vae_activation_bytes(profile, side, side, 1, 2, tiling=tile is not None, tile_px=tile))
@@ -160,8 +160,8 @@ def header(argv: list[str]) -> dict:
 
     return {
         "what": "peak RSS of one AutoencoderKL.decode (SD 1.5 VAE config, random seeded bf16 weights), batch 1, "
-                "square, CPU; activation = VmHWM - VmRSS before the call (see scripts/calibrate_memory.py)",
-        "command": " ".join([".venv/bin/python", "scripts/bench_vae_tiling.py", *map(shlex.quote, argv)]),
+                "square, CPU; activation = VmHWM - VmRSS before the call (see benchmarks/calibrate_memory.py)",
+        "command": " ".join([".venv/bin/python", "benchmarks/bench_vae_tiling.py", *map(shlex.quote, argv)]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,

@@ -119,10 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--queue-size", type=int, default=16, metavar="N", help="most jobs waiting (default 16)")
     _add_memory_flags(ui)
 
-    from .batch import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
+    from lowvram_gen.batch.command import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
 
     add_batch_parser(sub, _add_model, _add_memory_flags)
-    from .engines.vqgan_cli import add_vqgan_parser, add_vqgan_plan_args  # VQGAN-CLIP (no heavy imports)
+    from lowvram_gen.cli.vqgan import add_vqgan_parser, add_vqgan_plan_args  # VQGAN-CLIP (no heavy imports)
 
     add_vqgan_parser(sub, _add_memory_flags)
     add_vqgan_plan_args(sub.choices["plan"])
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _session_kwargs(args) -> dict:
-    from .device import DEFAULT_RESERVE, parse_size
+    from lowvram_gen.device import DEFAULT_RESERVE, parse_size
 
     preset = next((name for name in MEMORY_FLAGS if getattr(args, name, False)), None) or getattr(args, "preset", None)
     return {
@@ -145,7 +145,7 @@ def _session_kwargs(args) -> dict:
 
 
 def cmd_generate(args) -> int:
-    from .request import GenerationRequest
+    from lowvram_gen.request import GenerationRequest
 
     request = GenerationRequest(
         prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
@@ -156,9 +156,9 @@ def cmd_generate(args) -> int:
         hires_denoise=args.hires_denoise,
     ).validated()  # before anything heavy is imported or loaded
     kwargs = _session_kwargs(args)
-    from .session import Session
+    from lowvram_gen.session import Session
 
-    from .cli_output import ProgressBar, print_result
+    from lowvram_gen.cli.output import ProgressBar, print_result
 
     session = Session(**kwargs)
     bar = ProgressBar("step")
@@ -170,7 +170,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_upscale(args) -> int:
-    from .upscale import run_upscale
+    from lowvram_gen.upscale.upscalers import run_upscale
 
     result = run_upscale(args.image, args.scale, args.upscaler, args.outdir, "cpu" if args.cpu else None)
     print(result["summary"], file=sys.stderr)
@@ -180,14 +180,14 @@ def cmd_upscale(args) -> int:
 
 def cmd_plan(args) -> int:
     if getattr(args, "engine", "sd") == "vqgan":
-        from .engines.vqgan_cli import plan_vqgan_command
+        from lowvram_gen.cli.vqgan import plan_vqgan_command
 
         return plan_vqgan_command(args, _session_kwargs(args))
-    from . import device as device_mod
-    from . import memory
-    from .planner import plan
-    from .presets import find_preset, load_presets
-    from .request import MAX_BATCH, as_int, as_side
+    from lowvram_gen import device as device_mod
+    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.planning.planner import plan
+    from lowvram_gen.presets import find_preset, load_presets
+    from lowvram_gen.request import MAX_BATCH, as_int, as_side
 
     width, height = as_side("width", args.width), as_side("height", args.height)
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
@@ -200,7 +200,7 @@ def cmd_plan(args) -> int:
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
-        from .models.resolve import resolve
+        from lowvram_gen.models.resolve import resolve
 
         profile = memory.profile_from_folder(resolve(args.model).path)
     forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
@@ -221,26 +221,26 @@ def cmd_plan(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import report
+    from lowvram_gen.cli.doctor import report
 
     if args.forget_failures:
-        from . import failures
+        from lowvram_gen import failures
 
         print(f"forgot {failures.forget()} remembered failure(s)", file=sys.stderr)
     info = report(**_session_kwargs(args))
     if args.json:
         print(json.dumps(info, default=str))
     else:
-        from .doctor import format_report
+        from lowvram_gen.cli.doctor import format_report
 
         print(format_report(info))
     return 0
 
 
 def cmd_ui(args) -> int:
-    from . import outputs
-    from .session import Session
-    from .ui.launch import launch
+    from lowvram_gen import outputs
+    from lowvram_gen.session import Session
+    from lowvram_gen.ui.launch import launch
 
     outdir = args.outdir or str(outputs.default_outdir())
     session = Session(**_session_kwargs(args), outdir=outdir)
@@ -250,13 +250,13 @@ def cmd_ui(args) -> int:
 
 
 def cmd_batch(args) -> int:
-    from .batch import run_batch_command
+    from lowvram_gen.batch.command import run_batch_command
 
     return run_batch_command(args, _session_kwargs(args))
 
 
 def cmd_vqgan(args) -> int:
-    from .engines.vqgan_cli import run_vqgan_command
+    from lowvram_gen.cli.vqgan import run_vqgan_command
 
     return run_vqgan_command(args, _session_kwargs(args))
 
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_with_default_command(sys.argv[1:] if argv is None else list(argv)))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from .errors import LowVramError
+    from lowvram_gen.errors import LowVramError
 
     try:
         return COMMANDS[args.command](args)

@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import Cancelled, InvalidRequest
-from ..samplers import DEFAULT, make_scheduler
+from lowvram_gen.errors import Cancelled, InvalidRequest
+from lowvram_gen.samplers import DEFAULT, make_scheduler
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
 

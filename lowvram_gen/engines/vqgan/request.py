@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import InvalidRequest
-from ..request import MAX_BATCH, MAX_SEED, as_float, as_int, as_side, clean_prompt
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.request import MAX_BATCH, MAX_SEED, as_float, as_int, as_side, clean_prompt
 
 # Caps: they bound what a typo can cost; presets cap the size further (and upscale afterwards).
 MAX_ITERATIONS = 10_000  # nerdyrodent's default is 500; long runs are 1000-3000

@@ -15,7 +15,7 @@ An iteration holds, at its peak (CLIP's backward of the last chunk of cutouts):
   + a fixed overhead           memory.OVERHEAD_BYTES (kernels, workspaces, allocator rounding)
 
 The decoder and CLIP coefficients are checked against CPU peak-RSS measurements of the real
-architectures (random weights) in scripts/bench_vqgan.py; docs/benchmarks.md has the comparison.
+architectures (random weights) in benchmarks/bench_vqgan.py; docs/benchmarks.md has the comparison.
 Nothing here imports torch unless a profile is built from a folder or from loaded models.
 """
 
@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .memory import OVERHEAD_BYTES
+from lowvram_gen.planning.estimate import OVERHEAD_BYTES
 
 RESNET_IN, RESNET_OUT = 3.0, 3.0  # saved tensors per resnet block, in units of its in/out channels
 ATTN = 7.0  # saved tensors per attention block (norm, q, k, v, output, projections)
@@ -135,7 +135,7 @@ def profile_from_specs(vqgan: str, clip: str) -> VqganProfile:
     if vq_part is None or clip_part is None:
         from accelerate import init_empty_weights
 
-        from .models import vqgan_models as vm
+        from lowvram_gen.models import vqgan_models as vm
 
         if vq_part is None:
             from diffusers import VQModel
@@ -255,8 +255,8 @@ def capped_size(width: int, height: int, max_pixels: int, multiple: int = 16) ->
 def plan_vqgan(device, profile: VqganProfile, width: int, height: int, cutn: int, presets: dict, forced=None,
                failed: frozenset | set = frozenset(), augments: int = 4, init_image: bool = False):
     """planner.plan for VQGAN-CLIP: the fastest preset whose estimate fits, and the cheaper ones below it."""
-    from .planner import PresetEstimate, choose
-    from .presets import gpu_ladder
+    from lowvram_gen.planning.planner import PresetEstimate, choose
+    from lowvram_gen.presets import gpu_ladder
 
     ladder = gpu_ladder(presets)
     estimates = []

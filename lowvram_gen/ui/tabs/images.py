@@ -4,11 +4,11 @@ import html
 
 import gradio as gr
 
-from ..errors import LowVramError
-from ..models.discover import model_choices
-from ..request import MAX_BATCH, MAX_CFG, MAX_SEED, MAX_STEPS
-from ..samplers import DEFAULT, SAMPLERS
-from ..upscale import MAX_SCALE, available
+from lowvram_gen.errors import LowVramError
+from lowvram_gen.models.discover import model_choices
+from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_SEED, MAX_STEPS
+from lowvram_gen.samplers import DEFAULT, SAMPLERS
+from lowvram_gen.upscale.upscalers import MAX_SCALE, available
 
 GPU = "gpu"
 
@@ -71,7 +71,7 @@ def build_img2img_tab(run_job, cancel, options) -> None:
 
 def build_upscale_tab(session) -> None:
     def upscale(image, scale=2.0, upscaler="lanczos"):
-        from ..upscale import run_upscale
+        from lowvram_gen.upscale.upscalers import run_upscale
 
         if not image:
             raise gr.Error("choose an image first")

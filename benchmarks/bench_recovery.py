@@ -1,7 +1,7 @@
 """The cost of recovering from out-of-memory: a tiny job with an OOM injected at the first preset,
 against the same job started at the preset it lands on.
 
-    .venv/bin/python scripts/bench_recovery.py [--runs 7]
+    .venv/bin/python benchmarks/bench_recovery.py [--runs 7]
 
 The OOM is simulated (no GPU here): a forward pre-hook makes the UNet raise
 torch.OutOfMemoryError whenever the first preset (no offload) is applied, as a too-small card
@@ -31,7 +31,7 @@ def main() -> None:
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import gpu_ladder, load_presets
-    from lowvram_gen.runner import JobSpec, Runner
+    from lowvram_gen.engines.sd.runner import JobSpec, Runner
 
     ladder = gpu_ladder(load_presets())
     model = load(resolve("tiny"), "float32")

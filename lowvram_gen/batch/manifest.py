@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from .batch_files import BatchError, Job
+from lowvram_gen.batch.files import BatchError, Job
 
 MANIFEST_GLOB = "manifest.rank*.jsonl"
 ARCHIVE_GLOB = "manifest.rank*.jsonl.*"  # older manifests put aside by --restart
@@ -178,7 +178,7 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
     Returns (records to append for adopted jobs, temp files removed, paths moved aside). Only
     images whose metadata names a job of this prompt file are touched; a user's own files are not.
     """
-    from .outputs import read_png_metadata
+    from lowvram_gen.outputs import read_png_metadata
 
     removed = 0
     found: dict[str, list[tuple[Path, dict]]] = defaultdict(list)

@@ -11,8 +11,8 @@ import signal
 import sys
 import threading
 
-from ..cli_output import ProgressBar, print_result
-from .vqgan_request import AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS
+from lowvram_gen.cli.output import ProgressBar, print_result
+from lowvram_gen.engines.vqgan.request import AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS
 
 EPILOG = f"""\
 prompts:  'a lighthouse at dusk:1|oil painting:0.5|blurry:-0.5' -- text:weight:stop separated by |.
@@ -61,7 +61,7 @@ def add_vqgan_parser(sub, add_memory_flags) -> None:
 
 
 def request_from_args(args):
-    from .vqgan_request import VqganRequest
+    from lowvram_gen.engines.vqgan.request import VqganRequest
 
     augments = args.augments
     if len(augments) == 1 and augments[0].lower() == "none":
@@ -78,9 +78,9 @@ def request_from_args(args):
 
 def run_vqgan_command(args, session_kwargs: dict) -> int:
     request = request_from_args(args)  # bad input: exit 2 before anything heavy is imported
-    from ..errors import Cancelled
-    from ..session import Session
-    from .vqgan import generate_vqgan
+    from lowvram_gen.errors import Cancelled
+    from lowvram_gen.session import Session
+    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     session = Session(**session_kwargs)
     cancel = threading.Event()
@@ -120,10 +120,11 @@ def add_vqgan_plan_args(p: argparse.ArgumentParser) -> None:
 
 def plan_vqgan_command(args, session_kwargs: dict) -> int:
     """`plan --engine vqgan`: every preset's VQGAN-CLIP estimate (--model defaults to vqgan_imagenet_f16_16384)."""
-    from .. import device as device_mod
-    from .. import memory, memory_vqgan
-    from ..presets import find_preset, load_presets
-    from ..request import as_int, as_side
+    from lowvram_gen import device as device_mod
+    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.planning import vqgan as memory_vqgan
+    from lowvram_gen.presets import find_preset, load_presets
+    from lowvram_gen.request import as_int, as_side
 
     width, height = as_side("width", args.width, multiple=16), as_side("height", args.height, multiple=16)
     cutn = as_int("cutn", args.cutn, 1, MAX_CUTN)
@@ -137,7 +138,7 @@ def plan_vqgan_command(args, session_kwargs: dict) -> int:
     try:
         profile = memory_vqgan.profile_from_specs(vqgan, args.clip)
     except ValueError as exc:
-        from ..errors import InvalidRequest
+        from lowvram_gen.errors import InvalidRequest
 
         raise InvalidRequest("model", vqgan, str(exc)) from None
     preset = session_kwargs["preset"]

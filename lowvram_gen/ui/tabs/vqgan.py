@@ -11,12 +11,12 @@ import uuid
 
 import gradio as gr
 
-from ..engines.vqgan_request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_INIT_WEIGHT,
+from lowvram_gen.engines.vqgan.request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_INIT_WEIGHT,
                                      MAX_ITERATIONS, OPTIMIZERS, VqganRequest)
-from ..errors import Cancelled, LowVramError
-from ..outputs import read_png_metadata
-from ..request import MAX_SEED
-from .jobs import Job
+from lowvram_gen.errors import Cancelled, LowVramError
+from lowvram_gen.outputs import read_png_metadata
+from lowvram_gen.request import MAX_SEED
+from lowvram_gen.ui.jobs import Job
 
 GPU = "gpu"
 DEFAULTS = VqganRequest()
@@ -38,7 +38,7 @@ def _playable(videos: list[str]) -> str | None:
 
 
 def build_vqgan_tab(session, options, jobs) -> None:
-    from ..engines.vqgan import generate_vqgan
+    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     def run(prompts, image_prompt=None, init_image=None, width=256, height=256, iterations=100, save_every=10,
             cutn=DEFAULTS.cutn, cut_pow=DEFAULTS.cut_pow, lr=DEFAULTS.lr, optimizer=DEFAULTS.optimizer,

@@ -35,10 +35,11 @@ def report(device: str | None = None, preset: str | None = None, vram_budget: in
            reserve_vram: int | None = None, xformers: bool = False) -> dict:
     import torch
 
-    from . import failures, memory
-    from .device import DEFAULT_RESERVE, probe
-    from .planner import plan
-    from .presets import find_preset, load_presets
+    from lowvram_gen import failures
+    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.device import DEFAULT_RESERVE, probe
+    from lowvram_gen.planning.planner import plan
+    from lowvram_gen.presets import find_preset, load_presets
 
     dev = probe(device, reserve_bytes=reserve_vram if reserve_vram is not None else DEFAULT_RESERVE, budget_bytes=vram_budget)
     presets = load_presets()
@@ -75,7 +76,7 @@ def _nvidia_driver() -> str | None:
 
 
 def format_report(info: dict) -> str:
-    from .device import format_size
+    from lowvram_gen.device import format_size
 
     d = info["device"]
     lines = [

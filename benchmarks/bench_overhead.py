@@ -1,6 +1,6 @@
 """Does lowvram-gen add time to a generation? Same tiny 512x512 job through us and plain diffusers.
 
-    .venv/bin/python scripts/bench_overhead.py [--runs 7] [--steps 4]
+    .venv/bin/python benchmarks/bench_overhead.py [--runs 7] [--steps 4]
 
 Both sides load the model once, then alternate runs (so drift hits both alike); each run makes and
 saves one PNG. Prints and writes docs/bench/overhead.json with the medians and their ratio.

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Measure activation peaks of the real SD architectures on this CPU and fit the memory estimator.
 
-    python scripts/calibrate_memory.py              # measure what is missing, then fit
-    python scripts/calibrate_memory.py --fit-only   # refit from the stored measurements
-    python scripts/calibrate_memory.py --only sd15  # measure only jobs whose id contains "sd15"
-    python scripts/calibrate_memory.py --redo       # measure again even where a result is stored
-    python scripts/calibrate_memory.py --live-check # cross-check RSS against live tensor bytes (transformers)
+    python benchmarks/calibrate_memory.py              # measure what is missing, then fit
+    python benchmarks/calibrate_memory.py --fit-only   # refit from the stored measurements
+    python benchmarks/calibrate_memory.py --only sd15  # measure only jobs whose id contains "sd15"
+    python benchmarks/calibrate_memory.py --redo       # measure again even where a result is stored
+    python benchmarks/calibrate_memory.py --live-check # cross-check RSS against live tensor bytes (transformers)
 
 What is measured. Each job builds one real component (SD 1.5 / 2.1 / SDXL UNet, the SD VAE, or the
 SD3-medium / FLUX.1-dev transformer) from the configs shipped in lowvram_gen/configs, with random
@@ -52,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from peak_rss import reset_peak, run_worker, status, worker_env  # scripts/peak_rss.py
+from peak_rss import reset_peak, run_worker, status, worker_env  # benchmarks/peak_rss.py
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "lowvram_gen" / "configs"
@@ -290,7 +290,7 @@ def worker(job: dict) -> dict:
         "torch": torch.__version__,
         **({"diffusers": diffusers.__version__, "text_tokens": text_tokens(arch),
             "attention": type(model.attn_processors[next(iter(model.attn_processors))]).__name__,
-            "command": f"python scripts/calibrate_memory.py --only {job['id']} --redo"}
+            "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
            if component == "transformer" else {}),
     }
 
@@ -362,7 +362,7 @@ def live_check(timeout: int) -> None:
             row["rss_minus_live_mib"] = round((rss - row["live_tensor_peak_bytes"]) / 2**20, 1)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    LIVE_FILE.write_text(json.dumps({"command": "python scripts/calibrate_memory.py --live-check",
+    LIVE_FILE.write_text(json.dumps({"command": "python benchmarks/calibrate_memory.py --live-check",
                                      "rows": rows}, indent=1) + "\n")
 
 
@@ -419,7 +419,8 @@ def measure(only: str | None, redo: bool, timeout: int) -> None:
 
 def fit() -> None:
     sys.path.insert(0, str(ROOT))
-    from lowvram_gen import memory, memory_fit
+    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.planning import fit as memory_fit
 
     with locked():
         data = load()
@@ -445,7 +446,8 @@ def fit() -> None:
 
 def markdown() -> None:
     sys.path.insert(0, str(ROOT))
-    from lowvram_gen import memory, memory_fit
+    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.planning import fit as memory_fit
 
     meas = {m["id"]: m for m in load().get("measurements", [])}
     rows = memory_fit.calibration_report()

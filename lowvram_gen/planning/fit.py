@@ -1,6 +1,6 @@
 """Fitting the estimator's coefficients to measured activation peaks, and reporting its error.
 
-Used by scripts/calibrate_memory.py (which measures and then fits) and by the tests (which check the
+Used by benchmarks/calibrate_memory.py (which measures and then fits) and by the tests (which check the
 stored fit against the stored measurements); the estimator itself (memory.py) only reads the fit from
 configs/calibration.json, so none of this runs during a job.
 """
@@ -12,8 +12,8 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from . import memory
-from .settings import MemorySettings
+from lowvram_gen.planning import estimate as memory
+from lowvram_gen.settings import MemorySettings
 
 def _measured_feature(m: dict, profile: memory.ModelProfile, per_call: float = 0.0) -> float:
     """The model's activation bytes for one measurement with coefficient 1 (no slicing term)."""

@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from .device import DeviceInfo
-from .settings import MemorySettings
+from lowvram_gen.device import DeviceInfo
+from lowvram_gen.settings import MemorySettings
 
 log = logging.getLogger(__name__)
 

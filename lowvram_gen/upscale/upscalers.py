@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InvalidRequest, OutOfMemoryEverywhere
+from lowvram_gen.errors import InvalidRequest, OutOfMemoryEverywhere
 
 log = logging.getLogger(__name__)
 BUILTIN = ("lanczos", "latent", "sd-x4")
@@ -114,7 +114,7 @@ def load_model(name: str):
     if key not in _MODELS:
         from spandrel import ModelLoader, UnsupportedModelError
 
-        from .models.checkpoint import check_safetensors, load_pickle_weights_only
+        from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
 
         if path.suffix.lower() == ".safetensors":
             check_safetensors(path)
@@ -137,7 +137,7 @@ def run_tiled(descriptor, image, device: str, tile: int, report: UpscaleReport):
     import numpy as np
     import torch
 
-    from .oom import free_memory, is_oom, short_reason
+    from lowvram_gen.oom import free_memory, is_oom, short_reason
 
     x = torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
     descriptor.model.to(device)
@@ -185,7 +185,7 @@ def _tiles(descriptor, x, device: str, tile: int):
 
 def _sd_x4(image, device: str, prompt: str, steps: int):
     """diffusers' SD x4 upscaler, when the user has it (HF cache or $LOWVRAM_GEN_SD_X4 folder)."""
-    from .errors import ModelLoadError
+    from lowvram_gen.errors import ModelLoadError
 
     source = os.environ.get("LOWVRAM_GEN_SD_X4") or SD_X4_REPO
     pipe = _MODELS.get(f"sd-x4:{source}")
@@ -220,8 +220,8 @@ def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str |
 
     from PIL import Image
 
-    from . import outputs
-    from .request import MAX_SIDE, as_float, check_image_path
+    from lowvram_gen import outputs
+    from lowvram_gen.request import MAX_SIDE, as_float, check_image_path
 
     started = time.perf_counter()
     path = check_image_path("image", image_path)
@@ -235,7 +235,7 @@ def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str |
         raise InvalidRequest("scale", scale, f"{source.width}x{source.height} x{factor:g} is {size[0]}x{size[1]}; "
                                              f"at most {MAX_SIDE * 2} px a side")
     if device is None:
-        from .device import probe
+        from lowvram_gen.device import probe
 
         device = probe().torch_device
     report = UpscaleReport(name)

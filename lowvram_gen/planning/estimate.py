@@ -17,7 +17,7 @@ config: at each resolution level it adds the skip connections still held for the
 working set of the largest block at that level (a GEGLU transformer block holds ~19 C per token; a
 resnet ~3.5 x its input channels). The VAE feature is the largest decoder stage (3 C_in + C_out at
 its resolution). Both are elements per latent pixel per image; times pixels, images and bytes per
-element, times the coefficient that scripts/calibrate_memory.py fits to real forward passes of SD 1.5,
+element, times the coefficient that benchmarks/calibrate_memory.py fits to real forward passes of SD 1.5,
 SD 2.1 and SDXL. A transformer denoiser (SD3, Flux, PixArt ...) is a stack of same-width blocks over
 one token stream: its feature is (image tokens + the text tokens joint attention carries beside them)
 x hidden width per image, and the coefficient (fitted to SD3-medium and FLUX.1-dev blocks) is how
@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .settings import MemorySettings
+from lowvram_gen.settings import MemorySettings
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data: lowvram_gen/configs
 CALIBRATION_FILE = CONFIGS / "calibration.json"
 
 BUILTIN_NAMES = ("sd15", "sd21", "sdxl", "sd3", "flux")

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import InvalidRequest, LowVramError
-from .request import MAX_SEED, GenerationRequest, as_int
+from lowvram_gen.errors import InvalidRequest, LowVramError
+from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
 
 FORMATS = {".txt": "txt", ".prompts": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 MAX_REPEAT = 10_000  # per line; bounds what a typo can queue
@@ -104,7 +104,7 @@ def _build_sd(fields: dict) -> GenerationRequest:
 def _build_vqgan(fields: dict):
     # VQGAN-CLIP: `steps` means iterations, a negative prompt becomes a prompt with weight -1, and the
     # SD-only fields (cfg_scale, sampler, model, config) do not apply (engines/vqgan_request.py). No torch.
-    from .engines.vqgan_request import VqganRequest
+    from lowvram_gen.engines.vqgan.request import VqganRequest
 
     return VqganRequest.from_batch_fields(fields)
 

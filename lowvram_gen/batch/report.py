@@ -26,7 +26,7 @@ class Processes:
         """PartialState on this process's device: `cuda:LOCAL_RANK` under a launcher on GPUs (the
         Session's probe picks the same index), the CPU with --cpu, `accelerate launch --cpu` or no GPU
         (gloo between processes). Updates `session_kwargs` when the launcher asked for the CPU."""
-        from .device import set_alloc_conf
+        from lowvram_gen.device import set_alloc_conf
 
         set_alloc_conf()  # before anything initialises CUDA
         import torch
@@ -152,7 +152,7 @@ def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int,
 
 
 def dry_run_report(file: Path, root: Path, joblist, restart: bool, as_json: bool) -> int:
-    from . import batch_manifest as bm
+    from lowvram_gen.batch import manifest as bm
 
     records = [] if restart else bm.read_records(bm.current_manifests(root))
     done = {r["job"] for r in records if r.get("status") == "ok"}

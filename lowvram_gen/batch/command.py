@@ -80,8 +80,8 @@ class Outcome:
 
 
 def run_batch_command(args, session_kwargs: dict) -> int:
-    from .batch_files import MAX_REPEAT
-    from .request import MAX_SEED, GenerationRequest, as_int
+    from lowvram_gen.batch.files import MAX_REPEAT
+    from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
 
     names = ("negative_prompt", "width", "height", "steps", "cfg_scale", "batch_size", "sampler", "seed", "model",
              "config")
@@ -97,9 +97,9 @@ def run_batch_command(args, session_kwargs: dict) -> int:
 
 def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *, fmt=None, repeat=1,
               seed_start=None, restart=False, as_json=False, dry_run=False, session=None) -> int:
-    from . import batch_manifest as bm
-    from .batch_files import expand, read_entries
-    from .batch_report import Processes, dry_run_report, print_summary, report_lines
+    from lowvram_gen.batch import manifest as bm
+    from lowvram_gen.batch.files import expand, read_entries
+    from lowvram_gen.batch.report import Processes, dry_run_report, print_summary, report_lines
 
     joblist = expand(read_entries(file, fmt), defaults, repeat, seed_start)
     root = outdir.expanduser().resolve()
@@ -153,14 +153,14 @@ def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session
               total) -> None:
     import dataclasses
 
-    from . import batch_manifest as bm
-    from .batch_report import JobBar
-    from .errors import LowVramError
+    from lowvram_gen.batch import manifest as bm
+    from lowvram_gen.batch.report import JobBar
+    from lowvram_gen.errors import LowVramError
 
     if not share:
         return
     if session is None:
-        from .session import Session
+        from lowvram_gen.session import Session
 
         session = Session(**session_kwargs)
     bar = JobBar(len(share), group, total)
@@ -205,7 +205,7 @@ def _run_sd(session, request):
 
 
 def _run_vqgan(session, request):
-    from .engines.vqgan import generate_vqgan
+    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     return generate_vqgan(session, request)
 

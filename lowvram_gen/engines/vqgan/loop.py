@@ -29,11 +29,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..device import DeviceInfo
-from ..errors import BadOutput, Cancelled, OutOfMemoryEverywhere
-from ..oom import allocated_bytes, free_memory, is_oom, short_reason
-from ..presets import Preset
-from . import vqgan_parts as parts
+from lowvram_gen.device import DeviceInfo
+from lowvram_gen.errors import BadOutput, Cancelled, OutOfMemoryEverywhere
+from lowvram_gen.oom import allocated_bytes, free_memory, is_oom, short_reason
+from lowvram_gen.presets import Preset
+from lowvram_gen.engines.vqgan import parts
 
 log = logging.getLogger(__name__)
 MIN_CUTN = 1

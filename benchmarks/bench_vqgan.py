@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """VQGAN-CLIP: peak memory and iterations per second against the cutout chunk size.
 
-    .venv/bin/python scripts/bench_vqgan.py                     # real architectures, random weights
-    .venv/bin/python scripts/bench_vqgan.py --arch tiny          # the embedded tiny models (seconds)
-    .venv/bin/python scripts/bench_vqgan.py --markdown           # print the table of docs/benchmarks.md
+    .venv/bin/python benchmarks/bench_vqgan.py                     # real architectures, random weights
+    .venv/bin/python benchmarks/bench_vqgan.py --arch tiny          # the embedded tiny models (seconds)
+    .venv/bin/python benchmarks/bench_vqgan.py --markdown           # print the table of docs/benchmarks.md
 
 `real` is vqgan_imagenet_f16_16384's architecture (from its taming config, through our converter's
 config mapping) and CLIP ViT-B/32's, with seeded random weights: activation memory and speed depend
 on shapes, not on weight values, and nothing is downloaded. Each point runs in a fresh subprocess
-(like scripts/calibrate_memory.py): it builds the models, runs one warm-up iteration, resets the
+(like benchmarks/calibrate_memory.py): it builds the models, runs one warm-up iteration, resets the
 kernel's peak-RSS counter (VmHWM, via /proc/self/clear_refs), reads VmRSS, runs N iterations of the
 real loop (`VqganLoop.gradient` + the optimiser step) and reads VmHWM. activation = VmHWM - VmRSS:
 what an iteration needs on top of the weights, i.e. what max_memory_allocated minus the weights
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from peak_rss import reset_peak, run_worker, status, worker_env  # scripts/peak_rss.py
+from peak_rss import reset_peak, run_worker, status, worker_env  # benchmarks/peak_rss.py
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench" / "vqgan.json"
@@ -68,10 +68,10 @@ def _models(arch: str):
 def worker(job: dict) -> dict:
     import torch
 
-    from lowvram_gen import memory_vqgan
+    from lowvram_gen.planning import vqgan as memory_vqgan
     from lowvram_gen.device import probe
-    from lowvram_gen.engines.vqgan_loop import Knobs, VqganLoop
-    from lowvram_gen.engines.vqgan_request import VqganRequest
+    from lowvram_gen.engines.vqgan.loop import Knobs, VqganLoop
+    from lowvram_gen.engines.vqgan.request import VqganRequest
     from lowvram_gen.presets import load_presets
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
@@ -127,8 +127,8 @@ def run(arch: str, size: int, cutn: int, iterations: int, timeout: int) -> list[
 
 def estimated(row: dict) -> int:
     """What the estimator in lowvram_gen/memory_vqgan.py says now for a stored point (CPU, float32/bf16)."""
-    from lowvram_gen import memory_vqgan
-    from lowvram_gen.engines.vqgan_loop import Knobs
+    from lowvram_gen.planning import vqgan as memory_vqgan
+    from lowvram_gen.engines.vqgan.loop import Knobs
 
     if "profile" in row:
         prof = {k: tuple(v) if isinstance(v, list) else v for k, v in row["profile"].items()}
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     data[f"{args.arch}-{args.size}-{args.cutn}"] = {
         "title": title + f", {args.cutn} cutouts, float32 unless noted; CPU ({platform.processor() or 'x86_64'}, "
                          f"torch threads: {os.environ.get('BENCH_THREADS', '2')}), torch {torch.__version__}",
-        "command": "python scripts/bench_vqgan.py " + " ".join(a for a in (argv or sys.argv[1:])),
+        "command": "python benchmarks/bench_vqgan.py " + " ".join(a for a in (argv or sys.argv[1:])),
         "date": time.strftime("%Y-%m-%d"), "points": rows}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(data, indent=1) + "\n")

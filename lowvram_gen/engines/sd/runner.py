@@ -16,15 +16,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from . import apply as apply_mod
-from .device import DeviceInfo
-from .engines import sd
-from .errors import BadOutput, OutOfMemoryEverywhere
-from .models.loading import LoadedModel, reload_components
-from .oom import allocated_bytes, free_memory, is_oom, short_reason
-from .presets import Preset
-from .settings import MemorySettings
-from .upscale import upscale_images
+from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.device import DeviceInfo
+from lowvram_gen.engines.sd import pipeline as sd
+from lowvram_gen.errors import BadOutput, OutOfMemoryEverywhere
+from lowvram_gen.models.loading import LoadedModel, reload_components
+from lowvram_gen.oom import allocated_bytes, free_memory, is_oom, short_reason
+from lowvram_gen.presets import Preset
+from lowvram_gen.settings import MemorySettings
+from lowvram_gen.upscale.upscalers import upscale_images
 
 log = logging.getLogger(__name__)
 MAX_RESOLUTION_STEPS = 2  # each halves the pixels; beyond a quarter of the request the upscale is mush
