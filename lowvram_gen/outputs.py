@@ -107,8 +107,9 @@ def safe_slug(prompt: str, max_bytes: int = SLUG_MAX) -> str:
     return slug or _cut_utf8("image", max_bytes)
 
 
-def next_image_path(outdir: str | Path, seed: int, prompt: str, ext: str = "png") -> Path:
-    """The next free A1111-style name in ``outdir``: ``{counter:05d}-{seed}-{slug}.{ext}``.
+def next_image_path(outdir: str | Path, seed: int | None, prompt: str, ext: str = "png") -> Path:
+    """The next free A1111-style name in ``outdir``: ``{counter:05d}-{seed}-{slug}.{ext}``
+    (``{counter:05d}-{slug}.{ext}`` for an image no seed made, such as an upscale).
 
     ``counter`` is one more than the highest counter prefix already in the folder (0 when there is
     none), so earlier files are never overwritten. Creates ``outdir``. The result is only a plan:
@@ -118,17 +119,17 @@ def next_image_path(outdir: str | Path, seed: int, prompt: str, ext: str = "png"
     ext = ext.lstrip(".")
     if not _EXT.match(ext):
         raise ValueError(f"invalid image extension {ext!r}: 1 to 16 ASCII letters or digits")
-    seed = operator.index(seed)  # an int; 1.5 or "7" is a caller bug, not something to round
+    seed_part = "" if seed is None else f"{operator.index(seed)}-"  # 1.5 or "7" is a caller bug, not to round
     try:
         folder.mkdir(parents=True, exist_ok=True)
         counter = _next_counter(folder)
     except OSError as exc:
         raise OutputError(_describe(folder, exc)) from exc
-    fixed = len(f"{counter:05d}-{seed}-.{ext}".encode()) + 2  # 2: room for the counter to grow
+    fixed = len(f"{counter:05d}-{seed_part}.{ext}".encode()) + 2  # 2: room for the counter to grow
     if fixed >= NAME_MAX:
         raise ValueError(f"seed {seed} is too long for a file name")
     slug = safe_slug(prompt, min(SLUG_MAX, NAME_MAX - fixed))
-    return folder / f"{counter:05d}-{seed}-{slug}.{ext}"
+    return folder / f"{counter:05d}-{seed_part}{slug}.{ext}"
 
 
 def _next_counter(folder: Path) -> int:

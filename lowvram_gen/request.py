@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.upscale.upscalers import check_upscaler
 
 # Caps. They bound what a typo can cost, not what a big card can do; presets cap further.
 MAX_SIDE = 4096  # px: SDXL-class models are trained at 1024; 4096 is already 16x that area
@@ -152,9 +153,12 @@ class GenerationRequest:
     def hires(self) -> bool:
         return self.hires_scale > 1
 
-    def hires_size(self) -> tuple[int, int]:
-        """The final size with hires fix: the base size times the scale, down to multiples of 8."""
-        return int(self.width * self.hires_scale) // 8 * 8, int(self.height * self.hires_scale) // 8 * 8
+    def hires_size(self, multiple: int = 8, base: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The size with hires fix: `base` (the first pass; default the requested size) times the
+        scale, down to multiples of `multiple` (the pipeline's grid)."""
+        width, height = base or (self.width, self.height)
+        return (int(width * self.hires_scale) // multiple * multiple,
+                int(height * self.hires_scale) // multiple * multiple)
 
     def output_size(self) -> tuple[int, int]:
         return self.hires_size() if self.hires else (self.width, self.height)
@@ -198,8 +202,6 @@ def check_image_path(field_name: str, value: Any) -> str:
 
 
 def check_upscaler_name(field_name: str, value: Any, latent_ok: bool = False) -> str:
-    from lowvram_gen.upscale.upscalers import check_upscaler
-
     return check_upscaler(value, field_name, latent_ok=latent_ok)
 
 

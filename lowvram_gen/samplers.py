@@ -53,3 +53,23 @@ def make_scheduler(name: str, base_config: dict):
     cls_name, extra = SAMPLERS[check_sampler(name)]
     cls = getattr(diffusers, cls_name)
     return cls.from_config(base_config, **extra)
+
+
+# The config keys that tell two A1111 samplers of one diffusers class apart, with diffusers' defaults.
+_DISTINGUISHING = {"use_karras_sigmas": False, "algorithm_type": "dpmsolver++"}
+
+
+def a1111_name(scheduler) -> str:
+    """The A1111 name of a scheduler, for the PNG text, where one matches (a model folder's own
+    PNDMScheduler with skip_prk_steps is A1111's PLMS); otherwise its diffusers class name."""
+    cls, config = type(scheduler).__name__, scheduler.config
+    if cls == "PNDMScheduler" and not config.get("skip_prk_steps", False):
+        return cls  # PNDM with its Runge-Kutta warm-up steps is not A1111's PLMS
+    for name, (cls_name, extra) in SAMPLERS.items():
+        if cls_name != cls:
+            continue
+        wanted = {**_DISTINGUISHING, **extra}
+        if all(config.get(key, default) == wanted[key] for key, default in _DISTINGUISHING.items()
+               if key in config or key in extra):
+            return name
+    return cls

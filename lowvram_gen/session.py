@@ -1,7 +1,13 @@
 """A session: one device, one loaded model at a time, one job at a time. The Python API's core.
 
-The CLI, the web UI and the batch script all call `Session.generate()`. A model switch loads the
-new model before dropping the old one, so a broken checkpoint leaves the loaded model usable.
+The CLI, the web UI and the batch script call its methods (`generate`, `generate_vqgan`,
+`upscale`, `plan`, `free`, ...) and nothing else: the session is the sole owner of the device
+settings, the presets, the loaded Stable Diffusion model, the VQGAN/CLIP pair and the lock that
+keeps one job on the GPU. Each method goes down the layers once: validate -> probe -> plan ->
+load -> the engine's job (which saves the images) -> remember what ran out of memory.
+
+A model switch loads the new model before dropping the old one, so a broken checkpoint leaves the
+loaded model usable.
 """
 
 from __future__ import annotations
@@ -9,47 +15,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from lowvram_gen import failures, outputs
 from lowvram_gen.device import DEFAULT_RESERVE, DeviceInfo, probe
-from lowvram_gen.errors import Cancelled, ModelLoadError
+from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.engines.sd.job import run_job
+from lowvram_gen.engines.sd.runner import Runner
+from lowvram_gen.engines.vqgan import job as vqgan_job
+from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.resolve import ModelSource, resolve
+from lowvram_gen.oom import free_memory
+from lowvram_gen.planning import estimate as memory
+from lowvram_gen.planning.planner import Plan, plan
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.request import GenerationRequest
-from lowvram_gen.engines.sd.runner import ChunkDone, JobReport, JobSpec, Runner
+from lowvram_gen.result import GenerationResult
+from lowvram_gen.upscale.command import run_upscale
+from lowvram_gen.upscale.upscalers import forget_models
 
 log = logging.getLogger(__name__)
-NOISE_NOTE = "embedded tiny model: random weights, the image is abstract noise; pass --model for real images"
+ProgressFn = Callable[[int, int], None]
 
-
-@dataclass
-class GenerationResult:
-    images: list[str]
-    seeds: list[int]
-    width: int
-    height: int
-    steps: int
-    sampler: str
-    model: str
-    model_path: str
-    seconds: float
-    preset: str
-    attempts: list[dict]
-    summary: str
-    generated_width: int
-    generated_height: int
-    upscaled: bool
-    device: str
-    warnings: list[str] = field(default_factory=list)
-    nsfw: list[bool] = field(default_factory=list)
-
-    def as_json(self) -> dict:
-        return asdict(self)
+__all__ = ["GenerationResult", "Session", "default_session", "generate"]
 
 
 class Session:
@@ -65,11 +56,12 @@ class Session:
         self.ops_factory = ops_factory
         self.xformers = xformers  # --xformers: xformers attention in GPU presets (SDPA where it cannot run)
         self.lock = threading.RLock()  # one GPU, one job at a time
-        self.model: LoadedModel | None = None
-        self.runner: Runner | None = None
+        self.model: LoadedModel | None = None  # the Stable Diffusion model
+        self.runner: Runner | None = None  # over `model`, keeps what is applied to it
+        self.vqgan: vqgan_job.VqganModels | None = None  # the VQGAN/CLIP pair
         self._device: DeviceInfo | None = None
 
-    # -- device, presets, model ---------------------------------------------------------------
+    # -- device, presets, models -----------------------------------------------------------------
     def device(self) -> DeviceInfo:
         """Probed per job: free memory changes as other programs come and go."""
         self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget)
@@ -98,17 +90,25 @@ class Session:
         return model
 
     def free(self) -> None:
-        """Unload the model and give its memory back (the UI's 'free VRAM' button)."""
-        from lowvram_gen.oom import free_memory
-
+        """Unload every model (Stable Diffusion, VQGAN/CLIP, upscalers) and give their memory back."""
         with self.lock:
-            self.model, self.runner = None, None
+            self.model, self.runner, self.vqgan = None, None, None
+            forget_models()
             free_memory(self._device.kind if self._device else "cpu")
 
-    # -- planning -------------------------------------------------------------------------------
-    def profile_for(self, source: ModelSource, model: LoadedModel | None = None):
-        from lowvram_gen.planning import estimate as memory
+    def _outdir(self, request_outdir: str | None) -> Path:
+        return Path(request_outdir or self.outdir or outputs.default_outdir())
 
+    def _remember(self, device: DeviceInfo, model: str, ladder: Ladder, size_of=None) -> None:
+        """Remember the presets that ran out of memory on this GPU, so the next comparable job starts
+        below them. Nothing is remembered on a CPU: its out-of-memory is not the card's."""
+        if not device.is_accelerator:
+            return
+        for a in ladder.failed_presets():
+            failures.record(device.name, model, a.preset, a.width * a.height, size_of(a) if size_of else a.batch)
+
+    # -- Stable Diffusion ------------------------------------------------------------------------------
+    def profile_for(self, source: ModelSource, model: LoadedModel | None = None):
         folder = source.path if source.kind != "single_file" else source.config
         if folder and Path(folder).is_dir():
             try:
@@ -118,9 +118,8 @@ class Session:
         family = model.family if model else "sd"
         return memory.profile_builtin("sdxl" if family == "sdxl" else "sd15")
 
-    def plan(self, request: GenerationRequest, device: DeviceInfo | None = None, source: ModelSource | None = None):
-        from lowvram_gen.planning.planner import plan
-
+    def plan(self, request: GenerationRequest, device: DeviceInfo | None = None,
+             source: ModelSource | None = None) -> Plan:
         device = device or self.device()
         source = source or resolve(request.model, request.config)
         model = self.model if self.model and self.model.source == source else None
@@ -129,111 +128,67 @@ class Session:
         return plan(device, self.profile_for(source, model), width, height, request.batch_size,
                     self.presets(), self.forced_preset(request.preset), failed, cfg=request.cfg_scale > 1)
 
-    # -- generation -----------------------------------------------------------------------------
-    def generate(self, request: GenerationRequest, on_step: Callable[[int, int], None] | None = None,
+    def generate(self, request: GenerationRequest, on_step: ProgressFn | None = None,
                  cancel: threading.Event | None = None) -> GenerationResult:
+        """Make the images of a txt2img/img2img request (hires fix included) and save them."""
         request = request.validated()
         with self.lock:
-            return self._generate(request, on_step, cancel)
+            device = self.device()
+            source = resolve(request.model, request.config)
+            the_plan = self.plan(request, device, source)
+            load_dtype = apply_mod.effective_settings(the_plan.preset.memory, device)[0].dtype
+            model = self.load_model(request.model, request.config, load_dtype)
+            if self.runner is None or self.runner.model is not model:
+                self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
+            self.runner.device = device
+            ladder = Ladder(the_plan.ladder, device.kind)
+            try:
+                return run_job(self.runner, request, ladder, source, device, self._outdir(request.outdir),
+                               on_step, cancel)
+            finally:
+                self._remember(device, request.model, ladder)
 
-    def _generate(self, request, on_step, cancel) -> GenerationResult:
-        from lowvram_gen.engines.sd import apply as apply_mod
-        from lowvram_gen.engines.sd.pipeline import check_request, ignores_negative_prompt, prompt_token_count, set_sampler
+    # -- VQGAN-CLIP ------------------------------------------------------------------------------------
+    def vqgan_models(self, request):
+        """The VQGAN/CLIP pair for `request` (an engines.vqgan.request.VqganRequest), loaded once and
+        kept in RAM between jobs; a changed half of the pair is loaded before the old one is dropped."""
+        self.vqgan = vqgan_job.load_models(request, self.vqgan)
+        return self.vqgan
 
-        started = time.perf_counter()
-        device = self.device()
-        source = resolve(request.model, request.config)
-        the_plan = self.plan(request, device, source)
-        load_dtype = apply_mod.effective_settings(the_plan.preset.memory, device)[0].dtype
-        model = self.load_model(request.model, request.config, load_dtype)
-        if self.runner is None or self.runner.model is not model:
-            kwargs = {"ops_factory": self.ops_factory} if self.ops_factory else {}
-            self.runner = Runner(model, device, **kwargs)
-        self.runner.device = device
-        check_request(model.pipe, request)
-        set_sampler(model.pipe, request.sampler)
+    def plan_vqgan(self, request, device: DeviceInfo | None = None):
+        device = device or self.device()
+        failed = failures.failed_presets(device.name, vqgan_job.failure_key(request), request.width * request.height,
+                                         request.cutn)
+        return vqgan_job.plan(request, self.vqgan_models(request), device, self.presets(),
+                        self.forced_preset(request.preset), failed)
 
-        warnings = [NOISE_NOTE] if source.is_tiny else []
-        for label, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
-            used, limit = prompt_token_count(model.pipe, text)
-            if used > limit:
-                warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
-        if request.negative_prompt and ignores_negative_prompt(model.pipe):
-            warnings.append(f"{type(model.pipe).__name__} does not use a negative prompt (it runs without CFG): "
-                            "it is ignored")
-        for w in warnings:
-            log.info(w)
+    def generate_vqgan(self, request, on_step: ProgressFn | None = None, cancel: threading.Event | None = None,
+                       on_image=None, presets: list[Preset] | None = None, ops=None):
+        """Optimise and save the images of a VQGAN-CLIP request. `presets` and `ops` are for tests."""
+        request = request.validated()
+        with self.lock:
+            device = self.device()
+            models = self.vqgan_models(request)
+            the_plan = self.plan_vqgan(request, device)
+            if device.is_accelerator and self.model is not None and the_plan.estimates \
+                    and not the_plan.estimates[0].fits:
+                log.info("unloading the Stable Diffusion model to make room for VQGAN-CLIP")
+                self.model, self.runner = None, None  # its weights would take the room the fastest preset needs
+                free_memory(device.kind)
+                device = self.device()
+                the_plan = self.plan_vqgan(request, device)
+            ladder = Ladder(presets or the_plan.ladder, device.kind)
+            try:
+                return vqgan_job.run_job(request, models, ladder, device, self._outdir(request.outdir), on_step, cancel,
+                                   on_image, ops)
+            finally:
+                self._remember(device, vqgan_job.failure_key(request), ladder, size_of=lambda a: a.extra.get("cutn", a.batch))
 
-        seeds = request.resolved_seeds()
-        outdir = Path(request.outdir or self.outdir or outputs.default_outdir())
-        saved: list[str] = []
-        nsfw: list[bool] = []
-        report = JobReport()
-        sampler_name = request.sampler if request.sampler != "default" else type(model.pipe.scheduler).__name__
-
-        def save(done: ChunkDone) -> None:
-            for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
-                fields = a1111_fields(request, sampler_name, seed, done.preset, done.generated_size)
-                if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
-                    fields["Safety checker"] = "blacked out"
-                meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,
-                        "attempts": [a.as_dict() for a in report.attempts], "model_path": str(source.path),
-                        "generated_size": list(done.generated_size), "device": device.name,
-                        "nsfw_filtered": flagged, "version": 1}
-                path = outputs.next_image_path(outdir, seed, request.prompt)
-                params = outputs.a1111_parameters(request.prompt, request.negative_prompt, fields)
-                saved.append(str(outputs.save_png(image, path, params, meta)))
-                nsfw.append(flagged)
-
-        init_images = None
-        if request.init_image:
-            from PIL import Image
-
-            with Image.open(request.init_image) as im:
-                init_images = [im.convert("RGB")] * len(seeds)
-        job = JobSpec.from_request(request, seeds, init_images)
-        try:
-            self.runner.run(job, the_plan.ladder, save, on_step, cancel, report)
-        except Cancelled as exc:
-            raise Cancelled(f"{exc}; {len(saved)} finished image(s) kept", images=saved) from None
-        finally:
-            for a in report.attempts:
-                if a.outcome == "oom":
-                    failures.record(device.name, request.model, a.preset, a.width * a.height, a.batch)
-        seconds = round(time.perf_counter() - started, 3)
-        if any(nsfw):
-            warnings.append("the model's safety checker blacked out %d image(s)" % sum(nsfw))
-        width, height = request.output_size()
-        return GenerationResult(
-            images=saved, seeds=seeds, width=width, height=height, steps=request.steps,
-            sampler=request.sampler, model=request.model, model_path=str(source.path), seconds=seconds,
-            preset=report.final_preset, attempts=[a.as_dict() for a in report.attempts],
-            summary=report.summary(seconds), generated_width=report.generated_size[0],
-            generated_height=report.generated_size[1], upscaled=report.upscaled, device=device.name,
-            warnings=warnings, nsfw=nsfw,
-        )
-
-
-def a1111_fields(request: GenerationRequest, sampler: str, seed: int, preset: str,
-                 generated_size: tuple[int, int]) -> dict:
-    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did."""
-    fields = {"Steps": request.steps, "Sampler": sampler, "CFG scale": request.cfg_scale, "Seed": seed,
-              "Size": f"{request.width}x{request.height}", "Model": request.model}
-    if request.init_image:
-        fields["Denoising strength"] = request.strength
-    if request.hires:
-        fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
-                       "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
-    fields["Lowvram preset"] = preset
-    if generated_size != request.output_size():
-        fields["Generated size"] = "%dx%d" % generated_size
-    return fields
-
-
-def _request_dict(request: GenerationRequest) -> dict:
-    data = asdict(request)
-    data.pop("outdir", None)
-    return data
+    # -- upscaling -------------------------------------------------------------------------------------
+    def upscale(self, image: str, scale, upscaler: str = "lanczos", outdir: str | None = None) -> dict:
+        """Upscale one image on this session's device, one job at a time with generation."""
+        with self.lock:
+            return run_upscale(image, scale, upscaler, outdir or self.outdir, self.device().torch_device)
 
 
 _default: Session | None = None

@@ -129,7 +129,7 @@ def test_runner_reloads_only_what_lost_precision(model):
 
 
 def test_vae_tile_size_follows_usable_vram(model):
-    from lowvram_gen.engines.sd.apply import vae_tile_size
+    from lowvram_gen.planning.sizes import vae_tile_size
 
     assert [vae_tile_size(fake(g)) for g in (2, 4, 8, 24)] == [256, 512, 768, 1024]
     assert vae_tile_size(probe("cpu")) == 512

@@ -1,6 +1,6 @@
 """Batch prompt files: formats, bad lines, the manifest, resume after SIGKILL, several processes.
 
-FAULTS.md 26-28. Most logic is tested in-process with a fake session that saves tiny PNGs the way
+docs/FAULTS.md 26-28. Most logic is tested in-process with a fake session that saves tiny PNGs the way
 `Session.generate` does (no model: fast); end-to-end runs use the embedded tiny model at 64x64 and
 1 step. The SIGKILL and `accelerate launch` tests run real subprocesses (marked slow).
 """
@@ -378,7 +378,7 @@ def test_sweep_removes_stale_temp_files_and_moves_partial_jobs_but_leaves_other_
 
 @pytest.mark.slow
 def test_sigkill_part_way_then_resume_each_job_exactly_once(tmp_path, tiny_path):
-    """FAULTS.md 27 with a real process, the tiny model and SIGKILL."""
+    """docs/FAULTS.md 27 with a real process, the tiny model and SIGKILL."""
     n = 30
     path = write(tmp_path, "p.txt", "".join(f"prompt number {i}\n" for i in range(n)))
     out = tmp_path / "out"
@@ -426,7 +426,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_with_accelerate_launch_make_each_job_once(tmp_path, tiny_path, capsys):
-    """FAULTS.md 28: `accelerate launch` with two processes on the CPU (gloo)."""
+    """docs/FAULTS.md 28: `accelerate launch` with two processes on the CPU (gloo)."""
     n = 7
     path = write(tmp_path, "p.txt", "".join(f"prompt {i}\n" for i in range(n)))
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""Single-file checkpoints: safe loading, clear refusals, and a faithful conversion (FAULTS 1-4, 6, 7).
+"""Single-file checkpoints: safe loading, clear refusals, and a faithful conversion (docs/FAULTS.md 1-4, 6, 7).
 
 The tiny pipelines are written back into the original (A1111 / LDM) layout by tests/ldm_layout.py and
 loaded through `load_single_file`, exactly as a user's Civitai file would be. CPU only, offline.

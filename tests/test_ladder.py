@@ -20,7 +20,8 @@ from lowvram_gen.models.loading import load
 from lowvram_gen.models.resolve import resolve
 from lowvram_gen.oom import allocated_bytes
 from lowvram_gen.presets import gpu_ladder, load_presets
-from lowvram_gen.engines.sd.runner import JobSpec, Runner
+from lowvram_gen.engines.sd.runner import Runner
+from lowvram_gen.request import GenerationRequest
 
 
 @pytest.fixture()
@@ -41,8 +42,8 @@ class UnetCounter:
 
 def run(runner, ladder, seeds, size=(64, 64), steps=3):
     done = []
-    job = JobSpec("a boat", "", size[0], size[1], steps, 7.0, seeds)
-    report = runner.run(job, ladder, done.append)
+    request = GenerationRequest(prompt="a boat", width=size[0], height=size[1], steps=steps, batch_size=len(seeds))
+    report = runner.run(request, seeds, ladder, done.append)
     return report, done
 
 
@@ -68,12 +69,12 @@ def test_oom_at_top_preset_finishes_at_the_next(model, ladder):
     oom_when(model.pipe.unet, lambda s: runner.applied.offload == "none")
     weights_before = model.pipe.unet.conv_in.weight
     report, done = run(runner, ladder, [1])
-    assert report.final_preset == "medvram"
+    assert report.preset_name == "medvram"
     assert [(a.preset, a.stage, a.outcome) for a in report.attempts] == [
         ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok"), ("medvram", "decode", "ok")]
     assert done[0].images[0].size == (64, 64)
     assert model.pipe.unet.conv_in.weight is weights_before  # reconfigured, not reloaded
-    assert "out of memory at highvram" in report.summary(1.0) and "finished at medvram" in report.summary(1.0)
+    assert "out of memory at highvram" in report.summary(1.0, (64, 64), (64, 64)) and "finished at medvram" in report.summary(1.0, (64, 64), (64, 64))
 
 
 def test_result_after_recovery_equals_a_job_started_at_that_preset(model, ladder, tiny_path):
@@ -97,7 +98,7 @@ def test_oom_in_decode_retries_only_the_decode_tiled(model, ladder):
     steps_run = len(model.pipe.scheduler.timesteps)
     assert unet.calls == steps_run  # the UNet ran once per step: denoising was not redone
     assert [(a.stage, a.outcome) for a in report.attempts] == [("denoise", "ok"), ("decode", "oom"), ("decode", "ok")]
-    assert report.final_preset == "highvram" and model.pipe.vae.use_tiling
+    assert report.preset_name == "highvram" and model.pipe.vae.use_tiling
     assert done[0].images[0].size == (64, 64)
 
 
@@ -109,7 +110,7 @@ def test_batch_of_four_is_split_before_changing_preset(model, ladder):
     report, done = run(runner, ladder, [1, 2, 3, 4])
     ooms = [a for a in report.attempts if a.outcome == "oom"]
     assert [(a.preset, a.batch) for a in ooms] == [("highvram", 4)]
-    assert report.final_preset == "highvram"
+    assert report.preset_name == "highvram"
     assert [d.seeds for d in done] == [[1, 2], [3, 4]]
     assert sum(len(d.images) for d in done) == 4
 
@@ -136,8 +137,8 @@ def test_resolution_is_lowered_last_and_upscaled_to_the_request(model, ladder):
     # simulated: a 128x128 latent pass (1024 px) never fits; 64x64 px fits everywhere
     oom_when(model.pipe.unet, lambda s: s.shape[-1] * 8 > 96)
     report, done = run(runner, ladder, [1], size=(128, 128), steps=2)
-    assert report.upscaled and report.final_preset == "novram"
-    assert report.generated_size[0] < 128
+    assert report.preset_name == "novram"
+    assert done[-1].generated_size[0] < 128  # generated smaller, upscaled to the request
     assert done[0].images[0].size == (128, 128)
 
 
@@ -182,8 +183,22 @@ def test_session_reports_attempts_in_result_metadata_and_remembers_them(tmp_path
     assert "out of memory at highvram" in result.summary
     _, meta = read_png_metadata(result.images[0])
     assert meta["preset"] == "medvram" and meta["attempts"][0]["outcome"] == "oom"
-    remembered = failures.load()
-    assert [(r["preset"], r["model"], r["pixels"]) for r in remembered] == [("highvram", "tiny", 64 * 64)]
+    assert failures.load() == []  # a CPU's out-of-memory says nothing about a GPU: never remembered
+
+
+def test_session_remembers_out_of_memory_on_a_gpu_only():
+    from lowvram_gen.device import fake
+    from lowvram_gen.ladder import Ladder
+    from lowvram_gen.session import Session
+
+    ladder = Ladder(gpu_ladder(load_presets()), "cuda")
+    ladder.record("denoise", "oom", 0.0, "simulated", batch=2, width=64, height=64)
+    ladder.record("denoise", "ok", 0.0, batch=2, width=64, height=64)
+    Session()._remember(probe("cpu"), "tiny", ladder)
+    assert failures.load() == []
+    Session()._remember(fake(8), "tiny", ladder)
+    assert [(r["preset"], r["model"], r["pixels"], r["batch"]) for r in failures.load()] == [
+        ("highvram", "tiny", 64 * 64, 2)]
 
 
 def _raise_oom():

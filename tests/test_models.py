@@ -1,4 +1,4 @@
-"""Resolving --model and what happens when loading fails (FAULTS 3, 7)."""
+"""Resolving --model and what happens when loading fails (docs/FAULTS.md 3, 7)."""
 
 from __future__ import annotations
 

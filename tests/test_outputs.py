@@ -1,6 +1,6 @@
 """Output files: names from hostile prompts, never overwriting, atomic writes, A1111 metadata.
 
-FAULTS.md items 12-15. Failures of the file system (read-only, disk full, a crash mid-write) are
+docs/FAULTS.md items 12-15. Failures of the file system (read-only, disk full, a crash mid-write) are
 simulated by monkeypatching, because the tests run as root, where chmod does not stop writes.
 """
 

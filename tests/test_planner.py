@@ -135,7 +135,7 @@ def test_plan_cli_text_and_errors(capsys):
 def test_estimates_use_the_vae_tile_apply_gives_this_card():
     """A 2 GiB card decodes in 256 px tiles (apply.vae_tile_size), a 16 GiB card in 1024 px ones: each
     plan must count the tiles that card will use, not diffusers' default 512 px ones."""
-    from lowvram_gen.engines.sd.apply import vae_tile_size
+    from lowvram_gen.planning.sizes import vae_tile_size
     from lowvram_gen.planning.estimate import estimate
 
     presets, profile = load_presets(), profile_builtin("sd15")

@@ -1,4 +1,4 @@
-"""Request validation (FAULTS 8-11): the same clear error from the API and the CLI, before any model work."""
+"""Request validation (docs/FAULTS.md 8-11): the same clear error from the API and the CLI, before any model work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FAULTS 20: an image blacked out by the model's own safety checker is labelled as such.
+"""docs/FAULTS.md 20: an image blacked out by the model's own safety checker is labelled as such.
 
 No real safety-checker weights exist offline, so the embedded tiny SD model is saved again, as an
 ordinary diffusers folder, with a tiny `StableDiffusionSafetyChecker` (seeded random CLIP weights)

@@ -347,7 +347,8 @@ def test_sd3_out_of_memory_in_the_pipelines_own_decode_retries_the_chunk_at_the_
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import gpu_ladder, load_presets
-    from lowvram_gen.engines.sd.runner import JobSpec, Runner
+    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.request import GenerationRequest
 
     model = load(resolve(sd3.folder), "float32")
     runner = Runner(model, probe("cpu"))
@@ -360,7 +361,8 @@ def test_sd3_out_of_memory_in_the_pipelines_own_decode_retries_the_chunk_at_the_
 
     model.pipe.vae.decoder.register_forward_pre_hook(oom)
     done = []
-    report = runner.run(JobSpec("a boat", "", 64, 64, 2, 7.0, [1]), gpu_ladder(load_presets()), done.append)
+    report = runner.run(GenerationRequest(prompt="a boat", width=64, height=64, steps=2), [1], gpu_ladder(load_presets()),
+                        done.append)
     # the pipeline decodes inside its own call: the decode OOM retries the whole chunk, one preset down
     assert [(a.preset, a.stage, a.outcome) for a in report.attempts] == [
         ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]
@@ -374,7 +376,9 @@ def test_sd3_capped_size_keeps_sides_the_transformer_takes(sd3):
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import find_preset
-    from lowvram_gen.engines.sd.runner import JobSpec, Runner, capped_size
+    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.planning.sizes import capped_size
+    from lowvram_gen.request import GenerationRequest
 
     assert capped_size(112, 80, 4096) == (72, 64)  # fine for SD, refused by SD3
     assert capped_size(112, 80, 4096, 16) == (64, 64)
@@ -382,8 +386,8 @@ def test_sd3_capped_size_keeps_sides_the_transformer_takes(sd3):
     runner = Runner(load(resolve(sd3.folder), "float32"), probe("cpu"))
     small = replace(find_preset("cpu"), max_pixels=4096)
     done = []
-    report = runner.run(JobSpec("a boat", "", 112, 80, 2, 7.0, [1]), [small], done.append)
-    assert report.generated_size == (64, 64) and report.upscaled
+    report = runner.run(GenerationRequest(prompt="a boat", width=112, height=80, steps=2), [1], [small], done.append)
+    assert done[0].generated_size == (64, 64)  # capped, then upscaled to the request
     assert done[0].images[0].size == (112, 80)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,6 +138,24 @@ def test_esrgan_through_spandrel_pth_and_safetensors(esrgan, tmp_path, capsys):
         assert code == 0 and Image.open(result["images"][0]).size == (112, 80)
         params, meta = read_png_metadata(result["images"][0])
         assert "Postprocess upscale by: 2" in params and meta["upscaler"].endswith(name)
+
+
+def test_an_upscaled_png_has_no_seed_in_its_name_one_size_and_the_source_by_name(tmp_path, capsys):
+    """Rough edges: the name carried a meaningless seed 0, the text two `Size:` fields (the source's and
+    ours) and the metadata the server's temporary path of an upload."""
+    session = Session(device="cpu", outdir=str(tmp_path / "gen"))
+    made = session.generate(GenerationRequest(prompt="a red fox", width=64, height=64, steps=1, seed=7))
+    result = session.upscale(made.images[0], 2, outdir=str(tmp_path / "up"))
+    saved = Path(result["images"][0])
+    assert re.fullmatch(r"\d{5}-\d{5}-7-a-red-fox-upscaled\.png", saved.name)  # counter, then the source's name
+    params, meta = read_png_metadata(saved)
+    assert params.count("Size:") == 1 and "Size: 64x64" in params  # the generation size, as A1111 keeps it
+    assert "Postprocess upscale by: 2, Postprocess upscaler: lanczos" in params
+    assert meta["source"] == Path(made.images[0]).name and "/" not in meta["source"]
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (20, 10)).save(plain)  # no parameters of its own: our fields and the new size
+    params, _ = read_png_metadata(session.upscale(str(plain), 3, outdir=str(tmp_path / "up"))["images"][0])
+    assert params.count("Size:") == 1 and "Size: 60x30" in params
 
 
 def test_a_scale_beyond_the_model_factor_runs_the_model_again_as_a1111(esrgan, tmp_path, capsys):

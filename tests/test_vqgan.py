@@ -20,6 +20,7 @@ from PIL import Image
 from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.cli.main import main
 from lowvram_gen.device import fake, probe
+from lowvram_gen.ladder import Ladder
 from lowvram_gen.engines.vqgan.request import VqganRequest, parse_prompts, split_prompt
 from lowvram_gen.errors import Cancelled, InvalidRequest, ModelLoadError, OutOfMemoryEverywhere, UnsafeCheckpoint
 from lowvram_gen.outputs import read_png_metadata
@@ -54,17 +55,16 @@ def session(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(session):
-    from lowvram_gen.engines.vqgan.job import models_for
 
-    return models_for(session, VqganRequest(prompt="x"))
+    return session.vqgan_models(VqganRequest(prompt="x"))
 
 
 def make_loop(models, ladder, **fields):
     from lowvram_gen.engines.vqgan.loop import VqganLoop
 
     request = VqganRequest(prompt="a red fox|blurry:-0.5", **{**SMALL, **fields}).validated()
-    return VqganLoop(models.vq, models.clip, request, request.seed, (request.width, request.height), ladder,
-                     probe("cpu"))
+    return VqganLoop(models.vq, models.clip, request, request.seed, (request.width, request.height),
+                     Ladder(ladder, "cpu"), probe("cpu"))
 
 
 # ------------------------------------------------------------------------------ requests
@@ -397,7 +397,7 @@ def test_oom_mid_run_resumes_from_the_same_latent_at_the_same_iteration(models):
     assert steps == list(range(1, total + 1))  # never started over, no iteration done twice or skipped
     assert torch.equal(seen["at_oom"], seen["at_retry"])  # the same z it had
     assert seen["adam_step"] == k - 1 and int(loop.state.opt.state[loop.state.z]["step"]) == total
-    oom, ok = [a.as_dict() for a in loop.attempts]
+    oom, ok = [a.as_dict() for a in loop.ladder.attempts]
     assert (oom["preset"], oom["stage"], oom["outcome"], oom["iteration"], oom["batch"]) == (
         "big", "iterate", "oom", k, 4)
     assert "out of memory" in oom["detail"]
@@ -424,7 +424,7 @@ def test_cutn_is_lowered_only_as_the_last_step_and_recorded(models):
     loop.cutter.forward = cutter
     loop.run()
     loop.close()
-    tried = [(a.outcome, a.batch, a.cutn) for a in loop.attempts]
+    tried = [(a.outcome, a.batch, a.extra["cutn"]) for a in loop.ladder.attempts]
     # the chunk is halved first (the result does not change), then cutn (it does)
     assert tried == [("oom", 4, 8), ("oom", 2, 8), ("oom", 1, 8), ("oom", 1, 4), ("ok", 1, 2)]
     assert loop.cutn == 2 and any("lowered from 4 to 2" in w and "changes the result" in w for w in loop.warnings)
@@ -438,15 +438,14 @@ def test_nan_loss_under_autocast_is_redone_in_float32(models):
     loop.on_step = lambda i, n: steps.append(i)
     loop.run()
     loop.close()
-    assert [(a.outcome, a.iteration, a.clip_autocast) for a in loop.attempts] == [("nan", 1, True), ("ok", 2, False)]
+    assert [(a.outcome, a.extra["iteration"], a.extra["clip_autocast"]) for a in loop.ladder.attempts] == [("nan", 1, True), ("ok", 2, False)]
     assert steps == [1, 2] and torch.isfinite(loop.state.z).all()
 
 
 def test_oom_everywhere_is_one_clear_error_and_the_next_job_runs(session, tmp_path):
-    from lowvram_gen.engines.vqgan.job import generate_vqgan, models_for
 
     request = VqganRequest(prompt="a fox", outdir=str(tmp_path), **SMALL)
-    models = models_for(session, request)
+    models = session.vqgan_models(request)
 
     def hook(_module, _args):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
@@ -454,11 +453,11 @@ def test_oom_everywhere_is_one_clear_error_and_the_next_job_runs(session, tmp_pa
     handle = models.clip.model.vision_model.register_forward_pre_hook(hook)
     try:
         with pytest.raises(OutOfMemoryEverywhere, match="every step of the ladder; tried: cpu") as err:
-            generate_vqgan(session, request)
+            session.generate_vqgan(request)
     finally:
         handle.remove()
     assert len(err.value.attempts) >= 3
-    result = generate_vqgan(session, request)  # the session still works
+    result = session.generate_vqgan(request)  # the session still works
     assert result.attempts[-1]["outcome"] == "ok" and len(result.images) == 1
 
 
@@ -523,12 +522,11 @@ def test_cli_end_to_end_json_metadata_progress_and_video(tmp_path, capsys):
 
 
 def test_capped_size_is_upscaled_and_same_seed_never_overwrites(session, tmp_path):
-    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     request = VqganRequest(prompt="a fox", **{**SMALL, "width": 128, "height": 96}, outdir=str(tmp_path))
     capped = [preset("capped", 0, cutn_chunk=4, max_pixels=6144)]
-    first = generate_vqgan(session, request, ladder=capped)
-    second = generate_vqgan(session, request, ladder=capped)
+    first = session.generate_vqgan(request, presets=capped)
+    second = session.generate_vqgan(request, presets=capped)
     assert first.upscaled and (first.generated_width, first.generated_height) == (80, 64)
     assert "generated at 80x64, upscaled" in first.summary
     assert Image.open(first.images[0]).size == (128, 96) and first.images != second.images
@@ -540,12 +538,10 @@ def test_capped_size_is_upscaled_and_same_seed_never_overwrites(session, tmp_pat
 def test_cancel_keeps_the_image_so_far(session, tmp_path):
     import threading
 
-    from lowvram_gen.engines.vqgan.job import generate_vqgan
-
     cancel = threading.Event()
     request = VqganRequest(prompt="a fox", **{**SMALL, "iterations": 50}, outdir=str(tmp_path))
     with pytest.raises(Cancelled, match="cancelled at iteration 2 of 50; 1 image") as err:
-        generate_vqgan(session, request, on_step=lambda i, n: cancel.set() if i == 2 else None, cancel=cancel)
+        session.generate_vqgan(request, on_step=lambda i, n: cancel.set() if i == 2 else None, cancel=cancel)
     [kept] = err.value.images
     assert read_png_metadata(kept)[1]["iteration"] == 2
 

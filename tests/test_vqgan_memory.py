@@ -1,4 +1,4 @@
-"""FAULTS 18 for VQGAN-CLIP: many out-of-memory-and-resume cycles in one process do not leak.
+"""docs/FAULTS.md 18 for VQGAN-CLIP: many out-of-memory-and-resume cycles in one process do not leak.
 
 The Stable Diffusion counterpart is `test_thirty_oom_cycles_do_not_leak` in test_ladder.py.
 """
@@ -45,7 +45,6 @@ def test_many_vqgan_oom_cycles_do_not_leak(tmp_path):
     and its 32 MB with them), nor the process RSS (the measure of the SD test), and every job must
     finish with its image.
     """
-    from lowvram_gen.engines.vqgan.job import generate_vqgan, models_for
     from lowvram_gen.session import Session
 
     session = Session(device="cpu", outdir=str(tmp_path))
@@ -53,7 +52,7 @@ def test_many_vqgan_oom_cycles_do_not_leak(tmp_path):
               preset("small", 1, cutn_chunk=2, gradient_checkpointing=True, clip_text_offload=True)]
     request = VqganRequest(prompt="a red fox|blurry:-0.5", width=64, height=64, cutn=4, iterations=3,
                            save_every=0, seed=1, outdir=str(tmp_path))
-    models = models_for(session, request)
+    models = session.vqgan_models(request)
     big_calls, oom_at = [0], [1]
 
     def hook(_module, args, kwargs):
@@ -68,7 +67,7 @@ def test_many_vqgan_oom_cycles_do_not_leak(tmp_path):
 
     def job(i: int):
         big_calls[0], oom_at[0] = 0, 1 + i % request.iterations
-        result = generate_vqgan(session, request, ladder=ladder)
+        result = session.generate_vqgan(request, presets=ladder)
         tried = [(a["preset"], a["outcome"], a["iteration"]) for a in result.attempts]
         assert tried == [("big", "oom", oom_at[0]), ("small", "ok", request.iterations)], f"job {i}: {tried}"
         assert len(result.images) == 1 and Image.open(result.images[0]).size == (64, 64), f"job {i}"

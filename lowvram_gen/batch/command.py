@@ -205,9 +205,8 @@ def _run_sd(session, request):
 
 
 def _run_vqgan(session, request):
-    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
-    return generate_vqgan(session, request)
+    return session.generate_vqgan(request)
 
 
 # engine name -> runner(session, request) -> GenerationResult (VqganResult for 'vqgan', a subclass).

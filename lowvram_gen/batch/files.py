@@ -1,7 +1,7 @@
 """Prompt files for `lowvram-gen batch`: read .txt / .jsonl / .csv into jobs, one bad line at a time.
 
 A line that cannot become a valid request is reported with its line number and skipped; the
-others run (FAULTS.md 26). Everything here is standard library plus `request.py`: a whole file is
+others run (docs/FAULTS.md 26). Everything here is standard library plus `request.py`: a whole file is
 checked before any model is loaded, and `--dry-run` needs no torch.
 
 Formats:

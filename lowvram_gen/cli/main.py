@@ -170,7 +170,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_upscale(args) -> int:
-    from lowvram_gen.upscale.upscalers import run_upscale
+    from lowvram_gen.upscale.command import run_upscale
 
     result = run_upscale(args.image, args.scale, args.upscaler, args.outdir, "cpu" if args.cpu else None)
     print(result["summary"], file=sys.stderr)

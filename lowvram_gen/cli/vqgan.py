@@ -80,7 +80,6 @@ def run_vqgan_command(args, session_kwargs: dict) -> int:
     request = request_from_args(args)  # bad input: exit 2 before anything heavy is imported
     from lowvram_gen.errors import Cancelled
     from lowvram_gen.session import Session
-    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     session = Session(**session_kwargs)
     cancel = threading.Event()
@@ -95,7 +94,7 @@ def run_vqgan_command(args, session_kwargs: dict) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
     try:
-        result = generate_vqgan(session, request, on_step=bar.update, cancel=cancel)
+        result = session.generate_vqgan(request, on_step=bar.update, cancel=cancel)
     except Cancelled as exc:
         bar.close()
         for path in exc.images:

@@ -2,10 +2,10 @@
 
 Why this module exists instead of a bare `from_single_file` call:
 
-* Safety (FAULTS 1, 2). A `.ckpt` is a pickle and a pickle can run code. Pickles are only ever opened
+* Safety (docs/FAULTS.md 1, 2). A `.ckpt` is a pickle and a pickle can run code. Pickles are only ever opened
   with torch's weights-only unpickler, and a file named `.safetensors` is never unpickled at all: its
   header is checked by hand first, so a renamed pickle is refused before any loader sees it.
-* Clear errors (FAULTS 3, 4, 6, 7). diffusers fills missing weights with nothing (they stay on the
+* Clear errors (docs/FAULTS.md 3, 4, 6, 7). diffusers fills missing weights with nothing (they stay on the
   `meta` device), only logs unexpected ones, and with `local_files_only=True` it still goes online when
   the base configs are not cached. Here the checkpoint's keys and shapes are checked against the target
   architecture on the meta device before anything is loaded, and the configs are found in the local
@@ -545,7 +545,7 @@ def load_single_file(path, config: str | None, torch_dtype):
 
 
 def check_finite(pipe) -> None:
-    """Every floating parameter of every module component is finite (FAULTS 6): a NaN weight would
+    """Every floating parameter of every module component is finite (docs/FAULTS.md 6): a NaN weight would
     otherwise surface only as black or noise images, and be blamed on the memory preset."""
     import torch
 

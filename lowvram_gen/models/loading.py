@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.models.quiet import quiet_hub_bars
 from lowvram_gen.models.resolve import ModelSource
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def load(source: ModelSource, dtype: str = "float32") -> LoadedModel:
     """A text-to-image pipeline for `source`, weights at `dtype`, on the CPU (placement is apply's job)."""
     import torch
 
-    _quiet_hub_bars()
+    quiet_hub_bars()
     torch_dtype = getattr(torch, dtype)
     if source.kind == "single_file":
         from lowvram_gen.models.checkpoint import check_finite, load_single_file
@@ -88,12 +89,3 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str) -> None:
         setattr(model.pipe, name, getattr(fresh, name))
         model.pipe.register_modules(**{name: getattr(fresh, name)})
     model.dtype = dtype
-
-
-def _quiet_hub_bars() -> None:
-    """diffusers/transformers draw loading bars per component; our CLI has its own progress output."""
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
-    diffusers_logging.disable_progress_bar()
-    transformers_logging.disable_progress_bar()

@@ -35,9 +35,9 @@ def ensure_tiny(name: str) -> Path:
     if (target / "model_index.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    from lowvram_gen.models.loading import _quiet_hub_bars
+    from lowvram_gen.models.quiet import quiet_hub_bars
 
-    _quiet_hub_bars()
+    quiet_hub_bars()
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         build = {"tiny": build_tiny_sd, "tiny-sdxl": build_tiny_sdxl}[name]

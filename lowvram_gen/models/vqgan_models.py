@@ -8,9 +8,9 @@
 * ``--vqgan``: a diffusers VQModel folder or hub id (``org/name`` or ``org/name:subfolder``), or a
   taming-transformers checkpoint as users download it (``vqgan_imagenet_f16_16384.ckpt`` with its
   ``.yaml``). The YAML is parsed as data (``yaml.safe_load``) and every ``target`` in it must be a
-  known class: nothing it names is imported (FAULTS 5). The checkpoint is unpickled weights-only
-  (FAULTS 1), its keys are mapped to diffusers' VQModel and checked against it (missing and
-  unexpected keys are named, FAULTS 4), and the result is cached as safetensors with its config so
+  known class: nothing it names is imported (docs/FAULTS.md 5). The checkpoint is unpickled weights-only
+  (docs/FAULTS.md 1), its keys are mapped to diffusers' VQModel and checked against it (missing and
+  unexpected keys are named, docs/FAULTS.md 4), and the result is cached as safetensors with its config so
   the next load skips the conversion.
 * ``--clip``: ``tiny``, a CLIP hub id or local folder, or an OpenAI name (``ViT-B/32`` ...). Only
   safetensors weights are read.
@@ -101,10 +101,10 @@ def ensure_tiny_vqgan_clip() -> Path:
     target = tiny_path()
     if (target / "vqgan" / "config.json").is_file() and (target / "clip" / "config.json").is_file():
         return target
-    from lowvram_gen.models.loading import _quiet_hub_bars
+    from lowvram_gen.models.quiet import quiet_hub_bars
     from lowvram_gen.models.tiny import _tokenizer
 
-    _quiet_hub_bars()
+    quiet_hub_bars()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}-", dir=target.parent))
     try:
@@ -442,9 +442,9 @@ def load_vqgan(source: VqganSource):
     import torch
     from diffusers import VQModel
 
-    from lowvram_gen.models.loading import _quiet_hub_bars
+    from lowvram_gen.models.quiet import quiet_hub_bars
 
-    _quiet_hub_bars()
+    quiet_hub_bars()
     folder = convert_taming(source.path, source.config) if source.kind == "taming" else source.path
     try:
         vq = VQModel.from_pretrained(str(folder), torch_dtype=torch.float32)
@@ -458,9 +458,9 @@ def load_clip(source: ClipSource) -> LoadedClip:
     import torch
     from transformers import CLIPModel, CLIPTokenizer
 
-    from lowvram_gen.models.loading import _quiet_hub_bars
+    from lowvram_gen.models.quiet import quiet_hub_bars
 
-    _quiet_hub_bars()
+    quiet_hub_bars()
     if not any(source.path.glob("*.safetensors")):
         raise ModelLoadError(f"{source.spec}: no .safetensors weights in {source.path}; only safetensors CLIP "
                              "weights are loaded (a pickle can run code)")

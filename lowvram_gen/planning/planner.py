@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from lowvram_gen.device import DeviceInfo
 from lowvram_gen.presets import Preset, gpu_ladder
-from lowvram_gen.engines.sd.runner import capped_size
+from lowvram_gen.planning.estimate import estimate
+from lowvram_gen.planning.sizes import capped_size, vae_tile_size
 
 
 @dataclass
@@ -45,9 +46,6 @@ class Plan:
 
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True) -> Plan:
-    from lowvram_gen.engines.sd.apply import vae_tile_size
-    from lowvram_gen.planning.estimate import estimate
-
     ladder = gpu_ladder(presets)
     tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
     estimates = []

@@ -27,6 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lowvram_gen.planning.estimate import OVERHEAD_BYTES
+from lowvram_gen.planning.planner import PresetEstimate, choose
+from lowvram_gen.planning.sizes import capped_size
+from lowvram_gen.presets import gpu_ladder
 
 RESNET_IN, RESNET_OUT = 3.0, 3.0  # saved tensors per resnet block, in units of its in/out channels
 ATTN = 7.0  # saved tensors per attention block (norm, q, k, v, output, projections)
@@ -244,24 +247,13 @@ def estimate_vqgan(p: VqganProfile, width: int, height: int, cutn: int, knobs, a
     return VqganEstimate(int(weights + act + OVERHEAD_BYTES), int(weights), dec, cuts, clip, OVERHEAD_BYTES, phase)
 
 
-def capped_size(width: int, height: int, max_pixels: int, multiple: int = 16) -> tuple[int, int]:
-    """The largest size within `max_pixels` with the same aspect ratio, sides multiples of 16."""
-    if width * height <= max_pixels:
-        return width, height
-    scale = math.sqrt(max_pixels / (width * height))
-    return max(64, int(width * scale) // multiple * multiple), max(64, int(height * scale) // multiple * multiple)
-
-
 def plan_vqgan(device, profile: VqganProfile, width: int, height: int, cutn: int, presets: dict, forced=None,
                failed: frozenset | set = frozenset(), augments: int = 4, init_image: bool = False):
     """planner.plan for VQGAN-CLIP: the fastest preset whose estimate fits, and the cheaper ones below it."""
-    from lowvram_gen.planning.planner import PresetEstimate, choose
-    from lowvram_gen.presets import gpu_ladder
-
     ladder = gpu_ladder(presets)
     estimates = []
     for p in ladder:
-        w, h = capped_size(width, height, p.vqgan.max_pixels)
+        w, h = capped_size(width, height, p.vqgan.max_pixels, 16)
         est = estimate_vqgan(profile, w, h, cutn, p.vqgan, augments, init_image, device.kind)
         fits = device.is_accelerator and est.total_bytes <= device.usable_bytes
         reason = "ran out of memory before on this device for a job this size" if p.name in failed else ""

@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lowvram_gen.errors import InvalidRequest, OutOfMemoryEverywhere
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.ladder import Ladder
 
 log = logging.getLogger(__name__)
 BUILTIN = ("lanczos", "latent", "sd-x4")
@@ -37,7 +38,7 @@ def available() -> list[str]:
     return names + ["sd-x4"]
 
 
-def _find_model(name: str) -> Path | None:
+def model_path(name: str) -> Path | None:
     path = Path(name).expanduser()
     if path.is_file():
         return path
@@ -58,7 +59,7 @@ def check_upscaler(value, field: str = "upscaler", latent_ok: bool = False) -> s
                                               "lanczos, sd-x4 or an ESRGAN-family model")
         return name.lower()
     if Path(name).suffix.lower() in MODEL_SUFFIXES or "/" in name or "\\" in name:
-        if _find_model(name) is None:
+        if model_path(name) is None:
             raise InvalidRequest(field, name, f"no such upscaler model file (looked in {', '.join(map(str, upscaler_dirs()))})")
         return name
     raise InvalidRequest(field, name, "use one of: " + ", ".join(available()))
@@ -67,17 +68,23 @@ def check_upscaler(value, field: str = "upscaler", latent_ok: bool = False) -> s
 @dataclass
 class UpscaleReport:
     upscaler: str
+    ladder: Ladder = field(default_factory=lambda: Ladder([]))  # a job's own, when it upscales a capped image
     tiles: list[int] = field(default_factory=list)  # the tile sizes tried, OOM halvings included
-    attempts: list[dict] = field(default_factory=list)
     passes: int = 0  # model runs, all images together (an image gets several when the scale exceeds the factor)
+
+    @property
+    def attempts(self) -> list[dict]:
+        return [a.as_dict() for a in self.ladder.attempts if a.stage == "upscale"]
 
 
 def upscale_images(images: list, size: tuple[int, int], name: str, device: str = "cpu", tile: int = 512,
-                   report: UpscaleReport | None = None, prompt: str = "", steps: int = 20) -> list:
-    """Every image at exactly `size` (W, H) using upscaler `name`."""
+                   report: UpscaleReport | None = None, prompt: str = "", steps: int = 20,
+                   ladder: Ladder | None = None) -> list:
+    """Every image at exactly `size` (W, H) using upscaler `name`. A job's `ladder` records the
+    upscaler's out-of-memory attempts with the job's others."""
     from PIL import Image
 
-    report = report or UpscaleReport(name)
+    report = report or UpscaleReport(name, ladder or Ladder([]))
     if name == "lanczos":
         return [im.resize(size, Image.Resampling.LANCZOS) for im in images]
     if name == "latent":
@@ -102,12 +109,17 @@ def _model_passes(descriptor, image, size: tuple[int, int], device: str, tile: i
     return image
 
 
-_MODELS: dict[str, object] = {}
+_MODELS: dict[str, object] = {}  # loaded upscalers, by file; Session.free() empties it
+
+
+def forget_models() -> None:
+    """Drop every loaded upscaler (the UI's Free VRAM, through Session.free)."""
+    _MODELS.clear()
 
 
 def load_model(name: str):
     """An ESRGAN-family model through spandrel, from weights loaded without unpickling code."""
-    path = _find_model(name)
+    path = model_path(name)
     if path is None:
         raise InvalidRequest("upscaler", name, "no such upscaler model file")
     key = str(path.resolve())
@@ -136,31 +148,26 @@ def run_tiled(descriptor, image, device: str, tile: int, report: UpscaleReport):
     """Run the model tile by tile; on out-of-memory halve the tile, down to MIN_TILE."""
     import numpy as np
     import torch
-
-    from lowvram_gen.oom import free_memory, is_oom, short_reason
+    from PIL import Image
 
     x = torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1)[None]
     descriptor.model.to(device)
+    ladder = report.ladder
+
+    def where() -> dict:
+        return dict(width=image.width, height=image.height, unit=f"{report.upscaler}, {tile} px tiles",
+                    extra={"tile": tile})
+
     while True:
         report.tiles.append(tile)
-        failure = None
-        try:
-            out = _tiles(descriptor, x, device, tile)
-        except Exception as exc:  # noqa: BLE001 - anything but OOM is re-raised
-            if not is_oom(exc):
-                raise
-            failure = short_reason(exc)
-        if failure is None:
+        ok, out = ladder.attempt("upscale", lambda: _tiles(descriptor, x, device, tile), where)
+        if ok:
             break
-        report.attempts.append({"stage": "upscale", "tile": tile, "outcome": "oom", "detail": failure})
-        free_memory(device.split(":")[0])
         if tile // 2 < MIN_TILE:
-            raise OutOfMemoryEverywhere(f"out of memory upscaling with {report.upscaler} even with {tile} px tiles; "
-                                        "free GPU memory, use --cpu, or the lanczos upscaler", report.attempts)
+            raise ladder.exhausted(f"{report.upscaler} ran out of memory even with {tile} px tiles: free GPU memory, "
+                                   "use --cpu, or the lanczos upscaler")
         tile //= 2
-        log.warning("out of memory upscaling; trying %d px tiles", tile)
-    from PIL import Image
-
+        ladder.went_down(f"{tile} px tiles")
     array = (out[0].clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255.0).round().astype("uint8")
     return Image.fromarray(array)
 
@@ -196,7 +203,7 @@ def _sd_x4(image, device: str, prompt: str, steps: int):
             pipe = StableDiffusionUpscalePipeline.from_pretrained(source, local_files_only=True)
         except Exception as exc:  # not downloaded, or a broken folder
             raise ModelLoadError(
-                f"the sd-x4 upscaler is not available offline ({str(exc).splitlines()[0][:120]}); download it once "
+                f"the sd-x4 upscaler is not available offline ({str(exc).strip().splitlines()[0]}); download it once "
                 f"with `hf download {SD_X4_REPO}` or set LOWVRAM_GEN_SD_X4 to a local copy"
             ) from None
         _MODELS[f"sd-x4:{source}"] = pipe
@@ -204,52 +211,3 @@ def _sd_x4(image, device: str, prompt: str, steps: int):
     pipe.to(device)
     pipe.vae.enable_tiling()  # its decode at 4x is the peak; tiles keep it flat
     return pipe(prompt=prompt, image=image.convert("RGB"), num_inference_steps=steps).images[0]
-
-
-MAX_SCALE = 8.0
-
-
-def _passes_note(report: UpscaleReport) -> str:
-    return f" ({report.passes} model passes)" if report.passes > 1 else ""
-
-
-def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str | None = None,
-                device: str | None = None) -> dict:
-    """`lowvram-gen upscale`: one image, saved next to the others with A1111 "extras" metadata."""
-    import time
-
-    from PIL import Image
-
-    from lowvram_gen import outputs
-    from lowvram_gen.request import MAX_SIDE, as_float, check_image_path
-
-    started = time.perf_counter()
-    path = check_image_path("image", image_path)
-    factor = as_float("scale", scale, 1.0, MAX_SCALE)
-    name = check_upscaler(upscaler)
-    with Image.open(path) as im:
-        source = im.convert("RGB")
-        params_in, _ = outputs.read_png_metadata(path) if path.lower().endswith(".png") else (None, None)
-    size = (round(source.width * factor), round(source.height * factor))
-    if max(size) > MAX_SIDE * 2:
-        raise InvalidRequest("scale", scale, f"{source.width}x{source.height} x{factor:g} is {size[0]}x{size[1]}; "
-                                             f"at most {MAX_SIDE * 2} px a side")
-    if device is None:
-        from lowvram_gen.device import probe
-
-        device = probe().torch_device
-    report = UpscaleReport(name)
-    image = upscale_images([source], size, name, device, report=report)[0]
-    target = Path(outdir) if outdir else outputs.default_outdir()
-    extras = f"Postprocess upscale by: {factor:g}, Postprocess upscaler: {name}, Size: {size[0]}x{size[1]}"
-    parameters = f"{params_in}\n{extras}" if params_in else extras
-    meta = {"source": path, "scale": factor, "upscaler": name, "tiles": report.tiles, "attempts": report.attempts,
-            "model_passes": report.passes}
-    saved = outputs.save_png(image, outputs.next_image_path(target, 0, Path(path).stem + "-upscaled"), parameters, meta)
-    seconds = round(time.perf_counter() - started, 3)
-    return {"images": [str(saved)], "seeds": [], "width": size[0], "height": size[1], "steps": 0, "sampler": None,
-            "model": name, "model_path": str(_find_model(name) or name), "seconds": seconds, "preset": None,
-            "attempts": report.attempts, "model_passes": report.passes,
-            "summary": f"upscaled x{factor:g} with {name}{_passes_note(report)} in {seconds:.1f} s",
-            "generated_width": source.width, "generated_height": source.height, "upscaled": True,
-            "device": device, "warnings": []}

@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from lowvram_gen.device import DeviceInfo
+from lowvram_gen.planning.sizes import vae_tile_size
 from lowvram_gen.settings import MemorySettings
 
 log = logging.getLogger(__name__)
@@ -134,18 +135,6 @@ class PipelineOps:
             factor = 2 ** (len(vae.config.block_out_channels) - 1)
             vae.tile_sample_min_size = tile_px
             vae.tile_latent_min_size = tile_px // factor
-
-
-def vae_tile_size(device: DeviceInfo) -> int:
-    """VAE tile edge in pixels from usable VRAM (Forge's idea: smaller tiles on smaller cards).
-
-    A tile's decode peak grows with its area: ~0.5 GB at 512 px for the SD VAE in half precision
-    (docs/benchmarks.md), so 256 px tiles keep the decode near 150 MB on a 2 GB card.
-    """
-    if not device.is_accelerator:
-        return 512
-    usable = device.usable_bytes / 2**30
-    return 1024 if usable >= 12 else 768 if usable >= 6 else 512 if usable >= 3 else 256
 
 
 def effective_settings(settings: MemorySettings, device: DeviceInfo) -> tuple[MemorySettings, list[str]]:

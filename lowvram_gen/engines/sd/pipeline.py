@@ -19,24 +19,44 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen.errors import Cancelled, InvalidRequest
+from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT, make_scheduler
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
 
 
 @dataclass
-class Chunk:
-    """A group of images run in one forward pass: same prompt and size, one seed each."""
+class Pass:
+    """One forward pass of a job: the request's prompt and settings, for these seeds at this size.
 
-    prompt: str
-    negative_prompt: str
+    It holds the request itself rather than copies of its fields; only what a pass changes is here
+    (a hires second pass has its own size, init, strength and steps)."""
+
+    request: GenerationRequest
+    seeds: list[int]
     width: int
     height: int
-    steps: int
-    cfg_scale: float
-    seeds: list[int]
     init: object = None  # img2img: PIL images (one per seed) or latents already in model space
     strength: float = 1.0  # img2img: how much of the init is replaced; 0 keeps it as it is
+    steps: int | None = None  # None: the request's steps
+
+    @property
+    def num_steps(self) -> int:
+        return self.steps or self.request.steps
+
+
+@dataclass
+class Denoised:
+    """What a denoise pass gives: latents (pipelines whose decode runs on its own: SD, SDXL), or the
+    images a pipeline decoded (and safety-checked) itself (SD3, Flux, ...)."""
+
+    latents: object = None
+    images: list | None = None
+    nsfw: list[bool] | None = None
+
+    @property
+    def decoded(self) -> bool:
+        return self.images is not None
 
 
 def splits_decode(pipe) -> bool:
@@ -158,49 +178,52 @@ def encode(pipe, images, device: str):
     return (latents - shift) * pipe.vae.config.scaling_factor
 
 
-def denoise(pipe, chunk: Chunk, device: str, on_step: ProgressFn | None = None,
-            cancel: threading.Event | None = None):
-    """Run the UNet steps. Returns latents (split pipelines) or, for pipelines that decode themselves,
-    a Decoded with their images and their own safety checker's flags."""
-    n = len(chunk.seeds)
-    if chunk.init is not None and chunk.strength == 0:
-        if not isinstance(chunk.init, list):
-            return chunk.init  # latents: nothing to change
+def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
+            cancel: threading.Event | None = None) -> Denoised:
+    """Run the denoising steps of one pass. Progress counts the steps the user asked for (PLMS's
+    extra warm-up step is not shown as a step more than asked)."""
+    n = len(step.seeds)
+    request = step.request
+    if step.init is not None and step.strength == 0:
+        if not isinstance(step.init, list):
+            return Denoised(latents=step.init)  # latents: nothing to change
         if not splits_decode(pipe):  # a pipeline that decodes itself returns images: the init ones, kept
-            return Decoded([im.copy() for im in chunk.init], None, [False] * n)
-        return encode(pipe, chunk.init, device)
+            return Denoised(images=[im.copy() for im in step.init], nsfw=[False] * n)
+        return Denoised(latents=encode(pipe, step.init, device))
 
     def step_end(_pipe, i, _t, kwargs):
-        total = getattr(_pipe, "num_timesteps", chunk.steps)  # PLMS runs one step more than asked
-        if on_step:
-            on_step(i + 1, total)
+        total = getattr(_pipe, "num_timesteps", None) or step.num_steps  # img2img runs fewer
+        warmup = max(0, total - step.num_steps)  # PLMS (PNDM) runs one warm-up step more than asked
+        done, total = i + 1 - warmup, total - warmup
+        if on_step and done >= 1:  # progress counts the steps the user asked for
+            on_step(done, total)
         if cancel is not None and cancel.is_set():
-            raise Cancelled("cancelled at step %d of %d" % (i + 1, total))
+            raise Cancelled("cancelled at step %d of %d" % (max(done, 0), total))
         return kwargs
 
     kwargs = dict(
-        prompt=[chunk.prompt] * n,
-        negative_prompt=[chunk.negative_prompt] * n if chunk.negative_prompt else None,
-        num_inference_steps=chunk.steps,
-        guidance_scale=chunk.cfg_scale,
-        generator=_generators(chunk.seeds, device),
+        prompt=[request.prompt] * n,
+        negative_prompt=[request.negative_prompt] * n if request.negative_prompt else None,
+        num_inference_steps=step.num_steps,
+        guidance_scale=request.cfg_scale,
+        generator=_generators(step.seeds, device),
         output_type="latent" if splits_decode(pipe) else "pil",
         callback_on_step_end=step_end,
     )
-    if chunk.init is None:
-        out = pipe(width=chunk.width, height=chunk.height, **kwargs)
+    if step.init is None:
+        out = pipe(width=step.width, height=step.height, **kwargs)
     else:
         # diffusers runs int(steps * strength) steps; at least one, or the result is empty
-        kwargs["num_inference_steps"] = max(chunk.steps, math.ceil(1 / chunk.strength))
+        kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
         i2i = img2img_pipe(pipe)
         if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
             # SD3, Flux, ...: without a size they resize the init image to the model's native size
-            kwargs.update(width=chunk.width, height=chunk.height)
-        out = i2i(image=chunk.init, strength=chunk.strength, **kwargs)
+            kwargs.update(width=step.width, height=step.height)
+        out = i2i(image=step.init, strength=step.strength, **kwargs)
     if kwargs["output_type"] == "latent":
-        return out.images
+        return Denoised(latents=out.images)
     flags = getattr(out, "nsfw_content_detected", None) or [False] * n  # black images from its own checker
-    return Decoded(list(out.images), None, [bool(f) for f in flags])
+    return Denoised(images=list(out.images), nsfw=[bool(f) for f in flags])
 
 
 def decode(pipe, latents, upcast: bool = False, safety_check: bool = True):

@@ -1,10 +1,12 @@
-"""The retry ladder: run a job and, on out-of-memory, step down until it finishes.
+"""Run one Stable Diffusion job on the loaded pipeline, stepping down the ladder on out-of-memory.
 
-Order of steps, cheapest first (DESIGN.md): split the batch; the next preset down; a lower
-resolution with upscaling afterwards. An OOM in the VAE decode retries only the decode, tiled,
-with the latents already computed. Recovery happens after the `except` block (the exception's
-frames pin the tensors), then `free_memory()`. The loaded pipeline is reconfigured, never reloaded
-(except to restore precision that fp8/half storage lost, which `apply` reports).
+Steps down, cheapest first (docs/DESIGN.md): split the batch; the next preset; a lower resolution with
+upscaling afterwards. An out-of-memory in the VAE decode retries only the decode, tiled, with the
+latents already computed; one in a hires second pass steps down the presets and keeps the first
+pass. The guard itself (leave the except block, free memory, record the attempt) is
+`lowvram_gen.ladder.Ladder`, shared with VQGAN-CLIP and the upscalers. The loaded pipeline is
+reconfigured, never reloaded (except to restore precision that fp8/half storage lost, which `apply`
+reports).
 """
 
 from __future__ import annotations
@@ -13,121 +15,40 @@ import logging
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.device import DeviceInfo
+from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import pipeline as sd
-from lowvram_gen.errors import BadOutput, OutOfMemoryEverywhere
+from lowvram_gen.errors import BadOutput
+from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.loading import LoadedModel, reload_components
-from lowvram_gen.oom import allocated_bytes, free_memory, is_oom, short_reason
+from lowvram_gen.planning.sizes import capped_size
 from lowvram_gen.presets import Preset
+from lowvram_gen.request import GenerationRequest
 from lowvram_gen.settings import MemorySettings
 from lowvram_gen.upscale.upscalers import upscale_images
 
 log = logging.getLogger(__name__)
 MAX_RESOLUTION_STEPS = 2  # each halves the pixels; beyond a quarter of the request the upscale is mush
-
-
-@dataclass
-class Attempt:
-    preset: str
-    batch: int  # images in the forward pass
-    width: int
-    height: int
-    stage: str  # 'denoise' | 'decode'
-    outcome: str  # 'ok' | 'oom' | 'nan' | 'black'
-    seconds: float
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+ADVICE = ("Close other programs using the GPU, lower --vram-budget/--reserve-vram, use a smaller size or batch, "
+          "or run with --cpu")
 
 
 @dataclass
 class ChunkDone:
-    images: list  # PIL, at the requested size
+    """Images of one pass, finished: at the requested size, with what made them."""
+
+    images: list  # PIL
     seeds: list[int]
     preset: str
     generated_size: tuple[int, int]  # what the model made, before any upscale
     nsfw: list[bool]
 
 
-@dataclass
-class JobReport:
-    attempts: list[Attempt] = field(default_factory=list)
-    final_preset: str = ""
-    upscaled: bool = False
-    generated_size: tuple[int, int] = (0, 0)
-
-    def summary(self, seconds: float) -> str:
-        """One line for people: 'out of memory at highvram, batch 4 -> split to 2; finished at medvram in 14.2 s'."""
-        parts = []
-        for a in self.attempts:
-            if a.outcome == "oom":
-                parts.append(f"out of memory at {a.preset} ({a.stage}, batch {a.batch}, {a.width}x{a.height})")
-            elif a.outcome in ("nan", "black"):
-                parts.append(f"{a.outcome} output at {a.preset}: decoded again in float32")
-        tail = f"finished at {self.final_preset} in {seconds:.1f} s"
-        if self.upscaled:
-            tail += f" (generated at {self.generated_size[0]}x{self.generated_size[1]}, upscaled)"
-        return "; ".join(parts + [tail])
-
-
-def capped_size(width: int, height: int, max_pixels: int, multiple: int = 8) -> tuple[int, int]:
-    """The largest size within `max_pixels` with the same aspect ratio, sides multiples of `multiple`
-    (what the pipeline takes: sd.size_multiple, 16 for SD3), at least 64 px."""
-    if width * height <= max_pixels:
-        return width, height
-    scale = math.sqrt(max_pixels / (width * height))
-    least = -(-64 // multiple) * multiple
-    return max(least, int(width * scale) // multiple * multiple), max(least, int(height * scale) // multiple * multiple)
-
-
-@dataclass
-class JobSpec:
-    """One job as the runner sees it: what to make, whatever front end asked for it."""
-
-    prompt: str
-    negative_prompt: str
-    width: int
-    height: int
-    steps: int
-    cfg_scale: float
-    seeds: list[int]
-    init_images: list | None = None  # img2img: one PIL image per seed
-    strength: float = 1.0
-    hires_scale: float = 1.0
-    hires_upscaler: str = "latent"
-    hires_steps: int = 0
-    hires_denoise: float = 0.7
-
-    @classmethod
-    def from_request(cls, request, seeds: list[int], init_images: list | None = None) -> "JobSpec":
-        return cls(request.prompt, request.negative_prompt, request.width, request.height, request.steps,
-                   request.cfg_scale, seeds, init_images, request.strength, request.hires_scale,
-                   request.hires_upscaler, request.hires_steps, request.hires_denoise)
-
-    def hires_size(self, base: tuple[int, int], multiple: int = 8) -> tuple[int, int]:
-        return (int(base[0] * self.hires_scale) // multiple * multiple,
-                int(base[1] * self.hires_scale) // multiple * multiple)
-
-    def final_size(self) -> tuple[int, int]:
-        return self.hires_size((self.width, self.height)) if self.hires_scale > 1 else (self.width, self.height)
-
-    def chunk(self, indices: list[int], size: tuple[int, int]) -> sd.Chunk:
-        init = None
-        if self.init_images is not None:
-            init = [im.convert("RGB").resize(size) if im.size != size else im.convert("RGB")
-                    for im in (self.init_images[i] for i in indices)]
-        return sd.Chunk(self.prompt, self.negative_prompt, size[0], size[1], self.steps, self.cfg_scale,
-                        [self.seeds[i] for i in indices], init=init,
-                        strength=self.strength if init is not None else 1.0)
-
-
 class Runner:
-    """Runs chunks of one job on one loaded model, stepping down the ladder on OOM."""
+    """Runs jobs on one loaded model; keeps what is applied to it between jobs."""
 
     def __init__(self, model: LoadedModel, device: DeviceInfo, ops_factory=apply_mod.PipelineOps):
         self.model = model
@@ -135,7 +56,6 @@ class Runner:
         self.ops_factory = ops_factory
         self.applied: MemorySettings | None = None
 
-    # -- presets ---------------------------------------------------------------------------
     def use(self, settings: MemorySettings) -> None:
         """Reconfigure the loaded pipeline for `settings` (a no-op when they are already applied)."""
         if settings == self.applied:
@@ -149,174 +69,152 @@ class Runner:
         apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe))
         self.applied = settings
 
-    # -- the job -----------------------------------------------------------------------------
-    def run(self, job: "JobSpec", ladder: list[Preset], on_chunk: Callable[[ChunkDone], None],
-            on_step: sd.ProgressFn | None = None, cancel: threading.Event | None = None,
-            report: JobReport | None = None) -> JobReport:
-        report = report or JobReport()
-        rung, lowered = 0, 0
-        preset = ladder[0]
-        self.use(preset.memory)
-        multiple = sd.size_multiple(self.model.pipe)  # the sides this pipeline takes
-        size = capped_size(job.width, job.height, preset.max_pixels, multiple)
-        per_pass = min(len(job.seeds), preset.max_batch)
-        pending = list(range(len(job.seeds)))  # image indices still to make
+    def run(self, request: GenerationRequest, seeds: list[int], presets: list[Preset],
+            on_chunk: Callable[[ChunkDone], None], on_step: sd.ProgressFn | None = None,
+            cancel: threading.Event | None = None, ladder: Ladder | None = None) -> Ladder:
+        """Make one image per seed for `request`, starting at `presets[0]`; returns the ladder (where
+        the job ended and every attempt)."""
+        ladder = ladder or Ladder(presets, self.device.kind)
+        _Job(self, request, seeds, ladder, on_step, cancel).run(on_chunk)
+        return ladder
+
+
+class _Job:
+    """One job's state on the ladder: the images still to make, how many per pass, at what size."""
+
+    def __init__(self, runner: Runner, request: GenerationRequest, seeds: list[int], ladder: Ladder,
+                 on_step, cancel):
+        self.runner, self.request, self.seeds, self.ladder = runner, request, seeds, ladder
+        self.on_step, self.cancel = on_step, cancel
+        self.pipe = runner.model.pipe
+        self.device = runner.device.torch_device
+        runner.use(ladder.preset.memory)
+        self.multiple = sd.size_multiple(self.pipe)  # the sides this pipeline takes
+        self.size = capped_size(request.width, request.height, ladder.preset.max_pixels, self.multiple)
+        self.per_pass = min(len(seeds), ladder.preset.max_batch)
+        self.lowered = 0  # resolution halvings so far
+        self.init = _init_image(request)
+
+    def where(self, size: tuple[int, int] | None = None) -> dict:
+        width, height = size or self.size
+        return dict(batch=self.per_pass, width=width, height=height, unit=f"batch {self.per_pass}")
+
+    def _use(self, settings: MemorySettings, tiled: bool = False) -> None:
+        self.runner.use(replace(settings, vae_tiling=True, vae_slicing=True) if tiled else settings)
+
+    # -- the job ---------------------------------------------------------------------------------
+    def run(self, on_chunk: Callable[[ChunkDone], None]) -> None:
+        pending = list(range(len(self.seeds)))  # image indices still to make
         while pending:
-            batch = pending[:per_pass]
-            chunk = job.chunk(batch, size)
+            seeds = [self.seeds[i] for i in pending[:self.per_pass]]
+            first = self._first_pass(seeds)
             started = time.perf_counter()
-            baseline = allocated_bytes(self.device.kind)
-            oom = None
-            try:
-                latents = sd.denoise(self.model.pipe, chunk, self.device.torch_device, on_step, cancel)
-            except Exception as exc:  # noqa: BLE001 - anything but OOM is re-raised
-                if not is_oom(exc):
-                    raise
-                oom = short_reason(exc)
-            if oom is not None:
-                report.attempts.append(Attempt(preset.name, per_pass, *size, "denoise", "oom", _since(started), oom))
-                free_memory(self.device.kind, baseline)
-                if per_pass > 1:
-                    per_pass = math.ceil(per_pass / 2)
-                elif rung + 1 < len(ladder):
-                    rung += 1
-                    preset = ladder[rung]
-                    self.use(preset.memory)
-                    size = capped_size(*size, preset.max_pixels, multiple)
-                elif lowered < MAX_RESOLUTION_STEPS and min(size) > 64:
-                    lowered += 1
-                    size = capped_size(*size, size[0] * size[1] // 2, multiple)
-                else:
-                    raise OutOfMemoryEverywhere(_everything_failed(report.attempts), report.attempts)
-                log.warning("out of memory at %s; retrying with %s, batch %d, %dx%d", report.attempts[-1].preset,
-                            preset.name, per_pass, *size)
+            ok, out = self.ladder.attempt(
+                "denoise", lambda: sd.denoise(self.pipe, first, self.device, self.on_step, self.cancel), self.where)
+            if not ok:
+                self._step_down()
                 continue
-            report.attempts.append(Attempt(preset.name, per_pass, *size, "denoise", "ok", _since(started)))
-            target = job.final_size()
-            if job.hires_scale > 1:
-                latents, size, preset, rung = self._hires(job, chunk, latents, size, ladder, rung, preset,
-                                                         per_pass, on_step, cancel, report)
-            if sd.splits_decode(self.model.pipe):
-                decoded, preset, rung = self._decode(latents, ladder, rung, preset, per_pass, size, report)
-                images, nsfw = decoded.images, decoded.nsfw
-            else:  # the pipeline decoded (and safety-checked) its images itself
-                images, nsfw = latents.images, latents.nsfw
-            del latents
-            upscaled = size != target
-            if upscaled:
-                images = upscale_images(images, target, preset.upscaler, self.device.torch_device)
-            report.final_preset, report.generated_size = preset.name, size
-            report.upscaled = report.upscaled or upscaled
-            on_chunk(ChunkDone(images, chunk.seeds, preset.name, size, nsfw))
-            pending = pending[per_pass:]
-        return report
+            self.ladder.record("denoise", "ok", started, **self.where())
+            size = self.size
+            if self.request.hires:
+                out, size = self._hires(first, out)
+            images, nsfw = (out.images, out.nsfw) if out.decoded else self._decode(out.latents, size)
+            del out
+            target = self.request.output_size()
+            if size != target:
+                images = upscale_images(images, target, self.ladder.preset.upscaler, self.device, ladder=self.ladder)
+            on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw))
+            pending = pending[len(seeds):]
 
-    def _hires(self, job, chunk, latents, size, ladder, rung, preset, per_pass, on_step, cancel, report):
-        """A1111's hires fix: upscale the first pass (latents or pixels), then an img2img pass.
+    def _first_pass(self, seeds: list[int]) -> sd.Pass:
+        if self.init is None:
+            return sd.Pass(self.request, seeds, *self.size)
+        resized = self.init if self.init.size == self.size else self.init.resize(self.size)
+        return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength)
 
-        The second pass runs with VAE tiling; on OOM it steps down the presets (the first pass's
-        latents are kept, so it is never redone). Over the preset's cap it runs at the cap and the
-        result is upscaled to the hires size afterwards.
-        """
-        import torch.nn.functional as F
+    def _step_down(self) -> None:
+        """After a denoise out-of-memory: fewer images per pass, the next preset, then fewer pixels."""
+        if self.per_pass > 1:
+            self.per_pass = math.ceil(self.per_pass / 2)
+        elif self.ladder.step_preset():
+            self._use(self.ladder.preset.memory)
+            self.size = capped_size(*self.size, self.ladder.preset.max_pixels, self.multiple)
+        elif self.lowered < MAX_RESOLUTION_STEPS and min(self.size) > 64:
+            self.lowered += 1
+            self.size = capped_size(*self.size, self.size[0] * self.size[1] // 2, self.multiple)
+        else:
+            raise self.ladder.exhausted(ADVICE)
+        self.ladder.went_down(f"{self.ladder.preset_name}, batch {self.per_pass}, {self.size[0]}x{self.size[1]}")
 
-        multiple = sd.size_multiple(self.model.pipe)
-        target = capped_size(*job.hires_size(size, multiple), preset.max_pixels, multiple)
-        self.use(_with_tiling(preset.memory))
+    def _decode(self, latents, size: tuple[int, int], safety_check: bool = True) -> tuple[list, list[bool]]:
+        """Decode; on out-of-memory tiled, then cheaper presets; NaN/black half output again in float32."""
+        import torch
+
+        tiled = self.ladder.preset.memory.vae_tiling
         while True:
             started = time.perf_counter()
-            baseline = allocated_bytes(self.device.kind)
-            oom = None
-            try:
-                if job.hires_upscaler == "latent":
-                    init = F.interpolate(latents, size=(target[1] // 8, target[0] // 8), mode="bilinear")
-                else:
-                    if sd.splits_decode(self.model.pipe):
-                        first, _, _ = self._decode(latents, ladder, rung, preset, per_pass, size, report,
-                                                   safety_check=False)
-                    else:
-                        first = latents  # the pipeline decoded its first pass itself (sd.Decoded)
-                    init = upscale_images(first.images, target, job.hires_upscaler, self.device.torch_device)
-                second = sd.Chunk(chunk.prompt, chunk.negative_prompt, *target, job.hires_steps or job.steps,
-                                  chunk.cfg_scale, chunk.seeds, init=init, strength=job.hires_denoise)
-                result = sd.denoise(self.model.pipe, second, self.device.torch_device, on_step, cancel)
-            except Exception as exc:  # noqa: BLE001
-                if not is_oom(exc):
-                    raise
-                oom = short_reason(exc)
-            if oom is None:
-                report.attempts.append(Attempt(preset.name, per_pass, *target, "hires", "ok", _since(started)))
-                return result, target, preset, rung
-            report.attempts.append(Attempt(preset.name, per_pass, *target, "hires", "oom", _since(started), oom))
-            free_memory(self.device.kind, baseline)
-            if rung + 1 >= len(ladder):
-                raise OutOfMemoryEverywhere(_everything_failed(report.attempts), report.attempts)
-            rung += 1
-            preset = ladder[rung]
-            self.use(_with_tiling(preset.memory))
-            target = capped_size(*target, preset.max_pixels, multiple)
-
-    def _decode(self, latents, ladder, rung, preset, per_pass, size, report, safety_check: bool = True):
-        """Decode with retries: tiled on OOM, then cheaper presets; float32 on NaN/black half output."""
-        pipe = self.model.pipe
-        tiled = preset.memory.vae_tiling
-        while True:
-            started = time.perf_counter()
-            baseline = allocated_bytes(self.device.kind)
-            oom = None
-            try:
-                decoded = sd.decode(pipe, latents, safety_check=safety_check)
-            except Exception as exc:  # noqa: BLE001
-                if not is_oom(exc):
-                    raise
-                oom = short_reason(exc)
-            if oom is None:
+            ok, decoded = self.ladder.attempt(
+                "decode", lambda: sd.decode(self.pipe, latents, safety_check=safety_check), lambda: self.where(size))
+            if ok:
                 break
-            report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", "oom", _since(started), oom))
-            free_memory(self.device.kind, baseline)
             if not tiled:
                 tiled = True
-                self.use(_with_tiling(preset.memory))
-            elif rung + 1 < len(ladder):
-                rung += 1
-                preset = ladder[rung]
-                self.use(_with_tiling(preset.memory))
-            else:
-                raise OutOfMemoryEverywhere(_everything_failed(report.attempts), report.attempts)
-        if decoded.bad and pipe.vae.dtype != _float32():
-            report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", decoded.bad, _since(started),
-                                           "half-precision decode; retrying in float32"))
+            elif not self.ladder.step_preset():
+                raise self.ladder.exhausted(ADVICE)
+            self._use(self.ladder.preset.memory, tiled=True)
+            self.ladder.went_down(f"{self.ladder.preset_name}, tiled VAE decode")
+        if decoded.bad and self.pipe.vae.dtype != torch.float32:
+            self.ladder.record("decode", decoded.bad, started, "half-precision decode; decoded again in float32",
+                               **self.where(size))
             started = time.perf_counter()
-            decoded = sd.decode(pipe, latents, upcast=True, safety_check=safety_check)
+            decoded = sd.decode(self.pipe, latents, upcast=True, safety_check=safety_check)
         if decoded.bad:
             raise BadOutput(
                 f"the model produced {'NaN/Inf' if decoded.bad == 'nan' else 'an all-black image'} even when decoded "
-                "in float32; the weights may be broken (check the file) or the VAE needs a fixed version"
-            )
-        report.attempts.append(Attempt(preset.name, per_pass, *size, "decode", "ok", _since(started)))
-        return decoded, preset, rung
+                "in float32; the weights may be broken (check the file) or the VAE needs a fixed version")
+        self.ladder.record("decode", "ok", started, **self.where(size))
+        return decoded.images, decoded.nsfw
+
+    def _hires(self, first: sd.Pass, out: sd.Denoised) -> tuple[sd.Denoised, tuple[int, int]]:
+        """A1111's hires fix: upscale the first pass (latents, or pixels), then an img2img pass.
+
+        The second pass runs with VAE tiling; on out-of-memory it steps down the presets (the first
+        pass is kept, never redone). Over the preset's cap it runs at the cap and the result is
+        upscaled to the hires size afterwards."""
+        import torch.nn.functional as F
+
+        request = self.request
+        target = capped_size(*request.hires_size(self.multiple, self.size), self.ladder.preset.max_pixels, self.multiple)
+        if request.hires_upscaler != "latent":  # pixels: decode the first pass once, before any retry
+            pixels = out.images if out.decoded else self._decode(out.latents, self.size, safety_check=False)[0]
+        self._use(self.ladder.preset.memory, tiled=True)
+        while True:
+            if request.hires_upscaler == "latent":
+                init = F.interpolate(out.latents, size=(target[1] // 8, target[0] // 8), mode="bilinear")
+            else:
+                init = upscale_images(pixels, target, request.hires_upscaler, self.device, ladder=self.ladder)
+            second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
+                             steps=request.hires_steps or request.steps)
+            started = time.perf_counter()
+            ok, result = self.ladder.attempt(
+                "hires", lambda: sd.denoise(self.pipe, second, self.device, self.on_step, self.cancel),
+                lambda: self.where(target))
+            if ok:
+                self.ladder.record("hires", "ok", started, **self.where(target))
+                return result, target
+            del init, second
+            if not self.ladder.step_preset():
+                raise self.ladder.exhausted(ADVICE)
+            self._use(self.ladder.preset.memory, tiled=True)
+            target = capped_size(*target, self.ladder.preset.max_pixels, self.multiple)
+            self.ladder.went_down(f"{self.ladder.preset_name}, hires pass at {target[0]}x{target[1]}")
 
 
-def _with_tiling(settings: MemorySettings) -> MemorySettings:
-    from dataclasses import replace
+def _init_image(request: GenerationRequest):
+    """The img2img init image as RGB, read once per job (None for txt2img)."""
+    if not request.init_image:
+        return None
+    from PIL import Image
 
-    return replace(settings, vae_tiling=True, vae_slicing=True)
-
-
-def _float32():
-    import torch
-
-    return torch.float32
-
-
-def _since(t: float) -> float:
-    return round(time.perf_counter() - t, 3)
-
-
-def _everything_failed(attempts: list[Attempt]) -> str:
-    tried = ", ".join(f"{a.preset} (batch {a.batch}, {a.width}x{a.height}, {a.stage})" for a in attempts if a.outcome == "oom")
-    return (
-        f"out of memory at every step of the ladder; tried: {tried}. "
-        "Close other programs using the GPU, lower --vram-budget/--reserve-vram, use a smaller size or batch, "
-        "or run with --cpu"
-    )
+    with Image.open(request.init_image) as im:
+        return im.convert("RGB")

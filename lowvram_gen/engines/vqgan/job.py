@@ -1,13 +1,11 @@
-"""VQGAN-CLIP jobs in a Session: `generate_vqgan(session, request)` -> VqganResult.
+"""One VQGAN-CLIP job, from a validated request to saved PNGs: `run_job()` -> VqganResult.
 
-validate -> probe the device -> load VQGAN and CLIP (kept in RAM per session; on the device only
-while a job runs, so they never crowd a Stable Diffusion model out of a small card between jobs) ->
-plan (memory_vqgan: the fastest preset whose estimate fits) -> optimise (vqgan_loop, with its
-out-of-memory ladder) -> save progress images, the final image (upscaled when a preset capped the
-size) and optionally a progress video (progress_video.py), all with A1111-style metadata.
-
-The CLI (`lowvram-gen vqgan`), the web UI's VQGAN-CLIP tab and `lowvram-gen batch` (engine
-``vqgan``) all call this function, under the session's lock: one GPU, one job.
+The session (its `generate_vqgan`) validates, probes the device, holds the VQGAN/CLIP pair
+(`load_models`: in RAM between jobs, on the device only while a job runs, so they never crowd a
+Stable Diffusion model out of a small card), plans (`plan`: the fastest preset whose estimate fits)
+and builds the ladder; this module optimises each image (loop.py, with its out-of-memory steps on
+the shared ladder) and saves progress images, the final image (upscaled when a preset capped the
+size) and optionally a progress video (video.py), all with A1111-style metadata.
 """
 
 from __future__ import annotations
@@ -16,15 +14,20 @@ import dataclasses
 import logging
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lowvram_gen import failures, outputs
-from lowvram_gen.errors import Cancelled
-from lowvram_gen.session import GenerationResult
+from lowvram_gen import outputs
+from lowvram_gen.engines.vqgan.loop import VqganLoop
 from lowvram_gen.engines.vqgan.request import VqganRequest
+from lowvram_gen.engines.vqgan.video import write_progress_video
+from lowvram_gen.errors import Cancelled
+from lowvram_gen.ladder import Ladder
+from lowvram_gen.planning import vqgan as memory_vqgan
+from lowvram_gen.planning.sizes import capped_size
+from lowvram_gen.result import GenerationResult
+from lowvram_gen.upscale.upscalers import upscale_images
 
 log = logging.getLogger(__name__)
 NOISE_NOTE = ("embedded tiny VQGAN and CLIP: random weights, the image is abstract noise; pass --vqgan (e.g. "
@@ -55,104 +58,62 @@ class VqganModels:
     clip: Any  # vqgan_models.LoadedClip
 
 
-_LOADED: "weakref.WeakKeyDictionary[Any, VqganModels]" = weakref.WeakKeyDictionary()
-
-
-def models_for(session, request: VqganRequest) -> VqganModels:
-    """The session's VQGAN and CLIP for this request: the loaded pair, or the new one (loaded first)."""
+def load_models(request: VqganRequest, current: VqganModels | None = None) -> VqganModels:
+    """The VQGAN and CLIP this request names: `current` (the pair the session holds) where it is the
+    same, else loaded; a model of the pair that did not change is kept, not loaded again."""
     from lowvram_gen.models import vqgan_models as vm
 
     vsrc, csrc = vm.resolve_vqgan(request.vqgan, request.vqgan_config), vm.resolve_clip(request.clip)
-    current = _LOADED.get(session)
     if current is not None and current.key == (vsrc, csrc):
         return current
     vq = current.vq if current is not None and current.vqgan_source == vsrc else vm.load_vqgan(vsrc)
     clip = current.clip if current is not None and current.clip_source == csrc else vm.load_clip(csrc)
-    models = VqganModels((vsrc, csrc), vsrc, csrc, vq, clip)
-    _LOADED[session] = models
-    return models
+    return VqganModels((vsrc, csrc), vsrc, csrc, vq, clip)
 
 
-def unload(session) -> None:
-    """Forget the session's VQGAN and CLIP (the UI's Free VRAM does this too)."""
-    _LOADED.pop(session, None)
-
-
-def plan_for(session, request: VqganRequest, models: VqganModels, device):
-    from lowvram_gen.planning import vqgan as memory_vqgan
-
+def plan(request: VqganRequest, models: VqganModels, device, presets: dict, forced=None,
+         failed: frozenset | set = frozenset()):
+    """The fastest preset whose estimate fits this job (planning.vqgan), from the loaded models' sizes."""
     profile = memory_vqgan.profile_from_models(models.vq, models.clip.model, request.model_name)
-    failed = failures.failed_presets(device.name, _failure_key(request), request.width * request.height, request.cutn)
-    return memory_vqgan.plan_vqgan(device, profile, request.width, request.height, request.cutn, session.presets(),
-                                   session.forced_preset(request.preset), failed, len(request.augments),
-                                   bool(request.init_image))
+    return memory_vqgan.plan_vqgan(device, profile, request.width, request.height, request.cutn, presets, forced,
+                                   failed, len(request.augments), bool(request.init_image))
 
 
-def _failure_key(request: VqganRequest) -> str:
+def failure_key(request: VqganRequest) -> str:
+    """How remembered out-of-memory failures name this job's models (beside SD model names)."""
     return f"vqgan:{request.model_name}"
 
 
-def generate_vqgan(session, request: VqganRequest, on_step: Callable[[int, int], None] | None = None,
-                   cancel: threading.Event | None = None, on_image: ImageFn | None = None, ladder=None,
-                   ops=None) -> VqganResult:
-    """Run one VQGAN-CLIP job (`batch_size` images) in `session`. `ladder` and `ops` are for tests."""
-    request = request.validated()
-    with session.lock:
-        return _generate(session, request, on_step, cancel, on_image, ladder, ops)
-
-
-def _generate(session, request, on_step, cancel, on_image, ladder, ops) -> VqganResult:
-    from lowvram_gen.planning import vqgan as memory_vqgan
-    from lowvram_gen.engines.vqgan.loop import VqganLoop, summary
-
+def run_job(request: VqganRequest, models: VqganModels, ladder: Ladder, device, outdir: Path,
+            on_step: Callable[[int, int], None] | None = None, cancel: threading.Event | None = None,
+            on_image: ImageFn | None = None, ops=None) -> VqganResult:
+    """Optimise and save `batch_size` images for `request` (validated), starting at `ladder.preset`."""
     started = time.perf_counter()
-    device = session.device()
-    models = models_for(session, request)
-    the_plan = plan_for(session, request, models, device)
-    if device.is_accelerator and session.model is not None and the_plan.estimates and not the_plan.estimates[0].fits:
-        log.info("unloading the Stable Diffusion model to make room for VQGAN-CLIP")
-        session.free()  # its weights would take the room the fastest VQGAN-CLIP preset needs
-        device = session.device()
-        the_plan = plan_for(session, request, models, device)
-    ladder = list(ladder or the_plan.ladder)
     requested = (request.width, request.height)
-    size = memory_vqgan.capped_size(*requested, ladder[0].vqgan.max_pixels)
+    size = capped_size(*requested, ladder.preset.vqgan.max_pixels, 16)
     warnings = [NOISE_NOTE] if models.vqgan_source.is_tiny or models.clip_source.is_tiny else []
-    outdir = Path(request.outdir or session.outdir or outputs.default_outdir())
     saver = _Saver(request, outdir, models, device, size, on_image)
-    attempts: list = []
     loop = None
-    try:
-        for seed in request.resolved_seeds():
-            previous, loop = loop, VqganLoop(models.vq, models.clip, request, seed, size, ladder, device, ops, on_step,
-                                             cancel, None, attempts)
-            if previous is not None:  # the next image starts where the last one ended up
-                loop.rung, loop.preset = previous.rung, previous.preset
-                loop.knobs, loop.cutn = previous.knobs, previous.cutn
-                loop.float32_only = previous.float32_only
-            loop.on_image = lambda image, iteration, loop=loop, seed=seed: saver.save(image, seed, iteration, loop)
-            try:
-                image = loop.run()
-            except Cancelled as exc:
-                if loop.state is not None and loop.state.iteration > 0:
-                    saver.save(loop.current_image(), seed, loop.state.iteration, loop, final=True, note=str(exc))
-                raise Cancelled(f"{exc}; {len(saver.images)} image(s) kept", images=saver.images) from None
-            finally:
-                loop.close()
-            saver.save(image, seed, request.iterations, loop, final=True)
-    finally:
-        for a in attempts:
-            if a.outcome == "oom" and a.stage != "preview":
-                failures.record(device.name, _failure_key(request), a.preset, a.width * a.height, a.cutn)
+    for seed in request.resolved_seeds():
+        loop = VqganLoop(models.vq, models.clip, request, seed, size, ladder, device, ops, on_step, cancel, None,
+                         previous=loop)  # the next image starts where the last one ended up
+        loop.on_image = lambda image, iteration, loop=loop, seed=seed: saver.save(image, seed, iteration, loop)
+        try:
+            image = loop.run()
+        except Cancelled as exc:
+            if loop.state is not None and loop.state.iteration > 0:
+                saver.save(loop.current_image(), seed, loop.state.iteration, loop, final=True, note=str(exc))
+            raise Cancelled(f"{exc}; {len(saver.images)} image(s) kept", images=saver.images) from None
+        finally:
+            loop.close()
+        saver.save(image, seed, request.iterations, loop, final=True)
     seconds = round(time.perf_counter() - started, 3)
-    for w in dict.fromkeys(w for w in (loop.warnings if loop else [])):
-        warnings.append(w)
-    warnings += saver.warnings
+    warnings += list(dict.fromkeys(loop.warnings if loop else [])) + saver.warnings
     return VqganResult(
         images=saver.images, seeds=saver.seeds, width=request.width, height=request.height, steps=request.iterations,
         sampler=request.optimizer, model=request.vqgan, model_path=str(models.vqgan_source.path), seconds=seconds,
-        preset=loop.preset.name, attempts=[a.as_dict() for a in attempts],
-        summary=summary(attempts, loop.preset.name, seconds, size, requested), generated_width=size[0],
+        preset=ladder.preset_name, attempts=[a.as_dict() for a in ladder.attempts],
+        summary=ladder.summary(seconds, size, requested, resumed=True), generated_width=size[0],
         generated_height=size[1], upscaled=size != requested, device=device.name, warnings=warnings,
         nsfw=[False] * len(saver.images), iterations=request.iterations, clip=request.clip,
         clip_path=str(models.clip_source.path), cutn=loop.cutn, progress_images=saver.progress, videos=saver.videos,
@@ -193,7 +154,7 @@ class _Saver:
         request = dataclasses.asdict(r)
         request.pop("outdir", None)
         meta = {"engine": "vqgan", "request": request, "seed": seed, "preset": loop.preset.name,
-                "attempts": [a.as_dict() for a in loop.attempts], "model_path": str(self.models.vqgan_source.path),
+                "attempts": [a.as_dict() for a in loop.ladder.attempts], "model_path": str(self.models.vqgan_source.path),
                 "clip_path": str(self.models.clip_source.path), "generated_size": list(self.size),
                 "device": self.device.name, "iteration": iteration, "iterations": r.iterations, "cutn": loop.cutn,
                 "losses": list(loop.state.losses) if loop.state else [], "final": final, "note": note, "version": 1}
@@ -212,9 +173,8 @@ class _Saver:
             if self.size == requested:
                 shown = image
             else:  # the preset capped the size: the same upscalers as Stable Diffusion's caps
-                from lowvram_gen.upscale.upscalers import upscale_images
-
-                shown = upscale_images([image], requested, loop.preset.upscaler, self.device.torch_device)[0]
+                shown = upscale_images([image], requested, loop.preset.upscaler, self.device.torch_device,
+                                       ladder=loop.ladder)[0]
             path = str(outputs.save_png(shown, outputs.next_image_path(self.outdir, seed, slug), params, meta))
             self.images.append(path)
             self.seeds.append(seed)
@@ -232,8 +192,6 @@ class _Saver:
         return path
 
     def _video(self, png: Path) -> None:
-        from lowvram_gen.engines.vqgan.video import write_progress_video
-
         try:
             video = write_progress_video(self.frames, png)
         except (OSError, ValueError) as exc:

@@ -23,20 +23,22 @@ import logging
 import math
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from lowvram_gen.device import DeviceInfo
-from lowvram_gen.errors import BadOutput, Cancelled, OutOfMemoryEverywhere
-from lowvram_gen.oom import allocated_bytes, free_memory, is_oom, short_reason
+from lowvram_gen.errors import BadOutput, Cancelled
+from lowvram_gen.ladder import Ladder
 from lowvram_gen.presets import Preset
 from lowvram_gen.engines.vqgan import parts
 
 log = logging.getLogger(__name__)
 MIN_CUTN = 1
+ADVICE = ("Close other programs using the GPU, use a smaller size or fewer cutouts (--cutn), a smaller CLIP, "
+          "or run with --cpu")
 
 
 @dataclass(frozen=True)
@@ -56,29 +58,6 @@ class Knobs:
         return Knobs(min(self.cutn_chunk, other.cutn_chunk), self.clip_autocast or other.clip_autocast,
                      self.gradient_checkpointing or other.gradient_checkpointing,
                      self.clip_text_offload or other.clip_text_offload)
-
-
-@dataclass
-class VqganAttempt:
-    """One stretch of a job at one setting (the same keys as runner.Attempt, and more)."""
-
-    preset: str
-    batch: int  # cutouts per CLIP pass (the chunk)
-    width: int
-    height: int
-    stage: str  # 'setup' | 'iterate' | 'preview'
-    outcome: str  # 'ok' | 'oom' | 'nan'
-    seconds: float
-    detail: str = ""
-    iteration: int = 0  # where the OOM happened, or the last iteration of an 'ok' stretch
-    first_iteration: int = 0  # the first iteration of this stretch
-    cutn: int = 0
-    clip_autocast: bool = False
-    gradient_checkpointing: bool = False
-    clip_text_offload: bool = False
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 class VqganOps:
@@ -119,25 +98,25 @@ class LoopState:
 
 
 class VqganLoop:
-    def __init__(self, vq, clip, request, seed: int, size: tuple[int, int], ladder: list[Preset], device: DeviceInfo,
+    def __init__(self, vq, clip, request, seed: int, size: tuple[int, int], ladder: Ladder, device: DeviceInfo,
                  ops: VqganOps | None = None, on_step: Callable[[int, int], None] | None = None,
                  cancel: threading.Event | None = None, on_image: Callable[[object, int], None] | None = None,
-                 attempts: list | None = None):
+                 previous: "VqganLoop | None" = None):
+        """`ladder` is the job's (shared by its images); `previous`, the loop of the image before:
+        this one starts with the knobs that image ended with (never more expensive ones)."""
         self.vq, self.clip, self.request, self.seed = vq, clip, request, seed
         self.width, self.height = size
         self.ladder, self.device = ladder, device
         self.ops = ops or VqganOps(device.torch_device)
         self.on_step, self.cancel, self.on_image = on_step, cancel, on_image
-        self.attempts = attempts if attempts is not None else []
-        self.rung, self.preset = 0, ladder[0]
-        self.knobs = Knobs.of(self.preset)
-        self.cutn = request.cutn
+        self.knobs = previous.knobs if previous else Knobs.of(ladder.preset)
+        self.cutn = previous.cutn if previous else request.cutn
         self.cutter = parts.MakeCutouts(clip.image_size, request.augments, request.cut_pow)
         self.prompts: list[parts.Prompt] = []
         self.state: LoopState | None = None
         self.warnings: list[str] = []
         self.text_on_device = False
-        self.float32_only = False  # set after a NaN loss under autocast
+        self.float32_only = previous.float32_only if previous else False  # set after a NaN loss under autocast
         self.levels = len(vq.config.block_out_channels)
         self.toks = (max(1, self.width // 2 ** (self.levels - 1)), max(1, self.height // 2 ** (self.levels - 1)))
         self.mean = torch.tensor(clip.mean).view(1, 3, 1, 1)
@@ -284,11 +263,15 @@ class VqganLoop:
         torch.autograd.backward(outputs, grads)
         return tuple(totals)
 
+    @property
+    def preset(self) -> Preset:
+        return self.ladder.preset
+
     def _step_down(self) -> None:
+        """The next preset's knobs (never more expensive than these), then smaller chunks, then fewer
+        cutouts (which changes the result: said in the warnings)."""
         chunk = max(1, min(self.knobs.cutn_chunk, self.cutn))
-        if self.rung + 1 < len(self.ladder):
-            self.rung += 1
-            self.preset = self.ladder[self.rung]
+        if self.ladder.step_preset():
             self.knobs = self.knobs.cheaper(Knobs.of(self.preset))
         elif chunk > 1:
             self.knobs = replace(self.knobs, cutn_chunk=math.ceil(chunk / 2))
@@ -297,20 +280,24 @@ class VqganLoop:
             self.warnings.append(f"out of memory at every preset: cutouts lowered from {old} to {self.cutn} "
                                  "(this changes the result)")
         else:
-            raise OutOfMemoryEverywhere(_everything_failed(self.attempts), self.attempts)
+            raise self.ladder.exhausted(ADVICE)
         if self.float32_only:
             self.knobs = replace(self.knobs, clip_autocast=False)
         self.apply_knobs()
-        log.warning("out of memory at %s; going on with %s, cutn %d in chunks of %d", self.attempts[-1].preset,
-                    self.preset.name, self.cutn, min(self.knobs.cutn_chunk, self.cutn))
+        self.ladder.went_down(f"{self.preset.name}, {self.cutn} cutouts in chunks of {min(self.knobs.cutn_chunk, self.cutn)}")
+
+    def where(self, iteration: int = 0, first: int = 0) -> dict:
+        k = self.knobs
+        chunk = min(k.cutn_chunk, self.cutn)
+        return dict(batch=chunk, width=self.width, height=self.height,
+                    unit=f"{self.cutn} cutouts in chunks of {chunk}",
+                    extra=dict(iteration=iteration, first_iteration=first, cutn=self.cutn,
+                               clip_autocast=k.clip_autocast, gradient_checkpointing=k.gradient_checkpointing,
+                               clip_text_offload=k.clip_text_offload))
 
     def _attempt(self, stage: str, outcome: str, started: float, detail: str = "", iteration: int = 0,
                  first: int = 0) -> None:
-        k = self.knobs
-        self.attempts.append(VqganAttempt(
-            self.preset.name, min(k.cutn_chunk, self.cutn), self.width, self.height, stage, outcome,
-            round(time.perf_counter() - started, 3), detail, iteration, first, self.cutn, k.clip_autocast,
-            k.gradient_checkpointing, k.clip_text_offload))
+        self.ladder.record(stage, outcome, started, detail, **self.where(iteration, first))
 
     def _release(self) -> None:
         if self.device.is_accelerator:
@@ -318,24 +305,19 @@ class VqganLoop:
             self.text_on_device = False
 
     def _guarded(self, stage: str, fn, iteration: int = 0, first: int = 0, started: float | None = None):
-        """(result, True), or (None, False) after an OOM that the ladder handled (state is untouched)."""
-        begun = time.perf_counter() if started is None else started
-        baseline = allocated_bytes(self.device.kind)
+        """(result, True), or (None, False) after an OOM that the ladder handled (state is untouched:
+        the same iteration is redone from the same z, optimiser state and random state)."""
         rng = self._rng()
-        oom = None
-        try:
-            return fn(), True
-        except Exception as exc:  # noqa: BLE001 - anything but OOM is re-raised
-            if not is_oom(exc):
-                raise
-            oom = short_reason(exc)
-        # out of the except block: the failed frames and their tensors are gone now
-        if self.state is not None:
-            self.state.z.grad = None
-        self._attempt(stage, "oom", begun, oom, iteration, first)
-        if stage == "setup":
-            self._release()
-        free_memory(self.device.kind, baseline)
+
+        def drop_partial() -> None:
+            if self.state is not None:
+                self.state.z.grad = None
+            if stage == "setup":
+                self._release()
+
+        ok, result = self.ladder.attempt(stage, fn, lambda: self.where(iteration, first), started, drop_partial)
+        if ok:
+            return result, True
         self._set_rng(rng)
         if stage != "preview":
             self._step_down()
@@ -392,27 +374,3 @@ class VqganLoop:
         """Give the device back: weights return to the CPU (they stay loaded, in RAM)."""
         self._release()
         self.ops.checkpointing(self.vq.decoder, False)
-
-
-def _everything_failed(attempts: list) -> str:
-    tried = ", ".join(f"{a.preset} ({a.stage}, {a.cutn} cutouts in chunks of {a.batch}, {a.width}x{a.height})"
-                      for a in attempts if a.outcome == "oom")
-    return (f"out of memory at every step of the ladder; tried: {tried}. Close other programs using the GPU, use a "
-            "smaller size or fewer cutouts (--cutn), a smaller CLIP, or run with --cpu")
-
-
-def summary(attempts: list, final_preset: str, seconds: float, generated: tuple[int, int],
-            requested: tuple[int, int]) -> str:
-    """'out of memory at highvram (iteration 7, 64 cutouts in chunks of 64); resumed; finished at medvram in 14.2 s'."""
-    parts_ = []
-    for a in attempts:
-        if a.outcome == "oom":
-            where = f"iteration {a.iteration}" if a.stage == "iterate" else a.stage
-            parts_.append(f"out of memory at {a.preset} ({where}, {a.cutn} cutouts in chunks of {a.batch}, "
-                          f"{a.width}x{a.height})")
-    tail = f"finished at {final_preset} in {seconds:.1f} s"
-    if parts_:
-        tail = "resumed without starting over; " + tail
-    if generated != requested:
-        tail += f" (generated at {generated[0]}x{generated[1]}, upscaled)"
-    return "; ".join(parts_ + [tail])

@@ -8,7 +8,8 @@ from lowvram_gen.errors import LowVramError
 from lowvram_gen.models.discover import model_choices
 from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_SEED, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
-from lowvram_gen.upscale.upscalers import MAX_SCALE, available
+from lowvram_gen.upscale.command import MAX_SCALE
+from lowvram_gen.upscale.upscalers import available
 
 GPU = "gpu"
 
@@ -71,7 +72,7 @@ def build_img2img_tab(run_job, cancel, options) -> None:
 
 def build_upscale_tab(session) -> None:
     def upscale(image, scale=2.0, upscaler="lanczos"):
-        from lowvram_gen.upscale.upscalers import run_upscale
+        from lowvram_gen.upscale.command import run_upscale
 
         if not image:
             raise gr.Error("choose an image first")

@@ -38,7 +38,6 @@ def _playable(videos: list[str]) -> str | None:
 
 
 def build_vqgan_tab(session, options, jobs) -> None:
-    from lowvram_gen.engines.vqgan.job import generate_vqgan
 
     def run(prompts, image_prompt=None, init_image=None, width=256, height=256, iterations=100, save_every=10,
             cutn=DEFAULTS.cutn, cut_pow=DEFAULTS.cut_pow, lr=DEFAULTS.lr, optimizer=DEFAULTS.optimizer,
@@ -58,7 +57,7 @@ def build_vqgan_tab(session, options, jobs) -> None:
         key = _key(request)
 
         def work(on_step, cancel):
-            return generate_vqgan(session, job_request, on_step=on_step, cancel=cancel,
+            return session.generate_vqgan(job_request, on_step=on_step, cancel=cancel,
                                   on_image=lambda path, iteration, final: job.events.put(("image", path, iteration)))
 
         job = jobs.start(key, Job(work))

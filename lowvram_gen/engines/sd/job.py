@@ -1,0 +1,126 @@
+"""One Stable Diffusion job, from a validated request to saved PNGs: `run_job()`.
+
+The session has already probed the device, planned the presets, loaded the model and built the
+ladder; this module checks what the pipeline can do with the request, sets the sampler, runs the
+runner and saves each finished pass (A1111 `parameters` text plus our JSON), and returns the result.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from lowvram_gen import outputs
+from lowvram_gen.device import DeviceInfo
+from lowvram_gen.engines.sd import pipeline as sd
+from lowvram_gen.engines.sd.runner import ChunkDone, Runner
+from lowvram_gen.errors import Cancelled
+from lowvram_gen.ladder import Ladder
+from lowvram_gen.models.resolve import ModelSource
+from lowvram_gen.request import GenerationRequest
+from lowvram_gen.result import GenerationResult
+from lowvram_gen.samplers import DEFAULT, a1111_name
+
+log = logging.getLogger(__name__)
+NOISE_NOTE = "embedded tiny model: random weights, the image is abstract noise; pass --model for real images"
+
+
+def prepare(pipe, request: GenerationRequest, source: ModelSource) -> list[str]:
+    """Refuse what this pipeline cannot do (clear errors before any step), set the sampler, and say
+    what the user should know (truncated prompts, ignored negative prompts, the tiny model)."""
+    sd.check_request(pipe, request)
+    sd.set_sampler(pipe, request.sampler)
+    warnings = [NOISE_NOTE] if source.is_tiny else []
+    for label, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
+        used, limit = sd.prompt_token_count(pipe, text)
+        if used > limit:
+            warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
+    if request.negative_prompt and sd.ignores_negative_prompt(pipe):
+        warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
+    for w in warnings:
+        log.info(w)
+    return warnings
+
+
+def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,
+            outdir: Path, on_step: Callable[[int, int], None] | None = None,
+            cancel: threading.Event | None = None) -> GenerationResult:
+    """Make and save the images of `request` (validated) on `runner`'s loaded model."""
+    started = time.perf_counter()
+    pipe = runner.model.pipe
+    warnings = prepare(pipe, request, source)
+    seeds = request.resolved_seeds()
+    sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
+    saver = _Saver(request, sampler, ladder, source, device, outdir)
+    try:
+        runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder)
+    except Cancelled as exc:
+        raise Cancelled(f"{exc}; {len(saver.images)} finished image(s) kept", images=saver.images) from None
+    seconds = round(time.perf_counter() - started, 3)
+    if any(saver.nsfw):
+        warnings.append("the model's safety checker blacked out %d image(s)" % sum(saver.nsfw))
+    width, height = request.output_size()
+    generated = saver.generated_size or (width, height)
+    return GenerationResult(
+        images=saver.images, seeds=seeds, width=width, height=height, steps=request.steps,
+        sampler=request.sampler, model=request.model, model_path=str(source.path), seconds=seconds,
+        preset=ladder.preset_name, attempts=[a.as_dict() for a in ladder.attempts],
+        summary=ladder.summary(seconds, generated, (width, height)), generated_width=generated[0],
+        generated_height=generated[1], upscaled=saver.upscaled, device=device.name, warnings=warnings,
+        nsfw=saver.nsfw)
+
+
+class _Saver:
+    """Writes each finished pass's images as they come, so a cancel or a crash keeps them."""
+
+    def __init__(self, request: GenerationRequest, sampler: str, ladder: Ladder, source: ModelSource,
+                 device: DeviceInfo, outdir: Path):
+        self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
+        self.outdir = outdir
+        self.images: list[str] = []
+        self.nsfw: list[bool] = []
+        self.generated_size: tuple[int, int] | None = None
+        self.upscaled = False
+
+    def save(self, done: ChunkDone) -> None:
+        request = self.request
+        self.generated_size = done.generated_size
+        self.upscaled = self.upscaled or done.generated_size != request.output_size()
+        for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
+            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size)
+            if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
+                fields["Safety checker"] = "blacked out"
+            meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,
+                    "attempts": [a.as_dict() for a in self.ladder.attempts], "model_path": str(self.source.path),
+                    "generated_size": list(done.generated_size), "device": self.device.name,
+                    "nsfw_filtered": flagged, "version": 1}
+            path = outputs.next_image_path(self.outdir, seed, request.prompt)
+            params = outputs.a1111_parameters(request.prompt, request.negative_prompt, fields)
+            self.images.append(str(outputs.save_png(image, path, params, meta)))
+            self.nsfw.append(flagged)
+
+
+def a1111_fields(request: GenerationRequest, sampler: str, seed: int, preset: str,
+                 generated_size: tuple[int, int]) -> dict:
+    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did."""
+    fields = {"Steps": request.steps, "Sampler": sampler, "CFG scale": request.cfg_scale, "Seed": seed,
+              "Size": f"{request.width}x{request.height}", "Model": request.model}
+    if request.init_image:
+        fields["Denoising strength"] = request.strength
+    if request.hires:
+        fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
+                       "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
+    fields["Lowvram preset"] = preset
+    if generated_size != request.output_size():
+        fields["Generated size"] = "%dx%d" % generated_size
+    return fields
+
+
+def _request_dict(request: GenerationRequest) -> dict:
+    data = asdict(request)
+    data.pop("outdir", None)
+    return data

@@ -1,0 +1,30 @@
+"""What a finished job gives back, whatever the engine: the images and how they were made."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationResult:
+    images: list[str]
+    seeds: list[int]
+    width: int
+    height: int
+    steps: int
+    sampler: str
+    model: str
+    model_path: str
+    seconds: float
+    preset: str
+    attempts: list[dict]
+    summary: str
+    generated_width: int
+    generated_height: int
+    upscaled: bool
+    device: str
+    warnings: list[str] = field(default_factory=list)
+    nsfw: list[bool] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return asdict(self)
