@@ -41,7 +41,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     """What generate and img2img share: the prompt, the A1111 fields, hires fix, model and memory flags."""
     p.add_argument("prompt", help="what to draw")
-    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT")
+    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT",
+                   help="what not to draw")
     p.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
     p.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
     p.add_argument("--steps", default=20, metavar="N", help="denoising steps, 1-150 (default 20)")
@@ -62,6 +63,19 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     _add_memory_flags(p)
 
 
+def version() -> str:
+    """The installed distribution's version; the package's own when it runs from a checkout that is not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("lowvram-gen")
+    except PackageNotFoundError:
+        from lowvram_gen import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lowvram-gen",
@@ -70,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "and makes abstract noise; use --model for real images.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the memory layer does")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="text to image", description="Generate images from a prompt.")
@@ -81,13 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(i2i)
 
     up = sub.add_parser("upscale", help="upscale an image (lanczos, an ESRGAN-family model, sd-x4)")
-    up.add_argument("image")
+    up.add_argument("image", help="the image to upscale (PNG, JPEG, WebP)")
     up.add_argument("--scale", default=2, metavar="X", help="factor, 1-8 (default 2)")
     up.add_argument("--upscaler", default="lanczos", metavar="NAME",
                     help="lanczos (default), sd-x4, or an ESRGAN-family .pth/.safetensors (a path, or a name in models/ESRGAN)")
-    up.add_argument("--outdir", metavar="DIR")
+    up.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
     up.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
-    up.add_argument("--json", action="store_true")
+    up.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
 
     pl_help = "dry run: which preset would run, and every preset's memory estimate"
     pl = sub.add_parser("plan", help=pl_help,
@@ -97,14 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
                          "tiny, or a diffusers folder")
-    pl.add_argument("--width", default=512, metavar="N")
-    pl.add_argument("--height", default=512, metavar="N")
-    pl.add_argument("--batch", dest="batch_size", default=1, metavar="N")
-    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
+    pl.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
+    pl.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images per job (default 1)")
+    pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
     _add_memory_flags(pl)
 
     doc = sub.add_parser("doctor", help="what to paste into a bug report: GPU, versions, kernels, presets")
-    doc.add_argument("--json", action="store_true")
+    doc.add_argument("--json", action="store_true", help="print the report as one JSON object")
     doc.add_argument("--forget-failures", action="store_true", help="clear the remembered out-of-memory failures")
     _add_memory_flags(doc)
 
@@ -267,10 +283,11 @@ COMMANDS = {"generate": cmd_generate, "img2img": cmd_generate, "upscale": cmd_up
 
 def _with_default_command(argv: list[str]) -> list[str]:
     """Bare `lowvram-gen [flags]` starts the web UI, as A1111's launcher does."""
-    if argv[:1] in (["-h"], ["--help"]) or any(a in COMMANDS for a in argv):
-        return argv
     verbose = [a for a in argv if a in ("-v", "--verbose")]
-    return [*verbose[:1], "ui", *(a for a in argv if a not in ("-v", "--verbose"))]
+    rest = [a for a in argv if a not in ("-v", "--verbose")]
+    if rest[:1] in (["-h"], ["--help"], ["--version"]) or any(a in COMMANDS for a in argv):
+        return argv
+    return [*verbose[:1], "ui", *rest]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,7 +47,8 @@ def add_vqgan_parser(sub, add_memory_flags) -> None:
     p.add_argument("--cut-pow", default=1.0, metavar="X", help="cutout size power (default 1)")
     p.add_argument("--lr", "--learning-rate", default=0.1, metavar="X", help="learning rate (default 0.1)")
     p.add_argument("--optimizer", default="Adam", metavar="NAME", help=", ".join(OPTIMIZERS) + " (default Adam)")
-    p.add_argument("--augments", nargs="+", default=list(DEFAULT_AUGMENTS), metavar="CODE")
+    p.add_argument("--augments", nargs="+", default=list(DEFAULT_AUGMENTS), metavar="CODE",
+                   help="cutout augmentations, codes listed below ('none' for none)")
     p.add_argument("--seed", default=-1, metavar="N", help="0..4294967295, or -1 for random (default)")
     p.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images, seeds seed+i (default 1)")
     p.add_argument("--vqgan", default="tiny", metavar="SPEC",

@@ -1,0 +1,58 @@
+"""Rough edges a new user hit at the command line; every test here failed before its fix.
+
+In-process `main([...])` where that shows it; a subprocess where the point is what a shell sees (a
+closed pipe, what got imported, the exit status). Nothing here starts gradio or loads a real model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lowvram_gen.cli.main import build_parser, main
+from lowvram_gen.device import GiB, MiB
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_env(**extra) -> dict:
+    """The environment of a `python -m lowvram_gen` child: offline, this worktree's code first."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **extra}
+    return {k: v for k, v in env.items() if v is not None}
+
+
+# ------------------------------------------------------------------- 9: --version, help everywhere
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["-v", "--version"]])
+def test_version_prints_the_package_version_and_exits_0(capsys, argv):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lowvram-gen {version('lowvram-gen')}"
+
+
+def _options_without_help(parser: argparse.ArgumentParser, where: str):
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options_without_help(sub, f"{where} {name}")
+        elif not (action.help or "").strip() or action.help == argparse.SUPPRESS:
+            yield f"{where} {'/'.join(action.option_strings) or action.dest}"
+
+
+def test_every_option_and_argument_of_every_subcommand_has_help():
+    assert list(_options_without_help(build_parser(), "lowvram-gen")) == []
