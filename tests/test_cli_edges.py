@@ -30,6 +30,25 @@ def cli_env(**extra) -> dict:
     return {k: v for k, v in env.items() if v is not None}
 
 
+# ------------------------------------------------------------------------- 2: a closed stdout
+
+
+@pytest.mark.parametrize("reader,unbuffered", [("head -1", "1"), ("head -n 0", None)])
+def test_plan_into_a_pipe_closed_early_ends_quietly(reader, unbuffered):
+    """`head -1` is the user's case (line-at-a-time writes race head's exit); `head -n 0` closes the
+    pipe before the first write, so the broken pipe happens every time."""
+    command = (f"set -o pipefail; {shlex.quote(sys.executable)} -m lowvram_gen plan --vram 4GiB --model sd15 "
+               f"| {reader}")
+    done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=cli_env(PYTHONUNBUFFERED=unbuffered),
+                          capture_output=True, text=True, timeout=120)
+    assert done.stderr == ""  # no traceback, no "Exception ignored ... BrokenPipeError"
+    if reader == "head -1":
+        assert done.stdout.startswith("device:") and done.stdout.count("\n") == 1
+        assert done.returncode in (0, 141)  # 0 when head read everything before it left
+    else:
+        assert done.stdout == "" and done.returncode == 141
+
+
 # ------------------------------------------------------------------- 9: --version, help everywhere
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 MEMORY_FLAGS = ("medvram", "lowvram", "novram")
@@ -290,7 +291,31 @@ def _with_default_command(argv: list[str]) -> list[str]:
     return [*verbose[:1], "ui", *rest]
 
 
+# What a shell reports for a program stopped by SIGPIPE (128 + 13), as `yes | head -1` shows.
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; `lowvram-gen plan | head -1` ends quietly when the reader closes the pipe early.
+
+    Python ignores SIGPIPE, so a write to a closed stdout raises BrokenPipeError, and so does the
+    interpreter's own flush at exit (an "Exception ignored" message). The recipe of the Python docs
+    (library/signal.html, "Note on SIGPIPE"): flush here, catch it, point stdout at devnull. The exit
+    code is 141, what the shell reports for cat or grep in the same place: the output was not all
+    delivered, and `set -o pipefail` scripts should see that as they would for any other tool.
+    """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's exit flush
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(_with_default_command(sys.argv[1:] if argv is None else list(argv)))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
