@@ -30,6 +30,52 @@ def cli_env(**extra) -> dict:
     return {k: v for k, v in env.items() if v is not None}
 
 
+# ------------------------------------------------------------------------------- 1: --port
+
+
+@pytest.fixture
+def no_gradio(monkeypatch):
+    """The error cases must end before the UI is built or served."""
+    import lowvram_gen.ui.launch as launch_mod
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("gradio was started")
+
+    monkeypatch.setattr(launch_mod, "launch", must_not_start)
+
+
+@pytest.mark.parametrize("argv", [["ui", "--port", "0"], ["ui", "--port", "65536"], ["ui", "--port", "http"],
+                                  ["--port", "99999"], ["--port", "-1"]])
+def test_a_port_outside_1_to_65535_is_a_clear_error(capsys, no_gradio, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: invalid --port:") and "from 1 to 65535" in err
+
+
+def test_a_busy_port_is_named_before_gradio_starts(capsys, no_gradio):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert main(["--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid --port: {port}; in use on 127.0.0.1" in err and "1 to 65535" in err
+
+
+def test_a_free_port_is_passed_to_the_ui(monkeypatch):
+    import lowvram_gen.session as session_mod
+    import lowvram_gen.ui.launch as launch_mod
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    seen = {}
+    monkeypatch.setattr(session_mod, "Session", lambda **kw: None)
+    monkeypatch.setattr(launch_mod, "launch", lambda *a, **kw: seen.update(kw))
+    assert main(["ui", "--port", f" {port}", "--cpu"]) == 0
+    assert seen["port"] == port
+
+
 # ------------------------------------------------------------------------- 2: a closed stdout
 
 

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(ui)
     ui.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/); the only folder served")
     ui.add_argument("--listen", action="store_true", help="listen on 0.0.0.0 (every interface) instead of 127.0.0.1")
-    ui.add_argument("--port", type=int, default=7860, metavar="N", help="port (default 7860)")
+    ui.add_argument("--port", default=7860, metavar="N", help="a free port, 1-65535 (default 7860)")
     ui.add_argument("--gradio-auth", metavar="USER:PASS[,USER2:PASS2]", help="require a login")
     ui.add_argument("--share", action="store_true", help="make a public gradio.live link (warns: it is public)")
     ui.add_argument("--queue-size", type=int, default=16, metavar="N", help="most jobs waiting (default 16)")
@@ -256,12 +256,14 @@ def cmd_doctor(args) -> int:
 
 def cmd_ui(args) -> int:
     from lowvram_gen import outputs
+    from lowvram_gen.ui.launch import check_port, launch, listen_host
+
+    port = check_port(args.port, listen_host(args.listen))  # before the session and gradio load
     from lowvram_gen.session import Session
-    from lowvram_gen.ui.launch import launch
 
     outdir = args.outdir or str(outputs.default_outdir())
     session = Session(**_session_kwargs(args), outdir=outdir)
-    launch(session, outdir, args.model, listen=args.listen, port=args.port, auth=args.gradio_auth, share=args.share,
+    launch(session, outdir, args.model, listen=args.listen, port=port, auth=args.gradio_auth, share=args.share,
            queue_size=args.queue_size)
     return 0
 
