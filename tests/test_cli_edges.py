@@ -95,6 +95,33 @@ def test_plan_into_a_pipe_closed_early_ends_quietly(reader, unbuffered):
         assert done.stdout == "" and done.returncode == 141
 
 
+# ------------------------------------------------------------------------- 3: sizes for people
+
+
+def test_plan_prints_sizes_for_people_and_the_card_as_typed(capsys):
+    assert main(["plan", "--vram", "4GB", "--model", "sd15"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("device: simulated 4GB card; usable 3.5 GiB (free 4.0 GiB, reserve 512 MiB)")
+    assert not re.search(r"\d{6,}", out), out  # no byte counts
+    assert not re.search(r"\d\.\d{2,} ?GiB", out), out  # no 3.72529 GiB
+    rows = [line for line in out.splitlines() if line[3:].split(" ")[0] in ("highvram", "medvram", "lowvram", "novram")]
+    assert len(rows) == 4 and all(re.search(r" \d+(\.\d)? (GiB|MiB) ", row) for row in rows), rows
+    assert out.splitlines()[-1].startswith("would run: highvram (fastest preset whose estimate fits the 3.5 GiB usable")
+
+
+def test_plan_json_keeps_exact_bytes(capsys):
+    assert main(["plan", "--vram", "4GB", "--reserve-vram", "512MB", "--model", "sd15", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    device = data["device"]
+    assert (device["total_bytes"], device["free_bytes"], device["usable_bytes"]) == (4 * GiB, 4 * GiB, 4 * GiB - 512 * MiB)
+    assert all(type(p["estimate_bytes"]) is int for p in data["presets"])
+
+
+def test_a_size_of_bare_number_is_shown_in_gib(capsys):
+    assert main(["plan", "--vram", "6", "--model", "sd15"]) == 0
+    assert capsys.readouterr().out.startswith("device: simulated 6 GiB card; usable 5.5 GiB")
+
+
 # ------------------------------------------------------------------- 9: --version, help everywhere
 
 

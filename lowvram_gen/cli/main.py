@@ -24,7 +24,8 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument("--novram", action="store_true", help="start at the novram preset (sequential offload, fp8 weights)")
     x.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     x.add_argument("--preset", metavar="NAME|PATH", help="start at this preset (a name from presets/ or a .toml file)")
-    g.add_argument("--vram-budget", metavar="SIZE", help="use at most this much VRAM, e.g. 6GiB (enforced on CUDA)")
+    g.add_argument("--vram-budget", metavar="SIZE",
+                   help="use at most this much VRAM, e.g. 6GB (GB means GiB; enforced on CUDA)")
     g.add_argument("--reserve-vram", metavar="SIZE", default=None,
                    help="VRAM left for the OS and other programs (default 512MiB)")
     g.add_argument("--xformers", action="store_true",
@@ -110,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help=pl_help,
                         description="Estimate peak VRAM of a job under every preset and show which would run. "
                                     "Needs no GPU: --vram simulates a card.")
-    pl.add_argument("--vram", metavar="SIZE", help="simulate a card with this much free VRAM, e.g. 4GiB")
+    pl.add_argument("--vram", metavar="SIZE", help="simulate a card with this much free VRAM, e.g. 4GB "
+                                                    "(GB means GiB, as on graphics cards)")
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
                          "tiny, or a diffusers folder")
@@ -210,8 +212,7 @@ def cmd_plan(args) -> int:
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
     kwargs = _session_kwargs(args)
     if args.vram:
-        dev = device_mod.fake(device_mod.parse_size(args.vram, "--vram") / device_mod.GiB,
-                              reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
+        dev = device_mod.simulated(args.vram, reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     else:
         dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights

@@ -131,8 +131,8 @@ def plan_vqgan_command(args, session_kwargs: dict) -> int:
     cutn = as_int("cutn", args.cutn, 1, MAX_CUTN)
     vqgan = memory_vqgan.DEFAULT_VQGAN if args.model in memory.BUILTIN_NAMES else args.model
     if args.vram:
-        dev = device_mod.fake(device_mod.parse_size(args.vram, "--vram") / device_mod.GiB,
-                              reserve_bytes=session_kwargs["reserve_vram"], budget_bytes=session_kwargs["vram_budget"])
+        dev = device_mod.simulated(args.vram, reserve_bytes=session_kwargs["reserve_vram"],
+                                   budget_bytes=session_kwargs["vram_budget"])
     else:
         dev = device_mod.probe(session_kwargs["device"], reserve_bytes=session_kwargs["reserve_vram"],
                                budget_bytes=session_kwargs["vram_budget"])
