@@ -122,6 +122,30 @@ def test_a_size_of_bare_number_is_shown_in_gib(capsys):
     assert capsys.readouterr().out.startswith("device: simulated 6 GiB card; usable 5.5 GiB")
 
 
+# ----------------------------------------------------------------- 4: the model's native size
+
+
+@pytest.mark.parametrize("model,side", [("sd15", 512), ("sd21", 768), ("sdxl", 1024), ("sd3", 1024), ("flux", 1024),
+                                        ("stabilityai/stable-diffusion-xl-base-1.0", 1024), ("sd-2.1", 768)])
+def test_plan_defaults_to_the_models_native_size(capsys, model, side):
+    assert main(["plan", "--vram", "24GiB", "--model", model, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["width"], data["height"]) == (side, side)
+
+
+def test_plan_sizes_the_user_gives_still_win(capsys):
+    assert main(["plan", "--vram", "24GiB", "--model", "sdxl", "--width", "832", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["width"], data["height"]) == (832, 1024)
+    assert main(["plan", "--vram", "24GiB", "--model", "sdxl", "--width", "1003"]) == 2  # checked before the profile
+
+
+def test_plan_of_a_folder_of_no_known_architecture_stays_at_512(capsys, tiny_path):
+    assert main(["plan", "--vram", "8GiB", "--model", str(tiny_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["width"], data["height"]) == (512, 512)
+
+
 # ------------------------------------------------------------------- 9: --version, help everywhere
 
 

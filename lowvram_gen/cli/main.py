@@ -116,8 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
                          "tiny, or a diffusers folder")
-    pl.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
-    pl.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
+    native = ("multiple of 8 (default: the model's native size, 512 SD 1.5, 768 SD 2.1, 1024 SDXL/SD3/Flux; "
+              "512 with --engine vqgan)")
+    pl.add_argument("--width", metavar="N", help=native)
+    pl.add_argument("--height", metavar="N", help=native)
     pl.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images per job (default 1)")
     pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
     _add_memory_flags(pl)
@@ -208,7 +210,8 @@ def cmd_plan(args) -> int:
     from lowvram_gen.presets import find_preset, load_presets
     from lowvram_gen.request import MAX_BATCH, as_int, as_side
 
-    width, height = as_side("width", args.width), as_side("height", args.height)
+    width, height = (as_side(name, value) if value is not None else None
+                     for name, value in (("width", args.width), ("height", args.height)))
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
     kwargs = _session_kwargs(args)
     if args.vram:
@@ -221,6 +224,7 @@ def cmd_plan(args) -> int:
         from lowvram_gen.models.resolve import resolve
 
         profile = memory.profile_from_folder(resolve(args.model).path)
+    width, height = width or memory.native_side(profile), height or memory.native_side(profile)
     forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
     result = plan(dev, profile, width, height, batch, load_presets(), forced)
     if args.json:

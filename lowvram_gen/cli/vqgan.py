@@ -127,7 +127,8 @@ def plan_vqgan_command(args, session_kwargs: dict) -> int:
     from lowvram_gen.presets import find_preset, load_presets
     from lowvram_gen.request import as_int, as_side
 
-    width, height = as_side("width", args.width, multiple=16), as_side("height", args.height, multiple=16)
+    width, height = (as_side(name, 512 if value is None else value, multiple=16)
+                     for name, value in (("width", args.width), ("height", args.height)))
     cutn = as_int("cutn", args.cutn, 1, MAX_CUTN)
     vqgan = memory_vqgan.DEFAULT_VQGAN if args.model in memory.BUILTIN_NAMES else args.model
     if args.vram:
