@@ -146,6 +146,76 @@ def test_plan_of_a_folder_of_no_known_architecture_stays_at_512(capsys, tiny_pat
     assert (data["width"], data["height"]) == (512, 512)
 
 
+# -------------------------------------------- 5, 6: generate takes plan's names; whole sentences
+
+
+@pytest.mark.parametrize("alias,hub_id", [
+    ("sd15", "stable-diffusion-v1-5/stable-diffusion-v1-5"), ("SD1.5", "stable-diffusion-v1-5/stable-diffusion-v1-5"),
+    ("sd21", "stabilityai/stable-diffusion-2-1"), ("sdxl", "stabilityai/stable-diffusion-xl-base-1.0"),
+    ("sd3", "stabilityai/stable-diffusion-3-medium-diffusers"), ("flux-dev", "black-forest-labs/FLUX.1-dev"),
+])
+def test_the_short_names_plan_takes_resolve_to_their_hub_ids(alias, hub_id):
+    from lowvram_gen.errors import ModelLoadError
+    from lowvram_gen.models.resolve import resolve
+
+    with pytest.raises(ModelLoadError) as info:  # offline, and the test's HF cache is empty
+        resolve(alias)
+    message = str(info.value)
+    assert f"could not get the model {hub_id!r} (--model {alias})" in message
+    assert f"`hf download {hub_id}`" in message
+
+
+def test_every_short_name_of_plan_has_a_hub_id():
+    from lowvram_gen.models.resolve import HUB_IDS
+    from lowvram_gen.planning.estimate import ALIASES, BUILTIN_NAMES
+
+    assert set(HUB_IDS) == set(BUILTIN_NAMES)
+    hub_ids_in_aliases = {name: key for name, key in ALIASES.items() if "/" in name}
+    for key, hub_id in HUB_IDS.items():
+        assert hub_ids_in_aliases[hub_id.lower()] == key  # plan knows the id generate loads
+
+
+def test_generate_with_a_short_name_offline_says_what_to_download(capsys):
+    assert main(["generate", "a fox", "--model", "sd15", "--steps", "1", "--cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "'stable-diffusion-v1-5/stable-diffusion-v1-5' (--model sd15)" in err
+    assert "hf download stable-diffusion-v1-5/stable-diffusion-v1-5" in err
+
+
+def _ends_in_a_whole_sentence(message: str) -> bool:
+    return message.endswith(".") and message.count("(") == message.count(")") and message.count("`") % 2 == 0
+
+
+def test_a_missing_hub_model_is_explained_in_whole_sentences():
+    from lowvram_gen.errors import ModelLoadError
+    from lowvram_gen.models.resolve import resolve
+
+    with pytest.raises(ModelLoadError) as info:
+        resolve("stabilityai/stable-diffusion-2-1")
+    message = str(info.value)
+    assert message.startswith("could not get the model 'stabilityai/stable-diffusion-2-1': it is not in the local "
+                              "Hugging Face cache, and HF_HUB_OFFLINE is set. ")
+    assert _ends_in_a_whole_sentence(message), message
+
+
+def test_an_unknown_hub_failure_gives_its_first_whole_sentence(monkeypatch):
+    import diffusers
+
+    from lowvram_gen.errors import ModelLoadError
+    from lowvram_gen.models.resolve import resolve
+
+    def fail(repo_id):
+        raise OSError("Cannot load model x/y: the folder (see https://hf.co/x/y. or the docs.) is odd. "
+                      + "More detail follows. " * 30)
+
+    monkeypatch.setattr(diffusers.DiffusionPipeline, "download", fail)
+    with pytest.raises(ModelLoadError) as info:
+        resolve("x/y")
+    message = str(info.value)
+    assert "'x/y': Cannot load model x/y: the folder (see https://hf.co/x/y. or the docs.) is odd. Download" in message
+    assert "More detail" not in message and _ends_in_a_whole_sentence(message)
+
+
 # ------------------------------------------------------------------- 9: --version, help everywhere
 
 

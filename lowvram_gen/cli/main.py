@@ -34,8 +34,8 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", metavar="SPEC",
-                   help="tiny (default; random weights, noise), tiny-sdxl, a hub id, a diffusers folder or a "
-                        ".safetensors/.ckpt file")
+                   help="tiny (default; random weights, noise), tiny-sdxl, sd15|sd21|sdxl|sd3|flux (their hub "
+                        "ids), a hub id, a diffusers folder or a .safetensors/.ckpt file")
     p.add_argument("--config", metavar="FOLDER|HUB_ID",
                    help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 folder)")
 
