@@ -216,6 +216,24 @@ def test_an_unknown_hub_failure_gives_its_first_whole_sentence(monkeypatch):
     assert "More detail" not in message and _ends_in_a_whole_sentence(message)
 
 
+# ------------------------------------------------------------ 7: a wrong --preset fails at once
+
+
+@pytest.mark.parametrize("argv", [["generate", "a fox", "--preset", "nope"],
+                                  ["generate", "a fox", "--preset", "missing/mine.toml"],
+                                  ["batch", "prompts.txt", "--preset", "nope"]])
+def test_an_unknown_preset_fails_before_torch_is_imported(argv):
+    code = ("import sys; from lowvram_gen.cli.main import main; code = main(sys.argv[1:]); "
+            "print(code, 'torch' in sys.modules, 'diffusers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, env=cli_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr
+    if "nope" in argv:
+        assert "unknown preset 'nope'; available: highvram, medvram, lowvram, novram, cpu" in done.stderr
+    else:
+        assert "cannot read preset missing/mine.toml" in done.stderr
+
+
 # ------------------------------------------------------------------- 9: --version, help everywhere
 
 

@@ -152,9 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _session_kwargs(args) -> dict:
+    """What every command gives its Session; a wrong --preset or size fails here, before torch loads."""
     from lowvram_gen.device import DEFAULT_RESERVE, parse_size
+    from lowvram_gen.presets import find_preset
 
     preset = next((name for name in MEMORY_FLAGS if getattr(args, name, False)), None) or getattr(args, "preset", None)
+    if preset:
+        find_preset(preset)  # reads the TOML files only; the Session reads them again when it starts
     return {
         "device": "cpu" if getattr(args, "cpu", False) else None,
         "preset": preset,
