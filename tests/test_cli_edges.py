@@ -1,4 +1,5 @@
-"""Rough edges a new user hit at the command line; every test here failed before its fix.
+"""Rough edges a new user hit at the command line: each has a test here that failed before its fix
+(a few guards beside them pin what the fix must not change: a free port, sizes the user gives).
 
 In-process `main([...])` where that shows it; a subprocess where the point is what a shell sees (a
 closed pipe, what got imported, the exit status). Nothing here starts gradio or loads a real model.
@@ -113,7 +114,8 @@ def test_plan_json_keeps_exact_bytes(capsys):
     assert main(["plan", "--vram", "4GB", "--reserve-vram", "512MB", "--model", "sd15", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     device = data["device"]
-    assert (device["total_bytes"], device["free_bytes"], device["usable_bytes"]) == (4 * GiB, 4 * GiB, 4 * GiB - 512 * MiB)
+    exact = (device["total_bytes"], device["free_bytes"], device["usable_bytes"])
+    assert exact == (4 * GiB, 4 * GiB, 4 * GiB - 512 * MiB)
     assert all(type(p["estimate_bytes"]) is int for p in data["presets"])
 
 
