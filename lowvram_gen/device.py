@@ -17,12 +17,17 @@ MiB = 1024**2
 DEFAULT_RESERVE = 512 * MiB
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": GiB, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": MiB, "mb": 10**6, "mib": MiB,
-          "g": GiB, "gb": 10**9, "gib": GiB, "t": 1024**4, "tb": 10**12, "tib": 1024**4}
+# GB means GiB, as it does for graphics cards: a "4GB card" (A1111, ComfyUI, the box it came in) has
+# 4096 MiB, which nvidia-smi shows. Decimal gigabytes would make `--vram 4GB` 7 % smaller than the card.
+_UNITS = {"": GiB, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": MiB, "mb": MiB, "mib": MiB,
+          "g": GiB, "gb": GiB, "gib": GiB, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
 
 
 def parse_size(text: str | int | float, field: str = "size") -> int:
-    """'6GiB', '6G', '6 GB', '512MiB', '6' (text without a unit: GiB) -> bytes; numbers are bytes."""
+    """'6GiB', '6GB', '6G', '512MiB', '512MB', '6' (text without a unit: GiB) -> bytes; numbers are bytes.
+
+    Units are binary with or without the i (see _UNITS): '4GB' is 4 GiB, the size of a "4GB card".
+    """
     from lowvram_gen.errors import InvalidRequest
 
     if isinstance(text, (int, float)) and not isinstance(text, bool):
@@ -32,11 +37,12 @@ def parse_size(text: str | int | float, field: str = "size") -> int:
     match = _SIZE.match(str(text))
     unit = (match.group(2) or "").lower() if match else None
     if not match or unit not in _UNITS:
-        raise InvalidRequest(field, text, "use a size like 6GiB, 6G, 512MiB or 6 (GiB)")
+        raise InvalidRequest(field, text, "use a size like 6GiB, 6GB (= 6GiB), 512MiB or 6 (GiB)")
     return int(float(match.group(1)) * _UNITS[unit])
 
 
 def format_size(n: int | float) -> str:
+    """Bytes for people: '3.7 GiB', '512 MiB' (exact byte counts are for --json)."""
     return f"{n / GiB:.1f} GiB" if abs(n) >= GiB else f"{n / MiB:.0f} MiB"
 
 
@@ -120,6 +126,15 @@ def fake(total_gib: float, kind: str = "cuda", name: str | None = None, **kw) ->
     return DeviceInfo(kind=kind, name=name or f"{total_gib:g} GiB {kind} (simulated)", total_bytes=total,
                       free_bytes=kw.pop("free_bytes", total), capability=(8, 6) if kind == "cuda" else None,
                       bf16=True, **kw)
+
+
+def simulated(size: str, **kw) -> DeviceInfo:
+    """`plan --vram SIZE`: a card of exactly that many bytes, named as the user typed the size."""
+    from dataclasses import replace
+
+    total = parse_size(size, "--vram")
+    shown = str(size).strip() + (" GiB" if str(size).strip()[-1:].isdigit() else "")
+    return replace(fake(total / GiB, name=f"simulated {shown} card", **kw), total_bytes=total, free_bytes=total)
 
 
 def _cpu_name() -> str:

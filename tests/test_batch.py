@@ -160,6 +160,19 @@ def test_jsonl_lines_engines_and_errors(tmp_path):
     assert "invalid engine" in bad[6]
 
 
+def test_jsonl_unknown_field_lists_the_fields_of_both_engines_labelled(tmp_path):
+    """A VQGAN-CLIP field without "engine": "vqgan" (or a typo on a vqgan line) names what each engine takes."""
+    path = write(tmp_path, "p.jsonl", '{"prompt": "x", "engine": "vqgan", "wings": 2}\n{"prompt": "x", "cutn": 64}\n')
+    bad = {b.line: b.error for b in jobs_of(path).bad}
+    for line, key in ((1, "wings"), (2, "cutn")):
+        sd, vqgan, every = bad[line].split("; ")[1:]
+        assert bad[line].startswith(f"invalid field: {key!r}; ")
+        assert sd.startswith("Stable Diffusion lines take ") and "cfg_scale" in sd and "cutn" not in sd
+        assert vqgan.startswith('"engine": "vqgan" lines take ') and "cutn" in vqgan and "iterations" in vqgan
+        assert "steps" in vqgan and "cfg_scale" not in vqgan
+        assert every == "every line takes engine, repeat"
+
+
 def test_csv_header_cells_and_line_numbers(tmp_path):
     path = write(tmp_path, "p.csv", 'Prompt,Negative Prompt,seed,steps\n'
                  '"a cat",,1,\n'
@@ -278,6 +291,21 @@ def test_run_records_every_job_and_resume_skips_done_ones(tmp_path, capsys):
     third = FakeSession()
     assert run(fixed, out, third) == 0
     assert [r.prompt for r in third.calls] == ["bad"]  # only the fixed line runs
+
+
+def test_only_invalid_lines_skipped_still_exit_1_and_the_advice_is_to_fix_them(tmp_path, capsys):
+    path = write(tmp_path, "p.txt", "a\n--prompt bad --steps 0\n")
+    assert run(path, tmp_path / "out", FakeSession()) == 1  # every valid job done; README: 1 for an invalid line
+    err = capsys.readouterr().err
+    assert f"fix the invalid line(s) of {path} listed above, then run the same command again" in err
+    assert "retry" not in err  # running again as it is would skip the same line again
+
+
+def test_a_failed_job_and_an_invalid_line_get_both_pieces_of_advice(tmp_path, capsys):
+    path = write(tmp_path, "p.txt", "a\nbroken\n--prompt bad --steps 0\n")
+    assert run(path, tmp_path / "out", FakeSession(fail_prompts={"broken"})) == 1
+    err = capsys.readouterr().err
+    assert "run the same command again to retry the failed jobs" in err and "fix the invalid line(s)" in err
 
 
 def read_png_seeds(out, rels):

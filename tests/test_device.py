@@ -13,10 +13,11 @@ from lowvram_gen.errors import InvalidRequest
 
 
 @pytest.mark.parametrize("text,expected", [
-    ("6GiB", 6 * GiB), ("6G", 6 * GiB), ("6 GB", 6 * 10**9), ("512MiB", 512 * MiB), ("1.5GiB", int(1.5 * GiB)),
-    ("6", 6 * GiB), (1024, 1024),
+    ("6GiB", 6 * GiB), ("6G", 6 * GiB), ("6 GB", 6 * GiB), ("512MiB", 512 * MiB), ("512MB", 512 * MiB),
+    ("1.5GiB", int(1.5 * GiB)), ("6", 6 * GiB), ("1TB", 1024 * GiB), (1024, 1024),
 ])
 def test_parse_size(text, expected):
+    """GB means GiB, as for graphics cards: a "4GB card" has 4096 MiB (README, "Memory")."""
     assert parse_size(text) == expected
 
 

@@ -41,7 +41,8 @@ def add_batch_parser(sub, add_model, add_memory_flags) -> None:
     p.add_argument("file", help="prompt file: .txt, .jsonl or .csv")
     p.add_argument("--format", choices=("txt", "jsonl", "csv"), help="file format (default: from the extension)")
     g = p.add_argument_group("defaults for every job (a line's own values win)")
-    g.add_argument("--negative", "--negative-prompt", dest="negative_prompt", metavar="TEXT")
+    g.add_argument("--negative", "--negative-prompt", dest="negative_prompt", metavar="TEXT",
+                   help="negative prompt of every job without its own")
     g.add_argument("--width", metavar="N", help="multiple of 8 (default 512)")
     g.add_argument("--height", metavar="N", help="multiple of 8 (default 512)")
     g.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default 20)")

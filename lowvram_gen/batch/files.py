@@ -96,9 +96,7 @@ def _build_sd(fields: dict) -> GenerationRequest:
     try:
         return GenerationRequest.from_mapping(fields)
     except InvalidRequest as exc:
-        if exc.field == "field":  # unknown key: list what a prompt file may also hold
-            raise InvalidRequest("field", exc.value, exc.allowed + ", engine, repeat") from None
-        raise
+        raise _with_every_field(exc) from None
 
 
 def _build_vqgan(fields: dict):
@@ -106,7 +104,28 @@ def _build_vqgan(fields: dict):
     # SD-only fields (cfg_scale, sampler, model, config) do not apply (engines/vqgan_request.py). No torch.
     from lowvram_gen.engines.vqgan.request import VqganRequest
 
-    return VqganRequest.from_batch_fields(fields)
+    try:
+        return VqganRequest.from_batch_fields(fields)
+    except InvalidRequest as exc:
+        raise _with_every_field(exc) from None
+
+
+def _with_every_field(exc: InvalidRequest) -> InvalidRequest:
+    """An unknown key on a line gets both engines' fields, labelled; other errors pass unchanged.
+
+    The usual mistake is a VQGAN-CLIP field on a line without "engine": "vqgan" (or an SD field on
+    a vqgan line), and each request type alone would only list its own fields.
+    """
+    if exc.field != "field" or not exc.allowed.startswith("allowed fields"):
+        return exc
+    from lowvram_gen.engines.vqgan.request import VqganRequest
+
+    not_per_line = {"extra", "outdir"}  # extra is kept for the app; the output folder is the batch's
+    sd = sorted(REQUEST_FIELDS - not_per_line)
+    vqgan = sorted({f.name for f in dataclasses.fields(VqganRequest)} - not_per_line | {"steps", "negative_prompt"})
+    return InvalidRequest("field", exc.value, f"Stable Diffusion lines take {', '.join(sd)}; "
+                                              f'"engine": "vqgan" lines take {", ".join(vqgan)}; '
+                                              f"every line takes {', '.join(sorted(BATCH_FIELDS))}")
 
 
 ENGINES: dict[str, Callable[[dict], Any]] = {"sd": _build_sd, "vqgan": _build_vqgan}

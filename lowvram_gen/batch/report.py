@@ -143,8 +143,11 @@ def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int,
         print(f"  failed {file}:{f['line']}: {f['error']}", file=err)
     for b in joblist.bad:
         print(f"  skipped {file}:{b.line}: {b.error}", file=err)
-    if code:
+    if failures:
         print("run the same command again to retry the failed jobs (finished ones are skipped)", file=err)
+    if joblist.bad:  # running again as it is would skip the same lines again
+        print(f"fix the invalid line(s) of {file} listed above, then run the same command again "
+              "(finished jobs are skipped)", file=err)
     print(f"images and manifests in {root}", file=err)
     if as_json:
         print(json.dumps(summary))

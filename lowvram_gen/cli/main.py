@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 MEMORY_FLAGS = ("medvram", "lowvram", "novram")
@@ -23,7 +24,8 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument("--novram", action="store_true", help="start at the novram preset (sequential offload, fp8 weights)")
     x.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     x.add_argument("--preset", metavar="NAME|PATH", help="start at this preset (a name from presets/ or a .toml file)")
-    g.add_argument("--vram-budget", metavar="SIZE", help="use at most this much VRAM, e.g. 6GiB (enforced on CUDA)")
+    g.add_argument("--vram-budget", metavar="SIZE",
+                   help="use at most this much VRAM, e.g. 6GB (GB means GiB; enforced on CUDA)")
     g.add_argument("--reserve-vram", metavar="SIZE", default=None,
                    help="VRAM left for the OS and other programs (default 512MiB)")
     g.add_argument("--xformers", action="store_true",
@@ -32,8 +34,8 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", metavar="SPEC",
-                   help="tiny (default; random weights, noise), tiny-sdxl, a hub id, a diffusers folder or a "
-                        ".safetensors/.ckpt file")
+                   help="tiny (default; random weights, noise), tiny-sdxl, sd15|sd21|sdxl|sd3|flux (their hub "
+                        "ids), a hub id, a diffusers folder or a .safetensors/.ckpt file")
     p.add_argument("--config", metavar="FOLDER|HUB_ID",
                    help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 folder)")
 
@@ -41,7 +43,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     """What generate and img2img share: the prompt, the A1111 fields, hires fix, model and memory flags."""
     p.add_argument("prompt", help="what to draw")
-    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT")
+    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT",
+                   help="what not to draw")
     p.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
     p.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
     p.add_argument("--steps", default=20, metavar="N", help="denoising steps, 1-150 (default 20)")
@@ -62,6 +65,19 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     _add_memory_flags(p)
 
 
+def version() -> str:
+    """The installed distribution's version; the package's own when it runs from a checkout that is not installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("lowvram-gen")
+    except PackageNotFoundError:
+        from lowvram_gen import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lowvram-gen",
@@ -70,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "and makes abstract noise; use --model for real images.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the memory layer does")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     gen = sub.add_parser("generate", help="text to image", description="Generate images from a prompt.")
@@ -81,30 +99,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(i2i)
 
     up = sub.add_parser("upscale", help="upscale an image (lanczos, an ESRGAN-family model, sd-x4)")
-    up.add_argument("image")
+    up.add_argument("image", help="the image to upscale (PNG, JPEG, WebP)")
     up.add_argument("--scale", default=2, metavar="X", help="factor, 1-8 (default 2)")
     up.add_argument("--upscaler", default="lanczos", metavar="NAME",
                     help="lanczos (default), sd-x4, or an ESRGAN-family .pth/.safetensors (a path, or a name in models/ESRGAN)")
-    up.add_argument("--outdir", metavar="DIR")
+    up.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
     up.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
-    up.add_argument("--json", action="store_true")
+    up.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
 
     pl_help = "dry run: which preset would run, and every preset's memory estimate"
     pl = sub.add_parser("plan", help=pl_help,
                         description="Estimate peak VRAM of a job under every preset and show which would run. "
                                     "Needs no GPU: --vram simulates a card.")
-    pl.add_argument("--vram", metavar="SIZE", help="simulate a card with this much free VRAM, e.g. 4GiB")
+    pl.add_argument("--vram", metavar="SIZE", help="simulate a card with this much free VRAM, e.g. 4GB "
+                                                    "(GB means GiB, as on graphics cards)")
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
                          "tiny, or a diffusers folder")
-    pl.add_argument("--width", default=512, metavar="N")
-    pl.add_argument("--height", default=512, metavar="N")
-    pl.add_argument("--batch", dest="batch_size", default=1, metavar="N")
-    pl.add_argument("--json", action="store_true")
+    native = ("multiple of 8 (default: the model's native size, 512 SD 1.5, 768 SD 2.1, 1024 SDXL/SD3/Flux; "
+              "512 with --engine vqgan)")
+    pl.add_argument("--width", metavar="N", help=native)
+    pl.add_argument("--height", metavar="N", help=native)
+    pl.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images per job (default 1)")
+    pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
     _add_memory_flags(pl)
 
     doc = sub.add_parser("doctor", help="what to paste into a bug report: GPU, versions, kernels, presets")
-    doc.add_argument("--json", action="store_true")
+    doc.add_argument("--json", action="store_true", help="print the report as one JSON object")
     doc.add_argument("--forget-failures", action="store_true", help="clear the remembered out-of-memory failures")
     _add_memory_flags(doc)
 
@@ -113,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(ui)
     ui.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/); the only folder served")
     ui.add_argument("--listen", action="store_true", help="listen on 0.0.0.0 (every interface) instead of 127.0.0.1")
-    ui.add_argument("--port", type=int, default=7860, metavar="N", help="port (default 7860)")
+    ui.add_argument("--port", default=7860, metavar="N", help="a free port, 1-65535 (default 7860)")
     ui.add_argument("--gradio-auth", metavar="USER:PASS[,USER2:PASS2]", help="require a login")
     ui.add_argument("--share", action="store_true", help="make a public gradio.live link (warns: it is public)")
     ui.add_argument("--queue-size", type=int, default=16, metavar="N", help="most jobs waiting (default 16)")
@@ -131,9 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _session_kwargs(args) -> dict:
+    """What every command gives its Session; a wrong --preset or size fails here, before torch loads."""
     from lowvram_gen.device import DEFAULT_RESERVE, parse_size
+    from lowvram_gen.presets import find_preset
 
     preset = next((name for name in MEMORY_FLAGS if getattr(args, name, False)), None) or getattr(args, "preset", None)
+    if preset:
+        find_preset(preset)  # reads the TOML files only; the Session reads them again when it starts
     return {
         "device": "cpu" if getattr(args, "cpu", False) else None,
         "preset": preset,
@@ -189,12 +214,12 @@ def cmd_plan(args) -> int:
     from lowvram_gen.presets import find_preset, load_presets
     from lowvram_gen.request import MAX_BATCH, as_int, as_side
 
-    width, height = as_side("width", args.width), as_side("height", args.height)
+    width, height = (as_side(name, value) if value is not None else None
+                     for name, value in (("width", args.width), ("height", args.height)))
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
     kwargs = _session_kwargs(args)
     if args.vram:
-        dev = device_mod.fake(device_mod.parse_size(args.vram, "--vram") / device_mod.GiB,
-                              reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
+        dev = device_mod.simulated(args.vram, reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     else:
         dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
@@ -203,6 +228,7 @@ def cmd_plan(args) -> int:
         from lowvram_gen.models.resolve import resolve
 
         profile = memory.profile_from_folder(resolve(args.model).path)
+    width, height = width or memory.native_side(profile), height or memory.native_side(profile)
     forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
     result = plan(dev, profile, width, height, batch, load_presets(), forced)
     if args.json:
@@ -239,12 +265,14 @@ def cmd_doctor(args) -> int:
 
 def cmd_ui(args) -> int:
     from lowvram_gen import outputs
+    from lowvram_gen.ui.launch import check_port, launch, listen_host
+
+    port = check_port(args.port, listen_host(args.listen))  # before the session and gradio load
     from lowvram_gen.session import Session
-    from lowvram_gen.ui.launch import launch
 
     outdir = args.outdir or str(outputs.default_outdir())
     session = Session(**_session_kwargs(args), outdir=outdir)
-    launch(session, outdir, args.model, listen=args.listen, port=args.port, auth=args.gradio_auth, share=args.share,
+    launch(session, outdir, args.model, listen=args.listen, port=port, auth=args.gradio_auth, share=args.share,
            queue_size=args.queue_size)
     return 0
 
@@ -267,13 +295,38 @@ COMMANDS = {"generate": cmd_generate, "img2img": cmd_generate, "upscale": cmd_up
 
 def _with_default_command(argv: list[str]) -> list[str]:
     """Bare `lowvram-gen [flags]` starts the web UI, as A1111's launcher does."""
-    if argv[:1] in (["-h"], ["--help"]) or any(a in COMMANDS for a in argv):
-        return argv
     verbose = [a for a in argv if a in ("-v", "--verbose")]
-    return [*verbose[:1], "ui", *(a for a in argv if a not in ("-v", "--verbose"))]
+    rest = [a for a in argv if a not in ("-v", "--verbose")]
+    if rest[:1] in (["-h"], ["--help"], ["--version"]) or any(a in COMMANDS for a in argv):
+        return argv
+    return [*verbose[:1], "ui", *rest]
+
+
+# What a shell reports for a program stopped by SIGPIPE (128 + 13), as `yes | head -1` shows.
+EXIT_CLOSED_PIPE = 141
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; `lowvram-gen plan | head -1` ends quietly when the reader closes the pipe early.
+
+    Python ignores SIGPIPE, so a write to a closed stdout raises BrokenPipeError, and so does the
+    interpreter's own flush at exit (an "Exception ignored" message). The recipe of the Python docs
+    (library/signal.html, "Note on SIGPIPE"): flush here, catch it, point stdout at devnull. The exit
+    code is 141, what the shell reports for cat or grep in the same place: the output was not all
+    delivered, and `set -o pipefail` scripts should see that as they would for any other tool.
+    """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's exit flush
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(_with_default_command(sys.argv[1:] if argv is None else list(argv)))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

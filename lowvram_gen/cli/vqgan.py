@@ -47,7 +47,8 @@ def add_vqgan_parser(sub, add_memory_flags) -> None:
     p.add_argument("--cut-pow", default=1.0, metavar="X", help="cutout size power (default 1)")
     p.add_argument("--lr", "--learning-rate", default=0.1, metavar="X", help="learning rate (default 0.1)")
     p.add_argument("--optimizer", default="Adam", metavar="NAME", help=", ".join(OPTIMIZERS) + " (default Adam)")
-    p.add_argument("--augments", nargs="+", default=list(DEFAULT_AUGMENTS), metavar="CODE")
+    p.add_argument("--augments", nargs="+", default=list(DEFAULT_AUGMENTS), metavar="CODE",
+                   help="cutout augmentations, codes listed below ('none' for none)")
     p.add_argument("--seed", default=-1, metavar="N", help="0..4294967295, or -1 for random (default)")
     p.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images, seeds seed+i (default 1)")
     p.add_argument("--vqgan", default="tiny", metavar="SPEC",
@@ -125,12 +126,13 @@ def plan_vqgan_command(args, session_kwargs: dict) -> int:
     from lowvram_gen.presets import find_preset, load_presets
     from lowvram_gen.request import as_int, as_side
 
-    width, height = as_side("width", args.width, multiple=16), as_side("height", args.height, multiple=16)
+    width, height = (as_side(name, 512 if value is None else value, multiple=16)
+                     for name, value in (("width", args.width), ("height", args.height)))
     cutn = as_int("cutn", args.cutn, 1, MAX_CUTN)
     vqgan = memory_vqgan.DEFAULT_VQGAN if args.model in memory.BUILTIN_NAMES else args.model
     if args.vram:
-        dev = device_mod.fake(device_mod.parse_size(args.vram, "--vram") / device_mod.GiB,
-                              reserve_bytes=session_kwargs["reserve_vram"], budget_bytes=session_kwargs["vram_budget"])
+        dev = device_mod.simulated(args.vram, reserve_bytes=session_kwargs["reserve_vram"],
+                                   budget_bytes=session_kwargs["vram_budget"])
     else:
         dev = device_mod.probe(session_kwargs["device"], reserve_bytes=session_kwargs["reserve_vram"],
                                budget_bytes=session_kwargs["vram_budget"])

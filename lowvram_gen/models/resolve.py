@@ -11,6 +11,15 @@ from lowvram_gen.models.tiny import TINY_MODELS, ensure_tiny
 
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# The hub id of each architecture `plan` knows offline: its short names (planning/estimate.py ALIASES:
+# sd15, sd1.5, sdxl, flux-dev, ...) load these, so `generate --model sd15` takes what `plan` takes.
+HUB_IDS = {
+    "sd15": "stable-diffusion-v1-5/stable-diffusion-v1-5",
+    "sd21": "stabilityai/stable-diffusion-2-1",
+    "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
+    "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
+    "flux": "black-forest-labs/FLUX.1-dev",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,9 @@ def resolve(spec: str, config: str | None = None) -> ModelSource:
         return ModelSource(spec, "single_file", path.resolve(), config)
     if path.suffix.lower() in SINGLE_FILE_SUFFIXES or spec.startswith((".", "/", "~")) or "\\" in spec:
         raise ModelLoadError(f"model file or folder not found: {spec}")
+    hub_id = alias_hub_id(spec)
+    if hub_id is not None:
+        return ModelSource(spec, "hub", Path(_download(hub_id, alias=spec)))
     if not _HUB_ID.match(spec):
         raise ModelLoadError(
             f"model not found: {spec!r} is not an embedded model ({', '.join(TINY_MODELS)}), "
@@ -51,20 +63,63 @@ def resolve(spec: str, config: str | None = None) -> ModelSource:
     return ModelSource(spec, "hub", Path(_download(spec)))
 
 
-def _download(repo_id: str) -> str:
+def alias_hub_id(spec: str) -> str | None:
+    """The hub id behind a short name such as 'sd15' or 'sdxl'; None for anything else (a hub id stays
+    as given: a user with runwayml/stable-diffusion-v1-5 in the cache keeps loading that)."""
+    from lowvram_gen.planning.estimate import ALIASES  # plain data; no torch
+
+    key = None if "/" in spec else ALIASES.get(spec.strip().lower())
+    return HUB_IDS[key] if key else None
+
+
+def _download(repo_id: str, alias: str | None = None) -> str:
     """The pipeline's files in the normal Hugging Face cache (downloaded on first use)."""
     from diffusers import DiffusionPipeline
 
     try:
         return DiffusionPipeline.download(repo_id)
     except Exception as exc:  # offline, not cached, gated, not found: all end the same way for the user
+        named = repr(repo_id) + (f" (--model {alias})" if alias else "")
         raise ModelLoadError(
-            f"could not get {repo_id!r} from the Hugging Face hub or its cache ({_first_line(exc)}). "
-            f"Download it once while online with `hf download {repo_id}` (log in with `hf auth login` for gated "
-            "models), or pass a local folder or .safetensors file to --model"
+            f"could not get the model {named}: {hub_problem(exc)}. Download it once while online with "
+            f"`hf download {repo_id}` (log in with `hf auth login` for gated models), or pass a local folder or "
+            ".safetensors file to --model."
         ) from exc
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:200]
+def hub_problem(exc: BaseException) -> str:
+    """Why the hub and its cache could not give a model, as one whole clause.
+
+    The hub's own text runs to several sentences with nested parentheses (diffusers wraps the hub's
+    error in its own); cutting it at a character count left half a sentence. The usual causes are
+    named from the exception types; anything else gives its first whole sentence.
+    """
+    import os
+
+    from huggingface_hub import errors as hub
+
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    if any(isinstance(e, hub.GatedRepoError) for e in chain):  # before its base, RepositoryNotFoundError
+        return "it is gated: accept its terms on huggingface.co and log in"
+    if any(isinstance(e, hub.RepositoryNotFoundError) for e in chain):
+        return "the hub has no model by that name (or it is private)"
+    if any(isinstance(e, (hub.OfflineModeIsEnabled, hub.LocalEntryNotFoundError)) or "cached locally" in str(e)
+           for e in chain):
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+        return "it is not in the local Hugging Face cache, and " + (
+            "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached")
+    return _first_sentence(str(chain[0])) or type(chain[0]).__name__
+
+
+def _first_sentence(text: str) -> str:
+    """Up to the first full stop outside parentheses, without it; the whole text if there is none."""
+    text = " ".join(text.split())
+    depth = 0
+    for i, char in enumerate(text):
+        depth += (char in "([{") - (char in ")]}")
+        if char in ".!?" and depth <= 0 and text[i + 1:i + 2] in ("", " "):
+            return text[:i]
+    return text

@@ -221,9 +221,10 @@ def _snapshot(repo: str, patterns: list[str], flag: str) -> Path:
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns))
     except Exception as exc:  # offline, not cached, gated, not found: all end the same way for the user
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise ModelLoadError(f"could not get {repo!r} from the Hugging Face hub or its cache ({first}). Download it "
-                             f"once while online with `hf download {repo}`, or pass a local folder to {flag}") from exc
+        from lowvram_gen.models.resolve import hub_problem
+
+        raise ModelLoadError(f"could not get the model {repo!r}: {hub_problem(exc)}. Download it once while online "
+                             f"with `hf download {repo}`, or pass a local folder to {flag}.") from exc
 
 
 # ----------------------------------------------------------------------------- taming conversion

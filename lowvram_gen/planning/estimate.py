@@ -55,6 +55,11 @@ ALIASES = {
     "flux": "flux", "flux-dev": "flux", "flux.1-dev": "flux", "flux1-dev": "flux", "black-forest-labs/flux.1-dev": "flux",
 }
 
+# The side each architecture was trained at, in pixels: what `plan` assumes when the user gives no
+# --width/--height (SDXL, SD3 and Flux look broken at SD 1.5's 512, and their estimates would be far too low).
+NATIVE_SIDE = {"sd15": 512, "sd21": 768, "sdxl": 1024, "sd3": 1024, "flux": 1024}
+DEFAULT_SIDE = 512  # any other model (a folder whose denoiser matches none of the built-in ones)
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
 MiB = 1024**2
@@ -169,6 +174,11 @@ def _builtin_key(name: str) -> str:
         raise ValueError(f"unknown built-in model {name!r}; use one of {', '.join(BUILTIN_NAMES)} "
                          f"(aliases: {', '.join(sorted(a for a in ALIASES if a not in BUILTIN_NAMES))})")
     return key
+
+
+def native_side(profile: ModelProfile) -> int:
+    """The width and height to plan at when none is given: the architecture's training resolution."""
+    return NATIVE_SIDE.get(profile.arch, DEFAULT_SIDE)
 
 
 def profile_builtin(name: str) -> ModelProfile:

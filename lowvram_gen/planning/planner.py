@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lowvram_gen.device import DeviceInfo
+from lowvram_gen.device import DeviceInfo, format_size
 from lowvram_gen.presets import Preset, gpu_ladder
 from lowvram_gen.planning.estimate import estimate
 from lowvram_gen.planning.sizes import capped_size, vae_tile_size
@@ -75,6 +75,7 @@ def choose(device: DeviceInfo, presets: dict[str, Preset], estimates: list[Prese
         return Plan(cpu, [cpu], estimates, "no GPU found: the cpu preset")
     for i, (p, e) in enumerate(zip(ladder, estimates)):
         if e.fits and not e.skipped_reason:
-            return Plan(p, ladder[i:], estimates, f"fastest preset whose estimate fits {device.usable_bytes} usable bytes")
+            return Plan(p, ladder[i:], estimates,
+                        f"fastest preset whose estimate fits the {format_size(device.usable_bytes)} usable")
     last = ladder[-1]
     return Plan(last, [last], estimates, f"no preset's estimate fits; starting at the cheapest ({last_resort})")

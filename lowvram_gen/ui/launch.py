@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 import sys
 
 from lowvram_gen.errors import InvalidRequest
@@ -20,6 +23,36 @@ def parse_auth(text: str | None) -> list[tuple[str, str]] | None:
             raise InvalidRequest("--gradio-auth", "<hidden>", "use user:password[,user2:password2]")
         pairs.append((user, password))
     return pairs
+
+
+def listen_host(listen: bool) -> str:
+    return "0.0.0.0" if listen else "127.0.0.1"
+
+
+def check_port(port: int | str, host: str) -> int:
+    """--port as a number from 1 to 65535 that is free on `host`, checked before gradio starts.
+
+    Gradio reports a bad or busy port from deep inside its server start, as a traceback, after the
+    model picker and the UI are built. Binding a socket here names the flag instead. SO_REUSEADDR,
+    as uvicorn binds, so a port that a UI just closed (TIME_WAIT) counts as free; a port someone
+    listens on still does not. Another program may still take the port before gradio binds it.
+    """
+    try:
+        number = int(str(port).strip())
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 65535:
+        raise InvalidRequest("--port", port, "use a port number from 1 to 65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        if os.name != "nt":  # on Windows SO_REUSEADDR would let us bind a port that is in use
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, number))
+        except OSError as exc:
+            why = "in use" if exc.errno == errno.EADDRINUSE else f"not available ({exc.strerror or exc})"
+            raise InvalidRequest("--port", number, f"{why} on {host}; stop what holds it or pick another port "
+                                                   f"from 1 to 65535, e.g. --port {number % 65535 + 1}") from None
+    return number
 
 
 def exposure_warning(listen: bool, share: bool, auth) -> str | None:
@@ -47,7 +80,7 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     if share:
         print("note: --share makes the app public through a gradio.live tunnel", file=sys.stderr)
     app = build_app(session, UiOptions(outdir=outdir, model=model, queue_size=queue_size))
-    host = "0.0.0.0" if listen else "127.0.0.1"
-    app.launch(server_name=host, server_port=port, auth=credentials, share=share, allowed_paths=allowed_paths(outdir),
+    app.launch(server_name=listen_host(listen), server_port=port, auth=credentials, share=share,
+               allowed_paths=allowed_paths(outdir),
                prevent_thread_lock=not block, quiet=False, show_error=False, inbrowser=False)
     return app
