@@ -1,0 +1,193 @@
+"""Prompt embeddings with A1111 weighting and chunking, for diffusers' SD 1.x/2.x and SDXL pipelines.
+
+Why our own encoder and not compel or sd_embed: see docs/prompt-syntax.md. In short, A1111's math
+is small (scale each token's hidden state by its weight, then restore the chunk's mean), and none
+of the libraries does it with A1111's chunking, BREAK, and first-chunk pooled embeds.
+
+What it follows from diffusers' `encode_prompt`, so that a plain prompt of up to 75 tokens gives
+the same tensors as passing the string: the layer taken (SD: last hidden state, or with `clip_skip`
+hidden_states[-(clip_skip+1)] through the final layer norm; SDXL: hidden_states[-2], or
+[-(clip_skip+2)], of both encoders, concatenated on the feature axis), the attention mask only for
+encoders configured to use one, the output dtype (SD: text_encoder's, SDXL: text_encoder_2's), and
+SDXL's zeros for an empty negative prompt when the model says `force_zeros_for_empty_prompt`.
+What it follows from A1111: chunks of 75 tokens (see `chunks`), one encoder call per chunk, the
+weights applied per chunk and per encoder with the chunk's mean restored ("Original" emphasis),
+chunks concatenated on the sequence axis, SDXL's pooled embeds from the first chunk, and positive
+and negative padded with empty-prompt chunks to the same length so CFG can batch them.
+Unlike diffusers (whose negative prompt ignores `clip_skip`), `clip_skip` applies to both, as in A1111.
+
+The encoders are called as modules, so accelerate/diffusers offload hooks (model CPU offload,
+group offload) move them as usual; token ids go to each encoder's execution device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .chunks import empty_chunk, token_weights
+from .parse import find_unsupported, strip_syntax, uses_syntax
+
+_SD = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"}
+_SDXL = {"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}
+
+
+@dataclass
+class PromptEmbeds:
+    """What a diffusers SD/SDXL pipeline call takes instead of prompt strings; batch = num_images."""
+
+    prompt_embeds: Any
+    negative_prompt_embeds: Any = None
+    pooled_prompt_embeds: Any = None
+    negative_pooled_prompt_embeds: Any = None
+    warnings: list[str] = field(default_factory=list)
+
+    def as_kwargs(self) -> dict:
+        names = ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+def family(pipe) -> str | None:
+    """'sd', 'sdxl', or None for pipelines whose prompts we do not encode (SD3, Flux, ...)."""
+    names = {cls.__name__ for cls in type(pipe).__mro__}
+    if names & _SDXL:
+        return "sdxl"
+    if names & _SD:
+        return "sd"
+    return None
+
+
+def syntax_warnings(prompt: str, negative: str = "") -> list[str]:
+    """find_unsupported for both prompts, the negative one's prefixed."""
+    return [*find_unsupported(prompt or ""), *(f"negative prompt: {w}" for w in find_unsupported(negative or ""))]
+
+
+def plain_prompt_for(pipe, text: str) -> tuple[str, list[str]]:
+    """The string to pass to a pipeline `encode_prompts` does not handle, and the warnings to show:
+    its own text encoders (T5, ...) would read `(word:1.3)` as characters, so the syntax is stripped
+    and the user told that weights are ignored. For SD/SDXL the text is returned as typed."""
+    if family(pipe) is not None or not uses_syntax(text or ""):
+        return text, []
+    plain = strip_syntax(text)
+    return plain, [f"{type(pipe).__name__} does not take A1111 weights: brackets, weights, escapes and "
+                   f"BREAK are ignored and the text is encoded as {plain!r}", *find_unsupported(text)]
+
+
+def _input_device(module, fallback):
+    """Where `module`'s inputs must be: its offload hook's onload device, else its own device."""
+    try:
+        from diffusers.utils.torch_utils import get_module_execution_device
+
+        return get_module_execution_device(module)
+    except Exception:  # an older diffusers, or a module without parameters
+        return fallback
+
+
+def _emphasis(z, weights):
+    """A1111's "Original" emphasis on one chunk: multiply, then restore the mean (in float32)."""
+    import torch
+
+    if all(w == 1.0 for w in weights):
+        return z  # exactly what it was: plain prompts stay bit-identical to diffusers
+    z32 = z.float()
+    before = z32.mean()
+    z32 = z32 * torch.tensor(weights, dtype=torch.float32, device=z.device).reshape(1, -1, 1)
+    return (z32 * (before / z32.mean())).to(z.dtype)
+
+
+def _run(kind: str, encoder, chunk, clip_skip, device):
+    """One chunk through one encoder: (hidden states [1, 77, D] with weights applied, pooled or None)."""
+    import torch
+
+    ids = torch.tensor([chunk.ids], dtype=torch.long, device=_input_device(encoder, device))
+    if kind == "sd":
+        mask = None
+        if getattr(encoder.config, "use_attention_mask", False):
+            mask = torch.tensor([chunk.attention_mask], dtype=torch.long, device=ids.device)
+        if clip_skip is None:
+            z = encoder(ids, attention_mask=mask)[0]
+        else:
+            hidden = encoder(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+            z = encoder.text_model.final_layer_norm(hidden[-(clip_skip + 1)])
+        return _emphasis(z, chunk.weights), None
+    out = encoder(ids, output_hidden_states=True)
+    pooled = out[0] if out[0].ndim == 2 else None
+    z = out.hidden_states[-(clip_skip + 2) if clip_skip else -2]
+    return _emphasis(z, chunk.weights), pooled
+
+
+def _textual_inversion(pipe, tokenizer):
+    """diffusers' multi-vector textual-inversion rewrite for this tokenizer, where one is loaded
+    (only then: `maybe_convert_prompt` also makes the tokenizer log a length warning on long text)."""
+    convert = getattr(pipe, "maybe_convert_prompt", None)
+    added = set(getattr(tokenizer, "added_tokens_encoder", {})) - set(getattr(tokenizer, "all_special_tokens", []))
+    return (lambda text: convert(text, tokenizer)) if convert is not None and added else None
+
+
+def _pairs(pipe, kind: str):
+    if kind == "sd":
+        return [(pipe.tokenizer, pipe.text_encoder)]
+    pairs = [(pipe.tokenizer, pipe.text_encoder), (pipe.tokenizer_2, pipe.text_encoder_2)]
+    return [(t, e) for t, e in pairs if t is not None and e is not None]  # the SDXL refiner has only the second
+
+
+def _encode(pipe, kind: str, text: str, clip_skip, device):
+    """Per-chunk embeddings [1, 77, D] of `text` and the pooled embeds of its first chunk (SDXL)."""
+    import torch
+
+    pairs = _pairs(pipe, kind)
+    per_encoder = [token_weights(tok, text, convert=_textual_inversion(pipe, tok)) for tok, _ in pairs]
+    count = max(len(c) for c in per_encoder)
+    chunks, pooled = [], None
+    for i in range(count):
+        parts = []
+        for (tok, encoder), encoder_chunks in zip(pairs, per_encoder):
+            chunk = encoder_chunks[i] if i < len(encoder_chunks) else empty_chunk(tok)
+            z, pool = _run(kind, encoder, chunk, clip_skip, device)
+            parts.append(z)
+            if i == 0 and pool is not None:
+                pooled = pool  # the last encoder's (text_encoder_2), as diffusers keeps
+        chunks.append(torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0])
+    return chunks, pooled
+
+
+def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, device=None, *,
+                   clip_skip: int | None = None, do_cfg: bool = True) -> PromptEmbeds | None:
+    """Embeddings of `prompt` and `negative` (A1111 syntax, any length) for an SD/SDXL pipeline,
+    each repeated `num_images` times along the batch axis; None for other pipelines (use
+    `plain_prompt_for`). `do_cfg=False` skips the negative (the pipeline ignores it without CFG).
+    Raises PromptSyntaxError for a prompt A1111 itself refuses (a malformed weight)."""
+    kind = family(pipe)
+    if kind is None:
+        return None
+    import torch
+
+    device = torch.device(device) if device is not None else pipe._execution_device
+    warnings = syntax_warnings(prompt, negative)
+    with torch.no_grad():
+        pos, pooled = _encode(pipe, kind, prompt or "", clip_skip, device)
+        neg = neg_pooled = None
+        zero_negative = kind == "sdxl" and not negative and pipe.config.get("force_zeros_for_empty_prompt", False)
+        if do_cfg and not zero_negative:
+            neg, neg_pooled = _encode(pipe, kind, negative or "", clip_skip, device)
+            if len(neg) != len(pos):  # pad the shorter with empty-prompt chunks, as A1111 does for CFG
+                empty = _encode(pipe, kind, "", clip_skip, device)[0][0]
+                short = neg if len(neg) < len(pos) else pos
+                short.extend([empty] * abs(len(pos) - len(neg)))
+        embeds = torch.cat(pos, dim=1)
+        if do_cfg and zero_negative:
+            neg_embeds, neg_pooled = torch.zeros_like(embeds), torch.zeros_like(pooled)
+        else:
+            neg_embeds = torch.cat(neg, dim=1) if neg is not None else None
+
+    encoder = pipe.text_encoder if kind == "sd" else getattr(pipe, "text_encoder_2", None)
+    encoder = encoder if encoder is not None else pipe.text_encoder
+    dtype = encoder.dtype if encoder is not None else pipe.unet.dtype
+
+    def batch(t):
+        if t is None:
+            return None
+        t = t.to(device=device, dtype=dtype)
+        return t.repeat(num_images, *([1] * (t.ndim - 1)))
+
+    return PromptEmbeds(batch(embeds), batch(neg_embeds), batch(pooled), batch(neg_pooled), warnings)
