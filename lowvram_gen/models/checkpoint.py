@@ -156,6 +156,25 @@ def load_pickle_weights_only(path) -> dict:
     A pickle that would import or call anything else is refused with UnsafeCheckpoint naming the global;
     torch's weights-only unpickler refuses it before any of it runs. A1111's {"state_dict": ...} is unwrapped.
     """
+    import torch
+
+    p = Path(path)
+    obj = unpickle_weights_only(p)
+    for _ in range(4):  # A1111 / Lightning checkpoints: {"state_dict": {...}, "global_step": ...}
+        if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+            obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise ModelLoadError(f"{p} holds a {type(obj).__name__}, not a state dict of tensors")
+    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ModelLoadError(f"{p} holds no tensors (keys: {', '.join(map(str, list(obj)[:5]))})")
+    return tensors
+
+
+def unpickle_weights_only(path):
+    """The object a pickle file holds (nested dicts of tensors, strings, numbers), with the same
+    weights-only safety and errors as `load_pickle_weights_only`. For files whose tensors are not
+    top-level entries, e.g. A1111 textual-inversion embeddings (`{"string_to_param": {"*": tensor}}`)."""
     import pickle
     import warnings
     import zipfile
@@ -195,15 +214,7 @@ def load_pickle_weights_only(path) -> dict:
         except ModelLoadError:
             pass
         raise ModelLoadError(f"{p} is truncated or not a PyTorch checkpoint ({_last_line(str(exc))}){hint}") from None
-    for _ in range(4):  # A1111 / Lightning checkpoints: {"state_dict": {...}, "global_step": ...}
-        if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
-            obj = obj["state_dict"]
-    if not isinstance(obj, dict):
-        raise ModelLoadError(f"{p} holds a {type(obj).__name__}, not a state dict of tensors")
-    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
-    if not tensors:
-        raise ModelLoadError(f"{p} holds no tensors (keys: {', '.join(map(str, list(obj)[:5]))})")
-    return tensors
+    return obj
 
 
 def _last_line(text: str) -> str:

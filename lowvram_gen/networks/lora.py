@@ -1,0 +1,245 @@
+"""LoRA files as named PEFT adapters on a loaded pipeline, re-weighted per job, never fused.
+
+Each file is loaded once per pipeline through diffusers' `load_lora_weights` (which converts
+kohya/A1111 `lora_unet_*`/`lora_te*_*` keys with their `alpha`, and reads diffusers/peft
+`unet.*.lora_A/lora_B` keys) under an adapter name derived from its path. Every job then calls
+`set_adapters` with that job's weights, or `disable_lora` when it asks for none, so switching LoRAs
+on, off or to another weight costs nothing and leaves the base weights as they are. We do not
+`fuse_lora`: fused weights cannot be re-weighted without unfusing, and fusing into fp8-stored
+weights would round the LoRA's delta to fp8.
+
+A component reloaded from disk (the runner restores precision that way) loses its adapters; that is
+noticed and the LoRA is loaded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import InvalidRequest, ModelLoadError
+from . import files
+from .hooks import fp8_lifted, hooks_lifted
+from .tags import LoraRef, merge_refs
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".safetensors", ".pt", ".ckpt", ".bin")
+_STATE = "_lowvram_loras"  # on the pipeline: {adapter name: _Loaded}
+# the first matrix of each LoRA layer, in every key layout diffusers produces or accepts
+_DOWN = re.compile(r"(lora_A|lora[._]down|lora_linear_layer\.down)\.weight$")
+
+
+@dataclass
+class _Loaded:
+    path: str
+    stamp: tuple[int, int]  # mtime_ns, size: a changed file is loaded again
+    components: tuple[str, ...]  # where the adapter went
+
+
+def lora_dirs() -> list[Path]:
+    return [files.models_root() / "Lora"]
+
+
+def available_loras() -> dict[str, Path]:
+    """{name (file stem): path} of the LoRA files in `lora_dirs()`."""
+    found: dict[str, Path] = {}
+    for folder in lora_dirs():
+        for stem, path in files.scan(folder, SUFFIXES).items():
+            found.setdefault(stem, path)
+    return found
+
+
+def find_lora(name: str) -> Path:
+    """The file for `name` (stem, stem with suffix, or a path); InvalidRequest listing what exists."""
+    return files.find(name, available_loras(), "LoRA", lora_dirs(), SUFFIXES)
+
+
+def lora_hash(path) -> str:
+    """A1111's short hash of a LoRA (`Lora hashes:` in the infotext; Civitai looks models up by it):
+    the first 12 hex digits of the kohya "addnet" sha256 (the bytes after the safetensors header),
+    or of the whole file for pickles; a kohya `sshs_model_hash` in the metadata wins, as in A1111."""
+    p = Path(path)
+    if p.suffix.lower() == ".safetensors":
+        from ..models.checkpoint import _safetensors_header
+
+        meta = _safetensors_header(p).get("__metadata__") or {}
+        stored = meta.get("sshs_model_hash") if isinstance(meta, dict) else None
+        if isinstance(stored, str) and re.fullmatch(r"[0-9a-fA-F]{12,64}", stored):
+            return stored[:12].lower()
+        return files.sha256(p, addnet=True)[:12]
+    return files.sha256(p)[:12]
+
+
+def read_lora_file(path: Path) -> dict:
+    """The tensors of a LoRA file, read safely: safetensors headers checked, pickles weights-only."""
+    from ..models.checkpoint import check_safetensors, load_pickle_weights_only
+
+    if path.suffix.lower() == ".safetensors":
+        check_safetensors(path)
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return load_pickle_weights_only(path)
+
+
+def adapter_name(path: Path) -> str:
+    """A PEFT adapter name for a file: no dots (module-dict keys), unique per path."""
+    stem = re.sub(r"\W", "_", path.stem)[:40]
+    return f"lora_{stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:6]}"
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@contextmanager
+def _quiet_libraries():
+    """diffusers and transformers log per-load noise (transformers 5 prints a 'LOAD REPORT' calling
+    every base weight MISSING); we count what was matched ourselves and say it once."""
+    from diffusers.utils import logging as dl
+    from transformers.utils import logging as tl
+
+    saved = dl.get_verbosity(), tl.get_verbosity()
+    dl.set_verbosity_error()
+    tl.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():  # peft: "multiple adapters in the model": that is the point
+            warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+            yield
+    finally:
+        dl.set_verbosity(saved[0])
+        tl.set_verbosity(saved[1])
+
+
+def _targets(pipe, state: dict) -> dict[str, int]:
+    """LoRA layers per component prefix ('unet', 'text_encoder', ...) after diffusers' conversion."""
+    kwargs = {"unet_config": pipe.unet.config} if getattr(pipe, "unet", None) is not None else {}
+    converted = pipe.lora_state_dict(dict(state), **kwargs)[0]
+    counts: dict[str, int] = {}
+    for key in converted:
+        if _DOWN.search(key):
+            prefix = key.split(".", 1)[0]
+            counts[prefix] = counts.get(prefix, 0) + 1
+    return counts
+
+
+def injected(pipe, name: str) -> dict[str, int]:
+    """LoRA layers of adapter `name` per component, as they are in the models now."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    counts = {}
+    for comp in getattr(pipe, "_lora_loadable_modules", []):
+        module = getattr(pipe, comp, None)
+        if module is None:
+            continue
+        n = sum(1 for m in module.modules() if isinstance(m, BaseTunerLayer) and name in getattr(m, "lora_A", {}))
+        if n:
+            counts[comp] = n
+    return counts
+
+
+def _delete(pipe, name: str) -> None:
+    from diffusers.utils.peft_utils import delete_adapter_layers
+
+    for comp in getattr(pipe, "_lora_loadable_modules", []):
+        module = getattr(pipe, comp, None)
+        if module is not None and name in getattr(module, "peft_config", {}):
+            delete_adapter_layers(module, name)
+            if hasattr(module, "peft_config"):
+                module.peft_config.pop(name, None)
+
+
+def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
+    state = read_lora_file(path)
+    cls = type(pipe).__name__
+    hint = "is it a LoRA for another model family (SD 1.x/2.x vs SDXL)?"
+    try:
+        wanted = _targets(pipe, state)
+    except (ValueError, KeyError) as exc:
+        raise ModelLoadError(f"LoRA {path} could not be read as a LoRA ({_first_line(exc)})") from None
+    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    try:
+        with _quiet_libraries(), (fp8_lifted(denoiser) if denoiser is not None else _nothing()):
+            pipe.load_lora_weights(dict(state), adapter_name=name)
+    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+        _delete(pipe, name)
+        raise ModelLoadError(f"LoRA {path} does not fit this {cls}: {_first_line(exc)}; {hint}") from None
+    got = injected(pipe, name)
+    total, matched = sum(wanted.values()), sum(got.values())
+    if matched == 0:
+        _delete(pipe, name)
+        raise ModelLoadError(f"LoRA {path}: none of its {total} layers match a layer of this {cls}; {hint}")
+    warnings = []
+    if matched < total:
+        warnings.append(f"LoRA {path.name}: {total - matched} of its {total} layers match nothing in this {cls} "
+                        f"and are ignored (loaded into {', '.join(got)})")
+    return tuple(got), warnings
+
+
+@contextmanager
+def _nothing():
+    yield
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:240]
+
+
+def activate_loras(pipe, refs: list[LoraRef], reapply_memory: Callable[[], object] | None = None) -> list[str]:
+    """Make exactly `refs` active on `pipe` with their weights for the next job; returns warnings.
+
+    Call it after the job's first preset is applied and before the pipeline runs. New files are
+    loaded (hooks handled as in `hooks.py`; `reapply_memory` re-applies the engine's current preset),
+    files already loaded are only re-weighted, LoRAs not asked for are switched off (not unloaded:
+    asking for them again is free). Unknown names raise InvalidRequest listing what exists; a file
+    that fits nothing in this model raises ModelLoadError naming it.
+    """
+    refs, warnings = merge_refs(list(refs))
+    loaded: dict[str, _Loaded] = getattr(pipe, _STATE, None) or {}
+    if not refs and not loaded:
+        return warnings
+    if refs and not hasattr(pipe, "load_lora_weights"):
+        raise InvalidRequest("LoRA", refs[0].name, f"{type(pipe).__name__} does not take LoRAs")
+    paths = [find_lora(ref.name) for ref in refs]  # every name checked before anything is loaded
+    if refs:
+        _require_peft()
+    names = [adapter_name(p) for p in paths]
+    stale = []
+    for path, name in zip(paths, names):
+        entry = loaded.get(name)
+        if entry is None or entry.stamp != _stamp(path) or set(injected(pipe, name)) != set(entry.components):
+            stale.append((path, name))
+    if stale:
+        with hooks_lifted(pipe, reapply_memory):
+            for path, name in stale:
+                _delete(pipe, name)
+                loaded.pop(name, None)
+                components, more = _load(pipe, path, name)
+                loaded[name] = _Loaded(str(path), _stamp(path), components)
+                warnings += more
+                log.info("loaded LoRA %s into %s", path, ", ".join(components))
+        setattr(pipe, _STATE, loaded)
+    for name in [n for n, e in loaded.items() if not injected(pipe, n)]:
+        loaded.pop(name)  # its component was reloaded from disk and not asked for now
+    if refs:
+        pipe.enable_lora()
+        pipe.set_adapters(names, adapter_weights=[ref.weight for ref in refs])
+    elif any(pipe.get_list_adapters().values()):
+        pipe.disable_lora()
+    return warnings
+
+
+def _require_peft() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ModelLoadError("LoRAs need the peft package: pip install 'peft>=0.17'")
