@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import InvalidRequest, ModelLoadError
-from . import files
-from .hooks import hooks_lifted
+from lowvram_gen.errors import InvalidRequest, ModelLoadError
+from lowvram_gen.networks import files
+from lowvram_gen.networks.hooks import hooks_lifted
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def read_embedding(path: Path) -> dict[str, object]:
     """{'clip_l' | 'clip_g' | 'any': tensor [vectors, dim]} from an embedding file, read safely."""
     import torch
 
-    from ..models.checkpoint import check_safetensors, unpickle_weights_only
+    from lowvram_gen.models.checkpoint import check_safetensors, unpickle_weights_only
 
     if path.suffix.lower() == ".safetensors":
         check_safetensors(path)

@@ -11,7 +11,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..errors import InvalidRequest
+from lowvram_gen.errors import InvalidRequest
 
 _HASHES: dict[tuple[str, int, int, bool], str] = {}  # (path, mtime_ns, size, addnet) -> sha256 hex
 

@@ -53,7 +53,7 @@ def hooks_lifted(pipe, reapply_memory: Callable[[], object] | None) -> Iterator[
     if reapply_memory is None or not has_offload_hooks(pipe):
         yield
         return
-    from ..apply import PipelineOps
+    from lowvram_gen.engines.sd.apply import PipelineOps
 
     PipelineOps(pipe).reset()
     try:

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import InvalidRequest, ModelLoadError
-from . import files
-from .hooks import fp8_lifted, hooks_lifted
-from .tags import LoraRef, merge_refs
+from lowvram_gen.errors import InvalidRequest, ModelLoadError
+from lowvram_gen.networks import files
+from lowvram_gen.networks.hooks import fp8_lifted, hooks_lifted
+from lowvram_gen.networks.tags import LoraRef, merge_refs
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def lora_hash(path) -> str:
     or of the whole file for pickles; a kohya `sshs_model_hash` in the metadata wins, as in A1111."""
     p = Path(path)
     if p.suffix.lower() == ".safetensors":
-        from ..models.checkpoint import _safetensors_header
+        from lowvram_gen.models.checkpoint import _safetensors_header
 
         meta = _safetensors_header(p).get("__metadata__") or {}
         stored = meta.get("sshs_model_hash") if isinstance(meta, dict) else None
@@ -79,7 +79,7 @@ def lora_hash(path) -> str:
 
 def read_lora_file(path: Path) -> dict:
     """The tensors of a LoRA file, read safely: safetensors headers checked, pickles weights-only."""
-    from ..models.checkpoint import check_safetensors, load_pickle_weights_only
+    from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
 
     if path.suffix.lower() == ".safetensors":
         check_safetensors(path)

@@ -8,7 +8,7 @@ whole-file sha256, 12 hex digits each.
 
 from __future__ import annotations
 
-from .tags import LoraRef
+from lowvram_gen.networks.tags import LoraRef
 
 
 def _clean(name: str) -> str:
@@ -19,7 +19,7 @@ def network_fields(loras: list[LoraRef] = (), embeddings: list = ()) -> dict[str
     """{'Lora hashes': ..., 'TI hashes': ...}, only the non-empty ones; merge into the A1111 fields.
 
     `embeddings`: `embeddings.UsedEmbedding` items (anything with `.name` and `.hash`)."""
-    from .lora import find_lora, lora_hash
+    from lowvram_gen.networks.lora import find_lora, lora_hash
 
     fields = {}
     pairs = []

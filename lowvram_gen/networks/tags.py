@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import InvalidRequest
+from lowvram_gen.errors import InvalidRequest
 
 _TAG = re.compile(r"<(lora|lyco|hypernet):([^>]*)>", re.IGNORECASE)
 

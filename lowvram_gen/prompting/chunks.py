@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .parse import is_break, parse_attention
+from lowvram_gen.prompting.parse import is_break, parse_attention
 
 COMMA_BACKTRACK = 20  # A1111's default for "comma_padding_backtrack"
 

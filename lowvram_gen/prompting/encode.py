@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chunks import empty_chunk, token_weights
-from .parse import find_unsupported, strip_syntax, uses_syntax
+from lowvram_gen.prompting.chunks import empty_chunk, token_weights
+from lowvram_gen.prompting.parse import find_unsupported, strip_syntax, uses_syntax
 
 _SD = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"}
 _SDXL = {"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}
