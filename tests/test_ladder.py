@@ -171,6 +171,7 @@ def test_session_reports_attempts_in_result_metadata_and_remembers_them(tmp_path
     from lowvram_gen.session import Session
 
     session = Session(preset="highvram")  # the GPU ladder, run on this CPU
+    monkeypatch.setattr(failures, "on_cpu", lambda device: False)  # remembered as a GPU's would be
     session.generate(GenerationRequest(prompt="x", width=64, height=64, steps=1, outdir=str(tmp_path)))
     # simulated: highvram (no offload) runs out of memory on every UNet call from now on
     session.model.pipe.unet.register_forward_pre_hook(
