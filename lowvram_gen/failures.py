@@ -35,7 +35,18 @@ def _save(records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def record(device: str, model: str, preset: str, pixels: int, batch: int) -> None:
+def on_cpu(device: str) -> bool:
+    """Whether `device` (a probed device's name) is this machine's CPU. Out of memory there is system RAM or
+    simulated (tests, benchmarks), never a GPU's: it is not remembered, and not shown as a GPU failure."""
+    from lowvram_gen.device import _cpu_name
+
+    return device == _cpu_name()
+
+
+def record(device: str, model: str, preset: str, pixels: int, batch: int, kind: str | None = None) -> None:
+    """Remember a GPU failure; one on the CPU (`kind` 'cpu', or the CPU's name) is not remembered."""
+    if kind == "cpu" or on_cpu(device):
+        return
     records = load()
     work = pixels * batch
     for r in records:

@@ -101,11 +101,10 @@ class Session:
 
     def _remember(self, device: DeviceInfo, model: str, ladder: Ladder, size_of=None) -> None:
         """Remember the presets that ran out of memory on this GPU, so the next comparable job starts
-        below them. Nothing is remembered on a CPU: its out-of-memory is not the card's."""
-        if not device.is_accelerator:
-            return
+        below them (failures.record keeps nothing for a CPU: its out-of-memory is not a card's)."""
         for a in ladder.failed_presets():
-            failures.record(device.name, model, a.preset, a.width * a.height, size_of(a) if size_of else a.batch)
+            failures.record(device.name, model, a.preset, a.width * a.height, size_of(a) if size_of else a.batch,
+                            kind=device.kind)
 
     # -- Stable Diffusion ------------------------------------------------------------------------------
     def profile_for(self, source: ModelSource, model: LoadedModel | None = None):
@@ -186,9 +185,26 @@ class Session:
 
     # -- upscaling -------------------------------------------------------------------------------------
     def upscale(self, image: str, scale, upscaler: str = "lanczos", outdir: str | None = None) -> dict:
-        """Upscale one image on this session's device, one job at a time with generation."""
-        with self.lock:
+        """Upscale one image file (`lowvram-gen upscale`'s job) on this session's device, one job at a time."""
+        with self.lock:  # the device is shared with generation
             return run_upscale(image, scale, upscaler, outdir or self.outdir, self.device().torch_device)
+
+    # -- for the web UI (lowvram_gen/ui): what it reads and sets, so it never touches the fields or the lock --
+    def loaded_model_name(self) -> str | None:
+        """The name (spec) of the loaded model; None when none is loaded."""
+        model = self.model
+        return model.name if model is not None else None
+
+    def vram_limits(self) -> tuple[int | None, int]:
+        """(budget in bytes, None for no cap; reserve in bytes): what the next job's device probe applies."""
+        return self.vram_budget, self.reserve_vram
+
+    def set_vram_limits(self, budget_bytes: int | None, reserve_bytes: int) -> None:
+        """Set the VRAM budget (None or 0: no cap) and the reserve; the next job's probe applies them. Not under
+        the lock: a running job keeps the limits it started with, and the UI must not wait for it to end."""
+        if reserve_bytes < 0 or (budget_bytes is not None and budget_bytes < 0):
+            raise ValueError(f"negative VRAM limits: budget {budget_bytes}, reserve {reserve_bytes}")
+        self.vram_budget, self.reserve_vram = (budget_bytes or None), int(reserve_bytes)
 
 
 _default: Session | None = None

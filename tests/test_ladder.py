@@ -166,7 +166,7 @@ def test_failures_are_remembered_per_device_and_model(tmp_path):
     assert failures.forget() == 1 and failures.load() == []
 
 
-def test_session_reports_attempts_in_result_metadata_and_remembers_them(tmp_path, monkeypatch):
+def test_session_reports_attempts_in_result_metadata_and_forgets_cpu_failures(tmp_path):
     from lowvram_gen import GenerationRequest
     from lowvram_gen.outputs import read_png_metadata
     from lowvram_gen.session import Session

@@ -7,6 +7,7 @@ by Playwright for Python with no browser download. Without it the browser tests 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import threading
@@ -106,8 +107,34 @@ def test_type_a_prompt_generate_and_see_the_image_and_its_metadata(page, server)
     assert "finished at cpu" in page.locator("#summary textarea").input_value()
     SCREENSHOT.parent.mkdir(exist_ok=True)
     target = SCREENSHOT if os.environ.get("LOWVRAM_GEN_SCREENSHOT") else server.outdir.parent / "screenshot.png"
-    page.screenshot(path=str(target), full_page=True)
+    _screenshot_every_tab(page, target)
     assert target.stat().st_size > 10_000
+
+
+TABS = ("txt2img", "img2img", "Upscale", "VQGAN-CLIP", "System")
+PLANNED = "() => document.querySelector('#plan-table').innerText.includes('system RAM')"  # the cpu row is there
+
+
+def _screenshot_every_tab(page, target: Path) -> None:
+    """The README's picture: each of the five tabs (txt2img after its generation), two a row, one PNG."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    shots = []
+    for name in TABS:
+        page.get_by_role("tab", name=name).click()
+        page.wait_for_timeout(500)
+        if name == "System":
+            page.click("#estimate")
+            page.wait_for_function(PLANNED, timeout=60_000)
+        shot = Image.open(BytesIO(page.screenshot(clip={"x": 0, "y": 0, "width": 1400, "height": 1000})))
+        shots.append(shot.convert("RGB").resize((700, 500), Image.LANCZOS))
+    page.get_by_role("tab", name="txt2img").click()
+    sheet = Image.new("RGB", (1400, 500 * 3), "white")
+    for i, shot in enumerate(shots):
+        sheet.paste(shot, (700 * (i % 2), 500 * (i // 2)))
+    sheet.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(target, optimize=True)
 
 
 @needs_browser
@@ -203,7 +230,8 @@ def test_cancel_answers_what_the_stopped_job_says_so_a_late_answer_cannot_overwr
     progress = job.progress()
     assert next(progress) == (1, 999)
     answer = jobs.answer_cancel("tab", "cancelling…")  # waits (up to CANCEL_WAIT_S) for the job to stop
-    assert job.done.is_set() and answer == job.summary() == "cancelled at step 1 of 999 &lt;b&gt;"  # escaped
+    # a Textbox shows text, never HTML: the summary is not escaped (an API client would get "&lt;b&gt;")
+    assert job.done.is_set() and answer == job.summary() == "cancelled at step 1 of 999 <b>"
     assert list(progress) == []  # the job's own stream ends: it has stopped
     jobs.finish("tab", job)
     assert jobs.answer_cancel("tab", "cancelling…") is None  # nothing runs: the UI leaves the summary alone
@@ -296,6 +324,8 @@ def test_gradio_client_generate_with_only_a_prompt(server):
     gallery, info, summary, seed = Client(server.url, verbose=False).predict(prompt="a red fox", api_name="/generate")
     assert len(gallery) == 1 and info.startswith("a red fox") and "Size: 512x512" in info
     assert isinstance(seed, (int, float)) and "finished at" in summary
+    # the tiny model's note speaks of the UI's Model box, not of the CLI's --model
+    assert "pick a real model in the Model box" in summary and "--model" not in summary
 
 
 def test_two_clients_at_once_both_finish_one_after_the_other(server):
@@ -376,3 +406,198 @@ def test_hires_fix_from_the_api(server):
     _, info, summary, _ = Client(server.url, verbose=False).predict(
         prompt="hires", width=64, height=64, steps=2, hires_scale=2, hires_steps=1, api_name="/generate")
     assert "Size: 64x64" in info and "Hires upscale: 2" in info
+
+
+# -- what a new user hit in the browser: each test failed before its fix ------------------------------------
+
+
+@needs_browser
+def test_gallery_shows_the_whole_non_square_image(page):
+    page.locator("#prompt textarea").fill("wide")
+    _fill_number(page, "width", 128)
+    _fill_number(page, "height", 64)
+    _set_slider(page, "steps", 1)
+    page.click("#generate")
+    image = page.locator("#gallery img").first
+    image.wait_for(timeout=120_000)
+    assert image.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [128, 64]
+    assert image.evaluate("img => getComputedStyle(img).objectFit") == "contain"  # not cropped to a square
+
+
+def _cli_message(**fields) -> str:
+    """What `lowvram-gen generate` says for these values: GenerationRequest.validated() makes the message."""
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.request import GenerationRequest
+
+    with pytest.raises(InvalidRequest) as err:
+        GenerationRequest(prompt="x", **fields).validated()
+    return str(err.value)
+
+
+@pytest.mark.parametrize("fields", [{"steps": 0}, {"width": 512.5}, {"steps": 151}, {"seed": -2}])
+def test_api_refuses_what_the_cli_refuses_with_the_cli_message(server, fields):
+    """Gradio's Slider refused steps 0 with its own words, its Number(precision=0) made 512.5 into 512."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as err:
+        Client(server.url, verbose=False).predict(prompt="x", **fields, api_name="/generate")
+    assert err.value.message == _cli_message(**fields)
+
+
+@needs_browser
+def test_browser_refuses_steps_0_and_width_512_5_with_the_cli_message(page):
+    """The browser clamped a typed 0 to the slider's minimum 1; 512.5 was rounded to 512 on the server."""
+    page.locator("#prompt textarea").fill("x")
+    for elem_id, value, fields in (("steps", 0, {"steps": 0}), ("width", 512.5, {"width": 512.5})):
+        (_set_slider if elem_id == "steps" else _fill_number)(page, elem_id, value)
+        page.click("#generate")
+        toast = page.get_by_text(_cli_message(**fields), exact=False).first
+        toast.wait_for(timeout=30_000)
+        page.locator("[data-testid=toast-close]").first.click()
+        (_set_slider if elem_id == "steps" else _fill_number)(page, elem_id, 20 if elem_id == "steps" else 512)
+
+
+def test_api_errors_are_verbatim_not_html_escaped(server):
+    """The browser's toast renders HTML, so it gets escaped text (test_html_in_user_text_...); an API client
+    gets the message itself."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError) as err:
+        Client(server.url, verbose=False).predict(prompt="x", model="no/such<model>'s", api_name="/generate")
+    message = err.value.message
+    assert "no/such<model>'s" in message and "&lt;" not in message and "&#x27;" not in message
+
+
+def test_messages_name_the_ui_controls_not_the_cli_flags(server):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from lowvram_gen.engines.sd.runner import _everything_failed
+    from lowvram_gen.errors import OutOfMemoryEverywhere
+
+    real = server.session.generate
+
+    def oom(request, **kw):
+        raise OutOfMemoryEverywhere(_everything_failed([]))
+
+    server.session.generate = oom
+    try:
+        with pytest.raises(AppError) as err:
+            Client(server.url, verbose=False).predict(prompt="x", width=64, height=64, steps=1, api_name="/generate")
+    finally:
+        server.session.generate = real
+    message = err.value.message
+    assert "--vram-budget" not in message and "the VRAM budget and reserve sliders (System tab)" in message
+    assert "run with the CPU (restart the web UI with `lowvram-gen ui --cpu`)" in message
+
+
+def test_flag_table_rewrites_whole_flags_only():
+    from lowvram_gen.ui.messages import for_ui
+
+    assert for_ui("pass --model for real images") == "pick a real model in the Model box for real images"
+    assert for_ui("a file to --model") == "a file to the Model box"
+    assert for_ui("pass --vqgan x and --clip y") == "fill in the VQGAN box x and the CLIP box y"
+    assert for_ui("fewer cutouts (--cutn)") == "fewer cutouts (the Cutouts slider)"
+    assert for_ui("lower --reserve-vram") == "lower the reserve slider (System tab)"
+    assert "--vqgan-config" in for_ui("--vqgan-config") and "no box" in for_ui("--vqgan-config")  # CLI only
+    assert for_ui("hf download r --include x, --modelish") == "hf download r --include x, --modelish"
+
+
+def test_last_seed_is_per_client_not_shared(server):
+    """API level: the 4th output of /generate is the hidden number the browser's ♻ button reads. A second
+    client whose job is cancelled (no image kept) used to get the first client's seed there."""
+    from gradio_client import Client
+
+    from lowvram_gen.errors import Cancelled
+
+    first = Client(server.url, verbose=False).predict(prompt="first", width=64, height=64, steps=1, seed=1234,
+                                                      api_name="/generate")
+    assert first[3] == 1234
+    real = server.session.generate
+
+    def cancelled(request, **kw):
+        raise Cancelled("cancelled at step 1 of 1; 0 finished image(s) kept")
+
+    server.session.generate = cancelled
+    try:
+        second = Client(server.url, verbose=False).predict(prompt="second", width=64, height=64, steps=1,
+                                                           api_name="/generate")
+    finally:
+        server.session.generate = real
+    assert "cancelled at step 1" in second[2]
+    assert second[3] != 1234  # not the other client's seed: this client has none yet
+
+
+@needs_browser
+def test_system_tab_on_a_cpu_estimates_the_cpu_preset(page, server):
+    page.get_by_role("tab", name="System").click()
+    page.click("#estimate")
+    page.wait_for_function("() => document.querySelector('#plan').innerText.includes('Would run')", timeout=60_000)
+    assert "Would run: cpu" in page.locator("#plan").inner_text()
+    page.wait_for_function(PLANNED, timeout=30_000)
+    table = page.locator("#plan-table").first.inner_text()
+    assert re.search(r"\bcpu\s+\d+(\.\d)? [MG]iB\s+system RAM\s+512x512\s+1\b", table), table  # estimated as the GPU rows are
+
+
+@needs_browser
+def test_system_tab_sliders_show_the_session_values_after_a_change_and_a_reload(page, server):
+    from lowvram_gen.device import GiB
+
+    saved = server.session.vram_limits()
+    try:
+        page.get_by_role("tab", name="System").click()
+        _set_slider(page, "reserve", 1.5)  # typed, then Enter: it applies without leaving the box
+        deadline = time.monotonic() + 30
+        while server.session.vram_limits()[1] != int(1.5 * GiB) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.session.vram_limits() == (None, int(1.5 * GiB))
+        server.session.set_vram_limits(6 * GiB, int(1.5 * GiB))  # changed elsewhere (another tab, the API)
+        page.reload()
+        page.get_by_role("tab", name="System").click()
+        page.wait_for_function("() => document.querySelector('#budget input[type=number]').value === '6'",
+                               timeout=30_000)
+        assert page.locator("#reserve input[type=number]").first.input_value() == "1.5"
+    finally:
+        server.session.set_vram_limits(*saved)
+
+
+def test_failures_on_the_cpu_are_neither_remembered_nor_shown():
+    import json
+
+    from lowvram_gen import failures
+    from lowvram_gen.device import probe
+    from lowvram_gen.ui.tabs.system import failures_table
+
+    cpu = probe("cpu").name
+    failures.record(cpu, "tiny", "highvram", 64 * 64, 1)  # a simulated OOM on this CPU
+    failures.record("Some GPU", "tiny", "highvram", 64 * 64, 1, kind="cpu")
+    assert failures.load() == []
+    failures.record("NVIDIA GeForce RTX 3060", "tiny", "highvram", 64 * 64, 1)
+    # a CPU entry remembered by an older version is not shown as a GPU failure
+    records = failures.load() + [{"device": cpu, "model": "tiny", "preset": "medvram", "pixels": 4096, "batch": 1,
+                                  "work": 4096}]
+    failures._path().write_text(json.dumps(records), encoding="utf-8")
+    assert failures_table() == [["NVIDIA GeForce RTX 3060", "tiny", "highvram", 4096, 1]]
+
+
+def test_every_tab_is_built_by_one_signature():
+    import inspect
+
+    from lowvram_gen.ui.app import TABS
+
+    names = [t.__name__.rsplit(".", 1)[1] for t in TABS]
+    assert names == ["txt2img", "img2img", "upscale", "vqgan", "system"]
+    for tab in TABS:
+        assert str(inspect.signature(tab.build)) == "(ctx: lowvram_gen.ui.context.TabContext) -> None"
+
+
+def test_the_ui_uses_session_methods_not_its_fields_or_lock():
+    import re
+
+    ui = Path(__file__).resolve().parent.parent / "lowvram_gen" / "ui"
+    field = re.compile(r"session\.(model|runner|lock|vram_budget|reserve_vram|outdir|_device|device_pref|"
+                       r"preset_spec|presets_dir)\b")
+    found = [f"{p.name}: {m.group(0)}" for p in ui.rglob("*.py") for m in field.finditer(p.read_text())]
+    assert found == []

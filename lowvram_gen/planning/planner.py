@@ -48,17 +48,22 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True) -> Plan:
     ladder = gpu_ladder(presets)
     tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
-    estimates = []
-    for p in ladder:
+
+    def row(p: Preset) -> PresetEstimate:
         w, h = capped_size(width, height, p.max_pixels)
         b = min(batch, p.max_batch)
         est = estimate(profile, w, h, b, p.memory, cfg=cfg, vae_tile=tile)
+        if p.device == "cpu":  # system RAM: nothing to fit into
+            return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict())
         fits = device.is_accelerator and est.total_bytes <= device.usable_bytes
         reason = "ran out of memory before on this device for a job this size" if p.name in failed else ""
-        estimates.append(PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict()))
+        return PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict())
 
-    return choose(device, presets, estimates, forced,
-                  "the ladder lowers the resolution if needed")
+    result = choose(device, presets, [row(p) for p in ladder], forced,
+                    "the ladder lowers the resolution if needed")
+    if result.preset.device == "cpu":  # the CPU runs it: its estimate too, after the GPU rows
+        result.estimates.append(row(result.preset))
+    return result
 
 
 def choose(device: DeviceInfo, presets: dict[str, Preset], estimates: list[PresetEstimate],

@@ -10,12 +10,12 @@ job's own last output say the same thing whichever reaches the browser first.
 
 from __future__ import annotations
 
-import html
 import queue
 import threading
 from typing import Callable, Iterator
 
 from lowvram_gen.errors import Cancelled
+from lowvram_gen.ui.messages import for_ui
 
 
 CANCEL_WAIT_S = 10.0  # how long Cancel waits for the job to stop before it answers "cancelling…"
@@ -41,11 +41,12 @@ class Job:
             self.events.put(None)
 
     def summary(self) -> str | None:
-        """The "what ran" line of a finished job (HTML-escaped), shared by its own output and Cancel's answer."""
+        """The "what ran" text of a finished job, shared by its own output and Cancel's answer. It goes to a
+        Textbox, which shows text (never HTML): not escaped. CLI flags in it are named as the UI's controls."""
         if isinstance(self.error, Cancelled):
-            return html.escape(str(self.error))
+            return for_ui(str(self.error))
         if self.error is None and self.result is not None:
-            return html.escape("\n".join([self.result.summary, *self.result.warnings]))
+            return for_ui("\n".join([self.result.summary, *self.result.warnings]))
         return None  # still running, or an error the job reports as a gr.Error
 
     def progress(self) -> Iterator[tuple[int, int]]:

@@ -6,30 +6,22 @@ retry report. Jobs share the app's queue and the session's lock: one GPU, one jo
 annotations.)
 """
 
-import html
-import uuid
-
 import gradio as gr
 
 from lowvram_gen.engines.vqgan.request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_INIT_WEIGHT,
                                      MAX_ITERATIONS, OPTIMIZERS, VqganRequest)
 from lowvram_gen.errors import Cancelled, LowVramError
-from lowvram_gen.outputs import read_png_metadata
-from lowvram_gen.request import MAX_SEED
+from lowvram_gen.ui import messages
+from lowvram_gen.ui.context import GPU, TabContext, client_key, image_info
 from lowvram_gen.ui.jobs import Job
+from lowvram_gen.ui.widgets import Number
 
-GPU = "gpu"
 DEFAULTS = VqganRequest()
 
 
 def _key(request) -> str:
     """The client's job key: its Gradio session, so closing the tab cancels its VQGAN job too."""
-    return (getattr(request, "session_hash", None) or uuid.uuid4().hex) + ":vqgan"
-
-
-def _info(path: str) -> str:
-    params, _ = read_png_metadata(path)
-    return params or ""
+    return client_key(request, ":vqgan")
 
 
 def _playable(videos: list[str]) -> str | None:
@@ -37,7 +29,9 @@ def _playable(videos: list[str]) -> str | None:
     return next((v for v in videos if v.endswith(".mp4")), None)
 
 
-def build_vqgan_tab(session, options, jobs) -> None:
+def build(ctx: TabContext) -> None:
+
+    session, options, jobs = ctx.session, ctx.options, ctx.jobs
 
     def run(prompts, image_prompt=None, init_image=None, width=256, height=256, iterations=100, save_every=10,
             cutn=DEFAULTS.cutn, cut_pow=DEFAULTS.cut_pow, lr=DEFAULTS.lr, optimizer=DEFAULTS.optimizer,
@@ -53,7 +47,7 @@ def build_vqgan_tab(session, options, jobs) -> None:
                 vqgan=vqgan or "tiny", clip=clip or "tiny", video=bool(video), outdir=options.outdir,
             ).validated()
         except LowVramError as exc:
-            raise gr.Error(html.escape(str(exc))) from None
+            raise messages.error(exc, request) from None
         key = _key(request)
 
         def work(on_step, cancel):
@@ -72,14 +66,14 @@ def build_vqgan_tab(session, options, jobs) -> None:
             jobs.finish(key, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
-            yield (kept[0] if kept else None), (_info(kept[0]) if kept else ""), job.summary(), None
+            yield (kept[0] if kept else None), (image_info(kept[0]) if kept else ""), job.summary(), None
             return
         if isinstance(job.error, LowVramError):
-            raise gr.Error(html.escape(str(job.error)))
+            raise messages.error(job.error, request)
         if job.error is not None:
             raise job.error
         result = job.result
-        yield result.images[0], _info(result.images[0]), job.summary(), _playable(result.videos)
+        yield result.images[0], image_info(result.images[0]), job.summary(), _playable(result.videos)
 
     def cancel(request: gr.Request):
         answer = jobs.answer_cancel(_key(request), "cancelling at the next iteration…")
@@ -100,10 +94,9 @@ def build_vqgan_tab(session, options, jobs) -> None:
                     image_prompt = gr.Image(label="Image prompt (optional)", type="filepath", elem_id="vq-image-prompt")
                     init_image = gr.Image(label="Init image (optional)", type="filepath", elem_id="vq-init")
                 with gr.Row():
-                    width = gr.Number(label="Width (multiple of 16)", value=256, precision=0, elem_id="vq-width")
-                    height = gr.Number(label="Height (multiple of 16)", value=256, precision=0, elem_id="vq-height")
-                    seed = gr.Number(label="Seed (-1: random)", value=-1, precision=0, minimum=-1, maximum=MAX_SEED,
-                                     elem_id="vq-seed")
+                    width = Number("Width (multiple of 16)", 256, elem_id="vq-width")
+                    height = Number("Height (multiple of 16)", 256, elem_id="vq-height")
+                    seed = Number("Seed (-1: random)", -1, elem_id="vq-seed")
                 with gr.Row():
                     iterations = gr.Slider(1, MAX_ITERATIONS, value=100, step=1, label="Iterations",
                                            elem_id="vq-iterations")
@@ -143,6 +136,4 @@ def build_vqgan_tab(session, options, jobs) -> None:
              [preview, info, summary, movie], api_name="vqgan",
              concurrency_id=GPU, concurrency_limit=1)
     stop.click(cancel, None, [summary], queue=False, api_visibility="private")
-    root = getattr(gr.context.Context, "root_block", None)
-    if root is not None:  # a closed tab stops its VQGAN job at the next iteration
-        root.unload(disconnected)
+    ctx.app.unload(disconnected)  # a closed tab stops its VQGAN job at the next iteration

@@ -1,0 +1,100 @@
+"""What every tab builder gets: `build(ctx: TabContext) -> None`.
+
+The context holds what the tabs share: the Session (the tabs call its methods, never its fields or
+its lock), the app's options, the registry of running jobs (one per browser session, so Cancel and
+a closed tab reach it), the Stable Diffusion job runner of txt2img and img2img, and the Blocks (for
+load/unload events). Per-browser state is never kept here: it lives in the browser's own components
+(e.g. the hidden last-seed number), so one client never sees another's.
+
+(No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
+annotations in the tabs.)
+"""
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+
+from lowvram_gen.errors import Cancelled, LowVramError
+from lowvram_gen.outputs import read_png_metadata
+from lowvram_gen.request import GenerationRequest
+from lowvram_gen.session import Session
+from lowvram_gen.ui import messages
+from lowvram_gen.ui.jobs import Job, Registry
+
+GPU = "gpu"  # the one concurrency group of every action that uses the GPU
+
+
+@dataclass
+class UiOptions:
+    outdir: str
+    model: str = "tiny"
+    queue_size: int = 16
+    models_folder: str | None = None
+
+
+def client_key(request, suffix: str = "") -> str:
+    """Jobs are keyed by Gradio's session (one per browser tab or API client)."""
+    return (getattr(request, "session_hash", None) or uuid.uuid4().hex) + suffix
+
+
+def image_info(path: str) -> str:
+    params, _ = read_png_metadata(path)
+    return params or ""
+
+
+def image_seed(path: str) -> int | None:
+    _, meta = read_png_metadata(path)
+    seed = (meta or {}).get("seed")
+    return seed if isinstance(seed, int) else None
+
+
+@dataclass
+class TabContext:
+    session: Session
+    options: UiOptions
+    app: gr.Blocks
+    jobs: Registry = field(default_factory=Registry)
+    # txt2img's request inputs (prompt, negative, width, height, steps, cfg, seed, batch, sampler, model),
+    # set by the txt2img tab; the System tab's "Estimate" plans them
+    txt2img_inputs: list[Any] = field(default_factory=list)
+
+    def run_job(self, fields: dict, request, progress) -> tuple:
+        """Validate, queue behind the GPU, stream per-step progress; return (images, info, summary, last seed).
+
+        A cancelled job returns the images it kept and the seed of the first of them; with none kept the
+        browser's last seed stays as it is (gr.update()).
+        """
+        try:
+            job_request = GenerationRequest(outdir=self.options.outdir, **fields).validated()
+        except LowVramError as exc:
+            raise messages.error(exc, request) from None
+        client = client_key(request)
+        job = self.jobs.start(client, Job(lambda on_step, cancel: self.session.generate(
+            job_request, on_step=on_step, cancel=cancel)))
+        progress(0, desc="waiting for the GPU")
+        try:
+            for step, total in job.progress():
+                progress((step, total), desc="denoising", unit="steps")
+        finally:
+            self.jobs.finish(client, job)
+        if isinstance(job.error, Cancelled):
+            kept = job.error.images
+            seed = image_seed(kept[0]) if kept else None
+            return kept, (image_info(kept[0]) if kept else ""), job.summary(), (gr.update() if seed is None else seed)
+        if isinstance(job.error, LowVramError):
+            raise messages.error(job.error, request)
+        if job.error is not None:
+            raise job.error
+        result = job.result
+        return result.images, image_info(result.images[0]), job.summary(), result.seeds[0]
+
+    def cancel(self, request: gr.Request):
+        """The Cancel button of txt2img and img2img: stop this browser's job at the next step."""
+        answer = self.jobs.answer_cancel(client_key(request), "cancelling at the next step…")
+        return gr.update() if answer is None else answer  # None: the summary already says how it ended
+
+    def disconnected(self, request: gr.Request):
+        """The tab was closed or lost its connection: stop its job at the next step."""
+        self.jobs.cancel(client_key(request))

@@ -1,0 +1,70 @@
+"""The img2img tab: an init image and the txt2img controls; it shares txt2img's job runner (queue, progress,
+cancel). The width and height follow the init image (rounded down to a multiple of 8).
+
+(No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
+annotations.)
+"""
+
+import gradio as gr
+
+from lowvram_gen.models.discover import model_choices
+from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
+from lowvram_gen.samplers import DEFAULT, SAMPLERS
+from lowvram_gen.ui.context import GPU, TabContext
+from lowvram_gen.ui.widgets import Number, Slider
+
+
+def size_from(init_image):
+    from PIL import Image
+
+    if not init_image:
+        return gr.update(), gr.update()
+    with Image.open(init_image) as im:
+        return im.width // 8 * 8, im.height // 8 * 8
+
+
+def build(ctx: TabContext) -> None:
+    options = ctx.options
+
+    def img2img(init_image, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
+                cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None,
+                request: gr.Request = None, progress=gr.Progress()):
+        if not init_image:
+            raise gr.Error("choose an init image first")
+        yield ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image,
+                               strength=strength, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
+                               seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
+                               model=model or options.model), request, progress)
+
+    with gr.Tab("img2img"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                init = gr.Image(label="Init image", type="filepath", elem_id="i2i-init")
+                prompt = gr.Textbox(label="Prompt", lines=2, elem_id="i2i-prompt")
+                negative = gr.Textbox(label="Negative prompt", lines=1)
+                strength = Slider(0, 1, value=0.75, step=0.01, label="Denoising strength (0 keeps the image)")
+                with gr.Row():
+                    width = Number("Width", 512)
+                    height = Number("Height", 512)
+                    batch = Slider(0, MAX_BATCH, value=1, step=1, label="Batch size")
+                with gr.Row():
+                    steps = Slider(0, MAX_STEPS, value=20, step=1, label="Steps")
+                    cfg = Slider(0, MAX_CFG, value=7, step=0.5, label="CFG scale")
+                with gr.Row():
+                    seed = Number("Seed (-1: random)", -1)
+                    sampler = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULT, label="Sampler")
+                    model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
+                                        allow_custom_value=True, label="Model")
+                with gr.Row():
+                    go = gr.Button("Generate", variant="primary", elem_id="i2i-generate")
+                    stop = gr.Button("Cancel", variant="stop")
+            with gr.Column(scale=2):
+                gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
+                                     elem_id="i2i-gallery")
+                info = gr.Textbox(label="Image parameters", lines=4, interactive=False)
+                summary = gr.Textbox(label="What ran", lines=2, interactive=False)
+                last_seed = gr.Number(visible=False, precision=0)
+    init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
+    go.click(img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model],
+             [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
+    stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")

@@ -1,0 +1,119 @@
+"""The System tab: the device and what is loaded, the VRAM budget and reserve, free VRAM, the plan for the
+current txt2img request (every preset's estimate, the cpu preset's too when the CPU runs it), the presets,
+and the remembered out-of-memory failures of this machine's GPU (never the CPU's: those were simulated).
+
+Everything here goes through Session methods; the sliders show the session's values on every page load.
+"""
+
+import html
+
+import gradio as gr
+
+from lowvram_gen import failures
+from lowvram_gen.device import GiB, format_size
+from lowvram_gen.errors import LowVramError
+from lowvram_gen.request import GenerationRequest
+from lowvram_gen.samplers import DEFAULT
+from lowvram_gen.ui import messages
+from lowvram_gen.ui.context import GPU, TabContext
+
+BUDGET_MAX_GIB, RESERVE_MAX_GIB = 80, 8  # slider ranges; a bigger value from the command line widens them
+
+
+def failures_table() -> list[list]:
+    """Remembered GPU failures; a CPU's (simulated, or from a version that remembered them) are not shown."""
+    return [[r["device"], r["model"], r["preset"], r["pixels"], r["batch"]] for r in failures.load()
+            if not failures.on_cpu(str(r.get("device")))]
+
+
+def build(ctx: TabContext) -> None:
+    session, options = ctx.session, ctx.options
+
+    def device_text():
+        from lowvram_gen.oom import allocated_bytes
+
+        d = session.device()
+        used = allocated_bytes(d.kind)
+        mem = (f"total {format_size(d.total_bytes)}, free {format_size(d.free_bytes)}, "
+               f"usable {format_size(d.usable_bytes)}" if d.is_accelerator else "system RAM (no GPU)")
+        loaded = session.loaded_model_name() or "none"
+        return (f"**{html.escape(d.name)}** ({d.kind}): {mem}. In use by lowvram-gen: {format_size(used)}. "
+                f"Loaded model: `{html.escape(loaded)}`.")
+
+    def limits():
+        """The sliders' values (GiB) from the session: what the next job applies."""
+        budget, reserve = session.vram_limits()
+        budget_gib, reserve_gib = (budget or 0) / GiB, reserve / GiB
+        return (gr.update(value=budget_gib, maximum=max(BUDGET_MAX_GIB, budget_gib)),
+                gr.update(value=reserve_gib, maximum=max(RESERVE_MAX_GIB, reserve_gib)))
+
+    def set_memory(budget_gib, reserve_gib):
+        session.set_vram_limits(int(budget_gib * GiB) if budget_gib else None, int((reserve_gib or 0) * GiB))
+        return device_text()
+
+    def plan_table(prompt, negative_prompt, width, height, steps, cfg_scale, seed, batch_size, sampler, model,
+                   request: gr.Request = None):
+        try:
+            job = GenerationRequest(prompt=prompt, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
+                                    seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
+                                    model=model or options.model).validated()
+            result = session.plan(job)
+        except LowVramError as exc:
+            raise messages.error(exc, request) from None
+        ram = {p.name for p in session.presets().values() if p.device == "cpu"}
+        rows = [[e.name, format_size(e.estimate_bytes), "system RAM" if e.name in ram else "yes" if e.fits else "no",
+                 f"{e.width}x{e.height}", e.batch, e.skipped_reason] for e in result.estimates]
+        return rows, f"Would run: **{result.preset.name}** ({html.escape(messages.for_ui(result.reason))})"
+
+    def presets_table():
+        rows = []
+        for p in session.presets().values():
+            m = p.memory
+            rows.append([p.name, p.rank, p.device, m.dtype, m.attention, m.offload, m.vae_slicing, m.vae_tiling,
+                         m.fp8_storage, p.max_pixels, p.max_batch, p.description])
+        forced = session.forced_preset()
+        return rows, (f"Starting preset (from the command line): **{forced.name}**" if forced
+                      else "Starting preset: chosen by the planner for each job")
+
+    def forget_failures():
+        failures.forget()
+        return failures_table()
+
+    def free_vram():
+        session.free()
+        return device_text()
+
+    with gr.Tab("System"):
+        device_md = gr.Markdown(elem_id="device")
+        budget_gib, reserve_gib = ((session.vram_limits()[0] or 0) / GiB, session.vram_limits()[1] / GiB)
+        with gr.Row():
+            budget = gr.Slider(0, max(BUDGET_MAX_GIB, budget_gib), value=budget_gib, step=0.5,
+                               label="VRAM budget, GiB (0: no cap)", elem_id="budget")
+            reserve = gr.Slider(0, max(RESERVE_MAX_GIB, reserve_gib), value=reserve_gib, step=0.1,
+                                label="Reserve for other programs, GiB", elem_id="reserve")
+        free = gr.Button("Free VRAM (unload the model)")
+        gr.Markdown("### Plan for the current txt2img request")
+        plan_btn = gr.Button("Estimate", elem_id="estimate")
+        plan_md = gr.Markdown(elem_id="plan")
+        plan_df = gr.Dataframe(headers=["preset", "estimate", "fits", "size", "batch", "skipped"],
+                               interactive=False, elem_id="plan-table")
+        gr.Markdown("### Presets")
+        forced_md = gr.Markdown()
+        presets_df = gr.Dataframe(headers=["name", "rank", "device", "dtype", "attention", "offload",
+                                           "vae slicing", "vae tiling", "fp8", "max pixels", "max batch",
+                                           "description"], interactive=False)
+        gr.Markdown("### Remembered out-of-memory failures (GPU)")
+        failures_df = gr.Dataframe(headers=["device", "model", "preset", "pixels", "batch"], interactive=False,
+                                   elem_id="failures")
+        forget = gr.Button("Forget them")
+        timer = gr.Timer(3.0)
+    timer.tick(device_text, None, [device_md], queue=False, api_visibility="private", show_progress="hidden")
+    for slider in (budget, reserve):  # release: a drag's end or leaving the box; input: typing (Enter alone
+        for event in (slider.release, slider.input):  # used to set nothing: release waits for the blur)
+            event(set_memory, [budget, reserve], [device_md], api_visibility="private", trigger_mode="always_last",
+                  show_progress="hidden")
+    free.click(free_vram, None, [device_md], concurrency_id=GPU, concurrency_limit=1, api_visibility="private")
+    plan_btn.click(plan_table, ctx.txt2img_inputs, [plan_df, plan_md], api_visibility="private")
+    forget.click(forget_failures, None, [failures_df], api_visibility="private")
+    ctx.app.load(lambda: (device_text(), *limits(), *presets_table(), failures_table()), None,
+                 [device_md, budget, reserve, presets_df, forced_md, failures_df], api_visibility="private")

@@ -1,0 +1,83 @@
+"""The txt2img tab: prompt, size, steps, seed (with ♻ last seed), model, hires fix; the gallery shows each
+image whole (object-fit: contain), whatever its aspect.
+
+(No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
+annotations.)
+"""
+
+import gradio as gr
+
+from lowvram_gen.models.discover import model_choices
+from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_HIRES_SCALE, MAX_STEPS, GenerationRequest
+from lowvram_gen.samplers import DEFAULT, SAMPLERS
+from lowvram_gen.ui.context import GPU, TabContext, image_info
+from lowvram_gen.ui.widgets import Number, Slider, upscaler_choices
+
+DEFAULTS = GenerationRequest()
+
+
+def show_selected(evt: gr.SelectData):
+    value = evt.value
+    path = value.get("image", {}).get("path") if isinstance(value, dict) else None
+    return image_info(path) if path else ""
+
+
+def build(ctx: TabContext) -> None:
+    options = ctx.options
+
+    def generate(prompt, negative_prompt=None, width=DEFAULTS.width, height=DEFAULTS.height,
+                 steps=DEFAULTS.steps, cfg_scale=DEFAULTS.cfg_scale, seed=DEFAULTS.seed,
+                 batch_size=DEFAULTS.batch_size, sampler=DEFAULTS.sampler, model=options.model,
+                 hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
+                 hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise,
+                 request: gr.Request = None, progress=gr.Progress()):
+        yield ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height,
+                               steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
+                               sampler=sampler or DEFAULT, model=model or options.model, hires_scale=hires_scale,
+                               hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise),
+                          request, progress)
+
+    with gr.Tab("txt2img"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt")
+                negative = gr.Textbox(label="Negative prompt", lines=2, elem_id="negative")
+                with gr.Row():
+                    width = Number("Width", DEFAULTS.width, elem_id="width")
+                    height = Number("Height", DEFAULTS.height, elem_id="height")
+                    batch = Slider(0, MAX_BATCH, value=1, step=1, label="Batch size", elem_id="batch")
+                with gr.Row():
+                    steps = Slider(0, MAX_STEPS, value=DEFAULTS.steps, step=1, label="Steps", elem_id="steps")
+                    cfg = Slider(0, MAX_CFG, value=DEFAULTS.cfg_scale, step=0.5, label="CFG scale")
+                with gr.Row():
+                    seed = Number("Seed (-1: random)", -1, elem_id="seed")
+                    reuse = gr.Button("♻ last seed", size="sm", elem_id="reuse-seed")
+                    sampler = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULT, label="Sampler", elem_id="sampler")
+                    model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
+                                        allow_custom_value=True, label="Model (or type a hub id / path)",
+                                        elem_id="model")
+                with gr.Accordion("Hires fix (a second pass at a larger size)", open=False):
+                    with gr.Row():
+                        hires_scale = Slider(1, MAX_HIRES_SCALE, value=1, step=0.05, label="Upscale by (1: off)")
+                        hires_upscaler = gr.Dropdown(upscaler_choices(hires=True), value="latent",
+                                                     allow_custom_value=True, label="Upscaler")
+                    with gr.Row():
+                        hires_steps = Slider(0, MAX_STEPS, value=0, step=1, label="Hires steps (0: same)")
+                        hires_denoise = Slider(0, 1, value=0.7, step=0.01, label="Denoising strength")
+                with gr.Row():
+                    go = gr.Button("Generate", variant="primary", elem_id="generate")
+                    stop = gr.Button("Cancel", variant="stop", elem_id="cancel")
+            with gr.Column(scale=2):
+                gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
+                                     elem_id="gallery")
+                info = gr.Textbox(label="Image parameters", lines=4, interactive=False, elem_id="info")
+                summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="summary")
+                # this browser's last seed: the browser holds it, so no other client can see or change it
+                last_seed = gr.Number(visible=False, precision=0, elem_id="last-seed")
+    ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
+    go.click(generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise],
+             [gallery, info, summary, last_seed], api_name="generate",
+             concurrency_id=GPU, concurrency_limit=1)
+    stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
+    reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
+    gallery.select(show_selected, None, [info], queue=False, api_visibility="private")

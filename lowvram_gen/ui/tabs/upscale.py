@@ -1,0 +1,35 @@
+"""The Upscale tab: one image, a scale and an upscaler (lanczos, or an ESRGAN-family model); it runs as a
+Session job, so it waits for the GPU like generation does."""
+
+import gradio as gr
+
+from lowvram_gen.errors import LowVramError
+from lowvram_gen.ui import messages
+from lowvram_gen.ui.context import GPU, TabContext
+from lowvram_gen.ui.widgets import upscaler_choices
+from lowvram_gen.upscale.command import MAX_SCALE
+
+
+def build(ctx: TabContext) -> None:
+    def upscale(image, scale=2.0, upscaler="lanczos", request: gr.Request = None):
+        if not image:
+            raise gr.Error("choose an image first")
+        try:
+            result = ctx.session.upscale(image, scale, upscaler, outdir=ctx.options.outdir)
+        except LowVramError as exc:
+            raise messages.error(exc, request) from None
+        return result["images"][0], messages.for_ui(result["summary"])
+
+    with gr.Tab("Upscale"):
+        with gr.Row():
+            with gr.Column():
+                image = gr.Image(label="Image", type="filepath")
+                scale = gr.Slider(1, MAX_SCALE, value=2, step=0.25, label="Scale")
+                upscaler = gr.Dropdown(upscaler_choices(), value="lanczos", allow_custom_value=True,
+                                       label="Upscaler (or a path to an ESRGAN-family model)")
+                go = gr.Button("Upscale", variant="primary")
+            with gr.Column():
+                result = gr.Image(label="Result", type="filepath", format="png")
+                summary = gr.Textbox(label="What ran", interactive=False)
+    go.click(upscale, [image, scale, upscaler], [result, summary], api_name="upscale", concurrency_id=GPU,
+             concurrency_limit=1)

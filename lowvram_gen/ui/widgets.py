@@ -1,0 +1,36 @@
+"""Inputs that hand the user's value to our validation as it is, so the UI refuses what the CLI refuses,
+with the CLI's message (`GenerationRequest.validated()`).
+
+Gradio's own checks would get there first: a Slider refuses an API value outside its range with its own
+message (and the browser clamps a typed one into the range), and a Number with `precision=0` rounds
+512.5 to 512. So: Numbers without precision or bounds, and a Slider whose range is for dragging only.
+"""
+
+import gradio as gr
+
+from lowvram_gen.upscale.upscalers import available
+
+
+def Slider(minimum: float, maximum: float, **kwargs) -> gr.Slider:
+    """gr.Slider without Gradio's range check on input: a value from outside the range (an API client's)
+    reaches our validation. The browser still clamps a typed value into [minimum, maximum], so a slider
+    whose smallest valid value is 1 starts at 0: a typed 0 is refused, not silently made 1.
+
+    (The check is switched off on the instance: a gr.Slider subclass would make Gradio write a .pyi stub
+    beside this file on import.)"""
+    slider = gr.Slider(minimum, maximum, **kwargs)
+    slider.preprocess = _as_sent
+    return slider
+
+
+def _as_sent(payload):
+    return payload
+
+
+def Number(label: str, value, **kwargs) -> gr.Number:
+    """gr.Number with no rounding and no bounds: 512.5 or -2 reach our validation as typed."""
+    return gr.Number(label=label, value=value, precision=None, **kwargs)
+
+
+def upscaler_choices(hires: bool = False) -> list[str]:
+    return [u for u in available() if hires or u != "latent"]
