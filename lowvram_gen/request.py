@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.networks.tags import extract_lora_tags, parse_lora_flag
+from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
 from lowvram_gen.upscale.upscalers import check_upscaler
 
 # Caps. They bound what a typo can cost, not what a big card can do; presets cap further.
@@ -114,6 +116,7 @@ class GenerationRequest:
     hires_upscaler: str = "latent"  # A1111's default: upscale the latents themselves
     hires_steps: int = 0  # 0: as many as `steps`
     hires_denoise: float = 0.7  # A1111's default for the second pass
+    loras: tuple[str, ...] = ()  # --lora NAME[:WEIGHT], added to the prompt's <lora:...> tags
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -123,8 +126,8 @@ class GenerationRequest:
         seed = as_int("seed", self.seed, -1, MAX_SEED, " (-1 means random)")
         return dataclasses.replace(
             self,
-            prompt=clean_prompt("prompt", self.prompt),
-            negative_prompt=clean_prompt("negative prompt", self.negative_prompt),
+            prompt=check_prompt_syntax("prompt", clean_prompt("prompt", self.prompt)),
+            negative_prompt=check_prompt_syntax("negative prompt", clean_prompt("negative prompt", self.negative_prompt)),
             width=as_side("width", self.width),
             height=as_side("height", self.height),
             steps=as_int("steps", self.steps, 1, MAX_STEPS),
@@ -139,6 +142,7 @@ class GenerationRequest:
             hires_upscaler=check_upscaler_name("hires upscaler", self.hires_upscaler, latent_ok=True),
             hires_steps=as_int("hires steps", self.hires_steps, 0, MAX_STEPS, " (0: as many as steps)"),
             hires_denoise=as_float("hires denoise", self.hires_denoise, 0.0, 1.0),
+            loras=check_loras(self.loras, self.prompt),
         )._check_hires()
 
     def _check_hires(self) -> "GenerationRequest":
@@ -180,6 +184,30 @@ class GenerationRequest:
         """Seeds for each image: a random base when seed is -1, then base+i (wrapping at 2^32)."""
         base = self.seed if self.seed >= 0 else random.SystemRandom().randrange(0, MAX_SEED + 1)
         return [(base + i) % (MAX_SEED + 1) for i in range(self.batch_size)]
+
+
+def check_prompt_syntax(field_name: str, text: str) -> str:
+    """A prompt A1111 itself refuses (a malformed weight such as `(x:1.2.3)`) is a clear error here,
+    before any model work; everything else is parsed when the prompt is encoded."""
+    try:
+        parse_attention(text)
+    except PromptSyntaxError as exc:
+        raise InvalidRequest(field_name, text, str(exc)) from None
+    return text
+
+
+def check_loras(value: Any, prompt: str = "") -> tuple[str, ...]:
+    """`--lora` values as a tuple of 'NAME[:W]' (a comma-separated string from a form or a CSV works
+    too); malformed weights here and in the prompt's <lora:...> tags are refused before any model work."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    if not all(isinstance(v, str) for v in items):
+        raise InvalidRequest("loras", value, "give LoRAs as NAME or NAME:WEIGHT text")
+    items = [v.strip() for v in items if v.strip()]
+    for item in items:
+        parse_lora_flag(item)
+    if isinstance(prompt, str):
+        extract_lora_tags(prompt)
+    return tuple(items)
 
 
 def check_image_path(field_name: str, value: Any) -> str:

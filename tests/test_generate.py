@@ -150,10 +150,33 @@ def test_progress_per_step_and_cancel_keeps_finished_images(tmp_path):
     assert len(session.generate(GenerationRequest(prompt="y", width=64, height=64, steps=2, outdir=str(tmp_path))).images) == 1
 
 
-def test_long_prompt_is_truncated_with_a_warning(tmp_path):
-    result = Session().generate(GenerationRequest(prompt="lighthouse " * 100, width=64, height=64, steps=1,
-                                                  outdir=str(tmp_path)))
-    assert any("tokens" in w and "ignored" in w for w in result.warnings)
+def test_a_long_prompt_is_encoded_whole_in_75_token_chunks_not_truncated(tmp_path):
+    """A1111 encodes a prompt past 77 tokens in 75-token chunks; so do we for SD/SDXL: no truncation
+    warning, and a change past the 77th token changes the image (docs/FAULTS.md 11)."""
+    base = "lighthouse " * 30  # the tiny tokenizer: about a token per character, ~330 tokens
+    request = dict(width=64, height=64, steps=2, seed=3, outdir=str(tmp_path))
+    first = Session().generate(GenerationRequest(prompt=base + "at dusk", **request))
+    second = Session().generate(GenerationRequest(prompt=base + "at noon", **request))
+    assert not any("ignored" in w for w in first.warnings)
+    assert not np.array_equal(np.asarray(Image.open(first.images[0])), np.asarray(Image.open(second.images[0])))
+
+
+def test_a1111_weights_change_the_image_and_unsupported_syntax_is_warned(tmp_path):
+    request = dict(width=64, height=64, steps=2, seed=3, outdir=str(tmp_path))
+    plain = Session().generate(GenerationRequest(prompt="a red fox", **request))
+    weighted = Session().generate(GenerationRequest(prompt="a (red:1.6) fox", **request))
+    unit = Session().generate(GenerationRequest(prompt="a (red:1) fox", **request))
+    pixels = [np.asarray(Image.open(r.images[0]), dtype=int) for r in (plain, weighted, unit)]
+    assert not np.array_equal(pixels[0], pixels[1]) and np.array_equal(pixels[0], pixels[2])
+    params, _ = read_png_metadata(weighted.images[0])
+    assert params.startswith("a (red:1.6) fox")  # the PNG keeps the prompt as typed
+    edited = Session().generate(GenerationRequest(prompt="a [cat:dog:5] fox", **request))
+    assert any("prompt editing" in w.lower() or "[cat:dog:5]" in w for w in edited.warnings)
+
+
+def test_a_malformed_weight_is_a_clear_error_before_any_model_work(capsys):
+    code = main(["generate", "a (red:1.2.3) fox", "--steps", "1"])
+    assert code == 2 and "invalid prompt" in capsys.readouterr().err
 
 
 def test_the_default_sampler_is_written_with_its_a1111_name(tmp_path):

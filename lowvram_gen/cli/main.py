@@ -60,6 +60,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hires-steps", default=0, metavar="N", help="second-pass steps (0: as many as --steps)")
     h.add_argument("--hires-denoise", default=0.7, metavar="X", help="second-pass denoising strength (default 0.7)")
     _add_model(p)
+    p.add_argument("--lora", action="append", default=[], metavar="NAME[:W]",
+                   help="apply a LoRA from models/Lora (repeatable; the same as <lora:NAME:W> in the prompt)")
     p.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
     _add_memory_flags(p)
@@ -178,7 +180,7 @@ def cmd_generate(args) -> int:
         sampler=args.sampler, model=args.model, config=args.config, outdir=args.outdir,
         init_image=getattr(args, "init_image", None), strength=getattr(args, "strength", 0.75),
         hires_scale=args.hires_scale, hires_upscaler=args.hires_upscaler, hires_steps=args.hires_steps,
-        hires_denoise=args.hires_denoise,
+        hires_denoise=args.hires_denoise, loras=tuple(args.lora),
     ).validated()  # before anything heavy is imported or loaded
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session

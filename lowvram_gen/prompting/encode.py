@@ -22,12 +22,15 @@ group offload) move them as usual; token ids go to each encoder's execution devi
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
 from lowvram_gen.prompting.chunks import empty_chunk, token_weights
 from lowvram_gen.prompting.parse import find_unsupported, strip_syntax, uses_syntax
 
+MIN_MEAN_RATIO = 0.25  # see _emphasis: outside [0.25, 4] the mean carries no information
 _SD = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"}
 _SDXL = {"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}
 
@@ -92,7 +95,13 @@ def _emphasis(z, weights):
     z32 = z.float()
     before = z32.mean()
     z32 = z32 * torch.tensor(weights, dtype=torch.float32, device=z.device).reshape(1, -1, 1)
-    return (z32 * (before / z32.mean())).to(z.dtype)
+    ratio = float(before / z32.mean())
+    # A real CLIP's hidden states have a clear non-zero mean and the ratio stays near 1. A mean near
+    # zero (untrained LayerNorm biases, as in the embedded tiny models) makes it noise that can blow
+    # the embedding up to NaN in the UNet: then the weights are applied without the rescale.
+    if math.isfinite(ratio) and MIN_MEAN_RATIO <= ratio <= 1 / MIN_MEAN_RATIO:
+        z32 = z32 * ratio
+    return z32.to(z.dtype)
 
 
 def _run(kind: str, encoder, chunk, clip_skip, device):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +21,8 @@ from lowvram_gen.engines.sd.runner import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
+from lowvram_gen.networks import job as networks
+from lowvram_gen.prompting.encode import family, plain_prompt_for, syntax_warnings
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.samplers import DEFAULT, a1111_name
@@ -29,21 +31,43 @@ log = logging.getLogger(__name__)
 NOISE_NOTE = "embedded tiny model: random weights, the image is abstract noise; pass --model for real images"
 
 
-def prepare(pipe, request: GenerationRequest, source: ModelSource) -> list[str]:
-    """Refuse what this pipeline cannot do (clear errors before any step), set the sampler, and say
-    what the user should know (truncated prompts, ignored negative prompts, the tiny model)."""
+@dataclass
+class Prepared:
+    """What a job needs besides the request: the text the encoders read, the LoRA/embedding fields
+    for the PNG, and what the user should know."""
+
+    texts: sd.Texts
+    fields: dict
+    warnings: list[str]
+
+
+def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> Prepared:
+    """Refuse what this pipeline cannot do (clear errors before any step), set the sampler, switch the
+    job's LoRAs and embeddings on, and say what the user should know (the tiny model, A1111 syntax we
+    do not follow, truncated prompts where the encoder cannot take more, ignored negative prompts)."""
+    pipe = runner.model.pipe
     sd.check_request(pipe, request)
     sd.set_sampler(pipe, request.sampler)
-    warnings = [NOISE_NOTE] if source.is_tiny else []
-    for label, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
-        used, limit = sd.prompt_token_count(pipe, text)
-        if used > limit:
-            warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
+    # the first preset goes on before any LoRA: restoring precision reloads components from disk,
+    # which would drop adapters loaded before it
+    runner.use(ladder.preset.memory)
+    nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply)
+    texts = sd.Texts(nets.prompt, nets.negative_prompt)
+    warnings = ([NOISE_NOTE] if source.is_tiny else []) + nets.warnings
+    if family(pipe) is not None:  # SD/SDXL: A1111 weights, and long prompts in 75-token chunks
+        warnings += syntax_warnings(texts.prompt, texts.negative_prompt)
+    else:
+        for label, text in (("prompt", texts.prompt), ("negative prompt", texts.negative_prompt)):
+            plain, more = plain_prompt_for(pipe, text)
+            warnings += more
+            used, limit = sd.prompt_token_count(pipe, plain)
+            if used > limit:
+                warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
     if request.negative_prompt and sd.ignores_negative_prompt(pipe):
         warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
     for w in warnings:
         log.info(w)
-    return warnings
+    return Prepared(texts, nets.fields, warnings)
 
 
 def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,
@@ -52,12 +76,13 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     """Make and save the images of `request` (validated) on `runner`'s loaded model."""
     started = time.perf_counter()
     pipe = runner.model.pipe
-    warnings = prepare(pipe, request, source)
+    prepared = prepare(runner, request, source, ladder)
+    warnings = prepared.warnings
     seeds = request.resolved_seeds()
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
-    saver = _Saver(request, sampler, ladder, source, device, outdir)
+    saver = _Saver(request, sampler, ladder, source, device, outdir, prepared.fields)
     try:
-        runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder)
+        runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts)
     except Cancelled as exc:
         raise Cancelled(f"{exc}; {len(saver.images)} finished image(s) kept", images=saver.images) from None
     seconds = round(time.perf_counter() - started, 3)
@@ -78,8 +103,9 @@ class _Saver:
     """Writes each finished pass's images as they come, so a cancel or a crash keeps them."""
 
     def __init__(self, request: GenerationRequest, sampler: str, ladder: Ladder, source: ModelSource,
-                 device: DeviceInfo, outdir: Path):
+                 device: DeviceInfo, outdir: Path, network_fields: dict):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
+        self.network_fields = network_fields  # Lora hashes, TI hashes
         self.outdir = outdir
         self.images: list[str] = []
         self.nsfw: list[bool] = []
@@ -92,6 +118,7 @@ class _Saver:
         self.upscaled = self.upscaled or done.generated_size != request.output_size()
         for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
             fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size)
+            fields.update(self.network_fields)
             if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
                 fields["Safety checker"] = "blacked out"
             meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen.errors import Cancelled, InvalidRequest
+from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT, make_scheduler
 
@@ -39,10 +40,32 @@ class Pass:
     init: object = None  # img2img: PIL images (one per seed) or latents already in model space
     strength: float = 1.0  # img2img: how much of the init is replaced; 0 keeps it as it is
     steps: int | None = None  # None: the request's steps
+    texts: "Texts | None" = None  # what the text encoders read; None: the request's prompts as typed
 
     @property
     def num_steps(self) -> int:
         return self.steps or self.request.steps
+
+
+@dataclass(frozen=True)
+class Texts:
+    """The prompts as the text encoders read them: `<lora:...>` tags taken out and `embedding:name`
+    resolved (networks.job); the PNG keeps the prompts as typed."""
+
+    prompt: str
+    negative_prompt: str
+
+
+def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
+    """The pipeline call's text arguments for `n` images: A1111-weighted, chunked embeddings for SD and
+    SDXL (prompting.encode; a plain prompt gives exactly diffusers' own embeddings), the plain strings
+    with the weighting syntax stripped for pipelines with other text encoders (SD3, Flux, ...)."""
+    embeds = encode_prompts(pipe, texts.prompt, texts.negative_prompt, n, None, do_cfg=cfg)
+    if embeds is not None:
+        return embeds.as_kwargs()
+    prompt = plain_prompt_for(pipe, texts.prompt)[0]
+    negative = plain_prompt_for(pipe, texts.negative_prompt)[0]
+    return dict(prompt=[prompt] * n, negative_prompt=[negative] * n if negative else None)
 
 
 @dataclass
@@ -201,9 +224,9 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             raise Cancelled("cancelled at step %d of %d" % (max(done, 0), total))
         return kwargs
 
+    texts = step.texts or Texts(request.prompt, request.negative_prompt)
     kwargs = dict(
-        prompt=[request.prompt] * n,
-        negative_prompt=[request.negative_prompt] * n if request.negative_prompt else None,
+        **text_kwargs(pipe, texts, n, cfg=request.cfg_scale > 1),
         num_inference_steps=step.num_steps,
         guidance_scale=request.cfg_scale,
         generator=_generators(step.seeds, device),

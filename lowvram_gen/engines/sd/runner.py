@@ -69,13 +69,18 @@ class Runner:
         apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe))
         self.applied = settings
 
+    def reapply(self) -> None:
+        """Apply the current settings again (after LoRAs or embeddings were loaded with hooks lifted)."""
+        apply_mod.apply_settings(self.model.pipe, self.applied, self.device, self.ops_factory(self.model.pipe))
+
     def run(self, request: GenerationRequest, seeds: list[int], presets: list[Preset],
             on_chunk: Callable[[ChunkDone], None], on_step: sd.ProgressFn | None = None,
-            cancel: threading.Event | None = None, ladder: Ladder | None = None) -> Ladder:
+            cancel: threading.Event | None = None, ladder: Ladder | None = None,
+            texts: sd.Texts | None = None) -> Ladder:
         """Make one image per seed for `request`, starting at `presets[0]`; returns the ladder (where
-        the job ended and every attempt)."""
+        the job ended and every attempt). `texts`: what the encoders read, if not the typed prompts."""
         ladder = ladder or Ladder(presets, self.device.kind)
-        _Job(self, request, seeds, ladder, on_step, cancel).run(on_chunk)
+        _Job(self, request, seeds, ladder, on_step, cancel, texts).run(on_chunk)
         return ladder
 
 
@@ -83,8 +88,9 @@ class _Job:
     """One job's state on the ladder: the images still to make, how many per pass, at what size."""
 
     def __init__(self, runner: Runner, request: GenerationRequest, seeds: list[int], ladder: Ladder,
-                 on_step, cancel):
+                 on_step, cancel, texts: sd.Texts | None = None):
         self.runner, self.request, self.seeds, self.ladder = runner, request, seeds, ladder
+        self.texts = texts
         self.on_step, self.cancel = on_step, cancel
         self.pipe = runner.model.pipe
         self.device = runner.device.torch_device
@@ -128,9 +134,10 @@ class _Job:
 
     def _first_pass(self, seeds: list[int]) -> sd.Pass:
         if self.init is None:
-            return sd.Pass(self.request, seeds, *self.size)
+            return sd.Pass(self.request, seeds, *self.size, texts=self.texts)
         resized = self.init if self.init.size == self.size else self.init.resize(self.size)
-        return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength)
+        return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength,
+                       texts=self.texts)
 
     def _step_down(self) -> None:
         """After a denoise out-of-memory: fewer images per pass, the next preset, then fewer pixels."""
@@ -194,7 +201,7 @@ class _Job:
             else:
                 init = upscale_images(pixels, target, request.hires_upscaler, self.device, ladder=self.ladder)
             second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
-                             steps=request.hires_steps or request.steps)
+                             steps=request.hires_steps or request.steps, texts=self.texts)
             started = time.perf_counter()
             ok, result = self.ladder.attempt(
                 "hires", lambda: sd.denoise(self.pipe, second, self.device, self.on_step, self.cancel),

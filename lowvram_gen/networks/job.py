@@ -1,0 +1,41 @@
+"""Everything a job does with LoRAs and embeddings, in one call for the engine/session.
+
+`prepare()` runs after the job's first preset is applied and before the pipeline runs: it takes the
+`<lora:...>` tags out of the prompts, switches the job's LoRAs on (and the previous job's off), loads
+the embeddings the prompts name, and returns the prompts for the text encoders, the A1111 fields
+for the PNG and warnings. The PNG keeps the prompt as typed, tags included, as A1111 does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from lowvram_gen.networks.embeddings import load_embeddings_used
+from lowvram_gen.networks.lora import activate_loras
+from lowvram_gen.networks.metadata import network_fields
+from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
+
+
+@dataclass
+class NetworkJob:
+    prompt: str  # for the text encoder: tags out, `embedding:x` -> `x`
+    negative_prompt: str
+    fields: dict = field(default_factory=dict)  # 'Lora hashes' / 'TI hashes' for the A1111 parameters
+    warnings: list[str] = field(default_factory=list)
+
+
+def prepare(pipe, prompt: str, negative_prompt: str = "", loras: Iterable[str] = (),
+            reapply_memory: Callable[[], object] | None = None) -> NetworkJob:
+    """`loras`: `--lora NAME[:W]` values; they come first, then the prompt's tags."""
+    text, refs, warnings = extract_lora_tags(prompt)
+    negative, negative_refs, more = extract_lora_tags(negative_prompt)
+    warnings += more
+    if negative_refs:
+        names = ", ".join(r.name for r in negative_refs)
+        warnings.append(f"LoRA tags in the negative prompt are not applied ({names}); put them in the prompt")
+    refs, more = merge_refs([parse_lora_flag(f) for f in loras] + refs)
+    warnings += more
+    warnings += activate_loras(pipe, refs, reapply_memory)
+    used = load_embeddings_used(pipe, text, negative, reapply_memory)
+    return NetworkJob(used.prompt, used.negative_prompt, network_fields(refs, used.used), warnings + used.warnings)
