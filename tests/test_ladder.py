@@ -142,6 +142,7 @@ def test_resolution_is_lowered_last_and_upscaled_to_the_request(model, ladder):
     assert done[0].images[0].size == (128, 128)
 
 
+@pytest.mark.slow
 def test_thirty_oom_cycles_do_not_leak(model, ladder):
     runner = Runner(model, probe("cpu"))
     # simulated: every first-preset UNet call allocates 32 MB, then runs out of memory

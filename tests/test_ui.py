@@ -474,13 +474,13 @@ def test_messages_name_the_ui_controls_not_the_cli_flags(server):
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
-    from lowvram_gen.engines.sd.runner import _everything_failed
-    from lowvram_gen.errors import OutOfMemoryEverywhere
+    from lowvram_gen.engines.sd.runner import ADVICE
+    from lowvram_gen.ladder import Ladder
 
     real = server.session.generate
 
     def oom(request, **kw):
-        raise OutOfMemoryEverywhere(_everything_failed([]))
+        raise Ladder([]).exhausted(ADVICE)  # what the SD engine raises when every step ran out of memory
 
     server.session.generate = oom
     try:

@@ -33,6 +33,7 @@ def preset(name: str, rank: int, **knobs) -> Preset:
                   max_batch=1, vqgan=VqganKnobs(**{"clip_autocast": False, **knobs}))
 
 
+@pytest.mark.slow
 def test_many_vqgan_oom_cycles_do_not_leak(tmp_path):
     """Simulated: a card on which CLIP's vision tower runs out of memory when it is given more than
     two cutouts at once. Each job starts at "big" (4 cutouts per CLIP call); at iteration 1, 2 or 3
