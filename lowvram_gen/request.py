@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.networks.tags import extract_lora_tags, parse_lora_flag
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
+from lowvram_gen.samplers import check_sampler  # light: a table of names, no torch
 from lowvram_gen.upscale.upscalers import check_upscaler
 
 # Caps. They bound what a typo can cost, not what a big card can do; presets cap further.
@@ -121,8 +122,6 @@ class GenerationRequest:
 
     def validated(self) -> "GenerationRequest":
         """Return a normalised copy, or raise `InvalidRequest` naming the first bad field."""
-        from lowvram_gen.samplers import check_sampler  # light: a table of names, no torch
-
         seed = as_int("seed", self.seed, -1, MAX_SEED, " (-1 means random)")
         return dataclasses.replace(
             self,

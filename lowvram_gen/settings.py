@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from lowvram_gen.errors import PresetError
+
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTION = ("sdpa", "xformers", "slicing")
 OFFLOAD = ("none", "model", "group", "sequential")
@@ -29,8 +31,6 @@ class MemorySettings:
     fp8_storage: bool = False  # keep UNet/transformer weights in float8, upcast per layer
 
     def check(self, where: str = "settings") -> "MemorySettings":
-        from lowvram_gen.errors import PresetError
-
         for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD)):
             value = getattr(self, key)
             if value not in allowed:

@@ -41,7 +41,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_no_import_cycles():
     graph = _graph()
-    seen, done, cycles = set(), set(), []
+    done, cycles = set(), []
 
     def visit(node, trail):
         if node in trail:

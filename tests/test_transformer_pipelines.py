@@ -386,7 +386,7 @@ def test_sd3_capped_size_keeps_sides_the_transformer_takes(sd3):
     runner = Runner(load(resolve(sd3.folder), "float32"), probe("cpu"))
     small = replace(find_preset("cpu"), max_pixels=4096)
     done = []
-    report = runner.run(GenerationRequest(prompt="a boat", width=112, height=80, steps=2), [1], [small], done.append)
+    runner.run(GenerationRequest(prompt="a boat", width=112, height=80, steps=2), [1], [small], done.append)
     assert done[0].generated_size == (64, 64)  # capped, then upscaled to the request
     assert done[0].images[0].size == (112, 80)
 

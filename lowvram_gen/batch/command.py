@@ -18,6 +18,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lowvram_gen.batch import manifest as bm
+from lowvram_gen.batch.files import MAX_REPEAT, expand, read_entries
+from lowvram_gen.batch.report import JobBar, Processes, dry_run_report, print_summary, report_lines
+from lowvram_gen.errors import LowVramError
+from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
+
 log = logging.getLogger(__name__)
 
 FORMATS_HELP = """\
@@ -81,9 +87,6 @@ class Outcome:
 
 
 def run_batch_command(args, session_kwargs: dict) -> int:
-    from lowvram_gen.batch.files import MAX_REPEAT
-    from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
-
     names = ("negative_prompt", "width", "height", "steps", "cfg_scale", "batch_size", "sampler", "seed", "model",
              "config")
     defaults = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
@@ -98,10 +101,6 @@ def run_batch_command(args, session_kwargs: dict) -> int:
 
 def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *, fmt=None, repeat=1,
               seed_start=None, restart=False, as_json=False, dry_run=False, session=None) -> int:
-    from lowvram_gen.batch import manifest as bm
-    from lowvram_gen.batch.files import expand, read_entries
-    from lowvram_gen.batch.report import Processes, dry_run_report, print_summary, report_lines
-
     joblist = expand(read_entries(file, fmt), defaults, repeat, seed_start)
     root = outdir.expanduser().resolve()
     if dry_run:
@@ -153,10 +152,6 @@ def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *,
 def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session_kwargs, session, file, as_json,
               total) -> None:
     import dataclasses
-
-    from lowvram_gen.batch import manifest as bm
-    from lowvram_gen.batch.report import JobBar
-    from lowvram_gen.errors import LowVramError
 
     if not share:
         return

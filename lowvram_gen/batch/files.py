@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
 
@@ -102,8 +103,6 @@ def _build_sd(fields: dict) -> GenerationRequest:
 def _build_vqgan(fields: dict):
     # VQGAN-CLIP: `steps` means iterations, a negative prompt becomes a prompt with weight -1, and the
     # SD-only fields (cfg_scale, sampler, model, config) do not apply (engines/vqgan_request.py). No torch.
-    from lowvram_gen.engines.vqgan.request import VqganRequest
-
     try:
         return VqganRequest.from_batch_fields(fields)
     except InvalidRequest as exc:
@@ -118,8 +117,6 @@ def _with_every_field(exc: InvalidRequest) -> InvalidRequest:
     """
     if exc.field != "field" or not exc.allowed.startswith("allowed fields"):
         return exc
-    from lowvram_gen.engines.vqgan.request import VqganRequest
-
     not_per_line = {"extra", "outdir"}  # extra is kept for the app; the output folder is the batch's
     sd = sorted(REQUEST_FIELDS - not_per_line)
     vqgan = sorted({f.name for f in dataclasses.fields(VqganRequest)} - not_per_line | {"steps", "negative_prompt"})

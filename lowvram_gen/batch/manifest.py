@@ -31,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from lowvram_gen.batch.files import BatchError, Job
+from lowvram_gen.outputs import read_png_metadata
 
 MANIFEST_GLOB = "manifest.rank*.jsonl"
 ARCHIVE_GLOB = "manifest.rank*.jsonl.*"  # older manifests put aside by --restart
@@ -178,8 +179,6 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
     Returns (records to append for adopted jobs, temp files removed, paths moved aside). Only
     images whose metadata names a job of this prompt file are touched; a user's own files are not.
     """
-    from lowvram_gen.outputs import read_png_metadata
-
     removed = 0
     found: dict[str, list[tuple[Path, dict]]] = defaultdict(list)
     for folder in folders:

@@ -9,6 +9,9 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from lowvram_gen.batch import manifest as bm
+from lowvram_gen.device import set_alloc_conf
+
 COLLECTIVE_TIMEOUT_DAYS = 30  # bounds a wait for the slowest process, not a job; a dead process ends the set anyway
 
 
@@ -26,8 +29,6 @@ class Processes:
         """PartialState on this process's device: `cuda:LOCAL_RANK` under a launcher on GPUs (the
         Session's probe picks the same index), the CPU with --cpu, `accelerate launch --cpu` or no GPU
         (gloo between processes). Updates `session_kwargs` when the launcher asked for the CPU."""
-        from lowvram_gen.device import set_alloc_conf
-
         set_alloc_conf()  # before anything initialises CUDA
         import torch
         from accelerate import PartialState
@@ -155,8 +156,6 @@ def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int,
 
 
 def dry_run_report(file: Path, root: Path, joblist, restart: bool, as_json: bool) -> int:
-    from lowvram_gen.batch import manifest as bm
-
     records = [] if restart else bm.read_records(bm.current_manifests(root))
     done = {r["job"] for r in records if r.get("status") == "ok"}
     rows = [{"line": j.line, "repeat": j.repeat, "job": j.key, "engine": j.engine, "seed": j.request.seed,

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import platform
 
+from lowvram_gen import failures
+from lowvram_gen.device import DEFAULT_RESERVE, format_size, probe
+from lowvram_gen.planning import estimate as memory
+from lowvram_gen.planning.planner import plan
+from lowvram_gen.presets import find_preset, load_presets
+
 
 def _version(module: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -34,12 +40,6 @@ def _kernels(device) -> dict:
 def report(device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
            reserve_vram: int | None = None, xformers: bool = False) -> dict:
     import torch
-
-    from lowvram_gen import failures
-    from lowvram_gen.planning import estimate as memory
-    from lowvram_gen.device import DEFAULT_RESERVE, probe
-    from lowvram_gen.planning.planner import plan
-    from lowvram_gen.presets import find_preset, load_presets
 
     dev = probe(device, reserve_bytes=reserve_vram if reserve_vram is not None else DEFAULT_RESERVE, budget_bytes=vram_budget)
     presets = load_presets()
@@ -76,8 +76,6 @@ def _nvidia_driver() -> str | None:
 
 
 def format_report(info: dict) -> str:
-    from lowvram_gen.device import format_size
-
     d = info["device"]
     lines = [
         f"device:      {d['name']} ({d['kind']})",

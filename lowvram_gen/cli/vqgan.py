@@ -1,6 +1,6 @@
 """`lowvram-gen vqgan PROMPTS ...` and `lowvram-gen plan --engine vqgan`: parsers and commands.
 
-Light at import time (cli.py imports it to build its parser): torch loads only when a job runs.
+Light at import time (cli/main.py imports it to build its parser): torch loads only when a job runs.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.models.checkpoint import check_finite, load_single_file
 from lowvram_gen.models.quiet import quiet_hub_bars
 from lowvram_gen.models.resolve import ModelSource
 
@@ -41,12 +42,8 @@ def load(source: ModelSource, dtype: str = "float32") -> LoadedModel:
     quiet_hub_bars()
     torch_dtype = getattr(torch, dtype)
     if source.kind == "single_file":
-        from lowvram_gen.models.checkpoint import check_finite, load_single_file
-
         pipe = load_single_file(str(source.path), source.config, torch_dtype)
     else:
-        from lowvram_gen.models.checkpoint import check_finite
-
         pipe = _from_folder(source, torch_dtype)
     check_finite(pipe)
     pipe.set_progress_bar_config(disable=True)  # our own progress reporting replaces diffusers' bars

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from lowvram_gen.models.quiet import quiet_hub_bars
 from lowvram_gen.paths import models_dir
 
 # Bump when a builder changes, so old caches are rebuilt instead of silently reused.
@@ -35,8 +36,6 @@ def ensure_tiny(name: str) -> Path:
     if (target / "model_index.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    from lowvram_gen.models.quiet import quiet_hub_bars
-
     quiet_hub_bars()
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:

@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
+from lowvram_gen.models.checkpoint import check_finite, check_safetensors, load_pickle_weights_only
+from lowvram_gen.models.quiet import quiet_hub_bars
+from lowvram_gen.models.resolve import hub_problem
+from lowvram_gen.models.tiny import _tokenizer
 from lowvram_gen.paths import models_dir
 
 VERSION = 1  # bump when a tiny builder changes: old caches are rebuilt, not reused
@@ -101,9 +105,6 @@ def ensure_tiny_vqgan_clip() -> Path:
     target = tiny_path()
     if (target / "vqgan" / "config.json").is_file() and (target / "clip" / "config.json").is_file():
         return target
-    from lowvram_gen.models.quiet import quiet_hub_bars
-    from lowvram_gen.models.tiny import _tokenizer
-
     quiet_hub_bars()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_NAME}-", dir=target.parent))
@@ -221,8 +222,6 @@ def _snapshot(repo: str, patterns: list[str], flag: str) -> Path:
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns))
     except Exception as exc:  # offline, not cached, gated, not found: all end the same way for the user
-        from lowvram_gen.models.resolve import hub_problem
-
         raise ModelLoadError(f"could not get the model {repo!r}: {hub_problem(exc)}. Download it once while online "
                              f"with `hf download {repo}`, or pass a local folder to {flag}.") from exc
 
@@ -391,13 +390,9 @@ def convert_taming(ckpt: Path, yaml_path: Path) -> Path:
     if ckpt.suffix.lower() == ".safetensors":
         from safetensors.torch import load_file
 
-        from lowvram_gen.models.checkpoint import check_safetensors
-
         check_safetensors(ckpt)
         state = load_file(str(ckpt))
     else:
-        from lowvram_gen.models.checkpoint import load_pickle_weights_only
-
         state = load_pickle_weights_only(ckpt)
     converted = convert_taming_state_dict(state, params, ckpt.name)
     del state
@@ -443,8 +438,6 @@ def load_vqgan(source: VqganSource):
     import torch
     from diffusers import VQModel
 
-    from lowvram_gen.models.quiet import quiet_hub_bars
-
     quiet_hub_bars()
     folder = convert_taming(source.path, source.config) if source.kind == "taming" else source.path
     try:
@@ -458,8 +451,6 @@ def load_vqgan(source: VqganSource):
 def load_clip(source: ClipSource) -> LoadedClip:
     import torch
     from transformers import CLIPModel, CLIPTokenizer
-
-    from lowvram_gen.models.quiet import quiet_hub_bars
 
     quiet_hub_bars()
     if not any(source.path.glob("*.safetensors")):
@@ -482,7 +473,5 @@ def load_clip(source: ClipSource) -> LoadedClip:
 
 def _check_finite(module, name: str) -> None:
     from types import SimpleNamespace
-
-    from lowvram_gen.models.checkpoint import check_finite
 
     check_finite(SimpleNamespace(components={name: module}))

@@ -22,10 +22,10 @@ Nothing here imports torch unless a profile is built from a folder or from loade
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lowvram_gen.models import vqgan_models as vm
 from lowvram_gen.planning.estimate import OVERHEAD_BYTES
 from lowvram_gen.planning.planner import PresetEstimate, choose
 from lowvram_gen.planning.sizes import capped_size
@@ -137,8 +137,6 @@ def profile_from_specs(vqgan: str, clip: str) -> VqganProfile:
     clip_part = BUILTIN_CLIP.get(c)
     if vq_part is None or clip_part is None:
         from accelerate import init_empty_weights
-
-        from lowvram_gen.models import vqgan_models as vm
 
         if vq_part is None:
             from diffusers import VQModel

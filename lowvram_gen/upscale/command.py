@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from lowvram_gen import outputs
+from lowvram_gen.device import probe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_SIDE, as_float, check_image_path
 from lowvram_gen.upscale.upscalers import UpscaleReport, check_upscaler, model_path, upscale_images
@@ -35,8 +36,6 @@ def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str |
         raise InvalidRequest("scale", scale, f"{source.width}x{source.height} x{factor:g} is {size[0]}x{size[1]}; "
                                              f"at most {MAX_SIDE * 2} px a side")
     if device is None:
-        from lowvram_gen.device import probe
-
         device = probe().torch_device
     report = UpscaleReport(name)
     image = upscale_images([source], size, name, device, report=report)[0]

@@ -12,8 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.ladder import Ladder
+from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
 
 log = logging.getLogger(__name__)
 BUILTIN = ("lanczos", "latent", "sd-x4")
@@ -126,8 +127,6 @@ def load_model(name: str):
     if key not in _MODELS:
         from spandrel import ModelLoader, UnsupportedModelError
 
-        from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
-
         if path.suffix.lower() == ".safetensors":
             check_safetensors(path)
             from safetensors.torch import load_file
@@ -192,8 +191,6 @@ def _tiles(descriptor, x, device: str, tile: int):
 
 def _sd_x4(image, device: str, prompt: str, steps: int):
     """diffusers' SD x4 upscaler, when the user has it (HF cache or $LOWVRAM_GEN_SD_X4 folder)."""
-    from lowvram_gen.errors import ModelLoadError
-
     source = os.environ.get("LOWVRAM_GEN_SD_X4") or SD_X4_REPO
     pipe = _MODELS.get(f"sd-x4:{source}")
     if pipe is None:

@@ -24,6 +24,7 @@ from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.engines.vqgan.video import write_progress_video
 from lowvram_gen.errors import Cancelled
 from lowvram_gen.ladder import Ladder
+from lowvram_gen.models import vqgan_models as vm
 from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.sizes import capped_size
 from lowvram_gen.result import GenerationResult
@@ -61,8 +62,6 @@ class VqganModels:
 def load_models(request: VqganRequest, current: VqganModels | None = None) -> VqganModels:
     """The VQGAN and CLIP this request names: `current` (the pair the session holds) where it is the
     same, else loaded; a model of the pair that did not change is kept, not loaded again."""
-    from lowvram_gen.models import vqgan_models as vm
-
     vsrc, csrc = vm.resolve_vqgan(request.vqgan, request.vqgan_config), vm.resolve_clip(request.clip)
     if current is not None and current.key == (vsrc, csrc):
         return current
