@@ -31,7 +31,8 @@ def main() -> None:
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import gpu_ladder, load_presets
-    from lowvram_gen.engines.sd.runner import JobSpec, Runner
+    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.request import GenerationRequest
 
     ladder = gpu_ladder(load_presets())
     model = load(resolve("tiny"), "float32")
@@ -46,9 +47,9 @@ def main() -> None:
     def job(start: int) -> tuple[float, str]:
         runner.use(ladder[start].memory)  # where the previous job left it is not part of the timing
         t = time.perf_counter()
-        job = JobSpec("a lighthouse", "", args.size, args.size, args.steps, 7.0, [1])
-        report = runner.run(job, ladder[start:], lambda done: None)
-        return time.perf_counter() - t, report.final_preset
+        request = GenerationRequest(prompt="a lighthouse", width=args.size, height=args.size, steps=args.steps)
+        ladder_run = runner.run(request, [1], ladder[start:], lambda done: None)
+        return time.perf_counter() - t, ladder_run.preset_name
 
     job(0), job(1)  # warm-up
     with_oom, direct = [], []
