@@ -14,7 +14,7 @@ real loop (`VqganLoop.gradient` + the optimiser step) and reads VmHWM. activatio
 what an iteration needs on top of the weights, i.e. what max_memory_allocated minus the weights
 would show on a GPU. glibc is told to hand freed memory back at once (MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_) so RSS follows live tensors. Each point also records what
-lowvram_gen/memory_vqgan.py estimates for it. Results: docs/bench/vqgan.json.
+lowvram_gen/planning/vqgan.py estimates for it. Results: docs/bench/vqgan.json.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def worker(job: dict) -> dict:
     from lowvram_gen.device import probe
     from lowvram_gen.engines.vqgan.loop import Knobs, VqganLoop
     from lowvram_gen.engines.vqgan.request import VqganRequest
+    from lowvram_gen.ladder import Ladder
     from lowvram_gen.presets import load_presets
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
@@ -79,7 +80,7 @@ def worker(job: dict) -> dict:
     size, cutn = job["size"], job["cutn"]
     request = VqganRequest(prompt="a lighthouse at dusk|oil painting:0.5", width=size, height=size,
                            iterations=job["iterations"] + 1, cutn=cutn, seed=0).validated()
-    loop = VqganLoop(vq, clip, request, 0, (size, size), [load_presets()["cpu"]], probe("cpu"))
+    loop = VqganLoop(vq, clip, request, 0, (size, size), Ladder([load_presets()["cpu"]]), probe("cpu"))
     loop.knobs = Knobs(job["chunk"], job["autocast"], job["checkpointing"], False)
     loop.setup()
 
@@ -126,7 +127,7 @@ def run(arch: str, size: int, cutn: int, iterations: int, timeout: int) -> list[
 
 
 def estimated(row: dict) -> int:
-    """What the estimator in lowvram_gen/memory_vqgan.py says now for a stored point (CPU, float32/bf16)."""
+    """What the estimator in lowvram_gen/planning/vqgan.py says now for a stored point (CPU, float32/bf16)."""
     from lowvram_gen.planning import vqgan as memory_vqgan
     from lowvram_gen.engines.vqgan.loop import Knobs
 
