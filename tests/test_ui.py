@@ -111,12 +111,12 @@ def test_type_a_prompt_generate_and_see_the_image_and_its_metadata(page, server)
     assert target.stat().st_size > 10_000
 
 
-TABS = ("txt2img", "img2img", "Upscale", "VQGAN-CLIP", "System")
+TABS = ("txt2img", "img2img", "Upscale", "PNG Info", "VQGAN-CLIP", "System")
 PLANNED = "() => document.querySelector('#plan-table').innerText.includes('system RAM')"  # the cpu row is there
 
 
 def _screenshot_every_tab(page, target: Path) -> None:
-    """The README's picture: each of the five tabs (txt2img after its generation), two a row, one PNG."""
+    """The README's picture: each of the six tabs (txt2img after its generation), two a row, one PNG."""
     from io import BytesIO
 
     from PIL import Image
@@ -588,7 +588,7 @@ def test_every_tab_is_built_by_one_signature():
     from lowvram_gen.ui.app import TABS
 
     names = [t.__name__.rsplit(".", 1)[1] for t in TABS]
-    assert names == ["txt2img", "img2img", "upscale", "vqgan", "system"]
+    assert names == ["txt2img", "img2img", "upscale", "pnginfo", "vqgan", "system"]
     for tab in TABS:
         assert str(inspect.signature(tab.build)) == "(ctx: lowvram_gen.ui.context.TabContext) -> None"
 
