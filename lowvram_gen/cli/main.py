@@ -35,9 +35,10 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", metavar="SPEC",
                    help="tiny (default; random weights, noise), tiny-sdxl, sd15|sd21|sdxl|sd3|flux (their hub "
-                        "ids), a hub id, a diffusers folder or a .safetensors/.ckpt file")
+                        "ids), a hub id, a diffusers folder, a .safetensors/.ckpt file or a .gguf UNet/transformer")
     p.add_argument("--config", metavar="FOLDER|HUB_ID",
-                   help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 folder)")
+                   help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 "
+                        "folder); for a .gguf also its VAE and text encoders")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
