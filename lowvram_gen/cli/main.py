@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(GB means GiB, as on graphics cards)")
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
-                         "tiny, or a diffusers folder")
+                         "tiny, a diffusers folder, or a single file (a .gguf counts at its stored size)")
+    pl.add_argument("--config", metavar="FOLDER|HUB_ID",
+                    help="the base model's diffusers folder, for a single-file --model")
     native = ("multiple of 8 (default: the model's native size, 512 SD 1.5, 768 SD 2.1, 1024 SDXL/SD3/Flux; "
               "512 with --engine vqgan)")
     pl.add_argument("--width", metavar="N", help=native)
@@ -228,9 +230,10 @@ def cmd_plan(args) -> int:
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
+        from lowvram_gen.models.profile import source_profile
         from lowvram_gen.models.resolve import resolve
 
-        profile = memory.profile_from_folder(resolve(args.model).path)
+        profile = source_profile(resolve(args.model, args.config))
     width, height = width or memory.native_side(profile), height or memory.native_side(profile)
     forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
     result = plan(dev, profile, width, height, batch, load_presets(), forced)

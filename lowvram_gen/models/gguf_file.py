@@ -188,6 +188,22 @@ def load_pipeline(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
                                                         **{**_absent_components(folder), name: model})
 
 
+def follow_dtype(module, dtype) -> None:
+    """Run a GGUF denoiser in `dtype`: its unquantized tensors (norms, biases, convolutions) are cast and
+    its quantized layers dequantize to `dtype`; the quantized blocks themselves stay as stored.
+
+    diffusers refuses `.to(dtype)` on a quantized model; torch's own `Module.to` converts floating-point
+    tensors only, and the quantized blocks are uint8, so it leaves them as they are.
+    """
+    import torch
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+
+    torch.nn.Module.to(module, dtype=dtype)
+    for sub in module.modules():
+        if isinstance(sub, GGUFLinear):
+            sub.compute_dtype = dtype
+
+
 def gguf_bits(module) -> int | None:
     """For a denoiser loaded from a GGUF file: the widest float type its file stores; None otherwise."""
     return getattr(module, GGUF_BITS, None)
