@@ -35,9 +35,10 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", metavar="SPEC",
                    help="tiny (default; random weights, noise), tiny-sdxl, sd15|sd21|sdxl|sd3|flux (their hub "
-                        "ids), a hub id, a diffusers folder or a .safetensors/.ckpt file")
+                        "ids), a hub id, a diffusers folder, a .safetensors/.ckpt file or a .gguf UNet/transformer")
     p.add_argument("--config", metavar="FOLDER|HUB_ID",
-                   help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 folder)")
+                   help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 "
+                        "folder); for a .gguf also its VAE and text encoders")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -124,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(GB means GiB, as on graphics cards)")
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
-                         "tiny, or a diffusers folder")
+                         "tiny, a diffusers folder, or a single file (a .gguf counts at its stored size)")
+    pl.add_argument("--config", metavar="FOLDER|HUB_ID",
+                    help="the base model's diffusers folder, for a single-file --model")
     native = ("multiple of 8 (default: the model's native size, 512 SD 1.5, 768 SD 2.1, 1024 SDXL/SD3/Flux; "
               "512 with --engine vqgan)")
     pl.add_argument("--width", metavar="N", help=native)
@@ -262,9 +265,10 @@ def cmd_plan(args) -> int:
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
+        from lowvram_gen.models.profile import source_profile
         from lowvram_gen.models.resolve import resolve
 
-        profile = memory.profile_from_folder(resolve(args.model).path)
+        profile = source_profile(resolve(args.model, args.config))
     width, height = width or memory.native_side(profile), height or memory.native_side(profile)
     forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
     result = plan(dev, profile, width, height, batch, load_presets(), forced)

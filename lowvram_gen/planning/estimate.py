@@ -150,6 +150,10 @@ class ModelProfile:
     denoiser_blocks: tuple[int, ...] = ()  # block-level group offload groups (ModuleList children)
     denoiser_unmatched: int = 0  # what group offload keeps loaded for the whole step
     fp8_kept: int = 0  # denoiser parameters layerwise casting leaves in the compute dtype
+    # a GGUF denoiser: how many of its parameters are block-quantized, and their bytes as the file stores
+    # them (they stay so; the rest follow the dtype). 0: an ordinary denoiser
+    denoiser_quantized: int = 0
+    denoiser_quantized_bytes: int = 0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -589,7 +593,11 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     te_names = profile.text_encoders
     te_each = [p[n] * b for n in te_names]
     den_full = p.get(den, 0) * b
-    if settings.fp8_storage:
+    if profile.denoiser_quantized:  # GGUF: stored size, plus the one layer dequantized while it runs
+        largest = profile.largest_layer.get(den, 0)
+        den_w = (p.get(den, 0) - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes + largest * b
+        den_scale = den_w / den_full if den_full else 1.0
+    elif settings.fp8_storage:  # (a GGUF denoiser is never given fp8 storage: engines/sd/apply.py)
         largest = profile.largest_layer.get(den, 0)
         den_w = (p.get(den, 0) - profile.fp8_kept) * FP8_BYTES + profile.fp8_kept * b + largest * b
         den_scale = den_w / den_full if den_full else 1.0
