@@ -18,7 +18,7 @@ JOBS = [("sd15", 512, 512), ("sd15", 768, 768), ("sdxl", 1024, 1024), ("sdxl", 7
 # transformer denoisers: SD3-medium (with T5-XXL, 15 GB of half-precision weights) and FLUX.1-dev (34 GB)
 TRANSFORMER_JOBS = [("sd3", 1024, 1024), ("sd3", 512, 512), ("flux", 1024, 1024), ("flux", 768, 768)]
 BIG_CARDS = [2, 4, 6, 8, 12, 16, 24, 48, 80]
-RANK = {"highvram": 0, "medvram": 1, "lowvram": 2, "novram": 3}
+RANK = {"highvram": 0, "medvram": 1, "lowvram": 2, "budget": 3, "novram": 4}
 
 
 @pytest.mark.parametrize("arch,width,height,cards", [(*j, CARDS) for j in JOBS] + [(*j, BIG_CARDS) for j in TRANSFORMER_JOBS])
@@ -86,7 +86,7 @@ def test_budget_and_reserve_shrink_what_is_usable():
 def test_forced_and_remembered_and_cpu():
     presets, sd15 = load_presets(), profile_builtin("sd15")
     forced = plan(fake(24), sd15, 512, 512, 1, presets, forced=find_preset("lowvram"))
-    assert forced.preset.name == "lowvram" and [p.name for p in forced.ladder] == ["lowvram", "novram"]
+    assert forced.preset.name == "lowvram" and [p.name for p in forced.ladder] == ["lowvram", "budget", "novram"]
     skipped = plan(fake(24), sd15, 512, 512, 1, presets, failed={"highvram"})
     assert skipped.preset.name == "medvram"
     assert plan(probe("cpu"), sd15, 512, 512, 1, presets).preset.name == "cpu"

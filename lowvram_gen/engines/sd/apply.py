@@ -13,6 +13,9 @@ Sequential offload is diffusers' leaf-level group offloading: its docs call it e
 casting (accelerate's sequential hooks do not), and it runs on a CPU-only machine, so the whole
 ladder is exercised here.
 
+Budget offload (`offload = "budget"`) keeps the denoiser's blocks that `planning/residency.py`
+chooses on the GPU and streams the others with diffusers' group offloading (see `budget_offload`).
+
 Precision is one-way: fp8 storage or a cast to half precision loses bits. Going back up needs the
 weights from disk again; `needs_reload()` tells the caller, which reloads only those components.
 
@@ -26,8 +29,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from lowvram_gen.device import DeviceInfo
+from lowvram_gen.device import GiB, DeviceInfo
 from lowvram_gen.models.gguf_file import follow_dtype, gguf_bits
+from lowvram_gen.planning import residency
 from lowvram_gen.planning.sizes import vae_tile_size
 from lowvram_gen.settings import MemorySettings
 
@@ -37,6 +41,12 @@ _STATE = "_lowvram_state"  # attribute on the pipeline: what is applied now
 _GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
 # Bits of precision the weights keep; a request above what they went through needs a reload.
 _PRECISION = {"float32": 32, "float16": 16, "bfloat16": 16, "float8": 8}
+# offload = "budget" with resident_bytes = 0 (no plan sized it) on a GPU: device memory left beside the
+# resident weights, on top of the device's reserve, for what a job needs besides them: the planner's
+# estimate at the native sizes (SD 1.5 512 px, SDXL and Flux 1024 px, one image) puts the denoiser's
+# activations at 0.14-0.47 GiB, the fixed overhead at 0.375 GiB and a decode in 512 px tiles at
+# 0.5-1.0 GiB; the two streamed blocks in flight are counted separately (residency.fit).
+BUDGET_MARGIN = 2 * GiB
 
 
 @dataclass
@@ -45,6 +55,7 @@ class Applied:
     effective: MemorySettings
     skipped: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
+    residency: residency.Residency | None = None  # offload = "budget": the split that runs
 
 
 def denoiser_name(pipe) -> str:
@@ -109,7 +120,7 @@ class PipelineOps:
     def model_offload(self, device: str) -> None:
         self.pipe.enable_model_cpu_offload(device=device)
 
-    def group_offload(self, device: str, leaf: bool, use_stream: bool) -> None:
+    def group_offload(self, device: str, leaf: bool, use_stream: bool, skip: tuple[str, ...] = ()) -> None:
         """diffusers' group offloading, per component as `pipe.enable_group_offload` does it, except
         that text encoders always go leaf by leaf: block-level grouping only splits a model's
         top-level block lists, and a T5 encoder has none (its blocks sit inside `encoder`), so it
@@ -119,6 +130,8 @@ class PipelineOps:
         from diffusers.hooks import apply_group_offloading
 
         for name, component in _modules(self.pipe).items():
+            if name in skip:
+                continue
             by_leaf = leaf or name.startswith("text_encoder")
             kwargs = dict(onload_device=torch.device(device), offload_device=torch.device("cpu"),
                           offload_type="leaf_level" if by_leaf else "block_level",
@@ -127,6 +140,53 @@ class PipelineOps:
                 component.enable_group_offload(**kwargs)
             else:
                 apply_group_offloading(module=component, **kwargs)
+
+    def budget_offload(self, device: str, streamed: tuple[str, ...], use_stream: bool) -> None:
+        """Partial residency of the denoiser: the blocks named in `streamed` are streamed in with diffusers'
+        group offloading (one group per block, prefetched on a CUDA stream with `use_stream`), everything
+        else of the denoiser (the resident blocks, embeddings, norms, conv_in/out) is moved to `device`.
+        The other components are group-offloaded as `group_offload` does it (text encoders leaf by leaf).
+
+        Every component goes through diffusers' group hooks: diffusers refuses model offload on a pipeline
+        with group offloading (`_maybe_raise_error_if_group_offload_active`) and group offloading on modules
+        that carry accelerate's offload hooks, so the two do not mix. The blocks are grouped by applying
+        block-level group offloading to a throwaway container whose ModuleList holds them: diffusers makes
+        one ModuleGroup per block (hooks on the blocks themselves, one stream for all). With a stream,
+        diffusers prefetches only along an execution order traced by a hook on the module that runs, so
+        that hook (and the empty group it needs) is put on the denoiser as diffusers does for leaf-level
+        offloading with streams; without it, a group would onload on the side stream unsynchronised."""
+        import torch
+        from diffusers.hooks import apply_group_offloading
+
+        _quiet_group_offload_moves()
+        name = denoiser_name(self.pipe)
+        module = getattr(self.pipe, name)
+        self.group_offload(device, leaf=False, use_stream=use_stream, skip=(name,))
+        units = [module.get_submodule(n) for n in streamed]
+        if units and use_stream and not _can_prefetch():
+            log.info("budget offload: this diffusers has no lazy-prefetch hook to reuse; streaming without a CUDA stream")
+            use_stream = False
+        if units:
+            holder = torch.nn.Module()
+            holder.blocks = torch.nn.ModuleList(units)  # only a container: the hooks go on the blocks
+            apply_group_offloading(holder, onload_device=torch.device(device), offload_device=torch.device("cpu"),
+                                   offload_type="block_level", num_blocks_per_group=1, use_stream=use_stream,
+                                   exclude_kwargs=getattr(module, "_skip_keys", None))
+            if use_stream:
+                _prefetch_in_execution_order(module, units[0])
+        _place_outside(module, {id(u) for u in units}, torch.device(device))
+
+    def free_bytes(self, device: str) -> int:
+        """CUDA memory this pipeline's weights could use: free now, plus what torch's cache and the
+        pipeline's own tensors hold there (they are moved or freed when the settings change)."""
+        import torch
+
+        dev = torch.device(device)
+        free, _ = torch.cuda.mem_get_info(dev)
+        cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        held = sum(t.numel() * t.element_size() for m in _modules(self.pipe).values()
+                   for t in [*m.parameters(), *m.buffers()] if t.device == dev)
+        return int(free + cached + held)
 
     def attention_slicing(self) -> None:
         self.pipe.enable_attention_slicing("auto")
@@ -231,6 +291,11 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     elif effective.offload == "model":
         ops.model_offload(target)
         calls.append(f"model_offload:{target}")
+    elif effective.offload == "budget":
+        split = budget_split(pipe, effective, device, ops)
+        ops.budget_offload(target, split.streamed, use_stream=device.kind == "cuda")
+        calls.append(f"budget_offload:{split.resident_bytes}:{target}")
+        applied.residency = split
     else:
         leaf = effective.offload == "sequential"
         ops.group_offload(target, leaf=leaf, use_stream=device.kind == "cuda")
@@ -256,6 +321,80 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     for reason in skipped:
         log.info("memory settings: %s", reason)
     return applied
+
+
+def budget_split(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps) -> residency.Residency:
+    """The denoiser's split for offload = "budget", from the weights as they are now (after the cast).
+
+    `settings.resident_bytes` when a plan set it; otherwise (0) from the device: on CUDA the memory this
+    pipeline could use (`ops.free_bytes`) less the reserve, `BUDGET_MARGIN` and the denoiser's fixed
+    part, capped by the user's VRAM budget, with room for the two streamed blocks in flight
+    (`residency.fit`); on MPS the same from the probed free memory; on a CPU every block stays (there is
+    no device memory to save, and nothing is streamed)."""
+    module = getattr(pipe, denoiser_name(pipe))
+    blocks = residency.blocks_of(module)
+    if settings.resident_bytes:
+        return residency.split(blocks, settings.resident_bytes)
+    if device.kind == "cpu":
+        return residency.split(blocks, sum(b for _, b in blocks))
+    free = ops.free_bytes(device.torch_device) if device.kind == "cuda" else device.free_bytes
+    if device.budget_bytes is not None:
+        free = min(free, device.budget_bytes)
+    available = free - device.reserve_bytes - BUDGET_MARGIN - residency.fixed_bytes(module)
+    return residency.fit(blocks, available)
+
+
+def _can_prefetch() -> bool:
+    try:
+        from diffusers.hooks.group_offloading import ModuleGroup, _apply_lazy_group_offloading_hook  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _prefetch_in_execution_order(module, first_block) -> None:
+    """diffusers' lazy prefetching on `module`: its first forward traces the order in which the block
+    groups run, then each group prefetches the next on the stream (and the module's own empty group the
+    first). The same hook and empty group that diffusers puts on a model for leaf-level offloading with
+    streams; the private names are checked by `_can_prefetch`."""
+    from diffusers.hooks.group_offloading import ModuleGroup, _apply_lazy_group_offloading_hook
+
+    config = first_block._diffusers_hook.get_hook("group_offloading").config
+    root = ModuleGroup(modules=[], offload_device=config.offload_device, onload_device=config.onload_device,
+                       offload_leader=module, onload_leader=module, non_blocking=False, stream=None,
+                       record_stream=False, onload_self=True, group_id="lowvram_gen_budget_root")
+    _apply_lazy_group_offloading_hook(module, root, config=config)
+
+
+class _DropGroupMoveWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is group offloaded and moving it" not in record.getMessage()
+
+
+def _quiet_group_offload_moves() -> None:
+    """Without a stream, a group hook offloads its block with `block.to("cpu")`, and diffusers' ModelMixin.to
+    warns on every such call when the block is itself a model (a UNet's attention blocks are
+    Transformer2DModels): once per streamed attention block per step, about a move the hook itself makes."""
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    if not any(isinstance(f, _DropGroupMoveWarning) for f in logger.filters):
+        logger.addFilter(_DropGroupMoveWarning())
+
+
+def _place_outside(module, streamed: set[int], device) -> None:
+    """Move `module` to `device` except the submodules whose ids are in `streamed` (their hooks own them)."""
+    if id(module) in streamed:
+        return
+    if not any(id(m) in streamed for m in module.modules()):
+        module.to(device)
+        return
+    for child in module.children():
+        _place_outside(child, streamed, device)
+    for key, param in module._parameters.items():
+        if param is not None:
+            param.data = param.data.to(device)
+    for key, buffer in module._buffers.items():
+        if buffer is not None:
+            module._buffers[key] = buffer.to(device)
 
 
 def _xformers_usable(device: DeviceInfo) -> bool:
