@@ -279,11 +279,18 @@ def cmd_plan(args) -> int:
     gib = device_mod.format_size
     print(f"device: {dev.name}; usable {gib(dev.usable_bytes)} (free {gib(dev.free_bytes)}, reserve {gib(dev.reserve_bytes)})")
     print(f"job: {args.model} {width}x{height}, batch {batch}")
+    wide = max(len(e.name) for e in result.estimates)
+    print(f"   {'candidate':{wide}} {'peak':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  size")
     for e in result.estimates:
         mark = "->" if e.name == result.preset.name else "  "
         size = f"{e.width}x{e.height}" + (" (capped, upscaled after)" if (e.width, e.height) != (width, height) else "")
-        print(f"{mark} {e.name:9} {gib(e.estimate_bytes):>9}  {'fits' if e.fits else 'too big':7}  {size}, batch {e.batch}")
+        print(f"{mark} {e.name:{wide}} {gib(e.estimate_bytes):>9}  {'fits' if e.fits else 'too big':7}  "
+              f"{gib(e.streamed_bytes_per_step):>13}  {e.est_seconds_per_step:6.2f}  {size}, batch {e.batch}")
     print(f"would run: {result.preset.name} ({result.reason})")
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+    if len(result.ladder) > 1:
+        print(f"on out-of-memory: {' -> '.join(p.name for p in result.ladder[1:])}")
     return 0
 
 

@@ -140,10 +140,11 @@ class _Rows:
 
 
 def _resident(p: Preset, nbytes: int) -> Preset:
-    """`p` with `nbytes` of the denoiser resident, named for it (budget@2.50GiB) so that the ladder,
+    """`p` with `nbytes` of the denoiser resident, named for it (budget@2.5GiB) so that the ladder,
     the summary and the remembered failures tell its rungs apart."""
     base = p.name.split("@")[0]
-    return replace(p, name=f"{base}@{nbytes / 2**30:.2f}GiB", memory=replace(p.memory, resident_bytes=int(nbytes)))
+    return replace(p, name=f"{base}@{format_size(nbytes).replace(' ', '')}",
+                   memory=replace(p.memory, resident_bytes=int(nbytes)))
 
 
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
