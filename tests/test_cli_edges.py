@@ -231,7 +231,7 @@ def test_an_unknown_preset_fails_before_torch_is_imported(argv):
                           text=True, timeout=120)
     assert done.stdout.split() == ["2", "False", "False"], done.stderr
     if "nope" in argv:
-        assert "unknown preset 'nope'; available: highvram, medvram, lowvram, budget, novram, cpu" in done.stderr
+        assert "unknown preset 'nope'; available: highvram, medvram, budget, lowvram, novram, cpu" in done.stderr
     else:
         assert "cannot read preset missing/mine.toml" in done.stderr
 
