@@ -110,6 +110,25 @@ def test_header_names_types_and_stored_sizes(files):
     assert header.architecture == "sd1"
 
 
+@pytest.mark.parametrize("keys,cls_name,arch", [
+    (["input_blocks.0.0.weight", "output_blocks.0.0.in_layers.0.weight"], "StableDiffusionPipeline", "sd15"),
+    (["model.diffusion_model.input_blocks.0.0.weight", "model.diffusion_model.output_blocks.0.0.in_layers.0.weight"],
+     "StableDiffusionPipeline", "sd15"),  # some files keep the prefix
+    (["input_blocks.0.0.weight", "output_blocks.0.0.in_layers.0.weight", "label_emb.0.0.weight"],
+     "StableDiffusionXLPipeline", "sdxl"),
+    (["double_blocks.0.img_attn.norm.key_norm.scale", "single_blocks.0.linear1.weight"], "FluxPipeline", "flux"),
+    (["joint_blocks.0.context_block.adaLN_modulation.1.bias", "x_embedder.proj.weight"],
+     "StableDiffusion3Pipeline", "sd3"),
+])
+def test_architecture_from_the_keys(tmp_path, keys, cls_name, arch):
+    from lowvram_gen.models.gguf_file import builtin_arch, pipeline_class, read_header
+
+    path = tmp_path / "x.gguf"
+    gguf_files.write_gguf(path, {k: torch.ones(4) for k in keys}, Q.Q8_0)
+    assert pipeline_class(read_header(path), path) == cls_name
+    assert builtin_arch(path) == arch
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
 def test_loads_with_config_keeping_the_weights_quantized(files, tiny_path, reference, qtype):
     pipe = _load(files[qtype], tiny_path)
