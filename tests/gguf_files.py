@@ -14,22 +14,23 @@ UNET_PREFIX = "model.diffusion_model."
 QUANTIZATION_THRESHOLD = 1024
 
 
-def qtype_for(shape: tuple[int, ...], qtype):
-    """The GGML type a tensor of `shape` is stored as when the file's target type is `qtype`."""
+def qtype_for(shape: tuple[int, ...], qtype, vectors: str = "F32"):
+    """The GGML type a tensor of `shape` is stored as when the file's target type is `qtype`
+    (`vectors`: the type of 1-D tensors; some published files store them in F16)."""
     import gguf
 
     count = 1
     for d in shape:
         count *= d
     if len(shape) <= 1:
-        return gguf.GGMLQuantizationType.F32
+        return getattr(gguf.GGMLQuantizationType, vectors)
     block = gguf.GGML_QUANT_SIZES[qtype][0]
     if len(shape) == 2 and shape[-1] % block == 0 and count >= QUANTIZATION_THRESHOLD:
         return qtype
     return gguf.GGMLQuantizationType.F16
 
 
-def write_gguf(path, state: dict, qtype, arch: str = "sd1") -> dict:
+def write_gguf(path, state: dict, qtype, arch: str = "sd1", vectors: str = "F32") -> dict:
     """Write `state` (name -> torch tensor) to `path`; returns name -> the GGML type each tensor got."""
     import gguf
 
@@ -38,7 +39,7 @@ def write_gguf(path, state: dict, qtype, arch: str = "sd1") -> dict:
     types = {}
     for name, tensor in state.items():
         data = tensor.detach().float().cpu().numpy()
-        kind = qtype_for(tuple(data.shape), qtype)
+        kind = qtype_for(tuple(data.shape), qtype, vectors)
         if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             writer.add_tensor(name, gguf.quants.quantize(data, kind))
         else:

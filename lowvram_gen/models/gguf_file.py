@@ -20,13 +20,14 @@ from lowvram_gen.errors import ModelLoadError
 
 GGUF_SUFFIX = ".gguf"
 UNET = "model.diffusion_model."
-# Attribute set on a denoiser loaded from a GGUF file: the widest unquantized float type the file
-# stores (32 for F32, 16 for F16/BF16). Precision above that was never in the file, so the memory
-# layer never reloads the denoiser to get it back (engines/sd/apply.needs_reload).
+# Attribute set on a denoiser loaded from a GGUF file: the widest plain float type the file stores
+# (32 for F32, 16 for F16). Precision above that was never in the file, so the memory layer never
+# reloads the denoiser to get it back (engines/sd/apply.needs_reload).
 GGUF_BITS = "_lowvram_gguf_bits"
-_FLOAT_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16}
-# what the loader can read as plain tensors (everything else is block-quantized)
-_PLAIN = ("F32", "F16")
+# The types diffusers loads as plain tensors, which then follow the dtype; every other type (the block
+# quantizations, and BF16) stays as stored and is dequantized per layer.
+_PLAIN_BITS = {"F32": 32, "F16": 16}
+_PLAIN = tuple(_PLAIN_BITS)
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,10 @@ class GgufHeader:
 
     shapes: dict[str, tuple[int, ...]]  # each tensor's logical shape, torch order, names as stored
     types: dict[str, str]  # each tensor's GGML type name: F32, F16, Q8_0, Q4_K, ...
-    quantized_params: int  # values held by the block-quantized tensors
+    quantized_params: int  # values held by the tensors kept as stored (block-quantized, BF16)
     quantized_bytes: int  # their bytes as stored
     tensor_bytes: int  # bytes of all tensors as stored
-    float_bits: int  # widest unquantized float type (0: none)
+    float_bits: int  # widest plain float type, F32 or F16 (0: none)
     architecture: str | None  # general.architecture: sd1, sdxl, flux, sd3, t5encoder, llama ...
 
 
@@ -85,8 +86,8 @@ def read_header(path) -> GgufHeader:
         shapes[name] = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dimensions innermost first
         types[name] = kind
         total += int(t.n_bytes)
-        if kind in _FLOAT_BITS:
-            bits = max(bits, _FLOAT_BITS[kind])
+        if kind in _PLAIN_BITS:
+            bits = max(bits, _PLAIN_BITS[kind])
         elif kind not in ("I8", "I16", "I32", "I64"):
             q_params += int(t.n_elements)
             q_bytes += int(t.n_bytes)
@@ -210,8 +211,8 @@ def gguf_bits(module) -> int | None:
 
 
 def stored_sizes(path) -> tuple[int, int]:
-    """(values, bytes as stored) of a GGUF file's block-quantized tensors: the memory estimate counts
-    them at this size and the rest of the denoiser at the compute dtype."""
+    """(values, bytes as stored) of the tensors a GGUF file's denoiser keeps as stored (block-quantized,
+    BF16): the memory estimate counts them at this size and the rest of the denoiser at the dtype."""
     header = read_header(path)
     return header.quantized_params, header.quantized_bytes
 

@@ -1,0 +1,344 @@
+"""offload = "budget": the denoiser's blocks split into resident and streamed, applied, measured.
+
+On this CPU the offload hooks run for real with the CPU as both devices (nothing is copied, but the
+hooks onload and offload as they would on a GPU; `engines/sd/traffic.py` counts what they onload).
+The CUDA path (a stream, the free-memory rule) is checked by recording the calls with a fake device.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from lowvram_gen.device import GiB, fake, probe
+from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.engines.sd.traffic import count_onloads
+from lowvram_gen.errors import PresetError
+from lowvram_gen.models.loading import load
+from lowvram_gen.models.resolve import resolve
+from lowvram_gen.planning.residency import blocks_of, fit, fixed_bytes, module_bytes, split
+from lowvram_gen.presets import load_preset_file, load_presets
+from lowvram_gen.settings import MemorySettings
+
+BLOCKS = [("a", 10), ("b", 40), ("c", 20), ("d", 40), ("e", 5)]  # execution order; 115 bytes in all
+
+
+@pytest.fixture()
+def model(tiny_path):
+    return load(resolve("tiny"), "float32")
+
+
+def budget(resident_bytes: int) -> MemorySettings:
+    return MemorySettings(dtype="float32", offload="budget", resident_bytes=resident_bytes)
+
+
+def group_hooked(module) -> bool:
+    registry = getattr(module, "_diffusers_hook", None)
+    return registry is not None and registry.get_hook("group_offloading") is not None
+
+
+# ----------------------------------------------------------------------------------- split, fit
+
+
+def test_split_keeps_nothing_at_zero_and_everything_at_the_total():
+    none = split(BLOCKS, 0)
+    assert none.resident == () and none.streamed == ("a", "b", "c", "d", "e")
+    assert (none.resident_bytes, none.streamed_bytes_per_step, none.largest_streamed) == (0, 115, 40)
+    for enough in (115, 116, 10**12):
+        every = split(BLOCKS, enough)
+        assert every.streamed == () and every.resident_bytes == 115 and every.streamed_bytes_per_step == 0
+    assert split([], 5).resident == () and split([], 5).streamed_bytes_per_step == 0
+
+
+def test_split_keeps_the_largest_blocks_first_and_fills_the_rest_with_smaller_ones():
+    half = split(BLOCKS, 60)  # b (40, first of the two largest) fits, d (40) does not, c (20) fills the rest
+    assert half.resident == ("b", "c") and half.streamed == ("a", "d", "e")
+    assert (half.resident_bytes, half.streamed_bytes_per_step, half.largest_streamed) == (60, 55, 40)
+    assert half.in_flight_bytes == 80
+    # every block is resident or streamed, once, each list in execution order
+    assert sorted(half.resident + half.streamed) == sorted(n for n, _ in BLOCKS)
+    assert split(BLOCKS, 95).resident == ("a", "b", "d", "e")  # 40 + 40 + 10 + 5: c (20) does not fit after them
+
+
+@pytest.mark.parametrize("budget_bytes,resident", [
+    (39, ("c", "a", "e")),  # one byte short of a 40-byte block: 20 + 10 + 5
+    (40, ("b",)),  # exactly one block
+    (80, ("b", "d")),  # exactly the two largest
+    (114, ("b", "d", "c", "a")),  # one byte short of everything: the 5-byte block streams
+])
+def test_split_edges(budget_bytes, resident):
+    result = split(BLOCKS, budget_bytes)
+    assert set(result.resident) == set(resident)
+    assert result.resident_bytes == sum(b for n, b in BLOCKS if n in resident) <= budget_bytes
+    assert result.resident_bytes + result.streamed_bytes_per_step == 115
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1GiB"])
+def test_split_refuses_a_budget_that_is_not_a_byte_count(bad):
+    with pytest.raises(ValueError, match="resident_bytes"):
+        split(BLOCKS, bad)
+    with pytest.raises(ValueError, match="repeat"):
+        split([("a", 1), ("a", 2)], 1)
+
+
+@pytest.mark.parametrize("available", [0, 50, 79, 80, 99, 100, 150, 195, 10**6])
+def test_fit_leaves_room_for_the_two_streamed_blocks_in_flight(available):
+    result = fit(BLOCKS, available)
+    assert result.resident_bytes + result.in_flight_bytes <= available or result.resident == ()
+    if available >= 115:
+        assert result.streamed == ()
+    assert fit(BLOCKS, -5).resident == ()
+
+
+# ------------------------------------------------------------------------------------- blocks_of
+
+
+def test_blocks_of_the_tiny_unet_cover_its_bytes_in_execution_order(model):
+    unet = model.pipe.unet
+    blocks = blocks_of(unet)
+    names = [n for n, _ in blocks]
+    total = sum(p.numel() * p.element_size() for p in unet.parameters()) + \
+        sum(b.numel() * b.element_size() for b in unet.buffers())
+    assert sum(b for _, b in blocks) + fixed_bytes(unet) == total == module_bytes(unet)
+    assert 0 < fixed_bytes(unet) < 0.1 * total  # conv_in/out, time embedding, norms
+    assert all(b == module_bytes(unet.get_submodule(n)) for n, b in blocks)
+    # down blocks, then the mid block, then the up blocks; resnets[i] before attentions[i]
+    first = {prefix: min(i for i, n in enumerate(names) if n.startswith(prefix))
+             for prefix in ("down_blocks", "mid_block", "up_blocks")}
+    assert first["down_blocks"] < first["mid_block"] < first["up_blocks"]
+    assert names.index("down_blocks.1.resnets.0") < names.index("down_blocks.1.attentions.0")
+    assert names.index("mid_block.resnets.0") < names.index("mid_block.attentions.0") < names.index("mid_block.resnets.1")
+    # no block inside another
+    assert not any(a != b and b.startswith(a + ".") for a in names for b in names)
+
+
+def test_blocks_of_a_meta_model_from_the_config_match_the_real_one(model):
+    from accelerate import init_empty_weights
+    from diffusers import UNet2DConditionModel
+
+    with init_empty_weights(include_buffers=True):
+        meta = UNet2DConditionModel.from_config(model.pipe.unet.config)
+    assert next(meta.parameters()).device.type == "meta"
+    assert blocks_of(meta) == blocks_of(model.pipe.unet)
+    assert fixed_bytes(meta) == fixed_bytes(model.pipe.unet)
+    # planning float16 on a float32 model: every floating tensor at 2 bytes
+    assert [b for _, b in blocks_of(meta, 2)] == [b // 2 for _, b in blocks_of(meta)]
+
+
+def test_residency_imports_no_torch():
+    code = ("import sys, lowvram_gen.planning.residency; "
+            "print(sorted(m for m in ('torch', 'diffusers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("line,words", [
+    ('offload = "budget"\nresident_bytes = -1', ["resident_bytes", "-1", "0 or more"]),
+    ('offload = "budget"\nresident_bytes = 1.5', ["memory.resident_bytes", "1.5", "whole number"]),
+    ('offload = "budget"\nresident_bytes = true', ["memory.resident_bytes", "True", "whole number"]),
+    ('offload = "model"\nresident_bytes = 1024', ["resident_bytes = 1024", "offload = 'budget'", "'model'"]),
+])
+def test_bad_resident_bytes_are_refused_naming_the_value(tmp_path, line, words):
+    path = tmp_path / "mine.toml"
+    path.write_text(f'rank = 1\ndevice = "gpu"\nmax_pixels = 262144\nmax_batch = 1\n[memory]\n{line}\n')
+    with pytest.raises(PresetError) as err:
+        load_preset_file(path)
+    for word in [str(path), *words]:
+        assert word in str(err.value)
+    with pytest.raises(PresetError, match="resident_bytes"):
+        MemorySettings(offload="budget", resident_bytes=-3).check()
+
+
+def test_the_shipped_budget_preset():
+    presets = load_presets()
+    memory = presets["budget"].memory
+    assert memory.offload == "budget" and memory.resident_bytes == 0
+    assert presets["lowvram"].rank < presets["budget"].rank < presets["novram"].rank
+
+
+# ------------------------------------------------------------------------- applied on this CPU
+
+
+def _image(pipe, steps=2):
+    out = pipe("a", num_inference_steps=steps, width=64, height=64, generator=torch.Generator().manual_seed(3),
+               output_type="np")
+    return out.images[0]
+
+
+def test_budget_gives_the_same_pixels_as_no_offload_and_reapplies_without_reloading(model):
+    """Pixel-equal, not within a tolerance: on the CPU the hooks move tensors from the CPU to the CPU
+    (no copy, no dtype change), so the same kernels run on the same weights in the same order."""
+    pipe = model.pipe
+    reference = _image(pipe)
+    blocks = blocks_of(pipe.unet)
+    weights = {n: p for n, p in pipe.unet.named_parameters()}
+    total = sum(b for _, b in blocks)
+    seen = []
+    for resident in (total // 2, 1, total // 4, total):
+        applied = apply_mod.apply_settings(pipe, budget(resident), probe("cpu"))
+        expected = split(blocks, resident)
+        assert applied.residency == expected
+        assert applied.calls[-1] == f"budget_offload:{expected.resident_bytes}:cpu"
+        assert "saves nothing" in " ".join(applied.skipped)
+        # hooks on exactly the streamed blocks; the resident ones and the fixed part have none
+        assert [n for n, _ in blocks if group_hooked(pipe.unet.get_submodule(n))] == list(expected.streamed)
+        assert not group_hooked(pipe.unet.conv_in) and not group_hooked(pipe.unet.time_embedding)
+        assert group_hooked(pipe.vae.decoder) or any(group_hooked(m) for m in pipe.vae.modules())
+        assert np.array_equal(_image(pipe), reference)
+        seen.append(expected.streamed)
+    assert len(set(seen)) == 4  # four different splits ran
+    assert all(p is weights[n] for n, p in pipe.unet.named_parameters())  # re-applied, never reloaded
+    apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), probe("cpu"))
+    assert not any(group_hooked(m) for m in pipe.unet.modules())
+    assert np.array_equal(_image(pipe), reference)
+
+
+def test_measured_bytes_per_step_equal_the_split(model):
+    """What the hooks onload during each UNet forward (one per step: CFG is batched) is exactly the
+    streamed blocks' bytes that split() predicts; none of it before the first step is counted twice."""
+    pipe = model.pipe
+    blocks = blocks_of(pipe.unet)
+    for resident in (sum(b for _, b in blocks) // 3, 0 + 1):
+        with count_onloads() as meter:
+            meter.watch(pipe.unet)
+            applied = apply_mod.apply_settings(pipe, budget(resident), probe("cpu"))
+            _image(pipe, steps=3)
+        expected = applied.residency.streamed_bytes_per_step
+        assert expected > 0 and len(meter.forwards) >= 3
+        assert meter.forwards == [expected] * len(meter.forwards)
+    with count_onloads() as meter:  # budget decided on a CPU: everything resident, nothing moves
+        meter.watch(pipe.unet)
+        applied = apply_mod.apply_settings(pipe, budget(0), probe("cpu"))
+        _image(pipe, steps=2)
+    assert applied.residency.streamed == () and set(meter.forwards) == {0}
+
+
+def test_the_meter_sees_model_offload_move_the_unet_once_per_job(model):
+    pipe = model.pipe
+    with count_onloads() as meter:
+        meter.watch(pipe.unet)
+        apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload="model"), probe("cpu"))
+        _image(pipe, steps=3)
+        _image(pipe, steps=3)  # the VAE's hook offloaded the UNet at the end of the first job
+    per_job = len(meter.forwards) // 2
+    whole = module_bytes(pipe.unet)
+    assert meter.forwards == ([whole] + [0] * (per_job - 1)) * 2
+
+
+# -------------------------------------------------------------------------------- fake CUDA
+
+
+class RecordingOps(apply_mod.PipelineOps):
+    """Records the calls a plan makes instead of making them; `free` is what CUDA would report."""
+
+    RECORDED = ("reset", "cast", "fp8_storage", "place", "model_offload", "group_offload", "budget_offload",
+                "attention_slicing", "xformers", "vae_slicing", "vae_tiling")
+
+    def __init__(self, pipe, free: int):
+        super().__init__(pipe)
+        self.log, self.free = [], free
+
+    def free_bytes(self, device: str) -> int:
+        self.log.append(("free_bytes", (device,), {}))
+        return self.free
+
+    def __getattribute__(self, name):
+        attr = object.__getattribute__(self, name)
+        if name in RecordingOps.RECORDED:
+            log = object.__getattribute__(self, "log")
+            return lambda *a, **k: log.append((name, a, k))
+        return attr
+
+
+def test_budget_preset_on_cuda_makes_exactly_its_calls(model):
+    preset = load_presets()["budget"]
+    pipe = model.pipe
+    blocks = blocks_of(pipe.unet)  # float32 here; the recorded cast does not run
+    ops = RecordingOps(pipe, free=8 * GiB)
+    applied = apply_mod.apply_settings(pipe, preset.memory, fake(8), ops)
+    assert [c[0] for c in ops.log] == ["reset", "cast", "free_bytes", "budget_offload", "vae_slicing", "vae_tiling"]
+    assert applied.skipped == []
+    # 8 GiB free, 0.5 GiB reserve, 2 GiB margin: the tiny UNet fits whole
+    assert ("budget_offload", ("cuda:0", ()), {"use_stream": True}) in ops.log
+    assert f"budget_offload:{sum(b for _, b in blocks)}:cuda:0" in applied.calls
+
+
+@pytest.mark.parametrize("free_mib,expect", [(2048 + 512, "none resident"), (2048 + 512 + 2, "some"), (64 * 1024, "all")])
+def test_free_memory_decides_the_budget_when_no_plan_did(model, free_mib, expect):
+    """resident_bytes = 0 on CUDA: the memory the pipeline can use, less the reserve (512 MiB), the
+    2 GiB margin and the fixed part, with room left for two streamed blocks in flight."""
+    pipe = model.pipe
+    blocks = blocks_of(pipe.unet)
+    extra = fixed_bytes(pipe.unet) + (2 * max(b for _, b in blocks) if expect == "some" else 0)
+    ops = RecordingOps(pipe, free=free_mib * 2**20 + extra)
+    applied = apply_mod.apply_settings(pipe, MemorySettings(offload="budget"), fake(80), ops)
+    res = applied.residency
+    available = ops.free - 512 * 2**20 - apply_mod.BUDGET_MARGIN - fixed_bytes(pipe.unet)
+    assert res == fit(blocks, available)
+    if res.resident:  # what stays plus what is in flight fits what is left
+        assert res.resident_bytes + (res.in_flight_bytes if res.streamed else 0) <= available
+    if expect == "none resident":
+        assert res.resident == ()
+    elif expect == "all":
+        assert res.streamed == ()
+    else:
+        assert res.resident and res.streamed
+    # a user budget (--vram-budget) caps it
+    capped = apply_mod.apply_settings(pipe, MemorySettings(offload="budget"), fake(80, budget_bytes=1 * GiB),
+                                      RecordingOps(pipe, free=ops.free))
+    assert capped.residency.resident == ()
+
+
+def test_a_planned_resident_bytes_is_used_as_given_on_cuda(model):
+    pipe = model.pipe
+    blocks = blocks_of(pipe.unet)
+    wanted = sum(b for _, b in blocks) // 2
+    ops = RecordingOps(pipe, free=0)
+    applied = apply_mod.apply_settings(pipe, MemorySettings(offload="budget", resident_bytes=wanted), fake(4), ops)
+    expected = split(blocks, wanted)
+    assert "free_bytes" not in [c[0] for c in ops.log]  # the plan decided: the device is not asked
+    assert ("budget_offload", ("cuda:0", expected.streamed), {"use_stream": True}) in ops.log
+    assert f"budget_offload:{expected.resident_bytes}:cuda:0" in applied.calls
+
+
+# ----------------------------------------------------------------------------------- the ladder
+
+
+def test_oom_at_a_budget_preset_steps_down_the_ladder_and_finishes(model):
+    """Simulated: the UNet raises torch.OutOfMemoryError (what CUDA raises) on every call while the
+    budget preset is applied, as when the resident blocks leave too little room for the activations;
+    the ladder re-applies the next preset to the same weights and finishes."""
+    from dataclasses import replace
+
+    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.presets import gpu_ladder
+    from lowvram_gen.request import GenerationRequest
+
+    pipe = model.pipe
+    ladder = gpu_ladder(load_presets())
+    start = [p.name for p in ladder].index("budget")
+    planned = replace(ladder[start], memory=replace(ladder[start].memory,
+                                                    resident_bytes=sum(b for _, b in blocks_of(pipe.unet)) // 2))
+    runner = Runner(model, probe("cpu"))
+
+    def hook(_module, _args):
+        if runner.applied.offload == "budget":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    pipe.unet.register_forward_pre_hook(hook)
+    weight = pipe.unet.conv_in.weight
+    done = []
+    request = GenerationRequest(prompt="a boat", width=64, height=64, steps=2, batch_size=1)
+    report = runner.run(request, [7], [planned, *ladder[start + 1:]], done.append)
+    assert [(a.preset, a.stage, a.outcome) for a in report.attempts][:2] == [
+        ("budget", "denoise", "oom"), (ladder[start + 1].name, "denoise", "ok")]
+    assert report.preset_name == ladder[start + 1].name
+    assert done[0].images[0].size == (64, 64)
+    assert pipe.unet.conv_in.weight is weight  # reconfigured, not reloaded
