@@ -24,12 +24,11 @@ from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.runner import Runner
 from lowvram_gen.engines.vqgan import job as vqgan_job
-from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.loading import LoadedModel, load
+from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.oom import free_memory
-from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning.planner import Plan, plan
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.request import GenerationRequest
@@ -108,14 +107,7 @@ class Session:
 
     # -- Stable Diffusion ------------------------------------------------------------------------------
     def profile_for(self, source: ModelSource, model: LoadedModel | None = None):
-        folder = source.path if source.kind != "single_file" else source.config
-        if folder and Path(folder).is_dir():
-            try:
-                return memory.profile_from_folder(folder)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise ModelLoadError(f"could not read the model configs in {folder}: {exc}") from exc
-        family = model.family if model else "sd"
-        return memory.profile_builtin("sdxl" if family == "sdxl" else "sd15")
+        return source_profile(source, model.family if model else None)
 
     def plan(self, request: GenerationRequest, device: DeviceInfo | None = None,
              source: ModelSource | None = None) -> Plan:

@@ -32,6 +32,16 @@ def fresh_failures(isolated_home):
     yield
 
 
+@pytest.fixture(autouse=True)
+def fresh_ui_settings(isolated_home):
+    """The web UI remembers the last job's values (ui-settings.json): a UI built in one test must not start
+    with another test's values."""
+    path = isolated_home / "ui-settings.json"
+    path.unlink(missing_ok=True)
+    yield
+    path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_path(isolated_home):
     from lowvram_gen.models.tiny import ensure_tiny

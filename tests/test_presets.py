@@ -23,7 +23,7 @@ cutn_chunk = 8
 
 def test_shipped_presets_load_in_ladder_order():
     presets = load_presets()
-    assert [p.name for p in gpu_ladder(presets)] == ["highvram", "medvram", "lowvram", "budget", "novram"]
+    assert [p.name for p in gpu_ladder(presets)] == ["highvram", "medvram", "budget", "lowvram", "novram"]
     assert presets["cpu"].device == "cpu" and presets["cpu"].memory.dtype == "float32"
     assert presets["novram"].memory.offload == "sequential" and presets["novram"].memory.fp8_storage
     # each rung down is never more expensive: caps and batches only shrink

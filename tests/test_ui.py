@@ -111,12 +111,12 @@ def test_type_a_prompt_generate_and_see_the_image_and_its_metadata(page, server)
     assert target.stat().st_size > 10_000
 
 
-TABS = ("txt2img", "img2img", "Upscale", "VQGAN-CLIP", "System")
+TABS = ("txt2img", "img2img", "Upscale", "PNG Info", "VQGAN-CLIP", "System")
 PLANNED = "() => document.querySelector('#plan-table').innerText.includes('system RAM')"  # the cpu row is there
 
 
 def _screenshot_every_tab(page, target: Path) -> None:
-    """The README's picture: each of the five tabs (txt2img after its generation), two a row, one PNG."""
+    """The README's picture: each of the six tabs (txt2img after its generation), two a row, one PNG."""
     from io import BytesIO
 
     from PIL import Image
@@ -588,7 +588,7 @@ def test_every_tab_is_built_by_one_signature():
     from lowvram_gen.ui.app import TABS
 
     names = [t.__name__.rsplit(".", 1)[1] for t in TABS]
-    assert names == ["txt2img", "img2img", "upscale", "vqgan", "system"]
+    assert names == ["txt2img", "img2img", "upscale", "pnginfo", "vqgan", "system"]
     for tab in TABS:
         assert str(inspect.signature(tab.build)) == "(ctx: lowvram_gen.ui.context.TabContext) -> None"
 
@@ -601,3 +601,91 @@ def test_the_ui_uses_session_methods_not_its_fields_or_lock():
                        r"preset_spec|presets_dir)\b")
     found = [f"{p.name}: {m.group(0)}" for p in ui.rglob("*.py") for m in field.finditer(p.read_text())]
     assert found == []
+
+
+# -- what A1111 and Forge users type and click (issue 11) ---------------------------------------------------
+
+
+def _pixels(path):
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def _value_is(page, selector: str, expected: str) -> None:
+    page.wait_for_function("([s, v]) => document.querySelector(s) && document.querySelector(s).value === v",
+                           arg=[selector, expected], timeout=30_000)
+
+
+@needs_browser
+def test_a_png_dropped_on_png_info_fills_txt2img_and_regenerates_the_same_image(page, server, tmp_path):
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+
+    original = server.session.generate(GenerationRequest(
+        prompt="a lighthouse, <b>dusk</b>", negative_prompt="fog", width=64, height=72, steps=2, seed=4242,
+        cfg_scale=5.5, sampler="Euler a", outdir=str(tmp_path))).images[0]
+    page.get_by_role("tab", name="PNG Info").click()
+    page.locator("#pnginfo-image input[type=file]").set_input_files(original)
+    page.wait_for_function("() => document.querySelector('#pnginfo-parameters textarea').value.includes('Seed: 4242')",
+                           timeout=30_000)
+    page.click("#pnginfo-to-txt2img")
+    _value_is(page, "#prompt textarea", "a lighthouse, <b>dusk</b>")  # the txt2img tab is showing, filled
+    assert page.locator("#negative textarea").input_value() == "fog"
+    assert page.locator("#width input").first.input_value() == "64"
+    assert page.locator("#steps input[type=number]").first.input_value() == "2"
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#info textarea').value.includes('Seed: 4242')",
+                           timeout=120_000)
+    made = [p for p in server.outdir.rglob("*-4242-*.png")]
+    assert len(made) == 1
+    assert parse_a1111_parameters(read_png_metadata(made[0])[0]) == parse_a1111_parameters(read_png_metadata(original)[0])
+    assert (_pixels(made[0]) == _pixels(original)).all()
+
+
+@needs_browser
+def test_a_png_without_parameters_says_so(page, tmp_path):
+    from PIL import Image
+
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (32, 32), (1, 2, 3)).save(plain)
+    page.get_by_role("tab", name="PNG Info").click()
+    page.locator("#pnginfo-image input[type=file]").set_input_files(str(plain))
+    page.get_by_text("No generation parameters", exact=False).first.wait_for(timeout=30_000)
+    page.click("#pnginfo-to-txt2img")
+    page.get_by_text("holds no generation parameters", exact=False).first.wait_for(timeout=30_000)  # a toast
+
+
+@needs_browser
+def test_ctrl_enter_generates_and_the_gallery_sends_on_to_img2img_and_upscale(page):
+    page.locator("#prompt textarea").fill("sent on")
+    _fill_number(page, "width", 64)
+    _fill_number(page, "height", 64)
+    _set_slider(page, "steps", 1)
+    page.locator("#prompt textarea").press("Control+Enter")
+    page.wait_for_function("() => document.querySelector('#info textarea').value.startsWith('sent on')",
+                           timeout=120_000)
+    page.click("#txt2img-to-img2img")
+    page.locator("#i2i-init img").first.wait_for(timeout=30_000)  # the image, in the img2img tab now showing
+    _value_is(page, "#i2i-prompt textarea", "sent on")
+    page.locator("#i2i-prompt textarea").fill("then img2img")
+    page.locator("#i2i-prompt textarea").press("Control+Enter")
+    page.locator("#i2i-gallery img").first.wait_for(timeout=120_000)
+    page.click("#img2img-to-upscale")
+    page.locator("#upscale-image img").first.wait_for(timeout=30_000)
+
+
+@needs_browser
+def test_lora_and_embedding_pickers_add_to_the_prompt_after_a_refresh(page, tmp_path, monkeypatch):
+    (tmp_path / "Lora").mkdir()
+    (tmp_path / "Lora" / "film grain.safetensors").write_bytes(b"listed, not loaded")
+    (tmp_path / "embeddings").mkdir()
+    (tmp_path / "embeddings" / "EasyNegative.pt").write_bytes(b"listed, not loaded")
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))  # the server runs in this process
+    page.locator("#prompt textarea").fill("a cat")
+    page.click("#refresh")
+    for picker, name in (("#lora-picker", "film grain"), ("#embedding-picker", "EasyNegative")):
+        page.locator(f"{picker} input").first.click()
+        page.get_by_role("option", name=name).click()
+    _value_is(page, "#prompt textarea", "a cat <lora:film grain:1> EasyNegative")

@@ -631,3 +631,27 @@ def test_web_ui_tab_streams_previews_and_reports_what_ran(session, tmp_path):
     assert "Init noise: gradient" in info  # the tab's init noise reached the job
     assert str(video).endswith(".mp4")  # the progress video, playable in the tab
     assert any("iteration 2 of 4" in str(u[2]) for u in updates)  # the live preview at save-every
+
+
+def test_free_unloads_the_sd_model_the_vqgan_pair_and_the_upscalers(tmp_path):
+    """Free VRAM (System tab) and Session.free() drop every model the Session owns: the Stable Diffusion
+    pipeline, the VQGAN/CLIP pair and the loaded upscalers, so the next job loads them again."""
+    import weakref
+
+    from lowvram_gen.request import GenerationRequest
+    from lowvram_gen.session import Session
+    from lowvram_gen.upscale import upscalers
+
+    own = Session(device="cpu", outdir=str(tmp_path))
+    own.generate(GenerationRequest(prompt="a fox", width=64, height=64, steps=1, seed=1, outdir=str(tmp_path)))
+    pair = own.vqgan_models(VqganRequest(prompt="x"))
+    upscalers._MODELS["probe"] = object()
+    gone = [weakref.ref(own.model), weakref.ref(pair)]
+    del pair
+    own.free()
+    import gc
+
+    gc.collect()
+    assert own.model is None and own.runner is None and own.vqgan is None
+    assert [ref() for ref in gone] == [None, None]  # nothing else holds them either
+    assert "probe" not in upscalers._MODELS

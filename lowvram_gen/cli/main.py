@@ -35,31 +35,39 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
 def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", metavar="SPEC",
                    help="tiny (default; random weights, noise), tiny-sdxl, sd15|sd21|sdxl|sd3|flux (their hub "
-                        "ids), a hub id, a diffusers folder or a .safetensors/.ckpt file")
+                        "ids), a hub id, a diffusers folder, a .safetensors/.ckpt file or a .gguf UNet/transformer")
     p.add_argument("--config", metavar="FOLDER|HUB_ID",
-                   help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 folder)")
+                   help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 "
+                        "folder); for a .gguf also its VAE and text encoders")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    """What generate and img2img share: the prompt, the A1111 fields, hires fix, model and memory flags."""
-    p.add_argument("prompt", help="what to draw")
-    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", default="", metavar="TEXT",
+    """What generate and img2img share: the prompt, the A1111 fields, hires fix, model and memory flags.
+
+    The request's flags default to None, not to their values: with --from-png, a flag given on the
+    command line (even `--seed -1`) overrides the image's value and one left out does not.
+    `GenerationRequest`'s own defaults fill what neither gives (see `_request_fields`)."""
+    p.add_argument("prompt", nargs="?", help="what to draw (optional with --from-png)")
+    p.add_argument("--from-png", metavar="FILE",
+                   help="rerun this PNG's parameters (A1111's or ours); the flags given here override them")
+    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", metavar="TEXT",
                    help="what not to draw")
-    p.add_argument("--width", default=512, metavar="N", help="multiple of 8 (default 512)")
-    p.add_argument("--height", default=512, metavar="N", help="multiple of 8 (default 512)")
-    p.add_argument("--steps", default=20, metavar="N", help="denoising steps, 1-150 (default 20)")
-    p.add_argument("--cfg", dest="cfg_scale", default=7.0, metavar="X", help="CFG scale, 0-30 (default 7)")
-    p.add_argument("--seed", default=-1, metavar="N", help="0..4294967295, or -1 for random (default)")
-    p.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images in this job (default 1)")
-    p.add_argument("--sampler", default="default", metavar="NAME",
+    p.add_argument("--width", metavar="N", help="multiple of 8 (default 512)")
+    p.add_argument("--height", metavar="N", help="multiple of 8 (default 512)")
+    p.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default 20)")
+    p.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default 7)")
+    p.add_argument("--seed", metavar="N", help="0..4294967295, or -1 for random (default)")
+    p.add_argument("--batch", dest="batch_size", metavar="N", help="images in this job (default 1)")
+    p.add_argument("--sampler", metavar="NAME",
                      help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
     h = p.add_argument_group("hires fix (A1111): a second pass at a larger size")
-    h.add_argument("--hires-scale", default=1.0, metavar="X", help="upscale by X, then a second pass (1: off)")
-    h.add_argument("--hires-upscaler", default="latent", metavar="NAME",
+    h.add_argument("--hires-scale", metavar="X", help="upscale by X, then a second pass (1: off)")
+    h.add_argument("--hires-upscaler", metavar="NAME",
                    help="latent (default), lanczos, or an ESRGAN-family model")
-    h.add_argument("--hires-steps", default=0, metavar="N", help="second-pass steps (0: as many as --steps)")
-    h.add_argument("--hires-denoise", default=0.7, metavar="X", help="second-pass denoising strength (default 0.7)")
+    h.add_argument("--hires-steps", metavar="N", help="second-pass steps (0: as many as --steps)")
+    h.add_argument("--hires-denoise", metavar="X", help="second-pass denoising strength (default 0.7)")
     _add_model(p)
+    p.set_defaults(model=None)  # tiny unless --model or the PNG's model (--from-png) says otherwise
     p.add_argument("--lora", action="append", default=[], metavar="NAME[:W]",
                    help="apply a LoRA from models/Lora (repeatable; the same as <lora:NAME:W> in the prompt)")
     p.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
@@ -97,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     i2i = sub.add_parser("img2img", help="image to image",
                          description="Generate from an init image: --strength 0 keeps it, 1 ignores it.")
     i2i.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to start from")
-    i2i.add_argument("--strength", default=0.75, metavar="X", help="denoising strength, 0-1 (default 0.75)")
+    i2i.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
     _add_generation_args(i2i)
 
     up = sub.add_parser("upscale", help="upscale an image (lanczos, an ESRGAN-family model, sd-x4)")
@@ -117,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "(GB means GiB, as on graphics cards)")
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
-                         "tiny, or a diffusers folder")
+                         "tiny, a diffusers folder, or a single file (a .gguf counts at its stored size)")
+    pl.add_argument("--config", metavar="FOLDER|HUB_ID",
+                    help="the base model's diffusers folder, for a single-file --model")
     native = ("multiple of 8 (default: the model's native size, 512 SD 1.5, 768 SD 2.1, 1024 SDXL/SD3/Flux; "
               "512 with --engine vqgan)")
     pl.add_argument("--width", metavar="N", help=native)
@@ -171,17 +181,45 @@ def _session_kwargs(args) -> dict:
     }
 
 
+# the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
+REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
+                 "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
+                 "hires_denoise")
+
+
+def _request_fields(args) -> dict:
+    """The request's fields: --from-png's values (infotext.py), then every flag given on the command line."""
+    from lowvram_gen.errors import InvalidRequest
+
+    fields: dict = {}
+    if args.from_png:
+        from lowvram_gen.infotext import from_png, local_model
+
+        read = from_png(args.from_png)
+        fields = read.fields
+        for note in read.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if read.ignored:
+            print(f"note: not used from {args.from_png}: {', '.join(read.ignored)}", file=sys.stderr)
+        if args.model is None and "model" in fields:
+            found = local_model(fields["model"])
+            if found is None:
+                print(f"warning: the PNG's model {fields['model']!r} is not here (no such file, folder or cached "
+                      "hub model); using tiny: pass --model", file=sys.stderr)
+                del fields["model"]
+            else:
+                fields["model"] = found
+    elif args.prompt is None:
+        raise InvalidRequest("prompt", "", "give a prompt, or --from-png FILE to rerun an image's parameters")
+    fields.update({name: getattr(args, name) for name in REQUEST_FLAGS if getattr(args, name, None) is not None})
+    return fields
+
+
 def cmd_generate(args) -> int:
     from lowvram_gen.request import GenerationRequest
 
-    request = GenerationRequest(
-        prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
-        steps=args.steps, cfg_scale=args.cfg_scale, seed=args.seed, batch_size=args.batch_size,
-        sampler=args.sampler, model=args.model, config=args.config, outdir=args.outdir,
-        init_image=getattr(args, "init_image", None), strength=getattr(args, "strength", 0.75),
-        hires_scale=args.hires_scale, hires_upscaler=args.hires_upscaler, hires_steps=args.hires_steps,
-        hires_denoise=args.hires_denoise, loras=tuple(args.lora),
-    ).validated()  # before anything heavy is imported or loaded
+    request = GenerationRequest(**_request_fields(args), config=args.config, outdir=args.outdir,
+                                loras=tuple(args.lora)).validated()  # before anything heavy is imported or loaded
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 
@@ -227,9 +265,10 @@ def cmd_plan(args) -> int:
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
+        from lowvram_gen.models.profile import source_profile
         from lowvram_gen.models.resolve import resolve
 
-        profile = memory.profile_from_folder(resolve(args.model).path)
+        profile = source_profile(resolve(args.model, args.config))
     width, height = width or memory.native_side(profile), height or memory.native_side(profile)
     forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
     result = plan(dev, profile, width, height, batch, load_presets(), forced)
@@ -240,11 +279,18 @@ def cmd_plan(args) -> int:
     gib = device_mod.format_size
     print(f"device: {dev.name}; usable {gib(dev.usable_bytes)} (free {gib(dev.free_bytes)}, reserve {gib(dev.reserve_bytes)})")
     print(f"job: {args.model} {width}x{height}, batch {batch}")
+    wide = max(len(e.name) for e in result.estimates)
+    print(f"   {'candidate':{wide}} {'peak':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  size")
     for e in result.estimates:
         mark = "->" if e.name == result.preset.name else "  "
         size = f"{e.width}x{e.height}" + (" (capped, upscaled after)" if (e.width, e.height) != (width, height) else "")
-        print(f"{mark} {e.name:9} {gib(e.estimate_bytes):>9}  {'fits' if e.fits else 'too big':7}  {size}, batch {e.batch}")
+        print(f"{mark} {e.name:{wide}} {gib(e.estimate_bytes):>9}  {'fits' if e.fits else 'too big':7}  "
+              f"{gib(e.streamed_bytes_per_step):>13}  {e.est_seconds_per_step:6.2f}  {size}, batch {e.batch}")
     print(f"would run: {result.preset.name} ({result.reason})")
+    for warning in result.warnings:
+        print(f"warning: {warning}")
+    if len(result.ladder) > 1:
+        print(f"on out-of-memory: {' -> '.join(p.name for p in result.ladder[1:])}")
     return 0
 
 

@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
+from lowvram_gen.models import gguf_file
 
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -234,13 +235,18 @@ def _kind(path) -> str:
         return "safetensors"
     if suffix in PICKLE_SUFFIXES:
         return "pickle"
-    raise ModelLoadError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or {', '.join(PICKLE_SUFFIXES)}")
+    if suffix == gguf_file.GGUF_SUFFIX:
+        return "gguf"
+    raise ModelLoadError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors, .gguf or "
+                         f"{', '.join(PICKLE_SUFFIXES)}")
 
 
 def checkpoint_keys(path) -> list[str]:
-    """Tensor keys of a checkpoint: safetensors from the header, pickles by weights-only loading."""
+    """Tensor keys of a checkpoint: safetensors and GGUF from the header, pickles by weights-only loading."""
     if _kind(path) == "safetensors":
         return check_safetensors(path)
+    if _kind(path) == "gguf":
+        return list(gguf_file.read_header(path).shapes)
     return list(load_pickle_weights_only(path))
 
 
@@ -353,11 +359,12 @@ def _default_repo(meta: dict, cls_name: str) -> str:
     return DIFFUSERS_DEFAULT_PIPELINE_PATHS[model_type]["pretrained_model_name_or_path"]
 
 
-def _resolve_config(config: str | None, meta: dict, cls_name: str, path: Path) -> Path:
+def _resolve_config(config: str | None, meta: dict, cls_name: str, path: Path, weights: bool = False) -> Path:
     """A local folder with the base architecture's configs: `config` itself, or a repo in the HF cache.
 
     Never downloads: diffusers' from_single_file would go online even with local_files_only=True when
-    the configs are not cached, so only a local folder is ever handed to it.
+    the configs are not cached, so only a local folder is ever handed to it. `weights`: the file holds
+    only the denoiser (GGUF), so the folder must also hold the other components' weights.
     """
     if config:
         folder = Path(config).expanduser()
@@ -373,6 +380,13 @@ def _resolve_config(config: str | None, meta: dict, cls_name: str, path: Path) -
     from huggingface_hub import constants, snapshot_download
 
     def missing(what: str) -> ModelLoadError:
+        if weights:
+            return ModelLoadError(
+                f"{path.name} (a GGUF {_family(cls_name)} denoiser) needs the rest of the pipeline (VAE, text "
+                f"encoders, tokenizer, scheduler) from a diffusers copy of {repo}, {what} (cache: "
+                f"{constants.HF_HUB_CACHE}); the hub is not contacted for it. Fix: pass --config FOLDER (a local "
+                f"diffusers folder of the same base model), or download the base model once: hf download {repo}"
+            )
         return ModelLoadError(
             f"{path.name} ({_family(cls_name)} checkpoint) needs the diffusers configs and tokenizer of {repo}, "
             f"{what} (cache: {constants.HF_HUB_CACHE}); the hub is not contacted for them. Fix: pass "
@@ -381,7 +395,8 @@ def _resolve_config(config: str | None, meta: dict, cls_name: str, path: Path) -
         )
 
     try:
-        folder = Path(snapshot_download(repo, allow_patterns=list(CONFIG_PATTERNS), local_files_only=True))
+        patterns = None if weights else list(CONFIG_PATTERNS)
+        folder = Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, offline mode, malformed id: all mean "not here"
         raise missing("which are not in the local Hugging Face cache") from None
     absent = [c for c in ("model_index.json", *_COMPONENTS.get(cls_name, ())) if not (folder / c).exists()]
@@ -408,10 +423,12 @@ def _check_config(folder: Path, cls_name: str, path: Path) -> dict:
     return index
 
 
-def _check_architecture(meta: dict, folder: Path, index: dict, cls_name: str, path: Path) -> None:
+def _check_architecture(meta: dict, folder: Path, index: dict, cls_name: str, path: Path,
+                        only: tuple[str, ...] = ()) -> None:
     """Map the checkpoint with diffusers' own converters on the meta device (no memory, no weights read)
     and compare keys and shapes with the models the config folder describes: wrong architecture or a
-    damaged file is refused here, naming missing/unexpected keys, instead of half-loading."""
+    damaged file is refused here, naming missing/unexpected keys, instead of half-loading.
+    `only`: the components the file holds (a GGUF UNet: ("unet",)); () means all of them."""
     import torch
     import transformers
     from diffusers import AutoencoderKL, UNet2DConditionModel
@@ -449,7 +466,7 @@ def _check_architecture(meta: dict, folder: Path, index: dict, cls_name: str, pa
         prefix = CLIP_SD if any(k.startswith(CLIP_SD) for k in meta) else OPENCLIP_SD2
         checks += [("text_encoder", prefix, transformers_model("text_encoder"), clip(prefix))]
     problems = []
-    for name, prefix, build, convert in checks:
+    for name, prefix, build, convert in [c for c in checks if not only or c[0] in only]:
         try:
             with torch.device("meta"):
                 model = build()
@@ -502,6 +519,9 @@ def _sdxl_text_encoder_2(path: Path, state: dict | None, folder: Path, torch_dty
 def load_single_file(path, config: str | None, torch_dtype):
     """A diffusers pipeline from one original-layout checkpoint, loaded safely and checked.
 
+    A `.gguf` file holds only the denoiser (kept quantized, models/gguf_file.py); the other components
+    are loaded, with their weights, from the config folder.
+
     `config`: a local diffusers folder, or a hub id already in the HF cache, with the base architecture's
     configs and tokenizer; None: diffusers' default repo for the detected architecture, from the cache only.
     """
@@ -510,25 +530,29 @@ def load_single_file(path, config: str | None, torch_dtype):
     p = Path(path)
     if not p.is_file():
         raise ModelLoadError(f"checkpoint not found: {p}")
-    state = None
-    if _kind(p) == "safetensors":
+    state = gguf = None
+    kind = _kind(p)
+    if kind == "gguf":  # a denoiser on its own; the other components come from the config folder
+        gguf = gguf_file.read_header(p)
+        shapes = gguf_file.checkpoint_shapes(gguf)
+    elif kind == "safetensors":
         header = _safetensors_header(p)  # refuses anything that is not safetensors: no pickle fallback
         shapes = {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
     else:
         state = load_pickle_weights_only(p)  # refuses unsafe pickles before diffusers opens the file
         shapes = {k: tuple(v.shape) for k, v in state.items()}
-    cls_name = detect_pipeline_class(shapes)
+    cls_name = gguf_file.pipeline_class(gguf, p) if gguf else detect_pipeline_class(shapes)
     in_channels = shapes.get(UNET + "input_blocks.0.0.weight", (0, 4))[1]
     if cls_name in (SD, SDXL) and in_channels != 4:
         raise ModelLoadError(f"{p.name} is an inpainting or instruct model (its UNet takes {in_channels} input "
                              "channels); only text-to-image checkpoints (4 channels) are supported")
     meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
-    folder = _resolve_config(config, meta, cls_name, p)
+    folder = _resolve_config(config, meta, cls_name, p, weights=gguf is not None)
     index = _check_config(folder, cls_name, p)
     if cls_name in (SD, SDXL):
-        _check_architecture(meta, folder, index, cls_name, p)
+        _check_architecture(meta, folder, index, cls_name, p, only=("unet",) if gguf else ())
     extra = {}
-    if cls_name == SDXL:
+    if cls_name == SDXL and not gguf:
         width_1 = shapes.get(CLIP_XL + "text_model.embeddings.position_embedding.weight", (0, -1))[-1]
         if width_1 == shapes.get(OPENCLIP_XL + "positional_embedding", (0, -2))[-1]:
             extra["text_encoder_2"] = _sdxl_text_encoder_2(p, state, folder, torch_dtype)
@@ -537,11 +561,14 @@ def load_single_file(path, config: str | None, torch_dtype):
     import diffusers
 
     try:
-        with _weights_only_allowlist():  # diffusers loads pickles with weights_only=True itself
-            pipe = getattr(diffusers, cls_name).from_single_file(
-                str(p), config=str(folder), torch_dtype=torch_dtype, local_files_only=True, **extra
-            )
-    except (MemoryError, torch.OutOfMemoryError):
+        if gguf:
+            pipe = gguf_file.load_pipeline(p, gguf, cls_name, folder, torch_dtype)
+        else:
+            with _weights_only_allowlist():  # diffusers loads pickles with weights_only=True itself
+                pipe = getattr(diffusers, cls_name).from_single_file(
+                    str(p), config=str(folder), torch_dtype=torch_dtype, local_files_only=True, **extra
+                )
+    except (MemoryError, torch.OutOfMemoryError, ModelLoadError):
         raise
     except Exception as exc:  # noqa: BLE001 - diffusers raises many types; the user needs one clear message
         raise ModelLoadError(f"could not load {p} as {cls_name} with the configs in {folder}: "

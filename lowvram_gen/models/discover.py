@@ -10,7 +10,8 @@ from lowvram_gen.models.tiny import TINY_MODELS
 
 
 def local_models(folder: str | Path) -> list[str]:
-    """Diffusers folders and single checkpoint files directly inside `folder` (A1111's models/Stable-diffusion)."""
+    """Diffusers folders and single checkpoint files (GGUF denoisers too) directly inside `folder`
+    (A1111's models/Stable-diffusion, ComfyUI's models/unet)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         return []
@@ -18,7 +19,7 @@ def local_models(folder: str | Path) -> list[str]:
     for entry in sorted(root.iterdir()):
         if entry.is_dir() and (entry / "model_index.json").is_file():
             found.append(str(entry))
-        elif entry.is_file() and entry.suffix.lower() in (".safetensors", ".ckpt"):
+        elif entry.is_file() and entry.suffix.lower() in (".safetensors", ".gguf", ".ckpt"):
             found.append(str(entry))
     return found
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.models.tiny import TINY_MODELS, ensure_tiny
 
-SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
+SINGLE_FILE_SUFFIXES = (".safetensors", ".gguf", ".ckpt", ".pt", ".pth", ".bin")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # The hub id of each architecture `plan` knows offline: its short names (planning/estimate.py ALIASES:
 # sd15, sd1.5, sdxl, flux-dev, ...) load these, so `generate --model sd15` takes what `plan` takes.
@@ -43,7 +43,7 @@ def resolve(spec: str, config: str | None = None) -> ModelSource:
         if not (path / "model_index.json").is_file():
             raise ModelLoadError(
                 f"{spec} is a folder but not a diffusers pipeline (no model_index.json); "
-                "give a diffusers folder, a single .safetensors checkpoint, a hub id or tiny/tiny-sdxl"
+                "give a diffusers folder, a single .safetensors or .gguf file, a hub id or tiny/tiny-sdxl"
             )
         return ModelSource(spec, "folder", path.resolve())
     if path.is_file():

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lowvram_gen.planning import residency
 from lowvram_gen.settings import MemorySettings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data: lowvram_gen/configs
@@ -150,6 +151,14 @@ class ModelProfile:
     denoiser_blocks: tuple[int, ...] = ()  # block-level group offload groups (ModuleList children)
     denoiser_unmatched: int = 0  # what group offload keeps loaded for the whole step
     fp8_kept: int = 0  # denoiser parameters layerwise casting leaves in the compute dtype
+    # a GGUF denoiser: how many of its parameters are block-quantized, and their bytes as the file stores
+    # them (they stay so; the rest follow the dtype). 0: an ordinary denoiser
+    denoiser_quantized: int = 0
+    denoiser_quantized_bytes: int = 0
+    # partial residency (offload = "budget"): the denoiser's streamable blocks in execution order as
+    # (name, elements), and the elements outside them (always resident); planning/residency.py
+    residency_blocks: tuple[tuple[str, int], ...] = ()
+    residency_fixed: int = 0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -159,6 +168,7 @@ class ModelProfile:
     def from_dict(cls, d: dict) -> "ModelProfile":
         known = {f for f in cls.__dataclass_fields__}
         kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
+        kw["residency_blocks"] = tuple((str(n), int(c)) for n, c in d.get("residency_blocks", ()))
         kw["params"] = dict(d["params"])
         kw["largest_layer"] = dict(d.get("largest_layer", {}))
         return cls(**kw)
@@ -338,6 +348,8 @@ def _denoiser_fields(name: str, model) -> dict:
     total = sum(p.numel() for p in model.parameters())
     out["denoiser_blocks"] = tuple(blocks)
     out["denoiser_unmatched"] = total - in_blocks
+    out["residency_blocks"] = tuple(residency.blocks_of(model, bytes_per_element=1))
+    out["residency_fixed"] = residency.fixed_bytes(model, bytes_per_element=1)
     try:
         model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
         out["fp8_kept"] = sum(p.numel() for p in model.parameters() if p.dtype != torch.float8_e4m3fn)
@@ -507,6 +519,11 @@ class Estimate:
     vae_bytes: int  # activations of the VAE decode
     overhead_bytes: int  # fixed allowance: kernels, cuBLAS/cuDNN workspaces, allocator rounding
     peak_phase: str = "unet"  # 'text' | 'unet' (the denoiser, UNet or transformer) | 'vae'
+    # bytes the offload hooks move host-to-device: every denoising step (streamed blocks or layers),
+    # and once per job (whole models moved in when they run, the resident part of a budget split)
+    streamed_bytes_per_step: int = 0
+    moved_bytes_per_job: int = 0
+    resident_bytes: int = 0  # offload = "budget": the denoiser's blocks kept on the GPU (after the split)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -589,7 +606,11 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     te_names = profile.text_encoders
     te_each = [p[n] * b for n in te_names]
     den_full = p.get(den, 0) * b
-    if settings.fp8_storage:
+    if profile.denoiser_quantized:  # GGUF: stored size, plus the one layer dequantized while it runs
+        largest = profile.largest_layer.get(den, 0)
+        den_w = (p.get(den, 0) - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes + largest * b
+        den_scale = den_w / den_full if den_full else 1.0
+    elif settings.fp8_storage:  # (a GGUF denoiser is never given fp8 storage: engines/sd/apply.py)
         largest = profile.largest_layer.get(den, 0)
         den_w = (p.get(den, 0) - profile.fp8_kept) * FP8_BYTES + profile.fp8_kept * b + largest * b
         den_scale = den_w / den_full if den_full else 1.0
@@ -599,6 +620,11 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     vae_w_decode = p.get("vae", 0) * vae_b
 
     off = settings.offload
+    streamed, per_job, resident = 0, 0, 0
+    if off == "model":
+        per_job = sum(te_each) + den_w + vae_w_decode
+    elif off in ("group", "sequential"):
+        streamed, per_job = den_w, sum(te_each) + vae_w_decode
     if off == "none":
         rest = sum(te_each) + den_w
         phases = {"text": (rest + vae_w, text_act), "unet": (rest + vae_w, unet_act),
@@ -607,7 +633,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
         model_phases = {"text": (max(te_each, default=0), text_act), "unet": (den_w, unet_act),
                         "vae": (vae_w_decode, vae_act)}
         phases = model_phases
-        if off in ("group", "sequential"):
+        if off in ("group", "sequential", "budget"):
             def leaf(name: str, nbytes: float) -> float:
                 # the running layer and the prefetched one; under fp8 storage each is upcast to
                 # the compute dtype while it runs, so count them at that size
@@ -624,6 +650,18 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
             group = {"text": (min(te_leaf, model_phases["text"][0]), text_act),
                      "unet": (min(group_den, den_w), unet_act), "vae": model_phases["vae"]}
             phases = group
+            if off == "budget":
+                # blocks kept on the GPU for the whole job (the planner's split, planning/residency.py);
+                # the rest streamed one block at a time with the next one prefetched
+                bpe = b * den_scale  # bytes per denoiser element as stored (fp8 or quantized: fewer)
+                blocks = [(n, int(c * bpe)) for n, c in profile.residency_blocks]
+                split = residency.split(blocks, settings.resident_bytes)
+                kept = int(profile.residency_fixed * bpe) + split.resident_bytes
+                streamed, resident = split.streamed_bytes_per_step, split.resident_bytes
+                per_job = sum(te_each) + vae_w_decode + kept
+                phases = {"text": (kept + group["text"][0], text_act),
+                          "unet": (min(kept + split.in_flight_bytes, den_w), unet_act),
+                          "vae": (kept + group["vae"][0], vae_act)}
             if off == "sequential":
                 den_leaf = leaf(den, b)
                 phases = {"text": (min(te_leaf, group["text"][0]), text_act),
@@ -633,4 +671,5 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     weights = int(weights)
     total = weights + int(act) + OVERHEAD_BYTES
     return Estimate(total_bytes=total, weights_bytes=weights, unet_bytes=unet_act, vae_bytes=vae_act,
-                    overhead_bytes=OVERHEAD_BYTES, peak_phase=phase)
+                    overhead_bytes=OVERHEAD_BYTES, peak_phase=phase, streamed_bytes_per_step=int(streamed),
+                    moved_bytes_per_job=int(per_job), resident_bytes=int(resident))

@@ -1,22 +1,38 @@
-"""Pick the fastest preset whose estimate fits, and the ladder of cheaper ones below it.
+"""Pick the fastest candidate whose estimate fits, and the ladder of cheaper ones below it.
 
-Presets are tried fastest first and the first that fits is chosen, so less VRAM can only ever
-give the same or a slower preset. A forced preset (--medvram, --lowvram, --novram, --cpu,
---preset) replaces the choice, as in A1111 and ComfyUI; the ladder below it still applies.
+A candidate is a preset x a weight storage (as the preset says, int8, int4) x, for presets with
+`offload = "budget"`, the residency that fits: how many bytes of the denoiser stay on the GPU, the
+rest streamed every step (planning/residency.py). Each gets an estimate of its peak memory
+(planning/estimate.py) and of its seconds per step (planning/timing.py: compute plus the bytes moved
+over the bus). The plan is the fastest candidate that fits; a quality-losing one (4-bit weights) only
+when nothing lossless fits, and then the plan says so in its warnings. A forced preset (--medvram,
+--lowvram, --novram, --cpu, --preset) replaces the choice, as in A1111 and ComfyUI.
+
+The ladder the out-of-memory recovery steps down is this same list: from the chosen candidate, each
+next rung is the fastest candidate (lossless first) whose estimate is smaller than the last rung's,
+so every step down needs less memory and costs as little time as it can.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lowvram_gen.device import DeviceInfo, format_size
-from lowvram_gen.presets import Preset, gpu_ladder
-from lowvram_gen.planning.estimate import estimate
+from lowvram_gen.planning import timing
+from lowvram_gen.planning.estimate import Estimate, _calibration, estimate
 from lowvram_gen.planning.sizes import capped_size, vae_tile_size
+from lowvram_gen.presets import Preset, gpu_ladder
+
+STORAGE_VARIANTS = ("int8", "int4")  # weight storage tried on top of each preset that stores fp16/bf16
+LOSSY = ("int4",)  # levers that visibly change the image: only when nothing lossless fits
+RUNG_STEP = 0.8  # a budget rung below another is sized to 80 % of its estimate: a step worth retrying
+ASSUMED_STEPS = 20  # spreads per-job transfers over a job's steps when the request does not say
 
 
 @dataclass
 class PresetEstimate:
+    """One row of the plan: a candidate and its estimates."""
+
     name: str
     estimate_bytes: int
     fits: bool
@@ -25,50 +41,199 @@ class PresetEstimate:
     batch: int
     skipped_reason: str = ""
     breakdown: dict = field(default_factory=dict)
+    streamed_bytes_per_step: int = 0
+    est_seconds_per_step: float = 0.0
+    lossy: bool = False  # 4-bit weights
+    capped: bool = False  # made below the requested size and upscaled (the preset's max_pixels)
+    why: str = ""  # why this row was chosen, or why not
 
     def as_dict(self) -> dict:
         return {"name": self.name, "estimate_bytes": self.estimate_bytes, "fits": self.fits, "width": self.width,
                 "height": self.height, "batch": self.batch, "skipped_reason": self.skipped_reason,
+                "streamed_bytes_per_step": self.streamed_bytes_per_step,
+                "est_seconds_per_step": round(self.est_seconds_per_step, 4), "lossy": self.lossy,
+                "capped": self.capped, "why": self.why,
                 "breakdown": self.breakdown}
 
 
 @dataclass
 class Plan:
     preset: Preset
-    ladder: list[Preset]  # the chosen preset first, then every cheaper one
+    ladder: list[Preset]  # the chosen candidate first, then every cheaper rung
     estimates: list[PresetEstimate]
     reason: str
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"preset": self.preset.name, "ladder": [p.name for p in self.ladder], "reason": self.reason,
-                "presets": [e.as_dict() for e in self.estimates]}
+                "warnings": list(self.warnings), "presets": [e.as_dict() for e in self.estimates]}
+
+
+def storage(settings) -> str:
+    """How the denoiser's weights are stored under `settings`: none | fp8 | int8 | int4."""
+    quantize = getattr(settings, "quantize", "none")
+    return quantize if quantize != "none" else ("fp8" if settings.fp8_storage else "none")
+
+
+def variants(preset: Preset) -> list[Preset]:
+    """`preset` as written, then with int8 and int4 weights when it stores them in 16 bits."""
+    out = [preset]
+    if preset.device == "gpu" and storage(preset.memory) == "none" and hasattr(preset.memory, "quantize"):
+        for q in STORAGE_VARIANTS:
+            out.append(replace(preset, name=f"{preset.name}+{q}", memory=replace(preset.memory, quantize=q)))
+    return out
+
+
+class _Rows:
+    """Estimates of candidates for one job on one device."""
+
+    def __init__(self, device: DeviceInfo, profile, width: int, height: int, batch: int, cfg: bool, steps: int,
+                 failed: set[str]):
+        self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
+        self.width, self.height, self.batch = width, height, batch
+        self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
+        self.flops_coefficients = _calibration().get("flops", {})
+
+    def size(self, p: Preset) -> tuple[int, int, int]:
+        w, h = capped_size(self.width, self.height, p.max_pixels)
+        return w, h, min(self.batch, p.max_batch)
+
+    def estimate(self, p: Preset) -> Estimate:
+        w, h, b = self.size(p)
+        return estimate(self.profile, w, h, b, p.memory, cfg=self.cfg, vae_tile=self.tile)
+
+    def sized(self, p: Preset, limit: int | None = None) -> Preset | None:
+        """A budget preset with its residency filled: the most resident bytes whose estimate fits `limit`
+        (default: the usable memory); None when not even all-streamed fits, or when nothing would stay
+        (that is the group preset's job). Other presets as they are."""
+        if p.memory.offload != "budget" or p.memory.resident_bytes or not self.device.is_accelerator:
+            return p
+        blocks = self.profile.residency_blocks
+        if not blocks:
+            return None
+        usable = self.device.usable_bytes if limit is None else limit
+        lo, hi = 0, sum(c for _, c in blocks) * 4  # bytes: at most every block at 4 bytes an element
+        if self.estimate(_resident(p, 1)).total_bytes > usable:
+            return None
+        while hi - lo > 1 << 20:  # to the MiB: the estimate grows with the resident bytes
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.estimate(_resident(p, mid)).total_bytes <= usable else (lo, mid)
+        kept = self.estimate(_resident(p, max(lo, 1))).resident_bytes
+        return _resident(p, kept) if kept > 0 else None
+
+    def row(self, p: Preset) -> PresetEstimate:
+        w, h, b = self.size(p)
+        est = self.estimate(p)
+        images = b * (2 if self.cfg and self.profile.cfg_batch else 1)
+        flops = timing.step_flops(self.profile, w, h, images, self.flops_coefficients)
+        on_gpu = p.device == "gpu"
+        seconds = timing.seconds_per_step(flops, est.streamed_bytes_per_step, est.moved_bytes_per_job, self.steps,
+                                          storage(p.memory), on_gpu)
+        lossy = storage(p.memory) in LOSSY
+        if not on_gpu:  # system RAM: nothing to fit into
+            return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict(), 0, seconds, lossy)
+        fits = self.device.is_accelerator and est.total_bytes <= self.device.usable_bytes
+        reason = "ran out of memory before on this device for a job this size" if p.name in self.failed else ""
+        capped = w * h < self.width * self.height
+        return PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict(),
+                              est.streamed_bytes_per_step, seconds, lossy, capped)
+
+
+def _resident(p: Preset, nbytes: int) -> Preset:
+    """`p` with `nbytes` of the denoiser resident, named for it (budget@2.5GiB) so that the ladder,
+    the summary and the remembered failures tell its rungs apart."""
+    base = p.name.split("@")[0]
+    return replace(p, name=f"{base}@{format_size(nbytes).replace(' ', '')}",
+                   memory=replace(p.memory, resident_bytes=int(nbytes)))
 
 
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
-         forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True) -> Plan:
-    ladder = gpu_ladder(presets)
-    tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
-
-    def row(p: Preset) -> PresetEstimate:
-        w, h = capped_size(width, height, p.max_pixels)
-        b = min(batch, p.max_batch)
-        est = estimate(profile, w, h, b, p.memory, cfg=cfg, vae_tile=tile)
-        if p.device == "cpu":  # system RAM: nothing to fit into
-            return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict())
-        fits = device.is_accelerator and est.total_bytes <= device.usable_bytes
-        reason = "ran out of memory before on this device for a job this size" if p.name in failed else ""
-        return PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict())
-
-    result = choose(device, presets, [row(p) for p in ladder], forced,
-                    "the ladder lowers the resolution if needed")
-    if result.preset.device == "cpu":  # the CPU runs it: its estimate too, after the GPU rows
-        result.estimates.append(row(result.preset))
+         forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
+         steps: int = ASSUMED_STEPS) -> Plan:
+    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed))
+    candidates: list[tuple[Preset, PresetEstimate]] = []
+    budgets = []  # budget presets unsized: the ladder sizes them again below each rung
+    for base in gpu_ladder(presets):
+        for p in variants(base):
+            if p.memory.offload == "budget" and not p.memory.resident_bytes:
+                budgets.append(p)
+            sized = rows.sized(p)
+            if sized is None:
+                continue
+            candidates.append((sized, rows.row(sized)))
+    rows.budgets = budgets
+    if forced is not None:
+        forced = rows.sized(forced) or forced
+        chosen = (forced, next((r for p, r in candidates if p == forced), None) or rows.row(forced))
+        ladder = _ladder(chosen, candidates, rows) if forced.device == "gpu" else [forced]
+        result = Plan(forced, ladder, [r for _, r in candidates], f"forced by the user: {forced.name}")
+    elif not device.is_accelerator:
+        cpu = next((p for p in presets.values() if p.device == "cpu"), None)
+        if cpu is None:
+            raise ValueError("no preset with device = 'cpu' in the presets folder")
+        result = Plan(cpu, [cpu], [r for _, r in candidates] + [rows.row(cpu)], "no GPU found: the cpu preset")
+    else:
+        result = _choose(device, candidates, rows)
+    if storage(result.preset.memory) in LOSSY:
+        result.warnings.append(f"{result.preset.name} stores the weights in 4 bits: the image loses some quality "
+                               "(nothing lossless fits this card at this size)" if not forced else
+                               f"{result.preset.name} stores the weights in 4 bits: the image loses some quality")
     return result
+
+
+def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]], rows: _Rows) -> Plan:
+    usable = format_size(device.usable_bytes)
+    fitting = [(p, r) for p, r in candidates if r.fits and not r.skipped_reason]
+    lossless = [(p, r) for p, r in fitting if not r.lossy and not r.capped]
+    # what loses least first: 4-bit weights before a lower resolution upscaled afterwards
+    pool = lossless or [(p, r) for p, r in fitting if not r.capped] or fitting
+    estimates = [r for _, r in candidates]
+    if pool:
+        chosen = min(pool, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step, pr[1].estimate_bytes))
+        chosen[1].why = (f"fastest estimated step ({chosen[1].est_seconds_per_step:.2f} s) of the candidates that fit "
+                         f"the {usable} usable" + ("" if lossless else "; nothing lossless fits"))
+        for p, r in candidates:
+            if r is not chosen[1]:
+                r.why = r.why or ("slower" if (p, r) in pool else
+                                  "loses more (4-bit weights or a capped size)" if (p, r) in fitting else
+                                  r.skipped_reason or f"estimate {format_size(r.estimate_bytes)} does not fit")
+        reason = f"fastest candidate whose estimate fits the {usable} usable"
+        if not lossless:
+            reason += " (nothing lossless fits at the full size)"
+        return Plan(chosen[0], _ladder(chosen, candidates, rows), estimates, reason)
+    if not candidates:
+        raise ValueError("no GPU preset in the presets folder")
+    last = min(candidates, key=lambda pr: (pr[1].estimate_bytes, pr[1].est_seconds_per_step))
+    last[1].why = "the smallest estimate: nothing fits"
+    return Plan(last[0], [last[0]], estimates,
+                f"no candidate's estimate fits; starting at the cheapest ({format_size(last[1].estimate_bytes)}; "
+                "the ladder lowers the resolution if needed)")
+
+
+def _ladder(chosen: tuple[Preset, PresetEstimate], candidates: list[tuple[Preset, PresetEstimate]],
+            rows: _Rows) -> list[Preset]:
+    """The chosen candidate, then each time the fastest (full size and lossless first) whose estimate is
+    smaller. Budget presets are sized again under each rung (RUNG_STEP of it), so after an out-of-memory
+    the next rung can be the same split with fewer blocks resident."""
+    ladder = [chosen[0]]
+    current = chosen[1].estimate_bytes
+    while True:
+        below = [(p, r) for p, r in candidates if r.estimate_bytes < current and p not in ladder]
+        for p in getattr(rows, "budgets", []):
+            sized = rows.sized(p, int(current * RUNG_STEP))
+            if sized is not None and sized not in ladder:
+                below.append((sized, rows.row(sized)))
+        if not below:
+            return ladder
+        p, r = min(below, key=lambda pr: (pr[1].capped, pr[1].lossy, pr[1].est_seconds_per_step, pr[1].estimate_bytes))
+        ladder.append(p)
+        current = r.estimate_bytes
 
 
 def choose(device: DeviceInfo, presets: dict[str, Preset], estimates: list[PresetEstimate],
            forced: Preset | None = None, last_resort: str = "") -> Plan:
-    """The plan from per-preset estimates (GPU ladder order), whatever engine made them."""
+    """The plan from per-preset estimates in GPU ladder order (VQGAN-CLIP's, which has no streaming or
+    weight storage to weigh): the first preset that fits."""
     ladder = gpu_ladder(presets)
     if forced is not None:
         below = [p for p in ladder if forced.device == "gpu" and p.rank > forced.rank]

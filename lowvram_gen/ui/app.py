@@ -4,17 +4,38 @@ Every GPU action (generate, upscale, free VRAM) is in the concurrency group "gpu
 the queue has a maximum size (Gradio answers "queue is full" past it). Errors from the Python API reach
 the user as `gr.Error`: CLI flags named as the UI's controls, HTML-escaped for the browser only
 (ui/messages.py).
+
+Tabs have ids (txt2img, img2img, upscale, pnginfo, ...) so a "Send to" button can select one; Ctrl+Enter
+(Cmd+Enter on a Mac) in a prompt box clicks its tab's Generate, as in A1111.
 """
 
+import json
 from pathlib import Path
 
 import gradio as gr
 
 from lowvram_gen.session import Session
+from lowvram_gen.ui import remembered
 from lowvram_gen.ui.context import TabContext, UiOptions
-from lowvram_gen.ui.tabs import img2img, system, txt2img, upscale, vqgan
+from lowvram_gen.ui.tabs import img2img, pnginfo, system, txt2img, upscale, vqgan
 
-TABS = (txt2img, img2img, upscale, vqgan, system)  # in this order: System plans txt2img's inputs
+TABS = (txt2img, img2img, upscale, pnginfo, vqgan, system)  # in this order: System plans txt2img's inputs
+# prompt box elem_id -> the Generate button Ctrl+Enter clicks
+GENERATE_KEYS = {"prompt": "generate", "negative": "generate", "i2i-prompt": "i2i-generate",
+                 "i2i-negative": "i2i-generate"}
+CTRL_ENTER = """() => {
+  if (window.lowvramCtrlEnter) return;
+  window.lowvramCtrlEnter = true;
+  const buttons = %s;
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || !(e.ctrlKey || e.metaKey) || !e.target.closest) return;
+    const box = e.target.closest(Object.keys(buttons).map((id) => "#" + id).join(","));
+    const button = box && document.getElementById(buttons[box.id]);
+    if (!button) return;
+    e.preventDefault();
+    button.click();
+  }, true);
+}"""
 
 
 def build_app(session: Session, options: UiOptions) -> gr.Blocks:
@@ -22,9 +43,13 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
         gr.Markdown("# lowvram-gen\nStable Diffusion on small GPUs: a preset per job, and out-of-memory "
                     "recovery that finishes the job. The embedded `tiny` model has random weights and makes "
                     "abstract noise: pick a real model for real images.")
-        ctx = TabContext(session=session, options=options, app=app)
-        for tab in TABS:
-            tab.build(ctx)
+        ctx = TabContext(session=session, options=options, app=app, saved=remembered.load())
+        with gr.Tabs() as ctx.tabs:
+            for tab in TABS:
+                tab.build(ctx)
+        for wire in ctx.wiring:
+            wire()
+        app.load(None, None, None, js=CTRL_ENTER % json.dumps(GENERATE_KEYS))
         app.unload(ctx.disconnected)
     app.queue(max_size=options.queue_size, default_concurrency_limit=1)
     return app

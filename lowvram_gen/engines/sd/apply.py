@@ -18,6 +18,10 @@ chooses on the GPU and streams the others with diffusers' group offloading (see 
 
 Precision is one-way: fp8 storage or a cast to half precision loses bits. Going back up needs the
 weights from disk again; `needs_reload()` tells the caller, which reloads only those components.
+
+A denoiser from a GGUF file keeps its quantized weights as stored: it is never cast (only its
+unquantized tensors follow the dtype) nor given fp8 storage, and it is reloaded only for precision its
+file had (models/gguf_file.py). Offload moves it like any other model.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from lowvram_gen.device import GiB, DeviceInfo
+from lowvram_gen.models.gguf_file import follow_dtype, gguf_bits
 from lowvram_gen.planning import residency
 from lowvram_gen.planning.sizes import vae_tile_size
 from lowvram_gen.settings import MemorySettings
@@ -95,7 +100,11 @@ class PipelineOps:
 
         target = getattr(torch, dtype)
         for name, module in _modules(self.pipe).items():
-            if name not in skip and getattr(module, "dtype", None) != target:
+            if name in skip or getattr(module, "dtype", None) == target:
+                continue
+            if gguf_bits(module) is not None:
+                follow_dtype(module, target)  # the quantized blocks stay as stored
+            else:
                 module.to(dtype=target)
 
     def fp8_storage(self, compute_dtype: str) -> None:
@@ -217,10 +226,17 @@ def needs_reload(pipe, settings: MemorySettings) -> list[str]:
         return []
     want = _PRECISION[settings.dtype]
     keep_fp8 = state.get("fp8") and settings.fp8_storage
-    names = [n for n, floor in state["floor"].items() if floor < want and not (keep_fp8 and n == denoiser_name(pipe))]
+    names = [n for n, floor in state["floor"].items()
+             if floor < min(want, _file_bits(pipe, n)) and not (keep_fp8 and n == denoiser_name(pipe))]
     if state.get("fp8") and not settings.fp8_storage:
         names.append(denoiser_name(pipe))
     return sorted(set(names))
+
+
+def _file_bits(pipe, name: str) -> int:
+    """The most precision a reload from disk can give `name` back: a GGUF denoiser's widest stored float."""
+    bits = gguf_bits(getattr(pipe, name, None))
+    return 32 if bits is None else bits
 
 
 def forget_components(pipe, names: list[str]) -> None:
@@ -250,6 +266,13 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     ops.reset()
     calls.append("reset")
     denoiser = denoiser_name(pipe)
+    gguf = gguf_bits(getattr(pipe, denoiser)) is not None
+    if gguf:
+        skipped.append(f"cast of the {denoiser}'s GGUF-quantized weights: they stay as stored and are "
+                       f"dequantized per layer to {effective.dtype} (its other tensors follow {effective.dtype})")
+        if effective.fp8_storage:
+            effective = applied.effective = replace(effective, fp8_storage=False)
+            skipped.append(f"fp8 storage: the {denoiser} holds GGUF-quantized weights, already stored in fewer bits")
     ops.cast(effective.dtype, skip=(denoiser,) if state["fp8"] else ())
     calls.append(f"cast:{effective.dtype}")
     for name in _modules(pipe):

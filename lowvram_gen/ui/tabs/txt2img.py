@@ -1,5 +1,6 @@
-"""The txt2img tab: prompt, size, steps, seed (with ♻ last seed), model, hires fix; the gallery shows each
-image whole (object-fit: contain), whatever its aspect.
+"""The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, seed (with ♻ last seed), model,
+hires fix; the gallery shows each image whole (object-fit: contain), whatever its aspect, and sends the
+selected one to img2img or Upscale. The controls start at the last job's values (ui/remembered.py).
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -10,6 +11,7 @@ import gradio as gr
 from lowvram_gen.models.discover import model_choices
 from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_HIRES_SCALE, MAX_STEPS, GenerationRequest
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
+from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
 from lowvram_gen.ui.widgets import Number, Slider, upscaler_choices
 
@@ -35,46 +37,63 @@ def build(ctx: TabContext) -> None:
                                steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
                                sampler=sampler or DEFAULT, model=model or options.model, hires_scale=hires_scale,
                                hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise),
-                          request, progress)
+                          request, progress, remember="txt2img")
 
-    with gr.Tab("txt2img"):
+    def start(name, default):
+        return ctx.initial("txt2img", name, default)
+
+    with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
             with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt")
-                negative = gr.Textbox(label="Negative prompt", lines=2, elem_id="negative")
+                prompt = gr.Textbox(value=start("prompt", ""), label="Prompt", lines=3, elem_id="prompt")
+                negative = gr.Textbox(value=start("negative_prompt", ""), label="Negative prompt", lines=2,
+                                      elem_id="negative")
                 with gr.Row():
-                    width = Number("Width", DEFAULTS.width, elem_id="width")
-                    height = Number("Height", DEFAULTS.height, elem_id="height")
-                    batch = Slider(0, MAX_BATCH, value=1, step=1, label="Batch size", elem_id="batch")
+                    width = Number("Width", start("width", DEFAULTS.width), elem_id="width")
+                    height = Number("Height", start("height", DEFAULTS.height), elem_id="height")
+                    batch = Slider(0, MAX_BATCH, value=start("batch_size", 1), step=1, label="Batch size",
+                                   elem_id="batch")
                 with gr.Row():
-                    steps = Slider(0, MAX_STEPS, value=DEFAULTS.steps, step=1, label="Steps", elem_id="steps")
-                    cfg = Slider(0, MAX_CFG, value=DEFAULTS.cfg_scale, step=0.5, label="CFG scale")
+                    steps = Slider(0, MAX_STEPS, value=start("steps", DEFAULTS.steps), step=1, label="Steps",
+                                   elem_id="steps")
+                    cfg = Slider(0, MAX_CFG, value=start("cfg_scale", DEFAULTS.cfg_scale), step=0.5,
+                                 label="CFG scale", elem_id="cfg")
                 with gr.Row():
-                    seed = Number("Seed (-1: random)", -1, elem_id="seed")
+                    seed = Number("Seed (-1: random)", start("seed", -1), elem_id="seed")
                     reuse = gr.Button("♻ last seed", size="sm", elem_id="reuse-seed")
-                    sampler = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULT, label="Sampler", elem_id="sampler")
+                    names = [DEFAULT, *SAMPLERS]
+                    sampler = gr.Dropdown(names, value=ctx.initial("txt2img", "sampler", DEFAULT, names),
+                                          label="Sampler", elem_id="sampler")
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model (or type a hub id / path)",
                                         elem_id="model")
+                pickers.build(prompt, model, options.models_folder, prefix="")
                 with gr.Accordion("Hires fix (a second pass at a larger size)", open=False):
                     with gr.Row():
-                        hires_scale = Slider(1, MAX_HIRES_SCALE, value=1, step=0.05, label="Upscale by (1: off)")
-                        hires_upscaler = gr.Dropdown(upscaler_choices(hires=True), value="latent",
+                        hires_scale = Slider(1, MAX_HIRES_SCALE, value=start("hires_scale", 1), step=0.05,
+                                             label="Upscale by (1: off)", elem_id="hires-scale")
+                        hires_upscaler = gr.Dropdown(upscaler_choices(hires=True),
+                                                     value=start("hires_upscaler", "latent"),
                                                      allow_custom_value=True, label="Upscaler")
                     with gr.Row():
-                        hires_steps = Slider(0, MAX_STEPS, value=0, step=1, label="Hires steps (0: same)")
-                        hires_denoise = Slider(0, 1, value=0.7, step=0.01, label="Denoising strength")
+                        hires_steps = Slider(0, MAX_STEPS, value=start("hires_steps", 0), step=1,
+                                             label="Hires steps (0: same)")
+                        hires_denoise = Slider(0, 1, value=start("hires_denoise", 0.7), step=0.01,
+                                               label="Denoising strength")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="generate")
                     stop = gr.Button("Cancel", variant="stop", elem_id="cancel")
             with gr.Column(scale=2):
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
                                      elem_id="gallery")
+                sendto.gallery_buttons(ctx, gallery, ("img2img", "upscale"), prefix="txt2img")
                 info = gr.Textbox(label="Image parameters", lines=4, interactive=False, elem_id="info")
                 summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="summary")
                 # this browser's last seed: the browser holds it, so no other client can see or change it
                 last_seed = gr.Number(visible=False, precision=0, elem_id="last-seed")
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
+    ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
+                                                        hires_steps, hires_denoise]))
     go.click(generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise],
              [gallery, info, summary, last_seed], api_name="generate",
              concurrency_id=GPU, concurrency_limit=1)

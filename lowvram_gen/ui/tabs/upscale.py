@@ -20,10 +20,10 @@ def build(ctx: TabContext) -> None:
             raise messages.error(exc, request) from None
         return result["images"][0], messages.for_ui(result["summary"])
 
-    with gr.Tab("Upscale"):
+    with gr.Tab("Upscale", id="upscale"):
         with gr.Row():
             with gr.Column():
-                image = gr.Image(label="Image", type="filepath")
+                image = gr.Image(label="Image", type="filepath", elem_id="upscale-image")
                 scale = gr.Slider(1, MAX_SCALE, value=2, step=0.25, label="Scale")
                 upscaler = gr.Dropdown(upscaler_choices(), value="lanczos", allow_custom_value=True,
                                        label="Upscaler (or a path to an ESRGAN-family model)")
@@ -31,5 +31,6 @@ def build(ctx: TabContext) -> None:
             with gr.Column():
                 result = gr.Image(label="Result", type="filepath", format="png")
                 summary = gr.Textbox(label="What ran", interactive=False)
+    ctx.controls["upscale"] = {"image": image}
     go.click(upscale, [image, scale, upscaler], [result, summary], api_name="upscale", concurrency_id=GPU,
              concurrency_limit=1)

@@ -1,0 +1,168 @@
+"""A PNG's A1111 `parameters` text back into `GenerationRequest` fields: the one way `generate --from-png`
+and the web UI's PNG Info / Send-to buttons read an image's settings.
+
+It inverts `engines.sd.job.a1111_fields`: `Size: WxH` is width and height, `Denoising strength` is the
+hires pass's when `Hires upscale` is there and img2img's otherwise, and `Sampler` is the name A1111 shows.
+Our images write the sampler that actually ran (`samplers.a1111_name` of the model's own scheduler when
+the request said "default", e.g. PLMS for SD 1.5's PNDM), so where our JSON chunk says the request was
+"default" it maps back to "default"; a scheduler class name (no A1111 name matched) is the model's own
+scheduler, so "default" too. A1111's own `Schedule type: Karras` joins the sampler name as its older
+infotexts wrote it ("DPM++ 2M Karras").
+
+Fields we do not use (Clip skip, Model hash, VAE...) are listed, not refused; a value we use but cannot
+read (`Steps: many`) is an `InvalidRequest` naming the field. Ranges are checked later, by
+`GenerationRequest.validated()`, with the CLI's messages. Standard library only: the CLI imports this
+before it decides to load torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.samplers import DEFAULT, SAMPLERS, check_sampler
+
+# what our own images add for people (what ran, what was found): nothing to set from them
+INFORMATIONAL = frozenset({"Lowvram preset", "Generated size", "Lora hashes", "TI hashes", "Safety checker",
+                           "Model hash", "Version", "Schedule type", "Batch pos"})
+_SIZE = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
+
+
+@dataclass
+class Infotext:
+    """What an image's parameters say, as request fields; `ignored`: the A1111 fields we have no use for."""
+
+    fields: dict
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _int(key: str, value: str) -> int:
+    text = str(value).strip()
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise InvalidRequest(f"{key!r} in the image's parameters", value, "expected a whole number")
+    return int(text)
+
+
+def _float(key: str, value: str) -> float:
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise InvalidRequest(f"{key!r} in the image's parameters", value, "expected a number") from None
+
+
+def _sampler(params: dict, ours: dict | None) -> str:
+    name = str(params["Sampler"]).strip()
+    request = (ours or {}).get("request")
+    if isinstance(request, dict) and request.get("sampler") == DEFAULT:
+        return DEFAULT  # our image: the text holds the resolved name of the model's own scheduler
+    if name.endswith("Scheduler") and name not in SAMPLERS:
+        return DEFAULT  # a diffusers class no A1111 name matches: only the model's own scheduler writes that
+    schedule = str(params.get("Schedule type", "")).strip()
+    if schedule and schedule.lower() not in ("automatic", "uniform") and f"{name} {schedule}" in SAMPLERS:
+        name = f"{name} {schedule}"
+    try:
+        return check_sampler(name)
+    except InvalidRequest as exc:
+        raise InvalidRequest("'Sampler' in the image's parameters", name, exc.allowed) from None
+
+
+def _upscaler(value: str, notes: list[str]) -> str:
+    name = str(value).strip()
+    if name.lower().startswith("latent"):
+        if name.lower() != "latent":
+            notes.append(f"hires upscaler {name!r} runs as 'latent' here")
+        return "latent"
+    return name.lower() if name.lower() in ("lanczos", "sd-x4") else name
+
+
+def request_fields(params: dict, ours: dict | None = None) -> Infotext:
+    """`GenerationRequest` keyword arguments from `parse_a1111_parameters`' dict (and our JSON chunk, if any).
+
+    Only what the text says is set; the caller's defaults (or explicit flags) fill the rest.
+    """
+    fields: dict = {"prompt": params.get("prompt", ""), "negative_prompt": params.get("negative_prompt", "")}
+    notes: list[str] = []
+    ignored: list[str] = []
+    hires = "Hires upscale" in params
+    for key, value in params.items():
+        if key in ("prompt", "negative_prompt"):
+            continue
+        if key == "Steps":
+            fields["steps"] = _int(key, value)
+        elif key == "Sampler":
+            fields["sampler"] = _sampler(params, ours)
+        elif key == "CFG scale":
+            fields["cfg_scale"] = _float(key, value)
+        elif key == "Seed":
+            fields["seed"] = _int(key, value)
+        elif key == "Size":
+            match = _SIZE.fullmatch(str(value))
+            if not match:
+                raise InvalidRequest("'Size' in the image's parameters", value, "expected WIDTHxHEIGHT, e.g. 512x768")
+            fields["width"], fields["height"] = int(match.group(1)), int(match.group(2))
+        elif key == "Model":
+            fields["model"] = str(value).strip()
+        elif key == "Batch size":
+            fields["batch_size"] = _int(key, value)
+        elif key == "Denoising strength":
+            fields["hires_denoise" if hires else "strength"] = _float(key, value)
+        elif key == "Hires upscale":
+            fields["hires_scale"] = _float(key, value)
+        elif key == "Hires steps":
+            fields["hires_steps"] = _int(key, value)
+        elif key == "Hires upscaler":
+            fields["hires_upscaler"] = _upscaler(value, notes)
+        elif key not in INFORMATIONAL:
+            ignored.append(key)
+    return Infotext(fields, ignored, notes)
+
+
+class NoParameters(InvalidRequest):
+    """A file that is not a PNG we can read, or a PNG without A1111 parameters."""
+
+
+def read_infotext(path: str | Path) -> tuple[str, dict | None]:
+    """(parameters text, our JSON chunk or None) of an image; `NoParameters` naming the file otherwise."""
+    from PIL import UnidentifiedImageError
+
+    shown = str(path)
+    try:
+        text, ours = read_png_metadata(path)
+    except FileNotFoundError:
+        raise NoParameters("PNG", shown, "no such file") from None
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise NoParameters("PNG", shown, f"not a readable image ({exc.__class__.__name__})") from None
+    if not text or not text.strip():
+        raise NoParameters("PNG", shown, "it holds no generation parameters (no A1111 'parameters' text "
+                                         "chunk: saved by another tool, or stripped by an image host)")
+    return text, ours
+
+
+def from_png(path: str | Path) -> Infotext:
+    """The request fields of an image's parameters (`read_infotext`, then `request_fields`)."""
+    text, ours = read_infotext(path)
+    return request_fields(parse_a1111_parameters(text), ours)
+
+
+def local_model(spec: str, models_folder: str | Path | None = None) -> str | None:
+    """`spec` as a model that loads here without a download, or None: an embedded name, an existing
+    path, a hub id in the cache, or (as A1111 writes `Model: name`) a checkpoint in the models folder
+    by its file name without the extension."""
+    from lowvram_gen.models.discover import model_choices
+
+    spec = spec.strip()
+    if not spec:
+        return None
+    if Path(spec).expanduser().exists():
+        return spec
+    choices = model_choices(models_folder)
+    if spec in choices:
+        return spec
+    for choice in choices:
+        if Path(choice).stem == spec or Path(choice).name == spec:
+            return choice
+    return None

@@ -1,0 +1,229 @@
+"""GGUF single files: a block-quantized UNet or transformer on its own (ComfyUI-GGUF / city96 files).
+
+Such a file holds only the denoiser, in the original key layout (LDM `input_blocks.*` for SD 1.x/2.x
+and SDXL UNets, BFL `double_blocks.*` for FLUX.1, `joint_blocks.*` for SD3), usually without the
+`model.diffusion_model.` prefix. The VAE, text encoders, tokenizers and scheduler come from a diffusers
+folder of the same base model (`--config`, or the base model in the HF cache), as for any single file
+(checkpoint.load_single_file is the one route; this module is its GGUF part).
+
+The header is read with the `gguf` package (memory-mapped: no tensor data is read); the weights are
+loaded by diffusers' own GGUF support (`load_gguf_checkpoint`, `GGUFQuantizationConfig`,
+`<Model>.from_single_file`), which keeps them quantized and dequantizes one layer at a time at compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from lowvram_gen.errors import ModelLoadError
+
+GGUF_SUFFIX = ".gguf"
+UNET = "model.diffusion_model."
+# Attribute set on a denoiser loaded from a GGUF file: the widest plain float type the file stores
+# (32 for F32, 16 for F16). Precision above that was never in the file, so the memory layer never
+# reloads the denoiser to get it back (engines/sd/apply.needs_reload).
+GGUF_BITS = "_lowvram_gguf_bits"
+# The types diffusers loads as plain tensors, which then follow the dtype; every other type (the block
+# quantizations, and BF16) stays as stored and is dequantized per layer.
+_PLAIN_BITS = {"F32": 32, "F16": 16}
+_PLAIN = tuple(_PLAIN_BITS)
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """What the planner and the loader need from a GGUF file, read from its header alone."""
+
+    shapes: dict[str, tuple[int, ...]]  # each tensor's logical shape, torch order, names as stored
+    types: dict[str, str]  # each tensor's GGML type name: F32, F16, Q8_0, Q4_K, ...
+    quantized_params: int  # values held by the tensors kept as stored (block-quantized, BF16)
+    quantized_bytes: int  # their bytes as stored
+    tensor_bytes: int  # bytes of all tensors as stored
+    float_bits: int  # widest plain float type, F32 or F16 (0: none)
+    architecture: str | None  # general.architecture: sd1, sdxl, flux, sd3, t5encoder, llama ...
+
+
+def is_gguf(path) -> bool:
+    return Path(path).suffix.lower() == GGUF_SUFFIX
+
+
+def read_header(path) -> GgufHeader:
+    """The tensors a GGUF file holds (names, shapes, types, sizes), checked against the file's size.
+
+    Anything that is not a whole GGUF file is a ModelLoadError naming the file: empty, random bytes
+    with a .gguf name, a download cut short.
+    """
+    import gguf
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise ModelLoadError(f"{p} is empty (0 bytes): a failed or unfinished download?")
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{p} is not a GGUF file: it does not start with the GGUF magic bytes "
+                             f"(it starts with {magic!r}); download it again or check the file type")
+    try:
+        reader = gguf.GGUFReader(str(p))
+        tensors = list(reader.tensors)
+        end = max((t.data_offset + int(t.n_bytes) for t in tensors), default=0)
+    except Exception as exc:  # noqa: BLE001 - a cut header makes the reader fail in many ways
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"{p} is a truncated or damaged GGUF file ({reason}); download it again") from None
+    if end > size:
+        raise ModelLoadError(f"{p} is a truncated GGUF file: its header promises {end} bytes, the file has {size}; "
+                             "download it again")
+    if not tensors:
+        raise ModelLoadError(f"{p} is a GGUF file without tensors")
+    shapes, types = {}, {}
+    q_params = q_bytes = total = bits = 0
+    for t in tensors:
+        name, kind = str(t.name), t.tensor_type.name
+        shapes[name] = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dimensions innermost first
+        types[name] = kind
+        total += int(t.n_bytes)
+        if kind in _PLAIN_BITS:
+            bits = max(bits, _PLAIN_BITS[kind])
+        elif kind not in ("I8", "I16", "I32", "I64"):
+            q_params += int(t.n_elements)
+            q_bytes += int(t.n_bytes)
+    field = reader.get_field("general.architecture")
+    try:
+        arch = field.contents() if field is not None else None
+    except Exception:  # noqa: BLE001 - an odd metadata type only loses a hint
+        arch = None
+    return GgufHeader(shapes, types, q_params, q_bytes, total, bits, arch if isinstance(arch, str) else None)
+
+
+def checkpoint_shapes(header: GgufHeader) -> dict[str, tuple[int, ...]]:
+    """The shapes under the names a full original-layout checkpoint uses: a UNet's keys get the
+    `model.diffusion_model.` prefix city96's files drop (diffusers' UNet converter needs it; the
+    SD3 / Flux converters take both forms and strip it themselves)."""
+    shapes = header.shapes
+    unet = any(k.removeprefix(UNET).startswith(("input_blocks.", "output_blocks.")) for k in shapes)
+    return {(UNET + k if unet and not k.startswith(UNET) else k): v for k, v in shapes.items()}
+
+
+def pipeline_class(header: GgufHeader, path) -> str:
+    """The pipeline class of the denoiser a GGUF holds; a clear refusal for anything else."""
+    from lowvram_gen.models import checkpoint as ck
+
+    shapes = checkpoint_shapes(header)
+    keys = set(shapes)
+    markers = ck._diffusers_markers()
+    if keys & set(markers["sd3"]):
+        return ck.SD3
+    if keys & set(markers["flux"]) and not keys & set(markers["not_flux1"]):
+        return ck.FLUX
+    if any(k.startswith(UNET + "input_blocks.") for k in keys) and any(k.startswith(UNET + "output_blocks.") for k in keys):
+        # SDXL's UNet alone has the "text_time" addition embedding (label_emb); SD 1.x/2.x's has none
+        return ck.SDXL if UNET + "label_emb.0.0.weight" in keys else ck.SD
+    name = Path(path).name
+    what = _not_a_denoiser(list(header.shapes), header.architecture)
+    shown = ", ".join(repr(k) for k in list(header.shapes)[:4])
+    arch = f", general.architecture {header.architecture!r}" if header.architecture else ""
+    raise ModelLoadError(
+        f"{name} is a GGUF file but not a UNet or transformer we can load{what}: keys such as {shown} "
+        f"({len(header.shapes)} tensors{arch}). --model takes a GGUF of an SD 1.x/2.x or SDXL UNet (keys "
+        "input_blocks.*), a FLUX.1 transformer (double_blocks.*) or an SD3 transformer (joint_blocks.*), as "
+        "ComfyUI-GGUF publishes them; the VAE and text encoders come from --config."
+    )
+
+
+def _not_a_denoiser(keys: list[str], arch: str | None) -> str:
+    """A short guess at what else the file holds, for the error message."""
+    from lowvram_gen.models.checkpoint import _layout_hint
+
+    top = {k.split(".", 1)[0] for k in keys}
+    if (arch or "").lower().startswith(("t5", "clip", "umt5")) or top & {"enc", "text_model", "shared"} or \
+            any(k.startswith(("encoder.block.", "transformer.resblocks.", "cond_stage_model.")) for k in keys):
+        return (" (it looks like a text encoder: text encoders come from the --config folder, and the "
+                "GGUF route loads only the denoiser)")
+    if top <= {"encoder", "decoder", "quant_conv", "post_quant_conv", "first_stage_model", "vae"}:
+        return " (it looks like a VAE: the VAE comes from the --config folder)"
+    if "token_embd" in top or any(k.startswith("blk.") for k in keys):
+        return f" (it looks like a language model{f' ({arch})' if arch else ''}, not an image model)"
+    return _layout_hint(keys)
+
+
+def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_dtype):
+    """The UNet or transformer of `path`, its weights kept GGUF-quantized (compute in `torch_dtype`)."""
+    import diffusers
+    from diffusers import GGUFQuantizationConfig
+    from diffusers.models.model_loading_utils import load_gguf_checkpoint
+    from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
+
+    from lowvram_gen.models import checkpoint as ck
+
+    supported = {t.name for t in SUPPORTED_GGUF_QUANT_TYPES} | set(_PLAIN)
+    odd = sorted({t for t in header.types.values() if t not in supported})
+    if odd:
+        raise ModelLoadError(f"{Path(path).name} uses the GGUF type(s) {', '.join(odd)}, which diffusers cannot "
+                             f"dequantize; supported: {', '.join(sorted(supported))}")
+    name, model_cls = {ck.SD: ("unet", "UNet2DConditionModel"), ck.SDXL: ("unet", "UNet2DConditionModel"),
+                       ck.SD3: ("transformer", "SD3Transformer2DModel"),
+                       ck.FLUX: ("transformer", "FluxTransformer2DModel")}[cls_name]
+    state = load_gguf_checkpoint(str(path))  # diffusers' reader: GGUFParameter for each quantized tensor
+    if name == "unet":
+        state = {(UNET + k if not k.startswith(UNET) else k): v for k, v in state.items()}
+    model = getattr(diffusers, model_cls).from_single_file(
+        state, config=str(folder), subfolder=name, local_files_only=True, torch_dtype=torch_dtype,
+        quantization_config=GGUFQuantizationConfig(compute_dtype=torch_dtype),
+    )
+    setattr(model, GGUF_BITS, header.float_bits)
+    return name, model
+
+
+def load_pipeline(path, header: GgufHeader, cls_name: str, folder: Path, torch_dtype):
+    """The pipeline of `folder` with the GGUF denoiser of `path` in place of its own."""
+    import diffusers
+
+    from lowvram_gen.models.loading import _absent_components
+
+    name, model = load_denoiser(path, header, cls_name, folder, torch_dtype)
+    return getattr(diffusers, cls_name).from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True,
+                                                        **{**_absent_components(folder), name: model})
+
+
+def follow_dtype(module, dtype) -> None:
+    """Run a GGUF denoiser in `dtype`: its unquantized tensors (norms, biases, convolutions) are cast and
+    its quantized layers dequantize to `dtype`; the quantized blocks themselves stay as stored.
+
+    diffusers refuses `.to(dtype)` on a quantized model; torch's own `Module.to` converts floating-point
+    tensors only, and the quantized blocks are uint8, so it leaves them as they are.
+    """
+    import torch
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+
+    torch.nn.Module.to(module, dtype=dtype)
+    for sub in module.modules():
+        if isinstance(sub, GGUFLinear):
+            sub.compute_dtype = dtype
+
+
+def gguf_bits(module) -> int | None:
+    """For a denoiser loaded from a GGUF file: the widest float type its file stores; None otherwise."""
+    return getattr(module, GGUF_BITS, None)
+
+
+def stored_sizes(path) -> tuple[int, int]:
+    """(values, bytes as stored) of the tensors a GGUF file's denoiser keeps as stored (block-quantized,
+    BF16): the memory estimate counts them at this size and the rest of the denoiser at the dtype."""
+    header = read_header(path)
+    return header.quantized_params, header.quantized_bytes
+
+
+def builtin_arch(path) -> str:
+    """The built-in architecture (planning/estimate.py) of a GGUF denoiser, for a plan without --config."""
+    from lowvram_gen.models import checkpoint as ck
+
+    header = read_header(path)
+    cls_name = pipeline_class(header, path)
+    if cls_name == ck.SD:  # SD 2.x: 1024-wide cross-attention (diffusers' own "v2" marker)
+        key = UNET + "input_blocks.2.1.transformer_blocks.0.attn2.to_k.weight"
+        return "sd21" if checkpoint_shapes(header).get(key, (0,))[-1] == 1024 else "sd15"
+    return {ck.SDXL: "sdxl", ck.SD3: "sd3", ck.FLUX: "flux"}[cls_name]

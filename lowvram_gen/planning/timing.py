@@ -1,0 +1,47 @@
+"""How long one denoising step takes under a candidate's settings: the planner's sort key.
+
+    seconds per step = compute + bytes moved over the bus / bus bandwidth
+
+- compute = FLOPs of one denoiser forward / the card's effective throughput, times a slowdown for
+  weights that are dequantized on the fly. FLOPs = coefficient(arch) x denoiser parameters x latent
+  pixels x images in the forward; the coefficients are counted by benchmarks/count_flops.py on the
+  meta device (calibration.json "flops"; SDXL at 1024 px: 13.5 TFLOP per step with CFG).
+- bytes: what the offload hooks stream every step (planning/estimate.py `streamed_bytes_per_step`)
+  plus what moves once per job (whole models under model offload), spread over the job's steps.
+  Transfers are counted as not overlapping compute: diffusers' group offloading prefetches on a CUDA
+  stream and hides part of it, so streamed candidates are estimated a little slow, never fast.
+
+The throughputs are stated assumptions, not measurements of this card (there is no GPU to measure
+here): `BUS_BYTES_PER_S` is PCIe 4.0 x16 in practice (~25 GB/s of its 32 GB/s), `GPU_FLOPS` is what
+an 8 GB consumer card sustains in half precision on these models (an RTX 3060 runs SDXL at 1024 px at
+about 1.4 s per step: 13.5 TFLOP / 1.4 s = 9.6 TFLOP/s). The ranking they produce depends on their
+ratio, not on either alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+BUS_BYTES_PER_S = 25e9  # host-to-device, PCIe 4.0 x16, pinned memory
+GPU_FLOPS = 10e12  # effective half-precision FLOP/s of a small card on diffusion models
+CPU_FLOPS = 0.3e12  # effective float32 FLOP/s of a desktop CPU (the cpu preset)
+# Compute slowdown of weights stored narrower than they compute: dequantizing per layer (fp8 layerwise
+# casting, int8/int4 weight-only kernels) costs memory traffic and kernel launches on top of the matmul.
+# Judgements, not measurements: weight-only int8 kernels run near fp16 speed on recent cards, 4-bit ones
+# somewhat slower at diffusion's large batch x tokens shapes.
+SLOWDOWN = {"none": 1.0, "fp8": 1.05, "int8": 1.1, "int4": 1.25}
+
+
+def step_flops(profile, width: int, height: int, images: int, coefficients: dict[str, float]) -> float:
+    """FLOPs of one denoiser forward over `images` latents (CFG's two halves count as two images)."""
+    sf = profile.vae_scale_factor
+    pixels = math.ceil(height / sf) * math.ceil(width / sf)
+    coef = coefficients.get(profile.arch, coefficients.get("custom", 0.25))
+    return coef * profile.params.get(profile.denoiser, 0) * pixels * images
+
+
+def seconds_per_step(flops: float, streamed_bytes_per_step: int, moved_bytes_per_job: int, steps: int,
+                     storage: str = "none", on_gpu: bool = True) -> float:
+    compute = flops / (GPU_FLOPS if on_gpu else CPU_FLOPS) * SLOWDOWN.get(storage, 1.0)
+    moved = streamed_bytes_per_step + moved_bytes_per_job / max(1, steps)
+    return compute + (moved / BUS_BYTES_PER_S if on_gpu else 0.0)

@@ -1,0 +1,52 @@
+"""The LoRA and embedding pickers of txt2img and img2img, and the refresh button that rescans the folders.
+
+Picking a LoRA adds `<lora:NAME:1>` to the prompt, picking an embedding adds its name: what an A1111
+user types (prompt syntax and lookup: lowvram_gen/networks/). The lists are the files in
+`models/Lora` and `models/embeddings` (under ./models or $LOWVRAM_GEN_MODELS), as the jobs find them.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from lowvram_gen.models.discover import model_choices
+from lowvram_gen.networks.embeddings import available_embeddings
+from lowvram_gen.networks.lora import available_loras
+
+
+def lora_choices() -> list[str]:
+    return sorted(available_loras(), key=str.lower)
+
+
+def embedding_choices() -> list[str]:
+    return sorted(available_embeddings(), key=str.lower)
+
+
+def with_text(prompt: str | None, text: str) -> str:
+    """`prompt` with `text` added at its end, a space between (as A1111's extra-networks cards do)."""
+    prompt = (prompt or "").rstrip()
+    return f"{prompt} {text}" if prompt else text
+
+
+def build(prompt: gr.Textbox, model: gr.Dropdown, models_folder, prefix: str) -> None:
+    """A row with the two pickers and 🔄 (the model list too); call inside the tab's layout."""
+    with gr.Row():
+        lora = gr.Dropdown(lora_choices(), value=None, label="Add a LoRA", elem_id=f"{prefix}lora-picker")
+        embedding = gr.Dropdown(embedding_choices(), value=None, label="Add an embedding",
+                                elem_id=f"{prefix}embedding-picker")
+        refresh = gr.Button("🔄", size="sm", scale=0, min_width=40, elem_id=f"{prefix}refresh")
+
+    def add_lora(text, name):
+        return (with_text(text, f"<lora:{name}:1>") if name else gr.update()), None
+
+    def add_embedding(text, name):
+        return (with_text(text, name) if name else gr.update()), None
+
+    def rescan():
+        return (gr.Dropdown(choices=model_choices(models_folder)), gr.Dropdown(choices=lora_choices()),
+                gr.Dropdown(choices=embedding_choices()))
+
+    # .input: the user's pick only, not the reset to None that follows it
+    lora.input(add_lora, [prompt, lora], [prompt, lora], queue=False, api_visibility="private")
+    embedding.input(add_embedding, [prompt, embedding], [prompt, embedding], queue=False, api_visibility="private")
+    refresh.click(rescan, None, [model, lora, embedding], queue=False, api_visibility="private")

@@ -1,0 +1,124 @@
+"""A PNG's parameters back into a request (infotext.py), and `generate --from-png`: the same image again."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lowvram_gen import GenerationRequest
+from lowvram_gen.cli.main import main
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.infotext import from_png, request_fields
+from lowvram_gen.outputs import parse_a1111_parameters
+from lowvram_gen.session import Session
+
+ROUND_TRIP = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "sampler", "model")
+
+
+def pixels(path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session()
+
+
+@pytest.mark.parametrize("extra", [
+    {},  # the default sampler (the tiny model's PNDM, written as PLMS) comes back as "default"
+    {"sampler": "Euler a", "cfg_scale": 5.5, "negative_prompt": "blurry, (ugly:1.3)"},
+    {"sampler": "DPM++ 2M Karras", "hires_scale": 1.5, "hires_steps": 1, "hires_denoise": 0.4,
+     "hires_upscaler": "lanczos"},
+])
+def test_request_to_png_to_request_gives_the_same_fields(session, tmp_path, extra):
+    request = GenerationRequest(prompt="a lighthouse, at dusk: <b>", width=64, height=72, steps=2, seed=4321,
+                                outdir=str(tmp_path), **extra).validated()
+    image = session.generate(request).images[0]
+    fields = from_png(image).fields
+    for name in ROUND_TRIP + tuple(k for k in extra):
+        assert fields[name] == getattr(request, name), name
+    assert "strength" not in fields  # a hires image's "Denoising strength" is the hires pass's, not img2img's
+
+
+def test_img2img_png_gives_its_strength(session, tmp_path):
+    init = tmp_path / "init.png"
+    Image.new("RGB", (64, 64), (10, 200, 30)).save(init)
+    image = session.generate(GenerationRequest(prompt="x", init_image=str(init), strength=0.35, width=64, height=64,
+                                               steps=2, seed=3, outdir=str(tmp_path))).images[0]
+    fields = from_png(image).fields
+    assert fields["strength"] == 0.35 and "hires_denoise" not in fields
+
+
+def test_a1111s_own_text():
+    text = ("masterpiece, <lora:film:0.6>\nNegative prompt: lowres\nSteps: 28, Sampler: DPM++ 2M, "
+            "Schedule type: Karras, CFG scale: 6.5, Seed: 99, Size: 512x768, Model hash: 6ce0161689, "
+            "Model: v1-5-pruned-emaonly, Clip skip: 2, Batch size: 4, Batch pos: 1, Denoising strength: 0.45, "
+            "Hires upscale: 2, Hires upscaler: Latent (bicubic), Version: v1.10.1")
+    read = request_fields(parse_a1111_parameters(text))
+    assert read.fields == {"prompt": "masterpiece, <lora:film:0.6>", "negative_prompt": "lowres", "steps": 28,
+                           "sampler": "DPM++ 2M Karras", "cfg_scale": 6.5, "seed": 99, "width": 512, "height": 768,
+                           "model": "v1-5-pruned-emaonly", "batch_size": 4, "hires_denoise": 0.45,
+                           "hires_scale": 2.0, "hires_upscaler": "latent"}
+    assert read.ignored == ["Clip skip"] and "Latent (bicubic)" in read.notes[0]
+    # a scheduler class name (no A1111 name matched it) is the model's own scheduler
+    assert request_fields({"Sampler": "FlowMatchEulerDiscreteScheduler"}).fields["sampler"] == "default"
+
+
+@pytest.mark.parametrize("key, value, said", [("Steps", "many", "whole number"), ("Size", "512 by 512", "WIDTHxHEIGHT"),
+                                              ("CFG scale", "x", "a number"), ("Sampler", "Magic", "use 'default'")])
+def test_a_value_we_cannot_read_is_a_clear_error(key, value, said):
+    with pytest.raises(InvalidRequest) as err:
+        request_fields({"prompt": "x", key: value})
+    assert key in str(err.value) and value in str(err.value) and said in str(err.value)
+
+
+def test_from_png_reruns_the_same_image_and_flags_override(session, tmp_path, capsys):
+    original = session.generate(GenerationRequest(prompt="a red fox",
+                                                  negative_prompt="fog", width=64, height=64, steps=2, seed=777,
+                                                  sampler="Euler", outdir=str(tmp_path / "a"))).images[0]
+    code = main(["generate", "--from-png", original, "--outdir", str(tmp_path / "b"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["seeds"] == [777] and out["sampler"] == "Euler"
+    assert np.array_equal(pixels(out["images"][0]), pixels(original))
+    # flags given win, even one equal to the usual default (--seed -1: a new random seed)
+    code = main(["generate", "a blue fox", "--from-png", original, "--seed", "-1", "--steps", "3",
+                 "--outdir", str(tmp_path / "c"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    params = parse_a1111_parameters(Image.open(out["images"][0]).text["parameters"])
+    assert code == 0 and params["prompt"] == "a blue fox" and params["Steps"] == "3"
+    assert params["negative_prompt"] == "fog" and params["Sampler"] == "Euler"
+    assert out["seeds"] != [777]  # random: 777 again has a chance of 1 in 2**32
+
+
+def test_from_png_of_a_file_without_parameters_or_not_a_png_exits_2(tmp_path, capsys):
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (8, 8)).save(plain)
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    for bad, said in ((plain, "no generation parameters"), (text, "not a readable image"),
+                      (tmp_path / "missing.png", "no such file")):
+        code = main(["generate", "--from-png", str(bad)])
+        err = capsys.readouterr().err
+        assert code == 2 and str(bad) in err and said in err
+
+
+def test_without_a_prompt_or_from_png_is_exit_2(capsys):
+    assert main(["generate", "--steps", "1"]) == 2
+    assert "--from-png" in capsys.readouterr().err
+
+
+def test_a_pngs_model_that_is_not_here_falls_back_with_a_warning(session, tmp_path, capsys):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", "x\nSteps: 1, Sampler: Euler, CFG scale: 7, Seed: 5, Size: 64x64, "
+                                "Model: no-such-checkpoint")
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+    code = main(["generate", "--from-png", str(png), "--outdir", str(tmp_path), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0 and json.loads(captured.out)["model"] == "tiny"
+    assert "'no-such-checkpoint' is not here" in captured.err
