@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """On a CUDA GPU: seconds per step, peak memory and host-to-device bytes of budget offload at a few
-resident sizes, against no offload, model offload and block-level group offload.
+resident sizes, against no offload, model offload and block-level group offload. Not run yet: it was
+written in a session without a GPU.
 
     python benchmarks/bench_budget_gpu.py [--only sd15,sdxl] [--steps 5]   # -> docs/bench/budget_gpu.json
 
