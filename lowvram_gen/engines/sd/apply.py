@@ -13,8 +13,11 @@ Sequential offload is diffusers' leaf-level group offloading: its docs call it e
 casting (accelerate's sequential hooks do not), and it runs on a CPU-only machine, so the whole
 ladder is exercised here.
 
-Precision is one-way: fp8 storage or a cast to half precision loses bits. Going back up needs the
-weights from disk again; `needs_reload()` tells the caller, which reloads only those components.
+Precision is one-way: fp8 storage, int8/int4 quantization or a cast to half precision loses bits.
+Going back up needs the weights from disk again; `needs_reload()` tells the caller, which reloads
+only those components. Quantization is re-applied as a no-op; int8 -> int4 (or back) also reloads
+the quantized components: sdnq refuses to quantize quantized layers, and int4 made from the int8
+values would add the rounding of both to the weights.
 """
 
 from __future__ import annotations
@@ -93,6 +96,13 @@ class PipelineOps:
         module = getattr(self.pipe, denoiser_name(self.pipe))
         module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=getattr(torch, compute_dtype))
 
+    def quantize(self, kind: str, names: list[str], device: str) -> None:
+        """int8/int4 weights (sdnq) for the components `names`; quantized on `device` when it is CUDA."""
+        from lowvram_gen.engines.sd.quantize import quantize_module
+
+        for name in names:
+            quantize_module(getattr(self.pipe, name), kind, device)
+
     def place(self, device: str) -> None:
         for module in _modules(self.pipe).values():
             module.to(device)
@@ -160,6 +170,7 @@ def needs_reload(pipe, settings: MemorySettings) -> list[str]:
     names = [n for n, floor in state["floor"].items() if floor < want and not (keep_fp8 and n == denoiser_name(pipe))]
     if state.get("fp8") and not settings.fp8_storage:
         names.append(denoiser_name(pipe))
+    names += [n for n, kind in state.get("quant", {}).items() if kind != settings.quantize]
     return sorted(set(names))
 
 
@@ -171,6 +182,7 @@ def forget_components(pipe, names: list[str]) -> None:
             state["floor"].pop(name, None)
             if name == denoiser_name(pipe):
                 state["fp8"] = False
+            state.get("quant", {}).pop(name, None)
 
 
 def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps | None = None) -> Applied:
@@ -186,6 +198,7 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     applied = Applied(requested=settings, effective=effective, skipped=skipped)
     calls = applied.calls
     state = getattr(pipe, _STATE, None) or {"floor": {}, "fp8": False, "attention": "sdpa"}
+    state.setdefault("quant", {})  # component -> "int8" | "int4"
 
     ops.reset()
     calls.append("reset")
@@ -200,6 +213,14 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         calls.append("fp8_storage")
         state["fp8"] = True
         state["floor"][denoiser] = _PRECISION["float8"]
+    if effective.quantize != "none":
+        from lowvram_gen.engines.sd.quantize import targets
+
+        todo = [n for n in targets(pipe) if state["quant"].get(n) != effective.quantize]
+        if todo:  # none left when re-applied: already quantized
+            ops.quantize(effective.quantize, todo, device.torch_device)
+            calls.append(f"quantize:{effective.quantize}")
+            state["quant"].update(dict.fromkeys(todo, effective.quantize))
 
     target = device.torch_device
     if effective.offload == "none":
