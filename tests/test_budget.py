@@ -342,3 +342,39 @@ def test_oom_at_a_budget_preset_steps_down_the_ladder_and_finishes(model):
     assert report.preset_name == ladder[start + 1].name
     assert done[0].images[0].size == (64, 64)
     assert pipe.unet.conv_in.weight is weight  # reconfigured, not reloaded
+
+
+# ------------------------------------------------------------------------------- a real GPU
+
+
+@pytest.mark.cuda
+def test_on_cuda_streamed_blocks_are_prefetched_and_the_image_matches(model):
+    """The CUDA path: blocks onloaded on a side stream, prefetched along the traced execution order.
+    float32 on both sides; the streamed run may differ from the resident one by float noise only
+    (same kernels, same weights; the copies are exact), so the tolerance is that of test_apply."""
+    pipe = model.pipe
+    gpu = probe()
+    reference = _image_on(pipe, apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), gpu))
+    blocks = blocks_of(pipe.unet)
+    with count_onloads() as meter:
+        meter.watch(pipe.unet)
+        applied = apply_mod.apply_settings(pipe, budget(sum(b for _, b in blocks) // 2), gpu)
+        image = _image_on(pipe, applied)
+    res = applied.residency
+    assert res.resident and res.streamed
+    assert np.abs(image - reference).max() < 1e-4
+    assert set(meter.forwards) == {res.streamed_bytes_per_step}
+    for name in res.resident:
+        assert next(pipe.unet.get_submodule(name).parameters()).device.type == "cuda"
+    for name in res.streamed:  # offloaded between forwards, with a pinned host copy to stream from
+        weight = next(pipe.unet.get_submodule(name).parameters())
+        assert weight.device.type == "cpu" and weight.is_pinned()
+    hook = pipe.unet.get_submodule(res.streamed[0])._diffusers_hook.get_hook("group_offloading")
+    assert hook.group.stream is not None and hook.group.onload_self is False  # prefetched by the group before
+    apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), gpu)
+    assert all(p.device.type == "cuda" for p in pipe.unet.parameters())
+
+
+def _image_on(pipe, applied):
+    assert applied.effective.dtype == "float32"
+    return _image(pipe)

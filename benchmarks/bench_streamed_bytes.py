@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""Bytes the offload hooks move host-to-device per denoising step: budget offload against the rest.
+
+    python benchmarks/bench_streamed_bytes.py             # measure -> docs/bench/streamed_bytes.json
+    python benchmarks/bench_streamed_bytes.py --markdown  # print the table of docs/benchmarks.md
+
+What is measured. For SD 1.5, SDXL and FLUX.1-dev, the denoiser is built from the configs shipped in
+lowvram_gen/configs/ with random bfloat16 weights (2 bytes a weight, as float16 on a GPU) and put into
+a real diffusers pipeline with small text encoders and a small VAE of the widths it expects (they are
+not measured). Each offload mode is applied with `engines/sd/apply.apply_settings` (model offload is
+diffusers' own `enable_model_cpu_offload`) and a job of `--steps` steps runs at 64x64 px while
+`engines/sd/traffic.count_onloads` counts the bytes the hooks onload during each denoiser forward
+(CFG is batched: one forward per step). On this CPU onload and offload device are both "cpu", so
+nothing is copied, but the hooks run and decide what to onload exactly as on a GPU; the meter counts
+the tensors they onload that a hook had offloaded, which on a GPU is the host-to-device copy traffic.
+The bytes do not depend on the resolution (every streamed weight moves once per forward whatever
+the activations), hence 64 px.
+
+Flux. Its 11.9 B-parameter transformer is 22 GiB in bfloat16, too much for this machine's RAM, so it
+is built at full depth (19 + 38 blocks, every module and hook as in the real model) with each block
+type's weights stored once: every double-stream block shares the storage of the first (likewise the
+single-stream blocks), through its own Parameter objects. The hooks and the meter see 57 blocks of
+the real sizes; RAM holds about 1 GiB. Its text is 16 T5 tokens instead of 512 (the bytes moved do not
+depend on it; the compute on this CPU does).
+
+Budgets. For a card budget B (2, 4, 6, 8, 12 GiB), the room for weights during the denoise is
+B - activations - overhead, both from `planning/estimate.py`'s estimate of the job at its native size
+(SD 1.5 512 px, SDXL and Flux 1024 px, one image, CFG where the model uses it). The budget rows apply
+`offload = "budget"` with `resident_bytes` = `residency.fit(blocks, room - fixed part)`: what a plan
+would set (the largest blocks resident, room left for the fixed part and the two streamed blocks in
+flight). Compared with: (a) the lower bound max(0, weights - room): what must cross the bus each step
+if nothing but weights took room; (b) model offload (the whole denoiser once per job, then nothing per
+step, if it fits in B at all), block-level group offload and sequential (leaf-level group) offload,
+measured the same way; (c) `residency.split`'s prediction for the same `resident_bytes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # tiny_transformers: the offline T5 tokenizer and 16-channel VAE
+
+OUT = ROOT / "docs" / "bench" / "streamed_bytes.json"
+CONFIGS = ROOT / "lowvram_gen" / "configs"
+BUDGETS_GIB = (2, 4, 6, 8, 12)
+GiB = 1024**3
+ARCHS = {"sd15": ("unet", "UNet2DConditionModel", 512), "sdxl": ("unet", "UNet2DConditionModel", 1024),
+         "flux": ("transformer", "FluxTransformer2DModel", 1024)}
+SHARED_BLOCK_LISTS = {"flux": ("transformer_blocks", "single_transformer_blocks")}
+
+
+def build_denoiser(arch: str):
+    """The real architecture from its shipped config, random bfloat16 weights (see the module doc for Flux)."""
+    import diffusers
+    import torch
+    from accelerate import init_empty_weights
+
+    folder, class_name, _ = ARCHS[arch]
+    cfg = json.loads((CONFIGS / arch / folder / "config.json").read_text())
+    with init_empty_weights(include_buffers=False):
+        model = getattr(diffusers, class_name).from_config(cfg)
+    gen = torch.Generator().manual_seed(0)
+    shared = {}  # (list name, parameter path inside a block) -> tensor, for the lists stored once
+    lists = SHARED_BLOCK_LISTS.get(arch, ())
+    for full_name, module in model.named_modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or param.device.type != "meta":
+                continue
+            path = f"{full_name}.{name}" if full_name else name
+            parts = path.split(".")
+            key = (parts[0], ".".join(parts[2:])) if parts[0] in lists else None
+            if key in shared:
+                data = shared[key]
+            else:
+                data = torch.empty(param.shape, dtype=torch.bfloat16).normal_(0, 0.02, generator=gen)
+                if key is not None:
+                    shared[key] = data
+            module._parameters[name] = torch.nn.Parameter(data, requires_grad=False)
+    return model.to(dtype=torch.bfloat16).eval()
+
+
+def build_pipeline(arch: str, denoiser):
+    """A diffusers pipeline around the denoiser: small text encoders and VAE of the widths it expects."""
+    import torch
+    from diffusers import (EulerDiscreteScheduler, FlowMatchEulerDiscreteScheduler, FluxPipeline,
+                           StableDiffusionPipeline, StableDiffusionXLPipeline)
+
+    from lowvram_gen.models.tiny import _text_encoder, _tokenizer, _vae
+
+    torch.manual_seed(0)
+    if arch == "sd15":
+        return StableDiffusionPipeline(unet=denoiser, vae=_vae(), text_encoder=_text_encoder(False, hidden=768),
+                                       tokenizer=_tokenizer(), scheduler=EulerDiscreteScheduler(), safety_checker=None,
+                                       feature_extractor=None, requires_safety_checker=False)
+    if arch == "sdxl":
+        return StableDiffusionXLPipeline(unet=denoiser, vae=_vae(), text_encoder=_text_encoder(False, hidden=768),
+                                         text_encoder_2=_text_encoder(True, hidden=1280, seed=1),
+                                         tokenizer=_tokenizer(), tokenizer_2=_tokenizer(),
+                                         scheduler=EulerDiscreteScheduler())
+    from tiny_transformers import t5_tokenizer, vae_16_channels
+    from transformers import T5Config, T5EncoderModel
+
+    tokenizer_2 = t5_tokenizer()
+    t5 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=4096, d_kv=16, d_ff=64, num_layers=1,
+                                 num_heads=2, relative_attention_num_buckets=8, feed_forward_proj="gated-gelu",
+                                 pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
+    return FluxPipeline(transformer=denoiser, vae=vae_16_channels(0.3611, 0.1159),
+                        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True),
+                        text_encoder=_text_encoder(False, hidden=768), tokenizer=_tokenizer(),
+                        text_encoder_2=t5, tokenizer_2=tokenizer_2)
+
+
+def run_job(pipe, arch: str, steps: int) -> None:
+    import torch
+
+    kwargs = dict(num_inference_steps=steps, width=64, height=64, generator=torch.Generator().manual_seed(1),
+                  output_type="latent")
+    if arch == "flux":
+        kwargs["max_sequence_length"] = 16
+    with torch.inference_mode():
+        pipe("a lighthouse at dusk", **kwargs)
+
+
+def measure(pipe, arch: str, steps: int, settings=None) -> tuple[list[int], object]:
+    """Bytes onloaded into the denoiser during each of its forwards, with `settings` applied (None:
+    diffusers' enable_model_cpu_offload)."""
+    from lowvram_gen.device import probe
+    from lowvram_gen.engines.sd.apply import apply_settings, denoiser_name
+    from lowvram_gen.engines.sd.traffic import count_onloads
+    from lowvram_gen.settings import MemorySettings
+
+    with count_onloads() as meter:
+        meter.watch(getattr(pipe, denoiser_name(pipe)))
+        if settings is None:
+            apply_settings(pipe, MemorySettings(dtype="bfloat16"), probe("cpu"))  # hooks off, bf16
+            pipe.enable_model_cpu_offload(device="cpu")
+            applied = None
+        else:
+            applied = apply_settings(pipe, settings, probe("cpu"))
+        run_job(pipe, arch, steps)
+    if settings is None:
+        pipe.remove_all_hooks()
+    return meter.forwards, applied
+
+
+def bench_arch(arch: str, steps: int) -> dict:
+    import torch
+
+    from lowvram_gen.planning.estimate import estimate, profile_builtin
+    from lowvram_gen.planning.residency import blocks_of, fit, fixed_bytes, module_bytes, split
+    from lowvram_gen.settings import MemorySettings
+
+    started = time.perf_counter()
+    denoiser = build_denoiser(arch)
+    pipe = build_pipeline(arch, denoiser)
+    pipe.set_progress_bar_config(disable=True)
+    blocks = blocks_of(denoiser)
+    weights, fixed = module_bytes(denoiser), fixed_bytes(denoiser)
+    side = ARCHS[arch][2]
+    est = estimate(profile_builtin(arch), side, side, 1, MemorySettings(dtype="float16", offload="budget"))
+    act, overhead = est.unet_bytes, est.overhead_bytes
+    out = {"arch": arch, "native_side": side, "weights_bytes": weights, "fixed_bytes": fixed, "blocks": len(blocks),
+           "largest_block_bytes": max(b for _, b in blocks), "activation_bytes": act, "overhead_bytes": overhead,
+           "modes": {}, "budgets": []}
+    for mode in ("none", "model", "group", "sequential"):
+        settings = None if mode == "model" else MemorySettings(dtype="bfloat16", offload=mode)
+        forwards, _ = measure(pipe, arch, steps, settings)
+        out["modes"][mode] = {"per_forward_bytes": forwards, "fits_gib": {
+            str(b): (weights if mode in ("none", "model") else 0) + act + overhead <= b * GiB for b in BUDGETS_GIB}}
+        print(f"{arch} {mode}: {[round(f / GiB, 3) for f in forwards]} GiB per forward", flush=True)
+    for b in BUDGETS_GIB:
+        room = b * GiB - act - overhead
+        lower = max(0, weights - room)
+        planned = fit(blocks, room - fixed)
+        resident = planned.resident_bytes or 1  # resident_bytes 0 would mean "decide from the device"
+        predicted = split(blocks, resident)
+        forwards, applied = measure(pipe, arch, steps, MemorySettings(dtype="bfloat16", offload="budget",
+                                                                      resident_bytes=resident))
+        assert applied.residency == predicted
+        row = {"budget_gib": b, "room_bytes": room, "lower_bound_bytes": lower, "resident_bytes": predicted.resident_bytes,
+               "resident_blocks": len(predicted.resident), "streamed_blocks": len(predicted.streamed),
+               "in_flight_bytes": predicted.in_flight_bytes, "predicted_bytes": predicted.streamed_bytes_per_step,
+               "per_forward_bytes": forwards, "measured_equals_predicted": set(forwards) == {predicted.streamed_bytes_per_step}}
+        out["budgets"].append(row)
+        print(f"{arch} budget {b} GiB: resident {predicted.resident_bytes / GiB:.2f} GiB, measured "
+              f"{[round(f / GiB, 3) for f in forwards]}, predicted {predicted.streamed_bytes_per_step / GiB:.3f}, "
+              f"lower bound {lower / GiB:.3f} GiB", flush=True)
+    out["seconds"] = round(time.perf_counter() - started, 1)
+    del pipe, denoiser
+    gc.collect()
+    return out
+
+
+def markdown(data: dict) -> str:
+    g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
+    lines = ["| model | budget (GiB) | room for weights | lower bound | budget offload: measured | split() predicts "
+             "| resident (blocks) | model offload: step 1 / step 2+ | group | sequential |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for a in data["archs"]:
+        modes = a["modes"]
+        model, group, seq = (modes[m]["per_forward_bytes"] for m in ("model", "group", "sequential"))
+        for row in a["budgets"]:
+            fits = modes["model"]["fits_gib"][str(row["budget_gib"])]
+            measured = sorted(set(row["per_forward_bytes"]))
+            lines.append(
+                f"| {a['arch']} ({g(a['weights_bytes'])} GiB) | {row['budget_gib']} | {g(max(0, row['room_bytes']))} "
+                f"| {g(row['lower_bound_bytes'])} | {' / '.join(g(m) for m in measured)} | {g(row['predicted_bytes'])} "
+                f"| {g(row['resident_bytes'])} ({row['resident_blocks']}/{a['blocks']}) "
+                f"| {(g(model[0]) + ' / ' + g(max(model[1:], default=0))) if fits else 'does not fit'} "
+                f"| {g(group[-1])} | {g(seq[-1])} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma-separated archs (sd15,sdxl,flux)")
+    parser.add_argument("--markdown", action="store_true", help="print the table from the stored results")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.out).read_text())))
+        return
+
+    import diffusers
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    archs = [a for a in ARCHS if not args.only or a in args.only.split(",")]
+    data = {"command": "python benchmarks/bench_streamed_bytes.py " + " ".join(sys.argv[1:]),
+            "torch": torch.__version__, "diffusers": diffusers.__version__, "machine": platform.processor() or platform.machine(),
+            "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "size": "64x64",
+            "archs": [bench_arch(a, args.steps) for a in archs]}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(data, indent=1))
+    print(markdown(json.loads(Path(args.out).read_text())))
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
