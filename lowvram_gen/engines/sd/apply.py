@@ -17,7 +17,7 @@ Budget offload (`offload = "budget"`) keeps the denoiser's blocks that `planning
 chooses on the GPU and streams the others with diffusers' group offloading (see `budget_offload`).
 
 A denoiser from a GGUF file keeps its quantized weights as stored: it is never cast (only its
-unquantized tensors follow the dtype) nor given fp8 storage, and it is reloaded only for precision its
+unquantized tensors follow the dtype), given fp8 storage or quantized again (int8/int4), and it is reloaded only for precision its
 file had (models/gguf_file.py). Offload moves it like any other model.
 
 Precision is one-way: fp8 storage, int8/int4 quantization or a cast to half precision loses bits.
@@ -299,7 +299,10 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     if effective.quantize != "none":
         from lowvram_gen.engines.sd.quantize import targets
 
-        todo = [n for n in targets(pipe) if state["quant"].get(n) != effective.quantize]
+        todo = [n for n in targets(pipe) if state["quant"].get(n) != effective.quantize and not (gguf and n == denoiser)]
+        if gguf:  # sdnq would quantize GGUF's packed uint8 blocks as if they were weights
+            skipped.append(f"quantize {effective.quantize} of the {denoiser}: it holds GGUF-quantized weights "
+                           "already (the text encoders are quantized)")
         if todo:  # none left when re-applied: already quantized
             ops.quantize(effective.quantize, todo, device.torch_device)
             calls.append(f"quantize:{effective.quantize}")
