@@ -118,6 +118,7 @@ class GenerationRequest:
     hires_steps: int = 0  # 0: as many as `steps`
     hires_denoise: float = 0.7  # A1111's default for the second pass
     loras: tuple[str, ...] = ()  # --lora NAME[:WEIGHT], added to the prompt's <lora:...> tags
+    quantize: str | None = None  # --quantize: int8/int4 weights (or none) in every preset; None: as the preset says
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -142,6 +143,7 @@ class GenerationRequest:
             hires_steps=as_int("hires steps", self.hires_steps, 0, MAX_STEPS, " (0: as many as steps)"),
             hires_denoise=as_float("hires denoise", self.hires_denoise, 0.0, 1.0),
             loras=check_loras(self.loras, self.prompt),
+            quantize=check_quantize(self.quantize),
         )._check_hires()
 
     def _check_hires(self) -> "GenerationRequest":
@@ -207,6 +209,17 @@ def check_loras(value: Any, prompt: str = "") -> tuple[str, ...]:
     if isinstance(prompt, str):
         extract_lora_tags(prompt)
     return tuple(items)
+
+
+def check_quantize(value: Any) -> str | None:
+    """None (the preset decides) or one of settings.QUANTIZE; '' from a form or a CSV cell means None."""
+    from lowvram_gen.settings import QUANTIZE
+
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str) or value.strip().lower() not in QUANTIZE:
+        raise InvalidRequest("quantize", value, f"use one of {', '.join(QUANTIZE)} (or leave it out: the preset decides)")
+    return value.strip().lower()
 
 
 def check_image_path(field_name: str, value: Any) -> str:

@@ -66,19 +66,21 @@ class Session:
         self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget)
         return self._device
 
-    def presets(self) -> dict[str, Preset]:
-        return {name: self._flagged(p) for name, p in load_presets(self.presets_dir).items()}
+    def presets(self, quantize: str | None = None) -> dict[str, Preset]:
+        return {name: self._flagged(p, quantize) for name, p in load_presets(self.presets_dir).items()}
 
-    def forced_preset(self, spec: str | None = None) -> Preset | None:
+    def forced_preset(self, spec: str | None = None, quantize: str | None = None) -> Preset | None:
         spec = spec or self.preset_spec
         if spec is None and self.device_pref == "cpu":
             spec = "cpu"
-        return self._flagged(find_preset(spec, self.presets_dir)) if spec else None
+        return self._flagged(find_preset(spec, self.presets_dir), quantize) if spec else None
 
-    def _flagged(self, preset: Preset) -> Preset:
+    def _flagged(self, preset: Preset, quantize: str | None = None) -> Preset:
+        """The preset with the session's and the request's forced settings (--xformers, --quantize)."""
+        memory = preset.memory.with_quantize(quantize)
         if self.xformers and preset.device == "gpu":
-            return dataclasses.replace(preset, memory=dataclasses.replace(preset.memory, attention="xformers"))
-        return preset
+            memory = dataclasses.replace(memory, attention="xformers")
+        return preset if memory == preset.memory else dataclasses.replace(preset, memory=memory)
 
     def load_model(self, spec: str, config: str | None, dtype: str) -> LoadedModel:
         source = resolve(spec, config)
@@ -117,7 +119,8 @@ class Session:
         width, height = request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
         return plan(device, self.profile_for(source, model), width, height, request.batch_size,
-                    self.presets(), self.forced_preset(request.preset), failed, cfg=request.cfg_scale > 1)
+                    self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
+                    cfg=request.cfg_scale > 1)
 
     def generate(self, request: GenerationRequest, on_step: ProgressFn | None = None,
                  cancel: threading.Event | None = None) -> GenerationResult:

@@ -6,13 +6,14 @@ can re-apply other settings later without reloading weights.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from lowvram_gen.errors import PresetError
 
 DTYPES = ("float32", "float16", "bfloat16")
 ATTENTION = ("sdpa", "xformers", "slicing")
 OFFLOAD = ("none", "model", "group", "sequential", "budget")
+QUANTIZE = ("none", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,17 @@ class MemorySettings:
     # non-block part, embeddings, norms, conv_in/out, is always resident on top). The planner fills it
     # per job; 0 means no plan decided it, and apply decides from the device (engines/sd/apply.py).
     resident_bytes: int = 0
+    # Weight-only quantization (SD.Next's sdnq) of the denoiser and the text encoders, done on the
+    # loaded weights: int8 ~1 byte a weight (per-channel scales), int4 ~0.56 (scales per group of
+    # 32-64). Not the VAE: it is small (84M weights in SD 1.5 and SDXL: 8 % and 3 % of the pipeline),
+    # it runs once per image (tiling and offload already bound its peak), and its convolutions draw
+    # the fine detail that fewer bits would blur.
+    # Not with fp8_storage: both store the denoiser's weights in fewer bits; one at a time.
+    quantize: str = "none"
 
     def check(self, where: str = "settings") -> "MemorySettings":
-        for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD)):
+        for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD),
+                             ("quantize", QUANTIZE)):
             value = getattr(self, key)
             if value not in allowed:
                 raise PresetError(f"{where}: {key} = {value!r} is not allowed; use one of {', '.join(allowed)}")
@@ -52,7 +61,17 @@ class MemorySettings:
                               f"not offload = {self.offload!r}; remove it or use offload = 'budget'")
         if self.fp8_storage and self.dtype == "float32":
             raise PresetError(f"{where}: fp8_storage needs dtype float16 or bfloat16 to compute in, not float32")
+        if self.fp8_storage and self.quantize != "none":
+            raise PresetError(f"{where}: quantize = {self.quantize!r} and fp8_storage = true both shrink the "
+                              "denoiser's weights; use one (quantize = 'none' or fp8_storage = false)")
         return self
+
+    def with_quantize(self, quantize: str | None) -> "MemorySettings":
+        """These settings with `quantize` forced (--quantize, a batch line, the UI); None keeps the
+        preset's. A forced quantization replaces the preset's fp8 storage: both are ~1 byte a weight."""
+        if quantize is None:
+            return self
+        return replace(self, quantize=quantize, fp8_storage=self.fp8_storage and quantize == "none")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -160,7 +160,7 @@ def test_the_shipped_budget_preset():
     presets = load_presets()
     memory = presets["budget"].memory
     assert memory.offload == "budget" and memory.resident_bytes == 0
-    assert presets["lowvram"].rank < presets["budget"].rank < presets["novram"].rank
+    assert presets["medvram"].rank < presets["budget"].rank < presets["lowvram"].rank  # streams less than lowvram
 
 
 # ------------------------------------------------------------------------- applied on this CPU

@@ -195,7 +195,7 @@ def test_extras_found_in_real_checkpoints_are_tolerated(tmp_path, files, tiny):
 def test_missing_file_and_unknown_suffix(tmp_path, tiny):
     with pytest.raises(ModelLoadError, match="not found"):
         load_single_file(tmp_path / "nope.safetensors", config=str(tiny["sd"]), torch_dtype=torch.float32)
-    odd = tmp_path / "model.gguf"
+    odd = tmp_path / "model.onnx"
     odd.write_bytes(b"GGUF")
     with pytest.raises(ModelLoadError, match="unknown checkpoint type"):
         load_single_file(odd, config=str(tiny["sd"]), torch_dtype=torch.float32)

@@ -195,6 +195,22 @@ def test_dtype_changes_keep_the_quantized_blocks_and_skip_fp8(files, tiny_path):
     assert np.isfinite(_image(pipe)).all()  # dequantized per layer to bfloat16
 
 
+def test_int8_quantize_leaves_the_gguf_unet_alone(files, tiny_path):
+    """quantize = int8 (sdnq) applies to the text encoders; the GGUF UNet keeps the file's blocks."""
+    pytest.importorskip("sdnq")
+    pipe = _load(files["Q8_0"], tiny_path)
+    blocks = {k: p.detach().clone() for k, p in pipe.unet.named_parameters() if k in _quantized(pipe.unet)}
+    applied = apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", quantize="int8"), probe("cpu"))
+    assert any("quantize int8 of the unet" in s for s in applied.skipped)
+    for key, value in pipe.unet.named_parameters():
+        if key in blocks:
+            assert value.dtype == torch.uint8 and torch.equal(value.detach(), blocks[key]), key
+    assert applied.calls.count("quantize:int8") == 1
+    assert getattr(pipe, apply_mod._STATE)["quant"] == {"text_encoder": "int8"}  # what was quantized
+    assert np.isfinite(_image(pipe)).all()
+    assert "unet" not in apply_mod.needs_reload(pipe, MemorySettings(dtype="float32"))
+
+
 def test_reload_only_for_precision_the_file_had(files, tiny_path):
     """F32 1-D tensors in the file: bfloat16 lost bits a reload gives back. All-F16 tensors: the UNet
     never had float32 to restore, so only the other components are reloaded."""

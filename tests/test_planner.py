@@ -37,7 +37,8 @@ def test_less_vram_never_gives_a_faster_plan(arch, width, height, cards):
     keys = [key(chosen_row(r)) for r in results]
     assert keys == sorted(keys, reverse=True), dict(zip(cards, (r.preset.name for r in results)))
     assert results[-1].preset.name == "highvram"  # the biggest card runs it at full speed
-    assert results[0].preset.memory.offload not in ("none", "model")  # a 2 GB card: nothing whole
+    small = results[0].preset.memory  # a 2 GB card: nothing whole in 16 bits
+    assert small.offload not in ("none", "model") or small.quantize != "none" or small.fp8_storage
 
 
 @pytest.mark.parametrize("gib", BIG_CARDS)
@@ -184,3 +185,26 @@ def test_plan_takes_the_hub_ids_and_aliases_of_known_models_offline(capsys):
         assert main(["plan", "--vram", "8GiB", "--model", spec, "--width", "1024", "--height", "1024", "--json"]) == 0
         data = json.loads(capsys.readouterr().out)
         assert data["model"] == spec and data["preset"] in {p["name"] for p in data["presets"]}
+
+
+def test_quantized_weights_shrink_the_estimate_and_int4_is_chosen_only_when_nothing_lossless_fits():
+    from dataclasses import replace
+
+    from lowvram_gen.planning.estimate import estimate
+
+    presets, sdxl = load_presets(), profile_builtin("sdxl")
+    whole = presets["highvram"].memory  # every weight resident: the peak holds all of them
+    sizes = [estimate(sdxl, 1024, 1024, 1, replace(whole, quantize=q)).weights_bytes for q in ("none", "int8", "int4")]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    seen_lossy = False
+    for arch, side in (("sd15", 512), ("sdxl", 1024), ("flux", 1024)):
+        for gib in (1, 1.5, 2, 3, 4, 6, 8):
+            result = plan(fake(gib), profile_builtin(arch), side, side, 1, presets)
+            chosen = chosen_row(result)
+            if chosen.lossy:
+                seen_lossy = True
+                assert not any(e.fits and not e.lossy and not e.capped for e in result.estimates)
+                assert any("4 bits" in w for w in result.warnings)
+            else:
+                assert not any("4 bits" in w for w in result.warnings)
+    assert seen_lossy  # some card in this range needs 4-bit weights for a full-size image

@@ -133,6 +133,8 @@ def request_hash(engine: str, request) -> str:
     data = dataclasses.asdict(request)
     data.pop("outdir", None)
     data.pop("extra", None)
+    if data.get("quantize") is None:  # added later: requests without it keep the hashes they had
+        data.pop("quantize", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

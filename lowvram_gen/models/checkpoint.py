@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
 from lowvram_gen.models import gguf_file
+from lowvram_gen.models.checkpoint_keys import FLUX, SD, SD3, SDXL, _diffusers_markers, _layout_hint
 
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -27,7 +28,6 @@ SAFETENSORS_SUFFIX = ".safetensors"
 UNET, VAE_PREFIXES = "model.diffusion_model.", ("first_stage_model.", "vae.")
 CLIP_SD, OPENCLIP_SD2 = "cond_stage_model.transformer.", "cond_stage_model.model."
 CLIP_XL, OPENCLIP_XL = "conditioner.embedders.0.transformer.", "conditioner.embedders.1.model."
-SD, SDXL, SD3, FLUX = "StableDiffusionPipeline", "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline"
 # What diffusers' own config download fetches (loaders/single_file.py): configs, vocabularies, spm models.
 CONFIG_PATTERNS = ("*.json", "*.txt", "*.model")
 
@@ -253,21 +253,6 @@ def checkpoint_keys(path) -> list[str]:
 # --------------------------------------------------------------------------------------- detection
 
 
-def _diffusers_markers() -> dict[str, list[str]]:
-    """SD3 / Flux marker keys, taken from diffusers so they follow its releases."""
-    try:
-        from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES as names
-    except ImportError:  # pragma: no cover - diffusers is a dependency
-        names = {}
-
-    def get(name):
-        v = names.get(name, [])
-        return [v] if isinstance(v, str) else list(v)
-
-    return {"sd3": get("sd3") + get("sd35_large"), "flux": get("flux"),
-            "not_flux1": get("flux2") + get("flux3") + get("chroma")}
-
-
 def detect_pipeline_class(keys) -> str:
     """The diffusers pipeline class for an original-layout (LDM / A1111 / Civitai) checkpoint's keys.
 
@@ -310,20 +295,6 @@ def detect_pipeline_class(keys) -> str:
         f"{CLIP_SD}* (SD 1.x/2.x) or {CLIP_XL}* + {OPENCLIP_XL}* (SDXL); SD3 / Flux files by their marker keys "
         f"(e.g. {(markers['sd3'] or ['joint_blocks.0...'])[0]!r}, {(markers['flux'] or ['double_blocks.0...'])[0]!r})."
     )
-
-
-def _layout_hint(keys: list[str]) -> str:
-    """A short guess at what the file is, for the error message."""
-    if any("lora" in k.lower() for k in keys[:2000]):
-        return " (it looks like a LoRA: it needs a base model and is not a model on its own)"
-    top = {k.split(".", 1)[0] for k in keys}
-    if top & {"down_blocks", "up_blocks", "mid_block", "unet", "text_encoder", "transformer"}:
-        return " (it looks like diffusers-layout weights: load the whole diffusers folder instead)"
-    if top <= {"encoder", "decoder", "quant_conv", "post_quant_conv"}:
-        return " (it looks like a VAE on its own)"
-    if top <= {"string_to_param", "string_to_token", "emb_params", "name", "step", "clip_l", "clip_g"}:
-        return " (it looks like a textual-inversion embedding)"
-    return ""
 
 
 # ----------------------------------------------------------------------------------------- loading

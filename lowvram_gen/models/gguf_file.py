@@ -110,7 +110,7 @@ def checkpoint_shapes(header: GgufHeader) -> dict[str, tuple[int, ...]]:
 
 def pipeline_class(header: GgufHeader, path) -> str:
     """The pipeline class of the denoiser a GGUF holds; a clear refusal for anything else."""
-    from lowvram_gen.models import checkpoint as ck
+    from lowvram_gen.models import checkpoint_keys as ck
 
     shapes = checkpoint_shapes(header)
     keys = set(shapes)
@@ -136,7 +136,7 @@ def pipeline_class(header: GgufHeader, path) -> str:
 
 def _not_a_denoiser(keys: list[str], arch: str | None) -> str:
     """A short guess at what else the file holds, for the error message."""
-    from lowvram_gen.models.checkpoint import _layout_hint
+    from lowvram_gen.models.checkpoint_keys import _layout_hint
 
     top = {k.split(".", 1)[0] for k in keys}
     if (arch or "").lower().startswith(("t5", "clip", "umt5")) or top & {"enc", "text_model", "shared"} or \
@@ -157,7 +157,7 @@ def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
     from diffusers.models.model_loading_utils import load_gguf_checkpoint
     from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
 
-    from lowvram_gen.models import checkpoint as ck
+    from lowvram_gen.models import checkpoint_keys as ck
 
     supported = {t.name for t in SUPPORTED_GGUF_QUANT_TYPES} | set(_PLAIN)
     odd = sorted({t for t in header.types.values() if t not in supported})
@@ -182,11 +182,11 @@ def load_pipeline(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
     """The pipeline of `folder` with the GGUF denoiser of `path` in place of its own."""
     import diffusers
 
-    from lowvram_gen.models.loading import _absent_components
+    from lowvram_gen.models.folders import absent_components
 
     name, model = load_denoiser(path, header, cls_name, folder, torch_dtype)
     return getattr(diffusers, cls_name).from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True,
-                                                        **{**_absent_components(folder), name: model})
+                                                        **{**absent_components(folder), name: model})
 
 
 def follow_dtype(module, dtype) -> None:
@@ -219,7 +219,7 @@ def stored_sizes(path) -> tuple[int, int]:
 
 def builtin_arch(path) -> str:
     """The built-in architecture (planning/estimate.py) of a GGUF denoiser, for a plan without --config."""
-    from lowvram_gen.models import checkpoint as ck
+    from lowvram_gen.models import checkpoint_keys as ck
 
     header = read_header(path)
     cls_name = pipeline_class(header, path)

@@ -8,6 +8,7 @@ from typing import Any
 
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.models.checkpoint import check_finite, load_single_file
+from lowvram_gen.models.folders import absent_components
 from lowvram_gen.models.quiet import quiet_hub_bars
 from lowvram_gen.models.resolve import ModelSource
 
@@ -55,27 +56,11 @@ def _from_folder(source: ModelSource, torch_dtype):
 
     try:
         return AutoPipelineForText2Image.from_pretrained(str(source.path), dtype=torch_dtype,
-                                                         **_absent_components(source.path))
+                                                         **absent_components(source.path))
     except (OSError, ValueError, KeyError, EnvironmentError) as exc:
         raise ModelLoadError(f"could not load {source.spec} as a text-to-image pipeline: {exc}") from exc
 
 
-def _absent_components(folder) -> dict:
-    """`{name: None}` for every component model_index.json lists as [null, null].
-
-    A folder saved without a component (SD3 without its T5 encoder, `text_encoder_3=None`, as the
-    diffusers docs suggest for small cards) names it null; diffusers skips it when loading but then
-    refuses the pipeline unless the caller passes that None again, or the component is optional.
-    """
-    import json
-    from pathlib import Path
-
-    try:
-        index = json.loads((Path(folder) / "model_index.json").read_text())
-    except (OSError, ValueError):
-        return {}  # diffusers reports the unreadable folder itself
-    return {name: None for name, value in index.items()
-            if not name.startswith("_") and isinstance(value, list) and value and all(v is None for v in value)}
 
 
 def reload_components(model: LoadedModel, names: list[str], dtype: str) -> None:

@@ -63,6 +63,11 @@ DEFAULT_SIDE = 512  # any other model (a folder whose denoiser matches none of t
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
+# Bytes a weight of a quantized layer takes with its scales (sdnq, weight-only): int8 one byte plus a
+# per-channel scale, int4 half a byte plus a scale per group of 32-64 weights (engines/sd/quantize.py).
+# The layers it leaves alone (norms, biases, embeddings: about the layers fp8 storage leaves) stay in
+# the compute dtype; one layer is dequantized while it runs.
+QUANTIZED_BYTES = {"int8": 1.02, "int4": 0.56}
 MiB = 1024**2
 
 # What torch.cuda.max_memory_allocated() does not count but the card must still hold once the job
@@ -604,9 +609,15 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     den = profile.denoiser
     p = profile.params
     te_names = profile.text_encoders
-    te_each = [p[n] * b for n in te_names]
+    quantize = getattr(settings, "quantize", "none")
+    q_bytes = QUANTIZED_BYTES.get(quantize)
+    te_each = [p[n] * (q_bytes or b) for n in te_names]
     den_full = p.get(den, 0) * b
-    if profile.denoiser_quantized:  # GGUF: stored size, plus the one layer dequantized while it runs
+    if q_bytes and not profile.denoiser_quantized:  # weight-only int8/int4 (engines/sd/quantize.py)
+        largest = profile.largest_layer.get(den, 0)
+        den_w = (p.get(den, 0) - profile.fp8_kept) * q_bytes + profile.fp8_kept * b + largest * b
+        den_scale = den_w / den_full if den_full else 1.0
+    elif profile.denoiser_quantized:  # GGUF: stored size, plus the one layer dequantized while it runs
         largest = profile.largest_layer.get(den, 0)
         den_w = (p.get(den, 0) - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes + largest * b
         den_scale = den_w / den_full if den_full else 1.0

@@ -16,12 +16,15 @@ ladder is exercised here.
 Budget offload (`offload = "budget"`) keeps the denoiser's blocks that `planning/residency.py`
 chooses on the GPU and streams the others with diffusers' group offloading (see `budget_offload`).
 
-Precision is one-way: fp8 storage or a cast to half precision loses bits. Going back up needs the
-weights from disk again; `needs_reload()` tells the caller, which reloads only those components.
-
 A denoiser from a GGUF file keeps its quantized weights as stored: it is never cast (only its
-unquantized tensors follow the dtype) nor given fp8 storage, and it is reloaded only for precision its
+unquantized tensors follow the dtype), given fp8 storage or quantized again (int8/int4), and it is reloaded only for precision its
 file had (models/gguf_file.py). Offload moves it like any other model.
+
+Precision is one-way: fp8 storage, int8/int4 quantization or a cast to half precision loses bits.
+Going back up needs the weights from disk again; `needs_reload()` tells the caller, which reloads
+only those components. Quantization is re-applied as a no-op; int8 -> int4 (or back) also reloads
+the quantized components: sdnq refuses to quantize quantized layers, and int4 made from the int8
+values would add the rounding of both to the weights.
 """
 
 from __future__ import annotations
@@ -112,6 +115,13 @@ class PipelineOps:
 
         module = getattr(self.pipe, denoiser_name(self.pipe))
         module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=getattr(torch, compute_dtype))
+
+    def quantize(self, kind: str, names: list[str], device: str) -> None:
+        """int8/int4 weights (sdnq) for the components `names`; quantized on `device` when it is CUDA."""
+        from lowvram_gen.engines.sd.quantize import quantize_module
+
+        for name in names:
+            quantize_module(getattr(self.pipe, name), kind, device)
 
     def place(self, device: str) -> None:
         for module in _modules(self.pipe).values():
@@ -230,6 +240,7 @@ def needs_reload(pipe, settings: MemorySettings) -> list[str]:
              if floor < min(want, _file_bits(pipe, n)) and not (keep_fp8 and n == denoiser_name(pipe))]
     if state.get("fp8") and not settings.fp8_storage:
         names.append(denoiser_name(pipe))
+    names += [n for n, kind in state.get("quant", {}).items() if kind != settings.quantize]
     return sorted(set(names))
 
 
@@ -247,6 +258,7 @@ def forget_components(pipe, names: list[str]) -> None:
             state["floor"].pop(name, None)
             if name == denoiser_name(pipe):
                 state["fp8"] = False
+            state.get("quant", {}).pop(name, None)
 
 
 def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps | None = None) -> Applied:
@@ -262,6 +274,7 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     applied = Applied(requested=settings, effective=effective, skipped=skipped)
     calls = applied.calls
     state = getattr(pipe, _STATE, None) or {"floor": {}, "fp8": False, "attention": "sdpa"}
+    state.setdefault("quant", {})  # component -> "int8" | "int4"
 
     ops.reset()
     calls.append("reset")
@@ -283,6 +296,17 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         calls.append("fp8_storage")
         state["fp8"] = True
         state["floor"][denoiser] = _PRECISION["float8"]
+    if effective.quantize != "none":
+        from lowvram_gen.engines.sd.quantize import targets
+
+        todo = [n for n in targets(pipe) if state["quant"].get(n) != effective.quantize and not (gguf and n == denoiser)]
+        if gguf:  # sdnq would quantize GGUF's packed uint8 blocks as if they were weights
+            skipped.append(f"quantize {effective.quantize} of the {denoiser}: it holds GGUF-quantized weights "
+                           "already (the text encoders are quantized)")
+        if todo:  # none left when re-applied: already quantized
+            ops.quantize(effective.quantize, todo, device.torch_device)
+            calls.append(f"quantize:{effective.quantize}")
+            state["quant"].update(dict.fromkeys(todo, effective.quantize))
 
     target = device.torch_device
     if effective.offload == "none":

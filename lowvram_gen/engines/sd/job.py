@@ -29,6 +29,8 @@ from lowvram_gen.samplers import DEFAULT, a1111_name
 
 log = logging.getLogger(__name__)
 NOISE_NOTE = "embedded tiny model: random weights, the image is abstract noise; pass --model for real images"
+INT4_NOTE = ("int4 weights (quantize = int4) lose detail and can shift colours and composition; int8 keeps "
+             "the image close to full precision")
 
 
 @dataclass
@@ -86,6 +88,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     except Cancelled as exc:
         raise Cancelled(f"{exc}; {len(saver.images)} finished image(s) kept", images=saver.images) from None
     seconds = round(time.perf_counter() - started, 3)
+    if "int4" in saver.quantized:
+        warnings.append(INT4_NOTE)
     if any(saver.nsfw):
         warnings.append("the model's safety checker blacked out %d image(s)" % sum(saver.nsfw))
     width, height = request.output_size()
@@ -111,13 +115,16 @@ class _Saver:
         self.nsfw: list[bool] = []
         self.generated_size: tuple[int, int] | None = None
         self.upscaled = False
+        self.quantized: set[str] = set()  # the quantize settings that made saved images
 
     def save(self, done: ChunkDone) -> None:
         request = self.request
         self.generated_size = done.generated_size
         self.upscaled = self.upscaled or done.generated_size != request.output_size()
+        quantize = self.ladder.preset.memory.quantize  # the preset that made this pass
+        self.quantized.add(quantize)
         for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
-            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size)
+            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize)
             fields.update(self.network_fields)
             if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
                 fields["Safety checker"] = "blacked out"
@@ -132,7 +139,7 @@ class _Saver:
 
 
 def a1111_fields(request: GenerationRequest, sampler: str, seed: int, preset: str,
-                 generated_size: tuple[int, int]) -> dict:
+                 generated_size: tuple[int, int], quantize: str = "none") -> dict:
     """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did."""
     fields = {"Steps": request.steps, "Sampler": sampler, "CFG scale": request.cfg_scale, "Seed": seed,
               "Size": f"{request.width}x{request.height}", "Model": request.model}
@@ -142,6 +149,8 @@ def a1111_fields(request: GenerationRequest, sampler: str, seed: int, preset: st
         fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
                        "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
     fields["Lowvram preset"] = preset
+    if quantize != "none":  # the weights that made the image were int8/int4
+        fields["Quantize"] = quantize
     if generated_size != request.output_size():
         fields["Generated size"] = "%dx%d" % generated_size
     return fields

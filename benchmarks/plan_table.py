@@ -1,0 +1,40 @@
+"""The README's "Big models on small cards" table: what `lowvram-gen plan` picks per model and card.
+
+    python benchmarks/plan_table.py        # prints a Markdown table (seconds: the planner's estimate)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODELS = (("sd15", 512), ("sdxl", 1024), ("sd3", 1024), ("flux", 1024))
+CARDS = (2, 4, 6, 8, 12, 24)
+
+
+def main() -> int:
+    from lowvram_gen.device import format_size, simulated
+    from lowvram_gen.planning.estimate import profile_builtin
+    from lowvram_gen.planning.planner import plan
+    from lowvram_gen.presets import load_presets
+
+    presets = load_presets()
+    print("| model, size | " + " | ".join(f"{gib} GB card" for gib in CARDS) + " |")
+    print("|---|" + "---|" * len(CARDS))
+    for arch, side in MODELS:
+        cells = []
+        for gib in CARDS:
+            result = plan(simulated(f"{gib}GiB"), profile_builtin(arch), side, side, 1, presets)
+            row = next(e for e in result.estimates if e.name == result.preset.name)
+            note = "" if row.fits else ", nothing fits"
+            size = f", made at {row.width} px" if row.capped else ""
+            streamed = f", streams {format_size(row.streamed_bytes_per_step)}/step" if row.streamed_bytes_per_step else ""
+            cells.append(f"`{row.name}`{size}{streamed}, ~{row.est_seconds_per_step:.1f} s/step{note}")
+        print(f"| {arch} {side} px | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Weight-only int8/int4 quantization of a loaded pipeline's denoiser and text encoders (sdnq).
+
+Why sdnq (SD.Next's quantization engine; the README's "Weights that fit" compares the candidates):
+it quantizes a model that is already loaded, in place, Linear *and* Conv2d layers (68 % of SD 1.5's
+UNet weights are convolutions), to int8 or packed int4, on the CPU and on any GPU, in plain PyTorch.
+Its quantized layers keep plain int8/uint8 tensors and float scales (no tensor subclass), so model
+offload, group offload and leaf-level offload move them like any other weights.
+
+Two choices of ours:
+- torch.compile is off unless the user sets SDNQ_USE_TORCH_COMPILE=1 (sdnq reads it at import):
+  sdnq compiles its dequantizer per weight shape, which took over a minute on our 2-core CPU for the
+  tiny model and needs Triton on a GPU. Eager dequantization costs a little speed, no memory.
+- Layers sdnq skips by default stay as they are: those under 16384 weights or 32 channels (scales
+  would eat the saving) and each model's own skip list (embeddings, conv_in/conv_out, norms).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from lowvram_gen.errors import LowVramError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("int8", "int4")
+INSTALL = "pip install 'sdnq>=0.2.8' (or reinstall lowvram-gen: ./run.sh and ./test.sh do it)"
+
+
+class QuantizeUnavailable(LowVramError):
+    """The quantization backend is not installed."""
+
+    exit_code = 2
+
+
+def targets(pipe) -> list[str]:
+    """The components quantize applies to: the denoiser and every text encoder the pipeline has."""
+    import torch
+
+    names = []
+    for name, module in pipe.components.items():
+        if isinstance(module, torch.nn.Module) and (name in ("unet", "transformer") or name.startswith("text_encoder")):
+            names.append(name)
+    return sorted(names)
+
+
+def _sdnq():
+    os.environ.setdefault("SDNQ_USE_TORCH_COMPILE", "0")
+    try:
+        from sdnq import sdnq_post_load_quant
+    except ImportError as exc:
+        raise QuantizeUnavailable(f"quantize = int8/int4 needs the sdnq package, which is not installed "
+                                  f"({exc}); {INSTALL}") from None
+    return sdnq_post_load_quant
+
+
+def quantize_module(module, kind: str, device: str | None = None) -> None:
+    """Quantize `module`'s weights to `kind` in place. With a CUDA `device` the work is done there, layer
+    by layer, and each layer goes back where it was (offloaded weights stay in system RAM)."""
+    if kind not in KINDS:
+        raise ValueError(f"quantize {kind!r}: use one of {', '.join(KINDS)}")
+    quant = _sdnq()
+    import torch
+
+    on = torch.device(device) if device and torch.device(device).type == "cuda" else None
+    # convolutions too: most of SD 1.5's UNet; weights in int8 or int4, dequantized per layer as it runs
+    quant(module, weights_dtype=kind, quant_conv=True, quantization_device=on)
+
+
+def is_quantized(module) -> bool:
+    return getattr(module, "quantization_method", None) is not None and hasattr(module, "quantization_config")
