@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # tiny_transformers: the offline T5 tokenizer and 16-channel VAE
+sys.path.insert(0, str(ROOT))  # this checkout's lowvram_gen, not whichever one the venv installed
+sys.path.insert(1, str(ROOT / "tests"))  # tiny_transformers: the offline T5 tokenizer and 16-channel VAE
 
 OUT = ROOT / "docs" / "bench" / "streamed_bytes.json"
 CONFIGS = ROOT / "lowvram_gen" / "configs"

@@ -218,6 +218,7 @@ def test_measured_bytes_per_step_equal_the_split(model):
         applied = apply_mod.apply_settings(pipe, budget(0), probe("cpu"))
         _image(pipe, steps=2)
     assert applied.residency.streamed == () and set(meter.forwards) == {0}
+    assert not pipe.unet._forward_pre_hooks and not pipe.unet._forward_hooks  # the meters' hooks are gone
 
 
 def test_the_meter_sees_model_offload_move_the_unet_once_per_job(model):

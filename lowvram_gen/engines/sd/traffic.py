@@ -26,6 +26,7 @@ class Meter:
     forwards: list[int] = field(default_factory=list)  # bytes onloaded during each watched forward
     _off: dict = field(default_factory=dict)  # tensor key -> True when a hook offloaded it
     _only: set | None = None  # ids of the watched module's submodules and tensors
+    _handles: list = field(default_factory=list)  # forward hooks of `watch`, removed when the count ends
 
     def _watched(self, key) -> bool:
         return self._only is None or key[1] in self._only
@@ -45,8 +46,8 @@ class Meter:
         """Count only `module`'s tensors, and record the bytes onloaded during each of its forwards."""
         self._only = {id(m) for m in module.modules()} | {id(t) for t in [*module.parameters(), *module.buffers()]}
         start = []
-        module.register_forward_pre_hook(lambda *_: start.append(self.bytes))
-        module.register_forward_hook(lambda *_: self.forwards.append(self.bytes - start.pop()))
+        self._handles += [module.register_forward_pre_hook(lambda *_: start.append(self.bytes)),
+                          module.register_forward_hook(lambda *_: self.forwards.append(self.bytes - start.pop()))]
         return self
 
 
@@ -98,4 +99,6 @@ def count_onloads():
     try:
         yield meter
     finally:
+        for handle in meter._handles:
+            handle.remove()
         ModuleGroup.onload_, ModuleGroup.offload_, CpuOffload.pre_forward, CpuOffload.init_hook = saved
