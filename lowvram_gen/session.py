@@ -120,7 +120,7 @@ class Session:
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
         return plan(device, self.profile_for(source, model), width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
-                    cfg=request.cfg_scale > 1)
+                    cfg=request.cfg_scale > 1, quantize_forced=request.quantize is not None)
 
     def generate(self, request: GenerationRequest, on_step: ProgressFn | None = None,
                  cancel: threading.Event | None = None) -> GenerationResult:

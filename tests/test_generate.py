@@ -135,7 +135,7 @@ def test_progress_per_step_and_cancel_keeps_finished_images(tmp_path):
 
     one_per_pass = presets_mod.find_preset("cpu")
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(Session, "forced_preset", lambda self, spec=None: presets_mod.Preset(
+    monkey.setattr(Session, "forced_preset", lambda self, spec=None, quantize=None: presets_mod.Preset(
         **{**one_per_pass.__dict__, "max_batch": 1}))
     try:
         with pytest.raises(Cancelled) as err:

@@ -600,8 +600,8 @@ def test_plan_cli_covers_vqgan(capsys):
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["engine"] == "vqgan" and data["model"] == "vqgan_imagenet_f16_16384" and data["clip"] == "ViT-B/32"
-    assert [e["name"] for e in data["presets"]] == ["highvram", "medvram", "lowvram", "novram"]
-    assert data["preset"] in ("medvram", "lowvram")
+    assert [e["name"] for e in data["presets"]] == ["highvram", "medvram", "budget", "lowvram", "novram"]
+    assert data["preset"] in ("medvram", "budget", "lowvram")
     assert main(["plan", "--engine", "vqgan", "--width", "100"]) == 2
 
 

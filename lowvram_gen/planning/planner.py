@@ -75,10 +75,11 @@ def storage(settings) -> str:
     return quantize if quantize != "none" else ("fp8" if settings.fp8_storage else "none")
 
 
-def variants(preset: Preset) -> list[Preset]:
-    """`preset` as written, then with int8 and int4 weights when it stores them in 16 bits."""
+def variants(preset: Preset, quantize_forced: bool = False) -> list[Preset]:
+    """`preset` as written, then with int8 and int4 weights when it stores them in 16 bits (not when the
+    user chose the weights' storage: --quantize, a batch line's or the UI's Quantize)."""
     out = [preset]
-    if preset.device == "gpu" and storage(preset.memory) == "none" and hasattr(preset.memory, "quantize"):
+    if preset.device == "gpu" and storage(preset.memory) == "none" and not quantize_forced:
         for q in STORAGE_VARIANTS:
             out.append(replace(preset, name=f"{preset.name}+{q}", memory=replace(preset.memory, quantize=q)))
     return out
@@ -115,7 +116,10 @@ class _Rows:
         lo, hi = 0, sum(c for _, c in blocks) * 4  # bytes: at most every block at 4 bytes an element
         if self.estimate(_resident(p, 1)).total_bytes > usable:
             return None
-        while hi - lo > 1 << 20:  # to the MiB: the estimate grows with the resident bytes
+        if self.estimate(_resident(p, hi)).total_bytes <= usable:
+            lo = hi  # every block fits
+        tolerance = min(1 << 20, max(1, hi >> 10))  # a MiB, or finer for a small model
+        while hi - lo > tolerance:  # bisect: the estimate grows with the resident bytes
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if self.estimate(_resident(p, mid)).total_bytes <= usable else (lo, mid)
         kept = self.estimate(_resident(p, max(lo, 1))).resident_bytes
@@ -149,12 +153,12 @@ def _resident(p: Preset, nbytes: int) -> Preset:
 
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
-         steps: int = ASSUMED_STEPS) -> Plan:
+         steps: int = ASSUMED_STEPS, quantize_forced: bool = False) -> Plan:
     rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed))
     candidates: list[tuple[Preset, PresetEstimate]] = []
     budgets = []  # budget presets unsized: the ladder sizes them again below each rung
     for base in gpu_ladder(presets):
-        for p in variants(base):
+        for p in variants(base, quantize_forced):
             if p.memory.offload == "budget" and not p.memory.resident_bytes:
                 budgets.append(p)
             sized = rows.sized(p)
@@ -212,9 +216,12 @@ def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]],
 
 def _ladder(chosen: tuple[Preset, PresetEstimate], candidates: list[tuple[Preset, PresetEstimate]],
             rows: _Rows) -> list[Preset]:
-    """The chosen candidate, then each time the fastest (full size and lossless first) whose estimate is
-    smaller. Budget presets are sized again under each rung (RUNG_STEP of it), so after an out-of-memory
-    the next rung can be the same split with fewer blocks resident."""
+    """The chosen candidate, then each time the fastest whose estimate is smaller: full size, lossless and
+    the chosen candidate's weight storage first (a rung that stores the weights otherwise is re-applied
+    with a quantization or a reload from disk, so it comes after those that only move them). Budget
+    presets are sized again under each rung (RUNG_STEP of it), so after an out-of-memory the next rung
+    can be the same split with fewer blocks resident."""
+    kept = storage(chosen[0].memory)
     ladder = [chosen[0]]
     current = chosen[1].estimate_bytes
     while True:
@@ -225,7 +232,8 @@ def _ladder(chosen: tuple[Preset, PresetEstimate], candidates: list[tuple[Preset
                 below.append((sized, rows.row(sized)))
         if not below:
             return ladder
-        p, r = min(below, key=lambda pr: (pr[1].capped, pr[1].lossy, pr[1].est_seconds_per_step, pr[1].estimate_bytes))
+        p, r = min(below, key=lambda pr: (pr[1].capped, pr[1].lossy, storage(pr[0].memory) != kept,
+                                          pr[1].est_seconds_per_step, pr[1].estimate_bytes))
         ladder.append(p)
         current = r.estimate_bytes
 
