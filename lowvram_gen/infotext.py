@@ -54,6 +54,12 @@ def _float(key: str, value: str) -> float:
         raise InvalidRequest(f"{key!r} in the image's parameters", value, "expected a number") from None
 
 
+# A1111 fields that are one number of the request: (request field, reader)
+_NUMBERS = {"Steps": ("steps", _int), "CFG scale": ("cfg_scale", _float), "Seed": ("seed", _int),
+            "Batch size": ("batch_size", _int), "Hires upscale": ("hires_scale", _float),
+            "Hires steps": ("hires_steps", _int)}
+
+
 def _sampler(params: dict, ours: dict | None) -> str:
     name = str(params["Sampler"]).strip()
     request = (ours or {}).get("request")
@@ -91,14 +97,11 @@ def request_fields(params: dict, ours: dict | None = None) -> Infotext:
     for key, value in params.items():
         if key in ("prompt", "negative_prompt"):
             continue
-        if key == "Steps":
-            fields["steps"] = _int(key, value)
+        if key in _NUMBERS:
+            field_name, read = _NUMBERS[key]
+            fields[field_name] = read(key, value)
         elif key == "Sampler":
             fields["sampler"] = _sampler(params, ours)
-        elif key == "CFG scale":
-            fields["cfg_scale"] = _float(key, value)
-        elif key == "Seed":
-            fields["seed"] = _int(key, value)
         elif key == "Size":
             match = _SIZE.fullmatch(str(value))
             if not match:
@@ -106,14 +109,8 @@ def request_fields(params: dict, ours: dict | None = None) -> Infotext:
             fields["width"], fields["height"] = int(match.group(1)), int(match.group(2))
         elif key == "Model":
             fields["model"] = str(value).strip()
-        elif key == "Batch size":
-            fields["batch_size"] = _int(key, value)
         elif key == "Denoising strength":
             fields["hires_denoise" if hires else "strength"] = _float(key, value)
-        elif key == "Hires upscale":
-            fields["hires_scale"] = _float(key, value)
-        elif key == "Hires steps":
-            fields["hires_steps"] = _int(key, value)
         elif key == "Hires upscaler":
             fields["hires_upscaler"] = _upscaler(value, notes)
         elif key not in INFORMATIONAL:

@@ -38,7 +38,7 @@ Finished jobs are recorded in OUTDIR/manifest.rankN.jsonl; running the same comm
 """
 
 
-def add_batch_parser(sub, add_model, add_memory_flags) -> None:
+def add_batch_parser(sub, add_model, add_memory_flags, add_job_fields) -> None:
     p = sub.add_parser("batch", help="generate every prompt of a file (.txt, .jsonl, .csv), resumable",
                        description="Generate every prompt of a file. Loads the model once, skips bad lines, "
                                    "resumes after a crash, and splits the work over the processes of "
@@ -47,14 +47,7 @@ def add_batch_parser(sub, add_model, add_memory_flags) -> None:
     p.add_argument("file", help="prompt file: .txt, .jsonl or .csv")
     p.add_argument("--format", choices=("txt", "jsonl", "csv"), help="file format (default: from the extension)")
     g = p.add_argument_group("defaults for every job (a line's own values win)")
-    g.add_argument("--negative", "--negative-prompt", dest="negative_prompt", metavar="TEXT",
-                   help="negative prompt of every job without its own")
-    g.add_argument("--width", metavar="N", help="multiple of 8 (default 512)")
-    g.add_argument("--height", metavar="N", help="multiple of 8 (default 512)")
-    g.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default 20)")
-    g.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default 7)")
-    g.add_argument("--batch", dest="batch_size", metavar="N", help="images per job (default 1)")
-    g.add_argument("--sampler", metavar="NAME", help="'default' or an A1111 name such as 'DPM++ 2M Karras'")
+    add_job_fields(g, every_job=True)
     seeds = g.add_mutually_exclusive_group()
     seeds.add_argument("--seed", metavar="N", help="the seed of every job without its own (default -1: random)")
     seeds.add_argument("--seed-start", metavar="N",

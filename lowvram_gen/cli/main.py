@@ -41,6 +41,21 @@ def _add_model(p: argparse.ArgumentParser) -> None:
                         "folder); for a .gguf also its VAE and text encoders")
 
 
+def _add_job_fields(p, every_job: bool) -> None:
+    """The A1111 fields of a job, defaulting to None (the request's defaults fill them): generate's and
+    img2img's flags, and the batch script's defaults for every line (`every_job`)."""
+    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", metavar="TEXT",
+                   help="negative prompt of every job without its own" if every_job else "what not to draw")
+    p.add_argument("--width", metavar="N", help="multiple of 8 (default 512)")
+    p.add_argument("--height", metavar="N", help="multiple of 8 (default 512)")
+    p.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default 20)")
+    p.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default 7)")
+    p.add_argument("--batch", dest="batch_size", metavar="N",
+                   help=f"images {'per' if every_job else 'in this'} job (default 1)")
+    p.add_argument("--sampler", metavar="NAME",
+                   help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
+
+
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     """What generate and img2img share: the prompt, the A1111 fields, hires fix, model and memory flags.
 
@@ -50,16 +65,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", nargs="?", help="what to draw (optional with --from-png)")
     p.add_argument("--from-png", metavar="FILE",
                    help="rerun this PNG's parameters (A1111's or ours); the flags given here override them")
-    p.add_argument("--negative", "--negative-prompt", dest="negative_prompt", metavar="TEXT",
-                   help="what not to draw")
-    p.add_argument("--width", metavar="N", help="multiple of 8 (default 512)")
-    p.add_argument("--height", metavar="N", help="multiple of 8 (default 512)")
-    p.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default 20)")
-    p.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default 7)")
+    _add_job_fields(p, every_job=False)
     p.add_argument("--seed", metavar="N", help="0..4294967295, or -1 for random (default)")
-    p.add_argument("--batch", dest="batch_size", metavar="N", help="images in this job (default 1)")
-    p.add_argument("--sampler", metavar="NAME",
-                     help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
     h = p.add_argument_group("hires fix (A1111): a second pass at a larger size")
     h.add_argument("--hires-scale", metavar="X", help="upscale by X, then a second pass (1: off)")
     h.add_argument("--hires-upscaler", metavar="NAME",
@@ -154,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from lowvram_gen.batch.command import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
 
-    add_batch_parser(sub, _add_model, _add_memory_flags)
+    add_batch_parser(sub, _add_model, _add_memory_flags, _add_job_fields)
     from lowvram_gen.cli.vqgan import add_vqgan_parser, add_vqgan_plan_args  # VQGAN-CLIP (no heavy imports)
 
     add_vqgan_parser(sub, _add_memory_flags)

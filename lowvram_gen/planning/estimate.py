@@ -63,11 +63,13 @@ DEFAULT_SIDE = 512  # any other model (a folder whose denoiser matches none of t
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
-# Bytes a weight of a quantized layer takes with its scales (sdnq, weight-only): int8 one byte plus a
-# per-channel scale, int4 half a byte plus a scale per group of 32-64 weights (engines/sd/quantize.py).
+# Bytes a weight of a quantized layer takes with its scales (sdnq, weight-only; engines/sd/quantize.py),
+# measured on real-size fp16 layers: int8 1.004 (one byte plus per-channel scales); int4 0.563 for a
+# Linear and 0.625 for a 3x3 convolution (half a byte plus a scale per group). UNets are mostly
+# convolutions (68.5 % of SD 1.5's weights), so int4 is counted at 0.61.
 # The layers it leaves alone (norms, biases, embeddings: about the layers fp8 storage leaves) stay in
 # the compute dtype; one layer is dequantized while it runs.
-QUANTIZED_BYTES = {"int8": 1.02, "int4": 0.56}
+QUANTIZED_BYTES = {"int8": 1.01, "int4": 0.61}
 MiB = 1024**2
 
 # What torch.cuda.max_memory_allocated() does not count but the card must still hold once the job
@@ -609,8 +611,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     den = profile.denoiser
     p = profile.params
     te_names = profile.text_encoders
-    quantize = getattr(settings, "quantize", "none")
-    q_bytes = QUANTIZED_BYTES.get(quantize)
+    q_bytes = QUANTIZED_BYTES.get(settings.quantize)
     te_each = [p[n] * (q_bytes or b) for n in te_names]
     den_full = p.get(den, 0) * b
     if q_bytes and not profile.denoiser_quantized:  # weight-only int8/int4 (engines/sd/quantize.py)

@@ -71,8 +71,7 @@ class Plan:
 
 def storage(settings) -> str:
     """How the denoiser's weights are stored under `settings`: none | fp8 | int8 | int4."""
-    quantize = getattr(settings, "quantize", "none")
-    return quantize if quantize != "none" else ("fp8" if settings.fp8_storage else "none")
+    return settings.quantize if settings.quantize != "none" else ("fp8" if settings.fp8_storage else "none")
 
 
 def variants(preset: Preset, quantize_forced: bool = False) -> list[Preset]:
@@ -179,9 +178,8 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     else:
         result = _choose(device, candidates, rows)
     if storage(result.preset.memory) in LOSSY:
-        result.warnings.append(f"{result.preset.name} stores the weights in 4 bits: the image loses some quality "
-                               "(nothing lossless fits this card at this size)" if not forced else
-                               f"{result.preset.name} stores the weights in 4 bits: the image loses some quality")
+        why = "" if forced else " (nothing lossless fits this card at this size)"
+        result.warnings.append(f"{result.preset.name} stores the weights in 4 bits: the image loses some quality{why}")
     return result
 
 
