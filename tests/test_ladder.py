@@ -223,3 +223,24 @@ def test_nan_decode_in_half_precision_is_retried_in_float32_and_float32_nan_is_a
     model.pipe.vae.decoder.register_forward_hook(lambda m, a, out: out * float("nan"))
     with pytest.raises(BadOutput, match="NaN"):
         run(runner, [half], [1])
+
+
+def test_oom_at_a_quantized_candidate_steps_down_the_same_list_and_finishes(tmp_path):
+    """quantize = int8 through the request (as --quantize / a batch line / the UI set it): simulated
+    out-of-memory on every UNet call without offload; the job finishes at the next rung, still int8
+    (the ladder keeps the weights' storage: no reload), and the PNG says so."""
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.engines.sd.quantize import is_quantized
+    from lowvram_gen.outputs import read_png_metadata
+    from lowvram_gen.session import Session
+
+    session = Session(preset="highvram")  # the GPU ladder, run on this CPU
+    request = dict(prompt="x", width=64, height=64, steps=2, seed=3, outdir=str(tmp_path), quantize="int8")
+    session.generate(GenerationRequest(**{**request, "steps": 1}))
+    unet = session.model.pipe.unet
+    assert any(is_quantized(m) for m in unet.modules())
+    unet.register_forward_pre_hook(lambda m, a: _raise_oom() if session.runner.applied.offload == "none" else None)
+    result = session.generate(GenerationRequest(**request))
+    assert [(a["preset"], a["outcome"]) for a in result.attempts][:2] == [("highvram", "oom"), ("medvram", "ok")]
+    assert session.runner.applied.quantize == "int8" and session.model.pipe.unet is unet  # not reloaded
+    assert "Quantize: int8" in read_png_metadata(result.images[0])[0]
