@@ -109,6 +109,8 @@ def request_fields(params: dict, ours: dict | None = None) -> Infotext:
             fields["width"], fields["height"] = int(match.group(1)), int(match.group(2))
         elif key == "Model":
             fields["model"] = str(value).strip()
+        elif key == "Quantize":
+            fields["quantize"] = str(value).strip()
         elif key == "Denoising strength":
             fields["hires_denoise" if hires else "strength"] = _float(key, value)
         elif key == "Hires upscaler":

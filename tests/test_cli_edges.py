@@ -262,3 +262,20 @@ def _options_without_help(parser: argparse.ArgumentParser, where: str):
 
 def test_every_option_and_argument_of_every_subcommand_has_help():
     assert list(_options_without_help(build_parser(), "lowvram-gen")) == []
+
+
+def test_quantize_flag_reaches_the_png_and_from_png_keeps_it(tmp_path, capsys):
+    """--quantize int8 is written as A1111's field `Quantize: int8`, and --from-png reruns it quantized."""
+    from lowvram_gen.outputs import read_png_metadata
+
+    args = ["generate", "a fox", "--width", "64", "--height", "64", "--steps", "1", "--seed", "5",
+            "--outdir", str(tmp_path), "--json", "--cpu"]
+    assert main([*args, "--quantize", "int8"]) == 0
+    first = json.loads(capsys.readouterr().out)["images"][0]
+    assert "Quantize: int8" in read_png_metadata(first)[0]
+    assert main(["generate", "--from-png", first, "--outdir", str(tmp_path), "--json", "--cpu"]) == 0
+    again = json.loads(capsys.readouterr().out)["images"][0]
+    assert "Quantize: int8" in read_png_metadata(again)[0]
+    assert main([*args, "--quantize", "int3"]) == 2
+    err = capsys.readouterr().err
+    assert "quantize" in err and "'int3'" in err and "int8" in err

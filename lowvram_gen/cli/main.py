@@ -75,6 +75,10 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hires-denoise", metavar="X", help="second-pass denoising strength (default 0.7)")
     _add_model(p)
     p.set_defaults(model=None)  # tiny unless --model or the PNG's model (--from-png) says otherwise
+    p.add_argument("--quantize", metavar="none|int8|int4",
+                   help="store the UNet/transformer and text encoders in int8 or int4 in every preset (sdnq), or "
+                        "none: no int8/int4 candidate (default: the planner decides; 4-bit only when nothing "
+                        "lossless fits)")
     p.add_argument("--lora", action="append", default=[], metavar="NAME[:W]",
                    help="apply a LoRA from models/Lora (repeatable; the same as <lora:NAME:W> in the prompt)")
     p.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
@@ -191,7 +195,7 @@ def _session_kwargs(args) -> dict:
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
 REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
-                 "hires_denoise")
+                 "hires_denoise", "quantize")
 
 
 def _request_fields(args) -> dict:
