@@ -527,10 +527,12 @@ class Estimate:
     overhead_bytes: int  # fixed allowance: kernels, cuBLAS/cuDNN workspaces, allocator rounding
     peak_phase: str = "unet"  # 'text' | 'unet' (the denoiser, UNet or transformer) | 'vae'
     # bytes the offload hooks move host-to-device: every denoising step (streamed blocks or layers),
-    # and once per job (whole models moved in when they run, the resident part of a budget split)
+    # and once per job (whole models moved in when they run, the resident part of a budget split moved
+    # in before the denoise and out before the decode)
     streamed_bytes_per_step: int = 0
     moved_bytes_per_job: int = 0
     resident_bytes: int = 0  # offload = "budget": the denoiser's blocks kept on the GPU (after the split)
+    denoiser_bytes: int = 0  # the denoiser's weights as stored (fp8/int8/int4/GGUF: fewer bytes)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -614,20 +616,18 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     q_bytes = QUANTIZED_BYTES.get(settings.quantize)
     te_each = [p[n] * (q_bytes or b) for n in te_names]
     den_full = p.get(den, 0) * b
+    # the denoiser's weights as stored; narrower storage adds the one layer dequantized while it runs
     if q_bytes and not profile.denoiser_quantized:  # weight-only int8/int4 (engines/sd/quantize.py)
-        largest = profile.largest_layer.get(den, 0)
-        den_w = (p.get(den, 0) - profile.fp8_kept) * q_bytes + profile.fp8_kept * b + largest * b
-        den_scale = den_w / den_full if den_full else 1.0
-    elif profile.denoiser_quantized:  # GGUF: stored size, plus the one layer dequantized while it runs
-        largest = profile.largest_layer.get(den, 0)
-        den_w = (p.get(den, 0) - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes + largest * b
-        den_scale = den_w / den_full if den_full else 1.0
+        den_stored = (p.get(den, 0) - profile.fp8_kept) * q_bytes + profile.fp8_kept * b
+    elif profile.denoiser_quantized:  # GGUF: the stored size
+        den_stored = (p.get(den, 0) - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes
     elif settings.fp8_storage:  # (a GGUF denoiser is never given fp8 storage: engines/sd/apply.py)
-        largest = profile.largest_layer.get(den, 0)
-        den_w = (p.get(den, 0) - profile.fp8_kept) * FP8_BYTES + profile.fp8_kept * b + largest * b
-        den_scale = den_w / den_full if den_full else 1.0
+        den_stored = (p.get(den, 0) - profile.fp8_kept) * FP8_BYTES + profile.fp8_kept * b
     else:
-        den_w, den_scale = den_full, 1.0
+        den_stored = den_full
+    narrow = den_stored != den_full
+    den_w = den_stored + (profile.largest_layer.get(den, 0) * b if narrow else 0)
+    den_scale = den_w / den_full if den_full and narrow else 1.0
     vae_w = p.get("vae", 0) * b
     vae_w_decode = p.get("vae", 0) * vae_b
 
@@ -670,10 +670,12 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                 split = residency.split(blocks, settings.resident_bytes)
                 kept = int(profile.residency_fixed * bpe) + split.resident_bytes
                 streamed, resident = split.streamed_bytes_per_step, split.resident_bytes
-                per_job = sum(te_each) + vae_w_decode + kept
+                # the resident part is on the GPU only while the denoiser runs: moved in before the
+                # denoise and out before the VAE decode (engines/sd/runner.py), so the decode has its room
+                per_job = sum(te_each) + vae_w_decode + 2 * kept
                 phases = {"text": (kept + group["text"][0], text_act),
                           "unet": (min(kept + split.in_flight_bytes, den_w), unet_act),
-                          "vae": (kept + group["vae"][0], vae_act)}
+                          "vae": group["vae"]}
             if off == "sequential":
                 den_leaf = leaf(den, b)
                 phases = {"text": (min(te_leaf, group["text"][0]), text_act),
@@ -684,4 +686,4 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     total = weights + int(act) + OVERHEAD_BYTES
     return Estimate(total_bytes=total, weights_bytes=weights, unet_bytes=unet_act, vae_bytes=vae_act,
                     overhead_bytes=OVERHEAD_BYTES, peak_phase=phase, streamed_bytes_per_step=int(streamed),
-                    moved_bytes_per_job=int(per_job), resident_bytes=int(resident))
+                    moved_bytes_per_job=int(per_job), resident_bytes=int(resident), denoiser_bytes=int(den_stored))

@@ -46,6 +46,9 @@ class PresetEstimate:
     lossy: bool = False  # 4-bit weights
     capped: bool = False  # made below the requested size and upscaled (the preset's max_pixels)
     why: str = ""  # why this row was chosen, or why not
+    # what must cross the bus each step at least, whatever the offload: the denoiser's weights (as this
+    # candidate stores them) that do not fit beside its activations and the overhead in the usable memory
+    lower_bound_bytes_per_step: int = 0
 
     def as_dict(self) -> dict:
         return {"name": self.name, "estimate_bytes": self.estimate_bytes, "fits": self.fits, "width": self.width,
@@ -53,7 +56,7 @@ class PresetEstimate:
                 "streamed_bytes_per_step": self.streamed_bytes_per_step,
                 "est_seconds_per_step": round(self.est_seconds_per_step, 4), "lossy": self.lossy,
                 "capped": self.capped, "why": self.why,
-                "breakdown": self.breakdown}
+                "lower_bound_bytes_per_step": self.lower_bound_bytes_per_step, "breakdown": self.breakdown}
 
 
 @dataclass
@@ -138,8 +141,10 @@ class _Rows:
         fits = self.device.is_accelerator and est.total_bytes <= self.device.usable_bytes
         reason = "ran out of memory before on this device for a job this size" if p.name in self.failed else ""
         capped = w * h < self.width * self.height
+        room = self.device.usable_bytes - est.unet_bytes - est.overhead_bytes
         return PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict(),
-                              est.streamed_bytes_per_step, seconds, lossy, capped)
+                              est.streamed_bytes_per_step, seconds, lossy, capped,
+                              lower_bound_bytes_per_step=max(0, est.denoiser_bytes - room))
 
 
 def _resident(p: Preset, nbytes: int) -> Preset:

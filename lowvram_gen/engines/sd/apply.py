@@ -184,7 +184,16 @@ class PipelineOps:
                                    exclude_kwargs=getattr(module, "_skip_keys", None))
             if use_stream:
                 _prefetch_in_execution_order(module, units[0])
-        _place_outside(module, {id(u) for u in units}, torch.device(device))
+        self.resident_to(device, streamed)
+
+    def resident_to(self, device: str, streamed: tuple[str, ...]) -> None:
+        """Budget offload: move the denoiser's resident part (its blocks not in `streamed`, and the fixed
+        part) to `device`; the streamed blocks stay with their hooks. The runner parks it on the host
+        while the VAE decodes or an upscaler runs, and brings it back before the next denoise."""
+        import torch
+
+        module = getattr(self.pipe, denoiser_name(self.pipe))
+        _place_outside(module, {id(module.get_submodule(n)) for n in streamed}, torch.device(device))
 
     def free_bytes(self, device: str) -> int:
         """CUDA memory this pipeline's weights could use: free now, plus what torch's cache and the

@@ -202,9 +202,10 @@ def encode(pipe, images, device: str):
 
 
 def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
-            cancel: threading.Event | None = None) -> Denoised:
+            cancel: threading.Event | None = None, after_last_step: Callable[[], None] | None = None) -> Denoised:
     """Run the denoising steps of one pass. Progress counts the steps the user asked for (PLMS's
-    extra warm-up step is not shown as a step more than asked)."""
+    extra warm-up step is not shown as a step more than asked). `after_last_step` runs once the
+    denoiser is done, before a pipeline that decodes in its own call (Flux, SD3) decodes."""
     n = len(step.seeds)
     request = step.request
     if step.init is not None and step.strength == 0:
@@ -220,6 +221,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         done, total = i + 1 - warmup, total - warmup
         if on_step and done >= 1:  # progress counts the steps the user asked for
             on_step(done, total)
+        if after_last_step is not None and done == total:
+            after_last_step()
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled at step %d of %d" % (max(done, 0), total))
         return kwargs

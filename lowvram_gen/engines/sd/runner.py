@@ -55,6 +55,8 @@ class Runner:
         self.device = device
         self.ops_factory = ops_factory
         self.applied: MemorySettings | None = None
+        self.residency = None  # offload = "budget": the denoiser's split as applied (None: another offload)
+        self.resident_on_device = True  # where the split's resident part is now (apply puts it on the device)
 
     def use(self, settings: MemorySettings) -> None:
         """Reconfigure the loaded pipeline for `settings` (a no-op when they are already applied)."""
@@ -66,12 +68,29 @@ class Runner:
         if stale:
             reload_components(self.model, stale, effective.dtype)
             apply_mod.forget_components(pipe, stale)
-        apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe))
+        self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe)))
         self.applied = settings
 
     def reapply(self) -> None:
         """Apply the current settings again (after LoRAs or embeddings were loaded with hooks lifted)."""
-        apply_mod.apply_settings(self.model.pipe, self.applied, self.device, self.ops_factory(self.model.pipe))
+        self._applied(apply_mod.apply_settings(self.model.pipe, self.applied, self.device,
+                                               self.ops_factory(self.model.pipe)))
+
+    def _applied(self, applied: apply_mod.Applied) -> None:
+        self.residency = applied.residency
+        self.resident_on_device = True
+
+    def place_resident(self, denoising: bool) -> None:
+        """Budget offload: the denoiser's resident part (kept blocks and fixed part) is on the device only
+        while the denoiser runs. Before the VAE decode or an upscaler it goes to the host, so they get its
+        room (planning/estimate.py plans the decode without it); it comes back before the next denoise.
+        That moves the resident bytes once each way per pass, which the plan counts. A no-op under the
+        other offload modes."""
+        if self.residency is None or denoising == self.resident_on_device:
+            return
+        target = self.device.torch_device if denoising else "cpu"
+        self.ops_factory(self.model.pipe).resident_to(target, self.residency.streamed)
+        self.resident_on_device = denoising  # torch's allocator reuses the freed blocks for the decode
 
     def run(self, request: GenerationRequest, seeds: list[int], presets: list[Preset],
             on_chunk: Callable[[ChunkDone], None], on_step: sd.ProgressFn | None = None,
@@ -115,8 +134,7 @@ class _Job:
             seeds = [self.seeds[i] for i in pending[:self.per_pass]]
             first = self._first_pass(seeds)
             started = time.perf_counter()
-            ok, out = self.ladder.attempt(
-                "denoise", lambda: sd.denoise(self.pipe, first, self.device, self.on_step, self.cancel), self.where)
+            ok, out = self.ladder.attempt("denoise", lambda: self._denoise(first), self.where)
             if not ok:
                 self._step_down()
                 continue
@@ -128,9 +146,16 @@ class _Job:
             del out
             target = self.request.output_size()
             if size != target:
+                self.runner.place_resident(False)
                 images = upscale_images(images, target, self.ladder.preset.upscaler, self.device, ladder=self.ladder)
             on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw))
             pending = pending[len(seeds):]
+
+    def _denoise(self, step: sd.Pass) -> sd.Denoised:
+        """One pass of the denoiser, with the budget split's resident part on the device only while it runs."""
+        self.runner.place_resident(True)
+        return sd.denoise(self.pipe, step, self.device, self.on_step, self.cancel,
+                          after_last_step=lambda: self.runner.place_resident(False))
 
     def _first_pass(self, seeds: list[int]) -> sd.Pass:
         if self.init is None:
@@ -160,6 +185,7 @@ class _Job:
         tiled = self.ladder.preset.memory.vae_tiling
         while True:
             started = time.perf_counter()
+            self.runner.place_resident(False)  # a retry's re-apply put it back on the device
             ok, decoded = self.ladder.attempt(
                 "decode", lambda: sd.decode(self.pipe, latents, safety_check=safety_check), lambda: self.where(size))
             if ok:
@@ -199,13 +225,12 @@ class _Job:
             if request.hires_upscaler == "latent":
                 init = F.interpolate(out.latents, size=(target[1] // 8, target[0] // 8), mode="bilinear")
             else:
+                self.runner.place_resident(False)
                 init = upscale_images(pixels, target, request.hires_upscaler, self.device, ladder=self.ladder)
             second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
                              steps=request.hires_steps or request.steps, texts=self.texts)
             started = time.perf_counter()
-            ok, result = self.ladder.attempt(
-                "hires", lambda: sd.denoise(self.pipe, second, self.device, self.on_step, self.cancel),
-                lambda: self.where(target))
+            ok, result = self.ladder.attempt("hires", lambda: self._denoise(second), lambda: self.where(target))
             if ok:
                 self.ladder.record("hires", "ok", started, **self.where(target))
                 return result, target
