@@ -233,6 +233,67 @@ def test_the_meter_sees_model_offload_move_the_unet_once_per_job(model):
     assert meter.forwards == ([whole] + [0] * (per_job - 1)) * 2
 
 
+def test_resident_to_moves_the_resident_blocks_and_the_fixed_part_and_leaves_the_streamed_ones(model):
+    """The move the runner makes around the VAE decode, onto a device where it shows: "meta" (tensors
+    with no data; the model is not used afterwards). Every tensor outside the streamed blocks goes;
+    the streamed blocks stay with their hooks' host copies."""
+    pipe = model.pipe
+    blocks = blocks_of(pipe.unet)
+    applied = apply_mod.apply_settings(pipe, budget(sum(b for _, b in blocks) // 2), probe("cpu"))
+    streamed = applied.residency.streamed
+    assert streamed and applied.residency.resident
+    apply_mod.PipelineOps(pipe).resident_to("meta", streamed)
+    inside = {f"{n}.{p}" for n in streamed for p, _ in pipe.unet.get_submodule(n).named_parameters()}
+    devices = {name: param.device.type for name, param in pipe.unet.named_parameters()}
+    assert {devices[n] for n in inside} == {"cpu"}
+    assert {d for n, d in devices.items() if n not in inside} == {"meta"}
+    assert pipe.unet.conv_in.weight.device.type == "meta"  # the fixed part goes too
+
+
+def test_the_resident_part_is_on_the_device_while_the_unet_runs_and_off_it_while_the_vae_decodes(model):
+    """Where the runner says the budget split's resident part is, seen from the UNet's forwards and the
+    VAE decode of real jobs: on for every step, off for the decode (planning/estimate.py plans the
+    decode without it), back on for the next job's steps; the moves go through PipelineOps.resident_to."""
+    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.presets import gpu_ladder
+    from lowvram_gen.request import GenerationRequest
+
+    moves = []
+
+    class Ops(apply_mod.PipelineOps):
+        def resident_to(self, device, streamed):
+            moves.append((device, streamed))
+            super().resident_to(device, streamed)
+
+    pipe = model.pipe
+    preset = next(p for p in gpu_ladder(load_presets()) if p.name == "budget")
+    resident = sum(b for _, b in blocks_of(pipe.unet)) // 2
+    from dataclasses import replace
+
+    planned = replace(preset, memory=replace(preset.memory, dtype="float32", resident_bytes=resident))
+    runner = Runner(model, probe("cpu"), ops_factory=Ops)
+    seen = []
+    pipe.unet.register_forward_pre_hook(lambda *_: seen.append(("unet", runner.resident_on_device)))
+    decode = pipe.vae.decode
+
+    def watched_decode(*args, **kwargs):
+        seen.append(("vae", runner.resident_on_device))
+        return decode(*args, **kwargs)
+
+    pipe.vae.decode = watched_decode
+    request = GenerationRequest(prompt="a boat", width=64, height=64, steps=2, batch_size=1)
+    for seed in (1, 2):
+        runner.run(request, [seed], [planned], lambda done: None)
+    from itertools import groupby
+
+    assert len(seen) > 4  # every step's UNet forward, then the decode, twice
+    assert [key for key, _ in groupby(seen)] == [("unet", True), ("vae", False)] * 2
+    streamed = runner.residency.streamed
+    assert streamed  # half the blocks stream: the split is a real one
+    # applied (the split's placement), then off after each job's last step and on before the next job's first
+    assert moves == [("cpu", streamed)] * 4
+
+
 # -------------------------------------------------------------------------------- fake CUDA
 
 

@@ -465,3 +465,32 @@ def test_prompt_token_count_uses_clip_where_there_is_no_t5(flux, tiny_path):
     pipe = FluxPipeline.from_pretrained(flux.folder)
     assert prompt_token_count(pipe, prompt) == (137, 512) and prompt_token_count(pipe, "") == (0, 0)
     assert ignores_negative_prompt(pipe)
+
+
+# ================================================================================= Flux only
+
+
+def test_flux_budget_offload_takes_the_resident_part_off_the_device_before_its_own_decode(flux):
+    """Flux decodes inside its own pipeline call, so the runner cannot step in between: the denoise's
+    after-last-step hook moves the budget split's resident part off the device, and the in-call VAE
+    decode runs without it (what planning/estimate.py plans); the next job's steps have it back."""
+    from lowvram_gen.device import probe
+    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+    from lowvram_gen.presets import find_preset
+    from lowvram_gen.request import GenerationRequest
+
+    model = load(resolve(flux.folder), "float32")
+    runner = Runner(model, probe("cpu"))
+    seen = []
+    model.pipe.transformer.register_forward_pre_hook(lambda *_: seen.append(("transformer", runner.resident_on_device)))
+    model.pipe.vae.decoder.register_forward_pre_hook(lambda *_: seen.append(("vae", runner.resident_on_device)))
+    budget = find_preset("budget")
+    budget = replace(budget, memory=replace(budget.memory, dtype="float32"))
+    for seed in (1, 2):
+        done = []
+        runner.run(GenerationRequest(prompt="a boat", width=64, height=64, steps=2), [seed], [budget], done.append)
+        assert done[0].images[0].size == (64, 64)
+    assert runner.residency is not None  # the budget split is what ran
+    assert seen == [("transformer", True), ("transformer", True), ("vae", False)] * 2

@@ -298,6 +298,10 @@ def cmd_plan(args) -> int:
         print(f"{mark} {e.name:{wide}} {gib(e.estimate_bytes):>9}  {'fits' if e.fits else 'too big':7}  "
               f"{gib(e.streamed_bytes_per_step):>13}  {e.est_seconds_per_step:6.2f}  {size}, batch {e.batch}")
     print(f"would run: {result.preset.name} ({result.reason})")
+    chosen = next((e for e in result.estimates if e.name == result.preset.name), None)
+    if chosen is not None and chosen.streamed_bytes_per_step:
+        print(f"streams {gib(chosen.streamed_bytes_per_step)} a step; the weights that cannot fit beside the "
+              f"activations are {gib(chosen.lower_bound_bytes_per_step)} (the least any offload streams)")
     for warning in result.warnings:
         print(f"warning: {warning}")
     if len(result.ladder) > 1:
