@@ -3,6 +3,7 @@
 
     python benchmarks/bench_streamed_bytes.py             # measure -> docs/bench/streamed_bytes.json
     python benchmarks/bench_streamed_bytes.py --markdown  # print the table of docs/benchmarks.md
+    python benchmarks/bench_streamed_bytes.py --plans     # the planner's own picks, measured -> plan_streamed.json
 
 What is measured. For SD 1.5, SDXL and FLUX.1-dev, the denoiser is built from the configs shipped in
 lowvram_gen/configs/ with random bfloat16 weights (2 bytes a weight, as float16 on a GPU) and put into
@@ -205,6 +206,59 @@ def bench_arch(arch: str, steps: int) -> dict:
     return out
 
 
+PLAN_CARDS = {"sdxl": ((3, 512), (4, 512), (4, 0), (6, 512)), "flux": ((6, 512), (8, 512), (12, 512))}
+PLAN_OUT = ROOT / "docs" / "bench" / "plan_streamed.json"
+
+
+def bench_plans(arch: str, steps: int) -> list[dict]:
+    """The planner's own pick for the native-size job on each card of PLAN_CARDS[arch] (GiB, reserve
+    MiB), applied and measured: the plan's streamed bytes a step against what the hooks move."""
+    from dataclasses import replace
+
+    from lowvram_gen.device import simulated
+    from lowvram_gen.planning.estimate import profile_builtin
+    from lowvram_gen.planning.planner import plan
+    from lowvram_gen.presets import load_presets
+
+    denoiser = build_denoiser(arch)
+    pipe = build_pipeline(arch, denoiser)
+    pipe.set_progress_bar_config(disable=True)
+    side = ARCHS[arch][2]
+    rows = []
+    for gib, reserve_mib in PLAN_CARDS[arch]:
+        card = simulated(f"{gib}GiB", reserve_bytes=reserve_mib * 2**20)
+        result = plan(card, profile_builtin(arch), side, side, 1, load_presets())
+        chosen = next(e for e in result.estimates if e.name == result.preset.name)
+        row = {"arch": arch, "card_gib": gib, "reserve_mib": reserve_mib, "usable_bytes": card.usable_bytes,
+               "preset": result.preset.name, "planned_bytes": chosen.streamed_bytes_per_step,
+               "lower_bound_bytes": chosen.lower_bound_bytes_per_step, "per_forward_bytes": []}
+        memory = result.preset.memory
+        if memory.offload == "budget" and memory.quantize == "none":  # int8/int4 of a full model: not on this CPU
+            forwards, applied = measure(pipe, arch, steps, replace(memory, dtype="bfloat16"))
+            row["per_forward_bytes"] = forwards
+        rows.append(row)
+        print(f"{arch} on {gib} GiB (reserve {reserve_mib} MiB): {result.preset.name}, plan "
+              f"{row['planned_bytes'] / GiB:.3f} GiB a step, measured {[round(f / GiB, 3) for f in row['per_forward_bytes']]}, "
+              f"lower bound {row['lower_bound_bytes'] / GiB:.3f}", flush=True)
+    del pipe, denoiser
+    gc.collect()
+    return rows
+
+
+def plans_markdown(data: dict) -> str:
+    g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
+    lines = ["| model | card (reserve) | usable | plan picks | plan: streamed/step | measured | measured / plan "
+             "| lower bound | plan / lower bound |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        measured = max(r["per_forward_bytes"], default=None)
+        ratio = lambda a, b: f"{a / b:.3f}" if b else "-"  # noqa: E731
+        lines.append(f"| {r['arch']} | {r['card_gib']} GiB ({r['reserve_mib']} MiB) | {g(r['usable_bytes'])} "
+                     f"| {r['preset']} | {g(r['planned_bytes'])} | {g(measured) if measured is not None else 'not run'} "
+                     f"| {ratio(measured, r['planned_bytes']) if measured is not None else '-'} "
+                     f"| {g(r['lower_bound_bytes'])} | {ratio(r['planned_bytes'], r['lower_bound_bytes'])} |")
+    return "\n".join(lines)
+
+
 def markdown(data: dict) -> str:
     g = lambda n: f"{n / GiB:.2f}"  # noqa: E731
     lines = ["| model | budget (GiB) | room for weights | lower bound | budget offload: measured | split() predicts "
@@ -230,10 +284,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated archs (sd15,sdxl,flux)")
     parser.add_argument("--markdown", action="store_true", help="print the table from the stored results")
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--out", default=None, help=f"default {OUT.relative_to(ROOT)} ({PLAN_OUT.relative_to(ROOT)} "
+                        "with --plans)")
+    parser.add_argument("--plans", action="store_true",
+                        help="measure the planner's own picks (budget offload) on the cards of PLAN_CARDS instead")
     args = parser.parse_args()
+    args.out = args.out or str(PLAN_OUT if args.plans else OUT)
     if args.markdown:
-        print(markdown(json.loads(Path(args.out).read_text())))
+        print((plans_markdown if args.plans else markdown)(json.loads(Path(args.out).read_text())))
         return
 
     import diffusers
@@ -241,6 +299,18 @@ def main() -> None:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     archs = [a for a in ARCHS if not args.only or a in args.only.split(",")]
+    if args.plans:
+        data = {"command": "python benchmarks/bench_streamed_bytes.py --plans", "torch": torch.__version__,
+                "diffusers": diffusers.__version__, "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "rows": []}
+        if args.only and Path(args.out).is_file():  # keep the other architectures' stored rows
+            data["rows"] = [r for r in json.loads(Path(args.out).read_text())["rows"] if r["arch"] not in archs]
+        for arch in (a for a in archs if a in PLAN_CARDS):
+            data["rows"].extend(bench_plans(arch, args.steps))
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(data, indent=1))
+        print(plans_markdown(data))
+        print(f"-> {args.out}")
+        return
     data = {"command": "python benchmarks/bench_streamed_bytes.py",
             "torch": torch.__version__, "diffusers": diffusers.__version__, "machine": platform.processor() or platform.machine(),
             "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "size": "64x64", "archs": []}
