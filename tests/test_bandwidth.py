@@ -14,7 +14,7 @@ from datetime import date
 import pytest
 
 from lowvram_gen import bandwidth
-from lowvram_gen.cli.doctor import measure_bus
+from lowvram_gen.cli.doctor import _format_bus, measure_bus
 from lowvram_gen.cli.main import main
 from lowvram_gen.device import MiB, fake
 from lowvram_gen.planning import bus
@@ -160,6 +160,9 @@ def test_doctor_stores_what_it_measured_on_a_cuda_device_and_the_planner_uses_it
     assert info["measured"]["copy_bytes"] == 32 * MiB and info["stored_in"] == str(bus.path())
     assert info["planner"]["measured"] and info["planner"]["bytes_per_s"] == pytest.approx(12e9)
     assert plan(device, profile_builtin("sd15"), 512, 512, 1, load_presets()).bus.bytes_per_s == pytest.approx(12e9)
+    text = _format_bus(info)
+    assert text.startswith("12.0 GB/s pinned, 12.0 GB/s pageable host-to-device (32 MiB copies, median of 5)")
+    assert "the planner uses 12.0 GB/s (measured by doctor on" in text
 
 
 def test_doctor_reports_a_failed_or_impossible_measurement_and_stores_nothing():

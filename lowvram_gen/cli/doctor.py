@@ -126,15 +126,18 @@ def format_report(info: dict) -> str:
     return "\n".join(lines)
 
 
+def _gbs(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:.1f} GB/s"
+
+
 def _format_bus(b: dict) -> str:
-    gbs = lambda v: f"{v / 1e9:.1f} GB/s"  # noqa: E731
     m = b["measured"]
     if m:
-        pageable = f", {gbs(m['pageable_bytes_per_s'])} pageable" if m["pageable_bytes_per_s"] else ""
-        text = (f"{gbs(m['pinned_bytes_per_s'])} pinned{pageable} host-to-device "
+        pageable = f", {_gbs(m['pageable_bytes_per_s'])} pageable" if m["pageable_bytes_per_s"] else ""
+        text = (f"{_gbs(m['pinned_bytes_per_s'])} pinned{pageable} host-to-device "
                 f"({format_size(m['copy_bytes'])} copies, median of {m['repeats']}); stored in {b['stored_in']}")
     else:
         text = b["note"]
     planner = b["planner"]
-    text += f"\n  the planner uses {gbs(planner['bytes_per_s'])} ({planner['source']})"
+    text += f"\n  the planner uses {_gbs(planner['bytes_per_s'])} ({planner['source']})"
     return text + (f"\n  warning: {planner['warning']}" if planner["warning"] else "")
