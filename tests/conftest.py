@@ -42,6 +42,15 @@ def fresh_ui_settings(isolated_home):
     path.unlink(missing_ok=True)
 
 
+@pytest.fixture(autouse=True)
+def fresh_bus(isolated_home):
+    """A bus bandwidth stored by one test (or by doctor on a CUDA machine) must not change another's plans."""
+    path = isolated_home / "bus.json"
+    path.unlink(missing_ok=True)
+    yield
+    path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_path(isolated_home):
     from lowvram_gen.models.tiny import ensure_tiny

@@ -6,6 +6,7 @@ import platform
 
 from lowvram_gen import failures
 from lowvram_gen.device import DEFAULT_RESERVE, format_size, probe
+from lowvram_gen.planning import bus
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import find_preset, load_presets
@@ -37,11 +38,38 @@ def _kernels(device) -> dict:
     return info
 
 
+def measure_bus(dev, measure: bool = True, timed_copy=None) -> dict:
+    """The host-to-device bandwidth: measured now on CUDA and stored for the planner (planning/bus.py),
+    and the bandwidth the planner uses for this device after that. `timed_copy`: see bandwidth.measure."""
+    from lowvram_gen import bandwidth
+
+    out = {"measured": None, "stored_in": None, "note": ""}
+    nbytes = min(bandwidth.COPY_BYTES, dev.usable_bytes // 4)  # room for the copy beside whatever else runs
+    if not measure:
+        out["note"] = "not measured: --skip-bus"
+    elif dev.kind != "cuda":
+        out["note"] = "not measured: no CUDA device"
+    elif nbytes < bandwidth.MIN_COPY_BYTES:
+        out["note"] = (f"not measured: {format_size(dev.usable_bytes)} usable is too little for "
+                       f"{format_size(4 * bandwidth.MIN_COPY_BYTES)} of copies")
+    else:
+        try:
+            result = bandwidth.measure(dev.torch_device, nbytes, timed_copy=timed_copy)
+            out["stored_in"] = str(bus.store(dev.name, result.pinned_bytes_per_s, result.pageable_bytes_per_s))
+            out["measured"] = result.as_dict()
+        except (RuntimeError, ValueError) as exc:  # out of memory, a driver error, an implausible value
+            out["note"] = f"not measured: {exc}"
+    used = bus.for_device(dev.name)
+    out["planner"] = {**used.as_dict(), "warning": used.warning}
+    return out
+
+
 def report(device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
-           reserve_vram: int | None = None, xformers: bool = False) -> dict:
+           reserve_vram: int | None = None, xformers: bool = False, measure: bool = True) -> dict:
     import torch
 
     dev = probe(device, reserve_bytes=reserve_vram if reserve_vram is not None else DEFAULT_RESERVE, budget_bytes=vram_budget)
+    bus_info = measure_bus(dev, measure)  # before the plans below, so they use the new measurement
     presets = load_presets()
     forced = find_preset(preset) if preset else None
     picks = {}
@@ -60,6 +88,7 @@ def report(device: str | None = None, preset: str | None = None, vram_budget: in
         "alloc_conf": __import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "presets": list(presets),
         "planner_picks": picks,
+        "bus": bus_info,
         "remembered_failures": failures.load(),
     }
 
@@ -88,9 +117,27 @@ def format_report(info: dict) -> str:
         "kernels:     " + ", ".join(f"{k}={v}" for k, v in info["kernels"].items()),
         f"allocator:   PYTORCH_CUDA_ALLOC_CONF={info['alloc_conf']}",
         f"presets:     {', '.join(info['presets'])}",
+        "bus:         " + _format_bus(info["bus"]),
         "planner:     " + "; ".join(f"{k} -> {v}" for k, v in info["planner_picks"].items()),
         f"failures:    {len(info['remembered_failures'])} remembered"
         + "".join(f"\n  {r['model']} {r['pixels']} px x{r['batch']} at {r['preset']} on {r['device']}"
                   for r in info["remembered_failures"]),
     ]
     return "\n".join(lines)
+
+
+def _gbs(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:.1f} GB/s"
+
+
+def _format_bus(b: dict) -> str:
+    m = b["measured"]
+    if m:
+        pageable = f", {_gbs(m['pageable_bytes_per_s'])} pageable" if m["pageable_bytes_per_s"] else ""
+        text = (f"{_gbs(m['pinned_bytes_per_s'])} pinned{pageable} host-to-device "
+                f"({format_size(m['copy_bytes'])} copies, median of {m['repeats']}); stored in {b['stored_in']}")
+    else:
+        text = b["note"]
+    planner = b["planner"]
+    text += f"\n  the planner uses {_gbs(planner['bytes_per_s'])} ({planner['source']})"
+    return text + (f"\n  warning: {planner['warning']}" if planner["warning"] else "")

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="what to paste into a bug report: GPU, versions, kernels, presets")
     doc.add_argument("--json", action="store_true", help="print the report as one JSON object")
     doc.add_argument("--forget-failures", action="store_true", help="clear the remembered out-of-memory failures")
+    doc.add_argument("--skip-bus", action="store_true",
+                     help="do not measure the host-to-device bandwidth (on CUDA doctor measures it, about a second, "
+                          "and stores it for the planner)")
     _add_memory_flags(doc)
 
     ui = sub.add_parser("ui", help="the web UI (also what bare `lowvram-gen [flags]` starts)",
@@ -290,6 +293,7 @@ def cmd_plan(args) -> int:
     gib = device_mod.format_size
     print(f"device: {dev.name}; usable {gib(dev.usable_bytes)} (free {gib(dev.free_bytes)}, reserve {gib(dev.reserve_bytes)})")
     print(f"job: {args.model} {width}x{height}, batch {batch}")
+    print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
     print(f"   {'candidate':{wide}} {'peak':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  size")
     for e in result.estimates:
@@ -316,7 +320,7 @@ def cmd_doctor(args) -> int:
         from lowvram_gen import failures
 
         print(f"forgot {failures.forget()} remembered failure(s)", file=sys.stderr)
-    info = report(**_session_kwargs(args))
+    info = report(**_session_kwargs(args), measure=not args.skip_bus)
     if args.json:
         print(json.dumps(info, default=str))
     else:

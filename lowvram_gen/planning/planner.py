@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from lowvram_gen.device import DeviceInfo, format_size
+from lowvram_gen.planning import bus as bus_mod
 from lowvram_gen.planning import timing
 from lowvram_gen.planning.estimate import Estimate, _calibration, estimate
 from lowvram_gen.planning.sizes import capped_size, vae_tile_size
@@ -66,10 +67,12 @@ class Plan:
     estimates: list[PresetEstimate]
     reason: str
     warnings: list[str] = field(default_factory=list)
+    bus: bus_mod.Bus = bus_mod.ASSUMPTION  # the host-to-device bandwidth the step times were estimated with
 
     def as_dict(self) -> dict:
         return {"preset": self.preset.name, "ladder": [p.name for p in self.ladder], "reason": self.reason,
-                "warnings": list(self.warnings), "presets": [e.as_dict() for e in self.estimates]}
+                "warnings": list(self.warnings), "bus": self.bus.as_dict(),
+                "presets": [e.as_dict() for e in self.estimates]}
 
 
 def storage(settings) -> str:
@@ -96,6 +99,7 @@ class _Rows:
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
         self.flops_coefficients = _calibration().get("flops", {})
+        self.bus = bus_mod.for_device(device.name)  # doctor's measurement of this GPU, else the assumption
 
     def size(self, p: Preset) -> tuple[int, int, int]:
         w, h = capped_size(self.width, self.height, p.max_pixels)
@@ -134,7 +138,7 @@ class _Rows:
         flops = timing.step_flops(self.profile, w, h, images, self.flops_coefficients)
         on_gpu = p.device == "gpu"
         seconds = timing.seconds_per_step(flops, est.streamed_bytes_per_step, est.moved_bytes_per_job, self.steps,
-                                          storage(p.memory), on_gpu)
+                                          storage(p.memory), on_gpu, self.bus.bytes_per_s)
         lossy = storage(p.memory) in LOSSY
         if not on_gpu:  # system RAM: nothing to fit into
             return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict(), 0, seconds, lossy)
@@ -182,6 +186,8 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
         result = Plan(cpu, [cpu], [r for _, r in candidates] + [rows.row(cpu)], "no GPU found: the cpu preset")
     else:
         result = _choose(device, candidates, rows)
+    result.bus = rows.bus
+    result.warnings += [rows.bus.warning] if rows.bus.warning else []
     if storage(result.preset.memory) in LOSSY:
         why = "" if forced else " (nothing lossless fits this card at this size)"
         result.warnings.append(f"{result.preset.name} stores the weights in 4 bits: the image loses some quality{why}")

@@ -11,8 +11,9 @@
   Transfers are counted as not overlapping compute: diffusers' group offloading prefetches on a CUDA
   stream and hides part of it, so streamed candidates are estimated a little slow, never fast.
 
-The throughputs are stated assumptions, not measurements of this card (there is no GPU to measure
-here): `BUS_BYTES_PER_S` is PCIe 4.0 x16 in practice (~25 GB/s of its 32 GB/s), `GPU_FLOPS` is what
+The throughputs are stated assumptions, not measurements of this card: `BUS_BYTES_PER_S` is PCIe 4.0
+x16 in practice (~25 GB/s of its 32 GB/s), used unless `lowvram-gen doctor` measured this GPU's bus
+(planning/bus.py passes the measurement in as `bus_bytes_per_s`), `GPU_FLOPS` is what
 an 8 GB consumer card sustains in half precision on these models (an RTX 3060 runs SDXL at 1024 px at
 about 1.4 s per step: 13.5 TFLOP / 1.4 s = 9.6 TFLOP/s). The ranking they produce depends on their
 ratio, not on either alone.
@@ -41,7 +42,7 @@ def step_flops(profile, width: int, height: int, images: int, coefficients: dict
 
 
 def seconds_per_step(flops: float, streamed_bytes_per_step: int, moved_bytes_per_job: int, steps: int,
-                     storage: str = "none", on_gpu: bool = True) -> float:
+                     storage: str = "none", on_gpu: bool = True, bus_bytes_per_s: float = BUS_BYTES_PER_S) -> float:
     compute = flops / (GPU_FLOPS if on_gpu else CPU_FLOPS) * SLOWDOWN.get(storage, 1.0)
     moved = streamed_bytes_per_step + moved_bytes_per_job / max(1, steps)
-    return compute + (moved / BUS_BYTES_PER_S if on_gpu else 0.0)
+    return compute + (moved / bus_bytes_per_s if on_gpu else 0.0)

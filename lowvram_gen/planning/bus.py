@@ -1,0 +1,114 @@
+"""The host-to-device bandwidth the planner divides streamed bytes by: measured on this GPU, else assumed.
+
+Streamed candidates (budget, lowvram, novram) spend much of a step copying weights over the bus, so
+their estimated seconds per step is only as good as this number. `lowvram-gen doctor` measures it on
+CUDA (lowvram_gen/bandwidth.py: pinned host memory, which is what diffusers' group offloading copies
+from when it prefetches on a stream) and stores it here, in `$LOWVRAM_GEN_HOME/bus.json`, one record
+per GPU name (a machine with two different cards keeps both). A GPU without a record gets the stated
+assumption of planning/timing.py (PCIe 4.0 x16); so does a simulated card (`plan --vram`).
+
+A file that cannot be read as such records (corrupt, written by something else, a value no bus has)
+is ignored with a warning that says so: the plan falls back to the assumption, it never fails.
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+from lowvram_gen.paths import home
+from lowvram_gen.planning.timing import BUS_BYTES_PER_S
+
+log = logging.getLogger(__name__)
+
+ASSUMED = "assumed PCIe 4.0 x16"
+# What a stored value may be: below 0.1 GB/s or above 10 TB/s no host-to-device link exists (PCIe 3.0 x1
+# is ~1 GB/s, NVLink-C2C ~450 GB/s each way); such a value is a broken file, not a slow bus.
+PLAUSIBLE = (1e8, 1e13)
+
+
+@dataclass(frozen=True)
+class Bus:
+    """The bandwidth a plan used, and where it came from (shown by `plan` and in `plan --json`)."""
+
+    bytes_per_s: float
+    source: str  # "assumed PCIe 4.0 x16" | "measured by doctor on 2025-06-01"
+    measured: bool = False
+    warning: str = ""  # why a stored measurement was not used
+
+    def as_dict(self) -> dict:
+        return {"bytes_per_s": self.bytes_per_s, "source": self.source, "measured": self.measured}
+
+    def describe(self) -> str:
+        return f"{self.bytes_per_s / 1e9:.1f} GB/s host-to-device ({self.source})"
+
+
+ASSUMPTION = Bus(BUS_BYTES_PER_S, ASSUMED)
+
+
+def path() -> Path:
+    return home() / "bus.json"
+
+
+def _records() -> tuple[dict, str]:
+    """The stored records by GPU name, and why the file was ignored ('' when it was not)."""
+    file = path()
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as exc:
+        return {}, f"{file} is not readable JSON ({type(exc).__name__})"
+    if not isinstance(data, dict) or not all(isinstance(r, dict) for r in data.values()):
+        return {}, f"{file} is not a bus measurement file (an object of GPU name -> record)"
+    return data, ""
+
+
+def _value(record: dict) -> float | None:
+    value = record.get("bus_bytes_per_s")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value) if PLAUSIBLE[0] <= value <= PLAUSIBLE[1] else None
+
+
+def for_device(name: str) -> Bus:
+    """The measured bandwidth of the GPU called `name` if doctor stored one, else the assumption."""
+    records, problem = _records()
+    record = records.get(name)
+    if record is not None and not problem:
+        value = _value(record)
+        if value is not None:
+            return Bus(value, f"measured by doctor on {record.get('date') or 'an unknown date'}", True)
+        problem = (f"{path()} has no plausible bus_bytes_per_s for {name!r} "
+                   f"(got {record.get('bus_bytes_per_s')!r}; allowed {PLAUSIBLE[0]:g} to {PLAUSIBLE[1]:g} bytes/s)")
+    if not problem:
+        return ASSUMPTION
+    warning = (f"ignoring the stored bus measurement: {problem}; using the {ASSUMED} bandwidth "
+               f"({BUS_BYTES_PER_S / 1e9:g} GB/s). `lowvram-gen doctor` on the GPU measures it again")
+    log.warning(warning)
+    return Bus(BUS_BYTES_PER_S, ASSUMED, False, warning)
+
+
+def store(name: str, bytes_per_s: float, pageable_bytes_per_s: float | None = None, when: date | None = None) -> Path:
+    """Record a measurement of GPU `name` (replacing its last one; other GPUs' records are kept; a file
+    that is not ours is replaced)."""
+    if _value({"bus_bytes_per_s": bytes_per_s}) is None:
+        raise ValueError(f"bus bandwidth {bytes_per_s!r} bytes/s is not plausible "
+                         f"(allowed {PLAUSIBLE[0]:g} to {PLAUSIBLE[1]:g})")
+    records, _ = _records()
+    records[name] = {"bus_bytes_per_s": float(bytes_per_s), "pageable_bytes_per_s": pageable_bytes_per_s,
+                     "device": name, "date": (when or date.today()).isoformat(), "pinned": True}
+    file = path()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".bus-", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(records, fh, indent=1)
+    os.replace(tmp, file)
+    return file
