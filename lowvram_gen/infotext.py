@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.request import check_quantize
 from lowvram_gen.samplers import DEFAULT, SAMPLERS, check_sampler
 
 # what our own images add for people (what ran, what was found): nothing to set from them
@@ -76,6 +77,15 @@ def _sampler(params: dict, ours: dict | None) -> str:
         raise InvalidRequest("'Sampler' in the image's parameters", name, exc.allowed) from None
 
 
+def _quantize(value: str) -> str | None:
+    """int8/int4/none as the request spells it (the UI's Quantize box offers exactly those); a value we do not
+    know names the PNG's field, as `Steps: many` does."""
+    try:
+        return check_quantize(str(value))
+    except InvalidRequest as exc:
+        raise InvalidRequest("'Quantize' in the image's parameters", value, exc.allowed) from None
+
+
 def _upscaler(value: str, notes: list[str]) -> str:
     name = str(value).strip()
     if name.lower().startswith("latent"):
@@ -110,7 +120,7 @@ def request_fields(params: dict, ours: dict | None = None) -> Infotext:
         elif key == "Model":
             fields["model"] = str(value).strip()
         elif key == "Quantize":
-            fields["quantize"] = str(value).strip()
+            fields["quantize"] = _quantize(value)
         elif key == "Denoising strength":
             fields["hires_denoise" if hires else "strength"] = _float(key, value)
         elif key == "Hires upscaler":

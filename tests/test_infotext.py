@@ -65,10 +65,13 @@ def test_a1111s_own_text():
     assert read.ignored == ["Clip skip"] and "Latent (bicubic)" in read.notes[0]
     # a scheduler class name (no A1111 name matched it) is the model's own scheduler
     assert request_fields({"Sampler": "FlowMatchEulerDiscreteScheduler"}).fields["sampler"] == "default"
+    # Quantize as the request and the UI's Quantize box spell it
+    assert request_fields({"Quantize": " INT4 "}).fields["quantize"] == "int4"
 
 
 @pytest.mark.parametrize("key, value, said", [("Steps", "many", "whole number"), ("Size", "512 by 512", "WIDTHxHEIGHT"),
-                                              ("CFG scale", "x", "a number"), ("Sampler", "Magic", "use 'default'")])
+                                              ("CFG scale", "x", "a number"), ("Sampler", "Magic", "use 'default'"),
+                                              ("Quantize", "int3", "use one of none, int8, int4")])
 def test_a_value_we_cannot_read_is_a_clear_error(key, value, said):
     with pytest.raises(InvalidRequest) as err:
         request_fields({"prompt": "x", key: value})

@@ -689,3 +689,107 @@ def test_lora_and_embedding_pickers_add_to_the_prompt_after_a_refresh(page, tmp_
         page.locator(f"{picker} input").first.click()
         page.get_by_role("option", name=name).click()
     _value_is(page, "#prompt textarea", "a cat <lora:film grain:1> EasyNegative")
+
+
+# -- the Quantize box (issue 10, "weights that fit") ----------------------------------------------------------
+
+
+def _png_with(path: Path, parameters: str) -> str:
+    """A PNG whose A1111 `parameters` text is `parameters` (what PNG Info reads)."""
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", parameters)
+    Image.new("RGB", (64, 64), (9, 9, 9)).save(path, pnginfo=info)
+    return str(path)
+
+
+def test_quantize_int8_from_the_api_runs_int8_the_png_says_so_and_it_is_remembered(server):
+    from gradio_client import Client
+
+    from lowvram_gen.engines.sd.quantize import is_quantized
+    from lowvram_gen.outputs import read_png_metadata
+    from lowvram_gen.ui import remembered
+
+    gallery, info, summary, _ = Client(server.url, verbose=False).predict(
+        prompt="int8 fox", width=64, height=64, steps=1, seed=8, quantize="int8", api_name="/generate")
+    assert "Quantize: int8" in info
+    made = next(server.outdir.rglob("*-8-*.png"))
+    assert "Quantize: int8" in read_png_metadata(made)[0]  # the file itself, not only the info box
+    assert any(is_quantized(m) for m in server.session.model.pipe.unet.modules())  # the weights really are int8
+    assert remembered.load()["txt2img"]["quantize"] == "int8"
+
+
+def test_as_the_preset_says_leaves_quantize_to_the_preset_and_a_bad_value_is_refused_by_name(server):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from lowvram_gen.ui.widgets import AS_PRESET
+
+    seen, real = [], server.session.generate
+
+    def spy(request, **kw):
+        seen.append(request.quantize)
+        return real(request, **kw)
+
+    server.session.generate = spy
+    client = Client(server.url, verbose=False)
+    try:
+        for quantize in ({"quantize": AS_PRESET}, {}):  # chosen, and an older client that does not send it
+            _, info, _, _ = client.predict(prompt="as the preset", width=64, height=64, steps=1, **quantize,
+                                           api_name="/generate")
+            assert "Quantize:" not in info  # the CPU preset stores no int8/int4 weights
+        with pytest.raises(AppError) as err:
+            client.predict(prompt="x", width=64, height=64, steps=1, quantize="int3", api_name="/generate")
+        # and the UI still works after the refusal
+        assert client.predict(prompt="after", width=64, height=64, steps=1, quantize="none",
+                              api_name="/generate")[1].startswith("after")
+    finally:
+        server.session.generate = real
+    assert seen == [None, None, "none"]  # the refused one never reached the session
+    message = err.value.message  # our validation's words (not Gradio's "not in the list of choices")
+    assert message.startswith("invalid quantize: 'int3'") and "none, int8, int4" in message
+    assert AS_PRESET in message and "leave it out" not in message  # the UI's choice, not the CLI's advice
+
+
+def test_send_to_sets_quantize_from_the_png_and_resets_it_without_one(tmp_path):
+    from lowvram_gen.ui import sendto
+    from lowvram_gen.ui.widgets import AS_PRESET
+
+    text = "a fox\nSteps: 2, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny"
+    int4 = _png_with(tmp_path / "int4.png", text + ", Quantize: int4")
+    plain = _png_with(tmp_path / "plain.png", text)
+    for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
+        at = keys.index("quantize")
+        assert sendto.values_for(keys, int4)[at] == "int4"
+        assert sendto.values_for(keys, plain)[at] == AS_PRESET  # weights as the preset stores them
+
+
+def test_estimate_plans_the_quantize_choice(tmp_path):
+    from lowvram_gen.ui.app import UiOptions, build_app
+    from lowvram_gen.ui.widgets import AS_PRESET
+
+    session = Session(outdir=str(tmp_path))
+    planned, real = [], session.plan
+    session.plan = lambda request, *a, **kw: planned.append(request.quantize) or real(request, *a, **kw)
+    app = build_app(session, UiOptions(outdir=str(tmp_path)))
+    plan_table = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "plan_table")
+    for choice in ("int4", AS_PRESET):
+        plan_table("x", "", 64, 64, 2, 7, -1, 1, "default", "tiny", choice)
+    assert planned == ["int4", None]
+
+
+@needs_browser
+def test_png_info_sends_quantize_to_img2img_and_a_png_without_it_resets_it(page, tmp_path):
+    from lowvram_gen.ui.widgets import AS_PRESET
+
+    text = "a fox\nSteps: 2, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny"
+    page.get_by_role("tab", name="PNG Info").click()
+    for name, extra, expected in (("int4.png", ", Quantize: int4", "int4"), ("plain.png", "", AS_PRESET)):
+        page.locator("#pnginfo-image input[type=file]").set_input_files(_png_with(tmp_path / name, text + extra))
+        page.wait_for_function("([t]) => document.querySelector('#pnginfo-parameters textarea').value.endsWith(t)",
+                               arg=[(text + extra)[-12:]], timeout=30_000)
+        page.click("#pnginfo-to-img2img")
+        _value_is(page, "#i2i-quantize input", expected)
+        page.get_by_role("tab", name="PNG Info").click()

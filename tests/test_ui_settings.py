@@ -90,3 +90,14 @@ def test_a_job_remembers_its_values_and_the_next_ui_starts_with_them(tmp_path):
     assert (_component(app, "steps").value, _component(app, "cfg").value) == (2, 4.5)
     assert _component(app, "sampler").value == "Euler a"
     assert _component(app, "i2i-steps").value == 20  # img2img ran no job: its own defaults
+
+
+@pytest.mark.parametrize("saved, expected", [("int8", "int8"), (None, "as the preset says"),
+                                             ("int3", "as the preset says")])
+def test_the_quantize_box_starts_at_the_remembered_choice(tmp_path, saved, expected):
+    """A job saves the request's quantize (None for "as the preset says"); a value that is no choice is not shown."""
+    remembered.save("txt2img", {"quantize": saved})
+    remembered.save("img2img", {"quantize": "int4"})
+    app = _build(tmp_path)
+    assert _component(app, "quantize").value == expected
+    assert _component(app, "i2i-quantize").value == "int4"

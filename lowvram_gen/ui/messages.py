@@ -23,6 +23,7 @@ CLI_ONLY = "the CLI's {flag} (the web UI has {what})"
 # Whole phrases first, where a flag-for-control swap would read badly.
 PHRASES: dict[str, str] = {
     "pass --model for real images": "pick a real model in the Model box for real images",
+    "or leave it out: the preset decides": "or 'as the preset says': the preset decides",  # quantize's
 }
 # flag -> what the web UI calls it. "pass FLAG" becomes "fill in CONTROL" for the UI's own boxes (BOXES).
 FLAGS: dict[str, str] = {

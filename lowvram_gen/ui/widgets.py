@@ -8,7 +8,11 @@ message (and the browser clamps a typed one into the range), and a Number with `
 
 import gradio as gr
 
+from lowvram_gen.settings import QUANTIZE
 from lowvram_gen.upscale.upscalers import available
+
+AS_PRESET = "as the preset says"  # the Quantize choice that leaves the weights' storage to the preset (quantize=None)
+QUANTIZE_CHOICES = [AS_PRESET, *QUANTIZE]
 
 
 def Slider(minimum: float, maximum: float, **kwargs) -> gr.Slider:
@@ -30,6 +34,21 @@ def _as_sent(payload):
 def Number(label: str, value, **kwargs) -> gr.Number:
     """gr.Number with no rounding and no bounds: 512.5 or -2 reach our validation as typed."""
     return gr.Number(label=label, value=value, precision=None, **kwargs)
+
+
+def Quantize(value: str, elem_id: str) -> gr.Dropdown:
+    """The "Quantize weights" box of txt2img and img2img (the CLI's --quantize). A value outside the choices
+    (an API client's) reaches our validation, which names it and the allowed ones, instead of Gradio's check."""
+    dropdown = gr.Dropdown(QUANTIZE_CHOICES, value=value, label="Quantize weights",
+                           info="int8/int4 weights take less VRAM; int8 stays close to full precision, "
+                                "int4 loses some detail", elem_id=elem_id)
+    dropdown.preprocess = _as_sent
+    return dropdown
+
+
+def quantize_field(choice: str | None) -> str | None:
+    """The request's `quantize` for the Quantize box's choice: None (the preset decides) for AS_PRESET."""
+    return None if choice in (None, AS_PRESET) else choice
 
 
 def upscaler_choices(hires: bool = False) -> list[str]:

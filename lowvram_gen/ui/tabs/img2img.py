@@ -1,7 +1,7 @@
-"""The img2img tab: an init image and the txt2img controls; it shares txt2img's job runner (queue, progress,
-cancel), its LoRA/embedding pickers and Ctrl+Enter. The width and height follow the init image (rounded
-down to a multiple of 8). The controls start at the last job's values (ui/remembered.py); the gallery
-sends the selected image to Upscale.
+"""The img2img tab: an init image and the txt2img controls (Quantize included; no hires fix); it shares
+txt2img's job runner (queue, progress, cancel), its LoRA/embedding pickers and Ctrl+Enter. The width and
+height follow the init image (rounded down to a multiple of 8). The controls start at the last job's values
+(ui/remembered.py); the gallery sends the selected image to Upscale.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -14,7 +14,7 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
-from lowvram_gen.ui.widgets import Number, Slider
+from lowvram_gen.ui.widgets import AS_PRESET, QUANTIZE_CHOICES, Number, Quantize, Slider, quantize_field
 
 
 def size_from(init_image):
@@ -30,14 +30,15 @@ def build(ctx: TabContext) -> None:
     options = ctx.options
 
     def img2img(init_image, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
-                cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None,
+                cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, quantize=AS_PRESET,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             raise gr.Error("choose an init image first")
         yield ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image,
                                strength=strength, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
                                seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
-                               model=model or options.model), request, progress, remember="img2img")
+                               model=model or options.model, quantize=quantize_field(quantize)),
+                          request, progress, remember="img2img")
 
     def start(name, default):
         return ctx.initial("img2img", name, default)
@@ -66,6 +67,8 @@ def build(ctx: TabContext) -> None:
                                           label="Sampler", elem_id="i2i-sampler")
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model", elem_id="i2i-model")
+                    quantize = Quantize(ctx.initial("img2img", "quantize", AS_PRESET, QUANTIZE_CHOICES),
+                                        "i2i-quantize")
                 pickers.build(prompt, model, options.models_folder, prefix="i2i-")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="i2i-generate")
@@ -78,8 +81,9 @@ def build(ctx: TabContext) -> None:
                 summary = gr.Textbox(label="What ran", lines=2, interactive=False)
                 last_seed = gr.Number(visible=False, precision=0)
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
-                                                        seed, batch, sampler, model]))
+                                                        seed, batch, sampler, model, quantize]))
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
-    go.click(img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model],
+    go.click(img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model,
+                       quantize],
              [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")

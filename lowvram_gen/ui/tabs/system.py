@@ -16,6 +16,7 @@ from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT
 from lowvram_gen.ui import messages
 from lowvram_gen.ui.context import GPU, TabContext
+from lowvram_gen.ui.widgets import AS_PRESET, quantize_field
 
 BUDGET_MAX_GIB, RESERVE_MAX_GIB = 80, 8  # slider ranges; a bigger value from the command line widens them
 
@@ -52,11 +53,11 @@ def build(ctx: TabContext) -> None:
         return device_text()
 
     def plan_table(prompt, negative_prompt, width, height, steps, cfg_scale, seed, batch_size, sampler, model,
-                   request: gr.Request = None):
+                   quantize=AS_PRESET, request: gr.Request = None):
         try:
             job = GenerationRequest(prompt=prompt, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
                                     seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
-                                    model=model or options.model).validated()
+                                    model=model or options.model, quantize=quantize_field(quantize)).validated()
             result = session.plan(job)
         except LowVramError as exc:
             raise messages.error(exc, request) from None
@@ -113,7 +114,8 @@ def build(ctx: TabContext) -> None:
             event(set_memory, [budget, reserve], [device_md], api_visibility="private", trigger_mode="always_last",
                   show_progress="hidden")
     free.click(free_vram, None, [device_md], concurrency_id=GPU, concurrency_limit=1, api_visibility="private")
-    plan_btn.click(plan_table, ctx.txt2img_inputs, [plan_df, plan_md], api_visibility="private")
+    plan_btn.click(plan_table, [*ctx.txt2img_inputs, ctx.controls["txt2img"]["quantize"]], [plan_df, plan_md],
+                   api_visibility="private")
     forget.click(forget_failures, None, [failures_df], api_visibility="private")
     ctx.app.load(lambda: (device_text(), *limits(), *presets_table(), failures_table()), None,
                  [device_md, budget, reserve, presets_df, forced_md, failures_df], api_visibility="private")

@@ -1,6 +1,7 @@
 """The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, seed (with ♻ last seed), model,
-hires fix; the gallery shows each image whole (object-fit: contain), whatever its aspect, and sends the
-selected one to img2img or Upscale. The controls start at the last job's values (ui/remembered.py).
+the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; the gallery shows each
+image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
+The controls start at the last job's values (ui/remembered.py).
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -13,7 +14,8 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_HIRES_SCALE, MAX_STEPS, 
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
-from lowvram_gen.ui.widgets import Number, Slider, upscaler_choices
+from lowvram_gen.ui.widgets import (AS_PRESET, QUANTIZE_CHOICES, Number, Quantize, Slider, quantize_field,
+                                    upscaler_choices)
 
 DEFAULTS = GenerationRequest()
 
@@ -31,12 +33,13 @@ def build(ctx: TabContext) -> None:
                  steps=DEFAULTS.steps, cfg_scale=DEFAULTS.cfg_scale, seed=DEFAULTS.seed,
                  batch_size=DEFAULTS.batch_size, sampler=DEFAULTS.sampler, model=options.model,
                  hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
-                 hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise,
+                 hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
                  request: gr.Request = None, progress=gr.Progress()):
         yield ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height,
                                steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
                                sampler=sampler or DEFAULT, model=model or options.model, hires_scale=hires_scale,
-                               hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise),
+                               hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise,
+                               quantize=quantize_field(quantize)),
                           request, progress, remember="txt2img")
 
     def start(name, default):
@@ -67,6 +70,7 @@ def build(ctx: TabContext) -> None:
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model (or type a hub id / path)",
                                         elem_id="model")
+                    quantize = Quantize(ctx.initial("txt2img", "quantize", AS_PRESET, QUANTIZE_CHOICES), "quantize")
                 pickers.build(prompt, model, options.models_folder, prefix="")
                 with gr.Accordion("Hires fix (a second pass at a larger size)", open=False):
                     with gr.Row():
@@ -93,8 +97,9 @@ def build(ctx: TabContext) -> None:
                 last_seed = gr.Number(visible=False, precision=0, elem_id="last-seed")
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
-                                                        hires_steps, hires_denoise]))
-    go.click(generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise],
+                                                        hires_steps, hires_denoise, quantize]))
+    # quantize last: the API's positional order of the older arguments stays as it was
+    go.click(generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize],
              [gallery, info, summary, last_seed], api_name="generate",
              concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
