@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -522,3 +523,29 @@ def test_cli_batch_end_to_end_with_the_tiny_model(tmp_path, capsys, shared_sessi
             _, meta = read_png_metadata(out / rel)
             assert meta["seed"] == seed and meta["request"]["extra"]["batch_job"] == r["job"]
             assert Image.open(out / rel).size == (64, 64)
+
+
+def test_batch_lines_with_int8_weights_run_quantized_and_a_bad_quantize_is_refused(tmp_path, capsys, tiny_path):
+    """A line's `quantize` reaches the weights: the UNet runs sdnq int8 and the PNG says `Quantize: int8`;
+    the line after it, without the field, is not quantized; `int3` is an invalid line, named, skipped."""
+    from lowvram_gen.outputs import parse_a1111_parameters
+
+    path = write(tmp_path, "q.jsonl", '{"prompt": "a red fox", "seed": 3, "quantize": "int8"}\n'
+                 '{"prompt": "a red fox", "seed": 3, "quantize": "int3"}\n'
+                 '{"prompt": "a red fox", "seed": 3}\n')
+    out = tmp_path / "out"
+    code = main(["batch", str(path), *SMALL, "--outdir", str(out), "--json"])
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert code == 1 and [e["line"] for e in summary["invalid_lines"]] == [2]
+    assert "'int3'" in captured.err and "int8" in captured.err
+    recs = records(out)
+    assert len(recs) == 2
+    fields = []
+    for r in recs:
+        with Image.open(out / r["outputs"][0]) as im:
+            fields.append(parse_a1111_parameters(im.text["parameters"]).get("Quantize"))
+    assert fields == ["int8", None]
+    quantized, plain = (np.asarray(Image.open(out / r["outputs"][0]), dtype=np.int16) for r in recs)
+    assert not np.array_equal(quantized, plain)  # same seed, int8 weights: close, not the same pixels
+    assert np.abs(quantized - plain).mean() < 40
