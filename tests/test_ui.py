@@ -420,6 +420,9 @@ def test_gallery_shows_the_whole_non_square_image(page):
     page.click("#generate")
     image = page.locator("#gallery img").first
     image.wait_for(timeout=120_000)
+    # the element is there before its file has loaded (naturalWidth 0 on a busy machine): wait for the load
+    page.wait_for_function("() => { const img = document.querySelector('#gallery img');"
+                           " return img !== null && img.complete && img.naturalWidth > 0; }", timeout=120_000)
     assert image.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [128, 64]
     assert image.evaluate("img => getComputedStyle(img).objectFit") == "contain"  # not cropped to a square
 
