@@ -170,12 +170,14 @@ def test_q4_is_further_from_fp32_than_q8(files, tiny_path, reference):
     MemorySettings(dtype="float32", offload="group"),
 ], ids=["model-offload", "sequential-offload", "group-offload"])
 def test_offload_runs_with_a_gguf_unet_and_gives_the_same_pixels(files, tiny_path, settings):
+    """Pixel-equal: on the CPU the hooks move the same uint8 blocks from the CPU to the CPU and every
+    layer dequantizes them with the same kernels (budget offload: the tests below)."""
     pipe = _load(files["Q8_0"], tiny_path)
     before = _quantized(pipe.unet)
     reference = _image(pipe)
     applied = apply_mod.apply_settings(pipe, settings, probe("cpu"))
     assert applied.effective.offload == settings.offload
-    assert np.abs(_image(pipe) - reference).max() < 1e-4
+    assert np.array_equal(_image(pipe), reference)
     assert _quantized(pipe.unet) == before  # offload moved them; they are still the file's blocks
     apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), probe("cpu"))
 
@@ -234,6 +236,94 @@ def test_runner_reloads_a_gguf_unet_from_its_file(files, tiny_path):
     assert model.pipe.unet.conv_in.weight.dtype == torch.float32
     assert set(_quantized(model.pipe.unet).values()) == {"Q8_0"}
     assert np.isfinite(_image(model.pipe)).all()
+
+
+# ----------------------------------------------------------------------------- budget offload
+
+
+def _budget(resident_bytes: int) -> MemorySettings:
+    return MemorySettings(dtype="float32", offload="budget", resident_bytes=resident_bytes)
+
+
+def _image_steps(pipe, steps: int):
+    return pipe("a lighthouse", num_inference_steps=steps, width=64, height=64, output_type="np",
+                generator=torch.Generator().manual_seed(3)).images[0]
+
+
+def test_blocks_of_a_gguf_unet_count_the_stored_bytes(files, tiny_path, reference):
+    """The planner's and apply's unit of streaming, measured on the GGUF UNet: each block's bytes are
+    its quantized weights as the file stores them (34 bytes per 32 values for Q8_0, 18 for Q4_0) plus
+    its other tensors at float32, which is what group offloading moves."""
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+
+    from lowvram_gen.planning.residency import blocks_of, fixed_bytes, module_bytes
+
+    for qtype in ("Q8_0", "Q4_0"):
+        unet = _load(files[qtype], tiny_path).unet
+        block, size = gguf.GGML_QUANT_SIZES[getattr(Q, qtype)]
+        blocks = blocks_of(unet)
+        assert [n for n, _ in blocks] == [n for n, _ in blocks_of(reference.unet)]
+        quantized_blocks = 0
+        for name, nbytes in blocks:
+            expect = 0
+            for pname, ref_param in reference.unet.get_submodule(name).named_parameters():
+                param = unet.get_submodule(name).get_parameter(pname)
+                if isinstance(param, GGUFParameter):  # the reference's value count, as blocks of the file's type
+                    expect += ref_param.numel() // block * size
+                else:
+                    expect += ref_param.numel() * 4
+            quantized_blocks += nbytes < module_bytes(reference.unet.get_submodule(name))
+            assert nbytes == expect, name
+        assert quantized_blocks > len(blocks) // 2  # most blocks hold quantized weights
+        assert sum(b for _, b in blocks) + fixed_bytes(unet) == module_bytes(unet)
+
+
+def test_budget_offload_of_a_gguf_unet_gives_the_same_pixels_and_moves_the_split_bytes(files, tiny_path):
+    """offload = "budget" on the GGUF UNet, some blocks resident and some streamed: pixel-equal to no
+    offload (on the CPU the hooks move the same uint8 blocks from the CPU to the CPU, and each layer
+    dequantizes them with the same kernels), and what the hooks onload during each UNet forward is
+    exactly the split's `streamed_bytes_per_step`, at the blocks' stored (quantized) size."""
+    from lowvram_gen.engines.sd.traffic import count_onloads
+    from lowvram_gen.planning.residency import blocks_of, split
+
+    pipe = _load(files["Q8_0"], tiny_path)
+    before = _quantized(pipe.unet)
+    reference = _image_steps(pipe, 3)
+    blocks = blocks_of(pipe.unet)
+    total = sum(b for _, b in blocks)
+    for resident in (total // 2, total // 5):
+        with count_onloads() as meter:
+            meter.watch(pipe.unet)
+            applied = apply_mod.apply_settings(pipe, _budget(resident), probe("cpu"))
+            image = _image_steps(pipe, 3)
+        expected = split(blocks, resident)
+        assert applied.residency == expected and expected.resident and expected.streamed
+        streamed_quantized = [k for k in before if k.startswith(tuple(n + "." for n in expected.streamed))]
+        assert streamed_quantized  # GGUF blocks are among the streamed ones
+        assert len(meter.forwards) >= 3 and meter.forwards == [expected.streamed_bytes_per_step] * len(meter.forwards)
+        assert np.array_equal(image, reference)
+        assert _quantized(pipe.unet) == before
+    apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), probe("cpu"))
+    assert np.array_equal(_image_steps(pipe, 3), reference)
+
+
+def test_resident_to_moves_the_gguf_blocks_of_the_resident_part(files, tiny_path):
+    """The runner's move of the resident part around the VAE decode, onto "meta" where it shows: the
+    resident GGUF weights go (still GGUFParameter, same type), the streamed blocks stay on the host."""
+    from lowvram_gen.planning.residency import blocks_of
+
+    pipe = _load(files["Q8_0"], tiny_path)
+    before = _quantized(pipe.unet)
+    applied = apply_mod.apply_settings(pipe, _budget(sum(b for _, b in blocks_of(pipe.unet)) // 2), probe("cpu"))
+    streamed = applied.residency.streamed
+    apply_mod.PipelineOps(pipe).resident_to("meta", streamed)
+    inside = {f"{n}.{p}" for n in streamed for p, _ in pipe.unet.get_submodule(n).named_parameters()}
+    devices = {name: param.device.type for name, param in pipe.unet.named_parameters()}
+    assert {devices[n] for n in inside} == {"cpu"}
+    assert {d for n, d in devices.items() if n not in inside} == {"meta"}
+    moved = [k for k in before if k not in inside]
+    assert moved and {devices[k] for k in moved} == {"meta"}
+    assert _quantized(pipe.unet) == before  # moved as GGUFParameter, with their quant type
 
 
 # ----------------------------------------------------------------------------------- the estimate
