@@ -326,6 +326,99 @@ def test_resident_to_moves_the_gguf_blocks_of_the_resident_part(files, tiny_path
     assert _quantized(pipe.unet) == before  # moved as GGUFParameter, with their quant type
 
 
+# ------------------------------------------------------------------------------------------- LoRA
+
+
+@pytest.fixture()
+def unet_lora(tmp_path, monkeypatch, reference):
+    """A kohya LoRA on the UNet's attention layers only: whatever it changes, it changes in the UNet."""
+    from lora_files import kohya_state, save
+
+    root = tmp_path / "models"
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(root))
+    return save(kohya_state(reference, seed=0, text=False), root / "Lora" / "tiny_unet.safetensors")
+
+
+def _blocks(unet) -> dict:
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+
+    return {k.replace(".base_layer", ""): p.detach().clone() for k, p in unet.named_parameters()
+            if isinstance(p, GGUFParameter)}  # under peft's name for a wrapped layer's own weight too
+
+
+def test_lora_on_a_gguf_unet_acts_as_on_the_fp32_one_and_weight_0_is_the_plain_image(files, tiny_path, reference,
+                                                                                    unet_lora):
+    """diffusers 0.42 + peft wrap the GGUF layers (GGUFLinear) like any Linear: the base layer
+    dequantizes its blocks, the adapter adds its own product. The LoRA moves the GGUF image as far as
+    it moves the fp32 one (the two with the LoRA differ by the quantization error only), the file's
+    blocks are untouched, and weight 0 or no LoRA gives back the plain GGUF image exactly."""
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+
+    from lowvram_gen.networks import lora as lora_mod
+    from lowvram_gen.networks.tags import LoraRef
+
+    pipe = _load(files["Q8_0"], tiny_path)
+    blocks = _blocks(pipe.unet)
+    plain = _image(pipe)
+    assert lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 1.0)]) == []
+    name = lora_mod.adapter_name(unet_lora)
+    assert set(lora_mod.injected(pipe, name)) == {"unet"}
+    wrapped = [m for m in pipe.unet.modules() if hasattr(m, "base_layer") and name in getattr(m, "lora_A", {})]
+    assert wrapped and any(isinstance(m.base_layer, GGUFLinear) for m in wrapped)
+    with_lora = _image(pipe)
+
+    fp32 = load(resolve("tiny"), "float32").pipe
+    lora_mod.activate_loras(fp32, [LoraRef("tiny_unet", 1.0)])
+    fp32_lora = _image(fp32)
+    bound = 10 * REL_TOLERANCE["Q8_0"]  # the quantization error's bound on pixels (as for the plain UNet)
+    assert np.abs(with_lora - plain).max() > bound  # the LoRA acted, by more than quantization moves pixels
+    assert np.abs(with_lora - fp32_lora).max() < bound  # ... and acted as on the fp32 UNet
+    got = _blocks(pipe.unet)
+    assert got.keys() == blocks.keys() and all(torch.equal(got[k], v) for k, v in blocks.items())
+
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 0.0)])
+    assert np.array_equal(_image(pipe), plain)
+    lora_mod.activate_loras(pipe, [])
+    assert np.array_equal(_image(pipe), plain)
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 1.0)])  # switched on again: nothing reloaded
+    assert np.array_equal(_image(pipe), with_lora)
+
+
+@pytest.mark.parametrize("settings", [
+    MemorySettings(dtype="float32", offload="model"),
+    MemorySettings(dtype="float32", offload="budget", resident_bytes=200_000),
+], ids=["model-offload", "budget-offload"])
+def test_lora_on_a_gguf_unet_under_offload_gives_the_unhooked_image(files, tiny_path, unet_lora, settings):
+    """The engine's path: the LoRA is loaded with the preset's hooks lifted and the preset re-applied."""
+    from lowvram_gen.networks import lora as lora_mod
+    from lowvram_gen.networks.tags import LoraRef
+
+    unhooked = _load(files["Q8_0"], tiny_path)
+    lora_mod.activate_loras(unhooked, [LoraRef("tiny_unet", 1.0)])
+    want = _image(unhooked)
+    pipe = _load(files["Q8_0"], tiny_path)
+    applied = apply_mod.apply_settings(pipe, settings, probe("cpu"))
+    if settings.offload == "budget":
+        assert applied.residency.streamed and applied.residency.resident
+    plain = _image(pipe)
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 1.0)],
+                            reapply_memory=lambda: apply_mod.apply_settings(pipe, settings, probe("cpu")))
+    assert np.array_equal(_image(pipe), want)
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 0.0)])
+    assert np.array_equal(_image(pipe), plain)
+
+
+def test_cli_lora_with_a_gguf(files, tiny_path, unet_lora, tmp_path, capsys):
+    def run(prompt, out):
+        code = main(["generate", prompt, "--model", str(files["Q8_0"]), "--config", str(tiny_path), *SMALL,
+                     "--outdir", str(tmp_path / out), "--json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        return np.asarray(__import__("PIL.Image").Image.open(json.loads(captured.out)["images"][0]).convert("RGB"))
+
+    assert not np.array_equal(run("a fox <lora:tiny_unet:1>", "a"), run("a fox", "b"))
+
+
 # ----------------------------------------------------------------------------------- the estimate
 
 
