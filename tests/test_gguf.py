@@ -565,6 +565,82 @@ def test_corrupt_or_truncated_gguf_exits_2_with_a_sentence(files, tiny_path, tmp
     assert main(["plan", "--model", str(path), "--config", str(tiny_path)]) == 2
 
 
+# ------------------------------------------------------------------ NaN/Inf inside quantized blocks
+
+
+NAN_F16, INF_F16, NEG_INF_F16 = 0x7E00, 0x7C00, 0xFC00  # float16 bit patterns
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                                  "IQ4_NL", "IQ4_XS"])
+def test_the_scale_fields_are_where_gguf_reads_them(kind):
+    """The float16 fields of each block type, checked against gguf's own (numpy) dequantizer: random
+    blocks with those fields finite decode to finite values whatever the other bytes hold, and a NaN/Inf
+    in any one of them makes exactly that block decode to NaN/Inf; the check counts exactly those."""
+    from lowvram_gen.models.gguf_file import F16_FIELDS, non_finite_blocks
+
+    assert set(F16_FIELDS) == {t.name for t in _diffusers_block_types()}  # every type diffusers loads
+    qtype = getattr(Q, kind)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, (48, size), dtype=np.uint8)
+    for offset in F16_FIELDS[kind]:
+        scales = rng.uniform(-2, 2, 48).astype(np.float16)
+        data[:, offset:offset + 2] = scales.view(np.uint8).reshape(48, 2)
+    assert np.isfinite(gguf.quants.dequantize(data.reshape(-1), qtype)).all()
+    assert non_finite_blocks(torch.from_numpy(data), kind) == 0
+    broken = set()
+    for i, offset in enumerate(F16_FIELDS[kind]):
+        for j, bits in enumerate((NAN_F16, INF_F16, NEG_INF_F16)):
+            b = 10 * i + 3 * j + 1
+            data[b, offset:offset + 2] = np.array([bits], dtype="<u2").view(np.uint8)
+            broken.add(b)
+    with np.errstate(invalid="ignore"):  # NaN/Inf times the quants: what is tested
+        values = gguf.quants.dequantize(data.reshape(-1), qtype).reshape(48, block)
+    assert {int(b) for b in np.nonzero(~np.isfinite(values).all(axis=1))[0]} == broken
+    assert non_finite_blocks(torch.from_numpy(data), kind) == len(broken)
+
+
+def _diffusers_block_types():
+    from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
+
+    return [t for t in SUPPORTED_GGUF_QUANT_TYPES if t != Q.BF16]
+
+
+def test_bf16_values_that_are_nan_or_inf_are_counted():
+    from lowvram_gen.models.gguf_file import non_finite_blocks
+
+    values = torch.linspace(-3, 3, 64).to(torch.bfloat16)
+    values[[5, 9]] = torch.tensor([float("nan"), float("-inf")], dtype=torch.bfloat16)
+    assert non_finite_blocks(values.view(torch.uint8).reshape(4, 32), "BF16") == 2
+    assert non_finite_blocks(torch.ones(4, 16, dtype=torch.bfloat16).view(torch.uint8), "BF16") == 0
+
+
+def _break_scale(source: Path, target: Path, qtype: str, bits: int) -> str:
+    """A copy of `source` with the float16 scale of one block of one `qtype` tensor set to `bits`."""
+    shutil.copy(source, target)
+    tensor = next(t for t in gguf.GGUFReader(str(source)).tensors if t.tensor_type.name == qtype)
+    _, size = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+    with open(target, "r+b") as f:
+        f.seek(tensor.data_offset + 3 * size)  # the fourth block; its scale is its first two bytes
+        f.write(int(bits).to_bytes(2, "little"))
+    return str(tensor.name)
+
+
+@pytest.mark.parametrize("qtype,bits", [("Q8_0", NAN_F16), ("Q4_0", INF_F16)], ids=["Q8_0-nan", "Q4_0-inf"])
+def test_a_gguf_with_a_nan_block_scale_is_refused_naming_file_and_tensor(files, tiny_path, tmp_path, capsys,
+                                                                         qtype, bits):
+    path = tmp_path / f"broken-{qtype}.gguf"
+    tensor = _break_scale(files[qtype], path, qtype, bits)
+    with pytest.raises(ModelLoadError) as err:
+        load_single_file(path, config=str(tiny_path), torch_dtype=torch.float32)
+    assert path.name in str(err.value) and repr(tensor) in str(err.value) and "1 block(s)" in str(err.value)
+    assert main(["generate", "a fox", "--model", str(path), "--config", str(tiny_path), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert path.name in err and tensor in err and "NaN/Inf" in err and "Traceback" not in err
+    load_single_file(files[qtype], config=str(tiny_path), torch_dtype=torch.float32)  # the intact file loads
+
+
 def _other_gguf(tmp_path, reference, what: str) -> Path:
     import ldm_layout
 
