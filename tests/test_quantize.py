@@ -55,3 +55,25 @@ def test_apply_refuses_a_unet_whose_weights_went_non_finite_after_load(tiny_path
         pipe.unet.get_submodule(target).weight[0, 0] = float("inf")
     with pytest.raises(ModelLoadError, match=f"layer '{target}' of the UNet2DConditionModel"):
         apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", quantize="int8"), probe("cpu"))
+
+
+def test_cli_exits_2_naming_the_layer(tiny_path, tmp_path, monkeypatch, capsys):
+    """The same at the CLI: a clear sentence and exit 2, no traceback, no image."""
+    from lowvram_gen import session as session_mod
+    from lowvram_gen.cli.main import main
+
+    real_load = session_mod.load
+
+    def damaged_after_load(*args, **kwargs):
+        model = real_load(*args, **kwargs)
+        with torch.no_grad():
+            model.pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].ff.net[2].weight[1, 2] = float("nan")
+        return model
+
+    monkeypatch.setattr(session_mod, "load", damaged_after_load)
+    code = main(["generate", "a fox", "--model", "tiny", "--quantize", "int8", "--width", "64", "--height", "64",
+                 "--steps", "2", "--cpu", "--outdir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "ff.net.2" in err and "NaN/Inf scale" in err and "Traceback" not in err
+    assert not list(tmp_path.rglob("*.png"))
