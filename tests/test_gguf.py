@@ -1,5 +1,5 @@
-"""GGUF single files (ComfyUI-GGUF / city96 layout) as a --model: loading, generating, memory, errors
-(docs/FAULTS.md 3, 4, 7).
+"""GGUF single files (ComfyUI-GGUF / city96 layout) as a --model: loading, generating, memory (budget
+offload included), LoRAs, errors (docs/FAULTS.md 3, 4, 6, 7).
 
 The tiny SD UNet is written as a GGUF file the way ComfyUI-GGUF's convert script writes real ones
 (tests/gguf_files.py: LDM keys without `model.diffusion_model.`, 2-D weights block-quantized to Q8_0 or

@@ -9,6 +9,9 @@ folder of the same base model (`--config`, or the base model in the HF cache), a
 The header is read with the `gguf` package (memory-mapped: no tensor data is read); the weights are
 loaded by diffusers' own GGUF support (`load_gguf_checkpoint`, `GGUFQuantizationConfig`,
 `<Model>.from_single_file`), which keeps them quantized and dequantizes one layer at a time at compute.
+Before the model is built, the blocks' float16 scales are checked for NaN/Inf (`check_finite_blocks`): the
+load-time check of float tensors cannot see inside them. LoRAs apply to such a denoiser as to any other
+(peft wraps diffusers' GGUF layers; tests/test_gguf.py), and every offload mode moves its blocks as stored.
 """
 
 from __future__ import annotations
