@@ -1,5 +1,5 @@
-"""GGUF single files (ComfyUI-GGUF / city96 layout) as a --model: loading, generating, memory, errors
-(docs/FAULTS.md 3, 4, 7).
+"""GGUF single files (ComfyUI-GGUF / city96 layout) as a --model: loading, generating, memory (budget
+offload included), LoRAs, errors (docs/FAULTS.md 3, 4, 6, 7).
 
 The tiny SD UNet is written as a GGUF file the way ComfyUI-GGUF's convert script writes real ones
 (tests/gguf_files.py: LDM keys without `model.diffusion_model.`, 2-D weights block-quantized to Q8_0 or
@@ -170,12 +170,14 @@ def test_q4_is_further_from_fp32_than_q8(files, tiny_path, reference):
     MemorySettings(dtype="float32", offload="group"),
 ], ids=["model-offload", "sequential-offload", "group-offload"])
 def test_offload_runs_with_a_gguf_unet_and_gives_the_same_pixels(files, tiny_path, settings):
+    """Pixel-equal: on the CPU the hooks move the same uint8 blocks from the CPU to the CPU and every
+    layer dequantizes them with the same kernels (budget offload: the tests below)."""
     pipe = _load(files["Q8_0"], tiny_path)
     before = _quantized(pipe.unet)
     reference = _image(pipe)
     applied = apply_mod.apply_settings(pipe, settings, probe("cpu"))
     assert applied.effective.offload == settings.offload
-    assert np.abs(_image(pipe) - reference).max() < 1e-4
+    assert np.array_equal(_image(pipe), reference)
     assert _quantized(pipe.unet) == before  # offload moved them; they are still the file's blocks
     apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), probe("cpu"))
 
@@ -234,6 +236,187 @@ def test_runner_reloads_a_gguf_unet_from_its_file(files, tiny_path):
     assert model.pipe.unet.conv_in.weight.dtype == torch.float32
     assert set(_quantized(model.pipe.unet).values()) == {"Q8_0"}
     assert np.isfinite(_image(model.pipe)).all()
+
+
+# ----------------------------------------------------------------------------- budget offload
+
+
+def _budget(resident_bytes: int) -> MemorySettings:
+    return MemorySettings(dtype="float32", offload="budget", resident_bytes=resident_bytes)
+
+
+def _image_steps(pipe, steps: int):
+    return pipe("a lighthouse", num_inference_steps=steps, width=64, height=64, output_type="np",
+                generator=torch.Generator().manual_seed(3)).images[0]
+
+
+def test_blocks_of_a_gguf_unet_count_the_stored_bytes(files, tiny_path, reference):
+    """The planner's and apply's unit of streaming, measured on the GGUF UNet: each block's bytes are
+    its quantized weights as the file stores them (34 bytes per 32 values for Q8_0, 18 for Q4_0) plus
+    its other tensors at float32, which is what group offloading moves."""
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+
+    from lowvram_gen.planning.residency import blocks_of, fixed_bytes, module_bytes
+
+    for qtype in ("Q8_0", "Q4_0"):
+        unet = _load(files[qtype], tiny_path).unet
+        block, size = gguf.GGML_QUANT_SIZES[getattr(Q, qtype)]
+        blocks = blocks_of(unet)
+        assert [n for n, _ in blocks] == [n for n, _ in blocks_of(reference.unet)]
+        quantized_blocks = 0
+        for name, nbytes in blocks:
+            expect = 0
+            for pname, ref_param in reference.unet.get_submodule(name).named_parameters():
+                param = unet.get_submodule(name).get_parameter(pname)
+                if isinstance(param, GGUFParameter):  # the reference's value count, as blocks of the file's type
+                    expect += ref_param.numel() // block * size
+                else:
+                    expect += ref_param.numel() * 4
+            quantized_blocks += nbytes < module_bytes(reference.unet.get_submodule(name))
+            assert nbytes == expect, name
+        assert quantized_blocks > len(blocks) // 2  # most blocks hold quantized weights
+        assert sum(b for _, b in blocks) + fixed_bytes(unet) == module_bytes(unet)
+
+
+def test_budget_offload_of_a_gguf_unet_gives_the_same_pixels_and_moves_the_split_bytes(files, tiny_path):
+    """offload = "budget" on the GGUF UNet, some blocks resident and some streamed: pixel-equal to no
+    offload (on the CPU the hooks move the same uint8 blocks from the CPU to the CPU, and each layer
+    dequantizes them with the same kernels), and what the hooks onload during each UNet forward is
+    exactly the split's `streamed_bytes_per_step`, at the blocks' stored (quantized) size."""
+    from lowvram_gen.engines.sd.traffic import count_onloads
+    from lowvram_gen.planning.residency import blocks_of, split
+
+    pipe = _load(files["Q8_0"], tiny_path)
+    before = _quantized(pipe.unet)
+    reference = _image_steps(pipe, 3)
+    blocks = blocks_of(pipe.unet)
+    total = sum(b for _, b in blocks)
+    for resident in (total // 2, total // 5):
+        with count_onloads() as meter:
+            meter.watch(pipe.unet)
+            applied = apply_mod.apply_settings(pipe, _budget(resident), probe("cpu"))
+            image = _image_steps(pipe, 3)
+        expected = split(blocks, resident)
+        assert applied.residency == expected and expected.resident and expected.streamed
+        streamed_quantized = [k for k in before if k.startswith(tuple(n + "." for n in expected.streamed))]
+        assert streamed_quantized  # GGUF blocks are among the streamed ones
+        assert len(meter.forwards) >= 3 and meter.forwards == [expected.streamed_bytes_per_step] * len(meter.forwards)
+        assert np.array_equal(image, reference)
+        assert _quantized(pipe.unet) == before
+    apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), probe("cpu"))
+    assert np.array_equal(_image_steps(pipe, 3), reference)
+
+
+def test_resident_to_moves_the_gguf_blocks_of_the_resident_part(files, tiny_path):
+    """The runner's move of the resident part around the VAE decode, onto "meta" where it shows: the
+    resident GGUF weights go (still GGUFParameter, same type), the streamed blocks stay on the host."""
+    from lowvram_gen.planning.residency import blocks_of
+
+    pipe = _load(files["Q8_0"], tiny_path)
+    before = _quantized(pipe.unet)
+    applied = apply_mod.apply_settings(pipe, _budget(sum(b for _, b in blocks_of(pipe.unet)) // 2), probe("cpu"))
+    streamed = applied.residency.streamed
+    apply_mod.PipelineOps(pipe).resident_to("meta", streamed)
+    inside = {f"{n}.{p}" for n in streamed for p, _ in pipe.unet.get_submodule(n).named_parameters()}
+    devices = {name: param.device.type for name, param in pipe.unet.named_parameters()}
+    assert {devices[n] for n in inside} == {"cpu"}
+    assert {d for n, d in devices.items() if n not in inside} == {"meta"}
+    moved = [k for k in before if k not in inside]
+    assert moved and {devices[k] for k in moved} == {"meta"}
+    assert _quantized(pipe.unet) == before  # moved as GGUFParameter, with their quant type
+
+
+# ------------------------------------------------------------------------------------------- LoRA
+
+
+@pytest.fixture()
+def unet_lora(tmp_path, monkeypatch, reference):
+    """A kohya LoRA on the UNet's attention layers only: whatever it changes, it changes in the UNet."""
+    from lora_files import kohya_state, save
+
+    root = tmp_path / "models"
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(root))
+    return save(kohya_state(reference, seed=0, text=False), root / "Lora" / "tiny_unet.safetensors")
+
+
+def _blocks(unet) -> dict:
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+
+    return {k.replace(".base_layer", ""): p.detach().clone() for k, p in unet.named_parameters()
+            if isinstance(p, GGUFParameter)}  # under peft's name for a wrapped layer's own weight too
+
+
+def test_lora_on_a_gguf_unet_acts_as_on_the_fp32_one_and_weight_0_is_the_plain_image(files, tiny_path, reference,
+                                                                                    unet_lora):
+    """diffusers 0.42 + peft wrap the GGUF layers (GGUFLinear) like any Linear: the base layer
+    dequantizes its blocks, the adapter adds its own product. The LoRA moves the GGUF image as far as
+    it moves the fp32 one (the two with the LoRA differ by the quantization error only), the file's
+    blocks are untouched, and weight 0 or no LoRA gives back the plain GGUF image exactly."""
+    from diffusers.quantizers.gguf.utils import GGUFLinear
+
+    from lowvram_gen.networks import lora as lora_mod
+    from lowvram_gen.networks.tags import LoraRef
+
+    pipe = _load(files["Q8_0"], tiny_path)
+    blocks = _blocks(pipe.unet)
+    plain = _image(pipe)
+    assert lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 1.0)]) == []
+    name = lora_mod.adapter_name(unet_lora)
+    assert set(lora_mod.injected(pipe, name)) == {"unet"}
+    wrapped = [m for m in pipe.unet.modules() if hasattr(m, "base_layer") and name in getattr(m, "lora_A", {})]
+    assert wrapped and any(isinstance(m.base_layer, GGUFLinear) for m in wrapped)
+    with_lora = _image(pipe)
+
+    fp32 = load(resolve("tiny"), "float32").pipe
+    lora_mod.activate_loras(fp32, [LoraRef("tiny_unet", 1.0)])
+    fp32_lora = _image(fp32)
+    bound = 10 * REL_TOLERANCE["Q8_0"]  # the quantization error's bound on pixels (as for the plain UNet)
+    assert np.abs(with_lora - plain).max() > bound  # the LoRA acted, by more than quantization moves pixels
+    assert np.abs(with_lora - fp32_lora).max() < bound  # ... and acted as on the fp32 UNet
+    got = _blocks(pipe.unet)
+    assert got.keys() == blocks.keys() and all(torch.equal(got[k], v) for k, v in blocks.items())
+
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 0.0)])
+    assert np.array_equal(_image(pipe), plain)
+    lora_mod.activate_loras(pipe, [])
+    assert np.array_equal(_image(pipe), plain)
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 1.0)])  # switched on again: nothing reloaded
+    assert np.array_equal(_image(pipe), with_lora)
+
+
+@pytest.mark.parametrize("settings", [
+    MemorySettings(dtype="float32", offload="model"),
+    MemorySettings(dtype="float32", offload="budget", resident_bytes=200_000),
+], ids=["model-offload", "budget-offload"])
+def test_lora_on_a_gguf_unet_under_offload_gives_the_unhooked_image(files, tiny_path, unet_lora, settings):
+    """The engine's path: the LoRA is loaded with the preset's hooks lifted and the preset re-applied."""
+    from lowvram_gen.networks import lora as lora_mod
+    from lowvram_gen.networks.tags import LoraRef
+
+    unhooked = _load(files["Q8_0"], tiny_path)
+    lora_mod.activate_loras(unhooked, [LoraRef("tiny_unet", 1.0)])
+    want = _image(unhooked)
+    pipe = _load(files["Q8_0"], tiny_path)
+    applied = apply_mod.apply_settings(pipe, settings, probe("cpu"))
+    if settings.offload == "budget":
+        assert applied.residency.streamed and applied.residency.resident
+    plain = _image(pipe)
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 1.0)],
+                            reapply_memory=lambda: apply_mod.apply_settings(pipe, settings, probe("cpu")))
+    assert np.array_equal(_image(pipe), want)
+    lora_mod.activate_loras(pipe, [LoraRef("tiny_unet", 0.0)])
+    assert np.array_equal(_image(pipe), plain)
+
+
+def test_cli_lora_with_a_gguf(files, tiny_path, unet_lora, tmp_path, capsys):
+    def run(prompt, out):
+        code = main(["generate", prompt, "--model", str(files["Q8_0"]), "--config", str(tiny_path), *SMALL,
+                     "--outdir", str(tmp_path / out), "--json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        return np.asarray(__import__("PIL.Image").Image.open(json.loads(captured.out)["images"][0]).convert("RGB"))
+
+    assert not np.array_equal(run("a fox <lora:tiny_unet:1>", "a"), run("a fox", "b"))
 
 
 # ----------------------------------------------------------------------------------- the estimate
@@ -380,6 +563,82 @@ def test_corrupt_or_truncated_gguf_exits_2_with_a_sentence(files, tiny_path, tmp
     err = capsys.readouterr().err
     assert path.name in err and words in err and "Traceback" not in err
     assert main(["plan", "--model", str(path), "--config", str(tiny_path)]) == 2
+
+
+# ------------------------------------------------------------------ NaN/Inf inside quantized blocks
+
+
+NAN_F16, INF_F16, NEG_INF_F16 = 0x7E00, 0x7C00, 0xFC00  # float16 bit patterns
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                                  "IQ4_NL", "IQ4_XS"])
+def test_the_scale_fields_are_where_gguf_reads_them(kind):
+    """The float16 fields of each block type, checked against gguf's own (numpy) dequantizer: random
+    blocks with those fields finite decode to finite values whatever the other bytes hold, and a NaN/Inf
+    in any one of them makes exactly that block decode to NaN/Inf; the check counts exactly those."""
+    from lowvram_gen.models.gguf_file import F16_FIELDS, non_finite_blocks
+
+    assert set(F16_FIELDS) == {t.name for t in _diffusers_block_types()}  # every type diffusers loads
+    qtype = getattr(Q, kind)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, (48, size), dtype=np.uint8)
+    for offset in F16_FIELDS[kind]:
+        scales = rng.uniform(-2, 2, 48).astype(np.float16)
+        data[:, offset:offset + 2] = scales.view(np.uint8).reshape(48, 2)
+    assert np.isfinite(gguf.quants.dequantize(data.reshape(-1), qtype)).all()
+    assert non_finite_blocks(torch.from_numpy(data), kind) == 0
+    broken = set()
+    for i, offset in enumerate(F16_FIELDS[kind]):
+        for j, bits in enumerate((NAN_F16, INF_F16, NEG_INF_F16)):
+            b = 10 * i + 3 * j + 1
+            data[b, offset:offset + 2] = np.array([bits], dtype="<u2").view(np.uint8)
+            broken.add(b)
+    with np.errstate(invalid="ignore"):  # NaN/Inf times the quants: what is tested
+        values = gguf.quants.dequantize(data.reshape(-1), qtype).reshape(48, block)
+    assert {int(b) for b in np.nonzero(~np.isfinite(values).all(axis=1))[0]} == broken
+    assert non_finite_blocks(torch.from_numpy(data), kind) == len(broken)
+
+
+def _diffusers_block_types():
+    from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
+
+    return [t for t in SUPPORTED_GGUF_QUANT_TYPES if t != Q.BF16]
+
+
+def test_bf16_values_that_are_nan_or_inf_are_counted():
+    from lowvram_gen.models.gguf_file import non_finite_blocks
+
+    values = torch.linspace(-3, 3, 64).to(torch.bfloat16)
+    values[[5, 9]] = torch.tensor([float("nan"), float("-inf")], dtype=torch.bfloat16)
+    assert non_finite_blocks(values.view(torch.uint8).reshape(4, 32), "BF16") == 2
+    assert non_finite_blocks(torch.ones(4, 16, dtype=torch.bfloat16).view(torch.uint8), "BF16") == 0
+
+
+def _break_scale(source: Path, target: Path, qtype: str, bits: int) -> str:
+    """A copy of `source` with the float16 scale of one block of one `qtype` tensor set to `bits`."""
+    shutil.copy(source, target)
+    tensor = next(t for t in gguf.GGUFReader(str(source)).tensors if t.tensor_type.name == qtype)
+    _, size = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+    with open(target, "r+b") as f:
+        f.seek(tensor.data_offset + 3 * size)  # the fourth block; its scale is its first two bytes
+        f.write(int(bits).to_bytes(2, "little"))
+    return str(tensor.name)
+
+
+@pytest.mark.parametrize("qtype,bits", [("Q8_0", NAN_F16), ("Q4_0", INF_F16)], ids=["Q8_0-nan", "Q4_0-inf"])
+def test_a_gguf_with_a_nan_block_scale_is_refused_naming_file_and_tensor(files, tiny_path, tmp_path, capsys,
+                                                                         qtype, bits):
+    path = tmp_path / f"broken-{qtype}.gguf"
+    tensor = _break_scale(files[qtype], path, qtype, bits)
+    with pytest.raises(ModelLoadError) as err:
+        load_single_file(path, config=str(tiny_path), torch_dtype=torch.float32)
+    assert path.name in str(err.value) and repr(tensor) in str(err.value) and "1 block(s)" in str(err.value)
+    assert main(["generate", "a fox", "--model", str(path), "--config", str(tiny_path), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert path.name in err and tensor in err and "NaN/Inf" in err and "Traceback" not in err
+    load_single_file(files[qtype], config=str(tiny_path), torch_dtype=torch.float32)  # the intact file loads
 
 
 def _other_gguf(tmp_path, reference, what: str) -> Path:

@@ -9,6 +9,9 @@ folder of the same base model (`--config`, or the base model in the HF cache), a
 The header is read with the `gguf` package (memory-mapped: no tensor data is read); the weights are
 loaded by diffusers' own GGUF support (`load_gguf_checkpoint`, `GGUFQuantizationConfig`,
 `<Model>.from_single_file`), which keeps them quantized and dequantizes one layer at a time at compute.
+Before the model is built, the blocks' float16 scales are checked for NaN/Inf (`check_finite_blocks`): the
+load-time check of float tensors cannot see inside them. LoRAs apply to such a denoiser as to any other
+(peft wraps diffusers' GGUF layers; tests/test_gguf.py), and every offload mode moves its blocks as stored.
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ GGUF_BITS = "_lowvram_gguf_bits"
 # quantizations, and BF16) stays as stored and is dequantized per layer.
 _PLAIN_BITS = {"F32": 32, "F16": 16}
 _PLAIN = tuple(_PLAIN_BITS)
+# Byte offsets of the float16 fields in one block of each block type diffusers dequantizes (ggml's block
+# structs: the scale `d`, and the minimum `m` / `dmin` where the type has one). They are the only values of
+# a block-quantized tensor that can be NaN/Inf: the quants and the K types' sub-scales are integers, so a
+# block decodes to NaN/Inf exactly when one of these does. tests/test_gguf.py checks the table against
+# gguf's own dequantizer.
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+              "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,7 @@ def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
                        ck.SD3: ("transformer", "SD3Transformer2DModel"),
                        ck.FLUX: ("transformer", "FluxTransformer2DModel")}[cls_name]
     state = load_gguf_checkpoint(str(path))  # diffusers' reader: GGUFParameter for each quantized tensor
+    check_finite_blocks(state, path)
     if name == "unet":
         state = {(UNET + k if not k.startswith(UNET) else k): v for k, v in state.items()}
     model = getattr(diffusers, model_cls).from_single_file(
@@ -176,6 +188,47 @@ def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
     )
     setattr(model, GGUF_BITS, header.float_bits)
     return name, model
+
+
+def non_finite_blocks(data, kind: str) -> int:
+    """How many blocks of a tensor stored as GGML type `kind` (`data`: its raw bytes, uint8, as
+    `load_gguf_checkpoint` keeps them) decode to NaN/Inf; for BF16, how many values are NaN/Inf.
+
+    Reads one byte per float16 field: an f16 is NaN/Inf when its five exponent bits are all ones, and
+    they sit in its high byte (bits 2-6; GGUF is little-endian). Nothing is dequantized, so the cost is a
+    strided pass over 1 byte in every 34 (Q8_0) to 210 (Q6_K), with no copy of the weights.
+    """
+    import gguf
+    import torch
+
+    raw = torch.Tensor._make_subclass(torch.Tensor, data) if type(data) is not torch.Tensor else data
+    if kind == "BF16":  # a plain format diffusers keeps as stored: every value is a float
+        return int((~torch.isfinite(raw.contiguous().view(torch.bfloat16))).sum())
+    _, type_size = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, kind)]
+    blocks = raw.reshape(-1, type_size)
+    bad = None
+    for offset in F16_FIELDS[kind]:
+        field = (blocks[:, offset + 1] & 0x7C) == 0x7C
+        bad = field if bad is None else bad | field
+    return int(bad.sum())
+
+
+def check_finite_blocks(state: dict, path) -> None:
+    """Refuse a GGUF file whose quantized tensors decode to NaN/Inf (docs/FAULTS.md 6), naming the file and
+    the tensor. The load-time check (models/checkpoint.check_finite) sees floating tensors only, and GGUF's
+    quantized weights are uint8 blocks whose float16 scales it cannot read; the plain F32/F16 tensors are
+    left to it. A damaged scale would otherwise show only as black or noise images."""
+    for name, tensor in state.items():
+        kind = getattr(getattr(tensor, "quant_type", None), "name", None)
+        if kind is None or (kind not in F16_FIELDS and kind != "BF16"):
+            continue
+        bad = non_finite_blocks(tensor, kind)
+        if bad:
+            what = (f"{bad} NaN/Inf value(s)" if kind == "BF16" else
+                    f"{bad} block(s) whose float16 scale is NaN/Inf, so all their weights decode to NaN/Inf")
+            raise ModelLoadError(f"{Path(path).name} is damaged: its tensor {name!r} ({kind}, shape "
+                                 f"{tuple(getattr(tensor, 'quant_shape', tensor.shape))}) has {what}; "
+                                 "download it again or use another copy")
 
 
 def load_pipeline(path, header: GgufHeader, cls_name: str, folder: Path, torch_dtype):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 
-from lowvram_gen.errors import LowVramError
+from lowvram_gen.errors import LowVramError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,28 @@ def quantize_module(module, kind: str, device: str | None = None) -> None:
     on = torch.device(device) if device and torch.device(device).type == "cuda" else None
     # convolutions too: most of SD 1.5's UNet; weights in int8 or int4, dequantized per layer as it runs
     quant(module, weights_dtype=kind, quant_conv=True, quantization_device=on)
+    check_scales(module, kind)
+
+
+def check_scales(module, kind: str) -> None:
+    """Refuse weights that were NaN/Inf when they were quantized (docs/FAULTS.md 6): sdnq's scale of such a
+    row is NaN/Inf (finite weights, even 3e38, give finite scales: measured), and int8 values hide it from
+    the load-time check, which reads floating tensors only. The load checked the file's weights, so this
+    catches what came after it, a cast to float16 that overflowed a weight over 65504 to Inf. Cheap: the
+    scales are one float per output row (or group), a small fraction of the weights."""
+    import torch
+
+    for lname, layer in module.named_modules():
+        if getattr(layer, "sdnq_dequantizer", None) is None:
+            continue
+        for pname, t in [*layer.named_parameters(recurse=False), *layer.named_buffers(recurse=False)]:
+            if t.is_floating_point() and t.device.type != "meta":
+                bad = int((~torch.isfinite(t)).sum())
+                if bad:
+                    raise ModelLoadError(
+                        f"quantize {kind}: layer {lname!r} of the {type(module).__name__} has {bad} NaN/Inf "
+                        f"{pname} value(s) after quantizing, so its weights held NaN/Inf: a cast to float16 "
+                        "overflowed them (use dtype bfloat16 or float32) or the model file is damaged")
 
 
 def is_quantized(module) -> bool:
