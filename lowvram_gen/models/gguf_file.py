@@ -170,12 +170,45 @@ def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
     state = load_gguf_checkpoint(str(path))  # diffusers' reader: GGUFParameter for each quantized tensor
     if name == "unet":
         state = {(UNET + k if not k.startswith(UNET) else k): v for k, v in state.items()}
+    elif cls_name == ck.FLUX:  # converted here: diffusers' converter assumes FLUX.1's width (flux_checkpoint)
+        model_class = getattr(diffusers, model_cls)
+        state = flux_checkpoint(state, model_class.load_config(str(folder), subfolder=name, local_files_only=True))
     model = getattr(diffusers, model_cls).from_single_file(
         state, config=str(folder), subfolder=name, local_files_only=True, torch_dtype=torch_dtype,
         quantization_config=GGUFQuantizationConfig(compute_dtype=torch_dtype),
     )
     setattr(model, GGUF_BITS, header.float_bits)
     return name, model
+
+
+def flux_checkpoint(state: dict, config) -> dict:
+    """A FLUX.1 transformer's weights in BFL's layout (city96's files) under diffusers' names, by
+    diffusers' own converter; works on GGUF-quantized tensors (rows split whole) and on the meta device.
+
+    diffusers' converter (0.42) splits each single block's fused `linear1` (q, k, v, MLP input) at FLUX.1's
+    width, 3072, whatever the config says, so a narrower transformer (Flux-derived small models, the tiny
+    test model) fails. Here `linear1` is split at the config's width (heads x head dim; the MLP part is the
+    rest) and the converter gets FLUX.1-width stand-ins on the meta device in its place, whose outputs are
+    replaced. At width 3072 the result is exactly diffusers' own.
+    """
+    import re
+
+    import torch
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
+
+    width, flux1 = config["num_attention_heads"] * config["attention_head_dim"], 3072
+    state = {k.removeprefix(UNET): v for k, v in state.items()}
+    split = {}
+    for key in [k for k in state if re.fullmatch(r"single_blocks\.\d+\.linear1\.(weight|bias)", k)]:
+        fused = state.pop(key)
+        block, part = key.split(".")[1], key.rsplit(".", 1)[1]
+        mlp = fused.shape[0] - 3 * width  # <= 0: a file of another width; the shape check names it
+        parts = torch.split(fused, [width] * 3 + [mlp], dim=0) if mlp > 0 else (fused,) * 4
+        for name, value in zip(("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), parts):
+            split[f"single_transformer_blocks.{block}.{name}.{part}"] = value
+        state[key] = torch.empty((3 * flux1 + 4 * flux1, *fused.shape[1:]), device="meta")  # q, k, v, MLP 4x
+    converted = convert_flux_transformer_checkpoint_to_diffusers(state)
+    return {**converted, **split}
 
 
 def load_pipeline(path, header: GgufHeader, cls_name: str, folder: Path, torch_dtype):
