@@ -180,6 +180,26 @@ def test_q4_is_further_from_fp32_than_q8(files, flux_folder, reference):
     assert errors["Q8_0"] < errors["Q4_0"]
 
 
+def test_bfloat16_with_offload_keeps_the_file_blocks(files, flux_folder):
+    """The memory layer casts what is float (norms, biases) and leaves the quantized blocks as stored; they
+    are dequantized to bfloat16 per layer, also when the transformer is moved on and off the device."""
+    from lowvram_gen.device import probe
+    from lowvram_gen.engines.sd import apply as apply_mod
+    from lowvram_gen.settings import MemorySettings
+
+    pipe = _load(files["Q8_0"], flux_folder)
+    blocks = {k: p.detach().clone() for k, p in pipe.transformer.named_parameters() if k in _quantized(pipe.transformer)}
+    applied = apply_mod.apply_settings(pipe, MemorySettings(dtype="bfloat16", offload="model"), probe("cpu"))
+    assert applied.effective.offload == "model" and any("GGUF" in s for s in applied.skipped)
+    for key, value in pipe.transformer.named_parameters():
+        if key in blocks:
+            assert value.dtype == torch.uint8 and torch.equal(value.detach(), blocks[key]), key
+    assert pipe.transformer.x_embedder.bias.dtype == torch.bfloat16 and pipe.text_encoder_2.dtype == torch.bfloat16
+    image = pipe("a lighthouse", num_inference_steps=1, width=64, height=64, output_type="np",
+                 generator=torch.Generator().manual_seed(3)).images[0]
+    assert image.shape == (64, 64, 3) and np.isfinite(image).all()
+
+
 # -------------------------------------------------------------------------- CLI, batch, UI picker
 
 
@@ -299,3 +319,7 @@ def test_a_dev_gguf_with_a_schnell_config_is_refused(files, flux_folder, tmp_pat
 def test_a_gguf_of_another_architecture_with_a_flux_config_is_refused(flux_folder, tmp_path, capsys, keys, family):
     path = _write(tmp_path, "other.gguf", {k: torch.ones(32, 4, 3, 3) for k in keys})  # SD's 4-channel conv_in
     _refused(capsys, path, flux_folder, "FluxPipeline", family, "--config")
+
+
+def test_a_flux_gguf_with_an_sd_config_is_refused(files, tiny_path, capsys):
+    _refused(capsys, files["Q8_0"], tiny_path, "FluxPipeline", "StableDiffusionPipeline", "--config")
