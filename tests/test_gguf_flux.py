@@ -321,5 +321,10 @@ def test_a_gguf_of_another_architecture_with_a_flux_config_is_refused(flux_folde
     _refused(capsys, path, flux_folder, "FluxPipeline", family, "--config")
 
 
-def test_a_flux_gguf_with_an_sd_config_is_refused(files, tiny_path, capsys):
+def test_a_flux_gguf_with_an_sd_config_is_refused_by_generate_and_plan(files, tiny_path, capsys):
+    """plan reads only configs and the GGUF header, but an SD folder's profile would be a wrong estimate
+    for a Flux transformer: it is refused with the same sentence as loading."""
     _refused(capsys, files["Q8_0"], tiny_path, "FluxPipeline", "StableDiffusionPipeline", "--config")
+    assert main(["plan", "--model", str(files["Q8_0"]), "--config", str(tiny_path), "--vram", "4GB"]) == 2
+    err = capsys.readouterr().err
+    assert files["Q8_0"].name in err and "FluxPipeline" in err and "StableDiffusionPipeline" in err, err
