@@ -127,6 +127,24 @@ def test_bfl_layout_round_trips_through_diffusers_converter(bfl, reference):
         assert back[key].shape == value.shape and torch.equal(back[key], value), key
 
 
+def test_at_flux1_width_the_conversion_is_diffusers_own():
+    """Real FLUX.1 files are 3072 wide, the width diffusers' converter assumes: there the app's split of
+    linear1 must give exactly diffusers' result (on the meta device: FLUX.1's width, two blocks each)."""
+    from diffusers import FluxTransformer2DModel
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
+
+    from lowvram_gen.models.gguf_file import flux_checkpoint
+
+    with torch.device("meta"):
+        model = FluxTransformer2DModel(num_layers=2, num_single_layers=2, guidance_embeds=True)
+    assert model.config.num_attention_heads * model.config.attention_head_dim == 3072
+    want = {k: v.shape for k, v in model.state_dict().items()}
+    bfl = gguf_flux.flux_to_bfl(model.state_dict())
+    theirs = {k: v.shape for k, v in convert_flux_transformer_checkpoint_to_diffusers(dict(bfl)).items()}
+    ours = {k: v.shape for k, v in flux_checkpoint(dict(bfl), model.config).items()}
+    assert ours == theirs == want
+
+
 def test_header_types_and_architecture(files):
     from lowvram_gen.models import checkpoint_keys as ck
     from lowvram_gen.models.gguf_file import builtin_arch, pipeline_class, read_header

@@ -206,7 +206,8 @@ def flux_checkpoint(state: dict, config) -> dict:
         parts = torch.split(fused, [width] * 3 + [mlp], dim=0) if mlp > 0 else (fused,) * 4
         for name, value in zip(("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), parts):
             split[f"single_transformer_blocks.{block}.{name}.{part}"] = value
-        state[key] = torch.empty((3 * flux1 + 4 * flux1, *fused.shape[1:]), device="meta")  # q, k, v, MLP 4x
+        stand_in = 3 * flux1 + 4 * flux1  # q, k, v and the 4x-wide MLP input, as diffusers splits it
+        state[key] = torch.empty((stand_in, *fused.shape[1:]), device="meta")
     converted = convert_flux_transformer_checkpoint_to_diffusers(state)
     return {**converted, **split}
 
