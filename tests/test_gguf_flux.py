@@ -206,7 +206,8 @@ def test_bfloat16_with_offload_keeps_the_file_blocks(files, flux_folder):
     from lowvram_gen.settings import MemorySettings
 
     pipe = _load(files["Q8_0"], flux_folder)
-    blocks = {k: p.detach().clone() for k, p in pipe.transformer.named_parameters() if k in _quantized(pipe.transformer)}
+    quantized = _quantized(pipe.transformer)
+    blocks = {k: p.detach().clone() for k, p in pipe.transformer.named_parameters() if k in quantized}
     applied = apply_mod.apply_settings(pipe, MemorySettings(dtype="bfloat16", offload="model"), probe("cpu"))
     assert applied.effective.offload == "model" and any("GGUF" in s for s in applied.skipped)
     for key, value in pipe.transformer.named_parameters():
