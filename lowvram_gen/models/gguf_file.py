@@ -189,7 +189,8 @@ def flux_checkpoint(state: dict, config) -> dict:
     width, 3072, whatever the config says, so a narrower transformer (Flux-derived small models, the tiny
     test model) fails. Here `linear1` is split at the config's width (heads x head dim; the MLP part is the
     rest) and the converter gets FLUX.1-width stand-ins on the meta device in its place, whose outputs are
-    replaced. At width 3072 the result is exactly diffusers' own.
+    replaced. At width 3072 the result is exactly diffusers' own. Should diffusers split at the config's
+    width one day, the stand-ins no longer fit and tests/test_gguf_flux.py fails: then drop this wrapper.
     """
     import re
 
