@@ -399,10 +399,10 @@ def _check_architecture(meta: dict, folder: Path, index: dict, cls_name: str, pa
     """Map the checkpoint with diffusers' own converters on the meta device (no memory, no weights read)
     and compare keys and shapes with the models the config folder describes: wrong architecture or a
     damaged file is refused here, naming missing/unexpected keys, instead of half-loading.
-    `only`: the components the file holds (a GGUF UNet: ("unet",)); () means all of them."""
+    `only`: the components the file holds (a GGUF UNet: ("unet",), a GGUF Flux: ("transformer",)); () means all."""
     import torch
     import transformers
-    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from diffusers import AutoencoderKL, FluxTransformer2DModel, UNet2DConditionModel
     from diffusers.loaders import single_file_utils as sfu
 
     def unet(m):
@@ -421,6 +421,9 @@ def _check_architecture(meta: dict, folder: Path, index: dict, cls_name: str, pa
             return out if hasattr(m, "text_model") else {k.removeprefix("text_model."): v for k, v in out.items()}
         return convert
 
+    def flux(m):
+        return gguf_file.flux_checkpoint(meta, m.config)
+
     def diffusers_model(cls, sub):
         return lambda: cls.from_config(cls.load_config(folder, subfolder=sub))
 
@@ -430,7 +433,9 @@ def _check_architecture(meta: dict, folder: Path, index: dict, cls_name: str, pa
 
     checks = [("unet", UNET, diffusers_model(UNet2DConditionModel, "unet"), unet),
               ("vae", "first_stage_model.", diffusers_model(AutoencoderKL, "vae"), vae)]
-    if cls_name == SDXL:
+    if cls_name == FLUX:  # a GGUF transformer on its own (BFL keys, no prefix)
+        checks = [("transformer", "", diffusers_model(FluxTransformer2DModel, "transformer"), flux)]
+    elif cls_name == SDXL:
         checks += [("text_encoder", CLIP_XL, transformers_model("text_encoder"), clip(CLIP_XL)),
                    ("text_encoder_2", OPENCLIP_XL, transformers_model("text_encoder_2"), clip(OPENCLIP_XL))]
     else:
@@ -520,8 +525,9 @@ def load_single_file(path, config: str | None, torch_dtype):
     meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
     folder = _resolve_config(config, meta, cls_name, p, weights=gguf is not None)
     index = _check_config(folder, cls_name, p)
-    if cls_name in (SD, SDXL):
-        _check_architecture(meta, folder, index, cls_name, p, only=("unet",) if gguf else ())
+    if cls_name in (SD, SDXL) or (gguf and cls_name == FLUX):
+        denoiser = ("unet",) if cls_name in (SD, SDXL) else ("transformer",)
+        _check_architecture(meta, folder, index, cls_name, p, only=denoiser if gguf else ())
     extra = {}
     if cls_name == SDXL and not gguf:
         width_1 = shapes.get(CLIP_XL + "text_model.embeddings.position_embedding.weight", (0, -1))[-1]

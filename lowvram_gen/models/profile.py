@@ -29,6 +29,11 @@ def source_profile(source: ModelSource, family: str | None = None) -> memory.Mod
         profile = memory.profile_builtin(gguf_file.builtin_arch(source.path))
     else:
         profile = memory.profile_builtin("sdxl" if family == "sdxl" else "sd15")
+    if gguf and folder and Path(folder).is_dir():  # an SD folder's profile is no estimate for a Flux GGUF
+        from lowvram_gen.models.checkpoint import _check_config
+
+        path = Path(source.path)
+        _check_config(Path(folder), gguf_file.pipeline_class(gguf_file.read_header(path), path), path)
     if gguf:
         quantized, stored = gguf_file.stored_sizes(source.path)
         profile = replace(profile, denoiser_quantized=quantized, denoiser_quantized_bytes=stored)
