@@ -197,8 +197,10 @@ def test_quantized_weights_shrink_the_estimate_and_int4_is_chosen_only_when_noth
     sizes = [estimate(sdxl, 1024, 1024, 1, replace(whole, quantize=q)).weights_bytes for q in ("none", "int8", "int4")]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
     seen_lossy = False
-    for arch, side in (("sd15", 512), ("sdxl", 1024), ("flux", 1024)):
-        for gib in (1, 1.5, 2, 2.25, 3, 4, 6, 8):  # Flux at 2.25 GiB: only 4-bit weights fit at full size
+    coarse = (1, 1.5, 2, 3, 4, 6, 8)
+    fine = tuple(2 + i / 16 for i in range(17))  # Flux between 2 and 3 GiB: a window where only 4-bit fits
+    for arch, side, cards in (("sd15", 512, coarse), ("sdxl", 1024, coarse), ("flux", 1024, coarse + fine)):
+        for gib in cards:
             result = plan(fake(gib), profile_builtin(arch), side, side, 1, presets)
             chosen = chosen_row(result)
             if chosen.lossy:

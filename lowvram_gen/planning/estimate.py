@@ -626,8 +626,9 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     else:
         den_stored = den_full
     narrow = den_stored != den_full
-    den_w = den_stored + (profile.largest_layer.get(den, 0) * b if narrow else 0)
-    den_scale = den_w / den_full if den_full and narrow else 1.0
+    scratch = profile.largest_layer.get(den, 0) * b if narrow else 0  # the layer dequantized while it runs
+    den_w = den_stored + scratch
+    den_scale = den_stored / den_full if den_full else 1.0  # bytes as stored per byte at the dtype
     vae_w = p.get("vae", 0) * b
     vae_w_decode = p.get("vae", 0) * vae_b
 
@@ -654,9 +655,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
             blocks = sorted(profile.denoiser_blocks, reverse=True) or [p.get(den, 0)]
             # the unmatched top-level group stays loaded; one block group runs while the next is
             # prefetched on a CUDA stream (two blocks resident)
-            group_den = (profile.denoiser_unmatched + sum(blocks[:2])) * b * den_scale
-            if settings.fp8_storage:
-                group_den += profile.largest_layer.get(den, 0) * b
+            group_den = (profile.denoiser_unmatched + sum(blocks[:2])) * b * den_scale + scratch
             # text encoders are offloaded leaf by leaf under both modes (apply.PipelineOps.group_offload)
             te_leaf = max((leaf(n, b) for n in te_names), default=0)
             group = {"text": (min(te_leaf, model_phases["text"][0]), text_act),
@@ -674,7 +673,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                 # denoise and out before the VAE decode (engines/sd/runner.py), so the decode has its room
                 per_job = sum(te_each) + vae_w_decode + 2 * kept
                 phases = {"text": (kept + group["text"][0], text_act),
-                          "unet": (min(kept + split.in_flight_bytes, den_w), unet_act),
+                          "unet": (min(kept + split.in_flight_bytes + scratch, den_w), unet_act),
                           "vae": group["vae"]}
             if off == "sequential":
                 den_leaf = leaf(den, b)
