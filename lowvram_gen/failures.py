@@ -7,11 +7,9 @@ job (pixels x images per pass) that failed. A job at least that big starts below
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
-from lowvram_gen.paths import home
+from lowvram_gen.paths import home, write_atomically
 
 
 def _path() -> Path:
@@ -27,12 +25,7 @@ def load() -> list[dict]:
 
 
 def _save(records: list[dict]) -> None:
-    path = _path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".failures-", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(records, fh, indent=1)
-    os.replace(tmp, path)
+    write_atomically(_path(), json.dumps(records, indent=1))
 
 
 def on_cpu(device: str) -> bool:

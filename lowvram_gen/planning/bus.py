@@ -17,13 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from lowvram_gen.paths import home
+from lowvram_gen.paths import home, write_atomically
 from lowvram_gen.planning.timing import BUS_BYTES_PER_S
 
 log = logging.getLogger(__name__)
@@ -106,9 +104,5 @@ def store(name: str, bytes_per_s: float, pageable_bytes_per_s: float | None = No
     records[name] = {"bus_bytes_per_s": float(bytes_per_s), "pageable_bytes_per_s": pageable_bytes_per_s,
                      "device": name, "date": (when or date.today()).isoformat(), "pinned": True}
     file = path()
-    file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=".bus-", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(records, fh, indent=1)
-    os.replace(tmp, file)
+    write_atomically(file, json.dumps(records, indent=1))
     return file

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 from pathlib import Path
 
 from lowvram_gen import paths
+from lowvram_gen.paths import write_atomically
 
 log = logging.getLogger(__name__)
 FILE_NAME = "ui-settings.json"
@@ -56,26 +55,9 @@ def save(tab: str, values: dict) -> None:
         tabs[tab] = values
         text = json.dumps({"version": VERSION, "tabs": tabs}, indent=1, ensure_ascii=False, default=str)
         try:
-            _write_atomically(file, text)
+            write_atomically(file, text)
         except OSError as exc:
             log.warning("could not save the UI settings in %s: %s", file, exc)
-
-
-def _write_atomically(file: Path, text: str) -> None:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, file)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def initial(saved: dict[str, dict], tab: str, name: str, default):
