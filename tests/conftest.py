@@ -74,3 +74,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def batch_script():
+    """scripts/batch_prompts.py as a module (it is a script, not part of the package): `.run(argv)`."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "batch_prompts.py"
+    spec = importlib.util.spec_from_file_location("batch_prompts", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script

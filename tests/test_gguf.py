@@ -9,7 +9,6 @@ Q4_0, convolutions in F16, 1-D tensors in F32) and loaded through the normal `--
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import shutil
@@ -35,7 +34,6 @@ from lowvram_gen.models.loading import load  # noqa: E402
 from lowvram_gen.models.resolve import resolve  # noqa: E402
 from lowvram_gen.settings import MemorySettings  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SD_REPO = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 Q = gguf.GGMLQuantizationType
 SMALL = ["--width", "64", "--height", "64", "--steps", "2", "--seed", "5", "--cpu"]
@@ -108,6 +106,20 @@ def test_header_names_types_and_stored_sizes(files):
     assert header.quantized_bytes == header.quantized_params // block * size  # 34 bytes per 32 values
     assert header.float_bits == 32 and read_header(files["Q8_0-f16"]).float_bits == 16
     assert header.architecture == "sd1"
+
+
+def test_the_header_is_read_once_per_file_version(files, tmp_path):
+    """Each job's plan asks for the header (profile, architecture, stored sizes): the same file gives the
+    same header without reading it again; a file replaced at that path is read anew."""
+    from lowvram_gen.models.gguf_file import read_header
+
+    path = tmp_path / "swap.gguf"
+    shutil.copy(files["Q8_0"], path)
+    first = read_header(path)
+    assert read_header(path) is first
+    shutil.copy(files["Q4_0"], path)
+    again = read_header(path)
+    assert again is not first and set(again.types.values()) == {"Q4_0", "F16", "F32"}
 
 
 @pytest.mark.parametrize("keys,cls_name,arch", [
@@ -487,13 +499,10 @@ def test_cli_generate_with_a_gguf(files, tiny_path, tmp_path, capsys):
     assert Path(result["images"][0]).is_file()
 
 
-def test_batch_script_with_a_gguf(files, tiny_path, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("batch_prompts", ROOT / "scripts" / "batch_prompts.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def test_batch_script_with_a_gguf(files, tiny_path, tmp_path, capsys, batch_script):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red fox\na castle\n")
-    code = script.run([str(prompts), "--model", str(files["Q4_0"]), "--config", str(tiny_path), *SMALL,
+    code = batch_script.run([str(prompts), "--model", str(files["Q4_0"]), "--config", str(tiny_path), *SMALL,
                        "--outdir", str(tmp_path / "out"), "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err

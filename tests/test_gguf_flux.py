@@ -10,7 +10,6 @@ CPU only, offline, 64x64 images, 2 steps.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -32,7 +31,6 @@ from lowvram_gen.cli.main import main  # noqa: E402
 from lowvram_gen.models.loading import load  # noqa: E402
 from lowvram_gen.models.resolve import resolve  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 Q = gguf.GGMLQuantizationType
 SMALL = ["--width", "64", "--height", "64", "--steps", "2", "--seed", "5", "--cpu"]
 
@@ -238,13 +236,10 @@ def test_cli_generate_with_a_flux_gguf_is_close_to_the_folder(files, flux_folder
     assert np.abs(got - want).max() <= 8
 
 
-def test_batch_script_with_a_flux_gguf(files, flux_folder, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("batch_prompts", ROOT / "scripts" / "batch_prompts.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def test_batch_script_with_a_flux_gguf(files, flux_folder, tmp_path, capsys, batch_script):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red fox\n")
-    code = script.run([str(prompts), "--model", str(files["Q4_0"]), "--config", str(flux_folder), *SMALL,
+    code = batch_script.run([str(prompts), "--model", str(files["Q4_0"]), "--config", str(flux_folder), *SMALL,
                        "--outdir", str(tmp_path / "out"), "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err

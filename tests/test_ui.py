@@ -89,15 +89,28 @@ def _set_slider(page, elem_id: str, value) -> None:
     box.press("Enter")
 
 
-@needs_browser
-def test_type_a_prompt_generate_and_see_the_image_and_its_metadata(page, server):
-    page.locator("#prompt textarea").fill("a lighthouse at dusk")
-    _fill_number(page, "width", 192)
-    _fill_number(page, "height", 128)
-    _set_slider(page, "steps", 3)
-    page.click("#generate")
+def _fill_job(page, prompt: str, width: int, height: int, steps: int) -> None:
+    page.locator("#prompt textarea").fill(prompt)
+    _fill_number(page, "width", width)
+    _fill_number(page, "height", height)
+    _set_slider(page, "steps", steps)
+
+
+def _gallery_image(page):
+    """The gallery's first image once its file has loaded: the element is there before (naturalWidth 0 on a
+    busy machine)."""
     image = page.locator("#gallery img").first
     image.wait_for(timeout=120_000)
+    page.wait_for_function("() => { const img = document.querySelector('#gallery img');"
+                           " return img !== null && img.complete && img.naturalWidth > 0; }", timeout=120_000)
+    return image
+
+
+@needs_browser
+def test_type_a_prompt_generate_and_see_the_image_and_its_metadata(page, server):
+    _fill_job(page, "a lighthouse at dusk", 192, 128, 3)
+    page.click("#generate")
+    image = _gallery_image(page)
     page.wait_for_function("() => document.querySelector('#info textarea').value.includes('Steps: 3')",
                            timeout=60_000)
     size = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
@@ -153,19 +166,13 @@ def test_cancel_a_long_job_and_the_ui_is_ready_again(page, server):
 
     server.session.generate = watched
     try:
-        page.locator("#prompt textarea").fill("a long job")
-        _fill_number(page, "width", 256)
-        _fill_number(page, "height", 256)
-        _set_slider(page, "steps", 20)
+        _fill_job(page, "a long job", 256, 256, 20)
         page.click("#generate")
         assert started.wait(60)  # the job is denoising
         page.click("#cancel")
         page.wait_for_function("() => document.querySelector('#summary textarea').value.includes('cancelled at step')",
                                timeout=60_000)  # the job itself reports where it stopped
-        _set_slider(page, "steps", 2)
-        _fill_number(page, "width", 64)
-        _fill_number(page, "height", 64)
-        page.locator("#prompt textarea").fill("after the cancel")
+        _fill_job(page, "after the cancel", 64, 64, 2)
         page.click("#generate")
         page.wait_for_function("() => document.querySelector('#info textarea').value.startsWith('after the cancel')",
                                timeout=120_000)
@@ -413,16 +420,9 @@ def test_hires_fix_from_the_api(server):
 
 @needs_browser
 def test_gallery_shows_the_whole_non_square_image(page):
-    page.locator("#prompt textarea").fill("wide")
-    _fill_number(page, "width", 128)
-    _fill_number(page, "height", 64)
-    _set_slider(page, "steps", 1)
+    _fill_job(page, "wide", 128, 64, 1)
     page.click("#generate")
-    image = page.locator("#gallery img").first
-    image.wait_for(timeout=120_000)
-    # the element is there before its file has loaded (naturalWidth 0 on a busy machine): wait for the load
-    page.wait_for_function("() => { const img = document.querySelector('#gallery img');"
-                           " return img !== null && img.complete && img.naturalWidth > 0; }", timeout=120_000)
+    image = _gallery_image(page)
     assert image.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [128, 64]
     assert image.evaluate("img => getComputedStyle(img).objectFit") == "contain"  # not cropped to a square
 
@@ -662,10 +662,7 @@ def test_a_png_without_parameters_says_so(page, tmp_path):
 
 @needs_browser
 def test_ctrl_enter_generates_and_the_gallery_sends_on_to_img2img_and_upscale(page):
-    page.locator("#prompt textarea").fill("sent on")
-    _fill_number(page, "width", 64)
-    _fill_number(page, "height", 64)
-    _set_slider(page, "steps", 1)
+    _fill_job(page, "sent on", 64, 64, 1)
     page.locator("#prompt textarea").press("Control+Enter")
     page.wait_for_function("() => document.querySelector('#info textarea').value.startsWith('sent on')",
                            timeout=120_000)

@@ -17,6 +17,7 @@ load-time check of float tensors cannot see inside them. LoRAs apply to such a d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from lowvram_gen.errors import ModelLoadError
@@ -62,13 +63,23 @@ def read_header(path) -> GgufHeader:
     """The tensors a GGUF file holds (names, shapes, types, sizes), checked against the file's size.
 
     Anything that is not a whole GGUF file is a ModelLoadError naming the file: empty, random bytes
-    with a .gguf name, a download cut short.
+    with a .gguf name, a download cut short. Read once per file version: every job's plan asks for it
+    (the profile, the architecture, the stored sizes), and a FLUX.1 file lists ~780 tensors.
     """
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    return _read_header(str(p), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _read_header(path: str, _mtime_ns: int, size: int) -> GgufHeader:
     import gguf
 
     p = Path(path)
     try:
-        size = p.stat().st_size
         with open(p, "rb") as f:
             magic = f.read(4)
     except OSError as exc:
