@@ -294,6 +294,43 @@ def test_the_resident_part_is_on_the_device_while_the_unet_runs_and_off_it_while
     assert moves == [("cpu", streamed)] * 4
 
 
+def test_oom_in_the_decode_under_budget_retries_only_the_decode_without_the_resident_part(model):
+    """FAULTS 19 under budget offload. Simulated: the VAE decoder raises torch.OutOfMemoryError (what CUDA
+    raises) on its first call. The retry re-applies the settings with a tiled VAE, which puts the resident
+    part back on the device; the runner takes it off again before the decode runs. The UNet's steps are
+    not run again."""
+    from dataclasses import replace
+
+    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.presets import gpu_ladder
+    from lowvram_gen.request import GenerationRequest
+
+    pipe = model.pipe
+    preset = next(p for p in gpu_ladder(load_presets()) if p.name == "budget")
+    memory = replace(preset.memory, dtype="float32", vae_tiling=False, vae_slicing=False,
+                     resident_bytes=sum(b for _, b in blocks_of(pipe.unet)) // 2)
+    runner = Runner(model, probe("cpu"))
+    unet_calls, decodes = [], []
+    pipe.unet.register_forward_pre_hook(lambda *_: unet_calls.append(1))
+
+    def decoder_hook(_module, _args):
+        decodes.append(runner.resident_on_device)
+        if len(decodes) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (simulated)")
+
+    pipe.vae.decoder.register_forward_pre_hook(decoder_hook)
+    done = []
+    request = GenerationRequest(prompt="a boat", width=64, height=64, steps=2, batch_size=1)
+    report = runner.run(request, [5], [replace(preset, memory=memory)], done.append)
+    assert [(a.stage, a.outcome) for a in report.attempts] == [("denoise", "ok"), ("decode", "oom"), ("decode", "ok")]
+    assert decodes == [False, False]  # off the device for the first decode and again for the retry
+    assert runner.applied.vae_tiling and runner.residency is not None  # the retry: tiled, still budget
+    steps = len(unet_calls)
+    assert steps >= 2 and done[0].images[0].size == (64, 64)
+    runner.run(request, [5], [replace(preset, memory=memory)], lambda d: None)
+    assert len(unet_calls) == 2 * steps  # the first job ran its steps once: only the decode was retried
+
+
 # -------------------------------------------------------------------------------- fake CUDA
 
 
