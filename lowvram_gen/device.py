@@ -11,6 +11,8 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
+from lowvram_gen.hostmem import HostMemory, probe_host
+
 GiB = 1024**3
 MiB = 1024**2
 # ComfyUI leaves 0.4-0.6 GB for the OS and other programs; we default to the middle of that.
@@ -51,12 +53,13 @@ class DeviceInfo:
     kind: str  # 'cuda' | 'mps' | 'cpu'
     name: str
     index: int = 0
-    total_bytes: int = 0  # 0 where unknown (CPU: system RAM is not a budget we plan against)
+    total_bytes: int = 0  # device memory; 0 where unknown (a CPU's RAM is `host`)
     free_bytes: int = 0
     capability: tuple[int, int] | None = None
     bf16: bool = False
     reserve_bytes: int = DEFAULT_RESERVE
     budget_bytes: int | None = None  # user cap (--vram-budget); None: no cap beyond free memory
+    host: HostMemory | None = None  # system RAM (hostmem.py); None: not probed (plan --vram without --ram)
 
     @property
     def torch_device(self) -> str:
@@ -77,6 +80,7 @@ class DeviceInfo:
     def as_dict(self) -> dict:
         data = asdict(self)
         data["usable_bytes"] = self.usable_bytes
+        data["host"] = self.host.as_dict() if self.host is not None else None
         return data
 
 
@@ -91,13 +95,16 @@ def probe(
     index: int | None = None,
     reserve_bytes: int = DEFAULT_RESERVE,
     budget_bytes: int | None = None,
+    ram_budget_bytes: int | None = None,
 ) -> DeviceInfo:
     """Detect the device. `prefer='cpu'` forces the CPU (--cpu); otherwise CUDA, then MPS, then CPU.
 
     With a budget on CUDA, `torch.cuda.set_per_process_memory_fraction` enforces it, so the app
     really stays under it (an allocation past it raises OOM, which the retry ladder handles).
+    System RAM is probed too (hostmem.py), capped by `ram_budget_bytes` (--ram-budget).
     """
     set_alloc_conf()
+    host = probe_host(ram_budget_bytes)
     import torch
 
     if prefer != "cpu" and torch.cuda.is_available():
@@ -110,14 +117,15 @@ def probe(
         return DeviceInfo(
             kind="cuda", name=props.name, index=index, total_bytes=total, free_bytes=free,
             capability=(props.major, props.minor), bf16=torch.cuda.is_bf16_supported(),
-            reserve_bytes=reserve_bytes, budget_bytes=budget_bytes,
+            reserve_bytes=reserve_bytes, budget_bytes=budget_bytes, host=host,
         )
     if prefer != "cpu" and getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         total = int(torch.mps.recommended_max_memory())
         free = max(0, total - int(torch.mps.driver_allocated_memory()))
         return DeviceInfo(kind="mps", name="Apple MPS", total_bytes=total, free_bytes=free, bf16=True,
-                          reserve_bytes=reserve_bytes, budget_bytes=budget_bytes)
-    return DeviceInfo(kind="cpu", name=_cpu_name(), bf16=True, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes)
+                          reserve_bytes=reserve_bytes, budget_bytes=budget_bytes, host=host)
+    return DeviceInfo(kind="cpu", name=_cpu_name(), bf16=True, reserve_bytes=reserve_bytes, budget_bytes=budget_bytes,
+                      host=host)
 
 
 def fake(total_gib: float, kind: str = "cuda", name: str | None = None, **kw) -> DeviceInfo:

@@ -62,6 +62,13 @@ class BadOutput(LowVramError):
     """The model produced NaN/Inf or an all-black image even in float32."""
 
 
+class NotEnoughRam(LowVramError):
+    """The job's plan does not fit the machine's system RAM (or its cgroup's limit): refused before
+    loading, since the kernel's OOM killer would end the process with nothing said."""
+
+    exit_code = 2
+
+
 class OutOfMemoryEverywhere(LowVramError):
     """Every step of the retry ladder ran out of memory. `attempts` lists what was tried."""
 

@@ -24,6 +24,7 @@ from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.runner import Runner
 from lowvram_gen.engines.vqgan import job as vqgan_job
+from lowvram_gen.errors import NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
@@ -45,10 +46,11 @@ __all__ = ["GenerationResult", "Session", "default_session", "generate"]
 class Session:
     def __init__(self, device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
                  reserve_vram: int = DEFAULT_RESERVE, outdir: str | None = None, presets_dir: str | None = None,
-                 ops_factory=None, xformers: bool = False):
+                 ops_factory=None, xformers: bool = False, ram_budget: int | None = None):
         self.device_pref = device  # 'cpu' forces the CPU (--cpu)
         self.preset_spec = preset  # forced preset (--medvram etc.), None: the planner decides
         self.vram_budget = vram_budget
+        self.ram_budget = ram_budget  # --ram-budget: cap on the system RAM a job may plan to use
         self.reserve_vram = reserve_vram
         self.outdir = outdir
         self.presets_dir = presets_dir
@@ -63,7 +65,8 @@ class Session:
     # -- device, presets, models -----------------------------------------------------------------
     def device(self) -> DeviceInfo:
         """Probed per job: free memory changes as other programs come and go."""
-        self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget)
+        self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget,
+                             ram_budget_bytes=self.ram_budget)
         return self._device
 
     def presets(self, quantize: str | None = None) -> dict[str, Preset]:
@@ -130,6 +133,15 @@ class Session:
             device = self.device()
             source = resolve(request.model, request.config)
             the_plan = self.plan(request, device, source)
+            if the_plan.refusal and self.model is not None and self.model.source != source:
+                # the loaded model's RAM counts as the process's: give it back and plan again
+                log.info("unloading %s to make room in system RAM for %s", self.model.name, request.model)
+                self.model, self.runner = None, None
+                free_memory(device.kind)
+                device = self.device()
+                the_plan = self.plan(request, device, source)
+            if the_plan.refusal:
+                raise NotEnoughRam(the_plan.refusal)
             load_dtype = apply_mod.effective_settings(the_plan.preset.memory, device)[0].dtype
             model = self.load_model(request.model, request.config, load_dtype)
             if self.runner is None or self.runner.model is not model:

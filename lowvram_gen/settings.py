@@ -42,6 +42,11 @@ class MemorySettings:
     # the fine detail that fewer bits would blur.
     # Not with fp8_storage: both store the denoiser's weights in fewer bits; one at a time.
     quantize: str = "none"
+    # group/sequential/budget offload on CUDA: diffusers pins a host copy of every streamed group so its
+    # copies can overlap compute (about the streamed bytes again in system RAM). false: stream from the
+    # weights as they are (diffusers' low_cpu_mem_usage), slower copies, no second copy in RAM. The
+    # planner turns it off when the pinned copies would not fit the machine's RAM.
+    pin_memory: bool = True
 
     def check(self, where: str = "settings") -> "MemorySettings":
         for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD),
@@ -49,7 +54,7 @@ class MemorySettings:
             value = getattr(self, key)
             if value not in allowed:
                 raise PresetError(f"{where}: {key} = {value!r} is not allowed; use one of {', '.join(allowed)}")
-        for key in ("vae_slicing", "vae_tiling", "fp8_storage"):
+        for key in ("vae_slicing", "vae_tiling", "fp8_storage", "pin_memory"):
             if not isinstance(getattr(self, key), bool):
                 raise PresetError(f"{where}: {key} = {getattr(self, key)!r} must be true or false")
         resident = self.resident_bytes

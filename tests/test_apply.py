@@ -52,9 +52,9 @@ def test_each_gpu_preset_makes_exactly_its_calls_on_cuda(name, model):
     assert applied.skipped == []  # nothing is skipped on a CUDA device
     assert ("cast", ("float16",), {"skip": ()}) in ops.log
     if name == "novram":
-        assert ("group_offload", ("cuda:0",), {"leaf": True, "use_stream": True}) in ops.log
+        assert ("group_offload", ("cuda:0",), {"leaf": True, "use_stream": True, "pinned": True}) in ops.log
     if name == "lowvram":
-        assert ("group_offload", ("cuda:0",), {"leaf": False, "use_stream": True}) in ops.log
+        assert ("group_offload", ("cuda:0",), {"leaf": False, "use_stream": True, "pinned": True}) in ops.log
 
 
 def test_gpu_only_settings_are_skipped_and_logged_on_cpu(model):

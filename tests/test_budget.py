@@ -365,7 +365,7 @@ def test_budget_preset_on_cuda_makes_exactly_its_calls(model):
     assert [c[0] for c in ops.log] == ["reset", "cast", "free_bytes", "budget_offload", "vae_slicing", "vae_tiling"]
     assert applied.skipped == []
     # 8 GiB free, 0.5 GiB reserve, 2 GiB margin: the tiny UNet fits whole
-    assert ("budget_offload", ("cuda:0", ()), {"use_stream": True}) in ops.log
+    assert ("budget_offload", ("cuda:0", ()), {"use_stream": True, "pinned": True}) in ops.log
     assert f"budget_offload:{sum(b for _, b in blocks)}:cuda:0" in applied.calls
 
 
@@ -403,7 +403,7 @@ def test_a_planned_resident_bytes_is_used_as_given_on_cuda(model):
     applied = apply_mod.apply_settings(pipe, MemorySettings(offload="budget", resident_bytes=wanted), fake(4), ops)
     expected = split(blocks, wanted)
     assert "free_bytes" not in [c[0] for c in ops.log]  # the plan decided: the device is not asked
-    assert ("budget_offload", ("cuda:0", expected.streamed), {"use_stream": True}) in ops.log
+    assert ("budget_offload", ("cuda:0", expected.streamed), {"use_stream": True, "pinned": True}) in ops.log
     assert f"budget_offload:{expected.resident_bytes}:cuda:0" in applied.calls
 
 

@@ -65,10 +65,12 @@ def measure_bus(dev, measure: bool = True, timed_copy=None) -> dict:
 
 
 def report(device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
-           reserve_vram: int | None = None, xformers: bool = False, measure: bool = True) -> dict:
+           reserve_vram: int | None = None, xformers: bool = False, measure: bool = True,
+           ram_budget: int | None = None) -> dict:
     import torch
 
-    dev = probe(device, reserve_bytes=reserve_vram if reserve_vram is not None else DEFAULT_RESERVE, budget_bytes=vram_budget)
+    dev = probe(device, reserve_bytes=reserve_vram if reserve_vram is not None else DEFAULT_RESERVE, budget_bytes=vram_budget,
+                ram_budget_bytes=ram_budget)
     bus_info = measure_bus(dev, measure)  # before the plans below, so they use the new measurement
     presets = load_presets()
     forced = find_preset(preset) if preset else None
@@ -106,11 +108,13 @@ def _nvidia_driver() -> str | None:
 
 def format_report(info: dict) -> str:
     d = info["device"]
+    vram = (f"total {format_size(d['total_bytes'])}, free {format_size(d['free_bytes'])}, "
+            f"reserve {format_size(d['reserve_bytes'])}, budget {format_size(d['budget_bytes']) if d['budget_bytes'] else 'none'}, "
+            f"usable {format_size(d['usable_bytes'])}") if d["kind"] != "cpu" else "- (no GPU: jobs run in system RAM)"
     lines = [
         f"device:      {d['name']} ({d['kind']})",
-        f"memory:      total {format_size(d['total_bytes'])}, free {format_size(d['free_bytes'])}, "
-        f"reserve {format_size(d['reserve_bytes'])}, budget {format_size(d['budget_bytes']) if d['budget_bytes'] else 'none'}, "
-        f"usable {format_size(d['usable_bytes'])}",
+        f"vram:        {vram}",
+        "ram:         " + _format_ram(d.get("host")),
         f"driver/cuda: {info['driver'] or '-'} / {info['cuda'] or '-'}",
         "versions:    " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()),
         f"python:      {info['python']} on {info['platform']}",
@@ -124,6 +128,19 @@ def format_report(info: dict) -> str:
                   for r in info["remembered_failures"]),
     ]
     return "\n".join(lines)
+
+
+def _format_ram(h: dict | None) -> str:
+    """System RAM as the planner sees it (hostmem.HostMemory.as_dict)."""
+    if not h:
+        return "not probed"
+    text = (f"total {format_size(h['total_bytes'])}, available {format_size(h['available_bytes'])}, "
+            f"this process {format_size(h['process_bytes'])}, usable {format_size(h['usable_bytes'])}")
+    if h.get("limit_bytes"):
+        text += f"; cgroup limit {format_size(h['limit_bytes'])} ({h['limit_source']})"
+    if h.get("budget_bytes"):
+        text += f"; --ram-budget {format_size(h['budget_bytes'])}"
+    return text
 
 
 def _gbs(bytes_per_s: float) -> str:

@@ -26,6 +26,9 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
     x.add_argument("--preset", metavar="NAME|PATH", help="start at this preset (a name from presets/ or a .toml file)")
     g.add_argument("--vram-budget", metavar="SIZE",
                    help="use at most this much VRAM, e.g. 6GB (GB means GiB; enforced on CUDA)")
+    g.add_argument("--ram-budget", metavar="SIZE",
+                   help="most system RAM a job may plan to use, e.g. 10GiB (default: what the machine and its "
+                        "cgroup have free); a job that needs more is refused before loading")
     g.add_argument("--reserve-vram", metavar="SIZE", default=None,
                    help="VRAM left for the OS and other programs (default 512MiB)")
     g.add_argument("--xformers", action="store_true",
@@ -144,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--width", metavar="N", help=native)
     pl.add_argument("--height", metavar="N", help=native)
     pl.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images per job (default 1)")
+    pl.add_argument("--ram", metavar="SIZE", help="simulate a machine with this much free system RAM, e.g. 16GB "
+                    "(default: this machine's, and its cgroup limit)")
     pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
     _add_memory_flags(pl)
 
@@ -192,6 +197,7 @@ def _session_kwargs(args) -> dict:
         "reserve_vram": parse_size(args.reserve_vram, "--reserve-vram") if getattr(args, "reserve_vram", None)
         else DEFAULT_RESERVE,
         "xformers": bool(getattr(args, "xformers", False)),
+        "ram_budget": parse_size(args.ram_budget, "--ram-budget") if getattr(args, "ram_budget", None) else None,
     }
 
 
@@ -272,10 +278,16 @@ def cmd_plan(args) -> int:
                      for name, value in (("width", args.width), ("height", args.height)))
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
     kwargs = _session_kwargs(args)
+    from dataclasses import replace
+
+    from lowvram_gen.hostmem import probe_host, simulated_host
+
+    host = simulated_host(args.ram) if args.ram else probe_host(kwargs["ram_budget"])
     if args.vram:
         dev = device_mod.simulated(args.vram, reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     else:
         dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
+    dev = replace(dev, host=host)
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
@@ -291,16 +303,26 @@ def cmd_plan(args) -> int:
                           "batch": batch, **result.as_dict()}))
         return 0
     gib = device_mod.format_size
-    print(f"device: {dev.name}; usable {gib(dev.usable_bytes)} (free {gib(dev.free_bytes)}, reserve {gib(dev.reserve_bytes)})")
+    if dev.is_accelerator:
+        print(f"device: {dev.name}; usable {gib(dev.usable_bytes)} (free {gib(dev.free_bytes)}, "
+              f"reserve {gib(dev.reserve_bytes)})")
+    else:
+        print(f"device: {dev.name} (no GPU)")
+    print(f"ram: {host.describe()}")
     print(f"job: {args.model} {width}x{height}, batch {batch}")
     print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
-    print(f"   {'candidate':{wide}} {'peak':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  size")
+    print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  size")
     for e in result.estimates:
-        mark = "->" if e.name == result.preset.name else "  "
+        mark = "->" if e.name == result.preset.name and not result.refusal else "  "
         size = f"{e.width}x{e.height}" + (" (capped, upscaled after)" if (e.width, e.height) != (width, height) else "")
-        print(f"{mark} {e.name:{wide}} {gib(e.estimate_bytes):>9}  {'fits' if e.fits else 'too big':7}  "
-              f"{gib(e.streamed_bytes_per_step):>13}  {e.est_seconds_per_step:6.2f}  {size}, batch {e.batch}")
+        vram = (gib(e.estimate_bytes), "fits" if e.fits else "too big") if dev.is_accelerator else ("-", "")
+        print(f"{mark} {e.name:{wide}} {vram[0]:>9}  {vram[1]:7}  {gib(e.host_peak_bytes):>9}  "
+              f"{'fits' if e.fits_host else 'too big':7}  {gib(e.streamed_bytes_per_step):>13}  "
+              f"{e.est_seconds_per_step:6.2f}  {size}, batch {e.batch}")
+    if result.refusal:
+        print(f"would not run: {result.refusal}")
+        return 0
     print(f"would run: {result.preset.name} ({result.reason})")
     chosen = next((e for e in result.estimates if e.name == result.preset.name), None)
     if chosen is not None and chosen.streamed_bytes_per_step:

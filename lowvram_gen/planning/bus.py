@@ -30,6 +30,11 @@ ASSUMED = "assumed PCIe 4.0 x16"
 # What a stored value may be: below 0.1 GB/s or above 10 TB/s no host-to-device link exists (PCIe 3.0 x1
 # is ~1 GB/s, NVLink-C2C ~450 GB/s each way); such a value is a broken file, not a slow bus.
 PLAUSIBLE = (1e8, 1e13)
+# Copies from pageable (unpinned) host memory, as group offloading makes them with low_cpu_mem_usage
+# (the `pin_memory = false` lever, when pinned copies would not fit the RAM), run at about half the
+# pinned rate on PCIe 4.0 (CUDA stages them through a pinned bounce buffer): a judgement, used unless
+# doctor measured the pageable rate too.
+PAGEABLE_RATIO = 0.5
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,11 @@ class Bus:
     source: str  # "assumed PCIe 4.0 x16" | "measured by doctor on 2025-06-01"
     measured: bool = False
     warning: str = ""  # why a stored measurement was not used
+    pageable: float | None = None  # measured pageable bytes/s; None: PAGEABLE_RATIO of bytes_per_s
+
+    @property
+    def pageable_bytes_per_s(self) -> float:
+        return self.pageable or self.bytes_per_s * PAGEABLE_RATIO
 
     def as_dict(self) -> dict:
         return {"bytes_per_s": self.bytes_per_s, "source": self.source, "measured": self.measured}
@@ -83,7 +93,9 @@ def for_device(name: str) -> Bus:
     if record is not None and not problem:
         value = _value(record)
         if value is not None:
-            return Bus(value, f"measured by doctor on {record.get('date') or 'an unknown date'}", True)
+            pageable = _value({"bus_bytes_per_s": record.get("pageable_bytes_per_s")})
+            return Bus(value, f"measured by doctor on {record.get('date') or 'an unknown date'}", True,
+                       pageable=pageable)
         problem = (f"{path()} has no plausible bus_bytes_per_s for {name!r} "
                    f"(got {record.get('bus_bytes_per_s')!r}; allowed {PLAUSIBLE[0]:g} to {PLAUSIBLE[1]:g} bytes/s)")
     if not problem:

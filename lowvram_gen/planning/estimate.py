@@ -166,6 +166,9 @@ class ModelProfile:
     # (name, elements), and the elements outside them (always resident); planning/residency.py
     residency_blocks: tuple[tuple[str, int], ...] = ()
     residency_fixed: int = 0
+    # bytes of each component's weight files as the folder stores them (fp32, fp16 ...): what loading
+    # reads; empty for the built-in profiles (the published checkpoints: 2 bytes a parameter)
+    file_bytes: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -178,6 +181,7 @@ class ModelProfile:
         kw["residency_blocks"] = tuple((str(n), int(c)) for n, c in d.get("residency_blocks", ()))
         kw["params"] = dict(d["params"])
         kw["largest_layer"] = dict(d.get("largest_layer", {}))
+        kw["file_bytes"] = {str(k): int(v) for k, v in dict(d.get("file_bytes", {})).items()}
         return cls(**kw)
 
     @property
@@ -226,8 +230,23 @@ def profile_from_folder(path) -> ModelProfile:
 
 @functools.lru_cache(maxsize=32)
 def _profile_cached(path: str, stamps: tuple) -> ModelProfile:
+    from dataclasses import replace
+
     profile = _profile_for_dir(path, arch="custom")
-    return _with_matched_arch(profile)
+    return replace(_with_matched_arch(profile), file_bytes=weight_file_bytes(Path(path), profile.params))
+
+
+def weight_file_bytes(root: Path, components) -> dict[str, int]:
+    """Bytes of each component's weight files in a diffusers folder, as diffusers picks them: the
+    files without a variant infix (x.safetensors, not x.fp16.safetensors) when there are any."""
+    out = {}
+    for name in components:
+        files = [f for f in (root / name).glob("*.safetensors") if f.is_file()]
+        plain = [f for f in files if "." not in f.name[: -len(".safetensors")]]  # no .fp16 infix
+        chosen = plain or files
+        if chosen:
+            out[name] = sum(f.stat().st_size for f in chosen)
+    return out
 
 
 def _with_matched_arch(profile: ModelProfile) -> ModelProfile:

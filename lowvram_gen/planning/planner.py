@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from lowvram_gen.device import DeviceInfo, format_size
 from lowvram_gen.planning import bus as bus_mod
+from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning import timing
 from lowvram_gen.planning.estimate import Estimate, _calibration, estimate
 from lowvram_gen.planning.sizes import capped_size, vae_tile_size
@@ -50,6 +51,11 @@ class PresetEstimate:
     # what must cross the bus each step at least, whatever the offload: the denoiser's weights (as this
     # candidate stores them) that do not fit beside its activations and the overhead in the usable memory
     lower_bound_bytes_per_step: int = 0
+    # system RAM (planning/host.py): the candidate's host peak, and whether it fits the machine's RAM
+    # (True where the RAM is unknown: `plan --vram` without `--ram`)
+    host_peak_bytes: int = 0
+    fits_host: bool = True
+    host: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "estimate_bytes": self.estimate_bytes, "fits": self.fits, "width": self.width,
@@ -57,7 +63,8 @@ class PresetEstimate:
                 "streamed_bytes_per_step": self.streamed_bytes_per_step,
                 "est_seconds_per_step": round(self.est_seconds_per_step, 4), "lossy": self.lossy,
                 "capped": self.capped, "why": self.why,
-                "lower_bound_bytes_per_step": self.lower_bound_bytes_per_step, "breakdown": self.breakdown}
+                "lower_bound_bytes_per_step": self.lower_bound_bytes_per_step, "breakdown": self.breakdown,
+                "host_peak_bytes": self.host_peak_bytes, "fits_host": self.fits_host, "host": self.host}
 
 
 @dataclass
@@ -68,10 +75,13 @@ class Plan:
     reason: str
     warnings: list[str] = field(default_factory=list)
     bus: bus_mod.Bus = bus_mod.ASSUMPTION  # the host-to-device bandwidth the step times were estimated with
+    # one sentence when no candidate fits the machine's RAM: what the job needs, what there is, what would
+    # fit. A job with a refusal is stopped before loading (the kernel would kill it, unannounced)
+    refusal: str = ""
 
     def as_dict(self) -> dict:
         return {"preset": self.preset.name, "ladder": [p.name for p in self.ladder], "reason": self.reason,
-                "warnings": list(self.warnings), "bus": self.bus.as_dict(),
+                "warnings": list(self.warnings), "bus": self.bus.as_dict(), "refusal": self.refusal,
                 "presets": [e.as_dict() for e in self.estimates]}
 
 
@@ -81,10 +91,11 @@ def storage(settings) -> str:
 
 
 def variants(preset: Preset, quantize_forced: bool = False) -> list[Preset]:
-    """`preset` as written, then with int8 and int4 weights when it stores them in 16 bits (not when the
-    user chose the weights' storage: --quantize, a batch line's or the UI's Quantize)."""
+    """`preset` as written, then with int8 and int4 weights when it stores them at full width (not when
+    the user chose the weights' storage: --quantize, a batch line's or the UI's Quantize). The cpu
+    preset too: there they save system RAM, the one memory a CPU job has."""
     out = [preset]
-    if preset.device == "gpu" and storage(preset.memory) == "none" and not quantize_forced:
+    if storage(preset.memory) == "none" and not quantize_forced:
         for q in STORAGE_VARIANTS:
             out.append(replace(preset, name=f"{preset.name}+{q}", memory=replace(preset.memory, quantize=q)))
     return out
@@ -131,14 +142,38 @@ class _Rows:
         kept = self.estimate(_resident(p, max(lo, 1))).resident_bytes
         return _resident(p, kept) if kept > 0 else None
 
+    def host(self, p: Preset, resident_bytes: int = 0) -> host_mod.HostEstimate:
+        """The candidate's system RAM peak, with the settings as they run on this device."""
+        w, h, b = self.size(p)
+        settings = p.memory
+        if p.device == "cpu" or not self.device.is_accelerator:
+            if settings.dtype == "float16":  # as engines/sd/apply.effective_settings runs it on a CPU
+                settings = replace(settings, dtype="float32")
+            kind = "cpu"
+        else:
+            kind = self.device.kind
+        return host_mod.host_estimate(self.profile, settings, kind, w, h, b, self.cfg, resident_bytes,
+                                      pinned=kind == "cuda" and settings.pin_memory)
+
+    def fits_host(self, peak: int) -> bool:
+        return self.device.host is None or peak <= self.device.host.usable_bytes
+
     def row(self, p: Preset) -> PresetEstimate:
+        row = self._row(p)
+        hest = self.host(p, row.breakdown.get("resident_bytes", 0) if p.memory.offload == "budget" else 0)
+        row.host_peak_bytes, row.host = hest.peak_bytes, hest.as_dict()
+        row.fits_host = self.fits_host(hest.peak_bytes)
+        return row
+
+    def _row(self, p: Preset) -> PresetEstimate:
         w, h, b = self.size(p)
         est = self.estimate(p)
         images = b * (2 if self.cfg and self.profile.cfg_batch else 1)
         flops = timing.step_flops(self.profile, w, h, images, self.flops_coefficients)
         on_gpu = p.device == "gpu"
+        bus = self.bus.bytes_per_s if p.memory.pin_memory else self.bus.pageable_bytes_per_s
         seconds = timing.seconds_per_step(flops, est.streamed_bytes_per_step, est.moved_bytes_per_job, self.steps,
-                                          storage(p.memory), on_gpu, self.bus.bytes_per_s)
+                                          storage(p.memory), on_gpu, bus)
         lossy = storage(p.memory) in LOSSY
         if not on_gpu:  # system RAM: nothing to fit into
             return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict(), 0, seconds, lossy)
@@ -163,40 +198,130 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
          steps: int = ASSUMED_STEPS, quantize_forced: bool = False) -> Plan:
     rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed))
-    candidates: list[tuple[Preset, PresetEstimate]] = []
-    budgets = []  # budget presets unsized: the ladder sizes them again below each rung
-    for base in gpu_ladder(presets):
-        for p in variants(base, quantize_forced):
-            if p.memory.offload == "budget" and not p.memory.resident_bytes:
-                budgets.append(p)
-            sized = rows.sized(p)
-            if sized is None:
-                continue
-            candidates.append((sized, rows.row(sized)))
-    rows.budgets = budgets
+    candidates = _candidates(rows, presets, quantize_forced)
     if forced is not None:
         forced = rows.sized(forced) or forced
         chosen = (forced, next((r for p, r in candidates if p == forced), None) or rows.row(forced))
         ladder = _ladder(chosen, candidates, rows) if forced.device == "gpu" else [forced]
-        result = Plan(forced, ladder, [r for _, r in candidates], f"forced by the user: {forced.name}")
+        estimates = [r for _, r in candidates] + ([chosen[1]] if forced.device == "cpu" else [])
+        result = Plan(forced, ladder, estimates, f"forced by the user: {forced.name}")
+        if not chosen[1].fits_host:
+            result.refusal = _refusal(rows, [chosen], presets)
     elif not device.is_accelerator:
-        cpu = next((p for p in presets.values() if p.device == "cpu"), None)
-        if cpu is None:
-            raise ValueError("no preset with device = 'cpu' in the presets folder")
-        result = Plan(cpu, [cpu], [r for _, r in candidates] + [rows.row(cpu)], "no GPU found: the cpu preset")
+        result = _choose_cpu(rows, presets, quantize_forced)
     else:
         result = _choose(device, candidates, rows)
+        if not result.refusal and not any(r.fits_host for _, r in candidates):
+            result.refusal = _refusal(rows, candidates, presets)
     result.bus = rows.bus
     result.warnings += [rows.bus.warning] if rows.bus.warning else []
-    if storage(result.preset.memory) in LOSSY:
+    if storage(result.preset.memory) in LOSSY and not result.refusal:
         why = "" if forced else " (nothing lossless fits this card at this size)"
         result.warnings.append(f"{result.preset.name} stores the weights in 4 bits: the image loses some quality{why}")
     return result
 
 
+def _candidates(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) -> list[tuple[Preset, PresetEstimate]]:
+    """Every GPU preset x weight storage (x unpinned streaming, where the RAM is known on CUDA), sized."""
+    candidates: list[tuple[Preset, PresetEstimate]] = []
+    budgets = []  # budget presets unsized: the ladder sizes them again below each rung
+    for base in gpu_ladder(presets):
+        for p in variants(base, quantize_forced):
+            for v in _pin_variants(p, rows.device):
+                if v.memory.offload == "budget" and not v.memory.resident_bytes:
+                    budgets.append(v)
+                sized = rows.sized(v)
+                if sized is None:
+                    continue
+                candidates.append((sized, rows.row(sized)))
+    rows.budgets = budgets
+    return candidates
+
+
+def _pin_variants(p: Preset, device: DeviceInfo) -> list[Preset]:
+    """`p`, and `p` streaming without pinned host copies when it streams on CUDA and the RAM is known: the
+    copies double the streamed weights in RAM, which the machine may not have."""
+    streams = p.memory.offload in ("group", "sequential", "budget") and p.memory.pin_memory
+    if not streams or device.kind != "cuda" or device.host is None:
+        return [p]
+    return [p, replace(p, name=f"{p.name}+unpinned", memory=replace(p.memory, pin_memory=False))]
+
+
+def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) -> Plan:
+    """No accelerator: the cpu preset, with int8/int4 weights when its float32 weights do not fit the RAM
+    (the fastest that fits; 4 bits only when nothing lossless does)."""
+    cpu = next((p for p in presets.values() if p.device == "cpu"), None)
+    if cpu is None:
+        raise ValueError("no preset with device = 'cpu' in the presets folder")
+    options = [(v, rows.row(v)) for v in variants(cpu, quantize_forced)]
+    fitting = [(p, r) for p, r in options if r.fits_host]
+    estimates = [r for _, r in options]
+    if not fitting:
+        plan_ = Plan(cpu, [cpu], estimates, "no GPU found: the cpu preset")
+        plan_.refusal = _refusal(rows, options, presets)
+        return plan_
+    chosen = min(fitting, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step))
+    reason = "no GPU found: the cpu preset"
+    if chosen[0] is not cpu:
+        have = format_size(rows.device.host.usable_bytes) if rows.device.host else "?"
+        reason += f" with {storage(chosen[0].memory)} weights (float32 ones need more than the {have} of RAM usable)"
+    for p, r in options:
+        r.why = "fastest that fits the RAM" if r is chosen[1] else (
+            "slower" if r.fits_host else f"host peak {format_size(r.host_peak_bytes)} does not fit the RAM")
+    return Plan(chosen[0], [chosen[0]], estimates, reason)
+
+
+# How the refusal names a built-in architecture
+LABELS = {"sd15": "SD 1.5", "sd21": "SD 2.1", "sdxl": "SDXL", "sd3": "SD3-medium", "flux": "FLUX.1-dev"}
+GGUF_Q4_BYTES = 4.5 / 8  # bytes a weight of a Q4_K GGUF file (4.5 bits: 4-bit values, scales per block)
+
+
+def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: dict[str, Preset]) -> str:
+    """One sentence: what the job needs at the least, what the machine has, and what would fit."""
+    host = rows.device.host
+    have = format_size(host.usable_bytes) + (" (simulated)" if host.simulated else " usable")
+    least_p, least = min(tried, key=lambda pr: pr[1].host_peak_bytes)
+    label = LABELS.get(rows.profile.arch, "this model")
+    size = f"{least.width}x{least.height}"
+    sentence = (f"{label} at {size} needs about {format_size(least.host_peak_bytes)} of system RAM even at "
+                f"{least_p.name}; this machine has {have}")
+    # what would fit: any candidate the user's choices ruled out, then a smaller file of the same model
+    others = _candidates(rows, presets, False) if rows.device.is_accelerator else []
+    cpu = next((p for p in presets.values() if p.device == "cpu"), None)
+    if not rows.device.is_accelerator and cpu is not None:
+        others = [(v, rows.row(v)) for v in variants(cpu)]
+    fits = [(p, r) for p, r in others if r.fits_host and (r.fits or not rows.device.is_accelerator)]
+    if fits:
+        p, r = min(fits, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step))
+        how = f"--quantize {storage(p.memory)}" if storage(p.memory) in ("int8", "int4") else f"the {p.name} preset"
+        return f"{sentence}; {how} would fit (about {format_size(r.host_peak_bytes)})"
+    gguf = _gguf_q4_peak(rows, least_p)
+    if gguf is not None and rows.fits_host(gguf[1]):
+        return (f"{sentence}; a Q4_K GGUF of its {rows.profile.denoiser} ({gguf[0] / 1e9:.1f} GB) with --quantize "
+                f"int4 would fit (about {format_size(gguf[1])})")
+    return f"{sentence}; nothing smaller fits: run it on a machine with more free RAM, or close other programs"
+
+
+def _gguf_q4_peak(rows: _Rows, p: Preset) -> tuple[int, int] | None:
+    """(file bytes, host peak) of the same job with the denoiser as a Q4_K GGUF file and int4 text encoders."""
+    prof = rows.profile
+    if prof.denoiser_quantized:
+        return None
+    n = prof.params.get(prof.denoiser, 0)
+    file_bytes = int(n * GGUF_Q4_BYTES)
+    gguf = replace(prof, denoiser_quantized=n, denoiser_quantized_bytes=file_bytes, file_bytes={})
+    settings = replace(p.memory, quantize="int4", fp8_storage=False)
+    if p.device == "cpu" or not rows.device.is_accelerator:
+        settings = replace(settings, dtype="float32" if settings.dtype == "float16" else settings.dtype)
+    kind = "cpu" if p.device == "cpu" or not rows.device.is_accelerator else rows.device.kind
+    w, h, b = rows.size(p)
+    est = host_mod.host_estimate(gguf, settings, kind, w, h, b, rows.cfg, 0, pinned=False)
+    return file_bytes, est.peak_bytes
+
+
 def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]], rows: _Rows) -> Plan:
     usable = format_size(device.usable_bytes)
-    fitting = [(p, r) for p, r in candidates if r.fits and not r.skipped_reason]
+    fitting = [(p, r) for p, r in candidates if r.fits and r.fits_host and not r.skipped_reason]
     lossless = [(p, r) for p, r in fitting if not r.lossy and not r.capped]
     # what loses least first: 4-bit weights before a lower resolution upscaled afterwards
     pool = lossless or [(p, r) for p, r in fitting if not r.capped] or fitting
@@ -209,14 +334,17 @@ def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]],
             if r is not chosen[1]:
                 r.why = r.why or ("slower" if (p, r) in pool else
                                   "loses more (4-bit weights or a capped size)" if (p, r) in fitting else
-                                  r.skipped_reason or f"estimate {format_size(r.estimate_bytes)} does not fit")
+                                  r.skipped_reason or (f"host peak {format_size(r.host_peak_bytes)} does not fit the RAM"
+                                                       if not r.fits_host else
+                                                       f"estimate {format_size(r.estimate_bytes)} does not fit"))
         reason = f"fastest candidate whose estimate fits the {usable} usable"
         if not lossless:
             reason += " (nothing lossless fits at the full size)"
         return Plan(chosen[0], _ladder(chosen, candidates, rows), estimates, reason)
     if not candidates:
         raise ValueError("no GPU preset in the presets folder")
-    last = min(candidates, key=lambda pr: (pr[1].estimate_bytes, pr[1].est_seconds_per_step))
+    in_ram = [(p, r) for p, r in candidates if r.fits_host] or candidates  # none: plan() refuses the job
+    last = min(in_ram, key=lambda pr: (pr[1].estimate_bytes, pr[1].est_seconds_per_step))
     last[1].why = "the smallest estimate: nothing fits"
     return Plan(last[0], [last[0]], estimates,
                 f"no candidate's estimate fits; starting at the cheapest ({format_size(last[1].estimate_bytes)}; "
@@ -239,6 +367,7 @@ def _ladder(chosen: tuple[Preset, PresetEstimate], candidates: list[tuple[Preset
             sized = rows.sized(p, int(current * RUNG_STEP))
             if sized is not None and sized not in ladder:
                 below.append((sized, rows.row(sized)))
+        below = [(p, r) for p, r in below if r.fits_host]  # a rung the RAM cannot hold would be killed
         if not below:
             return ladder
         p, r = min(below, key=lambda pr: (pr[1].capped, pr[1].lossy, storage(pr[0].memory) != kept,

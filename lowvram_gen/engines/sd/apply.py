@@ -132,12 +132,14 @@ class PipelineOps:
     def model_offload(self, device: str) -> None:
         self.pipe.enable_model_cpu_offload(device=device)
 
-    def group_offload(self, device: str, leaf: bool, use_stream: bool, skip: tuple[str, ...] = ()) -> None:
+    def group_offload(self, device: str, leaf: bool, use_stream: bool, skip: tuple[str, ...] = (),
+                      pinned: bool = True) -> None:
         """diffusers' group offloading, per component as `pipe.enable_group_offload` does it, except
         that text encoders always go leaf by leaf: block-level grouping only splits a model's
         top-level block lists, and a T5 encoder has none (its blocks sit inside `encoder`), so it
         would be moved whole: 9.5 GB for SD3's and Flux's T5-XXL. The text encoders run once per
-        prompt, so streaming their layers costs about what moving them whole does."""
+        prompt, so streaming their layers costs about what moving them whole does. `pinned=False`: no pinned
+        host copy of each group (diffusers' low_cpu_mem_usage; the `pin_memory` setting)."""
         import torch
         from diffusers.hooks import apply_group_offloading
 
@@ -147,13 +149,14 @@ class PipelineOps:
             by_leaf = leaf or name.startswith("text_encoder")
             kwargs = dict(onload_device=torch.device(device), offload_device=torch.device("cpu"),
                           offload_type="leaf_level" if by_leaf else "block_level",
-                          num_blocks_per_group=None if by_leaf else 1, use_stream=use_stream)
+                          num_blocks_per_group=None if by_leaf else 1, use_stream=use_stream,
+                          low_cpu_mem_usage=use_stream and not pinned)
             if hasattr(component, "enable_group_offload"):
                 component.enable_group_offload(**kwargs)
             else:
                 apply_group_offloading(module=component, **kwargs)
 
-    def budget_offload(self, device: str, streamed: tuple[str, ...], use_stream: bool) -> None:
+    def budget_offload(self, device: str, streamed: tuple[str, ...], use_stream: bool, pinned: bool = True) -> None:
         """Partial residency of the denoiser: the blocks named in `streamed` are streamed in with diffusers'
         group offloading (one group per block, prefetched on a CUDA stream with `use_stream`), everything
         else of the denoiser (the resident blocks, embeddings, norms, conv_in/out) is moved to `device`.
@@ -173,7 +176,7 @@ class PipelineOps:
         _quiet_group_offload_moves()
         name = denoiser_name(self.pipe)
         module = getattr(self.pipe, name)
-        self.group_offload(device, leaf=False, use_stream=use_stream, skip=(name,))
+        self.group_offload(device, leaf=False, use_stream=use_stream, skip=(name,), pinned=pinned)
         units = [module.get_submodule(n) for n in streamed]
         if units and use_stream and not _can_prefetch():
             log.info("budget offload: this diffusers has no lazy-prefetch hook to reuse; streaming without a CUDA stream")
@@ -183,6 +186,7 @@ class PipelineOps:
             holder.blocks = torch.nn.ModuleList(units)  # only a container: the hooks go on the blocks
             apply_group_offloading(holder, onload_device=torch.device(device), offload_device=torch.device("cpu"),
                                    offload_type="block_level", num_blocks_per_group=1, use_stream=use_stream,
+                                   low_cpu_mem_usage=use_stream and not pinned,
                                    exclude_kwargs=getattr(module, "_skip_keys", None))
             if use_stream:
                 _prefetch_in_execution_order(module, units[0])
@@ -328,12 +332,12 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         calls.append(f"model_offload:{target}")
     elif effective.offload == "budget":
         split = budget_split(pipe, effective, device, ops)
-        ops.budget_offload(target, split.streamed, use_stream=device.kind == "cuda")
+        ops.budget_offload(target, split.streamed, use_stream=device.kind == "cuda", pinned=effective.pin_memory)
         calls.append(f"budget_offload:{split.resident_bytes}:{target}")
         applied.residency = split
     else:
         leaf = effective.offload == "sequential"
-        ops.group_offload(target, leaf=leaf, use_stream=device.kind == "cuda")
+        ops.group_offload(target, leaf=leaf, use_stream=device.kind == "cuda", pinned=effective.pin_memory)
         calls.append(f"group_offload:{'leaf' if leaf else 'block'}:{target}")
     if device.kind == "cpu" and effective.offload != "none":
         skipped.append(f"offload {effective.offload} runs on the CPU but saves nothing there (no VRAM)")

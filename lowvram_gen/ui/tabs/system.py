@@ -38,8 +38,9 @@ def build(ctx: TabContext) -> None:
         mem = (f"total {format_size(d.total_bytes)}, free {format_size(d.free_bytes)}, "
                f"usable {format_size(d.usable_bytes)}" if d.is_accelerator else "system RAM (no GPU)")
         loaded = session.loaded_model_name() or "none"
+        ram = f" System RAM: {html.escape(d.host.describe())}." if d.host is not None else ""
         return (f"**{html.escape(d.name)}** ({d.kind}): {mem}. In use by lowvram-gen: {format_size(used)}. "
-                f"Loaded model: `{html.escape(loaded)}`.")
+                f"Loaded model: `{html.escape(loaded)}`.{ram}")
 
     def limits():
         """The sliders' values (GiB) from the session: what the next job applies."""
@@ -61,9 +62,12 @@ def build(ctx: TabContext) -> None:
             result = session.plan(job)
         except LowVramError as exc:
             raise messages.error(exc, request) from None
-        ram = {p.name for p in session.presets().values() if p.device == "cpu"}
-        rows = [[e.name, format_size(e.estimate_bytes), "system RAM" if e.name in ram else "yes" if e.fits else "no",
+        cpu = {p.name for p in session.presets().values() if p.device == "cpu"}
+        rows = [[e.name, format_size(e.estimate_bytes), "system RAM" if e.name.split("+")[0] in cpu else
+                 "yes" if e.fits else "no", format_size(e.host_peak_bytes), "yes" if e.fits_host else "no",
                  f"{e.width}x{e.height}", e.batch, e.skipped_reason] for e in result.estimates]
+        if result.refusal:
+            return rows, f"Would not run: {html.escape(messages.for_ui(result.refusal))}"
         return rows, f"Would run: **{result.preset.name}** ({html.escape(messages.for_ui(result.reason))})"
 
     def presets_table():
@@ -96,7 +100,8 @@ def build(ctx: TabContext) -> None:
         gr.Markdown("### Plan for the current txt2img request")
         plan_btn = gr.Button("Estimate", elem_id="estimate")
         plan_md = gr.Markdown(elem_id="plan")
-        plan_df = gr.Dataframe(headers=["preset", "estimate", "fits", "size", "batch", "skipped"],
+        plan_df = gr.Dataframe(headers=["preset", "VRAM estimate", "fits VRAM", "RAM estimate", "fits RAM", "size",
+                                        "batch", "skipped"],
                                interactive=False, elem_id="plan-table")
         gr.Markdown("### Presets")
         forced_md = gr.Markdown()

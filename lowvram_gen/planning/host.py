@@ -1,0 +1,178 @@
+"""Estimate the peak system RAM (the host's memory) of a job, beside planning/estimate.py's VRAM peak.
+
+When RAM runs out the kernel's OOM killer ends the process and nothing can step down, so the planner
+never picks a candidate whose host peak does not fit (hostmem.py says what the machine has). The peak
+is the larger of two phases, plus the process itself:
+
+    load   components loaded one after the other: those already loaded, at the bytes they keep,
+           plus the one loading, at its bytes plus the transient of loading it (its file's pages as
+           they are read, when they are converted to another dtype or quantized on the way)
+    run    every component at the bytes it keeps in RAM, plus (on a CPU) the activations of the
+           largest phase, plus (on a GPU streaming from RAM with a CUDA stream) the pinned copies
+           diffusers' group offloading makes
+
+    + BASELINE: Python, torch, diffusers and transformers themselves (+ CUDA_HOST on a GPU)
+
+What a component keeps in RAM: on the CPU, everything; on a GPU with offload = "none", nothing after
+it is placed (the load phase still held it all: pipelines load on the host, then move); under model,
+group, sequential and budget offload, everything but a budget split's resident part. Its bytes: int8
+or int4 weights (quantized while loading, models/loading.py) at QUANTIZED_BYTES, a GGUF denoiser at
+its stored size, the rest at the load dtype.
+
+The constants are measured on this project's benchmark (benchmarks/host_peaks.py: real-size SD 1.5
+and SDXL folders under cgroup limits; docs/benchmarks.md has the table), except where a comment says
+it is a judgement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from lowvram_gen.planning import estimate as memory
+from lowvram_gen.settings import MemorySettings
+
+MiB = 1024**2
+GiB = 1024**3
+# Resident set of the CLI process with torch, diffusers and transformers imported and nothing loaded:
+# measured (benchmarks/host_peaks.py, "baseline"). Gradio adds to it in the web UI, but the UI's
+# process is measured as it runs (hostmem.process_rss), so that part is never estimated.
+BASELINE_BYTES = 660 * MiB
+# The CUDA context, cuBLAS/cuDNN and the kernels they load, in host memory: a judgement (no GPU here),
+# from torch processes that report 1-1.5 GB more RSS once CUDA is up.
+CUDA_HOST_BYTES = 1 * GiB
+# Bytes of file pages resident per byte of a component's file while it is converted (to another dtype,
+# or quantized) as it loads: safetensors maps the file and the pages read stay resident until the
+# component is built (measured: SD 1.5's UNet file, 1.7 GB, was all resident at the peak).
+LOAD_TRANSIENT = 1.0
+# The CPU allocator's overhead on activations (fragmentation, glibc arenas) on top of the
+# activation estimate the VRAM model makes for the same shapes: measured on the cpu preset.
+CPU_ACTIVATION_FACTOR = 1.0
+
+
+@dataclass(frozen=True)
+class HostEstimate:
+    peak_bytes: int
+    phase: str  # 'load' | 'run'
+    baseline_bytes: int
+    weights_bytes: int  # every component as kept in RAM during the run
+    load_bytes: int  # the load phase's peak, baseline included
+    load_file_pages_bytes: int  # file pages resident while a component is converted: reclaimable, not in the peak
+    run_bytes: int  # the run phase's peak, baseline included
+    pinned_bytes: int = 0  # pinned copies of what group offloading streams with a CUDA stream
+    activation_bytes: int = 0  # on the CPU: the largest phase's activations
+
+    @property
+    def rss_peak_bytes(self) -> int:
+        """What an unlimited run's peak RSS shows: the peak plus the file pages resident while loading."""
+        return max(self.run_bytes, self.load_bytes + self.load_file_pages_bytes)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "rss_peak_bytes": self.rss_peak_bytes}
+
+
+def kept_bytes(profile: memory.ModelProfile, settings: MemorySettings) -> dict[str, int]:
+    """Bytes each component holds once loaded, as `settings` store it (no placement taken into account)."""
+    b = memory.DTYPE_BYTES[settings.dtype]
+    q = memory.QUANTIZED_BYTES.get(settings.quantize)
+    den = profile.denoiser
+    out = {}
+    for name, n in profile.params.items():
+        if name == den and profile.denoiser_quantized:  # GGUF: as the file stores it
+            out[name] = (n - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes
+        elif q and name == den:
+            out[name] = (n - profile.fp8_kept) * q + profile.fp8_kept * b
+        elif q and name.startswith("text_encoder"):
+            # sdnq leaves the token embedding (the largest layer of a CLIP or T5 encoder) alone
+            emb = profile.largest_layer.get(name, 0)
+            out[name] = (n - emb) * q + emb * b
+        elif name == den and settings.fp8_storage:
+            out[name] = (n - profile.fp8_kept) * memory.FP8_BYTES + profile.fp8_kept * b
+        else:
+            out[name] = n * b
+    return {k: int(v) for k, v in out.items()}
+
+
+def mapped(profile: memory.ModelProfile, settings: MemorySettings, name: str) -> bool:
+    """Whether `name` keeps its weights memory-mapped from its file after loading: it loads at the dtype
+    its file stores (diffusers then uses the safetensors mapping as the weights; measured: an fp16 SD
+    1.5 folder loaded at float16 adds 0.15 GB of anonymous memory for 2.0 GB of weights) and nothing
+    rewrites them (int8/int4, fp8, a GGUF denoiser). Its pages are read, and become resident, when a
+    forward or a move to the GPU touches them."""
+    n = profile.params.get(name, 0)
+    if not n or (name == profile.denoiser and (profile.denoiser_quantized or settings.fp8_storage)):
+        return False
+    if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
+        return False
+    return round(profile_file_bytes(profile, name) / n) == memory.DTYPE_BYTES[settings.dtype]
+
+
+def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> tuple[int, int]:
+    """Components load one after the other; at the worst moment every converted component is loaded
+    (mapped ones are not read yet) and the one whose conversion costs most is being loaded: its file's
+    pages are resident beside what it becomes (measured: SD 1.5's fp16 UNet loaded at float32 peaks at
+    its 3.4 GB plus its 1.7 GB file). fp8 storage casts after the load: the denoiser is whole at the
+    dtype first. int8/int4 quantize layer by layer as the component loads (models/loading.py).
+
+    Returns (the bytes that must fit, the file pages on top): the kernel drops clean file pages under
+    pressure instead of killing, so they show in an unlimited run's peak RSS but need not fit."""
+    b = memory.DTYPE_BYTES[settings.dtype]
+    converted = [name for name in profile.params if not mapped(profile, settings, name)]
+    whole, pages = 0, 0
+    for name in converted:
+        extra = profile.params[name] * b - kept[name] if name == profile.denoiser and settings.fp8_storage else 0
+        whole = max(whole, extra)  # whole at the dtype before the cast to fp8
+        pages = max(pages, LOAD_TRANSIENT * profile_file_bytes(profile, name))
+    return int(sum(kept[n] for n in converted) + whole), int(pages)
+
+
+def profile_file_bytes(profile: memory.ModelProfile, name: str) -> int:
+    """The bytes of `name`'s weight file: as measured in the folder, else 2 bytes a parameter (the
+    published checkpoints store fp16 or bf16)."""
+    stored = getattr(profile, "file_bytes", {}) or {}
+    if stored.get(name):
+        return int(stored[name])
+    if name == profile.denoiser and profile.denoiser_quantized:
+        return int((profile.params[name] - profile.denoiser_quantized) * 2 + profile.denoiser_quantized_bytes)
+    return int(profile.params.get(name, 0) * 2)
+
+
+def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device_kind: str, width: int,
+                  height: int, batch: int, cfg: bool = True, resident_bytes: int = 0,
+                  pinned: bool = False) -> HostEstimate:
+    """The host peak of one job (see the module doc). `settings`: the effective ones on this device (the
+    cpu preset's float32, not the preset's float16). `resident_bytes`: what a budget split keeps on the
+    GPU (not in RAM during the run). `pinned`: group offloading pins copies of what it streams (CUDA,
+    unless the settings ask it not to)."""
+    kept = kept_bytes(profile, settings)
+    total_kept = sum(kept.values())
+    on_cpu = device_kind == "cpu"
+    base = BASELINE_BYTES + (CUDA_HOST_BYTES if device_kind == "cuda" else 0)
+    act = 0
+    if on_cpu:
+        b = memory.DTYPE_BYTES[settings.dtype]
+        cfg = cfg and profile.cfg_batch
+        images = batch * (2 if cfg else 1)
+        unet = memory.unet_activation_bytes(profile, width, height, images, b, settings.attention)
+        vae = memory.vae_activation_bytes(profile, width, height, batch, b, settings.vae_slicing,
+                                          settings.vae_tiling)
+        act = int(CPU_ACTIVATION_FACTOR * max(unet, vae, memory.text_activation_bytes(profile, images, b)))
+        in_ram = total_kept
+    elif settings.offload == "none":
+        # placed on the device after loading; moving a mapped component reads its whole file once
+        in_ram = max((profile_file_bytes(profile, n) for n in profile.params if mapped(profile, settings, n)),
+                     default=0)
+    elif settings.offload == "budget":
+        in_ram = max(0, total_kept - int(resident_bytes))
+    else:
+        in_ram = total_kept
+    pinned_bytes = 0
+    if pinned and not on_cpu and settings.offload in ("group", "sequential", "budget"):
+        pinned_bytes = in_ram  # a pinned copy of every streamed group, made when the hooks go on
+    run = base + in_ram + pinned_bytes + act
+    load, pages = _load_peak(profile, settings, kept)
+    load += base
+    phase, peak = ("load", load) if load >= run else ("run", run)
+    return HostEstimate(peak_bytes=int(peak), phase=phase, baseline_bytes=int(base), weights_bytes=int(in_ram),
+                        load_bytes=int(load), load_file_pages_bytes=pages, run_bytes=int(run),
+                        pinned_bytes=int(pinned_bytes), activation_bytes=int(act))
+
