@@ -335,6 +335,21 @@ def test_gradio_client_generate_with_only_a_prompt(server):
     assert "pick a real model in the Model box" in summary and "--model" not in summary
 
 
+def test_a_job_that_does_not_fit_the_ram_is_refused_and_the_ui_keeps_serving(server):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(server.url, verbose=False)
+    server.session.ram_budget = 64 * 1024**2  # as if the machine had 64 MiB free
+    try:
+        with pytest.raises(AppError, match="of system RAM.*this machine has 64 MiB usable"):
+            client.predict(prompt="too big", width=64, height=64, steps=1, api_name="/generate")
+    finally:
+        server.session.ram_budget = None
+    _, info, _, _ = client.predict(prompt="fits", width=64, height=64, steps=1, api_name="/generate")
+    assert info.startswith("fits")
+
+
 def test_two_clients_at_once_both_finish_one_after_the_other(server):
     from gradio_client import Client
 

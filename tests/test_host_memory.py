@@ -1,0 +1,229 @@
+"""System RAM, the second memory (issue 17): the probe reads /proc and the cgroup's limit files, the
+planner estimates each candidate's host peak and never picks one that does not fit, and a job that
+fits nowhere stops before loading with one sentence, at the CLI, in a batch and in the UI.
+
+The cgroup files are fixtures laid out as the kernel lays them out (v1: memory.limit_in_bytes and
+memory.usage_in_bytes under /sys/fs/cgroup/memory/<path>; v2: memory.max and memory.current under
+/sys/fs/cgroup/<path>); the real-size measurements under cgroup limits are benchmarks/host_peaks.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lowvram_gen import device as device_mod
+from lowvram_gen.hostmem import HostMemory, probe_host, simulated_host
+from lowvram_gen.planning import estimate as memory
+from lowvram_gen.planning import host as host_mod
+from lowvram_gen.planning.planner import plan
+from lowvram_gen.presets import load_presets
+from lowvram_gen.settings import MemorySettings
+
+GiB = 1024**3
+MiB = 1024**2
+NO_LIMIT_V1 = 9223372036854771712  # what cgroup v1 writes for "no limit"
+
+
+def fake_root(tmp_path: Path, meminfo_total_gib: float, available_gib: float, cgroup: str | None = None,
+              files: dict[str, str] | None = None, rss_kib: int = 102400) -> Path:
+    root = tmp_path / "root"
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/meminfo").write_text(f"MemTotal:       {int(meminfo_total_gib * GiB / 1024)} kB\n"
+                                       f"MemFree:        1000 kB\n"
+                                       f"MemAvailable:   {int(available_gib * GiB / 1024)} kB\n")
+    (root / "proc/self/status").write_text(f"Name:\tpython\nVmRSS:\t  {rss_kib} kB\n")
+    (root / "proc/self/cgroup").write_text(cgroup or "0::/\n")
+    for rel, text in (files or {}).items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+# ------------------------------------------------------------------------------------------ probe
+
+
+def test_probe_without_a_cgroup_limit_reads_meminfo(tmp_path):
+    root = fake_root(tmp_path, 32, 20, "0::/user.slice\n", {"sys/fs/cgroup/user.slice/memory.max": "max\n"})
+    host = probe_host(root=root)
+    assert host.total_bytes == 32 * GiB and host.available_bytes == 20 * GiB and host.limit_bytes is None
+    assert host.process_bytes == 100 * MiB
+    assert host.usable_bytes == 20 * GiB + 100 * MiB  # what is free plus what this process holds already
+
+
+def test_probe_reads_a_cgroup_v1_limit_and_leaves_reclaimable_cache_out_of_the_usage(tmp_path):
+    cg = "sys/fs/cgroup/memory/docker/abc"
+    root = fake_root(tmp_path, 64, 50, "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n", {
+        f"{cg}/memory.limit_in_bytes": f"{12 * GiB}\n",
+        f"{cg}/memory.usage_in_bytes": f"{5 * GiB}\n",
+        f"{cg}/memory.stat": f"cache 100\ninactive_file {2 * GiB}\ntotal_inactive_file {2 * GiB}\n",
+        "sys/fs/cgroup/memory/docker/memory.limit_in_bytes": f"{NO_LIMIT_V1}\n",
+        "sys/fs/cgroup/memory/memory.limit_in_bytes": f"{NO_LIMIT_V1}\n",
+    })
+    host = probe_host(root=root)
+    assert host.limit_bytes == 12 * GiB and host.limit_source.endswith("docker/abc/memory.limit_in_bytes")
+    assert host.total_bytes == 12 * GiB  # the container's, not the machine's 64
+    assert host.available_bytes == 12 * GiB - (5 - 2) * GiB  # page cache the kernel can drop is room
+
+
+def test_probe_reads_a_cgroup_v2_limit_and_a_tighter_parent_wins(tmp_path):
+    root = fake_root(tmp_path, 64, 50, "0::/colab/kernel\n", {
+        "sys/fs/cgroup/colab/kernel/memory.max": f"{16 * GiB}\n",
+        "sys/fs/cgroup/colab/kernel/memory.current": f"{1 * GiB}\n",
+        "sys/fs/cgroup/colab/memory.max": f"{12 * GiB}\n",
+        "sys/fs/cgroup/colab/memory.current": f"{3 * GiB}\n",
+        "sys/fs/cgroup/colab/memory.stat": "anon 1\ninactive_file 0\n",
+    })
+    host = probe_host(root=root)
+    assert host.limit_bytes == 12 * GiB and host.limit_source == "/sys/fs/cgroup/colab/memory.max"
+    assert host.available_bytes == 9 * GiB
+
+
+def test_probe_takes_meminfo_when_it_is_tighter_than_the_cgroup(tmp_path):
+    cg = "sys/fs/cgroup/memory/slice"
+    root = fake_root(tmp_path, 16, 3, "4:memory:/slice\n", {f"{cg}/memory.limit_in_bytes": f"{12 * GiB}\n",
+                                                           f"{cg}/memory.usage_in_bytes": f"{1 * GiB}\n"})
+    assert probe_host(root=root).available_bytes == 3 * GiB
+
+
+def test_ram_budget_caps_the_usable_ram(tmp_path):
+    root = fake_root(tmp_path, 32, 20)
+    assert probe_host(budget_bytes=6 * GiB, root=root).usable_bytes == 6 * GiB
+
+
+def test_the_real_probe_reads_this_machine():
+    host = probe_host()
+    assert 0 < host.available_bytes <= host.total_bytes
+    assert host.process_bytes > 0
+
+
+# ------------------------------------------------------------------------------------ estimate
+
+
+def test_host_estimate_counts_float32_weights_twice_the_fp16_ones_and_int8_at_a_byte():
+    sdxl = memory.profile_builtin("sdxl")
+    f32 = host_mod.host_estimate(sdxl, MemorySettings(dtype="float32"), "cpu", 512, 512, 1)
+    i8 = host_mod.host_estimate(sdxl, MemorySettings(dtype="float32", quantize="int8"), "cpu", 512, 512, 1)
+    params = sum(sdxl.params.values())
+    assert f32.weights_bytes == params * 4
+    assert i8.weights_bytes < params * 1.5  # denoiser and text encoders at ~1 byte, the VAE at 4
+    assert f32.activation_bytes > 0 and f32.peak_bytes > f32.weights_bytes + host_mod.BASELINE_BYTES
+
+
+def test_a_component_loaded_at_its_file_dtype_stays_mapped_and_a_gpu_job_holds_one_at_a_time():
+    sd15 = memory.profile_builtin("sd15")  # published checkpoints: 2 bytes a weight
+    assert host_mod.mapped(sd15, MemorySettings(dtype="float16"), "unet")
+    assert not host_mod.mapped(sd15, MemorySettings(dtype="float32"), "unet")
+    assert not host_mod.mapped(sd15, MemorySettings(dtype="float16", quantize="int8"), "unet")
+    gpu = host_mod.host_estimate(sd15, MemorySettings(dtype="float16"), "cuda", 512, 512, 1)
+    assert gpu.weights_bytes == host_mod.profile_file_bytes(sd15, "unet")  # the largest, while it moves
+
+
+def test_pinned_copies_double_what_group_offload_streams_from_ram():
+    flux = memory.profile_builtin("flux")
+    s = MemorySettings(dtype="bfloat16", offload="group")
+    pinned = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=True)
+    plain = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=False)
+    assert pinned.pinned_bytes == plain.weights_bytes > 0
+    assert pinned.run_bytes - plain.run_bytes == plain.weights_bytes
+
+
+# ------------------------------------------------------------------------------------- planner
+
+
+def _cpu(ram: str):
+    return replace(device_mod.fake(0, kind="cpu"), host=simulated_host(ram))
+
+
+@pytest.mark.parametrize("ram, expected", [("32GiB", "cpu"), ("12GiB", "cpu+int8"), ("8GiB", "cpu+int8"),
+                                           ("5GiB", "cpu+int4")])
+def test_on_a_cpu_the_planner_picks_the_fastest_candidate_whose_host_peak_fits(ram, expected):
+    result = plan(_cpu(ram), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets())
+    assert result.preset.name == expected and not result.refusal
+    chosen = next(e for e in result.estimates if e.name == expected)
+    assert chosen.fits_host and chosen.host_peak_bytes <= simulated_host(ram).usable_bytes
+    faster = [e for e in result.estimates if e.est_seconds_per_step < chosen.est_seconds_per_step and not e.lossy]
+    assert all(not e.fits_host for e in faster)
+
+
+def test_nothing_fits_the_ram_gives_one_sentence_with_what_it_needs_what_there_is_and_what_would_fit():
+    result = plan(_cpu("2GiB"), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets())
+    assert result.refusal.startswith("SDXL at 512x512 needs about ")
+    assert "this machine has 2.0 GiB (simulated)" in result.refusal
+    assert "\n" not in result.refusal and result.refusal.count(";") == 2
+
+
+def test_a_forced_quantize_none_that_does_not_fit_names_the_quantization_that_would():
+    result = plan(_cpu("12GiB"), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets(),
+                  quantize_forced=True)
+    assert "--quantize int8 would fit" in result.refusal
+
+
+def test_gpu_plan_for_flux_with_16_gib_of_ram_picks_a_candidate_under_it():
+    dev = replace(device_mod.simulated("8GiB"), host=simulated_host("16GiB"))
+    result = plan(dev, memory.profile_builtin("flux"), 1024, 1024, 1, load_presets())
+    chosen = next(e for e in result.estimates if e.name == result.preset.name)
+    assert not result.refusal and chosen.fits and chosen.fits_host
+    assert chosen.host_peak_bytes < 16 * GiB
+    assert any(e.fits and not e.fits_host for e in result.estimates)  # what VRAM alone would have picked
+    rows = {e.name: e for e in result.estimates}
+    assert all(rows[p.name].fits_host for p in result.ladder if p.name in rows)  # no rung the RAM cannot hold
+
+
+def test_unknown_ram_changes_nothing():
+    dev = device_mod.simulated("8GiB")
+    assert dev.host is None
+    result = plan(dev, memory.profile_builtin("flux"), 1024, 1024, 1, load_presets())
+    assert not result.refusal and all(e.fits_host for e in result.estimates)
+
+
+def test_plan_cli_json_has_the_host_peak_of_every_candidate_and_the_sentence(capsys):
+    from lowvram_gen.cli.main import main
+
+    assert main(["plan", "--vram", "8GiB", "--ram", "16GiB", "--model", "flux", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    chosen = next(p for p in data["presets"] if p["name"] == data["preset"])
+    assert chosen["host_peak_bytes"] < 16 * GiB and chosen["fits_host"] and not data["refusal"]
+    assert main(["plan", "--ram", "8GiB", "--model", "flux"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("would not run: ")]
+    assert len(lines) == 1 and "FLUX.1-dev" in lines[0] and "this machine has 8.0 GiB" in lines[0]
+
+
+# ------------------------------------------------------------------------- refusal before loading
+
+
+def test_generate_that_does_not_fit_the_ram_exits_2_before_loading(tmp_path, capsys, monkeypatch):
+    from lowvram_gen import session as session_mod
+    from lowvram_gen.cli.main import main
+
+    def no_load(*a, **kw):
+        raise AssertionError("the model was loaded although the plan does not fit the RAM")
+
+    monkeypatch.setattr(session_mod, "load", no_load)
+    code = main(["generate", "a red fox", "--width", "64", "--height", "64", "--steps", "1", "--ram-budget", "64MiB",
+                 "--outdir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "needs about" in err and "of system RAM" in err and "this machine has 64 MiB usable" in err
+    assert not list(tmp_path.rglob("*.png"))
+
+
+def test_a_batch_records_a_line_that_does_not_fit_as_failed_and_goes_on(tmp_path):
+    from lowvram_gen.batch import manifest as bm
+    from lowvram_gen.batch.command import run_batch
+    from lowvram_gen.session import Session
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("first\nsecond\n")
+    outdir = tmp_path / "out"
+    session = Session(device="cpu", ram_budget=64 * MiB, outdir=str(outdir))
+    code = run_batch(prompts, outdir, {"model": "tiny", "width": 64, "height": 64, "steps": 1}, {"device": "cpu"},
+                     session=session)
+    records = bm.read_records(bm.current_manifests(outdir))
+    assert code != 0 and [r["status"] for r in records] == ["failed", "failed"]
+    assert all("of system RAM" in r["error"] for r in records)
