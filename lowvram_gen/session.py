@@ -26,6 +26,7 @@ from lowvram_gen.engines.sd.runner import Runner
 from lowvram_gen.engines.vqgan import job as vqgan_job
 from lowvram_gen.errors import NotEnoughRam
 from lowvram_gen.ladder import Ladder
+from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
@@ -142,7 +143,8 @@ class Session:
                 the_plan = self.plan(request, device, source)
             if the_plan.refusal:
                 raise NotEnoughRam(the_plan.refusal)
-            load_dtype = apply_mod.effective_settings(the_plan.preset.memory, device)[0].dtype
+            effective = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
+            load_dtype = apply_mod.load_dtype(effective, half_dtype(source.path) if effective.half_storage else "float16")
             model = self.load_model(request.model, request.config, load_dtype)
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))

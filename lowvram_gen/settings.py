@@ -47,6 +47,12 @@ class MemorySettings:
     # weights as they are (diffusers' low_cpu_mem_usage), slower copies, no second copy in RAM. The
     # planner turns it off when the pinned copies would not fit the machine's RAM.
     pin_memory: bool = True
+    # Keep every weight in 16 bits as a half-precision checkpoint stores it and compute each layer in
+    # `dtype` (float32), upcast as it runs (diffusers' layerwise casting): the same numbers as float32
+    # weights loaded from that file, in half the system RAM, the weights memory-mapped from the file.
+    # For the cpu preset, where float32 is the compute dtype; the planner adds it (cpu+half) when
+    # float32 weights would not fit the RAM.
+    half_storage: bool = False
 
     def check(self, where: str = "settings") -> "MemorySettings":
         for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD),
@@ -54,7 +60,7 @@ class MemorySettings:
             value = getattr(self, key)
             if value not in allowed:
                 raise PresetError(f"{where}: {key} = {value!r} is not allowed; use one of {', '.join(allowed)}")
-        for key in ("vae_slicing", "vae_tiling", "fp8_storage", "pin_memory"):
+        for key in ("vae_slicing", "vae_tiling", "fp8_storage", "pin_memory", "half_storage"):
             if not isinstance(getattr(self, key), bool):
                 raise PresetError(f"{where}: {key} = {getattr(self, key)!r} must be true or false")
         resident = self.resident_bytes
@@ -66,6 +72,9 @@ class MemorySettings:
                               f"not offload = {self.offload!r}; remove it or use offload = 'budget'")
         if self.fp8_storage and self.dtype == "float32":
             raise PresetError(f"{where}: fp8_storage needs dtype float16 or bfloat16 to compute in, not float32")
+        if self.half_storage and (self.dtype != "float32" or self.fp8_storage or self.quantize != "none"):
+            raise PresetError(f"{where}: half_storage keeps 16-bit weights for float32 compute: it needs dtype = "
+                              "'float32', fp8_storage = false and quantize = 'none'")
         if self.fp8_storage and self.quantize != "none":
             raise PresetError(f"{where}: quantize = {self.quantize!r} and fp8_storage = true both shrink the "
                               "denoiser's weights; use one (quantize = 'none' or fp8_storage = false)")
@@ -76,7 +85,8 @@ class MemorySettings:
         preset's. A forced quantization replaces the preset's fp8 storage: both are ~1 byte a weight."""
         if quantize is None:
             return self
-        return replace(self, quantize=quantize, fp8_storage=self.fp8_storage and quantize == "none")
+        return replace(self, quantize=quantize, fp8_storage=self.fp8_storage and quantize == "none",
+                       half_storage=self.half_storage and quantize == "none")
 
     def as_dict(self) -> dict:
         return asdict(self)

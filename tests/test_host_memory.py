@@ -139,7 +139,7 @@ def _cpu(ram: str):
     return replace(device_mod.fake(0, kind="cpu"), host=simulated_host(ram))
 
 
-@pytest.mark.parametrize("ram, expected", [("32GiB", "cpu"), ("12GiB", "cpu+int8"), ("8GiB", "cpu+int8"),
+@pytest.mark.parametrize("ram, expected", [("32GiB", "cpu"), ("12GiB", "cpu+half"), ("8GiB", "cpu+int8"),
                                            ("5GiB", "cpu+int4")])
 def test_on_a_cpu_the_planner_picks_the_fastest_candidate_whose_host_peak_fits(ram, expected):
     result = plan(_cpu(ram), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets())
@@ -158,9 +158,18 @@ def test_nothing_fits_the_ram_gives_one_sentence_with_what_it_needs_what_there_i
 
 
 def test_a_forced_quantize_none_that_does_not_fit_names_the_quantization_that_would():
-    result = plan(_cpu("12GiB"), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets(),
-                  quantize_forced=True)
+    sdxl = memory.profile_builtin("sdxl")
+    assert plan(_cpu("12GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True).preset.name == "cpu+half"
+    result = plan(_cpu("8GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True)
     assert "--quantize int8 would fit" in result.refusal
+
+
+def test_cpu_flag_runs_on_the_cpu_with_the_weights_the_ram_allows():
+    from lowvram_gen.presets import find_preset
+
+    result = plan(_cpu("12GiB"), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets(),
+                  forced=find_preset("cpu"))
+    assert result.preset.name == "cpu+half" and result.reason.startswith("forced by the user: cpu")
 
 
 def test_gpu_plan_for_flux_with_16_gib_of_ram_picks_a_candidate_under_it():
@@ -227,3 +236,69 @@ def test_a_batch_records_a_line_that_does_not_fit_as_failed_and_goes_on(tmp_path
     records = bm.read_records(bm.current_manifests(outdir))
     assert code != 0 and [r["status"] for r in records] == ["failed", "failed"]
     assert all("of system RAM" in r["error"] for r in records)
+
+
+# ----------------------------------------------------------------------------------- half storage
+
+
+@pytest.fixture(scope="module")
+def tiny_fp16(tiny_path, tmp_path_factory):
+    """The tiny model saved as the published SD checkpoints are: fp16 safetensors."""
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    folder = tmp_path_factory.mktemp("fp16") / "tiny-fp16"
+    StableDiffusionPipeline.from_pretrained(tiny_path, dtype=torch.float16).save_pretrained(folder)
+    return folder
+
+
+def _cpu_presets(tmp_path, half: bool) -> Path:
+    folder = tmp_path / ("half" if half else "plain")
+    folder.mkdir()
+    from lowvram_gen.presets import presets_dir
+
+    text = (presets_dir() / "cpu.toml").read_text()
+    (folder / "cpu.toml").write_text(text.replace("[memory]\n", f"[memory]\nhalf_storage = {str(half).lower()}\n"))
+    return folder
+
+
+def test_half_storage_gives_the_float32_image_from_16_bit_weights(tiny_fp16, tmp_path):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from lowvram_gen.request import GenerationRequest
+    from lowvram_gen.session import Session
+
+    images = {}
+    for half in (False, True):
+        session = Session(device="cpu", presets_dir=str(_cpu_presets(tmp_path, half)), outdir=str(tmp_path / "out"))
+        result = session.generate(GenerationRequest(prompt="a fox", model=str(tiny_fp16), width=64, height=64,
+                                                    steps=2, seed=3))
+        images[half] = np.asarray(Image.open(result.images[0]))
+        unet = session.model.pipe.unet
+        weights = {p.dtype for n, p in unet.named_parameters() if n.endswith("conv1.weight")}
+        assert weights == ({torch.float16} if half else {torch.float32})
+        assert session.model.dtype == ("float16" if half else "float32")
+    assert np.array_equal(images[False], images[True])
+
+
+def test_half_files_are_what_a_folder_stores():
+    assert host_mod.half_files(memory.profile_builtin("sdxl"))  # the published checkpoints
+    sd15 = memory.profile_builtin("sd15")
+    fp32 = replace(sd15, file_bytes={"unet": sd15.params["unet"] * 4})
+    assert not host_mod.half_files(fp32)
+    assert host_mod.kept_bytes(sd15, MemorySettings(dtype="float32", half_storage=True))["unet"] == sd15.params["unet"] * 2
+
+
+def test_the_file_dtype_is_read_from_the_safetensors_header(tiny_fp16, tiny_path, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from lowvram_gen.models.filedtype import half_dtype
+
+    assert half_dtype(tiny_fp16) == "float16"
+    single = tmp_path / "bf16.safetensors"
+    save_file({"a": torch.zeros(2, dtype=torch.bfloat16), "b": torch.zeros(2, dtype=torch.bfloat16)}, single)
+    assert half_dtype(single) == "bfloat16"
+    assert half_dtype(tmp_path / "missing.safetensors") == "float16"

@@ -85,6 +85,9 @@ def kept_bytes(profile: memory.ModelProfile, settings: MemorySettings) -> dict[s
             # sdnq leaves the token embedding (the largest layer of a CLIP or T5 encoder) alone
             emb = profile.largest_layer.get(name, 0)
             out[name] = (n - emb) * q + emb * b
+        elif settings.half_storage:  # 16-bit as the file stores them; a text encoder's embeddings at the dtype
+            emb = profile.largest_layer.get(name, 0) if name.startswith("text_encoder") else 0
+            out[name] = min(n * b, profile_file_bytes(profile, name) - emb * 2 + emb * b)
         elif name == den and settings.fp8_storage:
             out[name] = (n - profile.fp8_kept) * memory.FP8_BYTES + profile.fp8_kept * b
         else:
@@ -103,7 +106,15 @@ def mapped(profile: memory.ModelProfile, settings: MemorySettings, name: str) ->
         return False
     if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
         return False
-    return round(profile_file_bytes(profile, name) / n) == memory.DTYPE_BYTES[settings.dtype]
+    width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
+    return round(profile_file_bytes(profile, name) / n) == width
+
+
+def half_files(profile: memory.ModelProfile) -> bool:
+    """Whether the model's weight files are 16-bit (what half storage keeps): the published checkpoints
+    and folders whose denoiser file holds about 2 bytes a parameter."""
+    n = profile.params.get(profile.denoiser, 0)
+    return bool(n) and not profile.denoiser_quantized and round(profile_file_bytes(profile, profile.denoiser) / n) == 2
 
 
 def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> tuple[int, int]:

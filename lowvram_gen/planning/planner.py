@@ -86,15 +86,21 @@ class Plan:
 
 
 def storage(settings) -> str:
-    """How the denoiser's weights are stored under `settings`: none | fp8 | int8 | int4."""
-    return settings.quantize if settings.quantize != "none" else ("fp8" if settings.fp8_storage else "none")
+    """How the denoiser's weights are stored under `settings`: none | fp8 | half | int8 | int4."""
+    if settings.quantize != "none":
+        return settings.quantize
+    return "fp8" if settings.fp8_storage else "half" if settings.half_storage else "none"
 
 
-def variants(preset: Preset, quantize_forced: bool = False) -> list[Preset]:
+def variants(preset: Preset, quantize_forced: bool = False, half_files: bool = False) -> list[Preset]:
     """`preset` as written, then with int8 and int4 weights when it stores them at full width (not when
     the user chose the weights' storage: --quantize, a batch line's or the UI's Quantize). The cpu
-    preset too: there they save system RAM, the one memory a CPU job has."""
+    preset too: there they save system RAM, the one memory a CPU job has, and so does keeping a half-precision
+    checkpoint's 16-bit weights for float32 compute (`half_files`: the model's files are 16-bit), which
+    changes no number of the result."""
     out = [preset]
+    if preset.device == "cpu" and half_files and preset.memory.dtype == "float32" and storage(preset.memory) == "none":
+        out.append(replace(preset, name=f"{preset.name}+half", memory=replace(preset.memory, half_storage=True)))
     if storage(preset.memory) == "none" and not quantize_forced:
         for q in STORAGE_VARIANTS:
             out.append(replace(preset, name=f"{preset.name}+{q}", memory=replace(preset.memory, quantize=q)))
@@ -199,12 +205,14 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
          steps: int = ASSUMED_STEPS, quantize_forced: bool = False) -> Plan:
     rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed))
     candidates = _candidates(rows, presets, quantize_forced)
-    if forced is not None:
+    if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
+        result = _choose_cpu(rows, {forced.name: forced}, quantize_forced)
+        result.reason = result.reason.replace("no GPU found", f"forced by the user: {forced.name}")
+    elif forced is not None:
         forced = rows.sized(forced) or forced
         chosen = (forced, next((r for p, r in candidates if p == forced), None) or rows.row(forced))
-        ladder = _ladder(chosen, candidates, rows) if forced.device == "gpu" else [forced]
-        estimates = [r for _, r in candidates] + ([chosen[1]] if forced.device == "cpu" else [])
-        result = Plan(forced, ladder, estimates, f"forced by the user: {forced.name}")
+        result = Plan(forced, _ladder(chosen, candidates, rows), [r for _, r in candidates],
+                      f"forced by the user: {forced.name}")
         if not chosen[1].fits_host:
             result.refusal = _refusal(rows, [chosen], presets)
     elif not device.is_accelerator:
@@ -253,7 +261,7 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if cpu is None:
         raise ValueError("no preset with device = 'cpu' in the presets folder")
-    options = [(v, rows.row(v)) for v in variants(cpu, quantize_forced)]
+    options = [(v, rows.row(v)) for v in variants(cpu, quantize_forced, host_mod.half_files(rows.profile))]
     fitting = [(p, r) for p, r in options if r.fits_host]
     estimates = [r for _, r in options]
     if not fitting:
@@ -264,7 +272,9 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
     reason = "no GPU found: the cpu preset"
     if chosen[0] is not cpu:
         have = format_size(rows.device.host.usable_bytes) if rows.device.host else "?"
-        reason += f" with {storage(chosen[0].memory)} weights (float32 ones need more than the {have} of RAM usable)"
+        kept = {"half": "16-bit weights computed in float32"}.get(storage(chosen[0].memory),
+                                                                  f"{storage(chosen[0].memory)} weights")
+        reason += f" with {kept} (float32 weights need more than the {have} of RAM usable)"
     for p, r in options:
         r.why = "fastest that fits the RAM" if r is chosen[1] else (
             "slower" if r.fits_host else f"host peak {format_size(r.host_peak_bytes)} does not fit the RAM")
@@ -289,7 +299,7 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
     others = _candidates(rows, presets, False) if rows.device.is_accelerator else []
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if not rows.device.is_accelerator and cpu is not None:
-        others = [(v, rows.row(v)) for v in variants(cpu)]
+        others = [(v, rows.row(v)) for v in variants(cpu, half_files=host_mod.half_files(rows.profile))]
     fits = [(p, r) for p, r in others if r.fits_host and (r.fits or not rows.device.is_accelerator)]
     if fits:
         p, r = min(fits, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step))

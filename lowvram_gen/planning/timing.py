@@ -30,7 +30,7 @@ CPU_FLOPS = 0.3e12  # effective float32 FLOP/s of a desktop CPU (the cpu preset)
 # casting, int8/int4 weight-only kernels) costs memory traffic and kernel launches on top of the matmul.
 # Judgements, not measurements: weight-only int8 kernels run near fp16 speed on recent cards, 4-bit ones
 # somewhat slower at diffusion's large batch x tokens shapes.
-SLOWDOWN = {"none": 1.0, "fp8": 1.05, "int8": 1.1, "int4": 1.25}
+SLOWDOWN = {"none": 1.0, "fp8": 1.05, "half": 1.05, "int8": 1.1, "int4": 1.25}
 
 
 def step_flops(profile, width: int, height: int, images: int, coefficients: dict[str, float]) -> float:

@@ -118,6 +118,38 @@ class PipelineOps:
         module = getattr(self.pipe, denoiser_name(self.pipe))
         module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=getattr(torch, compute_dtype))
 
+    def half_storage(self, compute_dtype: str) -> None:
+        """Every component keeps its 16-bit weights and computes in `compute_dtype` (settings.half_storage):
+        diffusers' layerwise casting on each model (any torch module takes its hooks), then what it leaves
+        out (norms, positional tensors: its skip patterns; a text encoder's embeddings) cast to the compute
+        dtype, so that no layer meets a tensor of another dtype."""
+        import torch
+        from diffusers.hooks import apply_layerwise_casting
+        from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+
+        compute = getattr(torch, compute_dtype)
+        for module in _modules(self.pipe).values():
+            storage = next((p.dtype for p in module.parameters() if p.is_floating_point()), compute)
+            if storage == compute:
+                continue
+            patterns = getattr(module, "_skip_layerwise_casting_patterns", None) or DEFAULT_SKIP_MODULES_PATTERN
+            if not hasattr(module, "enable_layerwise_casting"):
+                # a transformers text encoder reports its first parameter's dtype (the token embedding's), and
+                # its pipeline casts the prompt embeddings to it: keep the embeddings in the compute dtype
+                patterns = (*patterns, "embed")
+            apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute,
+                                    skip_modules_pattern=patterns)
+            for sub in module.modules():
+                registry = getattr(sub, "_diffusers_hook", None)
+                if registry is not None and registry.get_hook("layerwise_casting") is not None:
+                    continue
+                for name, p in sub.named_parameters(recurse=False):
+                    if p.is_floating_point():
+                        p.data = p.data.to(compute)
+                for name, b in sub.named_buffers(recurse=False):
+                    if b.is_floating_point():
+                        sub._buffers[name] = b.to(compute)
+
     def quantize(self, kind: str, names: list[str], device: str) -> None:
         """int8/int4 weights (sdnq) for the components `names`; quantized on `device` when it is CUDA."""
         from lowvram_gen.engines.sd.quantize import quantize_module
@@ -231,6 +263,13 @@ class PipelineOps:
             vae.tile_latent_min_size = tile_px // factor
 
 
+def load_dtype(settings: MemorySettings, half: str = "float16") -> str:
+    """The dtype to load the weights at for `settings` (effective ones): the compute dtype, or with
+    half_storage the checkpoint's own 16-bit dtype (`half`: bfloat16 for a bf16 checkpoint), so the
+    weights stay memory-mapped from their files."""
+    return half if settings.half_storage else settings.dtype
+
+
 def effective_settings(settings: MemorySettings, device: DeviceInfo) -> tuple[MemorySettings, list[str]]:
     """What can run on this device, and why anything else was dropped."""
     skipped: list[str] = []
@@ -255,6 +294,8 @@ def needs_reload(pipe, settings: MemorySettings) -> list[str]:
              if floor < min(want, _file_bits(pipe, n)) and not (keep_fp8 and n == denoiser_name(pipe))]
     if state.get("fp8") and not settings.fp8_storage:
         names.append(denoiser_name(pipe))
+    if state.get("half") and not settings.half_storage:  # its casting hooks go with the reloaded modules
+        names += list(state["floor"])
     names += [n for n, kind in state.get("quant", {}).items() if kind != settings.quantize]
     return sorted(set(names))
 
@@ -274,6 +315,8 @@ def forget_components(pipe, names: list[str]) -> None:
             if name == denoiser_name(pipe):
                 state["fp8"] = False
             state.get("quant", {}).pop(name, None)
+        if state.get("half") and not (set(state["floor"]) & set(_modules(pipe))):
+            state["half"] = False
 
 
 def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps | None = None) -> Applied:
@@ -301,11 +344,19 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         if effective.fp8_storage:
             effective = applied.effective = replace(effective, fp8_storage=False)
             skipped.append(f"fp8 storage: the {denoiser} holds GGUF-quantized weights, already stored in fewer bits")
-    ops.cast(effective.dtype, skip=(denoiser,) if state["fp8"] else ())
-    calls.append(f"cast:{effective.dtype}")
-    for name in _modules(pipe):
-        if not (state["fp8"] and name == denoiser):
-            state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION[effective.dtype])
+    if effective.half_storage:
+        if not state.get("half"):
+            ops.half_storage(effective.dtype)
+            calls.append(f"half_storage:{effective.dtype}")
+            state["half"] = True
+        for name in _modules(pipe):
+            state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION["float16"])
+    else:
+        ops.cast(effective.dtype, skip=(denoiser,) if state["fp8"] else ())
+        calls.append(f"cast:{effective.dtype}")
+        for name in _modules(pipe):
+            if not (state["fp8"] and name == denoiser):
+                state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION[effective.dtype])
     if effective.fp8_storage and not state["fp8"]:
         ops.fp8_storage(effective.dtype)
         calls.append("fp8_storage")
