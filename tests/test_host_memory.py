@@ -302,3 +302,23 @@ def test_the_file_dtype_is_read_from_the_safetensors_header(tiny_fp16, tiny_path
     save_file({"a": torch.zeros(2, dtype=torch.bfloat16), "b": torch.zeros(2, dtype=torch.bfloat16)}, single)
     assert half_dtype(single) == "bfloat16"
     assert half_dtype(tmp_path / "missing.safetensors") == "float16"
+
+
+# ----------------------------------------------------------------------------------- cpu bfloat16
+
+
+@pytest.mark.parametrize("flags, native", [("fpu sse avx2 fma", False), ("fpu avx512f avx512_bf16", True),
+                                           ("fpu avx512f amx_bf16 amx_tile", True), ("fpu avx512f avx512bw", False)])
+def test_native_bfloat16_is_read_from_the_cpu_flags(tmp_path, flags, native):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    assert device_mod.cpu_native_bf16(str(cpuinfo)) is native
+
+
+def test_a_cpu_with_native_bfloat16_computes_in_it_and_one_without_never_does():
+    sd15 = memory.profile_builtin("sd15")
+    with_bf16 = replace(_cpu("32GiB"), bf16=True)
+    result = plan(with_bf16, sd15, 512, 512, 1, load_presets())
+    assert result.preset.name == "cpu+bf16" and result.preset.memory.dtype == "bfloat16"
+    without = plan(replace(_cpu("32GiB"), bf16=False), sd15, 512, 512, 1, load_presets())
+    assert without.preset.name == "cpu" and all("bf16" not in e.name for e in without.estimates)

@@ -179,7 +179,7 @@ class _Rows:
         on_gpu = p.device == "gpu"
         bus = self.bus.bytes_per_s if p.memory.pin_memory else self.bus.pageable_bytes_per_s
         seconds = timing.seconds_per_step(flops, est.streamed_bytes_per_step, est.moved_bytes_per_job, self.steps,
-                                          storage(p.memory), on_gpu, bus)
+                                          storage(p.memory), on_gpu, bus, p.memory.dtype)
         lossy = storage(p.memory) in LOSSY
         if not on_gpu:  # system RAM: nothing to fit into
             return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict(), 0, seconds, lossy)
@@ -255,13 +255,22 @@ def _pin_variants(p: Preset, device: DeviceInfo) -> list[Preset]:
     return [p, replace(p, name=f"{p.name}+unpinned", memory=replace(p.memory, pin_memory=False))]
 
 
+def cpu_variants(cpu: Preset, rows: _Rows, quantize_forced: bool = False) -> list[Preset]:
+    """The cpu preset's candidates: as written (float32), its weights in 16 bits, int8, int4; and computing in
+    bfloat16 where this CPU does that in hardware (DeviceInfo.bf16: AVX512-BF16 or AMX)."""
+    out = variants(cpu, quantize_forced, host_mod.half_files(rows.profile))
+    if rows.device.kind == "cpu" and rows.device.bf16 and cpu.memory.dtype == "float32" and storage(cpu.memory) == "none":
+        out.insert(1, replace(cpu, name=f"{cpu.name}+bf16", memory=replace(cpu.memory, dtype="bfloat16")))
+    return out
+
+
 def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) -> Plan:
     """No accelerator: the cpu preset, with int8/int4 weights when its float32 weights do not fit the RAM
     (the fastest that fits; 4 bits only when nothing lossless does)."""
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if cpu is None:
         raise ValueError("no preset with device = 'cpu' in the presets folder")
-    options = [(v, rows.row(v)) for v in variants(cpu, quantize_forced, host_mod.half_files(rows.profile))]
+    options = [(v, rows.row(v)) for v in cpu_variants(cpu, rows, quantize_forced)]
     fitting = [(p, r) for p, r in options if r.fits_host]
     estimates = [r for _, r in options]
     if not fitting:
@@ -299,7 +308,7 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
     others = _candidates(rows, presets, False) if rows.device.is_accelerator else []
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if not rows.device.is_accelerator and cpu is not None:
-        others = [(v, rows.row(v)) for v in variants(cpu, half_files=host_mod.half_files(rows.profile))]
+        others = [(v, rows.row(v)) for v in cpu_variants(cpu, rows)]
     fits = [(p, r) for p, r in others if r.fits_host and (r.fits or not rows.device.is_accelerator)]
     if fits:
         p, r = min(fits, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step))

@@ -26,6 +26,9 @@ import math
 BUS_BYTES_PER_S = 25e9  # host-to-device, PCIe 4.0 x16, pinned memory
 GPU_FLOPS = 10e12  # effective half-precision FLOP/s of a small card on diffusion models
 CPU_FLOPS = 0.3e12  # effective float32 FLOP/s of a desktop CPU (the cpu preset)
+# bfloat16 on a CPU that has it in hardware (AVX512-BF16 doubles the FMA rate, AMX far more): a judgement,
+# the planner offers cpu+bf16 only on such CPUs (device.cpu_native_bf16)
+CPU_BF16_SPEEDUP = 2.0
 # Compute slowdown of weights stored narrower than they compute: dequantizing per layer (fp8 layerwise
 # casting, int8/int4 weight-only kernels) costs memory traffic and kernel launches on top of the matmul.
 # Judgements, not measurements: weight-only int8 kernels run near fp16 speed on recent cards, 4-bit ones
@@ -42,7 +45,10 @@ def step_flops(profile, width: int, height: int, images: int, coefficients: dict
 
 
 def seconds_per_step(flops: float, streamed_bytes_per_step: int, moved_bytes_per_job: int, steps: int,
-                     storage: str = "none", on_gpu: bool = True, bus_bytes_per_s: float = BUS_BYTES_PER_S) -> float:
+                     storage: str = "none", on_gpu: bool = True, bus_bytes_per_s: float = BUS_BYTES_PER_S,
+                     dtype: str = "float32") -> float:
     compute = flops / (GPU_FLOPS if on_gpu else CPU_FLOPS) * SLOWDOWN.get(storage, 1.0)
+    if not on_gpu and dtype == "bfloat16":
+        compute /= CPU_BF16_SPEEDUP
     moved = streamed_bytes_per_step + moved_bytes_per_job / max(1, steps)
     return compute + (moved / bus_bytes_per_s if on_gpu else 0.0)
