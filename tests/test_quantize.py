@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 quantization (engines/sd/quantize.py, sdnq): NaN/Inf weights are refused after
+"""Weight-only int8/int4 quantization (models/quantize.py, sdnq): NaN/Inf weights are refused after
 quantizing, where the load-time check can no longer see them (docs/FAULTS.md 6). CPU only."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ pytest.importorskip("sdnq")
 
 from lowvram_gen.device import probe  # noqa: E402
 from lowvram_gen.engines.sd import apply as apply_mod  # noqa: E402
-from lowvram_gen.engines.sd.quantize import quantize_module  # noqa: E402
+from lowvram_gen.models.quantize import quantize_module  # noqa: E402
 from lowvram_gen.errors import ModelLoadError  # noqa: E402
 from lowvram_gen.settings import MemorySettings  # noqa: E402
 
