@@ -66,7 +66,7 @@ class Runner:
         effective, _ = apply_mod.effective_settings(settings, self.device)
         stale = apply_mod.needs_reload(pipe, effective)
         if stale:
-            reload_components(self.model, stale, effective.dtype)
+            reload_components(self.model, stale, effective.dtype, effective.quantize, self.device.torch_device)
             apply_mod.forget_components(pipe, stale)
         self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe)))
         self.applied = settings
