@@ -4,7 +4,7 @@
   the float16 scale bytes, against the alternative of dequantizing it (diffusers' dequantize_gguf_tensor)
   and calling isfinite. Q8_0/Q4_0 are quantized by gguf from random weights; gguf-py cannot make K types,
   so those are random blocks with finite scales (the check reads the same bytes either way).
-- sdnq (engines/sd/quantize.check_scales): 8 Linear(5120 -> 1280) layers quantized to int8, the check
+- sdnq (models/quantize.check_scales): 8 Linear(5120 -> 1280) layers quantized to int8, the check
   against the quantization itself.
 
 Run: python benchmarks/bench_nan_checks.py (prints one line per case; best of 7 / of 3 for dequantizing).
@@ -55,7 +55,7 @@ def sdnq_case() -> None:
     os.environ.setdefault("SDNQ_USE_TORCH_COMPILE", "0")
     import torch
 
-    from lowvram_gen.engines.sd.quantize import check_scales, quantize_module
+    from lowvram_gen.models.quantize import check_scales, quantize_module
 
     module = torch.nn.Sequential(*[torch.nn.Linear(5120, 1280) for _ in range(8)])
     start = time.perf_counter()

@@ -86,11 +86,14 @@ class Session:
             memory = dataclasses.replace(memory, attention="xformers")
         return preset if memory == preset.memory else dataclasses.replace(preset, memory=memory)
 
-    def load_model(self, spec: str, config: str | None, dtype: str) -> LoadedModel:
+    def load_model(self, spec: str, config: str | None, dtype: str, quantize: str = "none",
+                   quantize_on: str | None = None) -> LoadedModel:
+        """The model, loaded at `dtype` with the denoiser and text encoders quantized to `quantize` while they
+        load (so a planned int8 job never holds them at full precision); a model already loaded is kept."""
         source = resolve(spec, config)
         if self.model is not None and self.model.source == source:
             return self.model
-        model = load(source, dtype)  # the old model stays until the new one has loaded
+        model = load(source, dtype, quantize, quantize_on)  # the old model stays until the new one has loaded
         self.model, self.runner = model, None
         return model
 
@@ -143,9 +146,9 @@ class Session:
                 the_plan = self.plan(request, device, source)
             if the_plan.refusal:
                 raise NotEnoughRam(the_plan.refusal)
-            effective = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
-            load_dtype = apply_mod.load_dtype(effective, half_dtype(source.path) if effective.half_storage else "float16")
-            model = self.load_model(request.model, request.config, load_dtype)
+            first = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
+            load_dtype = apply_mod.load_dtype(first, half_dtype(source.path) if first.half_storage else "float16")
+            model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device)
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
             self.runner.device = device

@@ -230,7 +230,7 @@ def test_oom_at_a_quantized_candidate_steps_down_the_same_list_and_finishes(tmp_
     out-of-memory on every UNet call without offload; the job finishes at the next rung, still int8
     (the ladder keeps the weights' storage: no reload), and the PNG says so."""
     from lowvram_gen import GenerationRequest
-    from lowvram_gen.engines.sd.quantize import is_quantized
+    from lowvram_gen.models.quantize import is_quantized
     from lowvram_gen.outputs import read_png_metadata
     from lowvram_gen.session import Session
 

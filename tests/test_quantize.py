@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 quantization (engines/sd/quantize.py, sdnq): NaN/Inf weights are refused after
+"""Weight-only int8/int4 quantization (models/quantize.py, sdnq): NaN/Inf weights are refused after
 quantizing, where the load-time check can no longer see them (docs/FAULTS.md 6). CPU only."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ pytest.importorskip("sdnq")
 
 from lowvram_gen.device import probe  # noqa: E402
 from lowvram_gen.engines.sd import apply as apply_mod  # noqa: E402
-from lowvram_gen.engines.sd.quantize import quantize_module  # noqa: E402
+from lowvram_gen.models.quantize import quantize_module  # noqa: E402
 from lowvram_gen.errors import ModelLoadError  # noqa: E402
 from lowvram_gen.settings import MemorySettings  # noqa: E402
 
@@ -57,23 +57,24 @@ def test_apply_refuses_a_unet_whose_weights_went_non_finite_after_load(tiny_path
         apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", quantize="int8"), probe("cpu"))
 
 
-def test_cli_exits_2_naming_the_layer(tiny_path, tmp_path, monkeypatch, capsys):
-    """The same at the CLI: a clear sentence and exit 2, no traceback, no image."""
-    from lowvram_gen import session as session_mod
+def test_cli_exits_2_naming_the_layer(tiny_path, tmp_path, capsys):
+    """The same at the CLI, where a planned int8 job quantizes the UNet while it loads: a NaN weight in the
+    file gives a NaN scale, named in a clear sentence with exit 2, no traceback, no image."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
     from lowvram_gen.cli.main import main
 
-    real_load = session_mod.load
-
-    def damaged_after_load(*args, **kwargs):
-        model = real_load(*args, **kwargs)
-        with torch.no_grad():
-            model.pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].ff.net[2].weight[1, 2] = float("nan")
-        return model
-
-    monkeypatch.setattr(session_mod, "load", damaged_after_load)
-    code = main(["generate", "a fox", "--model", "tiny", "--quantize", "int8", "--width", "64", "--height", "64",
-                 "--steps", "2", "--cpu", "--outdir", str(tmp_path)])
+    folder = tmp_path / "damaged"
+    shutil.copytree(tiny_path, folder)
+    weights = folder / "unet" / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    state["down_blocks.1.attentions.0.transformer_blocks.0.ff.net.2.weight"][1, 2] = float("nan")
+    save_file(state, weights)
+    code = main(["generate", "a fox", "--model", str(folder), "--quantize", "int8", "--width", "64", "--height", "64",
+                 "--steps", "2", "--cpu", "--outdir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2, err
     assert "ff.net.2" in err and "NaN/Inf scale" in err and "Traceback" not in err
-    assert not list(tmp_path.rglob("*.png"))
+    assert not list((tmp_path / "out").rglob("*.png"))

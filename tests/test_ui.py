@@ -723,7 +723,7 @@ def _png_with(path: Path, parameters: str) -> str:
 def test_quantize_int8_from_the_api_runs_int8_the_png_says_so_and_it_is_remembered(server):
     from gradio_client import Client
 
-    from lowvram_gen.engines.sd.quantize import is_quantized
+    from lowvram_gen.models.quantize import is_quantized
     from lowvram_gen.outputs import read_png_metadata
     from lowvram_gen.ui import remembered
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from lowvram_gen.models.quantize import check_scales, is_target, sdnq_config
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.models.checkpoint import check_finite, load_single_file
 from lowvram_gen.models.folders import absent_components
@@ -36,8 +40,17 @@ class LoadedModel:
         return self.source.spec
 
 
-def load(source: ModelSource, dtype: str = "float32") -> LoadedModel:
-    """A text-to-image pipeline for `source`, weights at `dtype`, on the CPU (placement is apply's job)."""
+def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
+         quantize_on: str | None = None) -> LoadedModel:
+    """A text-to-image pipeline for `source`, weights at `dtype`, on the CPU (placement is apply's job).
+
+    `quantize` "int8"/"int4": from a diffusers folder (tiny, local, hub cache) the denoiser and the text
+    encoders (`quantize.is_target`) are quantized while they load, layer by layer, so system RAM never
+    holds them at full precision; with a CUDA `quantize_on` the rounding runs there. A single-file
+    checkpoint (.safetensors/.ckpt, or a GGUF denoiser) loads unquantized and apply.py quantizes it
+    after the load, as before: models/checkpoint.py builds those pipelines from converted state dicts
+    of the whole file, with no per-component `from_pretrained` for a quantizer to hook into (and a GGUF
+    denoiser is never quantized again)."""
     import torch
 
     quiet_hub_bars()
@@ -45,29 +58,81 @@ def load(source: ModelSource, dtype: str = "float32") -> LoadedModel:
     if source.kind == "single_file":
         pipe = load_single_file(str(source.path), source.config, torch_dtype)
     else:
-        pipe = _from_folder(source, torch_dtype)
+        pipe = _from_folder(source, dtype, quantize, quantize_on)
     check_finite(pipe)
     pipe.set_progress_bar_config(disable=True)  # our own progress reporting replaces diffusers' bars
     return LoadedModel(source=source, pipe=pipe, dtype=dtype)
 
 
-def _from_folder(source: ModelSource, torch_dtype):
+def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quantize_on: str | None = None):
     from diffusers import AutoPipelineForText2Image
 
+    import torch
+
     try:
-        return AutoPipelineForText2Image.from_pretrained(str(source.path), dtype=torch_dtype,
-                                                         **absent_components(source.path))
+        quantized = {} if quantize == "none" else {
+            name: load_component(source.path, name, dtype, quantize, quantize_on)
+            for name in _index(source.path) if is_target(name)}
+        return AutoPipelineForText2Image.from_pretrained(str(source.path), dtype=getattr(torch, dtype),
+                                                         **absent_components(source.path), **quantized)
     except (OSError, ValueError, KeyError, EnvironmentError) as exc:
         raise ModelLoadError(f"could not load {source.spec} as a text-to-image pipeline: {exc}") from exc
 
 
+def _index(folder) -> dict[str, tuple[str, str]]:
+    """{component: (library, class name)} from the folder's model_index.json, for the components it has."""
+    index = json.loads((Path(folder) / "model_index.json").read_text())
+    return {name: (value[0], value[1]) for name, value in index.items()
+            if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and None not in value}
 
 
-def reload_components(model: LoadedModel, names: list[str], dtype: str) -> None:
-    """Replace `names` with fresh copies from disk (after fp8 or half precision cost them bits)."""
-    fresh = load(model.source, dtype).pipe
-    for name in names:
+def _library(name: str):
+    """The module model_index.json's library names: diffusers, transformers, or a diffusers pipeline
+    package ("stable_diffusion" for SD 1.5's safety checker), as diffusers' own loader resolves it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return importlib.import_module(f"diffusers.pipelines.{name}")
+
+
+def load_component(folder, name: str, dtype: str, quantize: str = "none", quantize_on: str | None = None):
+    """The component `name` of the diffusers folder, from its own subfolder only, with the class
+    model_index.json names (diffusers' or transformers' `from_pretrained`), weights at `dtype`; with
+    `quantize` int8/int4 each layer is quantized as it is read (sdnq's quantizer, registered with
+    diffusers and transformers) and its scales checked for NaN/Inf as after a post-load quantization."""
+    import torch
+
+    quiet_hub_bars()
+    library, class_name = _index(folder)[name]
+    cls = getattr(_library(library), class_name)
+    kwargs = {}
+    if quantize != "none":
+        kwargs["quantization_config"] = sdnq_config(quantize, quantize_on)
+    try:
+        module = cls.from_pretrained(str(folder), subfolder=name, torch_dtype=getattr(torch, dtype), **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"could not load the {name} of {folder}: {exc}") from exc
+    if quantize != "none":
+        check_scales(module, quantize)
+    return module
+
+
+def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize: str = "none",
+                      quantize_on: str | None = None) -> None:
+    """Replace `names` with fresh copies from disk (after fp8, half precision or int8/int4 cost them bits),
+    at `dtype`; the denoiser and text encoders among them quantized to `quantize` while they load.
+
+    From a diffusers folder each component is read from its own subfolder (`load_component`) and nothing
+    else is. A single-file checkpoint has no per-component files: the whole pipeline is loaded again
+    (unquantized; apply.py quantizes what it keeps) and only `names` are taken from it."""
+    if model.source.kind == "single_file":
+        fresh = load(model.source, dtype).pipe
+        modules = {name: getattr(fresh, name) for name in names}
+    else:
+        modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",
+                                        quantize_on) for name in names}
+    for name, module in modules.items():
         log.info("reloading %s of %s from disk to restore its precision", name, model.name)
-        setattr(model.pipe, name, getattr(fresh, name))
-        model.pipe.register_modules(**{name: getattr(fresh, name)})
+        model.pipe.register_modules(**{name: module})
+    check_finite(model.pipe)
     model.dtype = dtype

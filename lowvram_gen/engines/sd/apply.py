@@ -24,7 +24,10 @@ Precision is one-way: fp8 storage, int8/int4 quantization or a cast to half prec
 Going back up needs the weights from disk again; `needs_reload()` tells the caller, which reloads
 only those components. Quantization is re-applied as a no-op; int8 -> int4 (or back) also reloads
 the quantized components: sdnq refuses to quantize quantized layers, and int4 made from the int8
-values would add the rounding of both to the weights.
+values would add the rounding of both to the weights. So does another dtype for a quantized
+component: its scales and other tensors were made at the old one (and diffusers refuses to cast a
+model quantized while loading). What is quantized, and to what, is read off the components
+(`quantize.kinds`): a model quantized while loading (models/loading.py) counts like one quantized here.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class PipelineOps:
 
     def quantize(self, kind: str, names: list[str], device: str) -> None:
         """int8/int4 weights (sdnq) for the components `names`; quantized on `device` when it is CUDA."""
-        from lowvram_gen.engines.sd.quantize import quantize_module
+        from lowvram_gen.models.quantize import quantize_module
 
         for name in names:
             quantize_module(getattr(self.pipe, name), kind, device)
@@ -285,18 +288,21 @@ def effective_settings(settings: MemorySettings, device: DeviceInfo) -> tuple[Me
 
 def needs_reload(pipe, settings: MemorySettings) -> list[str]:
     """Components whose weights lost precision that `settings` wants back (reload them from disk)."""
+    from lowvram_gen.models.quantize import kinds
+
+    names = [n for n, kind in kinds(pipe).items()
+             if kind != settings.quantize or str(getattr(pipe, n).dtype) != f"torch.{settings.dtype}"]
     state = getattr(pipe, _STATE, None)
     if not state:
-        return []
+        return sorted(names)
     want = _PRECISION[settings.dtype]
     keep_fp8 = state.get("fp8") and settings.fp8_storage
-    names = [n for n, floor in state["floor"].items()
-             if floor < min(want, _file_bits(pipe, n)) and not (keep_fp8 and n == denoiser_name(pipe))]
+    names += [n for n, floor in state["floor"].items()
+              if floor < min(want, _file_bits(pipe, n)) and not (keep_fp8 and n == denoiser_name(pipe))]
     if state.get("fp8") and not settings.fp8_storage:
         names.append(denoiser_name(pipe))
     if state.get("half") and not settings.half_storage:  # its casting hooks go with the reloaded modules
         names += list(state["floor"])
-    names += [n for n, kind in state.get("quant", {}).items() if kind != settings.quantize]
     return sorted(set(names))
 
 
@@ -314,7 +320,6 @@ def forget_components(pipe, names: list[str]) -> None:
             state["floor"].pop(name, None)
             if name == denoiser_name(pipe):
                 state["fp8"] = False
-            state.get("quant", {}).pop(name, None)
         if state.get("half") and not (set(state["floor"]) & set(_modules(pipe))):
             state["half"] = False
 
@@ -332,7 +337,6 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     applied = Applied(requested=settings, effective=effective, skipped=skipped)
     calls = applied.calls
     state = getattr(pipe, _STATE, None) or {"floor": {}, "fp8": False, "attention": "sdpa"}
-    state.setdefault("quant", {})  # component -> "int8" | "int4"
 
     ops.reset()
     calls.append("reset")
@@ -363,16 +367,16 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         state["fp8"] = True
         state["floor"][denoiser] = _PRECISION["float8"]
     if effective.quantize != "none":
-        from lowvram_gen.engines.sd.quantize import targets
+        from lowvram_gen.models.quantize import kinds, targets
 
-        todo = [n for n in targets(pipe) if state["quant"].get(n) != effective.quantize and not (gguf and n == denoiser)]
+        done = kinds(pipe)  # quantized while loading, or by an earlier apply
+        todo = [n for n in targets(pipe) if done.get(n) != effective.quantize and not (gguf and n == denoiser)]
         if gguf:  # sdnq would quantize GGUF's packed uint8 blocks as if they were weights
             skipped.append(f"quantize {effective.quantize} of the {denoiser}: it holds GGUF-quantized weights "
                            "already (the text encoders are quantized)")
         if todo:  # none left when re-applied: already quantized
             ops.quantize(effective.quantize, todo, device.torch_device)
             calls.append(f"quantize:{effective.quantize}")
-            state["quant"].update(dict.fromkeys(todo, effective.quantize))
 
     target = device.torch_device
     if effective.offload == "none":

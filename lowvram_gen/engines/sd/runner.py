@@ -23,6 +23,7 @@ from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.errors import BadOutput
 from lowvram_gen.ladder import Ladder
+from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.loading import LoadedModel, reload_components
 from lowvram_gen.planning.sizes import capped_size
 from lowvram_gen.presets import Preset
@@ -66,7 +67,9 @@ class Runner:
         effective, _ = apply_mod.effective_settings(settings, self.device)
         stale = apply_mod.needs_reload(pipe, effective)
         if stale:
-            reload_components(self.model, stale, effective.dtype)
+            half = half_dtype(self.model.source.path) if effective.half_storage else "float16"
+            reload_components(self.model, stale, apply_mod.load_dtype(effective, half), effective.quantize,
+                              self.device.torch_device)
             apply_mod.forget_components(pipe, stale)
         self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe)))
         self.applied = settings

@@ -12,6 +12,15 @@ Two choices of ours:
   tiny model and needs Triton on a GPU. Eager dequantization costs a little speed, no memory.
 - Layers sdnq skips by default stay as they are: those under 16384 weights or 32 channels (scales
   would eat the saving) and each model's own skip list (embeddings, conv_in/conv_out, norms).
+
+Two ways in, one set of settings (`sdnq_config`): `quantize_module` quantizes a loaded model in place
+(apply.py, for what could not be quantized while loading: single-file and GGUF checkpoints), and
+models/loading.py passes the same config to diffusers' and transformers' `from_pretrained`
+(`quantization_config=`; sdnq registers with both), which quantize each layer as its weight is read,
+so the full-precision model never exists in RAM. Both give bit-identical weights (sdnq's loader calls
+the same `sdnq_quantize_layer` on the weight after it was cast to the load dtype; tests compare them).
+Which kind a model holds is read off the model itself (`kind_of`: sdnq marks the model in both ways),
+so apply.py has no second record of it to keep in step.
 """
 
 from __future__ import annotations
@@ -33,38 +42,46 @@ class QuantizeUnavailable(LowVramError):
     exit_code = 2
 
 
+def is_target(name: str) -> bool:
+    """Whether quantize applies to the component `name`: the denoiser and the text encoders, never the VAE."""
+    return name in ("unet", "transformer") or name.startswith("text_encoder")
+
+
 def targets(pipe) -> list[str]:
-    """The components quantize applies to: the denoiser and every text encoder the pipeline has."""
+    """The components quantize applies to that the pipeline has."""
     import torch
 
-    names = []
-    for name, module in pipe.components.items():
-        if isinstance(module, torch.nn.Module) and (name in ("unet", "transformer") or name.startswith("text_encoder")):
-            names.append(name)
-    return sorted(names)
+    return sorted(n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module) and is_target(n))
 
 
 def _sdnq():
     os.environ.setdefault("SDNQ_USE_TORCH_COMPILE", "0")
     try:
-        from sdnq import sdnq_post_load_quant
+        import sdnq
     except ImportError as exc:
         raise QuantizeUnavailable(f"quantize = int8/int4 needs the sdnq package, which is not installed "
                                   f"({exc}); {INSTALL}") from None
-    return sdnq_post_load_quant
+    return sdnq
 
 
-def quantize_module(module, kind: str, device: str | None = None) -> None:
-    """Quantize `module`'s weights to `kind` in place. With a CUDA `device` the work is done there, layer
-    by layer, and each layer goes back where it was (offloaded weights stay in system RAM)."""
+def sdnq_config(kind: str, device: str | None = None):
+    """sdnq's settings for `kind`, the same for quantizing while loading and after: convolutions too (most
+    of SD 1.5's UNet), sdnq's own skip rules, and with a CUDA `device` the work done there, layer by
+    layer, each layer going back where it was (offloaded weights stay in system RAM). A fresh config
+    each time: sdnq appends the layers it skipped to it."""
     if kind not in KINDS:
         raise ValueError(f"quantize {kind!r}: use one of {', '.join(KINDS)}")
-    quant = _sdnq()
+    sdnq = _sdnq()
     import torch
 
     on = torch.device(device) if device and torch.device(device).type == "cuda" else None
-    # convolutions too: most of SD 1.5's UNet; weights in int8 or int4, dequantized per layer as it runs
-    quant(module, weights_dtype=kind, quant_conv=True, quantization_device=on)
+    return sdnq.SDNQConfig(weights_dtype=kind, quant_conv=True, quantization_device=on)
+
+
+def quantize_module(module, kind: str, device: str | None = None) -> None:
+    """Quantize the loaded `module`'s weights to `kind` in place (see `sdnq_config` for `device`)."""
+    config = sdnq_config(kind, device)
+    _sdnq().sdnq_post_load_quant(module, quantization_config=config)
     check_scales(module, kind)
 
 
@@ -91,3 +108,16 @@ def check_scales(module, kind: str) -> None:
 
 def is_quantized(module) -> bool:
     return getattr(module, "quantization_method", None) is not None and hasattr(module, "quantization_config")
+
+
+def kind_of(module) -> str | None:
+    """"int8"/"int4" for a model sdnq quantized (while loading or after), None otherwise (a GGUF model too)."""
+    if getattr(module, "quantization_method", None) != "sdnq":  # sdnq's QuantizationMethod is a str enum
+        return None
+    return getattr(getattr(module, "quantization_config", None), "weights_dtype", None)
+
+
+def kinds(pipe) -> dict[str, str]:
+    """{component: kind} of the pipeline's quantized components."""
+    found = {n: kind_of(getattr(pipe, n)) for n in targets(pipe)}
+    return {n: k for n, k in found.items() if k is not None}
