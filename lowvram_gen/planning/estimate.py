@@ -63,7 +63,7 @@ DEFAULT_SIDE = 512  # any other model (a folder whose denoiser matches none of t
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FP8_BYTES = 1
-# Bytes a weight of a quantized layer takes with its scales (sdnq, weight-only; engines/sd/quantize.py),
+# Bytes a weight of a quantized layer takes with its scales (sdnq, weight-only; models/quantize.py),
 # measured on real-size fp16 layers: int8 1.004 (one byte plus per-channel scales); int4 0.563 for a
 # Linear and 0.625 for a 3x3 convolution (half a byte plus a scale per group). UNets are mostly
 # convolutions (68.5 % of SD 1.5's weights), so int4 is counted at 0.61.
@@ -636,7 +636,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     te_each = [p[n] * (q_bytes or b) for n in te_names]
     den_full = p.get(den, 0) * b
     # the denoiser's weights as stored; narrower storage adds the one layer dequantized while it runs
-    if q_bytes and not profile.denoiser_quantized:  # weight-only int8/int4 (engines/sd/quantize.py)
+    if q_bytes and not profile.denoiser_quantized:  # weight-only int8/int4 (models/quantize.py)
         den_stored = (p.get(den, 0) - profile.fp8_kept) * q_bytes + profile.fp8_kept * b
     elif profile.denoiser_quantized:  # GGUF: the stored size
         den_stored = (p.get(den, 0) - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes
