@@ -285,9 +285,11 @@ def save_results(data: dict) -> None:
 
 
 def order(cells: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
-    """Cheap first: the small model, then the tight limits (a kill there comes early), int4 before int8
-    before the default (smaller loads), plain diffusers last."""
-    mode_rank = {"int4": 0, "int8": 1, "default": 2, "diffusers-bf16": 3, "diffusers-fp32": 4}
+    """Cheap first: the small model, then the tight limits; within one, the float32 runs (at a tight limit
+    they die early in the load), then the quantizing ones (minutes of quantizing on a CPU), plain diffusers
+    in bfloat16 last (CPU bfloat16 kernels are slow: an SD 1.5 step takes minutes, an SDXL step may hit
+    --timeout, which still leaves the peak of the load)."""
+    mode_rank = {"diffusers-fp32": 0, "default": 1, "int8": 2, "int4": 3, "diffusers-bf16": 4}
     return sorted(cells, key=lambda c: (MODELS.index(c[0]), c[1], mode_rank.get(c[2], 9)))
 
 
