@@ -1,0 +1,388 @@
+"""Host (system RAM) peaks of a real-size job under a hard memory limit (issue 17).
+
+Issue 17: a real-size SDXL job was killed by the kernel's OOM killer on a 12 GiB machine with nothing
+printed, while plain diffusers in bfloat16 fit. This harness runs each cell -- (model, memory limit,
+mode) -- in its own cgroup v1 memory cgroup with that limit, cold (page cache dropped first), and
+records how it ended (ok / refused / killed / timeout / error), the child's peak RSS, the cgroup's
+peak usage (which counts page cache too) and, when `plan` knows `--ram`, what the planner predicted
+for the preset it picks.
+
+    sudo python benchmarks/host_peaks.py [--models sd15,sdxl] [--limits 8,12,16]
+        [--modes default,int8,int4,diffusers-fp32,diffusers-bf16] [--timeout S] [--markdown]
+
+Modes: `default` is our CLI with the planner's own pick, `int8`/`int4` add `--quantize`, and
+`diffusers-fp32`/`diffusers-bf16` are plain `AutoPipelineForText2Image.from_pretrained` plus one 512 px
+step in a worker of this script. The models are benchmarks/realsize.py's random-weight folders (built
+on first use under $LOWVRAM_GEN_BENCH). Results merge into docs/bench/host_peaks.json, one record per
+cell with the git commit it measured; `--markdown` prints the table for docs/benchmarks.md (alone, it
+prints the stored results without running anything).
+
+Each cell runs from a fresh wrapper process (this script with `--_cell`) that sits outside the cgroup
+and puts only the child into it (a preexec_fn writing the child's pid into cgroup.procs), so the
+wrapper's getrusage(RUSAGE_CHILDREN).ru_maxrss is the child's peak; /proc/PID/status is also polled
+for VmHWM and the anonymous/file split. Needs root and the cgroup v1 memory controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's lowvram_gen, not an installed one
+from peak_rss import run_worker  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "bench" / "host_peaks.json"
+CGROOT = Path("/sys/fs/cgroup/memory")
+GiB = 1 << 30
+MODELS = ("sd15", "sdxl")
+MODES = ("default", "int8", "int4", "diffusers-fp32", "diffusers-bf16")
+PROMPT = "a red fox"
+SIZE = 512
+
+
+def cell_key(model: str, limit_gib: int, mode: str) -> str:
+    return f"{model}-{limit_gib}g-{mode}"
+
+
+def preflight() -> str | None:
+    """Why the harness cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (it creates memory cgroups and drops the page cache)"
+    if not (CGROOT / "memory.limit_in_bytes").is_file() or not (CGROOT / "cgroup.procs").is_file():
+        return f"no cgroup v1 memory controller at {CGROOT} (cgroup v2-only hosts are not supported)"
+    return None
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "lowvram_gen", "presets"],
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# --- the child commands -------------------------------------------------------------------------
+
+def child_command(model_dir: str, mode: str, outdir: str) -> list[str]:
+    if mode.startswith("diffusers-"):
+        return [sys.executable, str(Path(__file__).resolve()), "--_diffusers",
+                json.dumps({"folder": model_dir, "dtype": mode.split("-", 1)[1]})]
+    # `-m lowvram_gen` (the package's __main__): lowvram_gen/cli/main.py has no __main__ guard, so
+    # `-m lowvram_gen.cli.main` imports it and exits 0 without doing anything.
+    cmd = [sys.executable, "-m", "lowvram_gen", "generate", PROMPT, "--model", model_dir, "--width", str(SIZE),
+           "--height", str(SIZE), "--steps", "1", "--json", "--outdir", outdir]
+    if mode in ("int8", "int4"):
+        cmd += ["--quantize", mode]
+    return cmd
+
+
+def diffusers_worker(job: dict) -> None:
+    """Plain diffusers: load the folder in `dtype`, one 512 px step, print one JSON line."""
+    import torch
+    from diffusers import AutoPipelineForText2Image
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[job["dtype"]]
+    t0 = time.perf_counter()
+    pipe = AutoPipelineForText2Image.from_pretrained(job["folder"], torch_dtype=dtype)
+    t1 = time.perf_counter()
+    with torch.inference_mode():
+        pipe(PROMPT, width=SIZE, height=SIZE, num_inference_steps=1, generator=torch.Generator().manual_seed(0))
+    print(json.dumps({"load_s": round(t1 - t0, 1), "run_s": round(time.perf_counter() - t1, 1)}), flush=True)
+
+
+# --- one cell, in a fresh wrapper process --------------------------------------------------------
+
+def _write(path: Path, value: str) -> bool:
+    try:
+        path.write_text(value)
+        return True
+    except OSError:
+        return False
+
+
+def _read_cg(cg: Path, name: str) -> str:
+    try:
+        return (cg / name).read_text()
+    except OSError:
+        return ""
+
+
+def _proc_status(pid: int) -> dict[str, int]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmHWM:", "VmRSS:", "RssAnon:", "RssFile:")):
+                    key, value = line.split(":")
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def _cg_stat(cg: Path) -> dict[str, int]:
+    out = {}
+    for line in _read_cg(cg, "memory.stat").splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("total_cache", "total_rss", "total_mapped_file"):
+            out[key] = int(value)
+    return out
+
+
+def run_cell(job: dict) -> dict:
+    """Create the cgroup, run the child in it, measure, remove the cgroup."""
+    cg = CGROOT / f"lowvram-bench-{job['cell']}"
+    if cg.exists():
+        cg.rmdir()  # a leftover from an interrupted run (empty, or this fails loudly)
+    cg.mkdir()
+    limit = job["limit_gib"] * GiB
+    rec: dict = {}
+    try:
+        if not _write(cg / "memory.limit_in_bytes", str(limit)):
+            raise SystemExit(f"cannot set {cg}/memory.limit_in_bytes")
+        rec["memsw_limited"] = _write(cg / "memory.memsw.limit_in_bytes", str(limit))
+        # sync first: dirty pages (a folder just built) survive drop_caches and stay charged to the cgroup
+        # that wrote them, so the child's file pages would not count here and its RSS would exceed the
+        # cgroup's usage
+        os.sync()
+        rec["cache_dropped"] = _write(Path("/proc/sys/vm/drop_caches"), "3")
+        procs = str(cg / "cgroup.procs")
+
+        def enter_cgroup() -> None:  # in the child, before exec
+            os.setsid()  # its own process group, so a timeout kills any grandchildren too
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)),
+                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+        with tempfile.TemporaryDirectory(prefix="host-peaks-") as outdir, \
+                tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(child_command(job["folder"], job["mode"], outdir), cwd=str(ROOT), env=env,
+                                    stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=enter_cgroup)
+            hwm = anon = file_ = cache = 0
+            timed_out = False
+            while proc.poll() is None:
+                st = _proc_status(proc.pid)
+                hwm = max(hwm, st.get("VmHWM", 0))
+                anon = max(anon, st.get("RssAnon", 0))
+                file_ = max(file_, st.get("RssFile", 0))
+                cache = max(cache, _cg_stat(cg).get("total_cache", 0))
+                if time.monotonic() - t0 > job["timeout"]:
+                    timed_out = True
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+                time.sleep(0.25)
+            seconds = time.monotonic() - t0
+            rc = proc.returncode
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        oom_kill = 0
+        for line in _read_cg(cg, "memory.oom_control").splitlines():
+            if line.startswith("oom_kill "):
+                oom_kill = int(line.split()[1])
+        killed = not timed_out and (rc == -signal.SIGKILL or oom_kill > 0)
+        result = None
+        for line in stdout.splitlines()[::-1]:
+            if line.startswith("{"):
+                try:
+                    result = json.loads(line)
+                    break
+                except ValueError:
+                    pass
+        if timed_out:
+            outcome = "timeout"
+        elif killed:
+            outcome = "killed"
+        elif rc == 2 and stderr.strip():
+            outcome = "refused"
+        elif rc == 0 and result is not None:
+            outcome = "ok"
+        else:
+            outcome = "error"
+        rec.update(
+            outcome=outcome, exit_code=rc, killed=killed, oom_kill=oom_kill, timed_out=timed_out,
+            seconds=round(seconds, 1),
+            peak_rss_bytes=ru.ru_maxrss * 1024,  # the child's (and any descendant's) VmHWM, from the kernel
+            polled_vmhwm_bytes=hwm, polled_rss_anon_max_bytes=anon, polled_rss_file_max_bytes=file_,
+            cgroup_max_usage_bytes=int(_read_cg(cg, "memory.max_usage_in_bytes") or 0),
+            cgroup_failcnt=int(_read_cg(cg, "memory.failcnt") or 0),
+            polled_cgroup_cache_max_bytes=cache,
+            stderr_tail=[ln for ln in stderr.splitlines() if ln.strip()][-6:],
+        )
+        if result is not None:
+            rec["child_result"] = {k: result[k] for k in ("preset", "load_s", "run_s", "seconds", "dtype", "quantize")
+                                   if k in result}
+    finally:
+        for _ in range(50):  # the kernel frees a killed task's memory asynchronously
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+    return rec
+
+
+# --- the plan's prediction -----------------------------------------------------------------------
+
+def plan_supports_ram() -> bool:
+    out = subprocess.run([sys.executable, "-m", "lowvram_gen", "plan", "--help"], cwd=str(ROOT),
+                         capture_output=True, text=True)
+    return "--ram" in out.stdout
+
+
+def plan_host_peak(folder: str, limit_gib: int, mode: str) -> dict:
+    """`plan --ram` for the cell: the chosen preset's host_peak_bytes (the same quantize as the run)."""
+    cmd = [sys.executable, "-m", "lowvram_gen", "plan", "--model", folder, "--width", str(SIZE), "--height",
+           str(SIZE), "--ram", f"{limit_gib}GiB", "--json"]
+    if mode in ("int8", "int4"):
+        cmd += ["--quantize", mode]  # only if plan has it; otherwise the pick of the default mode
+    proc = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 and "--quantize" in cmd and "unrecognized arguments" in proc.stderr:
+        return plan_host_peak(folder, limit_gib, "default") | {"plan_quantize_ignored": True}
+    try:
+        plan = json.loads(proc.stdout)
+    except ValueError:
+        return {"plan_error": f"rc {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+    row = next((p for p in plan.get("presets", []) if p.get("name") == plan.get("preset")), None)
+    if row is None:
+        return {"plan_preset": plan.get("preset"), "plan_error": "no presets[] row for the chosen preset"}
+    return {"plan_preset": row["name"], "plan_host_peak_bytes": row.get("host_peak_bytes"),
+            "plan_fits_host": row.get("fits_host")}
+
+
+# --- driver --------------------------------------------------------------------------------------
+
+def load_results() -> dict:
+    if RESULTS.is_file():
+        return json.loads(RESULTS.read_text())
+    return {"about": "host_peaks.py: host RAM peaks of one 512 px, 1-step job under a cgroup v1 memory limit "
+                     "(issue 17); models are benchmarks/realsize.py's random-weight fp16 folders",
+            "cells": {}}
+
+
+def save_results(data: dict) -> None:
+    from lowvram_gen.paths import write_atomically  # noqa: PLC0415 (the project's atomic writer)
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    data["cells"] = dict(sorted(data["cells"].items()))
+    write_atomically(RESULTS, json.dumps(data, indent=1) + "\n")
+
+
+def order(cells: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    """Cheap first: the small model, then the tight limits; within one, the float32 runs (at a tight limit
+    they die early in the load), then the quantizing ones (minutes of quantizing on a CPU), plain diffusers
+    in bfloat16 last (CPU bfloat16 kernels are slow: an SD 1.5 step takes minutes, an SDXL step may hit
+    --timeout, which still leaves the peak of the load)."""
+    mode_rank = {"diffusers-fp32": 0, "default": 1, "int8": 2, "int4": 3, "diffusers-bf16": 4}
+    return sorted(cells, key=lambda c: (MODELS.index(c[0]), c[1], mode_rank.get(c[2], 9)))
+
+
+def gib(v) -> str:
+    return "" if v in (None, 0) else f"{v / GiB:.2f}"
+
+
+def markdown(data: dict, keys: list[str] | None = None) -> str:
+    # peak RSS (VmHWM) counts the mmap'ed safetensors pages and shared libraries too: clean file pages the
+    # kernel drops before it kills; the anonymous peak (polled every 0.25 s) is what runs into the limit
+    rows = ["| model | limit | mode | outcome | peak RSS GiB | anon peak GiB | cgroup max GiB | plan host peak GiB "
+            "| plan error % |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    cells = data["cells"]
+    wanted = [k for k in (keys or cells) if k in cells]
+    wanted.sort(key=lambda k: (MODELS.index(cells[k]["model"]), cells[k]["limit_gib"], MODES.index(cells[k]["mode"])))
+    for k in wanted:
+        c = cells[k]
+        plan, peak = c.get("plan_host_peak_bytes"), c.get("peak_rss_bytes")
+        err = f"{(plan - peak) / peak * 100:+.0f}" if plan and peak and c.get("outcome") == "ok" else ""
+        outcome = c.get("outcome", "?") + (f" (rc {c.get('exit_code')})" if c.get("outcome") == "error" else "")
+        rows.append(f"| {c['model']} | {c['limit_gib']} GiB | {c['mode']} | {outcome} | {gib(peak)} | "
+                    f"{gib(c.get('polled_rss_anon_max_bytes'))} | {gib(c.get('cgroup_max_usage_bytes'))} | {gib(plan)} | {err} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="sd15,sdxl")
+    ap.add_argument("--limits", default="8,12,16", help="GiB, comma-separated")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per cell before it is killed (default 1200)")
+    ap.add_argument("--markdown", action="store_true", help="print the table (alone: of the stored results)")
+    ap.add_argument("--_cell", help=argparse.SUPPRESS)
+    ap.add_argument("--_diffusers", help=argparse.SUPPRESS)
+    args, rest = ap.parse_known_args(argv)
+    if args._diffusers:
+        diffusers_worker(json.loads(args._diffusers))
+        return 0
+    if args._cell:
+        print(json.dumps({**json.loads(args._cell), **run_cell(json.loads(args._cell))}), flush=True)
+        return 0
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    explicit = [a for a in (argv if argv is not None else sys.argv[1:]) if a.split("=")[0] in
+                ("--models", "--limits", "--modes")]
+    if args.markdown and not explicit:
+        print(markdown(load_results()))
+        return 0
+    models = [m for m in args.models.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in models if m not in MODELS] + [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown model/mode: {', '.join(bad)}")
+    limits = [int(x) for x in args.limits.split(",") if x]
+    why = preflight()
+    if why:
+        print(f"host_peaks: skipped: {why}", file=sys.stderr)
+        return 0
+    import realsize
+
+    folders = {m: str(realsize.build(m)) for m in models}
+    commit = git_commit()
+    with_plan = plan_supports_ram()
+    if not with_plan:
+        print("host_peaks: `plan --help` has no --ram: no plan host peaks recorded", file=sys.stderr)
+    data = load_results()
+    done = []
+    for model, limit_gib, mode in order([(m, lim, md) for m in models for lim in limits for md in modes]):
+        key = cell_key(model, limit_gib, mode)
+        job = {"cell": key, "model": model, "limit_gib": limit_gib, "mode": mode, "folder": folders[model],
+               "timeout": args.timeout}
+        print(f"host_peaks: {key} ...", file=sys.stderr, flush=True)
+        rec = run_worker(__file__, "--_cell", job, timeout=args.timeout + 300)
+        rec.pop("timeout", None)
+        if "error" in rec:  # the wrapper itself failed (run_worker's record)
+            rec["outcome"] = "error"
+        rec.update(commit=commit, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        if with_plan:
+            try:
+                rec.update(plan_host_peak(folders[model], limit_gib, mode))
+            except (OSError, subprocess.SubprocessError) as exc:
+                rec["plan_error"] = str(exc)
+        data["cells"][key] = rec
+        save_results(data)
+        done.append(key)
+        print(f"host_peaks: {key}: {rec.get('outcome', rec.get('error'))}, peak RSS {gib(rec.get('peak_rss_bytes'))} GiB,"
+              f" cgroup max {gib(rec.get('cgroup_max_usage_bytes'))} GiB, {rec.get('seconds')} s", file=sys.stderr,
+              flush=True)
+    if args.markdown:
+        print(markdown(data, done))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
