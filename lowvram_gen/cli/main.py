@@ -429,3 +429,7 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":  # python -m lowvram_gen.cli.main (the console script and python -m lowvram_gen call main too)
+    sys.exit(main())
