@@ -140,3 +140,21 @@ def test_vae_tile_size_follows_usable_vram(model):
     ops = RecordingOps(other.pipe)
     apply_mod.apply_settings(other.pipe, load_presets()["lowvram"].memory, fake(4), ops)
     assert ("vae_tiling", (512,), {}) in ops.log
+
+
+def test_unpinned_streaming_asks_diffusers_for_no_pinned_copies(model, monkeypatch):
+    """pin_memory = false (the planner's +unpinned candidates) reaches diffusers as low_cpu_mem_usage=True;
+    the group offloading itself runs here on the CPU with a recorded call (no CUDA stream)."""
+    from dataclasses import replace
+
+    ops = RecordingOps(model.pipe)
+    settings = replace(load_presets()["lowvram"].memory, pin_memory=False)
+    apply_mod.apply_settings(model.pipe, settings, fake(8), ops)
+    assert ("group_offload", ("cuda:0",), {"leaf": False, "use_stream": True, "pinned": False}) in ops.log
+    seen = []
+    monkeypatch.setattr("diffusers.hooks.apply_group_offloading", lambda module, **kw: seen.append(kw))
+    for component in model.pipe.components.values():
+        if hasattr(component, "enable_group_offload"):
+            monkeypatch.setattr(component, "enable_group_offload", lambda _c=component, **kw: seen.append(kw))
+    apply_mod.PipelineOps(model.pipe).group_offload("cpu", leaf=False, use_stream=True, pinned=False)
+    assert seen and all(kw["low_cpu_mem_usage"] is True for kw in seen)

@@ -322,3 +322,21 @@ def test_a_cpu_with_native_bfloat16_computes_in_it_and_one_without_never_does():
     assert result.preset.name == "cpu+bf16" and result.preset.memory.dtype == "bfloat16"
     without = plan(replace(_cpu("32GiB"), bf16=False), sd15, 512, 512, 1, load_presets())
     assert without.preset.name == "cpu" and all("bf16" not in e.name for e in without.estimates)
+
+
+def test_a_forced_streaming_preset_drops_its_pinned_copies_when_they_do_not_fit():
+    from lowvram_gen.presets import find_preset
+
+    flux = memory.profile_builtin("flux")
+    lowvram = find_preset("lowvram").memory
+    kept = host_mod.host_estimate(flux, lowvram.with_quantize("int4"), "cuda", 1024, 1024, 1, pinned=False)
+    pinned = host_mod.host_estimate(flux, lowvram.with_quantize("int4"), "cuda", 1024, 1024, 1, pinned=True)
+    between = (kept.peak_bytes + pinned.peak_bytes) // 2  # fits without the pinned copies, not with them
+    dev = replace(device_mod.simulated("8GiB"), host=replace(simulated_host("1GiB"), total_bytes=between,
+                                                             available_bytes=between))
+    import dataclasses
+
+    forced = dataclasses.replace(find_preset("lowvram"), memory=lowvram.with_quantize("int4"))
+    result = plan(dev, flux, 1024, 1024, 1, load_presets(), forced=forced, quantize_forced=True)
+    assert not result.refusal and result.preset.name == "lowvram+unpinned"
+    assert result.preset.memory.pin_memory is False

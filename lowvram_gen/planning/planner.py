@@ -211,6 +211,10 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     elif forced is not None:
         forced = rows.sized(forced) or forced
         chosen = (forced, next((r for p, r in candidates if p == forced), None) or rows.row(forced))
+        if not chosen[1].fits_host and len(_pin_variants(forced, device)) > 1:  # the same preset, no pinned copies
+            unpinned = _pin_variants(forced, device)[1]
+            row = next((r for p, r in candidates if p == unpinned), None) or rows.row(unpinned)
+            forced, chosen = (unpinned, (unpinned, row)) if row.fits_host else (forced, chosen)
         result = Plan(forced, _ladder(chosen, candidates, rows), [r for _, r in candidates],
                       f"forced by the user: {forced.name}")
         if not chosen[1].fits_host:
@@ -312,8 +316,10 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
     fits = [(p, r) for p, r in others if r.fits_host and (r.fits or not rows.device.is_accelerator)]
     if fits:
         p, r = min(fits, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step))
-        how = f"--quantize {storage(p.memory)}" if storage(p.memory) in ("int8", "int4") else f"the {p.name} preset"
-        return f"{sentence}; {how} would fit (about {format_size(r.host_peak_bytes)})"
+        if storage(p.memory) in ("int8", "int4"):
+            return f"{sentence}; --quantize {storage(p.memory)} would fit (about {format_size(r.host_peak_bytes)})"
+        return (f"{sentence}; {p.name} would fit (about {format_size(r.host_peak_bytes)}): the planner picks it "
+                "without a forced preset")
     gguf = _gguf_q4_peak(rows, least_p)
     if gguf is not None and rows.fits_host(gguf[1]):
         return (f"{sentence}; a Q4_K GGUF of its {rows.profile.denoiser} ({gguf[0] / 1e9:.1f} GB) with --quantize "
