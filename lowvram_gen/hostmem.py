@@ -21,6 +21,7 @@ job needs). Read from /proc and /sys only: no torch, nothing at import time.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -193,3 +194,47 @@ def _sysconf_total() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+LOAD_MMAP_THRESHOLD = 64 * 1024  # while loading: every block over 64 KiB is its own mapping, freed at once
+RUN_MMAP_THRESHOLD = 32 * 1024 * 1024  # after: glibc's own upper bound, so activations reuse the heap
+
+
+@contextmanager
+def returning_freed_memory():
+    """Load weights with glibc handing freed memory back to the kernel at once.
+
+    Loading converts and quantizes tensor by tensor, freeing a temporary for each; glibc keeps freed heap
+    blocks for reuse (its mmap threshold grows to 32 MiB as big blocks are freed), so the process's memory
+    ratchets up to the size of everything it ever held: loading the real-size SDXL folder with int8
+    weights (3.4 GiB of them) peaked at 14.4 GiB of anonymous memory and kept 14.0 GiB, and was killed in
+    an 8 GiB cgroup; with the threshold fixed at 64 KiB it peaked at 4.7 GiB (docs/benchmarks.md). A1111
+    preloads tcmalloc for the same reason. After the load the threshold goes to glibc's upper bound (the
+    activations of each step reuse the heap) and the heap's free top is trimmed. No-op without glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, LOAD_MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, LOAD_MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, RUN_MMAP_THRESHOLD)
+            libc.malloc_trim(0)
+
+
+def _glibc():
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.system() != "Linux" or not platform.libc_ver()[0] == "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None

@@ -11,6 +11,7 @@ from typing import Any
 
 from lowvram_gen.models.quantize import check_scales, is_target, sdnq_config
 from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.hostmem import returning_freed_memory
 from lowvram_gen.models.checkpoint import check_finite, load_single_file
 from lowvram_gen.models.folders import absent_components
 from lowvram_gen.models.quiet import quiet_hub_bars
@@ -55,10 +56,11 @@ def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
 
     quiet_hub_bars()
     torch_dtype = getattr(torch, dtype)
-    if source.kind == "single_file":
-        pipe = load_single_file(str(source.path), source.config, torch_dtype)
-    else:
-        pipe = _from_folder(source, dtype, quantize, quantize_on)
+    with returning_freed_memory():
+        if source.kind == "single_file":
+            pipe = load_single_file(str(source.path), source.config, torch_dtype)
+        else:
+            pipe = _from_folder(source, dtype, quantize, quantize_on)
     check_finite(pipe)
     pipe.set_progress_bar_config(disable=True)  # our own progress reporting replaces diffusers' bars
     return LoadedModel(source=source, pipe=pipe, dtype=dtype)
@@ -129,8 +131,9 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
         fresh = load(model.source, dtype).pipe
         modules = {name: getattr(fresh, name) for name in names}
     else:
-        modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",
-                                        quantize_on) for name in names}
+        with returning_freed_memory():
+            modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",
+                                            quantize_on) for name in names}
     for name, module in modules.items():
         log.info("reloading %s of %s from disk to restore its precision", name, model.name)
         model.pipe.register_modules(**{name: module})
