@@ -44,9 +44,21 @@ CUDA_HOST_BYTES = 1 * GiB
 # or quantized) as it loads: safetensors maps the file and the pages read stay resident until the
 # component is built (measured: SD 1.5's UNet file, 1.7 GB, was all resident at the peak).
 LOAD_TRANSIENT = 1.0
-# The CPU allocator's overhead on activations (fragmentation, glibc arenas) on top of the
-# activation estimate the VRAM model makes for the same shapes: measured on the cpu preset.
-CPU_ACTIVATION_FACTOR = 1.0
+# Anonymous memory above the weights while a component is quantized as it loads, in float32 copies of
+# its largest layer (sdnq rounds one layer at a time, in float32): measured 0.32 GiB for SD 1.5 and 0.40
+# for SDXL (largest UNet layer 29.5M weights: 118 MB in float32), 0.55 GiB for a FLUX.1 transformer cut
+# to 2+4 blocks (largest 56.6M: 226 MB), loading with returning_freed_memory (hostmem.py).
+QUANTIZE_LOAD_TRANSIENT = 3.0
+# On a CPU, the activations of a step and of the decode (the VRAM model's estimates for the same shapes,
+# which match a CPU's: SD 1.5 at 512 px measured 0.29 GiB for the CFG step and 0.94 GiB for the decode,
+# estimated 0.28 and 1.00) times what glibc's heap adds: fitted to the CLI's run phase of SD 1.5 at
+# 512 px under the cpu preset (1.53 GiB over the weights, against 1.28 estimated).
+CPU_ACTIVATION_FACTOR = 1.2
+# Weights kept narrower than they compute (cpu+half, int8, int4) are upcast layer by layer as they run;
+# diffusers' layerwise casting also casts each layer back to a fresh 16-bit copy, and glibc keeps some of
+# those blocks: per byte of the denoiser's kept weights, fitted to SDXL's cpu+half run at 512 px
+# (2.24 GiB over the weights against 1.39 GiB of activations).
+CPU_NARROW_SCRATCH = 0.18
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,7 @@ def kept_bytes(profile: memory.ModelProfile, settings: MemorySettings) -> dict[s
         if name == den and profile.denoiser_quantized:  # GGUF: as the file stores it
             out[name] = (n - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes
         elif q and name == den:
-            out[name] = (n - profile.fp8_kept) * q + profile.fp8_kept * b
+            out[name] = (n - profile.quantized_kept) * q + profile.quantized_kept * b
         elif q and name.startswith("text_encoder"):
             # sdnq leaves the token embedding (the largest layer of a CLIP or T5 encoder) alone
             emb = profile.largest_layer.get(name, 0)
@@ -131,9 +143,22 @@ def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dic
     whole, pages = 0, 0
     for name in converted:
         extra = profile.params[name] * b - kept[name] if name == profile.denoiser and settings.fp8_storage else 0
-        whole = max(whole, extra)  # whole at the dtype before the cast to fp8
+        if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
+            extra = QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, name) * 4
+        whole = max(whole, extra)  # whole at the dtype before the cast to fp8, or quantizing scratch
         pages = max(pages, LOAD_TRANSIENT * profile_file_bytes(profile, name))
     return int(sum(kept[n] for n in converted) + whole), int(pages)
+
+
+def _largest_quantized_layer(profile: memory.ModelProfile, name: str) -> int:
+    """Weights of `name`'s largest layer sdnq quantizes: a text encoder's largest is its token embedding, which
+    sdnq leaves alone, so its feed-forward projection is taken (4 x hidden squared: CLIP's is 4x, T5's 2.5x)."""
+    if name.startswith("text_encoder"):
+        encoders = sorted(n for n in profile.params if n.startswith("text_encoder"))
+        i = encoders.index(name)
+        hidden = profile.text_hidden[i] if i < len(profile.text_hidden) else 0
+        return min(4 * hidden * hidden, profile.largest_layer.get(name, 0)) if hidden else 0
+    return profile.largest_layer.get(name, 0)
 
 
 def profile_file_bytes(profile: memory.ModelProfile, name: str) -> int:
@@ -166,7 +191,11 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
         unet = memory.unet_activation_bytes(profile, width, height, images, b, settings.attention)
         vae = memory.vae_activation_bytes(profile, width, height, batch, b, settings.vae_slicing,
                                           settings.vae_tiling)
-        act = int(CPU_ACTIVATION_FACTOR * max(unet, vae, memory.text_activation_bytes(profile, images, b)))
+        # glibc keeps the step's freed blocks under its mmap threshold in the heap, so the decode's come
+        # on top of them: the two add up, they do not take turns as on a GPU's caching allocator
+        act = int(CPU_ACTIVATION_FACTOR * (unet + vae))
+        if settings.half_storage or settings.quantize != "none":  # upcast copies of the layers as they run
+            act += int(CPU_NARROW_SCRATCH * kept.get(profile.denoiser, 0))
         in_ram = total_kept
     elif settings.offload == "none":
         # placed on the device after loading; moving a mapped component reads its whole file once
