@@ -308,9 +308,9 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
     what the planner compares with the RAM. Peak RSS (VmHWM) against the plan's rss_peak_bytes: RSS also
     counts the safetensors pages a load or a step touched, clean file pages the kernel drops before it kills,
     so where the cgroup's peak reached its limit the kernel trimmed them and the measured RSS is lower."""
-    rows = ["| model | limit | mode | plan's pick | outcome | anon + libs GiB | plan must-fit GiB | error % "
+    rows = ["| model | limit | mode | plan's pick | outcome | commit | anon + libs GiB | plan must-fit GiB | error % "
             "| peak RSS GiB | plan RSS GiB | error % | cgroup max GiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     cells = data["cells"]
     wanted = [k for k in (keys or cells) if k in cells]
     wanted.sort(key=lambda k: (MODELS.index(cells[k]["model"]), cells[k]["limit_gib"], MODES.index(cells[k]["mode"])))
@@ -325,7 +325,8 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
         must, plan_rss, peak = c.get("plan_host_peak_bytes"), c.get("plan_rss_peak_bytes"), c.get("peak_rss_bytes")
         outcome = c.get("outcome", "?") + (f" (rc {c.get('exit_code')})" if c.get("outcome") == "error" else "")
         pick = c.get("plan_preset", "") if c["mode"] in ("default", "int8", "int4") else "(plain diffusers)"
-        rows.append(f"| {c['model']} | {c['limit_gib']} GiB | {c['mode']} | {pick} | {outcome} | {gib(held)} | "
+        rows.append(f"| {c['model']} | {c['limit_gib']} GiB | {c['mode']} | {pick} | {outcome} | "
+                    f"{str(c.get('commit', ''))[:7]} | {gib(held)} | "
                     f"{gib(must)} | {err(must, held, c)} | {gib(peak)} | {gib(plan_rss)} | {err(plan_rss, peak, c)} | "
                     f"{gib(c.get('cgroup_max_usage_bytes'))} |")
     return "\n".join(rows)

@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--width", metavar="N", help=native)
     pl.add_argument("--height", metavar="N", help=native)
     pl.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images per job (default 1)")
+    pl.add_argument("--quantize", metavar="none|int8|int4",
+                    help="plan with int8/int4 weights in every preset, or none, as generate's --quantize does")
     pl.add_argument("--ram", metavar="SIZE", help="simulate a machine with this much free system RAM, e.g. 16GB "
                     "(default: this machine's, and its cgroup limit)")
     pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
@@ -296,8 +298,14 @@ def cmd_plan(args) -> int:
 
         profile = source_profile(resolve(args.model, args.config))
     width, height = width or memory.native_side(profile), height or memory.native_side(profile)
+    from lowvram_gen.request import check_quantize
+
+    quantize = check_quantize(args.quantize)
     forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
-    result = plan(dev, profile, width, height, batch, load_presets(), forced)
+    if forced is not None:
+        forced = replace(forced, memory=forced.memory.with_quantize(quantize))
+    presets = {name: replace(p, memory=p.memory.with_quantize(quantize)) for name, p in load_presets().items()}
+    result = plan(dev, profile, width, height, batch, presets, forced, quantize_forced=quantize is not None)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
                           "batch": batch, **result.as_dict()}))

@@ -228,7 +228,7 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     result.bus = rows.bus
     result.warnings += [rows.bus.warning] if rows.bus.warning else []
     if storage(result.preset.memory) in LOSSY and not result.refusal:
-        why = "" if forced else " (nothing lossless fits this card at this size)"
+        why = "" if forced or quantize_forced else " (nothing lossless fits this card at this size)"
         result.warnings.append(f"{result.preset.name} stores the weights in 4 bits: the image loses some quality{why}")
     return result
 
