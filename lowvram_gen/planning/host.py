@@ -54,10 +54,11 @@ QUANTIZE_LOAD_TRANSIENT = 3.0
 # estimated 0.28 and 1.00) times what glibc's heap adds: fitted to the CLI's run phase of SD 1.5 at
 # 512 px under the cpu preset (1.53 GiB over the weights, against 1.28 estimated).
 CPU_ACTIVATION_FACTOR = 1.2
-# Weights kept narrower than they compute (cpu+half, int8, int4) are upcast layer by layer as they run;
-# diffusers' layerwise casting also casts each layer back to a fresh 16-bit copy, and glibc keeps some of
-# those blocks: per byte of the denoiser's kept weights, fitted to SDXL's cpu+half run at 512 px
-# (2.24 GiB over the weights against 1.39 GiB of activations).
+# cpu+half: diffusers' layerwise casting upcasts each layer as it runs and casts it back to a fresh 16-bit
+# copy, and glibc keeps some of those blocks: per byte of the denoiser's kept weights, fitted to SDXL's
+# cpu+half run at 512 px (2.24 GiB over the weights against 1.39 GiB of activations). sdnq's int8/int4
+# layers dequantize into temporaries that are freed at once: their runs fit without it (SD 1.5 int8
+# 3.32 GiB measured, 3.54 estimated; SDXL int8 5.79 and 5.85; SDXL int4 4.48 and 4.63).
 CPU_NARROW_SCRATCH = 0.18
 
 
@@ -194,7 +195,7 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
         # glibc keeps the step's freed blocks under its mmap threshold in the heap, so the decode's come
         # on top of them: the two add up, they do not take turns as on a GPU's caching allocator
         act = int(CPU_ACTIVATION_FACTOR * (unet + vae))
-        if settings.half_storage or settings.quantize != "none":  # upcast copies of the layers as they run
+        if settings.half_storage:  # layerwise casting's upcast copies, and the fresh 16-bit copies it casts back to
             act += int(CPU_NARROW_SCRATCH * kept.get(profile.denoiser, 0))
         in_ram = total_kept
     elif settings.offload == "none":
