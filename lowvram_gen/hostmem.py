@@ -35,7 +35,7 @@ class HostMemory:
     available_bytes: int  # what a job can still get: the smallest of MemAvailable and each cgroup's room
     process_bytes: int = 0  # this process's resident set now (a loaded model, torch itself)
     limit_bytes: int | None = None  # the tightest cgroup limit; None: no cgroup limit
-    limit_source: str = ""  # the file that set limit_bytes
+    limit_source: str = ""  # the file that set limit_bytes, and a launch's share of the RAM
     budget_bytes: int | None = None  # --ram-budget: the user's cap on what a job may use
     simulated: bool = False  # plan --ram: no machine was read
 
@@ -57,6 +57,8 @@ class HostMemory:
                 f"{format_size(self.total_bytes)}")
         if self.limit_bytes is not None:
             text += f" (cgroup limit {format_size(self.limit_bytes)}, {self.limit_source})"
+        elif self.limit_source:
+            text += f" ({self.limit_source})"
         if self.process_bytes:
             text += f", {format_size(self.process_bytes)} held by this process"
         if self.budget_bytes is not None:
@@ -156,6 +158,16 @@ def _cgroup_room(root: Path) -> tuple[int | None, int | None, str]:
     return best
 
 
+def _local_processes() -> int:
+    """How many processes of one launch share this machine's RAM (accelerate/torchrun set LOCAL_WORLD_SIZE)."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def process_rss(root: Path = Path("/")) -> int:
     """This process's resident set now, in bytes (0 where /proc is not there)."""
     for line in (_read(root / "proc/self/status") or "").splitlines():
@@ -175,6 +187,10 @@ def probe_host(budget_bytes: int | None = None, root: str | Path = "/") -> HostM
     if limit is not None:
         total = min(total, limit) if total else limit
         available = min(available, room if room is not None else available)
+    share = _local_processes()
+    if share > 1:  # `accelerate launch` on this machine: every process loads its own copy of the model
+        available //= share
+        source = f"{source + '; ' if source else ''}shared by {share} processes (LOCAL_WORLD_SIZE)"
     return HostMemory(total_bytes=int(total), available_bytes=int(available), process_bytes=process_rss(root),
                       limit_bytes=limit, limit_source=source, budget_bytes=budget_bytes)
 

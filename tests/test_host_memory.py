@@ -381,3 +381,14 @@ def test_the_real_glibc_is_found_on_linux():
 
     libc = hostmem._glibc()
     assert libc is not None and libc.mallopt(-3, hostmem.RUN_MMAP_THRESHOLD) == 1
+
+
+def test_processes_of_one_launch_share_the_ram(tmp_path, monkeypatch):
+    """`accelerate launch` on one machine starts a process per GPU, each loading its own model: each may
+    plan with its share of what is free, not all of it."""
+    root = fake_root(tmp_path, 64, 40)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    host = probe_host(root=root)
+    assert host.available_bytes == 10 * GiB and "shared by 4 processes" in host.limit_source
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert probe_host(root=root).available_bytes == 40 * GiB
