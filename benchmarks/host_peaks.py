@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's lowvram_gen, not an installed one
-from peak_rss import run_worker  # noqa: E402
+from peak_rss import run_worker, status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "bench" / "host_peaks.json"
@@ -119,19 +119,6 @@ def _read_cg(cg: Path, name: str) -> str:
         return ""
 
 
-def _proc_status(pid: int) -> dict[str, int]:
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("VmHWM:", "VmRSS:", "RssAnon:", "RssFile:")):
-                    key, value = line.split(":")
-                    out[key] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
 def _cg_stat(cg: Path) -> dict[str, int]:
     out = {}
     for line in _read_cg(cg, "memory.stat").splitlines():
@@ -175,7 +162,7 @@ def run_cell(job: dict) -> dict:
             hwm = anon = file_ = cache = 0
             timed_out = False
             while proc.poll() is None:
-                st = _proc_status(proc.pid)
+                st = status(("VmHWM", "VmRSS", "RssAnon", "RssFile"), proc.pid)
                 hwm = max(hwm, st.get("VmHWM", 0))
                 anon = max(anon, st.get("RssAnon", 0))
                 file_ = max(file_, st.get("RssFile", 0))

@@ -27,13 +27,7 @@ WAYS = ("none", "post-int8", "while-int8", "while-int4")
 
 
 def _rss_parts() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("RssAnon:", "RssFile:")):
-                key, value = line.split(":")
-                out[key] = int(value.split()[0]) * 1024
-    return out
+    return status(("RssAnon", "RssFile"))
 
 
 class AnonPeak:

@@ -19,14 +19,18 @@ def worker_env(**extra: str) -> dict[str, str]:
                 **extra)
 
 
-def status() -> dict[str, int]:
-    """VmRSS and VmHWM (the peak since the last reset) of this process, in bytes."""
+def status(keys: tuple[str, ...] = ("VmRSS", "VmHWM"), pid: int | str = "self") -> dict[str, int]:
+    """Fields of /proc/PID/status in bytes: by default VmRSS and VmHWM (the peak since the last reset) of
+    this process; RssAnon/RssFile split the resident set. {} when the process is gone."""
     out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":")
-                out[key] = int(value.split()[0]) * 1024
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in keys:
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
     return out
 
 

@@ -115,6 +115,7 @@ class _Rows:
         self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
+        self.budgets: list[Preset] = []  # budget presets unsized (plan() fills it): the ladder sizes them per rung
         self.flops_coefficients = _calibration().get("flops", {})
         self.bus = bus_mod.for_device(device.name)  # doctor's measurement of this GPU, else the assumption
 
@@ -204,7 +205,7 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
          steps: int = ASSUMED_STEPS, quantize_forced: bool = False) -> Plan:
     rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed))
-    candidates = _candidates(rows, presets, quantize_forced)
+    candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
         result = _choose_cpu(rows, {forced.name: forced}, quantize_forced)
         result.reason = result.reason.replace("no GPU found", f"forced by the user: {forced.name}")
@@ -233,10 +234,12 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     return result
 
 
-def _candidates(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) -> list[tuple[Preset, PresetEstimate]]:
-    """Every GPU preset x weight storage (x unpinned streaming, where the RAM is known on CUDA), sized."""
+def _candidates(rows: _Rows, presets: dict[str, Preset],
+                quantize_forced: bool) -> tuple[list[tuple[Preset, PresetEstimate]], list[Preset]]:
+    """Every GPU preset x weight storage (x unpinned streaming, where the RAM is known on CUDA), sized; and
+    the budget presets unsized, which the ladder sizes again below each rung."""
     candidates: list[tuple[Preset, PresetEstimate]] = []
-    budgets = []  # budget presets unsized: the ladder sizes them again below each rung
+    budgets = []
     for base in gpu_ladder(presets):
         for p in variants(base, quantize_forced):
             for v in _pin_variants(p, rows.device):
@@ -246,8 +249,7 @@ def _candidates(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
                 if sized is None:
                     continue
                 candidates.append((sized, rows.row(sized)))
-    rows.budgets = budgets
-    return candidates
+    return candidates, budgets
 
 
 def _pin_variants(p: Preset, device: DeviceInfo) -> list[Preset]:
@@ -309,7 +311,7 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
     sentence = (f"{label} at {size} needs about {format_size(least.host_peak_bytes)} of system RAM even at "
                 f"{least_p.name}; this machine has {have}")
     # what would fit: any candidate the user's choices ruled out, then a smaller file of the same model
-    others = _candidates(rows, presets, False) if rows.device.is_accelerator else []
+    others = _candidates(rows, presets, False)[0] if rows.device.is_accelerator else []
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if not rows.device.is_accelerator and cpu is not None:
         others = [(v, rows.row(v)) for v in cpu_variants(cpu, rows)]
@@ -388,7 +390,7 @@ def _ladder(chosen: tuple[Preset, PresetEstimate], candidates: list[tuple[Preset
     current = chosen[1].estimate_bytes
     while True:
         below = [(p, r) for p, r in candidates if r.estimate_bytes < current and p not in ladder]
-        for p in getattr(rows, "budgets", []):
+        for p in rows.budgets:
             sized = rows.sized(p, int(current * RUNG_STEP))
             if sized is not None and sized not in ladder:
                 below.append((sized, rows.row(sized)))
