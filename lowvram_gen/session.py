@@ -155,7 +155,7 @@ class Session:
             ladder = Ladder(the_plan.ladder, device.kind)
             try:
                 return run_job(self.runner, request, ladder, source, device, self._outdir(request.outdir),
-                               on_step, cancel)
+                               on_step, cancel, [the_plan.loss_note] if the_plan.loss_note else [])
             finally:
                 self._remember(device, request.model, ladder)
 

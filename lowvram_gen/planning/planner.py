@@ -4,8 +4,9 @@ A candidate is a preset x a weight storage (as the preset says, int8, int4) x, f
 `offload = "budget"`, the residency that fits: how many bytes of the denoiser stay on the GPU, the
 rest streamed every step (planning/residency.py). Each gets an estimate of its peak memory
 (planning/estimate.py) and of its seconds per step (planning/timing.py: compute plus the bytes moved
-over the bus). The plan is the fastest candidate that fits; a quality-losing one (4-bit weights) only
-when nothing lossless fits, and then the plan says so in its warnings. A forced preset (--medvram,
+over the bus). The plan is the fastest lossless candidate that fits; a slightly lossy one (int8, fp8
+weights) only when it is LOSSY_MARGIN faster or nothing lossless fits, a visibly lossy one (4-bit) only
+when nothing else fits; the plan says which and why in its warnings and `loss_note`. A forced preset (--medvram,
 --lowvram, --novram, --cpu, --preset) replaces the choice, as in A1111 and ComfyUI.
 
 The ladder the out-of-memory recovery steps down is this same list: from the chosen candidate, each
@@ -26,7 +27,13 @@ from lowvram_gen.planning.sizes import capped_size, vae_tile_size
 from lowvram_gen.presets import Preset, gpu_ladder
 
 STORAGE_VARIANTS = ("int8", "int4")  # weight storage tried on top of each preset that stores fp16/bf16
-LOSSY = ("int4",)  # levers that visibly change the image: only when nothing lossless fits
+# What a weight storage costs the image: 8-bit weights (int8, fp8) change it slightly, 4-bit ones visibly.
+# 16-bit weights computed in float32 (half) change no number of the result.
+LOSS = {"none": "none", "half": "none", "fp8": "slight", "int8": "slight", "int4": "visible"}
+LOSSY = ("int4",)  # visibly lossy: only when nothing else fits
+# A slightly lossy candidate (int8, fp8) is picked over the fastest lossless one only when its estimated step
+# is at least this much shorter: a few percent is within the estimate's error and not worth the detail
+LOSSY_MARGIN = 0.15
 RUNG_STEP = 0.8  # a budget rung below another is sized to 80 % of its estimate: a step worth retrying
 ASSUMED_STEPS = 20  # spreads per-job transfers over a job's steps when the request does not say
 
@@ -45,7 +52,7 @@ class PresetEstimate:
     breakdown: dict = field(default_factory=dict)
     streamed_bytes_per_step: int = 0
     est_seconds_per_step: float = 0.0
-    lossy: bool = False  # 4-bit weights
+    lossy: bool = False  # 4-bit weights: visibly lossy
     capped: bool = False  # made below the requested size and upscaled (the preset's max_pixels)
     why: str = ""  # why this row was chosen, or why not
     # what must cross the bus each step at least, whatever the offload: the denoiser's weights (as this
@@ -56,12 +63,13 @@ class PresetEstimate:
     host_peak_bytes: int = 0
     fits_host: bool = True
     host: dict = field(default_factory=dict)
+    loss: str = "none"  # what the weights' storage costs the image: none | slight (int8, fp8) | visible (int4)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "estimate_bytes": self.estimate_bytes, "fits": self.fits, "width": self.width,
                 "height": self.height, "batch": self.batch, "skipped_reason": self.skipped_reason,
                 "streamed_bytes_per_step": self.streamed_bytes_per_step,
-                "est_seconds_per_step": round(self.est_seconds_per_step, 4), "lossy": self.lossy,
+                "est_seconds_per_step": round(self.est_seconds_per_step, 4), "lossy": self.lossy, "loss": self.loss,
                 "capped": self.capped, "why": self.why,
                 "lower_bound_bytes_per_step": self.lower_bound_bytes_per_step, "breakdown": self.breakdown,
                 "host_peak_bytes": self.host_peak_bytes, "fits_host": self.fits_host, "host": self.host}
@@ -78,10 +86,14 @@ class Plan:
     # one sentence when no candidate fits the machine's RAM: what the job needs, what there is, what would
     # fit. A job with a refusal is stopped before loading (the kernel would kill it, unannounced)
     refusal: str = ""
+    # why the chosen candidate's weights lose detail when the planner picked that over a lossless one (int8 for
+    # speed): also in `warnings`, and written into the PNGs it makes
+    loss_note: str = ""
 
     def as_dict(self) -> dict:
         return {"preset": self.preset.name, "ladder": [p.name for p in self.ladder], "reason": self.reason,
                 "warnings": list(self.warnings), "bus": self.bus.as_dict(), "refusal": self.refusal,
+                "loss_note": self.loss_note,
                 "presets": [e.as_dict() for e in self.estimates]}
 
 
@@ -170,6 +182,7 @@ class _Rows:
         hest = self.host(p, row.breakdown.get("resident_bytes", 0) if p.memory.offload == "budget" else 0)
         row.host_peak_bytes, row.host = hest.peak_bytes, hest.as_dict()
         row.fits_host = self.fits_host(hest.peak_bytes)
+        row.loss = LOSS.get(storage(p.memory), "none")
         return row
 
     def _row(self, p: Preset) -> PresetEstimate:
@@ -223,7 +236,7 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     elif not device.is_accelerator:
         result = _choose_cpu(rows, presets, quantize_forced)
     else:
-        result = _choose(device, candidates, rows)
+        result = _choose(device, candidates, rows, quantize_forced)
         if not result.refusal and not any(r.fits_host for _, r in candidates):
             result.refusal = _refusal(rows, candidates, presets)
     result.bus = rows.bus
@@ -283,7 +296,7 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
         plan_ = Plan(cpu, [cpu], estimates, "no GPU found: the cpu preset")
         plan_.refusal = _refusal(rows, options, presets)
         return plan_
-    chosen = min(fitting, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step))
+    chosen, _ = _prefer_lossless(fitting)  # the reason below says why its weights are not float32
     reason = "no GPU found: the cpu preset"
     if chosen[0] is not cpu:
         have = format_size(rows.device.host.usable_bytes) if rows.device.host else "?"
@@ -346,28 +359,60 @@ def _gguf_q4_peak(rows: _Rows, p: Preset) -> tuple[int, int] | None:
     return file_bytes, est.peak_bytes
 
 
-def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]], rows: _Rows) -> Plan:
+def _prefer_lossless(pool: list[tuple[Preset, PresetEstimate]]) -> tuple[tuple[Preset, PresetEstimate], str]:
+    """The fastest candidate of `pool` whose weights lose nothing; a slightly lossy one (int8, fp8) instead only
+    when its estimated step is LOSSY_MARGIN shorter, or when nothing in `pool` is lossless. With it, one
+    sentence saying which lossy storage was picked and why ('' when the choice loses nothing)."""
+    key = lambda pr: (pr[1].est_seconds_per_step, pr[1].estimate_bytes)  # noqa: E731
+    lossless = [pr for pr in pool if pr[1].loss == "none"]
+    fastest = min(pool, key=key)
+    if not lossless:
+        chosen = min(pool, key=lambda pr: (pr[1].lossy, *key(pr)))
+        return chosen, _stores(chosen) + ": nothing lossless fits" if chosen[1].loss != "none" else ""
+    best = min(lossless, key=key)
+    if fastest[1].loss == "none" or fastest[1].est_seconds_per_step > best[1].est_seconds_per_step * (1 - LOSSY_MARGIN):
+        return best, ""
+    shorter = 1 - fastest[1].est_seconds_per_step / best[1].est_seconds_per_step
+    return fastest, (f"{_stores(fastest)}: picked because its step is estimated {shorter:.0%} shorter than the "
+                     f"fastest lossless candidate's ({best[1].name}, {best[1].est_seconds_per_step:.2f} s); "
+                     f"a lossy candidate must be {LOSSY_MARGIN:.0%} faster")
+
+
+def _stores(candidate: tuple[Preset, PresetEstimate]) -> str:
+    bits = {"fp8": "8-bit floats", "int8": "8-bit integers", "int4": "4 bits"}.get(storage(candidate[0].memory), "")
+    return f"{candidate[1].name} stores the weights in {bits} ({candidate[1].loss}ly lossy)"
+
+
+def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]], rows: _Rows,
+            quantize_forced: bool = False) -> Plan:
     usable = format_size(device.usable_bytes)
     fitting = [(p, r) for p, r in candidates if r.fits and r.fits_host and not r.skipped_reason]
-    lossless = [(p, r) for p, r in fitting if not r.lossy and not r.capped]
+    uncapped = [(p, r) for p, r in fitting if not r.capped]
     # what loses least first: 4-bit weights before a lower resolution upscaled afterwards
-    pool = lossless or [(p, r) for p, r in fitting if not r.capped] or fitting
+    pool = [(p, r) for p, r in uncapped if not r.lossy] or uncapped or fitting
     estimates = [r for _, r in candidates]
     if pool:
-        chosen = min(pool, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step, pr[1].estimate_bytes))
+        chosen, note = _prefer_lossless(pool)
+        lossless = chosen[1].loss == "none" and not chosen[1].capped
         chosen[1].why = (f"fastest estimated step ({chosen[1].est_seconds_per_step:.2f} s) of the candidates that fit "
-                         f"the {usable} usable" + ("" if lossless else "; nothing lossless fits"))
+                         f"the {usable} usable" + (f"; {note}" if note else ""))
         for p, r in candidates:
             if r is not chosen[1]:
-                r.why = r.why or ("slower" if (p, r) in pool else
+                r.why = r.why or ("slower" if (p, r) in pool and (r.loss == "none" or not lossless) else
+                                  f"loses detail ({r.loss}ly lossy weights) for less than {LOSSY_MARGIN:.0%} of speed"
+                                  if (p, r) in pool else
                                   "loses more (4-bit weights or a capped size)" if (p, r) in fitting else
                                   r.skipped_reason or (f"host peak {format_size(r.host_peak_bytes)} does not fit the RAM"
                                                        if not r.fits_host else
                                                        f"estimate {format_size(r.estimate_bytes)} does not fit"))
         reason = f"fastest candidate whose estimate fits the {usable} usable"
-        if not lossless:
+        if not any(r.loss == "none" for _, r in uncapped):
             reason += " (nothing lossless fits at the full size)"
-        return Plan(chosen[0], _ladder(chosen, candidates, rows), estimates, reason)
+        result = Plan(chosen[0], _ladder(chosen, candidates, rows), estimates, reason)
+        if note and chosen[1].loss == "slight" and not quantize_forced:  # the user's --quantize needs no reason
+            result.loss_note = note
+            result.warnings.append(note)
+        return result
     if not candidates:
         raise ValueError("no GPU preset in the presets folder")
     in_ram = [(p, r) for p, r in candidates if r.fits_host] or candidates  # none: plan() refuses the job

@@ -74,15 +74,16 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
 
 def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,
             outdir: Path, on_step: Callable[[int, int], None] | None = None,
-            cancel: threading.Event | None = None) -> GenerationResult:
-    """Make and save the images of `request` (validated) on `runner`'s loaded model."""
+            cancel: threading.Event | None = None, plan_notes: list[str] = ()) -> GenerationResult:
+    """Make and save the images of `request` (validated) on `runner`'s loaded model. `plan_notes`: what the
+    planner said of its choice (a lossy weight storage picked for speed), for the result and the PNGs."""
     started = time.perf_counter()
     pipe = runner.model.pipe
     prepared = prepare(runner, request, source, ladder)
-    warnings = prepared.warnings
+    warnings = list(plan_notes) + prepared.warnings
     seeds = request.resolved_seeds()
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
-    saver = _Saver(request, sampler, ladder, source, device, outdir, prepared.fields)
+    saver = _Saver(request, sampler, ladder, source, device, outdir, prepared.fields, list(plan_notes))
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts)
     except Cancelled as exc:
@@ -107,8 +108,9 @@ class _Saver:
     """Writes each finished pass's images as they come, so a cancel or a crash keeps them."""
 
     def __init__(self, request: GenerationRequest, sampler: str, ladder: Ladder, source: ModelSource,
-                 device: DeviceInfo, outdir: Path, network_fields: dict):
+                 device: DeviceInfo, outdir: Path, network_fields: dict, plan_notes: list[str] = ()):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
+        self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
         self.outdir = outdir
         self.images: list[str] = []
@@ -132,6 +134,8 @@ class _Saver:
                     "attempts": [a.as_dict() for a in self.ladder.attempts], "model_path": str(self.source.path),
                     "generated_size": list(done.generated_size), "device": self.device.name,
                     "nsfw_filtered": flagged, "version": 1}
+            if self.plan_notes and done.preset == self.ladder.presets[0].name:
+                meta["plan_notes"] = self.plan_notes
             path = outputs.next_image_path(self.outdir, seed, request.prompt)
             params = outputs.a1111_parameters(request.prompt, request.negative_prompt, fields)
             self.images.append(str(outputs.save_png(image, path, params, meta)))
