@@ -31,7 +31,8 @@ from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.oom import free_memory
-from lowvram_gen.planning.planner import Plan, plan
+from lowvram_gen.planning import speed
+from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
@@ -127,7 +128,21 @@ class Session:
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
         return plan(device, self.profile_for(source, model), width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
-                    cfg=request.cfg_scale > 1, quantize_forced=request.quantize is not None)
+                    cfg=request.cfg_scale > 1, steps=request.steps, quantize_forced=request.quantize is not None,
+                    model=request.model)
+
+    def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
+        """Record the measured step time of each finished denoising pass, with what the planner's estimate of it
+        is made of, so the next plan on this device uses it (planning/speed.py)."""
+        profile = self.profile_for(source, self.model)
+        by_name = {p.name: p for p in ladder.presets}
+        for a in ladder.attempts:
+            measured = a.extra.get("seconds_per_step")
+            if a.stage != "denoise" or a.outcome != "ok" or not measured or a.preset not in by_name:
+                continue
+            parts = step_parts(device, profile, by_name[a.preset], a.width, a.height, a.batch, request.cfg_scale > 1,
+                               request.steps, request.model)
+            speed.record(dataclasses.replace(parts, measured_s=float(measured)))
 
     def generate(self, request: GenerationRequest, on_step: ProgressFn | None = None,
                  cancel: threading.Event | None = None) -> GenerationResult:
@@ -154,8 +169,10 @@ class Session:
             self.runner.device = device
             ladder = Ladder(the_plan.ladder, device.kind)
             try:
-                return run_job(self.runner, request, ladder, source, device, self._outdir(request.outdir),
-                               on_step, cancel, [the_plan.loss_note] if the_plan.loss_note else [])
+                result = run_job(self.runner, request, ladder, source, device, self._outdir(request.outdir),
+                                 on_step, cancel, [the_plan.loss_note] if the_plan.loss_note else [])
+                self._learn(device, request, source, ladder)
+                return result
             finally:
                 self._remember(device, request.model, ladder)
 

@@ -51,6 +51,15 @@ def fresh_bus(isolated_home):
     path.unlink(missing_ok=True)
 
 
+@pytest.fixture(autouse=True)
+def fresh_timings(isolated_home):
+    """Step times measured by one test's jobs must not change another's plans (planning/speed.py)."""
+    path = isolated_home / "timings.json"
+    path.unlink(missing_ok=True)
+    yield
+    path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_path(isolated_home):
     from lowvram_gen.models.tiny import ensure_tiny

@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--width", metavar="N", help=native)
     pl.add_argument("--height", metavar="N", help=native)
     pl.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images per job (default 1)")
+    pl.add_argument("--steps", default=20, metavar="N",
+                    help="sampling steps (default 20): what moves once a job is spread over them")
     pl.add_argument("--quantize", metavar="none|int8|int4",
                     help="plan with int8/int4 weights in every preset, or none, as generate's --quantize does")
     pl.add_argument("--ram", metavar="SIZE", help="simulate a machine with this much free system RAM, e.g. 16GB "
@@ -265,6 +267,11 @@ def cmd_upscale(args) -> int:
     return 0
 
 
+def _timing_source(timing: dict) -> str:
+    """'measured (3)': scaled by three passes measured on this device; 'assumed': timing.py's constants."""
+    return f"measured ({timing['jobs']})" if timing.get("source") == "measured" else "assumed"
+
+
 def cmd_plan(args) -> int:
     if getattr(args, "engine", "sd") == "vqgan":
         from lowvram_gen.cli.vqgan import plan_vqgan_command
@@ -274,11 +281,12 @@ def cmd_plan(args) -> int:
     from lowvram_gen.planning import estimate as memory
     from lowvram_gen.planning.planner import plan
     from lowvram_gen.presets import find_preset, load_presets
-    from lowvram_gen.request import MAX_BATCH, as_int, as_side
+    from lowvram_gen.request import MAX_BATCH, MAX_STEPS, as_int, as_side
 
     width, height = (as_side(name, value) if value is not None else None
                      for name, value in (("width", args.width), ("height", args.height)))
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
+    steps = as_int("steps", args.steps, 1, MAX_STEPS)
     kwargs = _session_kwargs(args)
     from dataclasses import replace
 
@@ -305,7 +313,8 @@ def cmd_plan(args) -> int:
     if forced is not None:
         forced = replace(forced, memory=forced.memory.with_quantize(quantize))
     presets = {name: replace(p, memory=p.memory.with_quantize(quantize)) for name, p in load_presets().items()}
-    result = plan(dev, profile, width, height, batch, presets, forced, quantize_forced=quantize is not None)
+    result = plan(dev, profile, width, height, batch, presets, forced, steps=steps,
+                  quantize_forced=quantize is not None, model=args.model)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
                           "batch": batch, **result.as_dict()}))
@@ -320,14 +329,15 @@ def cmd_plan(args) -> int:
     print(f"job: {args.model} {width}x{height}, batch {batch}")
     print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
-    print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  size")
+    print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  "
+          f"{'(timing)':12}  size")
     for e in result.estimates:
         mark = "->" if e.name == result.preset.name and not result.refusal else "  "
         size = f"{e.width}x{e.height}" + (" (capped, upscaled after)" if (e.width, e.height) != (width, height) else "")
         vram = (gib(e.estimate_bytes), "fits" if e.fits else "too big") if dev.is_accelerator else ("-", "")
         print(f"{mark} {e.name:{wide}} {vram[0]:>9}  {vram[1]:7}  {gib(e.host_peak_bytes):>9}  "
               f"{'fits' if e.fits_host else 'too big':7}  {gib(e.streamed_bytes_per_step):>13}  "
-              f"{e.est_seconds_per_step:6.2f}  {size}, batch {e.batch}")
+              f"{e.est_seconds_per_step:6.3g}  {_timing_source(e.timing):12}  {size}, batch {e.batch}")
     if result.refusal:
         print(f"would not run: {result.refusal}")
         return 0
@@ -338,6 +348,10 @@ def cmd_plan(args) -> int:
               f"activations are {gib(chosen.lower_bound_bytes_per_step)} (the least any offload streams)")
     for warning in result.warnings:
         print(f"warning: {warning}")
+    if chosen is not None and chosen.timing.get("source") == "measured":
+        print(f"its step time is scaled by what {chosen.timing['jobs']} finished pass(es) took on this device "
+              f"({chosen.timing['basis']}): x{chosen.timing['factor']:.3g} the assumed "
+              f"{chosen.timing['assumed_seconds_per_step']:.3g} s")
     if len(result.ladder) > 1:
         print(f"on out-of-memory: {' -> '.join(p.name for p in result.ladder[1:])}")
     return 0

@@ -46,6 +46,9 @@ class Bus:
     measured: bool = False
     warning: str = ""  # why a stored measurement was not used
     pageable: float | None = None  # measured pageable bytes/s; None: PAGEABLE_RATIO of bytes_per_s
+    # doctor's compute measurements of this GPU (lowvram_gen/throughput.py), None: timing.py's assumptions
+    half_flops: float | None = None  # half-precision matmul FLOP/s
+    slowdown: dict | None = None  # {"int8": x, "int4": y}: a quantized layer's time over a 16-bit one's
 
     @property
     def pageable_bytes_per_s(self) -> float:
@@ -86,6 +89,20 @@ def _value(record: dict) -> float | None:
     return float(value) if PLAUSIBLE[0] <= value <= PLAUSIBLE[1] else None
 
 
+def _compute(record: dict) -> dict:
+    """The plausible compute measurements of a record (others are left to the assumptions)."""
+    out = {}
+    flops = record.get("half_flops_per_s")
+    if not isinstance(flops, bool) and isinstance(flops, (int, float)) and 1e11 <= flops <= 1e16:
+        out["half_flops"] = float(flops)
+    slowdown = record.get("slowdown")
+    if isinstance(slowdown, dict):
+        kept = {k: float(v) for k, v in slowdown.items() if k in ("int8", "int4") and not isinstance(v, bool)
+                and isinstance(v, (int, float)) and 0.5 <= v <= 20}
+        out["slowdown"] = kept or None
+    return out
+
+
 def for_device(name: str) -> Bus:
     """The measured bandwidth of the GPU called `name` if doctor stored one, else the assumption."""
     records, problem = _records()
@@ -95,7 +112,7 @@ def for_device(name: str) -> Bus:
         if value is not None:
             pageable = _value({"bus_bytes_per_s": record.get("pageable_bytes_per_s")})
             return Bus(value, f"measured by doctor on {record.get('date') or 'an unknown date'}", True,
-                       pageable=pageable)
+                       pageable=pageable, **_compute(record))
         problem = (f"{path()} has no plausible bus_bytes_per_s for {name!r} "
                    f"(got {record.get('bus_bytes_per_s')!r}; allowed {PLAUSIBLE[0]:g} to {PLAUSIBLE[1]:g} bytes/s)")
     if not problem:
@@ -106,15 +123,17 @@ def for_device(name: str) -> Bus:
     return Bus(BUS_BYTES_PER_S, ASSUMED, False, warning)
 
 
-def store(name: str, bytes_per_s: float, pageable_bytes_per_s: float | None = None, when: date | None = None) -> Path:
+def store(name: str, bytes_per_s: float, pageable_bytes_per_s: float | None = None, when: date | None = None,
+          half_flops_per_s: float | None = None, slowdown: dict | None = None) -> Path:
     """Record a measurement of GPU `name` (replacing its last one; other GPUs' records are kept; a file
-    that is not ours is replaced)."""
+    that is not ours is replaced). `half_flops_per_s`, `slowdown`: doctor's compute measurements."""
     if _value({"bus_bytes_per_s": bytes_per_s}) is None:
         raise ValueError(f"bus bandwidth {bytes_per_s!r} bytes/s is not plausible "
                          f"(allowed {PLAUSIBLE[0]:g} to {PLAUSIBLE[1]:g})")
     records, _ = _records()
     records[name] = {"bus_bytes_per_s": float(bytes_per_s), "pageable_bytes_per_s": pageable_bytes_per_s,
-                     "device": name, "date": (when or date.today()).isoformat(), "pinned": True}
+                     "device": name, "date": (when or date.today()).isoformat(), "pinned": True,
+                     "half_flops_per_s": half_flops_per_s, "slowdown": slowdown}
     file = path()
     write_atomically(file, json.dumps(records, indent=1))
     return file

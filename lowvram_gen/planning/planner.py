@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from lowvram_gen.device import DeviceInfo, format_size
 from lowvram_gen.planning import bus as bus_mod
 from lowvram_gen.planning import host as host_mod
-from lowvram_gen.planning import timing
+from lowvram_gen.planning import speed, timing
 from lowvram_gen.planning.estimate import Estimate, _calibration, estimate
 from lowvram_gen.planning.sizes import capped_size, vae_tile_size
 from lowvram_gen.presets import Preset, gpu_ladder
@@ -64,6 +64,9 @@ class PresetEstimate:
     fits_host: bool = True
     host: dict = field(default_factory=dict)
     loss: str = "none"  # what the weights' storage costs the image: none | slight (int8, fp8) | visible (int4)
+    # where est_seconds_per_step comes from: the assumed constants, or scaled by what jobs measured on this
+    # device (planning/speed.py): source, factor, jobs, basis, and the assumed figure before the scaling
+    timing: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "estimate_bytes": self.estimate_bytes, "fits": self.fits, "width": self.width,
@@ -72,7 +75,8 @@ class PresetEstimate:
                 "est_seconds_per_step": round(self.est_seconds_per_step, 4), "lossy": self.lossy, "loss": self.loss,
                 "capped": self.capped, "why": self.why,
                 "lower_bound_bytes_per_step": self.lower_bound_bytes_per_step, "breakdown": self.breakdown,
-                "host_peak_bytes": self.host_peak_bytes, "fits_host": self.fits_host, "host": self.host}
+                "host_peak_bytes": self.host_peak_bytes, "fits_host": self.fits_host, "host": self.host,
+                "timing": self.timing}
 
 
 @dataclass
@@ -123,13 +127,14 @@ class _Rows:
     """Estimates of candidates for one job on one device."""
 
     def __init__(self, device: DeviceInfo, profile, width: int, height: int, batch: int, cfg: bool, steps: int,
-                 failed: set[str]):
+                 failed: set[str], model: str = ""):
         self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
         self.budgets: list[Preset] = []  # budget presets unsized (plan() fills it): the ladder sizes them per rung
         self.flops_coefficients = _calibration().get("flops", {})
         self.bus = bus_mod.for_device(device.name)  # doctor's measurement of this GPU, else the assumption
+        self.learned = speed.Learned(device.name, model, self.record_compute)  # what jobs measured here
 
     def size(self, p: Preset) -> tuple[int, int, int]:
         w, h = capped_size(self.width, self.height, p.max_pixels)
@@ -185,25 +190,50 @@ class _Rows:
         row.loss = LOSS.get(storage(p.memory), "none")
         return row
 
+    def record_compute(self, r: speed.StepTiming) -> float:
+        """The assumed compute seconds of a measured step, under this plan's constants."""
+        return timing.compute_seconds(r.flops, r.storage, r.on_gpu, r.dtype, self.bus.half_flops, self.bus.slowdown)
+
+    def parts(self, p: Preset, est: Estimate | None = None) -> speed.StepTiming:
+        """What the step estimate of `p` at this job's size is made of, as a record (measured_s 0)."""
+        w, h, b = self.size(p)
+        est = est or self.estimate(p)
+        images = b * (2 if self.cfg and self.profile.cfg_batch else 1)
+        on_gpu = p.device == "gpu"
+        bus = self.bus.bytes_per_s if p.memory.pin_memory else self.bus.pageable_bytes_per_s
+        transfer = timing.transfer_seconds(est.streamed_bytes_per_step, est.moved_bytes_per_job, self.steps, on_gpu,
+                                           bus)
+        return speed.StepTiming(self.device.name, self.learned.model, p.name, storage(p.memory),
+                                p.memory.offload if on_gpu else "cpu", on_gpu, p.memory.dtype, w, h, b,
+                                timing.step_flops(self.profile, w, h, images, self.flops_coefficients), transfer, 0.0)
+
     def _row(self, p: Preset) -> PresetEstimate:
         w, h, b = self.size(p)
         est = self.estimate(p)
-        images = b * (2 if self.cfg and self.profile.cfg_batch else 1)
-        flops = timing.step_flops(self.profile, w, h, images, self.flops_coefficients)
         on_gpu = p.device == "gpu"
-        bus = self.bus.bytes_per_s if p.memory.pin_memory else self.bus.pageable_bytes_per_s
-        seconds = timing.seconds_per_step(flops, est.streamed_bytes_per_step, est.moved_bytes_per_job, self.steps,
-                                          storage(p.memory), on_gpu, bus, p.memory.dtype)
+        parts = self.parts(p, est)
+        assumed = self.record_compute(parts)
+        learned = self.learned.correction(parts.storage, parts.offload, on_gpu, parts.work)
+        seconds = parts.transfer_s + assumed * learned.factor
+        timed = {**learned.as_dict(), "assumed_seconds_per_step": round(parts.transfer_s + assumed, 6)}
         lossy = storage(p.memory) in LOSSY
         if not on_gpu:  # system RAM: nothing to fit into
-            return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict(), 0, seconds, lossy)
+            return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict(), 0, seconds, lossy,
+                                  timing=timed)
         fits = self.device.is_accelerator and est.total_bytes <= self.device.usable_bytes
         reason = "ran out of memory before on this device for a job this size" if p.name in self.failed else ""
         capped = w * h < self.width * self.height
         room = self.device.usable_bytes - est.unet_bytes - est.overhead_bytes
         return PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict(),
                               est.streamed_bytes_per_step, seconds, lossy, capped,
-                              lower_bound_bytes_per_step=max(0, est.denoiser_bytes - room))
+                              lower_bound_bytes_per_step=max(0, est.denoiser_bytes - room), timing=timed)
+
+
+def step_parts(device: DeviceInfo, profile, preset: Preset, width: int, height: int, batch: int, cfg: bool,
+               steps: int, model: str) -> speed.StepTiming:
+    """What the planner's step estimate of `preset` at this size is made of (FLOPs, transfers), for a pass that
+    ran there to be recorded with its measured time (planning/speed.py)."""
+    return _Rows(device, profile, width, height, batch, cfg, steps, set(), model).parts(preset)
 
 
 def _resident(p: Preset, nbytes: int) -> Preset:
@@ -216,8 +246,10 @@ def _resident(p: Preset, nbytes: int) -> Preset:
 
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
-         steps: int = ASSUMED_STEPS, quantize_forced: bool = False) -> Plan:
-    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed))
+         steps: int = ASSUMED_STEPS, quantize_forced: bool = False, model: str = "") -> Plan:
+    """`model`: the name the user gave the model (its spec), under which this device's measured step times
+    are kept (planning/speed.py)."""
+    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model)
     candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
         result = _choose_cpu(rows, {forced.name: forced}, quantize_forced)

@@ -11,7 +11,10 @@
   Transfers are counted as not overlapping compute: diffusers' group offloading prefetches on a CUDA
   stream and hides part of it, so streamed candidates are estimated a little slow, never fast.
 
-The throughputs are stated assumptions, not measurements of this card: `BUS_BYTES_PER_S` is PCIe 4.0
+These are the assumed figures; planning/speed.py scales the compute part by what finished jobs measured
+on this device, and doctor's measurements of a GPU's throughput and quantized slowdown replace
+`GPU_FLOPS` and `SLOWDOWN` (planning/bus.py keeps them beside the bus). The throughputs below are stated
+assumptions, not measurements of this card: `BUS_BYTES_PER_S` is PCIe 4.0
 x16 in practice (~25 GB/s of its 32 GB/s), used unless `lowvram-gen doctor` measured this GPU's bus
 (planning/bus.py passes the measurement in as `bus_bytes_per_s`), `GPU_FLOPS` is what
 an 8 GB consumer card sustains in half precision on these models (an RTX 3060 runs SDXL at 1024 px at
@@ -44,11 +47,20 @@ def step_flops(profile, width: int, height: int, images: int, coefficients: dict
     return coef * profile.params.get(profile.denoiser, 0) * pixels * images
 
 
-def seconds_per_step(flops: float, streamed_bytes_per_step: int, moved_bytes_per_job: int, steps: int,
-                     storage: str = "none", on_gpu: bool = True, bus_bytes_per_s: float = BUS_BYTES_PER_S,
-                     dtype: str = "float32") -> float:
-    compute = flops / (GPU_FLOPS if on_gpu else CPU_FLOPS) * SLOWDOWN.get(storage, 1.0)
+def compute_seconds(flops: float, storage: str = "none", on_gpu: bool = True, dtype: str = "float32",
+                    gpu_flops: float | None = None, slowdown: dict[str, float] | None = None) -> float:
+    """The compute part of a step: FLOPs over the assumed (or doctor-measured, `gpu_flops`) throughput, times the
+    slowdown of weights dequantized on the fly (`slowdown`: doctor's measurement, else SLOWDOWN)."""
+    compute = flops / ((gpu_flops or GPU_FLOPS) if on_gpu else CPU_FLOPS)
+    compute *= (slowdown or {}).get(storage) or SLOWDOWN.get(storage, 1.0)
     if not on_gpu and dtype == "bfloat16":
         compute /= CPU_BF16_SPEEDUP
+    return compute
+
+
+def transfer_seconds(streamed_bytes_per_step: int, moved_bytes_per_job: int, steps: int, on_gpu: bool = True,
+                     bus_bytes_per_s: float = BUS_BYTES_PER_S) -> float:
+    """The bus part of a step: what is streamed every step, plus what moves once per job spread over its steps.
+    The least a step can take whatever the compute: a learned correction never goes below it."""
     moved = streamed_bytes_per_step + moved_bytes_per_job / max(1, steps)
-    return compute + (moved / bus_bytes_per_s if on_gpu else 0.0)
+    return moved / bus_bytes_per_s if on_gpu else 0.0

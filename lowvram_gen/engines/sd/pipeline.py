@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import inspect
 import math
+import statistics
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,6 +78,10 @@ class Denoised:
     latents: object = None
     images: list | None = None
     nsfw: list[bool] | None = None
+    # the median time between the ends of consecutive steps: one step's work, without the prompt encoding
+    # and set-up before the first (None with fewer than two steps). On CUDA the callbacks run ahead of the
+    # GPU by at most the launch queue, so over several steps the median is the GPU's time per step
+    seconds_per_step: float | None = None
 
     @property
     def decoded(self) -> bool:
@@ -215,7 +221,10 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             return Denoised(images=[im.copy() for im in step.init], nsfw=[False] * n)
         return Denoised(latents=encode(pipe, step.init, device))
 
+    ends: list[float] = []
+
     def step_end(_pipe, i, _t, kwargs):
+        ends.append(time.perf_counter())
         total = getattr(_pipe, "num_timesteps", None) or step.num_steps  # img2img runs fewer
         warmup = max(0, total - step.num_steps)  # PLMS (PNDM) runs one warm-up step more than asked
         done, total = i + 1 - warmup, total - warmup
@@ -246,10 +255,11 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             # SD3, Flux, ...: without a size they resize the init image to the model's native size
             kwargs.update(width=step.width, height=step.height)
         out = i2i(image=step.init, strength=step.strength, **kwargs)
+    per_step = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None
     if kwargs["output_type"] == "latent":
-        return Denoised(latents=out.images)
+        return Denoised(latents=out.images, seconds_per_step=per_step)
     flags = getattr(out, "nsfw_content_detected", None) or [False] * n  # black images from its own checker
-    return Denoised(images=list(out.images), nsfw=[bool(f) for f in flags])
+    return Denoised(images=list(out.images), nsfw=[bool(f) for f in flags], seconds_per_step=per_step)
 
 
 def decode(pipe, latents, upcast: bool = False, safety_check: bool = True):

@@ -141,7 +141,8 @@ class _Job:
             if not ok:
                 self._step_down()
                 continue
-            self.ladder.record("denoise", "ok", started, **self.where())
+            timed = {"seconds_per_step": round(out.seconds_per_step, 4)} if out.seconds_per_step else {}
+            self.ladder.record("denoise", "ok", started, **self.where(), extra=timed)
             size = self.size
             if self.request.hires:
                 out, size = self._hires(first, out)
