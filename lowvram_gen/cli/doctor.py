@@ -38,12 +38,13 @@ def _kernels(device) -> dict:
     return info
 
 
-def measure_bus(dev, measure: bool = True, timed_copy=None) -> dict:
-    """The host-to-device bandwidth: measured now on CUDA and stored for the planner (planning/bus.py),
-    and the bandwidth the planner uses for this device after that. `timed_copy`: see bandwidth.measure."""
-    from lowvram_gen import bandwidth
+def measure_bus(dev, measure: bool = True, timed_copy=None, timed_compute=None) -> dict:
+    """The host-to-device bandwidth and the card's compute (half-precision matmul FLOP/s, the int8/int4
+    slowdown): measured now on CUDA and stored for the planner (planning/bus.py), and the figures the planner
+    uses for this device after that. `timed_copy`, `timed_compute`: see bandwidth.measure, throughput.measure."""
+    from lowvram_gen import bandwidth, throughput
 
-    out = {"measured": None, "stored_in": None, "note": ""}
+    out = {"measured": None, "stored_in": None, "note": "", "compute": None}
     nbytes = min(bandwidth.COPY_BYTES, dev.usable_bytes // 4)  # room for the copy beside whatever else runs
     if not measure:
         out["note"] = "not measured: --skip-bus"
@@ -55,13 +56,31 @@ def measure_bus(dev, measure: bool = True, timed_copy=None) -> dict:
     else:
         try:
             result = bandwidth.measure(dev.torch_device, nbytes, timed_copy=timed_copy)
-            out["stored_in"] = str(bus.store(dev.name, result.pinned_bytes_per_s, result.pageable_bytes_per_s))
+            compute = _measure_compute(dev, throughput, timed_compute)
+            out["stored_in"] = str(bus.store(dev.name, result.pinned_bytes_per_s, result.pageable_bytes_per_s,
+                                             half_flops_per_s=compute.half_flops_per_s if compute else None,
+                                             slowdown=compute.slowdown if compute else None))
             out["measured"] = result.as_dict()
+            out["compute"] = compute.as_dict() if compute else None
         except (RuntimeError, ValueError) as exc:  # out of memory, a driver error, an implausible value
             out["note"] = f"not measured: {exc}"
     used = bus.for_device(dev.name)
     out["planner"] = {**used.as_dict(), "warning": used.warning}
     return out
+
+
+def _measure_compute(dev, throughput, timed=None):
+    """The card's compute figures, or None (said in the log) when they cannot be measured: sdnq missing, out
+    of memory beside what runs."""
+    from lowvram_gen.models.quantize import QuantizeUnavailable
+
+    try:
+        return throughput.measure(dev.torch_device, timed=timed)
+    except (RuntimeError, ValueError, QuantizeUnavailable) as exc:
+        import logging
+
+        logging.getLogger(__name__).warning("compute not measured: %s", exc)
+        return None
 
 
 def report(device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
@@ -155,6 +174,11 @@ def _format_bus(b: dict) -> str:
                 f"({format_size(m['copy_bytes'])} copies, median of {m['repeats']}); stored in {b['stored_in']}")
     else:
         text = b["note"]
+    if b.get("compute"):
+        c = b["compute"]
+        text += (f"\n  compute: {c['half_flops_per_s'] / 1e12:.1f} TFLOP/s {c['dtype']} matmul; weights dequantized "
+                 "on the fly take " + ", ".join(f"{k} x{v:.2f}" for k, v in c["slowdown"].items())
+                 + " the 16-bit time (the planner uses these)")
     planner = b["planner"]
     text += f"\n  the planner uses {_gbs(planner['bytes_per_s'])} ({planner['source']})"
     return text + (f"\n  warning: {planner['warning']}" if planner["warning"] else "")
