@@ -43,21 +43,15 @@ def fresh_ui_settings(isolated_home):
 
 
 @pytest.fixture(autouse=True)
-def fresh_bus(isolated_home):
-    """A bus bandwidth stored by one test (or by doctor on a CUDA machine) must not change another's plans."""
-    path = isolated_home / "bus.json"
-    path.unlink(missing_ok=True)
+def fresh_measurements(isolated_home):
+    """A bus bandwidth stored by one test (or by doctor on a CUDA machine), or step times measured by one test's
+    jobs (planning/speed.py), must not change another's plans."""
+    paths = [isolated_home / name for name in ("bus.json", "timings.json")]
+    for path in paths:
+        path.unlink(missing_ok=True)
     yield
-    path.unlink(missing_ok=True)
-
-
-@pytest.fixture(autouse=True)
-def fresh_timings(isolated_home):
-    """Step times measured by one test's jobs must not change another's plans (planning/speed.py)."""
-    path = isolated_home / "timings.json"
-    path.unlink(missing_ok=True)
-    yield
-    path.unlink(missing_ok=True)
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
