@@ -6,10 +6,16 @@ job (pixels x images per pass) that failed. A job at least that big starts below
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 
-from lowvram_gen.paths import home, write_atomically
+from lowvram_gen import records as records_mod
+from lowvram_gen.paths import home
+
+log = logging.getLogger(__name__)
+# what a record must hold (records.load skips, with one warning, those that do not: a hand-edited file)
+FIELDS = {"device": str, "model": str, "preset": str, "pixels": int, "batch": int, "work": int}
+MAX_RECORDS = 1000
 
 
 def _path() -> Path:
@@ -17,15 +23,16 @@ def _path() -> Path:
 
 
 def load() -> list[dict]:
-    try:
-        data = json.loads(_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+    """The remembered failures whose fields are all there and of the right type."""
+    return records_mod.load(_path(), FIELDS, "remembered out-of-memory failures")
 
 
 def _save(records: list[dict]) -> None:
-    write_atomically(_path(), json.dumps(records, indent=1))
+    """A failure that cannot be remembered (a read-only home) costs the next job a retry, never this one."""
+    try:
+        records_mod.save(_path(), records, MAX_RECORDS)
+    except OSError as exc:
+        log.warning("could not remember the out-of-memory failure in %s: %s", _path(), exc)
 
 
 def on_cpu(device: str) -> bool:
@@ -44,7 +51,7 @@ def record(device: str, model: str, preset: str, pixels: int, batch: int, kind: 
     work = pixels * batch
     for r in records:
         if (r.get("device"), r.get("model"), r.get("preset")) == (device, model, preset):
-            if work < r.get("work", work + 1):
+            if work < r["work"]:
                 r.update(work=work, pixels=pixels, batch=batch)
             break
     else:
@@ -55,7 +62,7 @@ def record(device: str, model: str, preset: str, pixels: int, batch: int, kind: 
 def failed_presets(device: str, model: str, pixels: int, batch: int) -> set[str]:
     """Presets that already ran out of memory on this device for a job no bigger than this one."""
     work = pixels * batch
-    return {r["preset"] for r in load() if r.get("device") == device and r.get("model") == model and r.get("work", 0) <= work}
+    return {r["preset"] for r in load() if r["device"] == device and r["model"] == model and r["work"] <= work}
 
 
 def forget() -> int:

@@ -117,7 +117,7 @@ def test_damaged_records_are_skipped_with_one_warning_and_the_plan_still_runs(ca
     good = speed.asdict(timing(device="d"))
     speed.path().write_text(json.dumps([good, {"device": "d", "work": "big"}, 5, {**good, "measured_s": -1},
                                         {**good, "width": True}, {**good, "flops": "NaN"}]), encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="lowvram_gen.planning.speed"):
+    with caplog.at_level(logging.WARNING, logger="lowvram_gen.records"):
         assert len(speed.load()) == 1
     assert [r.message for r in caplog.records if "skipped 5 of 6" in r.message]
     for junk in (b"\x00\xff not json", b'{"a": 1}', b"[1, 2"):
@@ -142,7 +142,7 @@ def test_an_unwritable_timings_file_costs_the_record_not_the_job(monkeypatch, ca
     def refuse(*_a, **_k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(speed, "write_atomically", refuse)
+    monkeypatch.setattr("lowvram_gen.records.write_atomically", refuse)
     with caplog.at_level(logging.WARNING, logger="lowvram_gen.planning.speed"):
         result = Session(device="cpu", outdir=str(tmp_path)).generate(
             GenerationRequest(prompt="a fox", model="tiny", width=64, height=64, steps=3, seed=1))

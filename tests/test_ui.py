@@ -6,7 +6,6 @@ by Playwright for Python with no browser download. Without it the browser tests 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket
@@ -21,7 +20,6 @@ from lowvram_gen.session import Session
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "screenshot.png"
 
 
 def _free_port() -> int:
@@ -118,36 +116,22 @@ def test_type_a_prompt_generate_and_see_the_image_and_its_metadata(page, server)
     info = page.locator("#info textarea").input_value()
     assert info.startswith("a lighthouse at dusk") and "Size: 192x128" in info and "Model: tiny" in info
     assert "finished at cpu" in page.locator("#summary textarea").input_value()
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    target = SCREENSHOT if os.environ.get("LOWVRAM_GEN_SCREENSHOT") else server.outdir.parent / "screenshot.png"
-    _screenshot_every_tab(page, target)
+    target = server.outdir.parent / "screenshot.png"  # the README's is made by scripts/screenshot.py
+    _screenshot_every_tab(page, server.app, target)
     assert target.stat().st_size > 10_000
 
 
-TABS = ("txt2img", "img2img", "Upscale", "PNG Info", "VQGAN-CLIP", "System")
-PLANNED = "() => document.querySelector('#plan-table').innerText.includes('system RAM')"  # the cpu row is there
+def _screenshot_every_tab(page, app, target: Path) -> None:
+    """The README's picture, as scripts/screenshot.py makes it: every tab of the running app."""
+    import importlib.util
 
+    from lowvram_gen.ui.layout import signature, tabs
 
-def _screenshot_every_tab(page, target: Path) -> None:
-    """The README's picture: each of the six tabs (txt2img after its generation), two a row, one PNG."""
-    from io import BytesIO
-
-    from PIL import Image
-
-    shots = []
-    for name in TABS:
-        page.get_by_role("tab", name=name).click()
-        page.wait_for_timeout(500)
-        if name == "System":
-            page.click("#estimate")
-            page.wait_for_function(PLANNED, timeout=60_000)
-        shot = Image.open(BytesIO(page.screenshot(clip={"x": 0, "y": 0, "width": 1400, "height": 1000})))
-        shots.append(shot.convert("RGB").resize((700, 500), Image.LANCZOS))
-    page.get_by_role("tab", name="txt2img").click()
-    sheet = Image.new("RGB", (1400, 500 * 3), "white")
-    for i, shot in enumerate(shots):
-        sheet.paste(shot, (700 * (i % 2), 500 * (i // 2)))
-    sheet.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(target, optimize=True)
+    spec = importlib.util.spec_from_file_location("screenshot", Path(__file__).resolve().parents[1] / "scripts" /
+                                                  "screenshot.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.photograph_tabs(page, tabs(app), target, signature(app))
 
 
 @needs_browser
@@ -546,6 +530,9 @@ def test_last_seed_is_per_client_not_shared(server):
         server.session.generate = real
     assert "cancelled at step 1" in second[2]
     assert second[3] != 1234  # not the other client's seed: this client has none yet
+
+
+PLANNED = "() => document.querySelector('#plan-table').innerText.includes('system RAM')"  # the cpu row is there
 
 
 @needs_browser

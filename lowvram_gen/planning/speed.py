@@ -23,7 +23,6 @@ file costs its bad records (skipped, with one warning), never a plan.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -31,7 +30,8 @@ from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 
-from lowvram_gen.paths import home, write_atomically
+from lowvram_gen import records as records_mod
+from lowvram_gen.paths import home
 
 log = logging.getLogger(__name__)
 
@@ -75,54 +75,27 @@ def path() -> Path:
     return home() / "timings.json"
 
 
-def _valid(raw) -> StepTiming | None:
-    if not isinstance(raw, dict):
-        return None
-    for name, kind in FIELDS.items():
-        value = raw.get(name)
-        if kind is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                return None
-        elif kind is int:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                return None
-        elif not isinstance(value, kind):
-            return None
-    if raw["measured_s"] <= 0:
+def _timing(raw: dict) -> StepTiming | None:
+    """A record as a StepTiming; None for one no pass measured (no size, no time)."""
+    if min(raw["width"], raw["height"], raw["batch"]) < 1 or raw["measured_s"] <= 0:
         return None
     return StepTiming(**{k: raw[k] for k in FIELDS}, date=str(raw.get("date", "")))
 
 
 def load() -> list[StepTiming]:
-    """The stored records, oldest first; bad ones skipped with one warning."""
-    file = path()
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring %s: not readable JSON (%s); the planner uses its assumed step times", file,
-                    type(exc).__name__)
-        return []
-    if not isinstance(data, list):
-        log.warning("ignoring %s: not a list of step timings", file)
-        return []
-    records = [r for r in map(_valid, data) if r is not None]
-    if len(records) < len(data):
-        log.warning("skipped %d of %d records of %s that are not step timings (missing or mistyped fields)",
-                    len(data) - len(records), len(data), file)
-    return records
+    """The stored records, oldest first; bad ones skipped with one warning (records.load)."""
+    return [t for t in map(_timing, records_mod.load(path(), FIELDS, "step timings")) if t is not None]
 
 
 def record(timing: StepTiming) -> None:
     """Add one measured pass (the oldest records beyond MAX_RECORDS go). A file that cannot be written costs
     the record, never the job that measured it."""
-    if _valid(asdict(timing)) is None:
+    entry = asdict(timing)
+    if not records_mod.valid(entry, FIELDS) or _timing(entry) is None:
         raise ValueError(f"not a valid step timing: {timing}")
-    entry = asdict(timing) | {"date": timing.date or date.today().isoformat()}
-    records = [asdict(r) for r in load()] + [entry]
+    entry["date"] = timing.date or date.today().isoformat()
     try:
-        write_atomically(path(), json.dumps(records[-MAX_RECORDS:], indent=1))
+        records_mod.save(path(), [asdict(r) for r in load()] + [entry], MAX_RECORDS)
     except OSError as exc:
         log.warning("could not store the measured step time in %s: %s", path(), exc)
 
