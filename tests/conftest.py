@@ -33,16 +33,6 @@ def fresh_failures(isolated_home):
 
 
 @pytest.fixture(autouse=True)
-def fresh_ui_settings(isolated_home):
-    """The web UI remembers the last job's values (ui-settings.json): a UI built in one test must not start
-    with another test's values."""
-    path = isolated_home / "ui-settings.json"
-    path.unlink(missing_ok=True)
-    yield
-    path.unlink(missing_ok=True)
-
-
-@pytest.fixture(autouse=True)
 def fresh_measurements(isolated_home):
     """A bus bandwidth stored by one test (or by doctor on a CUDA machine), or step times measured by one test's
     jobs (planning/speed.py), must not change another's plans."""

@@ -1,103 +1,117 @@
-"""The web UI's remembered values (ui/remembered.py): saved by a valid job, the next UI starts with them, and
-a bad file is ignored with a warning."""
+"""The web UI's remembered values (ui/remembered.py): each browser's own, under its login, back after a reload
+or a restart; never another user's, never an API client's defaults; a value the request would refuse is not
+restored."""
 
 from __future__ import annotations
-
-import json
-import logging
 
 import pytest
 
 from lowvram_gen.ui import remembered
+from test_ui import Server, _fill_job, _gallery_image, browser, needs_browser  # noqa: F401 (browser: the fixture)
 
 
 def _component(app, elem_id):
     return next(b for b in app.blocks.values() if getattr(b, "elem_id", None) == elem_id)
 
 
-def _build(tmp_path):
+@pytest.mark.parametrize("name, value, ok", [
+    ("prompt", "a fox", True), ("width", 640, True), ("width", 65, False), ("width", "wide", False),
+    ("steps", 30, True), ("steps", 9999, False), ("steps", 0, False), ("cfg_scale", float("nan"), False),
+    ("seed", -1, True), ("seed", 2 ** 40, False), ("batch_size", 0, False), ("sampler", "Euler a", True),
+    ("sampler", "no such sampler", False), ("quantize", "int8", True), ("quantize", "as the preset says", True),
+    ("quantize", "int3", False), ("negative_prompt", None, True), ("strength", 1.5, False)])
+def test_a_remembered_value_is_restored_only_if_the_request_takes_it(name, value, ok):
+    """The issue's case: width 65 or steps 9999 in the stored values opened the UI with values the first
+    Generate refused; now each value is checked as the request checks it before it goes back."""
+    import gradio as gr
+
+    box = gr.Dropdown(["default", "Euler a"], value="default") if name == "sampler" else gr.Textbox()
+    assert remembered.valid(name, value, box) is ok
+
+
+def test_the_page_every_client_loads_carries_the_documented_defaults(tmp_path):
+    """What the API schema and the initial page publish: the built-in defaults, never a last job's values."""
+    from lowvram_gen.request import GenerationRequest
     from lowvram_gen.session import Session
     from lowvram_gen.ui.app import UiOptions, build_app
 
-    return build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
+    defaults = GenerationRequest()
+    assert _component(app, "prompt").value == "" and _component(app, "seed").value == -1
+    assert (_component(app, "width").value, _component(app, "steps").value) == (defaults.width, defaults.steps)
+    steps, batch = _component(app, "steps"), _component(app, "batch")
+    assert steps.minimum == 1 and batch.minimum == 1  # the sliders no longer go down to 0
 
 
-def test_save_then_load_keeps_each_tab_and_writes_no_temporary_file(isolated_home):
-    remembered.save("txt2img", {"prompt": "a fox", "width": 640, "cfg_scale": 5.5})
-    remembered.save("img2img", {"strength": 0.3})
-    remembered.save("txt2img", {"prompt": "a hare", "width": 768})
-    assert remembered.load() == {"txt2img": {"prompt": "a hare", "width": 768}, "img2img": {"strength": 0.3}}
-    assert remembered.path() == isolated_home / "ui-settings.json"
-    assert [p.name for p in isolated_home.glob(".ui-settings.json*")] == []
+def test_an_api_call_without_a_seed_gets_a_random_one_each_time_and_remembers_nothing(tmp_path):
+    from gradio_client import Client
+
+    srv = Server(tmp_path)
+    try:
+        client = Client(srv.url, verbose=False)
+        client.predict(prompt="first", width=64, height=64, steps=1, seed=1234, api_name="/generate")
+        seeds = [client.predict(prompt="no seed", width=64, height=64, steps=1, api_name="/generate")[3]
+                 for _ in range(2)]
+        assert seeds[0] != seeds[1] and 1234 not in seeds
+        schema = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]
+        defaults = {p["parameter_name"]: p.get("parameter_default") for p in schema["parameters"]}
+        assert defaults["seed"] == -1 and defaults["prompt"] in ("", None) and defaults["width"] == 512
+    finally:
+        srv.close()
+    assert not (tmp_path / "ui-settings.json").exists()
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"version": 99, "tabs": {}}', b'{"version": 1, "tabs": 3}',
-                                     b"\xff\xfe not UTF-8"])
-def test_a_corrupt_or_foreign_file_is_ignored_with_a_warning(isolated_home, caplog, content):
-    remembered.path().write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="lowvram_gen.ui.remembered"):
-        assert remembered.load() == {}
-    assert "ignoring the UI settings" in caplog.text
-    remembered.save("txt2img", {"steps": 3})  # and the next job writes a good one over it
-    assert remembered.load() == {"txt2img": {"steps": 3}}
+@needs_browser
+def test_two_logins_see_only_their_own_remembered_values_and_a_reload_brings_them_back(browser, tmp_path):
+    """Two browsers, two --gradio-auth users: each one's last job comes back after F5 in its own browser, and
+    the other one's page shows the defaults."""
+    srv = Server(tmp_path, auth="alice:wonderland,bob:builder")
+    try:
+        pages = {}
+        for user, password in (("alice", "wonderland"), ("bob", "builder")):
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.goto(srv.url)
+            page.get_by_label("username").fill(user)
+            page.get_by_label("password").fill(password)
+            page.get_by_role("button", name="Login").click()
+            page.wait_for_selector("#prompt textarea", timeout=30_000)
+            pages[user] = page
+        alice, bob = pages["alice"], pages["bob"]
+        _fill_job(alice, "alice's secret fox", 64, 72, 2)
+        alice.click("#generate")
+        _gallery_image(alice)
+        alice.wait_for_timeout(1000)  # the chained save into alice's localStorage
+        alice.reload()  # F5; then a new page of the same browser, which no form restoring could fill
+        alice.wait_for_selector("#prompt textarea", timeout=30_000)
+        alice = alice.context.new_page()
+        alice.goto(srv.url)
+        alice.wait_for_function("() => { const box = document.querySelector('#prompt textarea');"
+                                " return box !== null && box.value === \"alice's secret fox\"; }", timeout=30_000)
+        assert alice.locator("#width input").first.input_value() == "64"
+        assert alice.locator("#height input").first.input_value() == "72"
+        bob.reload()
+        bob.wait_for_selector("#prompt textarea", timeout=30_000)
+        bob.wait_for_timeout(1500)
+        assert bob.locator("#prompt textarea").input_value() == ""
+        assert bob.locator("#width input").first.input_value() == "512"
+        assert "alice" not in bob.content()
+        for page in pages.values():
+            page.context.close()
+    finally:
+        srv.close()
 
 
-def test_a_value_of_the_wrong_type_falls_back_to_the_default(caplog):
-    saved = {"txt2img": {"width": "wide", "steps": 30, "prompt": 5, "seed": True}}
-    with caplog.at_level(logging.WARNING, logger="lowvram_gen.ui.remembered"):
-        assert remembered.initial(saved, "txt2img", "width", 512) == 512
-        assert remembered.initial(saved, "txt2img", "prompt", "") == ""
-        assert remembered.initial(saved, "txt2img", "seed", -1) == -1
-    assert remembered.initial(saved, "txt2img", "steps", 20) == 30
-    assert remembered.initial(saved, "img2img", "steps", 20) == 20
-    assert "ignoring the remembered txt2img width" in caplog.text
+def test_an_unwritable_home_costs_the_values_on_restart_not_the_ui(isolated_home, monkeypatch, caplog):
+    import logging
 
-
-def test_an_unwritable_home_costs_a_warning_not_the_job(isolated_home, monkeypatch, caplog):
     blocker = isolated_home / "a-file"
     blocker.write_text("x")
     monkeypatch.setenv("LOWVRAM_GEN_HOME", str(blocker))  # a file where the folder should be
     with caplog.at_level(logging.WARNING, logger="lowvram_gen.ui.remembered"):
-        remembered.save("txt2img", {"steps": 3})
-    assert "could not save the UI settings" in caplog.text
+        state = remembered.browser_state()
+    assert state.storage_key == remembered.STORAGE_KEY and len(state.secret) >= 16
+    assert "browsers forget their values when the server restarts" in caplog.text
 
 
-def test_a_job_remembers_its_values_and_the_next_ui_starts_with_them(tmp_path):
-    from gradio_client import Client
-    from gradio_client.exceptions import AppError
-
-    from lowvram_gen.session import Session
-    from lowvram_gen.ui.launch import launch
-    from test_ui import _free_port
-
-    port = _free_port()
-    app = launch(Session(outdir=str(tmp_path)), str(tmp_path), "tiny", port=port, block=False)
-    try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        with pytest.raises(AppError):  # refused: not remembered
-            client.predict(prompt="refused", width=500, api_name="/generate")
-        assert remembered.load() == {}
-        client.predict(prompt="a remembered fox", negative_prompt="fog", width=64, height=72, steps=2, cfg_scale=4.5,
-                       sampler="Euler a", api_name="/generate")
-    finally:
-        app.close()
-    saved = json.loads(remembered.path().read_text(encoding="utf-8"))["tabs"]["txt2img"]
-    assert saved["prompt"] == "a remembered fox" and saved["width"] == 64 and "model" not in saved
-    app = _build(tmp_path)
-    assert _component(app, "prompt").value == "a remembered fox"
-    assert _component(app, "negative").value == "fog"
-    assert (_component(app, "width").value, _component(app, "height").value) == (64, 72)
-    assert (_component(app, "steps").value, _component(app, "cfg").value) == (2, 4.5)
-    assert _component(app, "sampler").value == "Euler a"
-    assert _component(app, "i2i-steps").value == 20  # img2img ran no job: its own defaults
-
-
-@pytest.mark.parametrize("saved, expected", [("int8", "int8"), (None, "as the preset says"),
-                                             ("int3", "as the preset says")])
-def test_the_quantize_box_starts_at_the_remembered_choice(tmp_path, saved, expected):
-    """A job saves the request's quantize (None for "as the preset says"); a value that is no choice is not shown."""
-    remembered.save("txt2img", {"quantize": saved})
-    remembered.save("img2img", {"quantize": "int4"})
-    app = _build(tmp_path)
-    assert _component(app, "quantize").value == expected
-    assert _component(app, "i2i-quantize").value == "int4"
+def test_the_storage_key_survives_a_restart():
+    assert remembered.browser_state().secret == remembered.browser_state().secret

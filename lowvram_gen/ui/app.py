@@ -43,12 +43,13 @@ def build_app(session: Session, options: UiOptions) -> gr.Blocks:
         gr.Markdown("# lowvram-gen\nStable Diffusion on small GPUs: a preset per job, and out-of-memory "
                     "recovery that finishes the job. The embedded `tiny` model has random weights and makes "
                     "abstract noise: pick a real model for real images.")
-        ctx = TabContext(session=session, options=options, app=app, saved=remembered.load())
+        ctx = TabContext(session=session, options=options, app=app)
         with gr.Tabs() as ctx.tabs:
             for tab in TABS:
                 tab.build(ctx)
         for wire in ctx.wiring:
             wire()
+        remembered.wire(app, ctx.controls, ctx.generate_events)
         app.load(None, None, None, js=CTRL_ENTER % json.dumps(GENERATE_KEYS))
         app.unload(ctx.disconnected)
     app.queue(max_size=options.queue_size, default_concurrency_limit=1)

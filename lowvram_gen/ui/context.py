@@ -5,8 +5,9 @@ its lock), the app's options, the registry of running jobs (one per browser sess
 a closed tab reach it), the Stable Diffusion job runner of txt2img and img2img, the Blocks (for
 load/unload events) and the Tabs (a "Send to" button selects its tab), each tab's controls by request
 field (what a "Send to" fills), wiring that needs a later tab's controls (run once every tab is built),
-and the values remembered from the last run (ui/remembered.py). Per-browser state is never kept here: it lives in the browser's own components
-(e.g. the hidden last-seed number), so one client never sees another's.
+and each tab's Generate event (ui/remembered.py chains the browser's remembered values to it). Per-browser
+state is never kept here: it lives in the browser (the hidden last-seed number, the remembered values in its
+localStorage), so one client never sees another's.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations in the tabs.)
@@ -22,7 +23,7 @@ from lowvram_gen.errors import Cancelled, LowVramError
 from lowvram_gen.outputs import read_png_metadata
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.session import Session
-from lowvram_gen.ui import messages, remembered
+from lowvram_gen.ui import messages
 from lowvram_gen.ui.jobs import Job, Registry
 
 GPU = "gpu"  # the one concurrency group of every action that uses the GPU
@@ -63,23 +64,16 @@ class TabContext:
     txt2img_inputs: list[Any] = field(default_factory=list)
     tabs: gr.Tabs | None = None
     controls: dict[str, dict[str, Any]] = field(default_factory=dict)  # tab id -> {request field: component}
-    saved: dict[str, dict] = field(default_factory=dict)  # remembered.load(), read once when the UI is built
+    generate_events: dict[str, Any] = field(default_factory=dict)  # tab id -> its Generate event (ui/remembered.py)
     wiring: list[Callable[[], None]] = field(default_factory=list)
 
     def later(self, wire: Callable[[], None]) -> None:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""
         self.wiring.append(wire)
 
-    def initial(self, tab: str, name: str, default, choices: list | None = None):
-        """A control's starting value: the one remembered from the last run (one of `choices`, if given),
-        else `default`."""
-        value = remembered.initial(self.saved, tab, name, default)
-        return default if choices is not None and value not in choices else value
-
-    def run_job(self, fields: dict, request, progress, remember: str | None = None) -> tuple:
+    def run_job(self, fields: dict, request, progress) -> tuple:
         """Validate, queue behind the GPU, stream per-step progress; return (images, info, summary, last seed).
 
-        A valid request's fields are remembered as tab `remember`'s (all but the model and the init image).
         A cancelled job returns the images it kept and the seed of the first of them; with none kept the
         browser's last seed stays as it is (gr.update()).
         """
@@ -87,8 +81,6 @@ class TabContext:
             job_request = GenerationRequest(outdir=self.options.outdir, **fields).validated()
         except LowVramError as exc:
             raise messages.error(exc, request) from None
-        if remember:
-            remembered.save(remember, {k: v for k, v in fields.items() if k not in ("model", "init_image")})
         client = client_key(request)
         job = self.jobs.start(client, Job(lambda on_step, cancel: self.session.generate(
             job_request, on_step=on_step, cancel=cancel)))

@@ -1,77 +1,114 @@
-"""The txt2img and img2img values of the last job, kept in `ui-settings.json` in lowvram-gen's home folder
-(`$LOWVRAM_GEN_HOME`, else ~/.cache/lowvram-gen), so a restarted UI starts where the user left off.
+"""What the web UI remembers: each browser's own last txt2img and img2img values, kept in that browser.
 
-Saved when a job passes validation (so the file never holds what the UI would refuse), read once when
-the UI is built. The file is a convenience: a missing one is normal, and an unreadable, corrupt or
-foreign one is ignored with a logged warning, as is a value of the wrong type; a file that cannot be
-written costs a warning, never the job. Writes are atomic (a temporary file in the same folder, fsync'ed,
-then renamed over the old one), so a crash mid-write leaves the previous file, not half of one.
+The values live in the browser's localStorage (gradio's BrowserState), under the login that made them
+(`--gradio-auth` users sharing one browser keep theirs apart); a reload (F5) or a restarted server puts them
+back in that browser's controls, and no other browser, login or API client ever sees them. The controls
+themselves start at the documented defaults, so the API's defaults (an omitted seed is -1: random) and the page
+every client loads carry nobody's last prompt.
 
-The Model box is not remembered: it starts at `lowvram-gen ui --model`, which the user chose at start.
+Saved after a job passes validation (a chained `.success` of its Generate, which only a browser runs: an API
+call remembers nothing). Restored values are checked again, one by one, as the request checks them (a value
+stored by an older version, or edited in the browser's storage, that the request would refuse is dropped
+with one warning), so the UI never opens with a value its first Generate refuses.
+
+The Model box and the init image are not remembered: the model starts at `lowvram-gen ui --model`.
+
+(No `from __future__ import annotations`: gradio finds `gr.Request` through real annotations.)
 """
 
-from __future__ import annotations
-
-import json
 import logging
-import threading
-from pathlib import Path
+import secrets
+
+import gradio as gr
 
 from lowvram_gen import paths
-from lowvram_gen.paths import write_atomically
+from lowvram_gen.errors import LowVramError
+from lowvram_gen.request import GenerationRequest
+from lowvram_gen.ui.widgets import quantize_field
 
 log = logging.getLogger(__name__)
-FILE_NAME = "ui-settings.json"
-VERSION = 1
-_LOCK = threading.Lock()  # two browsers finishing validation at once: one read-modify-write at a time
+STORAGE_KEY = "lowvram-gen-values"  # the browser's localStorage key
+SECRET_FILE = "ui-secret"  # in $LOWVRAM_GEN_HOME: the key gradio encrypts the stored values with
+TABS = ("txt2img", "img2img")
+NOT_REMEMBERED = ("model", "init_image")
 
 
-def path() -> Path:
-    return paths.home() / FILE_NAME
-
-
-def load() -> dict[str, dict]:
-    """{tab: {control: value}} from the file; {} when there is none or it cannot be used (logged)."""
-    file = path()
+def _secret() -> str:
+    """The same key on every start, so a restarted server can read what the browsers stored; a home that cannot
+    be written gives a new key each start (the values are then forgotten on restart, said once)."""
+    file = paths.home() / SECRET_FILE
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
-        log.warning("ignoring the UI settings in %s: %s", file, exc)
-        return {}
-    tabs = data.get("tabs") if isinstance(data, dict) and data.get("version") == VERSION else None
-    if not isinstance(tabs, dict):
-        log.warning("ignoring the UI settings in %s: not a version-%d lowvram-gen settings file", file, VERSION)
-        return {}
-    return {tab: values for tab, values in tabs.items() if isinstance(values, dict)}
+        text = file.read_text(encoding="ascii").strip()
+        if len(text) >= 16:
+            return text
+    except (OSError, ValueError):
+        pass
+    text = secrets.token_urlsafe(24)
+    try:
+        paths.write_atomically(file, text)
+    except OSError as exc:
+        log.warning("could not keep the UI's storage key in %s (%s): browsers forget their values when the "
+                    "server restarts", file, exc)
+    return text
 
 
-def save(tab: str, values: dict) -> None:
-    """Remember `values` as `tab`'s, keeping the other tabs'; a write that fails is logged, not raised."""
-    file = path()
-    with _LOCK:
-        tabs = load()
-        tabs[tab] = values
-        text = json.dumps({"version": VERSION, "tabs": tabs}, indent=1, ensure_ascii=False, default=str)
-        try:
-            write_atomically(file, text)
-        except OSError as exc:
-            log.warning("could not save the UI settings in %s: %s", file, exc)
+def browser_state() -> gr.BrowserState:
+    return gr.BrowserState({}, storage_key=STORAGE_KEY, secret=_secret())
 
 
-def initial(saved: dict[str, dict], tab: str, name: str, default):
-    """The remembered value of a control, or `default` when none is remembered or it has the wrong type
-    (a number for a number box, text for a text box); a wrong one is logged."""
-    value = saved.get(tab, {}).get(name, default)
-    number = (int, float)
-    if isinstance(default, bool) or isinstance(value, bool):
-        ok = type(value) is type(default)
-    elif isinstance(default, number):
-        ok = isinstance(value, number)
-    else:
-        ok = isinstance(value, str) or value is None
-    if not ok:
-        log.warning("ignoring the remembered %s %s: %r is not a %s", tab, name, value, type(default).__name__)
-        return default
-    return value
+def _user(request) -> str:
+    return getattr(request, "username", None) or ""
+
+
+def valid(name: str, value, component) -> bool:
+    """Whether `value` may go back into the control `name`: one of a fixed dropdown's choices, and a value the
+    request accepts for that field."""
+    choices = getattr(component, "choices", None)
+    if choices and not getattr(component, "allow_custom_value", True) and value not in [c[1] for c in choices]:
+        return False
+    converted = {"quantize": quantize_field(value) if isinstance(value, str) or value is None else value,
+                 "negative_prompt": value or ""}.get(name, value)
+    try:
+        GenerationRequest(**{name: converted}).validated()
+    except (LowVramError, TypeError, ValueError):
+        return False
+    return True
+
+
+def wire(app: gr.Blocks, controls: dict, jobs: dict) -> None:
+    """Remember each tab's values after its job passes validation, and restore them when a page loads.
+    `controls`: tab -> {request field: component}; `jobs`: tab -> the Generate event."""
+    store = browser_state()
+    restored = []  # (tab, name, component) in the order app.load fills them
+    for tab in TABS:
+        names = [n for n in controls[tab] if n not in NOT_REMEMBERED]
+        components = [controls[tab][n] for n in names]
+        restored += [(tab, n, c) for n, c in zip(names, components)]
+
+        def remember(request: gr.Request, stored, *values, tab=tab, names=names):
+            stored = dict(stored) if isinstance(stored, dict) else {}
+            mine = dict(stored.get(_user(request)) or {})
+            mine[tab] = dict(zip(names, values))
+            stored[_user(request)] = mine
+            return stored
+
+        jobs[tab].success(remember, [store, *components], [store], queue=False, api_visibility="private")
+
+    def restore(stored, request: gr.Request):
+        mine = stored.get(_user(request)) if isinstance(stored, dict) else None
+        mine = mine if isinstance(mine, dict) else {}
+        out, dropped = [], []
+        for tab, name, component in restored:
+            values = mine.get(tab) if isinstance(mine.get(tab), dict) else {}
+            if name not in values:
+                out.append(gr.update())
+            elif valid(name, values[name], component):
+                out.append(values[name])
+            else:
+                out.append(gr.update())
+                dropped.append(f"{tab} {name}={values[name]!r}")
+        if dropped:
+            log.warning("not restoring remembered values the request would refuse: %s", ", ".join(dropped))
+        return out
+
+    app.load(restore, [store], [c for _, _, c in restored], queue=False, api_visibility="private")

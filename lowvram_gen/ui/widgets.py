@@ -17,8 +17,7 @@ QUANTIZE_CHOICES = [AS_PRESET, *QUANTIZE]
 
 def Slider(minimum: float, maximum: float, **kwargs) -> gr.Slider:
     """gr.Slider without Gradio's range check on input: a value from outside the range (an API client's)
-    reaches our validation. The browser still clamps a typed value into [minimum, maximum], so a slider
-    whose smallest valid value is 1 starts at 0: a typed 0 is refused, not silently made 1.
+    reaches our validation. (The browser clamps a value typed into its box into the range, as A1111's does.)
 
     (The check is switched off on the instance: a gr.Slider subclass would make Gradio write a .pyi stub
     beside this file on import.)"""

@@ -1,7 +1,7 @@
 """The img2img tab: an init image and the txt2img controls (Quantize included; no hires fix); it shares
 txt2img's job runner (queue, progress, cancel), its LoRA/embedding pickers and Ctrl+Enter. The width and
-height follow the init image (rounded down to a multiple of 8). The controls start at the last job's values
-(ui/remembered.py); the gallery sends the selected image to Upscale.
+height follow the init image (rounded down to a multiple of 8). The controls start at the documented defaults,
+each browser gets its own last values back (ui/remembered.py); the gallery sends the selected image to Upscale.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -14,7 +14,7 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
-from lowvram_gen.ui.widgets import AS_PRESET, QUANTIZE_CHOICES, Number, Quantize, Slider, quantize_field
+from lowvram_gen.ui.widgets import AS_PRESET, Number, Quantize, Slider, quantize_field
 
 
 def size_from(init_image):
@@ -38,37 +38,33 @@ def build(ctx: TabContext) -> None:
                                strength=strength, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
                                seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
                                model=model or options.model, quantize=quantize_field(quantize)),
-                          request, progress, remember="img2img")
-
-    def start(name, default):
-        return ctx.initial("img2img", name, default)
+                          request, progress)
 
     with gr.Tab("img2img", id="img2img"):
         with gr.Row():
             with gr.Column(scale=3):
                 init = gr.Image(label="Init image", type="filepath", elem_id="i2i-init")
-                prompt = gr.Textbox(value=start("prompt", ""), label="Prompt", lines=2, elem_id="i2i-prompt")
-                negative = gr.Textbox(value=start("negative_prompt", ""), label="Negative prompt", lines=1,
+                prompt = gr.Textbox(value="", label="Prompt", lines=2, elem_id="i2i-prompt")
+                negative = gr.Textbox(value="", label="Negative prompt", lines=1,
                                       elem_id="i2i-negative")
-                strength = Slider(0, 1, value=start("strength", 0.75), step=0.01,
+                strength = Slider(0, 1, value=0.75, step=0.01,
                                   label="Denoising strength (0 keeps the image)", elem_id="i2i-strength")
                 with gr.Row():
-                    width = Number("Width", start("width", 512), elem_id="i2i-width")
-                    height = Number("Height", start("height", 512), elem_id="i2i-height")
-                    batch = Slider(0, MAX_BATCH, value=start("batch_size", 1), step=1, label="Batch size")
+                    width = Number("Width", 512, elem_id="i2i-width")
+                    height = Number("Height", 512, elem_id="i2i-height")
+                    batch = Slider(1, MAX_BATCH, value=1, step=1, label="Batch size")
                 with gr.Row():
-                    steps = Slider(0, MAX_STEPS, value=start("steps", 20), step=1, label="Steps",
+                    steps = Slider(1, MAX_STEPS, value=20, step=1, label="Steps",
                                    elem_id="i2i-steps")
-                    cfg = Slider(0, MAX_CFG, value=start("cfg_scale", 7), step=0.5, label="CFG scale")
+                    cfg = Slider(0, MAX_CFG, value=7, step=0.5, label="CFG scale")
                 with gr.Row():
-                    seed = Number("Seed (-1: random)", start("seed", -1), elem_id="i2i-seed")
+                    seed = Number("Seed (-1: random)", -1, elem_id="i2i-seed")
                     names = [DEFAULT, *SAMPLERS]
-                    sampler = gr.Dropdown(names, value=ctx.initial("img2img", "sampler", DEFAULT, names),
+                    sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="i2i-sampler")
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model", elem_id="i2i-model")
-                    quantize = Quantize(ctx.initial("img2img", "quantize", AS_PRESET, QUANTIZE_CHOICES),
-                                        "i2i-quantize")
+                    quantize = Quantize(AS_PRESET, "i2i-quantize")
                 pickers.build(prompt, model, options.models_folder, prefix="i2i-")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="i2i-generate")
@@ -83,7 +79,7 @@ def build(ctx: TabContext) -> None:
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, quantize]))
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
-    go.click(img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model,
-                       quantize],
-             [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
+    ctx.generate_events["img2img"] = go.click(
+        img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, quantize],
+        [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")

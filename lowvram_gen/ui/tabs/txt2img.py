@@ -1,7 +1,7 @@
 """The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, seed (with ♻ last seed), model,
 the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; the gallery shows each
 image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
-The controls start at the last job's values (ui/remembered.py).
+The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -14,7 +14,7 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_HIRES_SCALE, MAX_STEPS, 
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
-from lowvram_gen.ui.widgets import (AS_PRESET, QUANTIZE_CHOICES, Number, Quantize, Slider, quantize_field,
+from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, Slider, quantize_field,
                                     upscaler_choices)
 
 DEFAULTS = GenerationRequest()
@@ -40,49 +40,46 @@ def build(ctx: TabContext) -> None:
                                sampler=sampler or DEFAULT, model=model or options.model, hires_scale=hires_scale,
                                hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise,
                                quantize=quantize_field(quantize)),
-                          request, progress, remember="txt2img")
-
-    def start(name, default):
-        return ctx.initial("txt2img", name, default)
+                          request, progress)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
             with gr.Column(scale=3):
-                prompt = gr.Textbox(value=start("prompt", ""), label="Prompt", lines=3, elem_id="prompt")
-                negative = gr.Textbox(value=start("negative_prompt", ""), label="Negative prompt", lines=2,
+                prompt = gr.Textbox(value="", label="Prompt", lines=3, elem_id="prompt")
+                negative = gr.Textbox(value="", label="Negative prompt", lines=2,
                                       elem_id="negative")
                 with gr.Row():
-                    width = Number("Width", start("width", DEFAULTS.width), elem_id="width")
-                    height = Number("Height", start("height", DEFAULTS.height), elem_id="height")
-                    batch = Slider(0, MAX_BATCH, value=start("batch_size", 1), step=1, label="Batch size",
+                    width = Number("Width", DEFAULTS.width, elem_id="width")
+                    height = Number("Height", DEFAULTS.height, elem_id="height")
+                    batch = Slider(1, MAX_BATCH, value=1, step=1, label="Batch size",
                                    elem_id="batch")
                 with gr.Row():
-                    steps = Slider(0, MAX_STEPS, value=start("steps", DEFAULTS.steps), step=1, label="Steps",
+                    steps = Slider(1, MAX_STEPS, value=DEFAULTS.steps, step=1, label="Steps",
                                    elem_id="steps")
-                    cfg = Slider(0, MAX_CFG, value=start("cfg_scale", DEFAULTS.cfg_scale), step=0.5,
+                    cfg = Slider(0, MAX_CFG, value=DEFAULTS.cfg_scale, step=0.5,
                                  label="CFG scale", elem_id="cfg")
                 with gr.Row():
-                    seed = Number("Seed (-1: random)", start("seed", -1), elem_id="seed")
+                    seed = Number("Seed (-1: random)", -1, elem_id="seed")
                     reuse = gr.Button("♻ last seed", size="sm", elem_id="reuse-seed")
                     names = [DEFAULT, *SAMPLERS]
-                    sampler = gr.Dropdown(names, value=ctx.initial("txt2img", "sampler", DEFAULT, names),
+                    sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="sampler")
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model (or type a hub id / path)",
                                         elem_id="model")
-                    quantize = Quantize(ctx.initial("txt2img", "quantize", AS_PRESET, QUANTIZE_CHOICES), "quantize")
+                    quantize = Quantize(AS_PRESET, "quantize")
                 pickers.build(prompt, model, options.models_folder, prefix="")
                 with gr.Accordion("Hires fix (a second pass at a larger size)", open=False):
                     with gr.Row():
-                        hires_scale = Slider(1, MAX_HIRES_SCALE, value=start("hires_scale", 1), step=0.05,
+                        hires_scale = Slider(1, MAX_HIRES_SCALE, value=1, step=0.05,
                                              label="Upscale by (1: off)", elem_id="hires-scale")
                         hires_upscaler = gr.Dropdown(upscaler_choices(hires=True),
-                                                     value=start("hires_upscaler", "latent"),
+                                                     value="latent",
                                                      allow_custom_value=True, label="Upscaler")
                     with gr.Row():
-                        hires_steps = Slider(0, MAX_STEPS, value=start("hires_steps", 0), step=1,
+                        hires_steps = Slider(0, MAX_STEPS, value=0, step=1,
                                              label="Hires steps (0: same)")
-                        hires_denoise = Slider(0, 1, value=start("hires_denoise", 0.7), step=0.01,
+                        hires_denoise = Slider(0, 1, value=0.7, step=0.01,
                                                label="Denoising strength")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="generate")
@@ -99,9 +96,9 @@ def build(ctx: TabContext) -> None:
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
                                                         hires_steps, hires_denoise, quantize]))
     # quantize last: the API's positional order of the older arguments stays as it was
-    go.click(generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize],
-             [gallery, info, summary, last_seed], api_name="generate",
-             concurrency_id=GPU, concurrency_limit=1)
+    ctx.generate_events["txt2img"] = go.click(
+        generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize],
+        [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
     gallery.select(show_selected, None, [info], queue=False, api_visibility="private")
