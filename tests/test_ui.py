@@ -164,6 +164,46 @@ def test_cancel_a_long_job_and_the_ui_is_ready_again(page, server):
         server.session.generate = real
 
 
+def test_an_api_clients_cancel_stops_the_job_at_the_next_step_and_the_next_job_runs(server):
+    """Issue 18: gradio_client's job.cancel() returned True while the server computed the cancelled job to its
+    end, and every job behind it waited. Each step here waits (bounded) for the cancel, so the job cannot finish
+    before it: it ends Cancelled at the step where the cancel arrived, and the next API job runs."""
+    from gradio_client import Client
+
+    stepping, ended, steps_seen = threading.Event(), [], []
+    real = server.session.generate
+
+    def watched(request, on_step=None, cancel=None):
+        def step(i, total):
+            steps_seen.append(i)
+            stepping.set()
+            on_step(i, total)
+            if request.prompt == "cancel me":
+                cancel.wait(90)
+        try:
+            return real(request, on_step=step, cancel=cancel)
+        except Exception as exc:
+            ended.append(exc)
+            raise
+
+    server.session.generate = watched
+    try:
+        client = Client(server.url, verbose=False)
+        job = client.submit(prompt="cancel me", width=64, height=64, steps=150, batch_size=4, api_name="/generate")
+        assert stepping.wait(60)
+        assert job.cancel()
+        deadline = time.monotonic() + 90
+        while not ended and time.monotonic() < deadline:  # bounded wait for the job to notice
+            time.sleep(0.2)
+        assert ended and type(ended[0]).__name__ == "Cancelled", ended
+        assert max(steps_seen) < 150  # stopped where the cancel arrived, not at the end
+        images, info, summary, seed = client.predict(prompt="the next one", width=64, height=64, steps=2, seed=5,
+                                                     api_name="/generate")
+        assert info.startswith("the next one") and seed == 5
+    finally:
+        server.session.generate = real
+
+
 @needs_browser
 def test_closing_the_tab_mid_run_stops_the_job_and_the_next_one_runs(browser, server):
     stepping, ended = threading.Event(), []

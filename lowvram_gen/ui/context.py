@@ -15,7 +15,7 @@ annotations in the tabs.)
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 
@@ -71,35 +71,41 @@ class TabContext:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""
         self.wiring.append(wire)
 
-    def run_job(self, fields: dict, request, progress) -> tuple:
-        """Validate, queue behind the GPU, stream per-step progress; return (images, info, summary, last seed).
+    def run_job(self, fields: dict, request, progress) -> Iterator[tuple]:
+        """Validate, queue behind the GPU, stream per-step progress; yield (images, info, summary, last seed).
 
-        A cancelled job returns the images it kept and the seed of the first of them; with none kept the
-        browser's last seed stays as it is (gr.update()).
+        A generator: while the job runs it yields "no change" to every output at each step and every
+        jobs.TICK_S, so gradio can close it there (an API client's cancel, a dropped connection): the job then
+        stops at the next step. A cancelled job yields the images it kept and the seed of the first of them;
+        with none kept the browser's last seed stays as it is (gr.update()).
         """
         try:
             job_request = GenerationRequest(outdir=self.options.outdir, **fields).validated()
         except LowVramError as exc:
             raise messages.error(exc, request) from None
         client = client_key(request)
+        waiting = "waiting for the GPU (another job runs)" if self.jobs.others_running(client) else "starting"
         job = self.jobs.start(client, Job(lambda on_step, cancel: self.session.generate(
             job_request, on_step=on_step, cancel=cancel)))
-        progress(0, desc="waiting for the GPU")
+        progress(0, desc=waiting)
         try:
-            for step, total in job.progress():
-                progress((step, total), desc="denoising", unit="steps")
+            for event in job.progress():
+                if event is not None:
+                    progress(event, desc="denoising", unit="steps")
+                yield (gr.skip(),) * 4
         finally:
             self.jobs.finish(client, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
             seed = image_seed(kept[0]) if kept else None
-            return kept, (image_info(kept[0]) if kept else ""), job.summary(), (gr.update() if seed is None else seed)
+            yield kept, (image_info(kept[0]) if kept else ""), job.summary(), (gr.update() if seed is None else seed)
+            return
         if isinstance(job.error, LowVramError):
             raise messages.error(job.error, request)
         if job.error is not None:
             raise job.error
         result = job.result
-        return result.images, image_info(result.images[0]), job.summary(), result.seeds[0]
+        yield result.images, image_info(result.images[0]), job.summary(), result.seeds[0]
 
     def cancel(self, request: gr.Request):
         """The Cancel button of txt2img and img2img: stop this browser's job at the next step."""

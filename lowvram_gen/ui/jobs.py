@@ -1,8 +1,12 @@
 """Run a session job in a worker thread and stream its progress to a Gradio generator.
 
-Gradio closes the generator when the user presses Cancel or the browser goes away; the `finally`
-then sets the job's cancel event, and generation stops at the next denoising step. The session's
-lock keeps one job on the GPU at a time, so a job queued behind a cancelled one simply waits.
+Gradio closes the generator when the user presses Cancel, the browser goes away, or an API client
+cancels its job (gradio_client's `job.cancel()` posts /cancel, which closes the event's iterator); the
+`finally` then sets the job's cancel event, and generation stops at the next denoising step. Gradio can
+close a generator only between two of its yields, so `progress()` yields a tick (None) every TICK_S even
+when no step has ended (a job waiting for the GPU, loading a model), and the handlers yield on every
+tick. The session's lock keeps one job on the GPU at a time, so a job queued behind a cancelled one
+simply waits.
 
 The Cancel button waits (briefly) for the job to stop before it answers, so its answer and the
 job's own last output say the same thing whichever reaches the browser first.
@@ -19,6 +23,7 @@ from lowvram_gen.ui.messages import for_ui
 
 
 CANCEL_WAIT_S = 10.0  # how long Cancel waits for the job to stop before it answers "cancelling…"
+TICK_S = 0.5  # the longest a handler goes without yielding: how soon a cancel from the API can close it
 
 
 class Job:
@@ -49,13 +54,18 @@ class Job:
             return for_ui("\n".join([self.result.summary, *self.result.warnings]))
         return None  # still running, or an error the job reports as a gr.Error
 
-    def progress(self) -> Iterator[tuple[int, int]]:
-        """Yield (step, total) until the job ends; closing this iterator cancels the job."""
+    def progress(self, tick: float | None = TICK_S) -> Iterator:
+        """Yield each event of the job ((step, total), or what the work put) until it ends, and None every
+        `tick` seconds without one; closing this iterator cancels the job."""
         self._thread.start()
         finished = False
         try:
             while True:
-                event = self.events.get()
+                try:
+                    event = self.events.get(timeout=tick)
+                except queue.Empty:
+                    yield None
+                    continue
                 if event is None:
                     finished = True
                     return
@@ -94,6 +104,11 @@ class Registry:
         if job is None:
             return None
         return job.summary() if job.done.is_set() else pending
+
+    def others_running(self, key: str) -> bool:
+        """Whether a job of another browser session is running (the GPU is taken)."""
+        with self._lock:
+            return any(k != key and not j.done.is_set() for k, j in self._jobs.items())
 
     def finish(self, key: str, job: Job) -> None:
         with self._lock:

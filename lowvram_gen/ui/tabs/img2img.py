@@ -34,7 +34,7 @@ def build(ctx: TabContext) -> None:
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             raise gr.Error("choose an init image first")
-        yield ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image,
+        yield from ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image,
                                strength=strength, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
                                seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
                                model=model or options.model, quantize=quantize_field(quantize)),

@@ -35,7 +35,7 @@ def build(ctx: TabContext) -> None:
                  hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
                  hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
                  request: gr.Request = None, progress=gr.Progress()):
-        yield ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height,
+        yield from ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height,
                                steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
                                sampler=sampler or DEFAULT, model=model or options.model, hires_scale=hires_scale,
                                hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise,

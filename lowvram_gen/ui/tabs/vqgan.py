@@ -54,11 +54,14 @@ def build(ctx: TabContext) -> None:
             return session.generate_vqgan(job_request, on_step=on_step, cancel=cancel,
                                   on_image=lambda path, iteration, final: job.events.put(("image", path, iteration)))
 
+        waiting = "waiting for the GPU (another job runs)" if jobs.others_running(key) else "starting"
         job = jobs.start(key, Job(work))
-        progress(0, desc="waiting for the GPU")
+        progress(0, desc=waiting)
         try:
             for event in job.progress():
-                if event[0] == "image":
+                if event is None:  # a tick: a yield where gradio can close this generator (a cancel)
+                    yield (gr.skip(),) * 4
+                elif event[0] == "image":
                     yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}", gr.update()
                 else:
                     progress(event, desc="iterations", unit="it")
