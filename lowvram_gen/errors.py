@@ -58,6 +58,13 @@ class OutputError(LowVramError):
     """An image could not be written (read-only folder, disk full); earlier images are intact."""
 
 
+class UnwritableFolder(OutputError):
+    """A folder the app must write in (the output folder, LOWVRAM_GEN_HOME) is a file, read-only or not
+    creatable: found before any model work, so it is bad input (exit 2)."""
+
+    exit_code = 2
+
+
 class BadOutput(LowVramError):
     """The model produced NaN/Inf or an all-black image even in float32."""
 

@@ -136,15 +136,17 @@ class NoParameters(InvalidRequest):
 
 def read_infotext(path: str | Path) -> tuple[str, dict | None]:
     """(parameters text, our JSON chunk or None) of an image; `NoParameters` naming the file otherwise."""
-    from PIL import UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError
+
+    from lowvram_gen.request import unreadable_image
 
     shown = str(path)
     try:
         text, ours = read_png_metadata(path)
     except FileNotFoundError:
         raise NoParameters("PNG", shown, "no such file") from None
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise NoParameters("PNG", shown, f"not a readable image ({exc.__class__.__name__})") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise NoParameters("PNG", shown, unreadable_image(exc)) from None
     if not text or not text.strip():
         raise NoParameters("PNG", shown, "it holds no generation parameters (no A1111 'parameters' text "
                                          "chunk: saved by another tool, or stripped by an image host)")

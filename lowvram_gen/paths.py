@@ -13,6 +13,27 @@ def home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "lowvram-gen"
 
 
+def writable_folder(folder: str | Path, what: str) -> Path:
+    """`folder`, created if missing, once a file could be made in it; else `UnwritableFolder` naming `what`
+    (the output folder, LOWVRAM_GEN_HOME), the folder and the reason. Tried for real (a temporary file made
+    and removed): permissions, a read-only mount, a full disk and a file in the way all show up, as root too."""
+    from lowvram_gen.errors import UnwritableFolder
+
+    folder = Path(folder).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UnwritableFolder(f"{what} {folder} is a file, not a folder; point it at a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".lowvram-gen-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UnwritableFolder(f"{what} {folder} is not writable: {reason}; choose a folder you can write to"
+                               ) from None
+    return folder
+
+
 def models_dir() -> Path:
     return home() / "models"
 

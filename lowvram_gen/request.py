@@ -236,9 +236,19 @@ def check_image_path(field_name: str, value: Any) -> str:
     try:
         with Image.open(path) as image:
             image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise InvalidRequest(field_name, str(value), f"not a readable image ({exc.__class__.__name__})") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise InvalidRequest(field_name, str(value), unreadable_image(exc)) from None
     return str(path)
+
+
+def unreadable_image(exc: BaseException) -> str:
+    """Why Pillow could not open an image, in words: a decompression bomb (Pillow refuses more than twice its
+    MAX_IMAGE_PIXELS before decoding anything), or not an image it can read."""
+    from PIL import Image
+
+    if isinstance(exc, Image.DecompressionBombError):
+        return f"refused as a possible decompression bomb: {exc}"
+    return f"not a readable image ({exc.__class__.__name__})"
 
 
 def check_upscaler_name(field_name: str, value: Any, latent_ok: bool = False) -> str:

@@ -31,6 +31,7 @@ from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.oom import free_memory
+from lowvram_gen.paths import writable_folder
 from lowvram_gen.planning import speed
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
@@ -106,7 +107,9 @@ class Session:
             free_memory(self._device.kind if self._device else "cpu")
 
     def _outdir(self, request_outdir: str | None) -> Path:
-        return Path(request_outdir or self.outdir or outputs.default_outdir())
+        """The job's output folder, checked writable before any model work (a read-only folder or a file there
+        would otherwise be found after the whole job has run)."""
+        return writable_folder(request_outdir or self.outdir or outputs.default_outdir(), "the output folder")
 
     def _remember(self, device: DeviceInfo, model: str, ladder: Ladder, size_of=None) -> None:
         """Remember the presets that ran out of memory on this GPU, so the next comparable job starts
@@ -148,6 +151,7 @@ class Session:
                  cancel: threading.Event | None = None) -> GenerationResult:
         """Make the images of a txt2img/img2img request (hires fix included) and save them."""
         request = request.validated()
+        outdir = self._outdir(request.outdir)
         with self.lock:
             device = self.device()
             source = resolve(request.model, request.config)
@@ -169,8 +173,7 @@ class Session:
             self.runner.device = device
             ladder = Ladder(the_plan.ladder, device.kind)
             try:
-                result = run_job(self.runner, request, ladder, source, device, self._outdir(request.outdir),
-                                 on_step, cancel, [the_plan.loss_note] if the_plan.loss_note else [])
+                result = run_job(self.runner, request, ladder, source, device, outdir, on_step, cancel, [the_plan.loss_note] if the_plan.loss_note else [])
                 self._learn(device, request, source, ladder)
                 return result
             finally:
@@ -194,6 +197,7 @@ class Session:
                        on_image=None, presets: list[Preset] | None = None, ops=None):
         """Optimise and save the images of a VQGAN-CLIP request. `presets` and `ops` are for tests."""
         request = request.validated()
+        outdir = self._outdir(request.outdir)
         with self.lock:
             device = self.device()
             models = self.vqgan_models(request)
@@ -207,7 +211,7 @@ class Session:
                 the_plan = self.plan_vqgan(request, device)
             ladder = Ladder(presets or the_plan.ladder, device.kind)
             try:
-                return vqgan_job.run_job(request, models, ladder, device, self._outdir(request.outdir), on_step, cancel,
+                return vqgan_job.run_job(request, models, ladder, device, outdir, on_step, cancel,
                                    on_image, ops)
             finally:
                 self._remember(device, vqgan_job.failure_key(request), ladder, size_of=lambda a: a.extra.get("cutn", a.batch))

@@ -22,6 +22,7 @@ from lowvram_gen.batch import manifest as bm
 from lowvram_gen.batch.files import MAX_REPEAT, expand, read_entries
 from lowvram_gen.batch.report import JobBar, Processes, dry_run_report, print_summary, report_lines
 from lowvram_gen.errors import LowVramError
+from lowvram_gen.paths import writable_folder
 from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *,
     if dry_run:
         return dry_run_report(file, root, joblist, restart, as_json)
 
+    writable_folder(root, "the batch's output folder (--outdir)")  # before any process or model starts
     group = Processes.start(session_kwargs)
     started = time.perf_counter()
     if group.is_main:
@@ -113,7 +115,10 @@ def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *,
         records = bm.read_records(bm.current_manifests(root))
         archived = bm.read_records(sorted(root.glob(bm.ARCHIVE_GLOB)))
         referenced = bm.referenced_paths(root, records + archived)
-        done = {r["job"] for r in records if r.get("status") == "ok"}
+        done, gone = bm.done_jobs(root, records)
+        for key, missing in gone.items():
+            print(f"batch: {file}: job {key} was done, but {', '.join(missing)} no longer exist(s); "
+                  "generating it again", file=sys.stderr)
         jobs = {job.key: job for job in joblist.jobs}
         folder = bm.image_folder(root, group.rank, group.world)
         mine = [folder]

@@ -24,6 +24,7 @@ started twice on one folder stops with a clear message instead of doing everythi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -33,6 +34,7 @@ from pathlib import Path
 from lowvram_gen.batch.files import BatchError, Job
 from lowvram_gen.outputs import read_png_metadata
 
+log = logging.getLogger(__name__)
 MANIFEST_GLOB = "manifest.rank*.jsonl"
 ARCHIVE_GLOB = "manifest.rank*.jsonl.*"  # older manifests put aside by --restart
 _TEMP = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # outputs._write_temp's names
@@ -121,7 +123,10 @@ def _cut_torn_tail(fd: int) -> bool:
 
 
 def read_records(paths) -> list[dict]:
-    records = []
+    """The records of the manifests at `paths`; a line that is not one of ours (a torn line of a manifest another
+    process is still writing, a hand-edited record with outputs that are not a list of paths) is left out, and
+    said once."""
+    records, damaged = [], 0
     for path in paths:
         try:
             text = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -132,9 +137,36 @@ def read_records(paths) -> list[dict]:
                 record = json.loads(line)
             except ValueError:
                 continue  # a torn line of a manifest that another process is still writing
-            if isinstance(record, dict) and isinstance(record.get("job"), str):
+            if _valid(record):
                 records.append(record)
+            elif line.strip():
+                damaged += 1
+    if damaged:
+        log.warning("left out %d damaged manifest record(s) in %s (their jobs run again, unless their images "
+                    "are found)", damaged, ", ".join(str(p) for p in paths))
     return records
+
+
+def _valid(record) -> bool:
+    if not isinstance(record, dict) or not isinstance(record.get("job"), str):
+        return False
+    lists = [record.get(k) for k in ("outputs", "incomplete") if record.get(k) is not None]
+    return all(isinstance(v, list) and all(isinstance(p, str) for p in v) for v in lists)
+
+
+def done_jobs(root: Path, records: list[dict]) -> tuple[set[str], dict[str, list[str]]]:
+    """The jobs an ok record marks done whose images are all still there, and {job: its missing images} for
+    those whose images were deleted since: those run again."""
+    done, gone = set(), {}
+    for record in records:
+        if record.get("status") != "ok":
+            continue
+        missing = [rel for rel in record.get("outputs") or [] if not (root / rel).is_file()]
+        if missing:
+            gone[record["job"]] = missing
+        else:
+            done.add(record["job"])
+    return done - set(gone), gone
 
 
 def current_manifests(root: Path) -> list[Path]:

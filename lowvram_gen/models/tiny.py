@@ -11,14 +11,18 @@ The VAE has four levels (scale factor 8, as in real SD): with two, a 512 px imag
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
 from lowvram_gen.models.quiet import quiet_hub_bars
-from lowvram_gen.paths import models_dir
+from lowvram_gen.paths import home, models_dir, writable_folder
 
+log = logging.getLogger(__name__)
+MARKER = "LOWVRAM_GEN_TINY.json"
 # Bump when a builder changes, so old caches are rebuilt instead of silently reused.
 VERSION = 1
 TINY_MODELS = ("tiny", "tiny-sdxl")
@@ -34,14 +38,19 @@ def ensure_tiny(name: str) -> Path:
         raise ValueError(f"unknown embedded model {name!r}; embedded models: {', '.join(TINY_MODELS)}")
     target = tiny_path(name)
     if (target / "model_index.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+        damage = _damage(target)
+        if not damage:
+            return target
+        log.warning("the cached %s model in %s is damaged (%s): building it again", name, target, damage)
+        shutil.rmtree(target, ignore_errors=True)
+    writable_folder(home(), "LOWVRAM_GEN_HOME (lowvram-gen's own files)")
+    writable_folder(target.parent, "the models folder of LOWVRAM_GEN_HOME")
     quiet_hub_bars()
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         build = {"tiny": build_tiny_sd, "tiny-sdxl": build_tiny_sdxl}[name]
         build().save_pretrained(tmp, safe_serialization=True)
-        (tmp / "LOWVRAM_GEN_TINY.json").write_text(
+        (tmp / MARKER).write_text(
             json.dumps({"name": name, "version": VERSION, "note": "random weights: output is noise"})
         )
         try:
@@ -52,6 +61,25 @@ def ensure_tiny(name: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _damage(folder: Path) -> str:
+    """What is wrong with a cached tiny model ('' when nothing): the marker of a finished build missing, or a
+    safetensors file whose header does not parse or whose size is not what its header says (truncated,
+    overwritten). Reads the headers only."""
+    if not (folder / MARKER).is_file():
+        return f"no {MARKER}"
+    for file in sorted(folder.rglob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if file.stat().st_size != 8 + length + end:
+                return f"{file.relative_to(folder)} is {file.stat().st_size} bytes, its header says {8 + length + end}"
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            return f"{file.relative_to(folder)} is not a safetensors file ({type(exc).__name__})"
+    return ""
 
 
 def _tokenizer():

@@ -45,6 +45,27 @@ def Quantize(value: str, elem_id: str) -> gr.Dropdown:
     return dropdown
 
 
+def ImagePath(label: str, **kwargs) -> gr.Image:
+    """gr.Image giving the handler the uploaded file's path. A file Pillow refuses to open (a decompression
+    bomb, not an image) reaches our validation too, which names it and says why, instead of gradio's
+    preprocessing error, which an API client gets as "the upstream app has not enabled verbose error
+    reporting"."""
+    image = gr.Image(label=label, type="filepath", **kwargs)
+    gradios = image.preprocess
+
+    def preprocess(payload):
+        try:
+            return gradios(payload)
+        except Exception:  # noqa: BLE001 - whatever Pillow raised, check_image_path says it in our words
+            path = getattr(payload, "path", None)
+            if path is None:
+                raise
+            return str(path)
+
+    image.preprocess = preprocess
+    return image
+
+
 def quantize_field(choice: str | None) -> str | None:
     """The request's `quantize` for the Quantize box's choice: None (the preset decides) for AS_PRESET."""
     return None if choice in (None, AS_PRESET) else choice

@@ -13,6 +13,7 @@ from pathlib import Path
 from lowvram_gen import outputs
 from lowvram_gen.device import probe
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.paths import writable_folder
 from lowvram_gen.request import MAX_SIDE, as_float, check_image_path
 from lowvram_gen.upscale.upscalers import UpscaleReport, check_upscaler, model_path, upscale_images
 
@@ -28,6 +29,7 @@ def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str |
     path = check_image_path("image", image_path)
     factor = as_float("scale", scale, 1.0, MAX_SCALE)
     name = check_upscaler(upscaler)
+    writable_folder(outdir or outputs.default_outdir(), "the output folder")
     with Image.open(path) as im:
         source = im.convert("RGB")
     params_in = outputs.read_png_metadata(path)[0] if path.lower().endswith(".png") else None

@@ -14,7 +14,7 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
-from lowvram_gen.ui.widgets import AS_PRESET, Number, Quantize, Slider, quantize_field
+from lowvram_gen.ui.widgets import AS_PRESET, ImagePath, Number, Quantize, Slider, quantize_field
 
 
 def size_from(init_image):
@@ -22,8 +22,11 @@ def size_from(init_image):
 
     if not init_image:
         return gr.update(), gr.update()
-    with Image.open(init_image) as im:
-        return im.width // 8 * 8, im.height // 8 * 8
+    try:
+        with Image.open(init_image) as im:
+            return im.width // 8 * 8, im.height // 8 * 8
+    except Exception:  # noqa: BLE001 - not an image Pillow reads (a bomb, a wrong file): Generate says why
+        return gr.update(), gr.update()
 
 
 def build(ctx: TabContext) -> None:
@@ -43,7 +46,7 @@ def build(ctx: TabContext) -> None:
     with gr.Tab("img2img", id="img2img"):
         with gr.Row():
             with gr.Column(scale=3):
-                init = gr.Image(label="Init image", type="filepath", elem_id="i2i-init")
+                init = ImagePath("Init image", elem_id="i2i-init")
                 prompt = gr.Textbox(value="", label="Prompt", lines=2, elem_id="i2i-prompt")
                 negative = gr.Textbox(value="", label="Negative prompt", lines=1,
                                       elem_id="i2i-negative")

@@ -14,6 +14,7 @@ from lowvram_gen.errors import LowVramError
 from lowvram_gen.infotext import read_infotext
 from lowvram_gen.ui import sendto
 from lowvram_gen.ui.context import TabContext
+from lowvram_gen.ui.widgets import ImagePath
 
 
 def show(path):
@@ -37,8 +38,7 @@ def build(ctx: TabContext) -> None:
     with gr.Tab("PNG Info", id="pnginfo"):
         with gr.Row():
             with gr.Column():
-                image = gr.Image(label="PNG", type="filepath", image_mode=None, sources=["upload", "clipboard"],
-                                 elem_id="pnginfo-image")
+                image = ImagePath("PNG", image_mode=None, sources=["upload", "clipboard"], elem_id="pnginfo-image")
             with gr.Column():
                 status = gr.Markdown(elem_id="pnginfo-status")
                 parameters = gr.Textbox(label="Parameters", lines=6, interactive=False, elem_id="pnginfo-parameters")

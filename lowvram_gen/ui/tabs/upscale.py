@@ -6,7 +6,7 @@ import gradio as gr
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.ui import messages
 from lowvram_gen.ui.context import GPU, TabContext
-from lowvram_gen.ui.widgets import upscaler_choices
+from lowvram_gen.ui.widgets import ImagePath, upscaler_choices
 from lowvram_gen.upscale.command import MAX_SCALE
 
 
@@ -23,7 +23,7 @@ def build(ctx: TabContext) -> None:
     with gr.Tab("Upscale", id="upscale"):
         with gr.Row():
             with gr.Column():
-                image = gr.Image(label="Image", type="filepath", elem_id="upscale-image")
+                image = ImagePath("Image", elem_id="upscale-image")
                 scale = gr.Slider(1, MAX_SCALE, value=2, step=0.25, label="Scale")
                 upscaler = gr.Dropdown(upscaler_choices(), value="lanczos", allow_custom_value=True,
                                        label="Upscaler (or a path to an ESRGAN-family model)")

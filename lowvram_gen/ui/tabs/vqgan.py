@@ -14,7 +14,7 @@ from lowvram_gen.errors import Cancelled, LowVramError
 from lowvram_gen.ui import messages
 from lowvram_gen.ui.context import GPU, TabContext, client_key, image_info
 from lowvram_gen.ui.jobs import Job
-from lowvram_gen.ui.widgets import Number
+from lowvram_gen.ui.widgets import ImagePath, Number
 
 DEFAULTS = VqganRequest()
 
@@ -94,8 +94,8 @@ def build(ctx: TabContext) -> None:
                 prompts = gr.Textbox(label="Prompts", lines=2, elem_id="vq-prompts",
                                      placeholder="a lighthouse at dusk:1|oil painting:0.5|blurry:-0.5")
                 with gr.Row():
-                    image_prompt = gr.Image(label="Image prompt (optional)", type="filepath", elem_id="vq-image-prompt")
-                    init_image = gr.Image(label="Init image (optional)", type="filepath", elem_id="vq-init")
+                    image_prompt = ImagePath("Image prompt (optional)", elem_id="vq-image-prompt")
+                    init_image = ImagePath("Init image (optional)", elem_id="vq-init")
                 with gr.Row():
                     width = Number("Width (multiple of 16)", 256, elem_id="vq-width")
                     height = Number("Height (multiple of 16)", 256, elem_id="vq-height")
