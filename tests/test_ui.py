@@ -585,30 +585,62 @@ def test_system_tab_on_a_cpu_estimates_the_cpu_preset(page, server):
     assert "Would run: cpu" in page.locator("#plan").inner_text()
     page.wait_for_function(PLANNED, timeout=30_000)
     table = page.locator("#plan-table").first.inner_text()
-    # the VRAM estimate as the GPU rows have it, then the RAM estimate the planner picked it by
-    assert re.search(r"\bcpu\s+\d+(\.\d)? [MG]iB\s+system RAM\s+\d+(\.\d)? [MG]iB\s+yes\s+512x512\s+1\b", table), table
+    # the picked row first: the VRAM estimate as the GPU rows have it, the RAM estimate the planner picked it
+    # by, then its step time and whether that was measured or assumed
+    chosen = page.locator("#plan").inner_text().split("Would run: ", 1)[1].split()[0]
+    rows = table.split("batch", 1)[1].split("skipped", 1)[1].split()
+    assert rows[0] == chosen and chosen.split("+")[0] == "cpu", table
+    assert re.search(re.escape(chosen) + r"\s+\d+(\.\d)? [MG]iB\s+system RAM\s+\d+(\.\d)? [MG]iB\s+yes\s+"
+                     r"[\d.e-]+\s+(assumed|measured \(\d+\))\s+512x512\s+1\b", table), table
 
 
 @needs_browser
-def test_system_tab_sliders_show_the_session_values_after_a_change_and_a_reload(page, server):
+def test_system_tab_sliders_on_a_cpu_are_shown_disabled_with_the_session_values(page, server):
+    """On a CPU the VRAM budget and reserve mean nothing: the sliders say so and cannot be dragged, yet they
+    still show the values in force (set from the command line or the API) whenever the page loads."""
     from lowvram_gen.device import GiB
 
     saved = server.session.vram_limits()
     try:
-        page.get_by_role("tab", name="System").click()
-        _set_slider(page, "reserve", 1.5)  # typed, then Enter: it applies without leaving the box
-        deadline = time.monotonic() + 30
-        while server.session.vram_limits()[1] != int(1.5 * GiB) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert server.session.vram_limits() == (None, int(1.5 * GiB))
         server.session.set_vram_limits(6 * GiB, int(1.5 * GiB))  # changed elsewhere (another tab, the API)
         page.reload()
         page.get_by_role("tab", name="System").click()
         page.wait_for_function("() => document.querySelector('#budget input[type=number]').value === '6'",
                                timeout=30_000)
         assert page.locator("#reserve input[type=number]").first.input_value() == "1.5"
+        for slider in ("budget", "reserve"):
+            assert page.locator(f"#{slider} input[type=range]").first.is_disabled()
+        assert "no GPU here" in page.locator("#budget").first.inner_text()
+        assert page.locator("#free").first.inner_text().strip() == "Free memory (unload the model)"
     finally:
         server.session.set_vram_limits(*saved)
+
+
+def test_free_memory_says_what_it_unloaded_and_what_came_back(monkeypatch):
+    """'Free VRAM' used to answer with the device line only: now it names the model it unloaded and the memory
+    given back (system RAM on a CPU)."""
+    import itertools
+
+    from lowvram_gen.ui.tabs import system
+
+    class FakeSession:
+        loaded = "tiny"
+
+        def device(self):
+            return type("D", (), {"kind": "cpu", "is_accelerator": False})()
+
+        def loaded_model_name(self):
+            return self.loaded
+
+        def free(self):
+            self.loaded = None
+
+    rss = itertools.cycle([900 * 2**20, 300 * 2**20])
+    monkeypatch.setattr("lowvram_gen.hostmem.process_rss", lambda: next(rss))
+    session = FakeSession()
+    text = system.free_memory_text(session, lambda: "device line")
+    assert text.startswith("device line") and "unloaded `tiny`" in text and "600 MiB of system RAM" in text
+    assert "no model was loaded" in system.free_memory_text(session, lambda: "device line").split("Freed", 1)[1]
 
 
 def test_failures_on_the_cpu_are_neither_remembered_nor_shown():

@@ -14,13 +14,15 @@ class ProgressBar:
         self.bar = None
 
     def update(self, step: int, total: int) -> None:
+        """The first callback of a chunk (step 1 has just ended) starts a bar at that step: its rate is
+        measured from there on, not 1 step over the microseconds since the bar was made."""
         from tqdm import tqdm
 
         if self.bar is None or step == 1:
             self.close()
-            self.bar = tqdm(total=total, unit=self.unit, file=sys.stderr, leave=False)
-        self.bar.n = step
-        self.bar.refresh()
+            self.bar = tqdm(total=total, initial=step, unit=self.unit, file=sys.stderr, leave=False)
+        elif step > self.bar.n:
+            self.bar.update(step - self.bar.n)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -26,6 +26,7 @@ so apply.py has no second record of it to keep in step.
 from __future__ import annotations
 
 import logging
+import importlib.util
 import os
 
 from lowvram_gen.errors import LowVramError, ModelLoadError
@@ -56,6 +57,10 @@ def targets(pipe) -> list[str]:
 
 def _sdnq():
     os.environ.setdefault("SDNQ_USE_TORCH_COMPILE", "0")
+    # sdnq tries OpenVINO's CPU kernels and warns on every run where OpenVINO is not installed (it falls back
+    # to PyTorch's, as it does with this set): ask for them only where they are there
+    if importlib.util.find_spec("openvino") is None:
+        os.environ.setdefault("SDNQ_USE_OPENVINO_MM", "0")
     try:
         import sdnq
     except ImportError as exc:

@@ -6,6 +6,7 @@ Everything here goes through Session methods; the sliders show the session's val
 """
 
 import html
+import math
 
 import gradio as gr
 
@@ -19,6 +20,32 @@ from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import AS_PRESET, quantize_field
 
 BUDGET_MAX_GIB, RESERVE_MAX_GIB = 80, 8  # slider ranges; a bigger value from the command line widens them
+
+
+def _pixels(n: int) -> str:
+    """A preset's pixel cap as people say it: 1024x1024 for a square's worth."""
+    side = math.isqrt(n)
+    return f"{side}x{side}" if side * side == n else f"{n:,} px"
+
+
+def _timing(timing: dict) -> str:
+    return f"measured ({timing['jobs']})" if timing.get("source") == "measured" else "assumed"
+
+
+def free_memory_text(session, device_text) -> str:
+    """Unload every model; say which, and how much memory came back (VRAM on a GPU, system RAM on a CPU)."""
+    from lowvram_gen import hostmem
+    from lowvram_gen.oom import allocated_bytes
+
+    kind = session.device().kind
+    used = (lambda: allocated_bytes(kind)) if kind != "cpu" else hostmem.process_rss
+    loaded = session.loaded_model_name()
+    before = used()
+    session.free()
+    freed = max(0, before - used())
+    memory = "VRAM" if kind != "cpu" else "system RAM"
+    what = f"unloaded `{html.escape(loaded)}`" if loaded else "no model was loaded"
+    return f"{device_text()}\n\n**Freed**: {what}; {format_size(freed)} of {memory} given back."
 
 
 def failures_table() -> list[list]:
@@ -63,9 +90,12 @@ def build(ctx: TabContext) -> None:
         except LowVramError as exc:
             raise messages.error(exc, request) from None
         cpu = {p.name for p in session.presets().values() if p.device == "cpu"}
+        chosen = result.preset.name
+        ordered = sorted(result.estimates, key=lambda e: (e.name != chosen, not (e.fits and e.fits_host)))
         rows = [[e.name, format_size(e.estimate_bytes), "system RAM" if e.name.split("+")[0] in cpu else
                  "yes" if e.fits else "no", format_size(e.host_peak_bytes), "yes" if e.fits_host else "no",
-                 f"{e.width}x{e.height}", e.batch, e.skipped_reason] for e in result.estimates]
+                 f"{e.est_seconds_per_step:.3g}", _timing(e.timing), f"{e.width}x{e.height}", e.batch,
+                 e.skipped_reason] for e in ordered]
         if result.refusal:
             return rows, f"Would not run: {html.escape(messages.for_ui(result.refusal))}"
         return rows, f"Would run: **{result.preset.name}** ({html.escape(messages.for_ui(result.reason))})"
@@ -75,7 +105,7 @@ def build(ctx: TabContext) -> None:
         for p in session.presets().values():
             m = p.memory
             rows.append([p.name, p.rank, p.device, m.dtype, m.attention, m.offload, m.vae_slicing, m.vae_tiling,
-                         m.fp8_storage, p.max_pixels, p.max_batch, p.description])
+                         m.fp8_storage, _pixels(p.max_pixels), p.max_batch, p.description])
         forced = session.forced_preset()
         return rows, (f"Starting preset (from the command line): **{forced.name}**" if forced
                       else "Starting preset: chosen by the planner for each job")
@@ -85,23 +115,25 @@ def build(ctx: TabContext) -> None:
         return failures_table()
 
     def free_vram():
-        session.free()
-        return device_text()
+        return free_memory_text(session, device_text)
 
     with gr.Tab("System"):
         device_md = gr.Markdown(elem_id="device")
         budget_gib, reserve_gib = ((session.vram_limits()[0] or 0) / GiB, session.vram_limits()[1] / GiB)
+        on_gpu = session.device().is_accelerator
+        gpu_only = {} if on_gpu else {"interactive": False, "info": "no GPU here: this applies to a GPU's memory"}
         with gr.Row():
             budget = gr.Slider(0, max(BUDGET_MAX_GIB, budget_gib), value=budget_gib, step=0.5,
-                               label="VRAM budget, GiB (0: no cap)", elem_id="budget")
+                               label="VRAM budget, GiB (0: no cap)", elem_id="budget", **gpu_only)
             reserve = gr.Slider(0, max(RESERVE_MAX_GIB, reserve_gib), value=reserve_gib, step=0.1,
-                                label="Reserve for other programs, GiB", elem_id="reserve")
-        free = gr.Button("Free VRAM (unload the model)")
+                                label="Reserve for other programs, GiB", elem_id="reserve", **gpu_only)
+        free = gr.Button("Free VRAM (unload the model)" if on_gpu else "Free memory (unload the model)",
+                         elem_id="free")
         gr.Markdown("### Plan for the current txt2img request")
         plan_btn = gr.Button("Estimate", elem_id="estimate")
         plan_md = gr.Markdown(elem_id="plan")
-        plan_df = gr.Dataframe(headers=["preset", "VRAM estimate", "fits VRAM", "RAM estimate", "fits RAM", "size",
-                                        "batch", "skipped"],
+        plan_df = gr.Dataframe(headers=["preset", "VRAM estimate", "fits VRAM", "RAM estimate", "fits RAM", "s/step",
+                                        "timing", "size", "batch", "skipped"],
                                interactive=False, elem_id="plan-table")
         gr.Markdown("### Presets")
         forced_md = gr.Markdown()
