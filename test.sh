@@ -4,7 +4,7 @@
 # those tests skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")"
-bash scripts/setup.sh
+SETUP_FOR=./test.sh bash scripts/setup.sh
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "test: installing Debian's chromium for the browser tests" >&2
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
