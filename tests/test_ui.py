@@ -868,3 +868,11 @@ def test_png_info_sends_quantize_to_img2img_and_a_png_without_it_resets_it(page,
         page.click("#pnginfo-to-img2img")
         _value_is(page, "#i2i-quantize input", expected)
         page.get_by_role("tab", name="PNG Info").click()
+
+
+def test_preset_pixel_caps_read_as_sizes():
+    """The Presets table showed `max pixels 1048576`; people say 1024x1024."""
+    from lowvram_gen.ui.tabs.system import _pixels
+
+    assert _pixels(1024 * 1024) == "1024x1024"
+    assert _pixels(512 * 768) == "393,216 px"
