@@ -7,11 +7,14 @@ it): expandable segments cut fragmentation, which is what turns "4 GB free" into
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict, dataclass
 
 from lowvram_gen.hostmem import HostMemory, probe_host
 from lowvram_gen.units import GiB, MiB, format_size, parse_size  # noqa: F401  (callers import them from here)
+
+log = logging.getLogger(__name__)
 
 # ComfyUI leaves 0.4-0.6 GB for the OS and other programs; we default to the middle of that.
 DEFAULT_RESERVE = 512 * MiB
@@ -105,7 +108,14 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 def cpu_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU computes bfloat16 natively (torch.backends.cpu.get_cpu_capability() names the vector
-    width only, "AVX512" with or without BF16, so the flags are read)."""
+    width only, "AVX512" with or without BF16, so the flags are read). LOWVRAM_GEN_CPU_BF16=0 or 1 overrides
+    the flags: 0 keeps the cpu preset in float32 (bfloat16 rounds each activation to 8 bits of mantissa), 1
+    offers bfloat16 where the flags are missing (a virtual machine that hides them)."""
+    override = os.environ.get("LOWVRAM_GEN_CPU_BF16", "").strip()
+    if override in ("0", "1"):
+        return override == "1"
+    if override:
+        log.warning("LOWVRAM_GEN_CPU_BF16=%r is neither 0 nor 1; reading the CPU's flags instead", override)
     try:
         with open(cpuinfo, encoding="utf-8") as fh:
             for line in fh:

@@ -13,6 +13,10 @@ def isolated_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("lowvram-home")
     saved = {k: os.environ.get(k) for k in ("LOWVRAM_GEN_HOME", "HF_HOME", "HF_HUB_OFFLINE")}
     os.environ["LOWVRAM_GEN_HOME"] = str(home)
+    # the cpu preset's plans must not depend on the CPU the suite runs on (AVX512-BF16 adds cpu+bf16): the
+    # bfloat16 tests say which CPU they simulate
+    saved["LOWVRAM_GEN_CPU_BF16"] = os.environ.get("LOWVRAM_GEN_CPU_BF16")
+    os.environ["LOWVRAM_GEN_CPU_BF16"] = "0"
     os.environ["HF_HOME"] = str(home / "hf")
     os.environ["HF_HUB_OFFLINE"] = "1"
     yield home

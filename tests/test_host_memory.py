@@ -309,10 +309,23 @@ def test_the_file_dtype_is_read_from_the_safetensors_header(tiny_fp16, tiny_path
 
 @pytest.mark.parametrize("flags, native", [("fpu sse avx2 fma", False), ("fpu avx512f avx512_bf16", True),
                                            ("fpu avx512f amx_bf16 amx_tile", True), ("fpu avx512f avx512bw", False)])
-def test_native_bfloat16_is_read_from_the_cpu_flags(tmp_path, flags, native):
+def test_native_bfloat16_is_read_from_the_cpu_flags(tmp_path, monkeypatch, flags, native):
+    monkeypatch.delenv("LOWVRAM_GEN_CPU_BF16")  # the suite pins it (conftest): here the flags decide
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: X\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
     assert device_mod.cpu_native_bf16(str(cpuinfo)) is native
+
+
+@pytest.mark.parametrize("value, flags, native", [("0", "avx512_bf16", False), ("1", "avx2", True),
+                                                  ("yes", "avx512_bf16", True), ("yes", "avx2", False)])
+def test_lowvram_gen_cpu_bf16_overrides_the_flags(tmp_path, monkeypatch, caplog, value, flags, native):
+    """0 keeps float32 on a bf16 CPU (the user prefers full precision), 1 offers bf16 where a VM hides the
+    flags; anything else is said once and the flags decide."""
+    monkeypatch.setenv("LOWVRAM_GEN_CPU_BF16", value)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"flags\t\t: fpu {flags}\n")
+    assert device_mod.cpu_native_bf16(str(cpuinfo)) is native
+    assert ("neither 0 nor 1" in caplog.text) is (value == "yes")
 
 
 def test_a_cpu_with_native_bfloat16_computes_in_it_and_one_without_never_does():

@@ -127,8 +127,7 @@ def build(ctx: TabContext) -> None:
                                label="VRAM budget, GiB (0: no cap)", elem_id="budget", **gpu_only)
             reserve = gr.Slider(0, max(RESERVE_MAX_GIB, reserve_gib), value=reserve_gib, step=0.1,
                                 label="Reserve for other programs, GiB", elem_id="reserve", **gpu_only)
-        free = gr.Button("Free VRAM (unload the model)" if on_gpu else "Free memory (unload the model)",
-                         elem_id="free")
+        free = gr.Button("Free memory (unload the model)", elem_id="free")  # VRAM and RAM: one label, any machine
         gr.Markdown("### Plan for the current txt2img request")
         plan_btn = gr.Button("Estimate", elem_id="estimate")
         plan_md = gr.Markdown(elem_id="plan")
