@@ -868,3 +868,32 @@ def test_png_info_sends_quantize_to_img2img_and_a_png_without_it_resets_it(page,
         page.click("#pnginfo-to-img2img")
         _value_is(page, "#i2i-quantize input", expected)
         page.get_by_role("tab", name="PNG Info").click()
+
+
+# -- issue 18, the UI's rough edges: each test failed before its fix ------------------------------------------
+
+
+def test_sd_x4_is_offered_only_where_its_model_is_here(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from lowvram_gen.upscale.upscalers import SD_X4_REPO, check_upscaler
+    from lowvram_gen.ui.widgets import upscaler_choices
+
+    monkeypatch.delenv("LOWVRAM_GEN_SD_X4", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert "sd-x4" not in upscaler_choices() and "sd-x4" not in upscaler_choices(hires=True)
+    assert check_upscaler("sd-x4") == "sd-x4"  # the CLI still takes it, and says offline how to get it
+    cache = tmp_path / "cache"
+    snapshot = cache / ("models--" + SD_X4_REPO.replace("/", "--")) / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "model_index.json").write_text("{}")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    assert upscaler_choices()[-1] == "sd-x4"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    (tmp_path / "x4").mkdir()
+    (tmp_path / "x4" / "model_index.json").write_text("{}")
+    monkeypatch.setenv("LOWVRAM_GEN_SD_X4", str(tmp_path / "x4"))
+    assert "sd-x4" in upscaler_choices()
+
