@@ -873,6 +873,31 @@ def test_png_info_sends_quantize_to_img2img_and_a_png_without_it_resets_it(page,
 # -- issue 18, the UI's rough edges: each test failed before its fix ------------------------------------------
 
 
+def test_launch_prints_its_url_without_gradios_share_true_hint(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "lowvram_gen", "ui", "--port", str(port), "--outdir",
+                             str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=tmp_path)
+    lines = []
+    try:
+        for line in proc.stdout:  # until the URL (a server that dies ends the loop)
+            lines.append(line)
+            if "Running on local URL" in line:
+                break
+        lines.append(proc.stdout.readline())  # the line after it, where gradio put its hint
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    text = "".join(lines)
+    assert f"http://127.0.0.1:{port}" in text, text
+    assert "share=True" not in text and "--share" in text, text
+
+
 def test_sd_x4_is_offered_only_where_its_model_is_here(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
