@@ -873,6 +873,30 @@ def test_png_info_sends_quantize_to_img2img_and_a_png_without_it_resets_it(page,
 # -- issue 18, the UI's rough edges: each test failed before its fix ------------------------------------------
 
 
+def test_a_user_error_is_one_console_line_and_a_bug_keeps_its_traceback(server, capsys):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(server.url, verbose=False)
+    with pytest.raises(AppError):
+        client.predict(prompt="x", width=500, height=64, steps=1, api_name="/generate")
+    err = capsys.readouterr().err
+    assert "lowvram-gen: error: invalid width: 500" in err and "Traceback" not in err, err
+    real = server.session.generate
+
+    def bug(request, **kw):
+        raise RuntimeError("a real bug")
+
+    server.session.generate = bug
+    try:
+        with pytest.raises(AppError):
+            client.predict(prompt="x", width=64, height=64, steps=1, api_name="/generate")
+    finally:
+        server.session.generate = real
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a real bug" in err
+
+
 def test_launch_prints_its_url_without_gradios_share_true_hint(tmp_path):
     import os
     import subprocess
