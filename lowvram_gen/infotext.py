@@ -39,6 +39,8 @@ class Infotext:
     fields: dict
     ignored: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # lenient reading only: the fields whose value could not be used, each with why ("Sampler 'Adam': use ...")
+    unusable: list[str] = field(default_factory=list)
 
 
 def _int(key: str, value: str) -> int:
@@ -95,39 +97,53 @@ def _upscaler(value: str, notes: list[str]) -> str:
     return name.lower() if name.lower() in ("lanczos", "sd-x4") else name
 
 
-def request_fields(params: dict, ours: dict | None = None) -> Infotext:
+def request_fields(params: dict, ours: dict | None = None, lenient: bool = False) -> Infotext:
     """`GenerationRequest` keyword arguments from `parse_a1111_parameters`' dict (and our JSON chunk, if any).
 
-    Only what the text says is set; the caller's defaults (or explicit flags) fill the rest.
+    Only what the text says is set; the caller's defaults (or explicit flags) fill the rest. A value that cannot
+    be used (`Steps: many`, VQGAN-CLIP's `Sampler: Adam`) is an InvalidRequest, or with `lenient` (the web UI's
+    Send to, which fills what it can) left out and listed in `unusable` with the reason.
     """
     fields: dict = {"prompt": params.get("prompt", ""), "negative_prompt": params.get("negative_prompt", "")}
     notes: list[str] = []
     ignored: list[str] = []
-    hires = "Hires upscale" in params
+    unusable: list[str] = []
     for key, value in params.items():
         if key in ("prompt", "negative_prompt"):
             continue
-        if key in _NUMBERS:
-            field_name, read = _NUMBERS[key]
-            fields[field_name] = read(key, value)
-        elif key == "Sampler":
-            fields["sampler"] = _sampler(params, ours)
-        elif key == "Size":
-            match = _SIZE.fullmatch(str(value))
-            if not match:
-                raise InvalidRequest("'Size' in the image's parameters", value, "expected WIDTHxHEIGHT, e.g. 512x768")
-            fields["width"], fields["height"] = int(match.group(1)), int(match.group(2))
-        elif key == "Model":
-            fields["model"] = str(value).strip()
-        elif key == "Quantize":
-            fields["quantize"] = _quantize(value)
-        elif key == "Denoising strength":
-            fields["hires_denoise" if hires else "strength"] = _float(key, value)
-        elif key == "Hires upscaler":
-            fields["hires_upscaler"] = _upscaler(value, notes)
-        elif key not in INFORMATIONAL:
-            ignored.append(key)
-    return Infotext(fields, ignored, notes)
+        try:
+            _read(key, value, params, ours, fields, ignored, notes)
+        except InvalidRequest as exc:
+            if not lenient:
+                raise
+            unusable.append(f"{key} {str(value).strip()!r} ({exc.allowed})")
+    return Infotext(fields, ignored, notes, unusable)
+
+
+def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignored: list[str],
+          notes: list[str]) -> None:
+    """Set the request field(s) of one A1111 field in `fields` (or list it in `ignored`)."""
+    hires = "Hires upscale" in params
+    if key in _NUMBERS:
+        field_name, read = _NUMBERS[key]
+        fields[field_name] = read(key, value)
+    elif key == "Sampler":
+        fields["sampler"] = _sampler(params, ours)
+    elif key == "Size":
+        match = _SIZE.fullmatch(str(value))
+        if not match:
+            raise InvalidRequest("'Size' in the image's parameters", value, "expected WIDTHxHEIGHT, e.g. 512x768")
+        fields["width"], fields["height"] = int(match.group(1)), int(match.group(2))
+    elif key == "Model":
+        fields["model"] = str(value).strip()
+    elif key == "Quantize":
+        fields["quantize"] = _quantize(value)
+    elif key == "Denoising strength":
+        fields["hires_denoise" if hires else "strength"] = _float(key, value)
+    elif key == "Hires upscaler":
+        fields["hires_upscaler"] = _upscaler(value, notes)
+    elif key not in INFORMATIONAL:
+        ignored.append(key)
 
 
 class NoParameters(InvalidRequest):
@@ -153,10 +169,10 @@ def read_infotext(path: str | Path) -> tuple[str, dict | None]:
     return text, ours
 
 
-def from_png(path: str | Path) -> Infotext:
+def from_png(path: str | Path, lenient: bool = False) -> Infotext:
     """The request fields of an image's parameters (`read_infotext`, then `request_fields`)."""
     text, ours = read_infotext(path)
-    return request_fields(parse_a1111_parameters(text), ours)
+    return request_fields(parse_a1111_parameters(text), ours, lenient)
 
 
 def local_model(spec: str, models_folder: str | Path | None = None) -> str | None:

@@ -837,8 +837,8 @@ def test_send_to_sets_quantize_from_the_png_and_resets_it_without_one(tmp_path):
     plain = _png_with(tmp_path / "plain.png", text)
     for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
         at = keys.index("quantize")
-        assert sendto.values_for(keys, int4)[at] == "int4"
-        assert sendto.values_for(keys, plain)[at] == AS_PRESET  # weights as the preset stores them
+        assert sendto.values_for(keys, int4)[0][at] == "int4"
+        assert sendto.values_for(keys, plain)[0][at] == AS_PRESET  # weights as the preset stores them
 
 
 def test_estimate_plans_the_quantize_choice(tmp_path):
@@ -876,3 +876,210 @@ def test_preset_pixel_caps_read_as_sizes():
 
     assert _pixels(1024 * 1024) == "1024x1024"
     assert _pixels(512 * 768) == "393,216 px"
+
+
+# -- issue 18, the UI's rough edges: each test failed before its fix ------------------------------------------
+
+VQGAN_TEXT = ("a lighthouse at dusk\nSteps: 5, Sampler: Adam, Seed: 77, Size: 64x48, Model: tiny, CLIP: tiny, "
+              "Engine: VQGAN-CLIP, Cutouts: 8, Cut power: 1.0, Learning rate: 0.1")  # what vqgan/job.py writes
+
+
+def test_send_to_fills_what_it_can_from_a_vqgan_png_and_lists_what_it_did_not_use(tmp_path):
+    """A VQGAN-CLIP image's `Sampler: Adam` refused the whole send (and the user saw nothing): now the prompt,
+    seed, size and steps are filled, and the note names what was not used, with why."""
+    from lowvram_gen.ui import sendto
+
+    png = _png_with(tmp_path / "vqgan.png", VQGAN_TEXT)
+    values, said = sendto.values_for(sendto.TXT2IMG, png)
+    filled = dict(zip(sendto.TXT2IMG, values))
+    assert (filled["prompt"], filled["seed"], filled["width"], filled["height"], filled["steps"]) == (
+        "a lighthouse at dusk", 77, 64, 48, 5)
+    assert not isinstance(filled["sampler"], str)  # gr.update(): the Sampler box stays as it is
+    assert any("Sampler 'Adam'" in line and "Euler a" in line for line in said), said
+    assert any(line.startswith("not used (no such setting here): CLIP, Engine, Cutouts") for line in said), said
+    note = sendto.note_text(png, said)
+    assert note.startswith("**Filled from vqgan.png**") and "Sampler &#x27;Adam&#x27;" in note
+
+
+def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path):
+    """gradio shows neither the error nor the warning of an event run with queue=False (checked in Chromium:
+    the toast never comes). Only these handlers stay unqueued, each for a reason: a string edit of the
+    prompt, the gallery's selected index, Cancel and the page's restore (they must get through a full queue),
+    ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, and the
+    remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
+    from lowvram_gen.ui.app import build_app
+    from lowvram_gen.ui.context import UiOptions
+
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
+    unqueued = sorted({(f.fn.__module__.rsplit(".", 1)[1], f.fn.__qualname__) for f in app.fns.values()
+                       if not f.queue and f.fn is not None})
+    assert unqueued == sorted({
+        ("pickers", "build.<locals>.add_lora"), ("pickers", "build.<locals>.add_embedding"),
+        ("sendto", "gallery_buttons.<locals>.remember"), ("sendto", "gallery_buttons.<locals>.<lambda>"),
+        ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("txt2img", "build.<locals>.<lambda>"),
+        ("img2img", "size_from"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
+        ("remembered", "wire.<locals>.restore")})
+
+
+@needs_browser
+def test_png_info_sends_a_vqgan_png_to_txt2img_and_says_what_was_not_used(page, tmp_path):
+    png = _png_with(tmp_path / "vqgan-made.png", VQGAN_TEXT)
+    page.get_by_role("tab", name="PNG Info").click()
+    page.locator("#pnginfo-image input[type=file]").set_input_files(png)
+    page.wait_for_function("() => document.querySelector('#pnginfo-parameters textarea').value.includes('Adam')",
+                           timeout=30_000)
+    page.click("#pnginfo-to-txt2img")
+    _value_is(page, "#prompt textarea", "a lighthouse at dusk")  # the txt2img tab is showing, filled
+    note = page.locator("#txt2img-sent")
+    note.get_by_text("Sampler 'Adam'", exact=False).wait_for(timeout=30_000)
+    assert note.is_visible() and "Filled from vqgan-made.png" in note.inner_text()
+    assert "Engine" in note.inner_text() and page.locator("#seed input").first.input_value() == "77"
+    # a PNG it cannot read at all: the error reaches the user (the send runs in the queue, so gradio shows it)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    page.get_by_role("tab", name="PNG Info").click()
+    page.locator("#pnginfo-image input[type=file]").set_input_files(str(broken))
+    page.click("#pnginfo-to-img2img")
+    page.get_by_text("invalid PNG", exact=False).first.wait_for(timeout=30_000)  # the toast
+
+
+def test_a_user_error_is_one_console_line_and_a_bug_keeps_its_traceback(server, capsys):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(server.url, verbose=False)
+    with pytest.raises(AppError):
+        client.predict(prompt="x", width=500, height=64, steps=1, api_name="/generate")
+    err = capsys.readouterr().err
+    assert "lowvram-gen: error: invalid width: 500" in err and "Traceback" not in err, err
+    real = server.session.generate
+
+    def bug(request, **kw):
+        raise RuntimeError("a real bug")
+
+    server.session.generate = bug
+    try:
+        with pytest.raises(AppError):
+            client.predict(prompt="x", width=64, height=64, steps=1, api_name="/generate")
+    finally:
+        server.session.generate = real
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a real bug" in err
+
+
+def test_the_console_says_when_each_job_starts_and_ends(server, capsys):
+    from gradio_client import Client
+
+    long_prompt = "a console fox " * 10
+    _, info, _, seed = Client(server.url, verbose=False).predict(prompt=long_prompt, width=64, height=64, steps=2,
+                                                                seed=5, api_name="/generate")
+    err = capsys.readouterr().err
+    started = [line for line in err.splitlines() if "txt2img started" in line]
+    assert started == [f"lowvram-gen: txt2img started: '{long_prompt[:59]}…', 64x64, 2 steps, seed 5"], err
+    ended = next(line for line in err.splitlines() if "txt2img ended in" in line)
+    made = next(server.outdir.rglob("*-5-*.png"))
+    assert re.search(r"ended in \d+\.\d s: .+; 1 file\(s\): ", ended) and made.name in ended, ended
+
+
+@needs_browser
+def test_the_gallery_offers_no_upload_and_its_selection_still_works(page):
+    assert page.locator("#gallery").get_by_text("Drop Media Here", exact=False).count() == 0
+    _fill_job(page, "two foxes", 64, 64, 1)
+    _fill_number(page, "seed", 300)
+    _set_slider(page, "batch", 2)
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelectorAll('#gallery img').length === 2", timeout=120_000)
+    assert page.locator("#gallery").get_by_text("Drop Media Here", exact=False).count() == 0
+    page.locator("#gallery img").nth(1).click()  # select the second image: its own parameters
+    page.wait_for_function("() => document.querySelector('#info textarea').value.includes('Seed: 301')",
+                           timeout=30_000)
+    _set_slider(page, "batch", 1)
+
+
+@needs_browser
+def test_refresh_beside_the_model_box_says_so_in_words_and_finds_a_new_model(page, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))  # the server runs in this process
+    button = page.locator("#model-refresh")
+    assert button.inner_text().strip() == "Refresh"  # text, not an emoji an emoji-less machine shows as a box
+    box = button.bounding_box()
+    model = page.locator("#model").bounding_box()
+    assert abs(box["y"] - model["y"]) < model["height"] and 0 <= box["x"] - (model["x"] + model["width"]) < 40
+    (tmp_path / "made-after-start").mkdir()
+    (tmp_path / "made-after-start" / "model_index.json").write_text("{}")
+    button.click()
+    page.locator("#model input").first.click()
+    page.get_by_role("option", name=str(tmp_path / "made-after-start")).wait_for(timeout=30_000)
+    page.keyboard.press("Escape")
+
+
+@needs_browser
+def test_a_failed_job_keeps_its_error_in_the_summary_and_the_gallery_its_images(page):
+    _fill_job(page, "kept", 64, 64, 1)
+    page.click("#generate")
+    _gallery_image(page)
+    page.wait_for_function("() => document.querySelector('#info textarea').value.startsWith('kept')",
+                           timeout=60_000)
+    _fill_number(page, "width", 500)  # refused by the server's validation
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#summary textarea').value.includes('invalid width: 500')",
+                           timeout=60_000)
+    assert "multiple of 8" in page.locator("#summary textarea").input_value()
+    assert page.locator("#gallery img").count() == 1 and page.locator("#info textarea").input_value().startswith("kept")
+    for panel in ("#gallery", "#info", "#summary"):
+        assert "Error" not in page.locator(panel).inner_text(), panel  # no gradio "Error" badge
+    _fill_number(page, "width", 64)
+    page.locator("#prompt textarea").fill("kept <lora:no such lora:1>")  # fails inside the job
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#summary textarea').value.includes('no such lora')",
+                           timeout=120_000)
+    assert page.locator("#gallery img").count() == 1 and "Error" not in page.locator("#gallery").inner_text()
+
+
+def test_launch_prints_its_url_without_gradios_share_true_hint(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "lowvram_gen", "ui", "--port", str(port), "--outdir",
+                             str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=tmp_path)
+    lines = []
+    try:
+        for line in proc.stdout:  # until the URL (a server that dies ends the loop)
+            lines.append(line)
+            if "Running on local URL" in line:
+                break
+        lines.append(proc.stdout.readline())  # the line after it, where gradio put its hint
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    text = "".join(lines)
+    assert f"http://127.0.0.1:{port}" in text, text
+    assert "share=True" not in text and "--share" in text, text
+
+
+def test_sd_x4_is_offered_only_where_its_model_is_here(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from lowvram_gen.upscale.upscalers import SD_X4_REPO, check_upscaler
+    from lowvram_gen.ui.widgets import upscaler_choices
+
+    monkeypatch.delenv("LOWVRAM_GEN_SD_X4", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert "sd-x4" not in upscaler_choices() and "sd-x4" not in upscaler_choices(hires=True)
+    assert check_upscaler("sd-x4") == "sd-x4"  # the CLI still takes it, and says offline how to get it
+    cache = tmp_path / "cache"
+    snapshot = cache / ("models--" + SD_X4_REPO.replace("/", "--")) / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "model_index.json").write_text("{}")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    assert upscaler_choices()[-1] == "sd-x4"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    (tmp_path / "x4").mkdir()
+    (tmp_path / "x4" / "model_index.json").write_text("{}")
+    monkeypatch.setenv("LOWVRAM_GEN_SD_X4", str(tmp_path / "x4"))
+    assert "sd-x4" in upscaler_choices()

@@ -2,8 +2,9 @@
 
 Every GPU action (generate, upscale, free VRAM) is in the concurrency group "gpu" with a limit of 1, and
 the queue has a maximum size (Gradio answers "queue is full" past it). Errors from the Python API reach
-the user as `gr.Error`: CLI flags named as the UI's controls, HTML-escaped for the browser only
-(ui/messages.py).
+the user with CLI flags named as the UI's controls (ui/messages.py): a failed job's in its "What ran" box (and a
+toast), other errors as a `gr.Error`, HTML-escaped for the browser only; an API client gets a gr.Error either way.
+Only handlers that raise nothing for the user run unqueued: gradio shows no error of an unqueued event.
 
 Tabs have ids (txt2img, img2img, upscale, pnginfo, ...) so a "Send to" button can select one; Ctrl+Enter
 (Cmd+Enter on a Mac) in a prompt box clicks its tab's Generate, as in A1111.

@@ -4,7 +4,7 @@ The context holds what the tabs share: the Session (the tabs call its methods, n
 its lock), the app's options, the registry of running jobs (one per browser session, so Cancel and
 a closed tab reach it), the Stable Diffusion job runner of txt2img and img2img, the Blocks (for
 load/unload events) and the Tabs (a "Send to" button selects its tab), each tab's controls by request
-field (what a "Send to" fills), wiring that needs a later tab's controls (run once every tab is built),
+field (what a "Send to" fills) and its note of what a send did not use, wiring that needs a later tab's controls (run once every tab is built),
 and each tab's Generate event (ui/remembered.py chains the browser's remembered values to it). Per-browser
 state is never kept here: it lives in the browser (the hidden last-seed number, the remembered values in its
 localStorage), so one client never sees another's.
@@ -19,11 +19,12 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
+from lowvram_gen.cli.output import ProgressBar
 from lowvram_gen.errors import Cancelled, LowVramError
 from lowvram_gen.outputs import read_png_metadata
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.session import Session
-from lowvram_gen.ui import messages
+from lowvram_gen.ui import console, messages
 from lowvram_gen.ui.jobs import Job, Registry
 
 GPU = "gpu"  # the one concurrency group of every action that uses the GPU
@@ -64,6 +65,7 @@ class TabContext:
     txt2img_inputs: list[Any] = field(default_factory=list)
     tabs: gr.Tabs | None = None
     controls: dict[str, dict[str, Any]] = field(default_factory=dict)  # tab id -> {request field: component}
+    sent_notes: dict[str, Any] = field(default_factory=dict)  # tab id -> its note of what a send did not use
     generate_events: dict[str, Any] = field(default_factory=dict)  # tab id -> its Generate event (ui/remembered.py)
     wiring: list[Callable[[], None]] = field(default_factory=list)
 
@@ -71,40 +73,51 @@ class TabContext:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""
         self.wiring.append(wire)
 
-    def run_job(self, fields: dict, request, progress) -> Iterator[tuple]:
+    def run_job(self, what: str, fields: dict, request, progress) -> Iterator[tuple]:
         """Validate, queue behind the GPU, stream per-step progress; yield (images, info, summary, last seed).
 
         A generator: while the job runs it yields "no change" to every output at each step and every
         jobs.TICK_S, so gradio can close it there (an API client's cancel, a dropped connection): the job then
         stops at the next step. A cancelled job yields the images it kept and the seed of the first of them;
-        with none kept the browser's last seed stays as it is (gr.update()).
+        with none kept the browser's last seed stays as it is (gr.update()). A refused or failed job says why in
+        the summary and leaves the gallery, parameters and seed as they were (messages.failure). The console
+        says when the job (`what`: its tab) starts and ends, with a tqdm bar of its steps (ui/console.py).
         """
         try:
             job_request = GenerationRequest(outdir=self.options.outdir, **fields).validated()
         except LowVramError as exc:
-            raise messages.error(exc, request) from None
+            yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
+            return
         client = client_key(request)
         waiting = "waiting for the GPU (another job runs)" if self.jobs.others_running(client) else "starting"
         job = self.jobs.start(client, Job(lambda on_step, cancel: self.session.generate(
             job_request, on_step=on_step, cancel=cancel)))
         progress(0, desc=waiting)
+        since = console.started(what, job_request.prompt, job_request.width, job_request.height, job_request.steps,
+                                job_request.seed)
+        bar = ProgressBar()
         try:
             for event in job.progress():
                 if event is not None:
                     progress(event, desc="denoising", unit="steps")
+                    bar.update(*event)
                 yield (gr.skip(),) * 4
         finally:
+            bar.close()
             self.jobs.finish(client, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
+            console.ended(what, since, job.summary(), kept)
             seed = image_seed(kept[0]) if kept else None
             yield kept, (image_info(kept[0]) if kept else ""), job.summary(), (gr.update() if seed is None else seed)
             return
         if isinstance(job.error, LowVramError):
-            raise messages.error(job.error, request)
+            yield gr.skip(), gr.skip(), messages.failure(job.error, request), gr.skip()
+            return
         if job.error is not None:
             raise job.error
         result = job.result
+        console.ended(what, since, result.summary, result.images)
         yield result.images, image_info(result.images[0]), job.summary(), result.seeds[0]
 
     def cancel(self, request: gr.Request):

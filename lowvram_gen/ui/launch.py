@@ -80,7 +80,20 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     if share:
         print("note: --share makes the app public through a gradio.live tunnel", file=sys.stderr)
     app = build_app(session, UiOptions(outdir=outdir, model=model, queue_size=queue_size))
+    # quiet: gradio's own lines would tell the user to "set `share=True` in `launch()`", which they cannot do
     app.launch(server_name=listen_host(listen), server_port=port, auth=credentials, share=share,
                allowed_paths=allowed_paths(outdir),
-               prevent_thread_lock=not block, quiet=False, show_error=False, inbrowser=False)
+               prevent_thread_lock=True, quiet=True, show_error=False, inbrowser=False)
+    print(started_text(app.local_url, share), flush=True)
+    if block:
+        app.block_thread()
     return app
+
+
+def started_text(local_url: str, share: bool) -> str:
+    """What gradio would print on start, with our flag for a public link instead of its `share=True` (gradio
+    itself prints the public URL of --share)."""
+    text = f"* Running on local URL:  {local_url}"
+    if not share:
+        text += "\n* To create a public link, restart with --share (and --gradio-auth user:password)"
+    return text

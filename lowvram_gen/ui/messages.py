@@ -8,6 +8,10 @@ Errors, warnings and summaries come from the Python API, which speaks of CLI fla
 gr.Error's message is HTML in the browser's toast, and plain text to an API client (gradio_client):
 `error()` escapes it only when the request comes from the browser app (Gradio's JS app sends
 `x-gradio-user: app`; gradio_client sends `api`).
+
+A user error is said on the server's console in one line (ui/console.py), never as a traceback: gradio prints
+one for a gr.Error unless it is raised with `print_exception=False`. A failed job tells the browser in its
+output panel (`failure()`): a gr.Error would put "Error" badges over the gallery and the parameters.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import html
 import re
 
 import gradio as gr
+
+from lowvram_gen.ui import console
 
 RESTART = "restart the web UI with `lowvram-gen ui {flag}`"
 CLI_ONLY = "the CLI's {flag} (the web UI has {what})"
@@ -79,6 +85,22 @@ def from_browser(request) -> bool:
 
 
 def error(exc: BaseException | str, request=None) -> gr.Error:
-    """A gr.Error for a LowVramError (or a message): flags as controls; HTML-escaped for the browser only."""
+    """A gr.Error for a LowVramError (or a message): flags as controls; HTML-escaped for the browser only.
+    The console gets one line, not gradio's traceback."""
     text = for_ui(str(exc))
-    return gr.Error(html.escape(text) if from_browser(request) else text)
+    console.user_error(text)
+    return gr.Error(html.escape(text) if from_browser(request) else text, print_exception=False)
+
+
+def failure(exc: BaseException | str, request=None) -> str:
+    """What a job's "What ran" box says when the job failed with a user error (for the browser, which also gets
+    it as a toast); an API client gets the gr.Error it always got (raised here).
+
+    The other outputs are left as they were (gr.skip()): raising would mark them all "Error" and hide the
+    previous images, and the toast alone fades (A1111 keeps the error in the output panel)."""
+    if not from_browser(request):
+        raise error(exc, request)
+    text = for_ui(str(exc))
+    console.user_error(text)
+    gr.Warning(html.escape(text), title="Error")
+    return text

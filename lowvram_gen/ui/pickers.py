@@ -1,4 +1,8 @@
-"""The LoRA and embedding pickers of txt2img and img2img, and the refresh button that rescans the folders.
+"""The LoRA and embedding pickers of txt2img and img2img with the button that rescans their folders, and the
+Refresh button beside the Model box that rescans the models (A1111's, beside its checkpoint box).
+
+The buttons say "Refresh" in words: an emoji label (🔄) is an empty box on a machine without an emoji font.
+Rescans run in the queue, so an error in one reaches the user (gradio shows nothing of an unqueued event's).
 
 Picking a LoRA adds `<lora:NAME:1>` to the prompt, picking an embedding adds its name: what an A1111
 user types (prompt syntax and lookup: lowvram_gen/networks/). The lists are the files in
@@ -28,13 +32,24 @@ def with_text(prompt: str | None, text: str) -> str:
     return f"{prompt} {text}" if prompt else text
 
 
-def build(prompt: gr.Textbox, model: gr.Dropdown, models_folder, prefix: str) -> None:
-    """A row with the two pickers and 🔄 (the model list too); call inside the tab's layout."""
+def refresh_button(elem_id: str) -> gr.Button:
+    return gr.Button("Refresh", size="sm", scale=0, min_width=80, elem_id=elem_id)
+
+
+def model_refresh(model: gr.Dropdown, models_folder, elem_id: str) -> None:
+    """The Refresh button beside the Model box (call right after the box, in its row): the models found now."""
+    refresh = refresh_button(elem_id)
+    refresh.click(lambda: gr.Dropdown(choices=model_choices(models_folder)), None, [model],
+                  api_visibility="private", show_progress="hidden")
+
+
+def build(prompt: gr.Textbox, prefix: str) -> None:
+    """A row with the two pickers and their Refresh; call inside the tab's layout."""
     with gr.Row():
         lora = gr.Dropdown(lora_choices(), value=None, label="Add a LoRA", elem_id=f"{prefix}lora-picker")
         embedding = gr.Dropdown(embedding_choices(), value=None, label="Add an embedding",
                                 elem_id=f"{prefix}embedding-picker")
-        refresh = gr.Button("🔄", size="sm", scale=0, min_width=40, elem_id=f"{prefix}refresh")
+        refresh = refresh_button(f"{prefix}refresh")
 
     def add_lora(text, name):
         return (with_text(text, f"<lora:{name}:1>") if name else gr.update()), None
@@ -43,10 +58,9 @@ def build(prompt: gr.Textbox, model: gr.Dropdown, models_folder, prefix: str) ->
         return (with_text(text, name) if name else gr.update()), None
 
     def rescan():
-        return (gr.Dropdown(choices=model_choices(models_folder)), gr.Dropdown(choices=lora_choices()),
-                gr.Dropdown(choices=embedding_choices()))
+        return gr.Dropdown(choices=lora_choices()), gr.Dropdown(choices=embedding_choices())
 
     # .input: the user's pick only, not the reset to None that follows it
     lora.input(add_lora, [prompt, lora], [prompt, lora], queue=False, api_visibility="private")
     embedding.input(add_embedding, [prompt, embedding], [prompt, embedding], queue=False, api_visibility="private")
-    refresh.click(rescan, None, [model, lora, embedding], queue=False, api_visibility="private")
+    refresh.click(rescan, None, [lora, embedding], api_visibility="private", show_progress="hidden")

@@ -7,7 +7,8 @@ themselves start at the documented defaults, so the API's defaults (an omitted s
 every client loads carry nobody's last prompt.
 
 Saved after a job passes validation (a chained `.success` of its Generate, which only a browser runs: an API
-call remembers nothing). Restored values are checked again, one by one, as the request checks them (a value
+call remembers nothing). A refused job ends without a gradio error in the browser (it says why in its summary,
+ui/messages.py), so `.success` runs for it too: values the request refuses are not saved. Restored values are checked again, one by one, as the request checks them (a value
 stored by an older version, or edited in the browser's storage, that the request would refuse is dropped
 with one warning), so the UI never opens with a value its first Generate refuses.
 
@@ -85,7 +86,9 @@ def wire(app: gr.Blocks, controls: dict, jobs: dict) -> None:
         components = [controls[tab][n] for n in names]
         restored += [(tab, n, c) for n, c in zip(names, components)]
 
-        def remember(request: gr.Request, stored, *values, tab=tab, names=names):
+        def remember(request: gr.Request, stored, *values, tab=tab, names=names, components=components):
+            if not all(valid(n, v, c) for n, v, c in zip(names, values, components)):
+                return gr.skip()  # the job was refused: keep what this browser remembered
             stored = dict(stored) if isinstance(stored, dict) else {}
             mine = dict(stored.get(_user(request)) or {})
             mine[tab] = dict(zip(names, values))

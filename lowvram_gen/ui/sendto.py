@@ -5,10 +5,18 @@ a send fills them from `infotext.from_png` (the mapping `generate --from-png` us
 tab. What the PNG does not say stays as it is, except hires fix, which is switched off for an image made
 without it (or the same seed would not give the same image), and Quantize, which goes back to "as the
 preset says" for an image whose weights were not int8/int4 (our PNGs write `Quantize:` only when they
-were). A model the PNG names that is not here leaves the Model box as it is, with a warning.
+were). A model the PNG names that is not here leaves the Model box as it is.
+
+A send fills what it can (`from_png(lenient=True)`): a value this tab cannot use (VQGAN-CLIP's `Sampler: Adam`)
+is left out. What was not used, and why, stays on the filled tab in its "sent" note (`NOTE_IDS`), not in a toast
+that fades (the CLI says the same on stderr). A PNG that cannot be read at all is a gr.Error: the sends run in
+the queue, since gradio shows nothing of an unqueued event's error (or warning).
 """
 
 from __future__ import annotations
+
+import html
+from pathlib import Path
 
 import gradio as gr
 
@@ -25,18 +33,26 @@ IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "heig
 UPSCALE = ("image",)
 KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "upscale": UPSCALE}
 LABELS = {"txt2img": "txt2img", "img2img": "img2img", "upscale": "Upscale"}
+NOTE_IDS = {"txt2img": "txt2img-sent", "img2img": "img2img-sent"}  # the tabs whose controls a PNG fills
+
+
+def note(tab: str) -> gr.Markdown:
+    """The filled tab's note of what its last send did not use (empty until a send has something to say)."""
+    return gr.Markdown(elem_id=NOTE_IDS[tab])
 
 
 def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parameters: bool = True,
-               request=None) -> list:
-    """One value (or gr.update() for "leave it") per control in `keys`, from the image at `path`.
+               request=None) -> tuple[list, list[str]]:
+    """One value (or gr.update() for "leave it") per control in `keys`, from the image at `path`, and what of
+    the PNG was not used (one line each, plain text).
 
     The image itself goes to an `init_image`/`image` control. Without parameters in the PNG this is a
     gr.Error when `need_parameters` (PNG Info), else only the image is sent (a gallery's send)."""
     fields: dict = {}
+    said: list[str] = []
     if set(keys) - {"init_image", "image"}:
         try:
-            read = from_png(path)
+            read = from_png(path, lenient=True)
         except NoParameters as exc:
             if need_parameters:
                 raise messages.error(exc, request) from None
@@ -48,17 +64,27 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
             fields.setdefault("batch_size", 1)  # one PNG is one image: its own seed, batch 1
             fields.setdefault("hires_scale", 1.0)
             fields["quantize"] = fields.get("quantize") or AS_PRESET  # the Quantize box's choice
+            said += [f"not used: {what}" for what in read.unusable]
             if "model" in fields:
                 found = local_model(fields["model"], models_folder)
                 if found is None:
-                    gr.Warning(messages.for_ui(f"the image's model {fields.pop('model')!r} is not here: "
-                                               "pick one in the Model box"))
+                    said.append(messages.for_ui(f"not used: Model {fields.pop('model')!r} (not here: pick one in "
+                                                "the Model box)"))
                 else:
                     fields["model"] = found
-            for note in read.notes:
-                gr.Warning(note)
+            if read.ignored:
+                said.append("not used (no such setting here): " + ", ".join(read.ignored))
+            said += read.notes
     fields["init_image"] = fields["image"] = path
-    return [fields.get(key, gr.update()) for key in keys]
+    return [fields.get(key, gr.update()) for key in keys], said
+
+
+def note_text(path: str, said: list[str]) -> str:
+    """The "sent" note's Markdown: what was not used from the image, escaped (the PNG's text is anyone's)."""
+    if not said:
+        return ""
+    lines = "\n".join(f"- {html.escape(line)}" for line in said)
+    return f"**Filled from {html.escape(Path(path).name)}**; some of its parameters were not used:\n\n{lines}"
 
 
 def chosen_image(gallery, index) -> str | None:
@@ -88,7 +114,7 @@ def gallery_buttons(ctx, gallery, targets: tuple[str, ...], prefix: str) -> None
 def from_gallery(gallery, index) -> tuple[str, bool]:
     path = chosen_image(gallery, index)
     if path is None:
-        raise gr.Error("no image yet: generate one first")
+        raise messages.error("no image yet: generate one first")
     return path, False
 
 
@@ -97,10 +123,12 @@ def wire_send(ctx, button, tab: str, inputs: list, source) -> None:
     and selects that tab."""
     keys = KEYS[tab]
     outputs = [ctx.controls[tab][key] for key in keys]
+    notes = [ctx.sent_notes[tab]] if tab in ctx.sent_notes else []
 
     def send(first, second=None, request: gr.Request = None):  # the inputs: one or two components
         path, need_parameters = source(first, second)
-        values = values_for(keys, path, ctx.options.models_folder, need_parameters, request)
-        return *values, gr.Tabs(selected=tab)
+        values, said = values_for(keys, path, ctx.options.models_folder, need_parameters, request)
+        return *values, *([note_text(path, said)] if notes else []), gr.Tabs(selected=tab)
 
-    button.click(send, inputs, [*outputs, ctx.tabs], queue=False, api_visibility="private")
+    # queued: gradio shows an unqueued event's errors nowhere
+    button.click(send, inputs, [*outputs, *notes, ctx.tabs], api_visibility="private", show_progress="hidden")

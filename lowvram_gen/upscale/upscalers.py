@@ -32,11 +32,23 @@ def upscaler_dirs() -> list[Path]:
 
 
 def available() -> list[str]:
+    """The upscalers this machine can run now (what the UI offers): sd-x4 only where its model is here."""
     names = ["lanczos", "latent"]
     for folder in upscaler_dirs():
         if folder.is_dir():
             names += sorted(p.name for p in folder.iterdir() if p.suffix.lower() in MODEL_SUFFIXES)
-    return names + ["sd-x4"]
+    return names + (["sd-x4"] if sd_x4_installed() else [])
+
+
+def sd_x4_installed() -> bool:
+    """Whether the SD x4 upscaler loads without a download: $LOWVRAM_GEN_SD_X4 is a folder, or the HF cache
+    holds the repo's model_index.json (a file check: nothing is loaded or fetched)."""
+    folder = os.environ.get("LOWVRAM_GEN_SD_X4")
+    if folder:
+        return (Path(folder).expanduser() / "model_index.json").is_file()
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(SD_X4_REPO, "model_index.json"), str)
 
 
 def model_path(name: str) -> Path | None:

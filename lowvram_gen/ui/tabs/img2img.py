@@ -1,7 +1,8 @@
 """The img2img tab: an init image and the txt2img controls (Quantize included; no hires fix); it shares
 txt2img's job runner (queue, progress, cancel), its LoRA/embedding pickers and Ctrl+Enter. The width and
 height follow the init image (rounded down to a multiple of 8). The controls start at the documented defaults,
-each browser gets its own last values back (ui/remembered.py); the gallery sends the selected image to Upscale.
+each browser gets its own last values back (ui/remembered.py); the gallery (results only, no uploads) sends the
+selected image to Upscale.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -12,7 +13,7 @@ import gradio as gr
 from lowvram_gen.models.discover import model_choices
 from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
-from lowvram_gen.ui import pickers, sendto
+from lowvram_gen.ui import messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import AS_PRESET, ImagePath, Number, Quantize, Slider, quantize_field
 
@@ -36,16 +37,18 @@ def build(ctx: TabContext) -> None:
                 cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, quantize=AS_PRESET,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
-            raise gr.Error("choose an init image first")
-        yield from ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image,
-                               strength=strength, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
-                               seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
-                               model=model or options.model, quantize=quantize_field(quantize)),
-                          request, progress)
+            yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
+            return
+        yield from ctx.run_job("img2img", dict(
+            prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image, strength=strength,
+            width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
+            sampler=sampler or DEFAULT, model=model or options.model, quantize=quantize_field(quantize)),
+            request, progress)
 
     with gr.Tab("img2img", id="img2img"):
         with gr.Row():
             with gr.Column(scale=3):
+                sent = sendto.note("img2img")
                 init = ImagePath("Init image", elem_id="i2i-init")
                 prompt = gr.Textbox(value="", label="Prompt", lines=2, elem_id="i2i-prompt")
                 negative = gr.Textbox(value="", label="Negative prompt", lines=1,
@@ -65,20 +68,23 @@ def build(ctx: TabContext) -> None:
                     names = [DEFAULT, *SAMPLERS]
                     sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="i2i-sampler")
+                with gr.Row():
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model", elem_id="i2i-model")
+                    pickers.model_refresh(model, options.models_folder, "i2i-model-refresh")
                     quantize = Quantize(AS_PRESET, "i2i-quantize")
-                pickers.build(prompt, model, options.models_folder, prefix="i2i-")
+                pickers.build(prompt, prefix="i2i-")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="i2i-generate")
                     stop = gr.Button("Cancel", variant="stop")
             with gr.Column(scale=2):
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
-                                     elem_id="i2i-gallery")
+                                     interactive=False, elem_id="i2i-gallery")
                 sendto.gallery_buttons(ctx, gallery, ("upscale",), prefix="img2img")
                 info = gr.Textbox(label="Image parameters", lines=4, interactive=False)
                 summary = gr.Textbox(label="What ran", lines=2, interactive=False)
                 last_seed = gr.Number(visible=False, precision=0)
+    ctx.sent_notes["img2img"] = sent
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, quantize]))
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")

@@ -12,7 +12,7 @@ import gradio as gr
 
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.infotext import read_infotext
-from lowvram_gen.ui import sendto
+from lowvram_gen.ui import messages, sendto
 from lowvram_gen.ui.context import TabContext
 from lowvram_gen.ui.widgets import ImagePath
 
@@ -30,7 +30,7 @@ def show(path):
 
 def to_send(path, _unused=None) -> tuple[str, bool]:
     if not path:
-        raise gr.Error("drop a PNG here first")
+        raise messages.error("drop a PNG here first")
     return path, True
 
 
@@ -47,6 +47,6 @@ def build(ctx: TabContext) -> None:
                     to_img2img = gr.Button("Send to img2img", elem_id="pnginfo-to-img2img")
                 with gr.Accordion("lowvram-gen's own record (JSON)", open=False):
                     ours = gr.Code(language="json", interactive=False, elem_id="pnginfo-json")
-    image.change(show, [image], [parameters, ours, status], queue=False, api_visibility="private")
+    image.change(show, [image], [parameters, ours, status], api_visibility="private")  # queued: its errors are shown
     for button, tab in ((to_txt2img, "txt2img"), (to_img2img, "img2img")):
         ctx.later(lambda button=button, tab=tab: sendto.wire_send(ctx, button, tab, [image], to_send))

@@ -2,6 +2,8 @@
 the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; the gallery shows each
 image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
 The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
+The gallery shows results only (interactive=False: no "Drop Media Here"); selecting an image still works.
+Beside the Model box, Refresh rescans the models; above the prompt, a note says what a Send to did not use.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -35,16 +37,16 @@ def build(ctx: TabContext) -> None:
                  hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
                  hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
                  request: gr.Request = None, progress=gr.Progress()):
-        yield from ctx.run_job(dict(prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height,
-                               steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
-                               sampler=sampler or DEFAULT, model=model or options.model, hires_scale=hires_scale,
-                               hires_upscaler=hires_upscaler, hires_steps=hires_steps, hires_denoise=hires_denoise,
-                               quantize=quantize_field(quantize)),
-                          request, progress)
+        yield from ctx.run_job("txt2img", dict(
+            prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
+            cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
+            model=model or options.model, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
+            hires_steps=hires_steps, hires_denoise=hires_denoise, quantize=quantize_field(quantize)), request, progress)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
             with gr.Column(scale=3):
+                sent = sendto.note("txt2img")
                 prompt = gr.Textbox(value="", label="Prompt", lines=3, elem_id="prompt")
                 negative = gr.Textbox(value="", label="Negative prompt", lines=2,
                                       elem_id="negative")
@@ -64,11 +66,13 @@ def build(ctx: TabContext) -> None:
                     names = [DEFAULT, *SAMPLERS]
                     sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="sampler")
+                with gr.Row():
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model (or type a hub id / path)",
                                         elem_id="model")
+                    pickers.model_refresh(model, options.models_folder, "model-refresh")
                     quantize = Quantize(AS_PRESET, "quantize")
-                pickers.build(prompt, model, options.models_folder, prefix="")
+                pickers.build(prompt, prefix="")
                 with gr.Accordion("Hires fix (a second pass at a larger size)", open=False):
                     with gr.Row():
                         hires_scale = Slider(1, MAX_HIRES_SCALE, value=1, step=0.05,
@@ -86,12 +90,13 @@ def build(ctx: TabContext) -> None:
                     stop = gr.Button("Cancel", variant="stop", elem_id="cancel")
             with gr.Column(scale=2):
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
-                                     elem_id="gallery")
+                                     interactive=False, elem_id="gallery")
                 sendto.gallery_buttons(ctx, gallery, ("img2img", "upscale"), prefix="txt2img")
                 info = gr.Textbox(label="Image parameters", lines=4, interactive=False, elem_id="info")
                 summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="summary")
                 # this browser's last seed: the browser holds it, so no other client can see or change it
                 last_seed = gr.Number(visible=False, precision=0, elem_id="last-seed")
+    ctx.sent_notes["txt2img"] = sent
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
                                                         hires_steps, hires_denoise, quantize]))
@@ -101,4 +106,4 @@ def build(ctx: TabContext) -> None:
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
-    gallery.select(show_selected, None, [info], queue=False, api_visibility="private")
+    gallery.select(show_selected, None, [info], api_visibility="private", show_progress="hidden")  # reads a file

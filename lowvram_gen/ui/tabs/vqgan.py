@@ -1,6 +1,7 @@
 """The VQGAN-CLIP tab: prompts and options as VQGAN-CLIP users know them, a live preview every
 save-every iterations, Cancel (stops at the next iteration and keeps the image so far), and the
-retry report. Jobs share the app's queue and the session's lock: one GPU, one job.
+retry report. Jobs share the app's queue and the session's lock: one GPU, one job. A refused or failed job says
+why in "What ran" and leaves the preview as it was (ui/messages.py); the console says when a job starts and ends.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
 annotations.)
@@ -11,7 +12,8 @@ import gradio as gr
 from lowvram_gen.engines.vqgan.request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_INIT_WEIGHT,
                                      MAX_ITERATIONS, OPTIMIZERS, VqganRequest)
 from lowvram_gen.errors import Cancelled, LowVramError
-from lowvram_gen.ui import messages
+from lowvram_gen.cli.output import ProgressBar
+from lowvram_gen.ui import console, messages
 from lowvram_gen.ui.context import GPU, TabContext, client_key, image_info
 from lowvram_gen.ui.jobs import Job
 from lowvram_gen.ui.widgets import ImagePath, Number
@@ -47,7 +49,8 @@ def build(ctx: TabContext) -> None:
                 vqgan=vqgan or "tiny", clip=clip or "tiny", video=bool(video), outdir=options.outdir,
             ).validated()
         except LowVramError as exc:
-            raise messages.error(exc, request) from None
+            yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
+            return
         key = _key(request)
 
         def work(on_step, cancel):
@@ -57,6 +60,9 @@ def build(ctx: TabContext) -> None:
         waiting = "waiting for the GPU (another job runs)" if jobs.others_running(key) else "starting"
         job = jobs.start(key, Job(work))
         progress(0, desc=waiting)
+        since = console.started("vqgan", job_request.prompt, job_request.width, job_request.height,
+                                job_request.iterations, job_request.seed, unit="iterations")
+        bar = ProgressBar("it")
         try:
             for event in job.progress():
                 if event is None:  # a tick: a yield where gradio can close this generator (a cancel)
@@ -65,17 +71,22 @@ def build(ctx: TabContext) -> None:
                     yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}", gr.update()
                 else:
                     progress(event, desc="iterations", unit="it")
+                    bar.update(*event)
         finally:
+            bar.close()
             jobs.finish(key, job)
         if isinstance(job.error, Cancelled):
             kept = job.error.images
+            console.ended("vqgan", since, job.summary(), kept)
             yield (kept[0] if kept else None), (image_info(kept[0]) if kept else ""), job.summary(), None
             return
         if isinstance(job.error, LowVramError):
-            raise messages.error(job.error, request)
+            yield gr.skip(), gr.skip(), messages.failure(job.error, request), gr.skip()
+            return
         if job.error is not None:
             raise job.error
         result = job.result
+        console.ended("vqgan", since, result.summary, result.images)
         yield result.images[0], image_info(result.images[0]), job.summary(), _playable(result.videos)
 
     def cancel(request: gr.Request):
