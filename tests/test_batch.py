@@ -549,3 +549,22 @@ def test_batch_lines_with_int8_weights_run_quantized_and_a_bad_quantize_is_refus
     quantized, plain = (np.asarray(Image.open(out / r["outputs"][0]), dtype=np.int16) for r in recs)
     assert not np.array_equal(quantized, plain)  # same seed, int8 weights: close, not the same pixels
     assert np.abs(quantized - plain).mean() < 40
+
+
+def test_dry_run_reports_a_line_with_an_unknown_lora_as_invalid(tmp_path, capsys, monkeypatch):
+    """Issue 18: `--dry-run` let a line naming a LoRA that is not there through; the run then failed it late."""
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    (tmp_path / "models" / "Lora").mkdir(parents=True)
+    (tmp_path / "models" / "Lora" / "film.safetensors").write_bytes(b"")
+    path = write(tmp_path, "p.jsonl", '{"prompt": "a cat <lora:film:0.5>"}\n{"prompt": "a fox <lora:nosuch:1>"}\n'
+                                      '{"prompt": "a dog", "loras": "gone:0.7"}\n{"prompt": "an owl embedding:noemb"}\n')
+    code = main(["batch", str(path), "--outdir", str(tmp_path / "o"), "--dry-run", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [j["line"] for j in out["jobs"]] == [1]
+    bad = {b["line"]: b["error"] for b in out["invalid_lines"]}
+    assert sorted(bad) == [2, 3, 4]
+    assert "invalid LoRA: 'nosuch'" in bad[2] and "there are: film" in bad[2]
+    assert "invalid LoRA: 'gone'" in bad[3] and "invalid embedding: 'noemb'" in bad[4]
+    code = main(["batch", str(path), "--outdir", str(tmp_path / "o"), "--dry-run"])  # the text report says so too
+    assert code == 1 and f"{path}:2: skipped: invalid LoRA: 'nosuch'" in capsys.readouterr().err

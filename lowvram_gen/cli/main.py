@@ -244,6 +244,9 @@ def cmd_generate(args) -> int:
 
     request = GenerationRequest(**_request_fields(args), config=args.config, outdir=args.outdir,
                                 loras=tuple(args.lora)).validated()  # before anything heavy is imported or loaded
+    from lowvram_gen.networks.names import check_names
+
+    check_names(request.prompt, request.negative_prompt, request.loras)  # the LoRA files too (the session checks again)
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 
