@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -128,3 +129,25 @@ def test_many_loras_are_not_all_listed_the_closest_are(tmp_path, monkeypatch):
         check_names("a fox", loras=("add_detail_v2:0.5",))
     text = str(err.value)
     assert f"there are {LISTED_MAX + 4}, the closest: add_detail" in text and "style_00" not in text
+
+
+def test_lora_for_another_base_model_is_one_complete_sentence(models, tmp_path, capfd, tiny_sdxl_path):
+    """Issue 18: diffusers logged one 'size mismatch' line per layer (97 for a real SDXL LoRA) and our message
+    was cut after torch's heading, before the shapes."""
+    xl = load(resolve("tiny-sdxl"), "float32").pipe
+    from lora_files import peft_state
+
+    save(peft_state(xl), models / "Lora" / "for_sdxl.safetensors")
+    capfd.readouterr()
+    code = main(["generate", "a fox <lora:for_sdxl:1>", "--model", "tiny", "--steps", "1", "--width", "64",
+                 "--height", "64", "--outdir", str(tmp_path)])
+    err = capfd.readouterr().err  # the file descriptor: diffusers' log handler holds the real stderr
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) < 5, err
+    assert "size mismatch" not in err and "unsuccessful" not in err
+    message = lines[-1]
+    assert message.startswith("error: LoRA for_sdxl.safetensors is for another base model than this "
+                              "StableDiffusionPipeline")
+    assert re.search(r"e\.g\. \S+lora_A\.weight is 4x64 in the file but 4x32 in the model", message), message
+    assert message.endswith(f"({models / 'Lora' / 'for_sdxl.safetensors'})")
