@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lowvram_gen.batch import manifest as bm
 from lowvram_gen.batch.files import MAX_REPEAT, expand, read_entries
-from lowvram_gen.batch.report import JobBar, Processes, dry_run_report, print_summary, report_lines
+from lowvram_gen.batch.report import JobBar, Processes, dry_run_report, print_summary, report_lines, retry_or_fix
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
@@ -165,9 +165,9 @@ def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session
             try:
                 result = ENGINE_RUNNERS[job.engine](session, request)
             except LowVramError as exc:
-                error = str(exc)
+                error, fix = str(exc), retry_or_fix(exc)
             except Exception as exc:  # noqa: BLE001 - one broken job must not end a night's batch
-                error = f"{type(exc).__name__}: {exc}"
+                error, fix = f"{type(exc).__name__}: {exc}", retry_or_fix(exc)
                 log.info("job on line %d failed", job.line, exc_info=True)
             else:
                 record = bm.make_record(job, root, "ok", result.images, seeds=result.seeds, preset=result.preset,
@@ -186,7 +186,8 @@ def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session
             manifest.append(bm.make_record(job, root, "failed", [], error=error, rank=group.rank, file=file,
                                            incomplete=moved))
             referenced.update(os.path.normpath(p) for p in moved)
-            outcome.failures.append({"line": job.line, "job": job.key, "error": error, "rank": group.rank})
+            outcome.failures.append({"line": job.line, "job": job.key, "error": error, "rank": group.rank,
+                                     "retry": fix is None, "fix": fix})
             bar.write(f"{file}:{job.line}: failed: {error}", sys.stderr)
             bar.advance(0)
     finally:

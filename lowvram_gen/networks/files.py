@@ -59,7 +59,8 @@ def not_found(stem: str, available: dict[str, Path], folders: list[Path], suffix
     where = ", ".join(f"{f.expanduser().resolve()}" + ("" if f.is_dir() else " (no such folder)") for f in folders)
     text = f"no {'/'.join(suffixes)} file of that name in {where}"
     if not any(f.is_dir() for f in folders):
-        text += f"; put the files there, or set LOWVRAM_GEN_MODELS to the folder that holds your {folders[0].name}/ folder"
+        text += (f"; put the files there, or set LOWVRAM_GEN_MODELS to the folder that holds your "
+                 f"{folders[0].name}/ folder")
     names = sorted(available)
     if not names:
         return text + "; there are none"
