@@ -616,3 +616,22 @@ def test_dry_run_reports_a_line_with_an_unknown_lora_as_invalid(tmp_path, capsys
     assert "invalid LoRA: 'gone'" in bad[3] and "invalid embedding: 'noemb'" in bad[4]
     code = main(["batch", str(path), "--outdir", str(tmp_path / "o"), "--dry-run"])  # the text report says so too
     assert code == 1 and f"{path}:2: skipped: invalid LoRA: 'nosuch'" in capsys.readouterr().err
+
+
+def test_processes_that_disagree_on_a_line_all_leave_it_out(tmp_path, monkeypatch):
+    """FAULTS 28 with item 1 of issue 18: a LoRA one machine's models folder lacks makes its line invalid there
+    only; every process must still split the same list, or jobs would be lost or made twice."""
+    from lowvram_gen.batch.command import agree_on_jobs
+
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    path = write(tmp_path, "p.txt", "a\nb <lora:film:1>\nc\n")
+    here = jobs_of(path)  # this machine has no film LoRA: line 2 is invalid here
+    (tmp_path / "models" / "Lora").mkdir(parents=True)
+    (tmp_path / "models" / "Lora" / "film.safetensors").write_bytes(b"")
+    there = jobs_of(path)  # the other machine has it
+    assert [j.line for j in here.jobs] == [1, 3] and [j.line for j in there.jobs] == [1, 2, 3]
+    keys = [{j.key for j in here.jobs}, {j.key for j in there.jobs}]
+    group = SimpleNamespace(world=2, gather=lambda obj: keys)
+    agree_on_jobs(there, group)
+    assert [j.key for j in there.jobs] == [j.key for j in here.jobs]
+    assert [b.line for b in there.bad] == [2] and "another process" in there.bad[0].error
