@@ -132,6 +132,17 @@ def next_image_path(outdir: str | Path, seed: int | None, prompt: str, ext: str 
     return folder / f"{counter:05d}-{seed_part}{slug}.{ext}"
 
 
+def derived_name(source: str | Path, suffix: str) -> str:
+    """The prompt part of a name for an image made from ``source`` (an upscale): the source's stem without
+    its counter, then ``-suffix`` unless the stem already ends with it. ``00009-7-a-fox.png`` upscaled is
+    ``00010-7-a-fox-upscaled.png`` (next counter, the seed and prompt kept), not ``00010-00009-7-a-fox-upscaled``
+    with the old counter doubling up, and upscaling that again gives ``00011-7-a-fox-upscaled.png``."""
+    stem = Path(source).stem
+    m = _COUNTER.match(stem)
+    stem = m.group(2) if m else stem
+    return stem if stem.endswith(f"-{suffix}") else f"{stem}-{suffix}"
+
+
 def _next_counter(folder: Path) -> int:
     """1 + the highest counter prefix of any entry in ``folder``; 0 when there is none."""
     highest = -1

@@ -30,6 +30,7 @@ from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
+from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.planning import speed
@@ -151,6 +152,7 @@ class Session:
                  cancel: threading.Event | None = None) -> GenerationResult:
         """Make the images of a txt2img/img2img request (hires fix included) and save them."""
         request = request.validated()
+        check_names(request.prompt, request.negative_prompt, request.loras)  # an unknown LoRA: before the model loads
         outdir = self._outdir(request.outdir)
         with self.lock:
             device = self.device()

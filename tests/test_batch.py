@@ -25,7 +25,8 @@ from lowvram_gen.batch import manifest as bm
 from lowvram_gen.batch.command import run_batch
 from lowvram_gen.batch.files import BatchError, expand, parse_options, read_entries, request_hash
 from lowvram_gen.cli.main import main
-from lowvram_gen.errors import LowVramError, ModelLoadError
+from lowvram_gen.errors import (Cancelled, InvalidRequest, LowVramError, ModelLoadError, NotEnoughRam,
+                                OutOfMemoryEverywhere)
 from lowvram_gen.outputs import next_image_path, read_png_metadata, save_png
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,17 +47,18 @@ def jobs_of(path, defaults=None, **kw):
 class FakeSession:
     """Saves one small PNG per image, with the metadata `Session.generate` writes; can fail."""
 
-    def __init__(self, fail_prompts=(), fail_after_images=None):
+    def __init__(self, fail_prompts=(), fail_after_images=None, fail_with=None):
         self.calls = []
         self.fail_prompts = set(fail_prompts)
         self.fail_after_images = fail_after_images
+        self.fail_with = fail_with  # the error a failing prompt raises (default: its model does not load)
 
     def generate(self, request):
         self.calls.append(request)
         seeds = [request.seed + i if request.seed >= 0 else 1000 + len(self.calls) * 16 + i
                  for i in range(request.batch_size)]
         if request.prompt in self.fail_prompts:
-            raise ModelLoadError(f"cannot load {request.prompt}")
+            raise (self.fail_with or ModelLoadError(f"cannot load {request.prompt}"))
         images = []
         for i, seed in enumerate(seeds):
             if self.fail_after_images is not None and i >= self.fail_after_images:
@@ -304,9 +306,55 @@ def test_only_invalid_lines_skipped_still_exit_1_and_the_advice_is_to_fix_them(t
 
 def test_a_failed_job_and_an_invalid_line_get_both_pieces_of_advice(tmp_path, capsys):
     path = write(tmp_path, "p.txt", "a\nbroken\n--prompt bad --steps 0\n")
-    assert run(path, tmp_path / "out", FakeSession(fail_prompts={"broken"})) == 1
+    oom = OutOfMemoryEverywhere("out of memory at every preset (simulated)")
+    assert run(path, tmp_path / "out", FakeSession(fail_prompts={"broken"}, fail_with=oom)) == 1
     err = capsys.readouterr().err
     assert "run the same command again to retry the failed jobs" in err and "fix the invalid line(s)" in err
+
+
+@pytest.mark.parametrize("error", [OutOfMemoryEverywhere("out of memory at every preset"),
+                                   Cancelled("cancelled by the user"), OSError(28, "No space left on device")])
+def test_a_failure_a_retry_may_fix_gets_the_retry_advice(tmp_path, capsys, error):
+    path = write(tmp_path, "p.txt", "a\nbroken\n")
+    assert run(path, tmp_path / "out", FakeSession(fail_prompts={"broken"}, fail_with=error), as_json=True) == 1
+    captured = capsys.readouterr()
+    assert "run the same command again to retry the failed jobs (finished ones are skipped): line(s) 2" in captured.err
+    assert "will fail again" not in captured.err
+    [failure] = json.loads(captured.out)["failures"]
+    assert failure["retry"] is True and failure["fix"] is None
+
+
+@pytest.mark.parametrize("error,fix", [
+    (InvalidRequest("LoRA", "nosuch", "no .safetensors file of that name in models/Lora"), "fix the value the error names"),
+    (ModelLoadError("LoRA x.safetensors is for another base model"), "fix or replace the model or LoRA file"),
+    (NotEnoughRam("needs about 9 GiB of system RAM; this machine has 4 GiB"), "free some"),
+    (RuntimeError("something nobody expected"), "-v to see its traceback"),
+])
+def test_a_failure_a_retry_cannot_fix_says_what_to_fix_instead(tmp_path, capsys, error, fix):
+    """Issue 18: 'run the same command again to retry' was said for failures that fail the same way again."""
+    path = write(tmp_path, "p.txt", "a\nbroken\nc\n")
+    assert run(path, tmp_path / "out", FakeSession(fail_prompts={"broken"}, fail_with=error), as_json=True) == 1
+    captured = capsys.readouterr()
+    assert "again to retry" not in captured.err
+    [said] = [ln for ln in captured.err.splitlines() if ln.startswith("  line 2 will fail again as it is: ")]
+    assert fix in said
+    [failure] = json.loads(captured.out)["failures"]
+    assert failure["retry"] is False and fix in failure["fix"]
+
+
+def test_retryable_and_unfixable_failures_in_one_batch_each_get_their_advice(tmp_path, capsys):
+    path = write(tmp_path, "p.txt", "a\noom\nbad model\n")
+
+    class Mixed(FakeSession):
+        def generate(self, request):
+            if request.prompt == "oom":
+                raise OutOfMemoryEverywhere("out of memory at every preset")
+            return super().generate(request)
+
+    assert run(path, tmp_path / "out", Mixed(fail_prompts={"bad model"})) == 1
+    err = capsys.readouterr().err
+    assert "to retry the failed jobs (finished ones are skipped): line(s) 2 may succeed then" in err
+    assert "  line 3 will fail again as it is: fix or replace the model or LoRA file" in err
 
 
 def read_png_seeds(out, rels):
@@ -549,3 +597,41 @@ def test_batch_lines_with_int8_weights_run_quantized_and_a_bad_quantize_is_refus
     quantized, plain = (np.asarray(Image.open(out / r["outputs"][0]), dtype=np.int16) for r in recs)
     assert not np.array_equal(quantized, plain)  # same seed, int8 weights: close, not the same pixels
     assert np.abs(quantized - plain).mean() < 40
+
+
+def test_dry_run_reports_a_line_with_an_unknown_lora_as_invalid(tmp_path, capsys, monkeypatch):
+    """Issue 18: `--dry-run` let a line naming a LoRA that is not there through; the run then failed it late."""
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    (tmp_path / "models" / "Lora").mkdir(parents=True)
+    (tmp_path / "models" / "Lora" / "film.safetensors").write_bytes(b"")
+    path = write(tmp_path, "p.jsonl", '{"prompt": "a cat <lora:film:0.5>"}\n{"prompt": "a fox <lora:nosuch:1>"}\n'
+                                      '{"prompt": "a dog", "loras": "gone:0.7"}\n{"prompt": "an owl embedding:noemb"}\n')
+    code = main(["batch", str(path), "--outdir", str(tmp_path / "o"), "--dry-run", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert [j["line"] for j in out["jobs"]] == [1]
+    bad = {b["line"]: b["error"] for b in out["invalid_lines"]}
+    assert sorted(bad) == [2, 3, 4]
+    assert "invalid LoRA: 'nosuch'" in bad[2] and "there are: film" in bad[2]
+    assert "invalid LoRA: 'gone'" in bad[3] and "invalid embedding: 'noemb'" in bad[4]
+    code = main(["batch", str(path), "--outdir", str(tmp_path / "o"), "--dry-run"])  # the text report says so too
+    assert code == 1 and f"{path}:2: skipped: invalid LoRA: 'nosuch'" in capsys.readouterr().err
+
+
+def test_processes_that_disagree_on_a_line_all_leave_it_out(tmp_path, monkeypatch):
+    """FAULTS 28 with item 1 of issue 18: a LoRA one machine's models folder lacks makes its line invalid there
+    only; every process must still split the same list, or jobs would be lost or made twice."""
+    from lowvram_gen.batch.command import agree_on_jobs
+
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    path = write(tmp_path, "p.txt", "a\nb <lora:film:1>\nc\n")
+    here = jobs_of(path)  # this machine has no film LoRA: line 2 is invalid here
+    (tmp_path / "models" / "Lora").mkdir(parents=True)
+    (tmp_path / "models" / "Lora" / "film.safetensors").write_bytes(b"")
+    there = jobs_of(path)  # the other machine has it
+    assert [j.line for j in here.jobs] == [1, 3] and [j.line for j in there.jobs] == [1, 2, 3]
+    keys = [{j.key for j in here.jobs}, {j.key for j in there.jobs}]
+    group = SimpleNamespace(world=2, gather=lambda obj: keys)
+    agree_on_jobs(there, group)
+    assert [j.key for j in there.jobs] == [j.key for j in here.jobs]
+    assert [b.line for b in there.bad] == [2] and "another process" in there.bad[0].error

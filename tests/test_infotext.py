@@ -125,3 +125,25 @@ def test_a_pngs_model_that_is_not_here_falls_back_with_a_warning(session, tmp_pa
     captured = capsys.readouterr()
     assert code == 0 and json.loads(captured.out)["model"] == "tiny"
     assert "'no-such-checkpoint' is not here" in captured.err
+
+
+@pytest.mark.parametrize("command", [["generate"], ["img2img", "--init", "{png}", "--strength", "0.5"]])
+def test_from_png_notes_are_in_the_json_warnings_too(tmp_path, capsys, command):
+    """Issue 18: the fields of an A1111 PNG that are not used were said on stderr only; a script reading --json
+    never saw them."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", "a fox\nSteps: 1, Sampler: Euler, CFG scale: 7, Seed: 5, Size: 64x64, "
+                                "Model hash: 6ce0161689, Model: no-such-checkpoint, Clip skip: 2, ENSD: 31337")
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+    argv = [a.replace("{png}", str(png)) for a in command]
+    code = main([*argv, "--from-png", str(png), "--outdir", str(tmp_path / "out"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    warnings = json.loads(captured.out)["warnings"]
+    not_used = f"not used from {png}: Clip skip, ENSD"
+    assert warnings[0] == not_used and f"note: {not_used}" in captured.err
+    assert any(w.startswith("the PNG's model 'no-such-checkpoint' is not here") for w in warnings)
+    assert captured.err.count(not_used) == 1  # said once on stderr, before the job; not again at the end

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -77,3 +78,76 @@ def test_unknown_lora_and_bad_weight_are_clear_errors(models, tmp_path, capsys):
     with pytest.raises(InvalidRequest, match="heavy"):
         GenerationRequest(prompt="a", loras=("x:heavy",)).validated()
     assert GenerationRequest(loras="a:0.5, b").validated().loras == ("a:0.5", "b")
+
+
+def test_unknown_lora_or_embedding_is_refused_before_the_model_loads(models, tmp_path, capsys, monkeypatch):
+    """Issue 18: an unknown LoRA was found only after the model had loaded (a minute for a real one)."""
+    from lowvram_gen import session as session_mod
+    from lowvram_gen.networks.names import check_names
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded for a job that names an unknown LoRA or embedding")
+
+    monkeypatch.setattr(session_mod, "load", no_load)
+    lora_folder, emb_folder = str((models / "Lora").resolve()), str((models / "embeddings").resolve())
+    for args, said, where in ((["a fox <lora:nosuch:1>"], "invalid LoRA: 'nosuch'", lora_folder),
+                              (["a fox", "--lora", "gone:0.5"], "invalid LoRA: 'gone'", lora_folder),
+                              (["a fox embedding:noemb"], "invalid embedding: 'noemb'", emb_folder),
+                              (["a fox", "--negative", "embedding:noemb"], "invalid embedding: 'noemb'", emb_folder)):
+        code = main(["generate", *args, "--steps", "1", "--width", "64", "--height", "64", "--outdir", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert err.count("\n") == 1 and err.startswith(f"error: {said}; no ") and where in err, err
+    assert "there are: tiny_kohya" in main_err(["a fox <lora:nosuch>"], tmp_path, capsys)  # the names there are
+    # the Python API (the UI's and the batch's path): the session refuses before it loads
+    with pytest.raises(InvalidRequest, match="nosuch") as err:
+        Session().generate(GenerationRequest(prompt="a fox <lora:nosuch:1>", width=64, height=64, steps=1,
+                                             outdir=str(tmp_path)))
+    assert lora_folder in str(err.value)
+    # only what is unambiguously a reference: a bare word is text (as in A1111), and a LoRA tag in the negative
+    # prompt is not applied (the job warns), so neither is looked up
+    check_names("a nosuch fox", "<lora:notthere:1>")
+    assert not list(tmp_path.rglob("*.png"))
+
+
+def main_err(args, outdir, capsys):
+    assert main(["generate", *args, "--steps", "1", "--width", "64", "--height", "64", "--outdir", str(outdir)]) == 2
+    return capsys.readouterr().err
+
+
+def test_many_loras_are_not_all_listed_the_closest_are(tmp_path, monkeypatch):
+    from lowvram_gen.networks.files import LISTED_MAX
+    from lowvram_gen.networks.names import check_names
+
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))
+    folder = tmp_path / "Lora"
+    folder.mkdir()
+    for i in range(LISTED_MAX + 3):
+        (folder / f"style_{i:02d}.safetensors").write_bytes(b"")
+    (folder / "add_detail.safetensors").write_bytes(b"")
+    with pytest.raises(InvalidRequest) as err:
+        check_names("a fox", loras=("add_detail_v2:0.5",))
+    text = str(err.value)
+    assert f"there are {LISTED_MAX + 4}, the closest: add_detail" in text and "style_00" not in text
+
+
+def test_lora_for_another_base_model_is_one_complete_sentence(models, tmp_path, capfd, tiny_sdxl_path):
+    """Issue 18: diffusers logged one 'size mismatch' line per layer (97 for a real SDXL LoRA) and our message
+    was cut after torch's heading, before the shapes."""
+    xl = load(resolve("tiny-sdxl"), "float32").pipe
+    from lora_files import peft_state
+
+    save(peft_state(xl), models / "Lora" / "for_sdxl.safetensors")
+    capfd.readouterr()
+    code = main(["generate", "a fox <lora:for_sdxl:1>", "--model", "tiny", "--steps", "1", "--width", "64",
+                 "--height", "64", "--outdir", str(tmp_path)])
+    err = capfd.readouterr().err  # the file descriptor: diffusers' log handler holds the real stderr
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) < 5, err
+    assert "size mismatch" not in err and "unsuccessful" not in err
+    message = lines[-1]
+    assert message.startswith("error: LoRA for_sdxl.safetensors is for another base model than this "
+                              "StableDiffusionPipeline")
+    assert re.search(r"e\.g\. \S+lora_A\.weight is 4x64 in the file but 4x32 in the model", message), message
+    assert message.endswith(f"({models / 'Lora' / 'for_sdxl.safetensors'})")

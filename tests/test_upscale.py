@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from lowvram_gen.cli.main import main
 from lowvram_gen.errors import InvalidRequest, OutOfMemoryEverywhere, UnsafeCheckpoint
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
+from lowvram_gen.upscale.command import run_upscale
 from lowvram_gen.upscale.upscalers import UpscaleReport, load_model, run_tiled, upscale_images
 
 
@@ -147,7 +147,7 @@ def test_an_upscaled_png_has_no_seed_in_its_name_one_size_and_the_source_by_name
     made = session.generate(GenerationRequest(prompt="a red fox", width=64, height=64, steps=1, seed=7))
     result = session.upscale(made.images[0], 2, outdir=str(tmp_path / "up"))
     saved = Path(result["images"][0])
-    assert re.fullmatch(r"\d{5}-\d{5}-7-a-red-fox-upscaled\.png", saved.name)  # counter, then the source's name
+    assert saved.name == "00000-7-a-red-fox-upscaled.png"  # counter, then the source's name without its counter
     params, meta = read_png_metadata(saved)
     assert params.count("Size:") == 1 and "Size: 64x64" in params  # the generation size, as A1111 keeps it
     assert "Postprocess upscale by: 2, Postprocess upscaler: lanczos" in params
@@ -156,6 +156,25 @@ def test_an_upscaled_png_has_no_seed_in_its_name_one_size_and_the_source_by_name
     Image.new("RGB", (20, 10)).save(plain)  # no parameters of its own: our fields and the new size
     params, _ = read_png_metadata(session.upscale(str(plain), 3, outdir=str(tmp_path / "up"))["images"][0])
     assert params.count("Size:") == 1 and "Size: 60x30" in params
+
+
+def test_an_upscale_takes_the_next_number_and_the_sources_name_without_its_number(tmp_path):
+    """Issue 18: `00010-00009-...`: the source's counter doubled up behind the new one."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    for name in ("00007-1-a-cat.png", "00008-2-a-cat.png"):  # earlier images in the folder
+        Image.new("RGB", (8, 8)).save(folder / name)
+    source = folder / "00009-7-a-red-fox.png"
+    Image.new("RGB", (16, 8)).save(source)
+    first = Path(run_upscale(str(source), 2, outdir=str(folder), device="cpu")["images"][0])
+    assert first.name == "00010-7-a-red-fox-upscaled.png"
+    again = Path(run_upscale(str(first), 2, outdir=str(folder), device="cpu")["images"][0])
+    assert again.name == "00011-7-a-red-fox-upscaled.png"  # not ...-upscaled-upscaled
+    photo = tmp_path / "holiday photo.jpg"  # not one of ours: its whole name, made safe
+    Image.new("RGB", (8, 8)).save(photo)
+    assert Path(run_upscale(str(photo), 2, outdir=str(folder), device="cpu")["images"][0]).name == \
+        "00012-holiday-photo-upscaled.png"
+    assert Image.open(first).size == (32, 16) and source.is_file()  # nothing overwritten
 
 
 def test_a_scale_beyond_the_model_factor_runs_the_model_again_as_a1111(esrgan, tmp_path, capsys):

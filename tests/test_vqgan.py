@@ -12,6 +12,7 @@ import pickle
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -655,3 +656,44 @@ def test_free_unloads_the_sd_model_the_vqgan_pair_and_the_upscalers(tmp_path):
     assert own.model is None and own.runner is None and own.vqgan is None
     assert [ref() for ref in gone] == [None, None]  # nothing else holds them either
     assert "probe" not in upscalers._MODELS
+
+
+def _video_frames(path):
+    import av
+
+    with av.open(path) as container:
+        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+
+
+def test_video_of_a_run_shorter_than_save_every_is_made_from_its_start_and_end(tmp_path, capsys):
+    """Issue 18: `--iterations 5 --video` (save-every 50) gave `videos: []` and said nothing."""
+    from lowvram_gen.engines.vqgan import video as progress_video
+
+    code = main(["vqgan", "a fox", "--size", "64", "64", "--iterations", "5", "--cutn", "4", "--seed", "3",
+                 "--outdir", str(tmp_path), "--video", "--json", "--cpu"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["progress_images"] == []  # --save-every is still 50: no progress PNG
+    [video] = result["videos"]
+    assert video == str(Path(result["images"][0]).with_suffix(".mp4"))
+    frames = _video_frames(video)
+    hold = round(progress_video.HOLD_LAST_S * progress_video.FPS)
+    assert len(frames) == 2 + hold  # the start, the final image, then the final image held
+    assert not np.array_equal(frames[0], frames[1])  # five iterations changed the image
+    assert not any("no progress video" in w for w in result["warnings"])
+
+
+def test_when_no_video_can_be_made_the_json_warnings_say_why(tmp_path, capsys, monkeypatch):
+    from lowvram_gen.engines.vqgan import job as job_mod
+
+    monkeypatch.setattr(job_mod._Saver, "frame", lambda self, image: None)  # as if the start could not be drawn
+    code = main(["vqgan", "a fox", "--size", "64", "64", "--iterations", "2", "--cutn", "4", "--outdir",
+                 str(tmp_path), "--video", "--json", "--cpu"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert result["videos"] == []
+    name = Path(result["images"][0]).name
+    said = [w for w in result["warnings"] if w.startswith(f"no progress video for {name}: there is only 1 frame")]
+    assert said and f"warning: {said[0]}" in captured.err

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lowvram_gen.batch import manifest as bm
-from lowvram_gen.batch.files import MAX_REPEAT, expand, read_entries
-from lowvram_gen.batch.report import JobBar, Processes, dry_run_report, print_summary, report_lines
+from lowvram_gen.batch.files import MAX_REPEAT, BadLine, expand, read_entries
+from lowvram_gen.batch.report import JobBar, Processes, dry_run_report, print_summary, report_lines, retry_or_fix
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
@@ -102,6 +102,7 @@ def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *,
 
     writable_folder(root, "the batch's output folder (--outdir)")  # before any process or model starts
     group = Processes.start(session_kwargs)
+    agree_on_jobs(joblist, group)
     started = time.perf_counter()
     if group.is_main:
         report_lines(file, joblist)
@@ -147,6 +148,24 @@ def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *,
     return code
 
 
+def agree_on_jobs(joblist, group) -> None:
+    """Keep only the jobs every process has: the processes split one list, each computing it itself, and a line
+    naming a LoRA that one machine's models folder lacks is invalid there only. Without this the shares would
+    not line up, and jobs would be lost or made twice (docs/FAULTS.md 28). Such a line is reported as invalid
+    everywhere, the machine that lacks the file having said which."""
+    if group.world == 1:
+        return
+    everywhere = set.intersection(*group.gather({job.key for job in joblist.jobs}))
+    missing = sorted({job.line for job in joblist.jobs if job.key not in everywhere})
+    if not missing:
+        return
+    joblist.jobs = [job for job in joblist.jobs if job.key in everywhere]
+    for line in missing:
+        joblist.bad.append(BadLine(line, "invalid on another process of this launch (a LoRA or embedding missing "
+                                         "from its models folder?); its report names the problem"))
+    joblist.bad.sort(key=lambda bad: bad.line)
+
+
 def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session_kwargs, session, file, as_json,
               total) -> None:
     import dataclasses
@@ -165,9 +184,9 @@ def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session
             try:
                 result = ENGINE_RUNNERS[job.engine](session, request)
             except LowVramError as exc:
-                error = str(exc)
+                error, fix = str(exc), retry_or_fix(exc)
             except Exception as exc:  # noqa: BLE001 - one broken job must not end a night's batch
-                error = f"{type(exc).__name__}: {exc}"
+                error, fix = f"{type(exc).__name__}: {exc}", retry_or_fix(exc)
                 log.info("job on line %d failed", job.line, exc_info=True)
             else:
                 record = bm.make_record(job, root, "ok", result.images, seeds=result.seeds, preset=result.preset,
@@ -186,7 +205,8 @@ def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session
             manifest.append(bm.make_record(job, root, "failed", [], error=error, rank=group.rank, file=file,
                                            incomplete=moved))
             referenced.update(os.path.normpath(p) for p in moved)
-            outcome.failures.append({"line": job.line, "job": job.key, "error": error, "rank": group.rank})
+            outcome.failures.append({"line": job.line, "job": job.key, "error": error, "rank": group.rank,
+                                     "retry": fix is None, "fix": fix})
             bar.write(f"{file}:{job.line}: failed: {error}", sys.stderr)
             bar.advance(0)
     finally:

@@ -1,8 +1,9 @@
 """Prompt files for `lowvram-gen batch`: read .txt / .jsonl / .csv into jobs, one bad line at a time.
 
 A line that cannot become a valid request is reported with its line number and skipped; the
-others run (docs/FAULTS.md 26). Everything here is standard library plus `request.py`: a whole file is
-checked before any model is loaded, and `--dry-run` needs no torch.
+others run (docs/FAULTS.md 26). Everything here is standard library plus `request.py` and the listing of
+the LoRA and embedding folders (`networks/names.py`: a line naming a LoRA that is not there is a bad line
+too): a whole file is checked before any model is loaded, and `--dry-run` needs no torch.
 
 Formats:
 
@@ -33,6 +34,7 @@ from typing import Any, Callable
 
 from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.errors import InvalidRequest, LowVramError
+from lowvram_gen.networks.names import Names
 from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
 
 FORMATS = {".txt": "txt", ".prompts": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -325,6 +327,7 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
     seen: Counter = Counter()
     counter = seed_start
     default_batch = int(defaults.get("batch_size", 1))
+    names = Names()  # the LoRA and embedding folders, listed once for the whole file
     for entry in entries:
         warnings.extend(f"line {entry.line}: {w}" for w in entry.warnings)
         if entry.error is not None:
@@ -346,6 +349,8 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
             if not isinstance(extra, dict):
                 raise InvalidRequest("extra", extra, "extra must be a JSON object")
             base = ENGINES[engine]({**defaults, **fields})
+            if engine == "sd":  # an unknown LoRA is a bad line like any other, found by --dry-run too
+                names.check(base.prompt, base.negative_prompt, base.loras)
         except LowVramError as exc:
             bad.append(BadLine(entry.line, str(exc)))
             if counter is not None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from lowvram_gen.batch import manifest as bm
 from lowvram_gen.device import set_alloc_conf
+from lowvram_gen.errors import (BadOutput, Cancelled, InvalidRequest, ModelLoadError, NotEnoughRam,
+                                OutOfMemoryEverywhere, OutputError, PresetError, UnwritableFolder)
 
 COLLECTIVE_TIMEOUT_DAYS = 30  # bounds a wait for the slowest process, not a job; a dead process ends the set anyway
 
@@ -93,6 +95,37 @@ class JobBar:
         self.bar.close()
 
 
+# What to do about a failure that running the job again cannot fix, by the error's class (first match wins).
+_FIXES = (
+    (InvalidRequest, "fix the value the error names (a field of the line, or a LoRA or embedding file to add), "
+                     "then run the same command again"),
+    (ModelLoadError, "fix or replace the model or LoRA file the error names (or give the line another model), "
+                     "then run the same command again"),
+    (NotEnoughRam, "the job does not fit the system RAM: free some (close other programs), or make the line's job "
+                   "smaller as the error says, then run the same command again"),
+    (UnwritableFolder, "make the folder the error names writable, then run the same command again"),
+    (PresetError, "fix the preset file the error names, then run the same command again"),
+    (BadOutput, "the model gave NaN or black images even in float32: give the line another model, sampler or seed"),
+)
+# Failures that the same job may get past next time: memory that others held, a stop, a full disk.
+_TRANSIENT = (OutOfMemoryEverywhere, Cancelled, OutputError, OSError, KeyboardInterrupt)
+
+
+def retry_or_fix(exc: BaseException) -> str | None:
+    """None when running the job again may succeed (out of memory, cancelled or interrupted, an I/O error), else
+    what to fix first: a retry of an invalid request, an unknown LoRA, a model that does not load or a job that
+    does not fit the RAM fails the same way, and 'run it again' would only spend another night on it."""
+    for cls, fix in _FIXES:
+        if isinstance(exc, cls):
+            return fix
+    if isinstance(exc, _TRANSIENT) or "OutOfMemory" in type(exc).__name__:
+        return None
+    if type(exc).__module__.startswith("lowvram_gen"):
+        return "fix what the error says, then run the same command again"
+    return ("an unexpected error (a bug): run the same command again with -v to see its traceback, and report it "
+            "with that")
+
+
 def report_lines(file: Path, joblist) -> None:
     lines = len({job.line for job in joblist.jobs})
     print(f"{file}: {len(joblist.jobs)} job(s) from {lines} line(s)"
@@ -144,8 +177,13 @@ def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int,
         print(f"  failed {file}:{f['line']}: {f['error']}", file=err)
     for b in joblist.bad:
         print(f"  skipped {file}:{b.line}: {b.error}", file=err)
-    if failures:
-        print("run the same command again to retry the failed jobs (finished ones are skipped)", file=err)
+    retry = [f for f in failures if not f.get("fix")]
+    if retry:
+        lines = ", ".join(str(n) for n in dict.fromkeys(f["line"] for f in retry))
+        print(f"run the same command again to retry the failed jobs (finished ones are skipped): line(s) {lines} "
+              "may succeed then", file=err)
+    for line, fix in dict.fromkeys((f["line"], f["fix"]) for f in failures if f.get("fix")):
+        print(f"  line {line} will fail again as it is: {fix}", file=err)  # a retry alone would fail the same way
     if joblist.bad:  # running again as it is would skip the same lines again
         print(f"fix the invalid line(s) of {file} listed above, then run the same command again "
               "(finished jobs are skipped)", file=err)

@@ -211,39 +211,50 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_denoise", "quantize")
 
 
-def _request_fields(args) -> dict:
-    """The request's fields: --from-png's values (infotext.py), then every flag given on the command line."""
+def _request_fields(args) -> tuple[dict, list[str]]:
+    """The request's fields: --from-png's values (infotext.py), then every flag given on the command line; and
+    what was said about the PNG on stderr (said before the model loads; `--json` repeats it in `warnings`)."""
     from lowvram_gen.errors import InvalidRequest
 
     fields: dict = {}
+    said: list[str] = []
+
+    def say(kind: str, text: str) -> None:
+        print(f"{kind}: {text}", file=sys.stderr)
+        said.append(text)
+
     if args.from_png:
         from lowvram_gen.infotext import from_png, local_model
 
         read = from_png(args.from_png)
         fields = read.fields
         for note in read.notes:
-            print(f"note: {note}", file=sys.stderr)
+            say("note", note)
         if read.ignored:
-            print(f"note: not used from {args.from_png}: {', '.join(read.ignored)}", file=sys.stderr)
+            say("note", f"not used from {args.from_png}: {', '.join(read.ignored)}")
         if args.model is None and "model" in fields:
             found = local_model(fields["model"])
             if found is None:
-                print(f"warning: the PNG's model {fields['model']!r} is not here (no such file, folder or cached "
-                      "hub model); using tiny: pass --model", file=sys.stderr)
+                say("warning", f"the PNG's model {fields['model']!r} is not here (no such file, folder or cached "
+                               "hub model); using tiny: pass --model")
                 del fields["model"]
             else:
                 fields["model"] = found
     elif args.prompt is None:
         raise InvalidRequest("prompt", "", "give a prompt, or --from-png FILE to rerun an image's parameters")
     fields.update({name: getattr(args, name) for name in REQUEST_FLAGS if getattr(args, name, None) is not None})
-    return fields
+    return fields, said
 
 
 def cmd_generate(args) -> int:
     from lowvram_gen.request import GenerationRequest
 
-    request = GenerationRequest(**_request_fields(args), config=args.config, outdir=args.outdir,
+    fields, said = _request_fields(args)
+    request = GenerationRequest(**fields, config=args.config, outdir=args.outdir,
                                 loras=tuple(args.lora)).validated()  # before anything heavy is imported or loaded
+    from lowvram_gen.networks.names import check_names
+
+    check_names(request.prompt, request.negative_prompt, request.loras)  # the LoRA files too (the session checks again)
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 
@@ -255,7 +266,7 @@ def cmd_generate(args) -> int:
         result = session.generate(request, on_step=bar.update)
     finally:
         bar.close()
-    return print_result(result, args.json, result.images)
+    return print_result(result, args.json, result.images, said)
 
 
 def cmd_upscale(args) -> int:

@@ -30,13 +30,19 @@ class ProgressBar:
             self.bar = None
 
 
-def print_result(result, as_json: bool, paths: list[str]) -> int:
-    """Warnings and the summary to stderr; stdout gets one JSON object, or one path per line."""
+def print_result(result, as_json: bool, paths: list[str], said: list[str] = ()) -> int:
+    """Warnings and the summary to stderr; stdout gets one JSON object, or one path per line.
+
+    `said`: what the command already said on stderr before the job ran (--from-png's notes: fields of the PNG
+    not used, a model that is not here); not printed again, but first in the JSON's `warnings`, since a script
+    reading `--json` does not read stderr."""
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(result.summary, file=sys.stderr)
     if as_json:
-        print(json.dumps(result.as_json()))
+        data = result.as_json()
+        data["warnings"] = [*said, *(w for w in data["warnings"] if w not in said)]
+        print(json.dumps(data))
     else:
         for path in paths:
             print(path)

@@ -58,6 +58,11 @@ class _Loaded:
     rows: dict  # text encoder attribute -> (token ids, vectors): restored if the encoder is reloaded
 
 
+def explicit_names(text: str) -> list[str]:
+    """The names written `embedding:NAME` in `text`: the one form that says "this is an embedding"."""
+    return [m.group(1) for m in _EXPLICIT.finditer(text or "")]
+
+
 def embedding_dirs() -> list[Path]:
     return [files.models_root() / "embeddings"]
 

@@ -44,9 +44,31 @@ def find(name: str, available: dict[str, Path], kind: str, folders: list[Path], 
     folded = {k.lower(): v for k, v in available.items()}
     if stem.lower() in folded:
         return folded[stem.lower()]
-    where = ", ".join(str(f) for f in folders)
-    names = ", ".join(sorted(available)) or "none"
-    raise InvalidRequest(kind, name, f"no such file in {where} ({'/'.join(suffixes)}); available: {names}")
+    raise InvalidRequest(kind, name, not_found(stem, available, folders, suffixes))
+
+
+LISTED_MAX = 12  # more names than this and the message lists only the closest ones
+
+
+def not_found(stem: str, available: dict[str, Path], folders: list[Path], suffixes: tuple[str, ...]) -> str:
+    """Why a name matched no file: the folders looked in (absolute: `./models` depends on where the command
+    runs; a missing folder said so, with how to point elsewhere) and the names there are, or the closest of
+    them when there are many."""
+    import difflib
+
+    where = ", ".join(f"{f.expanduser().resolve()}" + ("" if f.is_dir() else " (no such folder)") for f in folders)
+    text = f"no {'/'.join(suffixes)} file of that name in {where}"
+    if not any(f.is_dir() for f in folders):
+        text += (f"; put the files there, or set LOWVRAM_GEN_MODELS to the folder that holds your "
+                 f"{folders[0].name}/ folder")
+    names = sorted(available)
+    if not names:
+        return text + "; there are none"
+    if len(names) <= LISTED_MAX:
+        return text + f"; there are: {', '.join(names)}"
+    close = difflib.get_close_matches(stem, names, n=5, cutoff=0.5)
+    return text + (f"; there are {len(names)}, the closest: {', '.join(close)}" if close
+                   else f"; there are {len(names)}, none with a name close to this one")
 
 
 def sha256(path: Path, addnet: bool = False) -> str:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
+from lowvram_gen.models.quiet import libraries_silenced
 from lowvram_gen.networks import files
 from lowvram_gen.networks.hooks import fp8_lifted, hooks_lifted
 from lowvram_gen.networks.tags import LoraRef, merge_refs
@@ -100,25 +100,6 @@ def _stamp(path: Path) -> tuple[int, int]:
     return st.st_mtime_ns, st.st_size
 
 
-@contextmanager
-def _quiet_libraries():
-    """diffusers and transformers log per-load noise (transformers 5 prints a 'LOAD REPORT' calling
-    every base weight MISSING); we count what was matched ourselves and say it once."""
-    from diffusers.utils import logging as dl
-    from transformers.utils import logging as tl
-
-    saved = dl.get_verbosity(), tl.get_verbosity()
-    dl.set_verbosity_error()
-    tl.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():  # peft: "multiple adapters in the model": that is the point
-            warnings.filterwarnings("ignore", message="Already found a `peft_config`")
-            yield
-    finally:
-        dl.set_verbosity(saved[0])
-        tl.set_verbosity(saved[1])
-
-
 def _targets(pipe, state: dict) -> dict[str, int]:
     """LoRA layers per component prefix ('unet', 'text_encoder', ...) after diffusers' conversion."""
     kwargs = {"unet_config": pipe.unet.config} if getattr(pipe, "unet", None) is not None else {}
@@ -167,11 +148,13 @@ def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
         raise ModelLoadError(f"LoRA {path} could not be read as a LoRA ({_first_line(exc)})") from None
     denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
     try:
-        with _quiet_libraries(), (fp8_lifted(denoiser) if denoiser is not None else _nothing()):
+        # peft's "multiple adapters in the model" warning: that is the point
+        with libraries_silenced("Already found a `peft_config`"), \
+                (fp8_lifted(denoiser) if denoiser is not None else _nothing()):
             pipe.load_lora_weights(dict(state), adapter_name=name)
     except (ValueError, RuntimeError, KeyError, TypeError) as exc:
         _delete(pipe, name)
-        raise ModelLoadError(f"LoRA {path} does not fit this {cls}: {_first_line(exc)}; {hint}") from None
+        raise ModelLoadError(_does_not_fit(path, name, cls, exc)) from None
     got = injected(pipe, name)
     total, matched = sum(wanted.values()), sum(got.values())
     if matched == 0:
@@ -189,9 +172,34 @@ def _nothing():
     yield
 
 
+_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) from "
+                       r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def _does_not_fit(path: Path, adapter: str, cls: str, exc: BaseException) -> str:
+    """One complete sentence for a LoRA that failed to load: torch's 'size mismatch' list (one line per layer,
+    its first line only a heading) becomes the count and one layer's shapes in the file and in the model."""
+    found = _MISMATCH.findall(str(exc))
+    if not found:
+        return (f"LoRA {path} does not fit this {cls}: {_first_line(exc)}; is it a LoRA for another model family "
+                "(SD 1.x/2.x vs SDXL)?")
+    key, in_file, in_model = found[0]
+    key = key.replace(f".{adapter}.", ".")  # peft's per-adapter key: the layer as the file names it
+    return (f"LoRA {path.name} is for another base model than this {cls} (SD 1.x/2.x vs SDXL?): "
+            f"{len(found)} of its weights do not fit the model's layers, e.g. {key} is {_shape(in_file)} in the "
+            f"file but {_shape(in_model)} in the model ({path})")
+
+
+def _shape(text: str) -> str:
+    """'4, 64' (torch.Size's text) -> '4x64'."""
+    return "x".join(part.strip() for part in text.split(","))
+
+
 def _first_line(exc: BaseException) -> str:
+    """The exception's first line that says something (a line ending in ':' is a heading of what follows)."""
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    return (lines[0] if lines else type(exc).__name__)[:240]
+    said = [ln for ln in lines if not ln.endswith(":")] or lines
+    return (said[0] if said else type(exc).__name__)[:240]
 
 
 def activate_loras(pipe, refs: list[LoraRef], reapply_memory: Callable[[], object] | None = None) -> list[str]:

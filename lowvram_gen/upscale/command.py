@@ -1,8 +1,9 @@
 """`lowvram-gen upscale` and the web UI's Upscale tab: one image, upscaled and saved.
 
 The saved PNG keeps the source's A1111 `parameters` (so PNG Info still shows how it was made) and
-appends A1111's extras fields; its name has no seed (nothing was seeded) and the metadata names
-the source by file name only (an upload's temporary folder means nothing later).
+appends A1111's extras fields; its name is the folder's next counter and the source's name without its
+own counter (`00009-7-a-fox.png` -> `00010-7-a-fox-upscaled.png`: no new seed, since nothing was seeded),
+and the metadata names the source by file name only (an upload's temporary folder means nothing later).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def run_upscale(image_path: str, scale, upscaler: str = "lanczos", outdir: str |
     meta = {"source": source_name, "scale": factor, "upscaler": name, "tiles": report.tiles,
             "attempts": report.attempts, "model_passes": report.passes, "size": list(size), "version": 1}
     target = Path(outdir) if outdir else outputs.default_outdir()
-    saved = outputs.save_png(image, outputs.next_image_path(target, None, Path(path).stem + "-upscaled"),
+    saved = outputs.save_png(image, outputs.next_image_path(target, None, outputs.derived_name(path, "upscaled")),
                              parameters, meta)
     seconds = round(time.perf_counter() - started, 3)
     passes = f" ({report.passes} model passes)" if report.passes > 1 else ""

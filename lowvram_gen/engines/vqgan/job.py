@@ -97,6 +97,8 @@ def run_job(request: VqganRequest, models: VqganModels, ladder: Ladder, device, 
         loop = VqganLoop(models.vq, models.clip, request, seed, size, ladder, device, ops, on_step, cancel, None,
                          previous=loop)  # the next image starts where the last one ended up
         loop.on_image = lambda image, iteration, loop=loop, seed=seed: saver.save(image, seed, iteration, loop)
+        if request.video:
+            loop.on_start = saver.frame
         try:
             image = loop.run()
         except Cancelled as exc:
@@ -160,12 +162,20 @@ class _Saver:
         title = r.prompt or "image prompt: " + " | ".join(Path(p).name for p in r.image_prompts)
         return outputs.a1111_parameters(title, "", fields), meta
 
+    def frame(self, image) -> None:
+        """A frame of the progress video only (no PNG): the image before the first iteration, so a run shorter
+        than --save-every still has a video (its start and its end), as VQGAN-CLIP's own videos start there."""
+        self._keep(image)
+
+    def _keep(self, image) -> None:
+        self.frames.append(image.copy())
+        if len(self.frames) > MAX_VIDEO_FRAMES:
+            self.frames = self.frames[::2]
+
     def save(self, image, seed: int, iteration: int, loop, final: bool = False, note: str = "") -> str:
         params, meta = self._texts(seed, iteration, loop, final, note)
         if self.request.video:
-            self.frames.append(image.copy())
-            if len(self.frames) > MAX_VIDEO_FRAMES:
-                self.frames = self.frames[::2]
+            self._keep(image)
         slug = self.request.prompt or "image prompt"
         if final:
             requested = (self.request.width, self.request.height)
@@ -180,6 +190,9 @@ class _Saver:
             self.losses.append(list(loop.state.losses) if loop.state else [])
             if self.request.video and len(self.frames) > 1:
                 self._video(Path(path))
+            elif self.request.video:  # said, never an empty `videos` with nothing said
+                self.warnings.append(f"no progress video for {Path(path).name}: there is only {len(self.frames)} "
+                                     "frame (the final image); a video needs two")
             self.frames = []
         else:
             planned = outputs.next_image_path(self.outdir / "progress", seed, slug)

@@ -109,6 +109,7 @@ class VqganLoop:
         self.ladder, self.device = ladder, device
         self.ops = ops or VqganOps(device.torch_device)
         self.on_step, self.cancel, self.on_image = on_step, cancel, on_image
+        self.on_start: Callable[[object], None] | None = None  # gets the image before the first iteration
         self.knobs = previous.knobs if previous else Knobs.of(ladder.preset)
         self.cutn = previous.cutn if previous else request.cutn
         self.cutter = parts.MakeCutouts(clip.image_size, request.augments, request.cut_pow)
@@ -330,6 +331,10 @@ class VqganLoop:
         while not self._guarded("setup", self.setup, started=started)[1]:
             started = time.perf_counter()
         state, total = self.state, self.request.iterations
+        if self.on_start is not None and state.iteration == 0:  # the progress video's first frame
+            image, ok = self._guarded("preview", self.current_image)
+            if ok:
+                self.on_start(image)
         started, first = time.perf_counter(), 1
         while state.iteration < total:
             if self.cancel is not None and self.cancel.is_set():
