@@ -48,18 +48,6 @@ def fresh_measurements(isolated_home):
         path.unlink(missing_ok=True)
 
 
-@pytest.fixture(autouse=True)
-def cpu_without_native_bf16(monkeypatch):
-    """The suite's expectations (the 'cpu' preset, float32 images equal bit for bit to plain diffusers') are
-    those of a CPU without bfloat16 in hardware. On one with it (AVX512-BF16, AMX: this machine) the planner
-    rightly puts cpu+bf16 first, and seven tests failed for that alone. The tests of that choice pass their
-    own /proc/cpuinfo or device, which still reach the real check."""
-    from lowvram_gen import device
-
-    real = device.cpu_native_bf16
-    monkeypatch.setattr(device, "cpu_native_bf16", lambda cpuinfo=None: False if cpuinfo is None else real(cpuinfo))
-
-
 @pytest.fixture(scope="session")
 def tiny_path(isolated_home):
     from lowvram_gen.models.tiny import ensure_tiny
