@@ -1083,3 +1083,22 @@ def test_sd_x4_is_offered_only_where_its_model_is_here(tmp_path, monkeypatch):
     (tmp_path / "x4" / "model_index.json").write_text("{}")
     monkeypatch.setenv("LOWVRAM_GEN_SD_X4", str(tmp_path / "x4"))
     assert "sd-x4" in upscaler_choices()
+
+
+def test_the_progress_says_waiting_for_the_gpu_only_when_another_client_runs_a_job():
+    """Rough edge 9: a job that loads a model with nothing else queued said 'waiting for the GPU'."""
+    import threading
+
+    from lowvram_gen.ui.jobs import Job, Registry
+
+    jobs, release = Registry(), threading.Event()
+    assert not jobs.others_running("alice")  # nothing runs: the progress says 'starting'
+    job = jobs.start("alice", Job(lambda on_step, cancel: release.wait(30)))
+    try:
+        assert not jobs.others_running("alice")  # alice's own job is not 'another'
+        assert jobs.others_running("bob")  # bob's job waits behind alice's
+    finally:
+        release.set()
+        job.done.wait(30)
+        jobs.finish("alice", job)
+    assert not jobs.others_running("bob")
