@@ -29,9 +29,10 @@ import math
 BUS_BYTES_PER_S = 25e9  # host-to-device, PCIe 4.0 x16, pinned memory
 GPU_FLOPS = 10e12  # effective half-precision FLOP/s of a small card on diffusion models
 CPU_FLOPS = 0.3e12  # effective float32 FLOP/s of a desktop CPU (the cpu preset)
-# bfloat16 on a CPU that has it in hardware (AVX512-BF16 doubles the FMA rate, AMX far more): a judgement,
-# the planner offers cpu+bf16 only on such CPUs (device.cpu_native_bf16)
-CPU_BF16_SPEEDUP = 2.0
+# bfloat16 on a CPU that has it in hardware, over float32: measured 1.73x on the real SD 1.5 UNet at 512 px
+# with AVX512-BF16 (benchmarks/cpu_dtype.py: 5.67 s against 9.80 s a CFG step on 2 cores; AMX would give
+# more). The planner offers cpu+bf16 only on such CPUs (device.cpu_native_bf16), and learns the rest.
+CPU_BF16_SPEEDUP = 1.7
 # Compute slowdown of weights stored narrower than they compute: dequantizing per layer (fp8 layerwise
 # casting, int8/int4 weight-only kernels) costs memory traffic and kernel launches on top of the matmul.
 # Judgements, not measurements: weight-only int8 kernels run near fp16 speed on recent cards, 4-bit ones
