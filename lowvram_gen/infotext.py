@@ -134,6 +134,9 @@ def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignore
         if not match:
             raise InvalidRequest("'Size' in the image's parameters", value, "expected WIDTHxHEIGHT, e.g. 512x768")
         fields["width"], fields["height"] = int(match.group(1)), int(match.group(2))
+    elif key == "Model" and str(params.get("Engine", "")).strip() == "VQGAN-CLIP":
+        # a VQGAN's name (VQGAN-CLIP's tiny is not the diffusers tiny): never a model for this request
+        notes.append(f"Model {str(value).strip()!r} is a VQGAN model (the image was made by VQGAN-CLIP): not used")
     elif key == "Model":
         fields["model"] = str(value).strip()
     elif key == "Quantize":

@@ -1102,3 +1102,18 @@ def test_the_progress_says_waiting_for_the_gpu_only_when_another_client_runs_a_j
         job.done.wait(30)
         jobs.finish("alice", job)
     assert not jobs.others_running("bob")
+
+
+def test_a_vqgan_pngs_model_does_not_set_the_model_box(tmp_path):
+    """VQGAN-CLIP writes its VQGAN's name as `Model:`; its 'tiny' set the diffusers Model box to the SD tiny."""
+    import gradio as gr
+
+    from lowvram_gen.ui import sendto
+
+    png = _png_with(tmp_path / "vqgan.png", VQGAN_TEXT)
+    values, said = sendto.values_for(sendto.TXT2IMG, png)
+    filled = dict(zip(sendto.TXT2IMG, values))
+    assert filled["model"] == gr.update()  # left as it is
+    assert any("'tiny' is a VQGAN model" in line for line in said), said
+    a1111 = _png_with(tmp_path / "sd.png", "a fox\nSteps: 5, Sampler: Euler a, Seed: 1, Size: 64x64, Model: tiny")
+    assert dict(zip(sendto.TXT2IMG, sendto.values_for(sendto.TXT2IMG, a1111)[0]))["model"] == "tiny"
