@@ -171,6 +171,56 @@ def test_single_file_loads_every_weight_and_same_pixels(files, tiny, name, names
     np.testing.assert_allclose(_generate(pipe), _generate(reference), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("name,names", [
+    ("sd", ["unet", "text_encoder"]),
+    ("sd", ["vae"]),
+    ("sdxl", ["text_encoder", "text_encoder_2", "unet"]),
+    ("sd_ckpt", ["unet", "text_encoder"]),
+])
+def test_components_reload_from_a_single_file_without_building_a_pipeline(files, tiny, monkeypatch, name, names):
+    """Issue 17: restoring precision after int8/fp8 built a whole second pipeline from the file to take one or
+    two components from it. Each named component now comes from its own keys, and equals the folder's."""
+    import diffusers
+
+    from lowvram_gen.models.checkpoint import load_components
+
+    def no_pipeline(*args, **kwargs):
+        raise AssertionError("a whole pipeline was built")
+
+    for cls in ("StableDiffusionPipeline", "StableDiffusionXLPipeline"):
+        monkeypatch.setattr(getattr(diffusers, cls), "from_single_file", no_pipeline)
+    base = name.split("_")[0]
+    parts = load_components(files[name], str(tiny[base]), names, torch.float32)
+    assert sorted(parts) == sorted(names)
+    reference = _folder_pipe(tiny[base])
+    for component in names:
+        got, want = parts[component].state_dict(), getattr(reference, component).state_dict()
+        assert got.keys() == want.keys(), component
+        assert all(torch.equal(got[k], want[k]) for k in want), component
+
+
+def test_reload_components_of_a_single_file_model_reads_only_those(files, tiny, monkeypatch):
+    """The runner's reload (models/loading.reload_components) on a single-file model: the other components stay
+    the same objects, and no pipeline is built."""
+    import diffusers
+
+    from lowvram_gen.models.loading import LoadedModel, reload_components
+    from lowvram_gen.models.resolve import ModelSource
+
+    pipe = load_single_file(files["sd"], config=str(tiny["sd"]), torch_dtype=torch.float32)
+    model = LoadedModel(source=ModelSource(spec=str(files["sd"]), kind="single_file", path=files["sd"],
+                                           config=str(tiny["sd"])), pipe=pipe, dtype="float32")
+    before = dict(pipe.components)
+    with torch.no_grad():
+        pipe.unet.conv_in.weight.zero_()  # what lost precision
+    monkeypatch.setattr(diffusers.StableDiffusionPipeline, "from_single_file",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("a whole pipeline was built")))
+    reload_components(model, ["unet"], "float32")
+    for component, module in pipe.components.items():
+        assert (module is before[component]) == (component != "unet"), component
+    assert torch.equal(pipe.unet.conv_in.weight, _folder_pipe(tiny["sd"]).unet.conv_in.weight)
+
+
 def test_ckpt_loads_weights_only_and_matches(files, tiny):
     state = load_pickle_weights_only(files["sd_ckpt"])  # {"state_dict": ...} unwrapped, extras dropped
     assert set(state) == set(files["sd_state"])

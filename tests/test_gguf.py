@@ -240,11 +240,14 @@ def test_reload_only_for_precision_the_file_had(files, tiny_path):
     assert "unet" not in stale and {"vae", "text_encoder"} <= set(stale)
 
 
-def test_runner_reloads_a_gguf_unet_from_its_file(files, tiny_path):
+def test_runner_reloads_a_gguf_unet_from_its_file(files, tiny_path, monkeypatch):
+    """The UNet from the GGUF file, the rest from the config folder, each on its own: no second pipeline."""
     from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.models import gguf_file
 
     model = load(resolve(str(files["Q8_0"]), str(tiny_path)), "float32")
     runner = Runner(model, probe("cpu"))
+    monkeypatch.setattr(gguf_file, "load_pipeline", lambda *a, **k: pytest.fail("a whole pipeline was built"))
     runner.use(MemorySettings(dtype="bfloat16"))
     runner.use(MemorySettings(dtype="float32"))
     assert model.pipe.unet.conv_in.weight.dtype == torch.float32

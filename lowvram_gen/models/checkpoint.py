@@ -492,6 +492,89 @@ def _sdxl_text_encoder_2(path: Path, state: dict | None, folder: Path, torch_dty
                                                 config=str(folder), torch_dtype=torch_dtype, local_files_only=True)
 
 
+def _text_encoder_prefixes(cls_name: str, name: str) -> tuple[str, ...]:
+    """Where a single file keeps the text encoder `name`'s weights (SD 1.x's CLIP or SD 2.x's OpenCLIP under
+    cond_stage_model, SDXL's two embedders)."""
+    if cls_name == SDXL:
+        return (CLIP_XL,) if name == "text_encoder" else ("conditioner.embedders.1.",)
+    return (CLIP_SD, OPENCLIP_SD2)
+
+
+def load_components(path, config: str | None, names: list[str], torch_dtype) -> dict:
+    """The components `names` of the pipeline `load_single_file(path, config)` builds, each read on its own:
+    the UNet and VAE through their own class's `from_single_file` (which reads only their keys), a text
+    encoder from its keys alone, a GGUF denoiser from its file and, for a GGUF, the other components from
+    the config folder they came from. Issue 17: restoring precision used to build a whole second pipeline
+    from the file (every component at once beside the loaded ones) to take one or two of them.
+
+    A `.ckpt` is a pickle: it is opened with the weights-only unpickler, as at the first load."""
+    import torch
+
+    p = Path(path)
+    state = gguf = None
+    kind = _kind(p)
+    if kind == "gguf":
+        gguf = gguf_file.read_header(p)
+        shapes = gguf_file.checkpoint_shapes(gguf)
+    elif kind == "safetensors":
+        shapes = {k: tuple(v["shape"]) for k, v in _safetensors_header(p).items() if k != "__metadata__"}
+    else:
+        state = load_pickle_weights_only(p)
+        shapes = {k: tuple(v.shape) for k, v in state.items()}
+    cls_name = gguf_file.pipeline_class(gguf, p) if gguf else detect_pipeline_class(shapes)
+    meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
+    folder = _resolve_config(config, meta, cls_name, p, weights=gguf is not None)
+    index = _check_config(folder, cls_name, p)
+    del meta
+    out = {}
+    for name in names:
+        try:
+            out[name] = _component(p, state, gguf, cls_name, folder, index, name, torch_dtype)
+        except (MemoryError, torch.OutOfMemoryError, ModelLoadError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - as load_single_file: one clear message
+            raise ModelLoadError(f"could not load the {name} of {p} with the configs in {folder}: "
+                                 f"{type(exc).__name__}: {_last_line(str(exc))}") from exc
+    return out
+
+
+def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, index: dict, name: str, torch_dtype):
+    import diffusers
+
+    if gguf:
+        denoiser, module = gguf_file.load_denoiser(p, gguf, cls_name, folder, torch_dtype) \
+            if name in ("unet", "transformer") else (None, None)
+        if module is not None:
+            return module
+        from lowvram_gen.models.loading import load_component  # the rest of a GGUF pipeline is the folder's
+
+        return load_component(folder, name, str(torch_dtype).removeprefix("torch."))
+    library, class_name = index[name]
+    if name in ("unet", "vae"):
+        with _weights_only_allowlist():
+            return getattr(diffusers, class_name).from_single_file(
+                str(p) if state is None else state, config=str(folder), subfolder=name, torch_dtype=torch_dtype,
+                local_files_only=True)
+    if name == "text_encoder_2" and cls_name == SDXL:
+        return _sdxl_text_encoder_2(p, state, folder, torch_dtype)
+    if name.startswith("text_encoder"):
+        import transformers
+        from diffusers.loaders.single_file_utils import create_diffusers_clip_model_from_ldm
+
+        prefixes = _text_encoder_prefixes(cls_name, name)
+        if state is None:
+            from safetensors import safe_open
+
+            with safe_open(str(p), framework="pt") as f:
+                sub = {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefixes)}
+        else:
+            sub = {k: v for k, v in state.items() if k.startswith(prefixes)}
+        return create_diffusers_clip_model_from_ldm(getattr(transformers, class_name), sub, subfolder=name,
+                                                    config=str(folder), torch_dtype=torch_dtype,
+                                                    local_files_only=True)
+    raise ModelLoadError(f"{p.name}: its {name} cannot be read on its own from a single file")
+
+
 def load_single_file(path, config: str | None, torch_dtype):
     """A diffusers pipeline from one original-layout checkpoint, loaded safely and checked.
 

@@ -12,7 +12,7 @@ from typing import Any
 from lowvram_gen.models.quantize import check_scales, is_target, sdnq_config
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.hostmem import returning_freed_memory
-from lowvram_gen.models.checkpoint import check_finite, load_single_file
+from lowvram_gen.models.checkpoint import check_finite, load_components, load_single_file
 from lowvram_gen.models.folders import absent_components
 from lowvram_gen.models.quiet import quiet_hub_bars
 from lowvram_gen.models.resolve import ModelSource
@@ -125,11 +125,13 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
     at `dtype`; the denoiser and text encoders among them quantized to `quantize` while they load.
 
     From a diffusers folder each component is read from its own subfolder (`load_component`) and nothing
-    else is. A single-file checkpoint has no per-component files: the whole pipeline is loaded again
-    (unquantized; apply.py quantizes what it keeps) and only `names` are taken from it."""
+    else is. From a single-file checkpoint each is read from its own keys of the file
+    (`checkpoint.load_components`), unquantized: apply.py quantizes what it keeps."""
     if model.source.kind == "single_file":
-        fresh = load(model.source, dtype).pipe
-        modules = {name: getattr(fresh, name) for name in names}
+        import torch
+
+        with returning_freed_memory():
+            modules = load_components(str(model.source.path), model.source.config, names, getattr(torch, dtype))
     else:
         with returning_freed_memory():
             modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",
