@@ -7,8 +7,9 @@ folder of the same base model (`--config`, or the base model in the HF cache), a
 (checkpoint.load_single_file is the one route; this module is its GGUF part).
 
 The header is read with the `gguf` package (memory-mapped: no tensor data is read); the weights are
-loaded by diffusers' own GGUF support (`load_gguf_checkpoint`, `GGUFQuantizationConfig`,
-`<Model>.from_single_file`), which keeps them quantized and dequantizes one layer at a time at compute.
+mapped from the file (`mapped_checkpoint`: diffusers' own reader copies them) and built by diffusers' own
+GGUF support (`GGUFQuantizationConfig`, `<Model>.from_single_file`), which keeps them quantized and
+dequantizes one layer at a time at compute.
 Before the model is built, the blocks' float16 scales are checked for NaN/Inf (`check_finite_blocks`): the
 load-time check of float tensors cannot see inside them. LoRAs apply to such a denoiser as to any other
 (peft wraps diffusers' GGUF layers; tests/test_gguf.py), and every offload mode moves its blocks as stored.
@@ -176,7 +177,6 @@ def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
     """The UNet or transformer of `path`, its weights kept GGUF-quantized (compute in `torch_dtype`)."""
     import diffusers
     from diffusers import GGUFQuantizationConfig
-    from diffusers.models.model_loading_utils import load_gguf_checkpoint
     from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
 
     from lowvram_gen.models import checkpoint_keys as ck
@@ -189,7 +189,7 @@ def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
     name, model_cls = {ck.SD: ("unet", "UNet2DConditionModel"), ck.SDXL: ("unet", "UNet2DConditionModel"),
                        ck.SD3: ("transformer", "SD3Transformer2DModel"),
                        ck.FLUX: ("transformer", "FluxTransformer2DModel")}[cls_name]
-    state = load_gguf_checkpoint(str(path))  # diffusers' reader: GGUFParameter for each quantized tensor
+    state = mapped_checkpoint(path)
     check_finite_blocks(state, path)
     if name == "unet":
         state = {(UNET + k if not k.startswith(UNET) else k): v for k, v in state.items()}
@@ -202,6 +202,29 @@ def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_d
     )
     setattr(model, GGUF_BITS, header.float_bits)
     return name, model
+
+
+def mapped_checkpoint(path) -> dict:
+    """The tensors of a GGUF file as diffusers' `load_gguf_checkpoint` gives them (a GGUFParameter for each
+    block-quantized tensor, plain tensors for F32/F16), but backed by the file's pages instead of a copy.
+
+    diffusers copies every tensor out of its memory map (`tensor.data.copy()`), so a 6.8 GB Q4 FLUX.1 file
+    held 6.8 GB of anonymous memory that only the OOM killer could take back (issue 17). Here the map is
+    copy-on-write (`GGUFReader(mode="c")`): the quantized blocks stay file pages, which the kernel reads
+    on first use and can drop under pressure, and a write (nothing writes to the blocks; a LoRA wraps the
+    layer) would get a private page, never touch the file. F16 tensors that follow the compute dtype are
+    converted anyway (`follow_dtype`): only those become anonymous memory."""
+    import torch
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    plain = (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+    state = {}
+    for tensor in GGUFReader(str(path), mode="c").tensors:
+        weights = torch.from_numpy(tensor.data)
+        state[tensor.name] = weights if tensor.tensor_type in plain else GGUFParameter(weights,
+                                                                                       quant_type=tensor.tensor_type)
+    return state
 
 
 def non_finite_blocks(data, kind: str) -> int:
