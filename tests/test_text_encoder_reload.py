@@ -143,3 +143,76 @@ def test_plan_json_has_the_encode_phase(capsys):
     chosen = next(p for p in data["presets"] if p["name"] == data["preset"])
     assert data["preset"].endswith("+te-reload") and not data["refusal"]
     assert chosen["host"]["encode_bytes"] > 0 and chosen["host"]["phase"] in ("load", "run", "encode")
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def _presets_with(tmp_path, text_encoders: str):
+    """The shipped cpu preset with `text_encoders` set, in a presets folder of its own."""
+    import shutil
+
+    from lowvram_gen.presets import presets_dir
+
+    folder = tmp_path / f"presets-{text_encoders}"
+    folder.mkdir()
+    text = (presets_dir() / "cpu.toml").read_text()
+    text = text.replace("[memory]", f'[memory]\ntext_encoders = "{text_encoders}"')
+    (folder / "cpu.toml").write_text(text)
+    shutil.copy(presets_dir() / "highvram.toml", folder / "highvram.toml")  # a GPU preset: the loader wants one
+    return folder
+
+
+def _run(path, tmp_path, text_encoders: str, monkeypatch=None, watch=None, prompts=("a red boat",), **kw):
+    from lowvram_gen.request import GenerationRequest
+    from lowvram_gen.session import Session
+
+    session = Session(device="cpu", preset="cpu", presets_dir=str(_presets_with(tmp_path, text_encoders)),
+                      outdir=str(tmp_path / f"out-{text_encoders}"))
+    results = []
+    for prompt in prompts:
+        request = GenerationRequest(prompt=prompt, model=str(path), steps=2, width=64, height=64, seed=7, **kw)
+        results.append(session.generate(request, on_step=(lambda *_: watch(session)) if watch else None))
+    return session, results
+
+
+def _pixels(result):
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(result.images[0]).convert("RGB"), dtype=int)
+
+
+@pytest.fixture(scope="module")
+def tiny_flux(tmp_path_factory):
+    from tiny_transformers import build_tiny_flux
+
+    folder = tmp_path_factory.mktemp("tiny-flux-te")
+    build_tiny_flux().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.mark.parametrize("which", ["sd", "flux"])
+def test_reloaded_encoders_make_the_same_image_and_are_gone_while_the_denoiser_runs(which, tiny_path, tiny_flux,
+                                                                                     tmp_path, monkeypatch):
+    from lowvram_gen.models import loading
+
+    path = tiny_path if which == "sd" else tiny_flux
+    size = {}
+    _, kept = _run(path, tmp_path, "kept", **size)
+    loads = []
+    real = loading.load_component
+    monkeypatch.setattr(loading, "load_component", lambda folder, name, *a, **k: loads.append(name) or
+                        real(folder, name, *a, **k))
+    seen = []
+
+    def watch(session):  # in a step callback: what the pipeline holds while the denoiser runs
+        pipe = session.model.pipe
+        seen.append([n for n in pipe.components if n.startswith("text_encoder") and getattr(pipe, n) is not None])
+
+    session, reloaded = _run(path, tmp_path, "reloaded", watch=watch, prompts=("a red boat", "a blue house"), **size)
+    assert (_pixels(kept[0]) == _pixels(reloaded[0])).all()
+    assert seen and all(names == [] for names in seen)
+    encoders = sorted(n for n in session.model.pipe.components if n.startswith("text_encoder"))
+    assert encoders and sorted(loads) == sorted(encoders * 2)  # read from disk again for the second prompt
+    assert not any(getattr(session.model.pipe, n) is not None for n in encoders)  # and gone after it
