@@ -216,3 +216,12 @@ def test_reloaded_encoders_make_the_same_image_and_are_gone_while_the_denoiser_r
     encoders = sorted(n for n in session.model.pipe.components if n.startswith("text_encoder"))
     assert encoders and sorted(loads) == sorted(encoders * 2)  # read from disk again for the second prompt
     assert not any(getattr(session.model.pipe, n) is not None for n in encoders)  # and gone after it
+
+
+def test_a_job_with_loras_or_embeddings_is_not_planned_with_reloaded_encoders():
+    from lowvram_gen.networks.job import uses_networks
+
+    assert not uses_networks("a red boat", "blurry")
+    assert uses_networks("a red boat <lora:ink:0.8>")
+    assert uses_networks("a red boat", loras=["ink:0.5"])
+    assert uses_networks("a red boat", "embedding:bad-hands")

@@ -2,7 +2,8 @@
 
 A candidate is a preset x a weight storage (as the preset says, int8, int4) x, for presets with
 `offload = "budget"`, the residency that fits: how many bytes of the denoiser stay on the GPU, the
-rest streamed every step (planning/residency.py). Each gets an estimate of its peak memory
+rest streamed every step (planning/residency.py); beside a candidate whose host peak does not fit the RAM, the
+same with its text encoders read from disk for each job (+te-reload, a diffusers folder only). Each gets an estimate of its peak memory
 (planning/estimate.py) and of its seconds per step (planning/timing.py: compute plus the bytes moved
 over the bus). The plan is the fastest lossless candidate that fits; a slightly lossy one (int8, fp8
 weights) only when it is LOSSY_MARGIN faster or nothing lossless fits, a visibly lossy one (4-bit) only
