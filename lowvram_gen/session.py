@@ -30,6 +30,7 @@ from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
+from lowvram_gen.networks.job import uses_networks
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
@@ -90,13 +91,16 @@ class Session:
         return preset if memory == preset.memory else dataclasses.replace(preset, memory=memory)
 
     def load_model(self, spec: str, config: str | None, dtype: str, quantize: str = "none",
-                   quantize_on: str | None = None) -> LoadedModel:
+                   quantize_on: str | None = None, without_text_encoders: bool = False) -> LoadedModel:
         """The model, loaded at `dtype` with the denoiser and text encoders quantized to `quantize` while they
-        load (so a planned int8 job never holds them at full precision); a model already loaded is kept."""
+        load (so a planned int8 job never holds them at full precision); a model already loaded is kept.
+        `without_text_encoders` (text_encoders = "reloaded"): a diffusers folder's encoders are not read now
+        (the runner reads them for each job)."""
         source = resolve(spec, config)
         if self.model is not None and self.model.source == source:
             return self.model
-        model = load(source, dtype, quantize, quantize_on)  # the old model stays until the new one has loaded
+        model = load(source, dtype, quantize, quantize_on,  # the old model stays until the new one has loaded
+                     without_text_encoders=without_text_encoders and source.kind != "single_file")
         self.model, self.runner = model, None
         return model
 
@@ -133,7 +137,8 @@ class Session:
         return plan(device, self.profile_for(source, model), width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1, steps=request.steps, quantize_forced=request.quantize is not None,
-                    model=request.model)
+                    model=request.model, reloadable=source.kind != "single_file" and not uses_networks(
+                        request.prompt, request.negative_prompt, request.loras))
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it
@@ -169,7 +174,8 @@ class Session:
                 raise NotEnoughRam(the_plan.refusal)
             first = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
             load_dtype = apply_mod.load_dtype(first, half_dtype(source.path) if first.half_storage else "float16")
-            model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device)
+            model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device,
+                                    without_text_encoders=first.text_encoders == "reloaded")
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
             self.runner.device = device

@@ -14,6 +14,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 ATTENTION = ("sdpa", "xformers", "slicing")
 OFFLOAD = ("none", "model", "group", "sequential", "budget")
 QUANTIZE = ("none", "int8", "int4")
+TEXT_ENCODERS = ("kept", "reloaded")
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,16 @@ class MemorySettings:
     # For the cpu preset, where float32 is the compute dtype; the planner adds it (cpu+half) when
     # float32 weights would not fit the RAM.
     half_storage: bool = False
+    # "kept": the text encoders stay loaded for the whole session. "reloaded": they are read from their
+    # own subfolders of a diffusers folder for each job, encode its prompts, and leave RAM before the
+    # denoiser runs (issue 17: FLUX.1's T5-XXL is 9.5 GB in bf16, the difference between fitting a
+    # 16 GiB machine and being refused). It costs a read from disk per job; the planner adds it
+    # (+te-reload) only when the candidate with kept encoders does not fit the RAM.
+    text_encoders: str = "kept"
 
     def check(self, where: str = "settings") -> "MemorySettings":
         for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD),
-                             ("quantize", QUANTIZE)):
+                             ("quantize", QUANTIZE), ("text_encoders", TEXT_ENCODERS)):
             value = getattr(self, key)
             if value not in allowed:
                 raise PresetError(f"{where}: {key} = {value!r} is not allowed; use one of {', '.join(allowed)}")

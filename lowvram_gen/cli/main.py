@@ -309,13 +309,15 @@ def cmd_plan(args) -> int:
     else:
         dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     dev = replace(dev, host=host)
+    reloadable = True  # the built-in profiles are the published diffusers folders
     if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
         from lowvram_gen.models.profile import source_profile
         from lowvram_gen.models.resolve import resolve
 
-        profile = source_profile(resolve(args.model, args.config))
+        source = resolve(args.model, args.config)
+        profile, reloadable = source_profile(source), source.kind != "single_file"
     width, height = width or memory.native_side(profile), height or memory.native_side(profile)
     from lowvram_gen.request import check_quantize
 
@@ -325,7 +327,7 @@ def cmd_plan(args) -> int:
         forced = replace(forced, memory=forced.memory.with_quantize(quantize))
     presets = {name: replace(p, memory=p.memory.with_quantize(quantize)) for name, p in load_presets().items()}
     result = plan(dev, profile, width, height, batch, presets, forced, steps=steps,
-                  quantize_forced=quantize is not None, model=args.model)
+                  quantize_forced=quantize is not None, model=args.model, reloadable=reloadable)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
                           "batch": batch, **result.as_dict()}))

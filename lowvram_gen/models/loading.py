@@ -42,7 +42,7 @@ class LoadedModel:
 
 
 def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
-         quantize_on: str | None = None) -> LoadedModel:
+         quantize_on: str | None = None, without_text_encoders: bool = False) -> LoadedModel:
     """A text-to-image pipeline for `source`, weights at `dtype`, on the CPU (placement is apply's job).
 
     `quantize` "int8"/"int4": from a diffusers folder (tiny, local, hub cache) the denoiser and the text
@@ -51,7 +51,10 @@ def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
     checkpoint (.safetensors/.ckpt, or a GGUF denoiser) loads unquantized and apply.py quantizes it
     after the load, as before: models/checkpoint.py builds those pipelines from converted state dicts
     of the whole file, with no per-component `from_pretrained` for a quantizer to hook into (and a GGUF
-    denoiser is never quantized again)."""
+    denoiser is never quantized again).
+
+    `without_text_encoders` (text_encoders = "reloaded", a diffusers folder): the pipeline is built with its
+    text encoders None, never read; `load_text_encoders` brings them in for each job."""
     import torch
 
     quiet_hub_bars()
@@ -60,23 +63,25 @@ def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
         if source.kind == "single_file":
             pipe = load_single_file(str(source.path), source.config, torch_dtype)
         else:
-            pipe = _from_folder(source, dtype, quantize, quantize_on)
+            pipe = _from_folder(source, dtype, quantize, quantize_on, without_text_encoders)
     check_finite(pipe)
     pipe.set_progress_bar_config(disable=True)  # our own progress reporting replaces diffusers' bars
     return LoadedModel(source=source, pipe=pipe, dtype=dtype)
 
 
-def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quantize_on: str | None = None):
+def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quantize_on: str | None = None,
+                 without_text_encoders: bool = False):
     from diffusers import AutoPipelineForText2Image
 
     import torch
 
     try:
+        left_out = {name: None for name in text_encoder_names(source.path)} if without_text_encoders else {}
         quantized = {} if quantize == "none" else {
             name: load_component(source.path, name, dtype, quantize, quantize_on)
-            for name in _index(source.path) if is_target(name)}
+            for name in _index(source.path) if is_target(name) and name not in left_out}
         return AutoPipelineForText2Image.from_pretrained(str(source.path), dtype=getattr(torch, dtype),
-                                                         **absent_components(source.path), **quantized)
+                                                         **absent_components(source.path), **quantized, **left_out)
     except (OSError, ValueError, KeyError, EnvironmentError) as exc:
         raise ModelLoadError(f"could not load {source.spec} as a text-to-image pipeline: {exc}") from exc
 
@@ -86,6 +91,11 @@ def _index(folder) -> dict[str, tuple[str, str]]:
     index = json.loads((Path(folder) / "model_index.json").read_text())
     return {name: (value[0], value[1]) for name, value in index.items()
             if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and None not in value}
+
+
+def text_encoder_names(folder) -> list[str]:
+    """The text encoders the diffusers folder has (text_encoder, text_encoder_2, ...)."""
+    return sorted(name for name in _index(folder) if name.startswith("text_encoder"))
 
 
 def _library(name: str):
@@ -141,3 +151,32 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
         model.pipe.register_modules(**{name: module})
     check_finite(model.pipe)
     model.dtype = dtype
+
+
+def load_text_encoders(model: LoadedModel, quantize: str = "none", quantize_on: str | None = None) -> list[str]:
+    """text_encoders = "reloaded": read the diffusers folder's text encoders from their own subfolders into the
+    pipeline (at the dtype the rest was loaded at, int8/int4 while loading), for one job's prompts. Returns
+    their names. A single-file checkpoint has no per-component files: refused (the planner never offers it)."""
+    if model.source.kind == "single_file":
+        raise ModelLoadError(f"{model.name} is a single-file checkpoint: its text encoders cannot be read on their "
+                             "own, so text_encoders = 'reloaded' does not apply; use 'kept'")
+    names = [n for n in text_encoder_names(model.source.path) if getattr(model.pipe, n, None) is None]
+    with returning_freed_memory():
+        modules = {name: load_component(model.source.path, name, model.dtype, quantize, quantize_on) for name in names}
+    for name, module in modules.items():
+        log.info("loading %s of %s from disk for this job's prompts", name, model.name)
+        model.pipe.register_modules(**{name: module})
+    return names
+
+
+def drop_text_encoders(model: LoadedModel) -> list[str]:
+    """Take the text encoders out of the pipeline and give their memory back (glibc's free blocks trimmed):
+    they are read again for the next job. Returns the names dropped."""
+    import gc
+
+    names = [n for n in model.pipe.components if n.startswith("text_encoder")
+             and getattr(model.pipe, n, None) is not None]
+    with returning_freed_memory():  # trims the heap when it leaves
+        model.pipe.register_modules(**{n: None for n in names})
+        gc.collect()
+    return names

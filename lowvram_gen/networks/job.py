@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from lowvram_gen.networks.embeddings import load_embeddings_used
+import re
+
+from lowvram_gen.networks.embeddings import _EXPLICIT, available_embeddings, load_embeddings_used
 from lowvram_gen.networks.lora import activate_loras
 from lowvram_gen.networks.metadata import network_fields
 from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
@@ -39,3 +41,17 @@ def prepare(pipe, prompt: str, negative_prompt: str = "", loras: Iterable[str] =
     warnings += activate_loras(pipe, refs, reapply_memory)
     used = load_embeddings_used(pipe, text, negative, reapply_memory)
     return NetworkJob(used.prompt, used.negative_prompt, network_fields(refs, used.used), warnings + used.warnings)
+
+
+def uses_networks(prompt: str, negative_prompt: str = "", loras: Iterable[str] = ()) -> bool:
+    """Whether a job would load LoRAs or textual-inversion embeddings (they change the text encoders): a
+    --lora flag, a `<lora:...>` tag, `embedding:name`, or the name of an embedding file in a prompt, as
+    `prepare` finds them. text_encoders = "reloaded" is not planned for such a job: the encoders read from disk
+    for each job would come without the LoRA's text-encoder layers and the embeddings' token rows."""
+    if list(loras) or extract_lora_tags(prompt)[1]:
+        return True
+    texts = (prompt or "", negative_prompt or "")
+    if any(_EXPLICIT.search(t) for t in texts):
+        return True
+    return any(re.search(rf"(?<![\w-]){re.escape(stem)}(?![\w-])", t, re.IGNORECASE)
+               for stem in available_embeddings() for t in texts)

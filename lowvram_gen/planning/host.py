@@ -13,6 +13,15 @@ is the larger of two phases, plus the process itself:
 
     + BASELINE: Python, torch, diffusers and transformers themselves (+ CUDA_HOST on a GPU)
 
+With text_encoders = "reloaded" (settings.py) the load and run phases are those of the pipeline without
+its text encoders, and a third phase comes in:
+
+    encode the text encoders read from disk for a job, at the bytes they keep (+ sdnq's scratch while
+           they are quantized as they load), beside what the rest of the pipeline keeps in RAM then
+           (its run-phase weights and pinned copies, not the activations: the denoiser has not run)
+
+The encoders' own activations are left out: a prompt's tokens are a few hundred, kilobytes to a few MB.
+
 What a component keeps in RAM: on the CPU, everything; on a GPU with offload = "none", nothing after
 it is placed (the load phase still held it all: pipelines load on the host, then move); under model,
 group, sequential and budget offload, everything but a budget split's resident part. Its bytes: int8
@@ -26,7 +35,7 @@ it is a judgement.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.settings import MemorySettings
@@ -65,7 +74,7 @@ CPU_NARROW_SCRATCH = 0.18
 @dataclass(frozen=True)
 class HostEstimate:
     peak_bytes: int
-    phase: str  # 'load' | 'run'
+    phase: str  # 'load' | 'run' | 'encode'
     baseline_bytes: int
     weights_bytes: int  # every component as kept in RAM during the run
     load_bytes: int  # the load phase's peak, baseline included
@@ -73,11 +82,14 @@ class HostEstimate:
     run_bytes: int  # the run phase's peak, baseline included
     pinned_bytes: int = 0  # pinned copies of what group offloading streams with a CUDA stream
     activation_bytes: int = 0  # on the CPU: the largest phase's activations
+    # text_encoders = "reloaded": the encode phase's peak, baseline included (0: the encoders are kept, and
+    # counted in the load and run phases instead)
+    encode_bytes: int = 0
 
     @property
     def rss_peak_bytes(self) -> int:
         """What an unlimited run's peak RSS shows: the peak plus the file pages resident while loading."""
-        return max(self.run_bytes, self.load_bytes + self.load_file_pages_bytes)
+        return max(self.run_bytes, self.encode_bytes, self.load_bytes + self.load_file_pages_bytes)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "rss_peak_bytes": self.rss_peak_bytes}
@@ -180,6 +192,9 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
     cpu preset's float32, not the preset's float16). `resident_bytes`: what a budget split keeps on the
     GPU (not in RAM during the run). `pinned`: group offloading pins copies of what it streams (CUDA,
     unless the settings ask it not to)."""
+    if settings.text_encoders == "reloaded" and profile.text_encoders:
+        return _with_encoders_reloaded(profile, settings, device_kind, width, height, batch, cfg,
+                                       resident_bytes, pinned)
     kept = kept_bytes(profile, settings)
     total_kept = sum(kept.values())
     on_cpu = device_kind == "cpu"
@@ -217,3 +232,32 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
                         load_bytes=int(load), load_file_pages_bytes=pages, run_bytes=int(run),
                         pinned_bytes=int(pinned_bytes), activation_bytes=int(act))
 
+
+
+def _with_encoders_reloaded(profile: memory.ModelProfile, settings: MemorySettings, device_kind: str, width: int,
+                            height: int, batch: int, cfg: bool, resident_bytes: int, pinned: bool) -> HostEstimate:
+    """text_encoders = "reloaded": the load and run phases of the pipeline without its text encoders (it is
+    loaded without them, and they have left before the denoiser runs), and the encode phase: the encoders
+    at their kept bytes, plus sdnq's scratch for the one quantized as it loads, beside the rest's weights
+    (and pinned copies) as they sit in RAM between denoiser runs."""
+    encoders = profile.text_encoders
+    rest = replace(profile, params={k: v for k, v in profile.params.items() if k not in encoders})
+    kept = replace(settings, text_encoders="kept")
+    without = host_estimate(rest, kept, device_kind, width, height, batch, cfg, resident_bytes, pinned)
+    enc_kept = kept_bytes(profile, kept)
+    scratch = 0
+    if settings.quantize != "none":  # one at a time: load_component quantizes each as it loads
+        scratch = max(int(QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, n) * 4) for n in encoders)
+    encode = (without.baseline_bytes + without.weights_bytes + without.pinned_bytes
+              + sum(enc_kept[n] for n in encoders) + scratch)
+    peak, phase = max((without.peak_bytes, without.phase), (encode, "encode"))
+    pages = max(without.load_file_pages_bytes,
+                max((int(LOAD_TRANSIENT * profile_file_bytes(profile, n)) for n in encoders
+                     if not mapped(profile, kept, n)), default=0))
+    return replace(without, peak_bytes=int(peak), phase=phase, encode_bytes=int(encode),
+                             load_file_pages_bytes=pages)
+
+
+def encoder_file_bytes(profile: memory.ModelProfile) -> int:
+    """The bytes of the text encoders' weight files: what text_encoders = "reloaded" reads per job."""
+    return sum(profile_file_bytes(profile, n) for n in profile.text_encoders)

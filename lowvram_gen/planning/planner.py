@@ -2,7 +2,8 @@
 
 A candidate is a preset x a weight storage (as the preset says, int8, int4) x, for presets with
 `offload = "budget"`, the residency that fits: how many bytes of the denoiser stay on the GPU, the
-rest streamed every step (planning/residency.py). Each gets an estimate of its peak memory
+rest streamed every step (planning/residency.py); beside a candidate whose host peak does not fit the RAM, the
+same with its text encoders read from disk for each job (+te-reload, a diffusers folder only). Each gets an estimate of its peak memory
 (planning/estimate.py) and of its seconds per step (planning/timing.py: compute plus the bytes moved
 over the bus). The plan is the fastest lossless candidate that fits; a slightly lossy one (int8, fp8
 weights) only when it is LOSSY_MARGIN faster or nothing lossless fits, a visibly lossy one (4-bit) only
@@ -36,6 +37,11 @@ LOSSY = ("int4",)  # visibly lossy: only when nothing else fits
 LOSSY_MARGIN = 0.15
 RUNG_STEP = 0.8  # a budget rung below another is sized to 80 % of its estimate: a step worth retrying
 ASSUMED_STEPS = 20  # spreads per-job transfers over a job's steps when the request does not say
+# text_encoders = "reloaded" (+te-reload) reads the encoders' files once per job: the bytes a second read from
+# disk, a judgement (a SATA SSD reads about 500 MB/s, an NVMe drive several times that, a hard disk a quarter):
+# a candidate that reloads is estimated slower by its encoders' file bytes at this speed, spread over the steps
+DISK_BYTES_PER_S = 500e6
+TE_RELOAD = "+te-reload"
 
 
 @dataclass
@@ -127,8 +133,9 @@ class _Rows:
     """Estimates of candidates for one job on one device."""
 
     def __init__(self, device: DeviceInfo, profile, width: int, height: int, batch: int, cfg: bool, steps: int,
-                 failed: set[str], model: str = ""):
+                 failed: set[str], model: str = "", reloadable: bool = True):
         self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
+        self.reloadable = reloadable  # the text encoders can come back from their own files (a diffusers folder)
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
         self.budgets: list[Preset] = []  # budget presets unsized (plan() fills it): the ladder sizes them per rung
@@ -214,8 +221,13 @@ class _Rows:
         parts = self.parts(p, est)
         assumed = self.record_compute(parts)
         learned = self.learned.correction(parts.storage, parts.offload, on_gpu, parts.work)
-        seconds = parts.transfer_s + assumed * learned.factor
-        timed = {**learned.as_dict(), "assumed_seconds_per_step": round(parts.transfer_s + assumed, 6)}
+        reload_s = 0.0
+        if p.memory.text_encoders == "reloaded":  # the encoders read from disk once per job
+            reload_s = host_mod.encoder_file_bytes(self.profile) / DISK_BYTES_PER_S / max(1, self.steps)
+        seconds = parts.transfer_s + reload_s + assumed * learned.factor
+        timed = {**learned.as_dict(), "assumed_seconds_per_step": round(parts.transfer_s + reload_s + assumed, 6)}
+        if reload_s:
+            timed["text_encoder_reload_seconds_per_step"] = round(reload_s, 6)
         lossy = storage(p.memory) in LOSSY
         if not on_gpu:  # system RAM: nothing to fit into
             return PresetEstimate(p.name, est.total_bytes, True, w, h, b, "", est.as_dict(), 0, seconds, lossy,
@@ -246,10 +258,13 @@ def _resident(p: Preset, nbytes: int) -> Preset:
 
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
-         steps: int = ASSUMED_STEPS, quantize_forced: bool = False, model: str = "") -> Plan:
+         steps: int = ASSUMED_STEPS, quantize_forced: bool = False, model: str = "",
+         reloadable: bool = True) -> Plan:
     """`model`: the name the user gave the model (its spec), under which this device's measured step times
-    are kept (planning/speed.py)."""
-    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model)
+    are kept (planning/speed.py). `reloadable`: the model is a diffusers folder, whose text encoders can be
+    read again from their own subfolders (+te-reload candidates); a single-file checkpoint has no
+    per-component files (reloading an encoder would read the whole checkpoint), so it gets none."""
+    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable)
     candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
         result = _choose_cpu(rows, {forced.name: forced}, quantize_forced)
@@ -261,6 +276,10 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
             unpinned = _pin_variants(forced, device)[1]
             row = next((r for p, r in candidates if p == unpinned), None) or rows.row(unpinned)
             forced, chosen = (unpinned, (unpinned, row)) if row.fits_host else (forced, chosen)
+        if not chosen[1].fits_host and _te_variant(forced, rows) is not None:  # the same, encoders per job
+            reload = _te_variant(forced, rows)
+            row = next((r for p, r in candidates if p == reload), None) or rows.row(reload)
+            forced, chosen = (reload, (reload, row)) if row.fits_host else (forced, chosen)
         result = Plan(forced, _ladder(chosen, candidates, rows), [r for _, r in candidates],
                       f"forced by the user: {forced.name}")
         if not chosen[1].fits_host:
@@ -293,8 +312,25 @@ def _candidates(rows: _Rows, presets: dict[str, Preset],
                 sized = rows.sized(v)
                 if sized is None:
                     continue
-                candidates.append((sized, rows.row(sized)))
+                row = rows.row(sized)
+                candidates.append((sized, row))
+                reload = None if row.fits_host else _te_variant(sized, rows)
+                if reload is not None:
+                    candidates.append((reload, rows.row(reload)))
+                    if v.memory.offload == "budget" and not v.memory.resident_bytes:
+                        budgets.append(_te_variant(v, rows))
     return candidates, budgets
+
+
+def _te_variant(p: Preset, rows: _Rows) -> Preset | None:
+    """`p` with its text encoders read from disk for each job and dropped before the denoiser runs
+    (settings.text_encoders), where that can be done: a diffusers folder (`rows.reloadable`) with text
+    encoders, `p` keeping them. None otherwise. Offered only beside a candidate whose host peak does not
+    fit the RAM (the callers check): the reload costs a read from disk per job."""
+    if not rows.reloadable or not rows.profile.text_encoders or p.memory.text_encoders != "kept":
+        return None
+    base, at, resident = p.name.partition("@")  # budget@2.5GiB -> budget+te-reload@2.5GiB, as the ladder names it
+    return replace(p, name=f"{base}{TE_RELOAD}{at}{resident}", memory=replace(p.memory, text_encoders="reloaded"))
 
 
 def _pin_variants(p: Preset, device: DeviceInfo) -> list[Preset]:
@@ -321,7 +357,12 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if cpu is None:
         raise ValueError("no preset with device = 'cpu' in the presets folder")
-    options = [(v, rows.row(v)) for v in cpu_variants(cpu, rows, quantize_forced)]
+    options = []
+    for v in cpu_variants(cpu, rows, quantize_forced):
+        options.append((v, rows.row(v)))
+        reload = None if options[-1][1].fits_host else _te_variant(v, rows)
+        if reload is not None:
+            options.append((reload, rows.row(reload)))
     fitting = [(p, r) for p, r in options if r.fits_host]
     estimates = [r for _, r in options]
     if not fitting:
@@ -332,9 +373,11 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
     reason = "no GPU found: the cpu preset"
     if chosen[0] is not cpu:
         have = format_size(rows.device.host.usable_bytes) if rows.device.host else "?"
-        kept = {"half": "16-bit weights computed in float32"}.get(storage(chosen[0].memory),
-                                                                  f"{storage(chosen[0].memory)} weights")
-        reason += f" with {kept} (float32 weights need more than the {have} of RAM usable)"
+        kept = {"half": "16-bit weights computed in float32", "none": "float32 weights"}.get(
+            storage(chosen[0].memory), f"{storage(chosen[0].memory)} weights")
+        if chosen[0].memory.text_encoders == "reloaded":
+            kept += ", the text encoders read from disk for each job and dropped before the denoiser runs"
+        reason += f" with {kept} (the whole pipeline in float32 needs more than the {have} of RAM usable)"
     for p, r in options:
         r.why = "fastest that fits the RAM" if r is chosen[1] else (
             "slower" if r.fits_host else f"host peak {format_size(r.host_peak_bytes)} does not fit the RAM")
@@ -360,6 +403,7 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if not rows.device.is_accelerator and cpu is not None:
         others = [(v, rows.row(v)) for v in cpu_variants(cpu, rows)]
+        others += [(t, rows.row(t)) for t in (_te_variant(v, rows) for v, _ in list(others)) if t is not None]
     fits = [(p, r) for p, r in others if r.fits_host and (r.fits or not rows.device.is_accelerator)]
     if fits:
         p, r = min(fits, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step))

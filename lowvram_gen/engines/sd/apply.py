@@ -121,7 +121,7 @@ class PipelineOps:
         module = getattr(self.pipe, denoiser_name(self.pipe))
         module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=getattr(torch, compute_dtype))
 
-    def half_storage(self, compute_dtype: str) -> None:
+    def half_storage(self, compute_dtype: str, names: tuple[str, ...] | None = None) -> None:
         """Every component keeps its 16-bit weights and computes in `compute_dtype` (settings.half_storage):
         diffusers' layerwise casting on each model (any torch module takes its hooks), then what it leaves
         out (norms, positional tensors: its skip patterns; a text encoder's embeddings) cast to the compute
@@ -131,7 +131,9 @@ class PipelineOps:
         from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 
         compute = getattr(torch, compute_dtype)
-        for module in _modules(self.pipe).values():
+        for name, module in _modules(self.pipe).items():
+            if names is not None and name not in names:
+                continue
             storage = next((p.dtype for p in module.parameters() if p.is_floating_point()), compute)
             if storage == compute:
                 continue
@@ -415,6 +417,34 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     for reason in skipped:
         log.info("memory settings: %s", reason)
     return applied
+
+
+def prepare_encoders(pipe, names: list[str], settings: MemorySettings, device: DeviceInfo,
+                     ops: PipelineOps | None = None) -> list[str]:
+    """text_encoders = "reloaded": make the text encoders just read from disk (`names`) run as `settings` run
+    them, without touching the rest of the pipeline (its hooks and placement stay): 16-bit storage's casting
+    hooks, and on an accelerator the placement: whole on the device under offload none or model (model offload
+    holds one model there at a time, and nothing else is there between calls), leaf by leaf under the streaming
+    offloads, as `group_offload` streams text encoders. They were loaded at the load dtype (quantized while
+    loading for int8/int4), so nothing is cast. Returns the calls made."""
+    ops = ops or PipelineOps(pipe)
+    effective, _ = effective_settings(settings, device)
+    calls = []
+    if effective.half_storage:
+        ops.half_storage(effective.dtype, tuple(names))
+        calls.append(f"half_storage:{effective.dtype}")
+    if not device.is_accelerator:
+        return calls
+    target = device.torch_device
+    if effective.offload in ("none", "model"):
+        for name in names:
+            getattr(pipe, name).to(target)
+        calls.append(f"place:{target}")
+    else:
+        ops.group_offload(target, leaf=True, use_stream=device.kind == "cuda",
+                          skip=tuple(n for n in _modules(pipe) if n not in names), pinned=effective.pin_memory)
+        calls.append(f"group_offload:leaf:{target}")
+    return calls
 
 
 def budget_split(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps) -> residency.Residency:

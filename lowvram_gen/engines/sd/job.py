@@ -18,7 +18,7 @@ from lowvram_gen import outputs
 from lowvram_gen.device import DeviceInfo
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.runner import ChunkDone, Runner
-from lowvram_gen.errors import Cancelled
+from lowvram_gen.errors import Cancelled, InvalidRequest
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.networks import job as networks
@@ -53,6 +53,12 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
     runner.use(ladder.preset.memory)
+    if ladder.preset.memory.text_encoders == "reloaded" and networks.uses_networks(
+            request.prompt, request.negative_prompt, request.loras):
+        raise InvalidRequest("preset", ladder.preset.name,
+                             "its text encoders are read from disk for each job (text_encoders = 'reloaded'), which "
+                             "would leave out the LoRAs' text-encoder layers and the embeddings; use a preset with "
+                             "text_encoders = 'kept' (the planner does so for a job with LoRAs or embeddings)")
     nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply)
     texts = sd.Texts(nets.prompt, nets.negative_prompt)
     warnings = ([NOISE_NOTE] if source.is_tiny else []) + nets.warnings

@@ -43,6 +43,9 @@ class Pass:
     strength: float = 1.0  # img2img: how much of the init is replaced; 0 keeps it as it is
     steps: int | None = None  # None: the request's steps
     texts: "Texts | None" = None  # what the text encoders read; None: the request's prompts as typed
+    # the prompts already encoded for one image (text_encoders = "reloaded": the encoders left before the
+    # denoiser runs); None: the pipeline call encodes `texts`
+    embeds: "dict | None" = None
 
     @property
     def num_steps(self) -> int:
@@ -68,6 +71,45 @@ def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
     prompt = plain_prompt_for(pipe, texts.prompt)[0]
     negative = plain_prompt_for(pipe, texts.negative_prompt)[0]
     return dict(prompt=[prompt] * n, negative_prompt=[negative] * n if negative else None)
+
+
+def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
+    """The pipeline call's text arguments for ONE image as tensors, computed now (text_encoders = "reloaded":
+    the encoders leave before the denoiser runs; `for_images` repeats them for a pass). SD/SDXL: our own
+    A1111-weighted embeddings (as text_kwargs); Flux and SD3: the pipeline's own `encode_prompt` with the
+    arguments its call would pass it, so the embeddings are the ones the call makes from the strings."""
+    import torch
+
+    embeds = encode_prompts(pipe, texts.prompt, texts.negative_prompt, 1, None, do_cfg=cfg)
+    if embeds is not None:
+        return embeds.as_kwargs()
+    prompt = plain_prompt_for(pipe, texts.prompt)[0]
+    negative = plain_prompt_for(pipe, texts.negative_prompt)[0]
+    name = type(pipe).__name__
+    length = _call_default(pipe, "max_sequence_length")
+    device = pipe._execution_device
+    with torch.no_grad():
+        if name.startswith("Flux"):  # its negative prompt counts only with true CFG, which we never turn on
+            if not ignores_negative_prompt(pipe):
+                raise InvalidRequest("text_encoders", "reloaded", f"{name} with true CFG is not supported with "
+                                     "text encoders reloaded per job; use text_encoders = 'kept'")
+            embeds, pooled, _ids = pipe.encode_prompt(prompt=[prompt], prompt_2=None, device=device,
+                                                      num_images_per_prompt=1, max_sequence_length=length)
+            return dict(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
+        if name.startswith("StableDiffusion3"):
+            out = pipe.encode_prompt(prompt=[prompt], prompt_2=None, prompt_3=None, device=device,
+                                     num_images_per_prompt=1, do_classifier_free_guidance=cfg,
+                                     negative_prompt=[negative] if negative else None, max_sequence_length=length)
+            keys = ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")
+            return {k: v for k, v in zip(keys, out) if v is not None}
+    raise InvalidRequest("text_encoders", "reloaded", f"{name}: encoding its prompts apart from the call is not "
+                         "supported (SD, SDXL, SD3 and Flux are); use text_encoders = 'kept'")
+
+
+def for_images(embeds: dict, n: int) -> dict:
+    """`encode_texts`' tensors for one image, repeated for `n` along the batch axis (as encode_prompts and
+    the pipelines' own num_images_per_prompt repeat them)."""
+    return {k: v.repeat(n, *([1] * (v.ndim - 1))) for k, v in embeds.items()}
 
 
 @dataclass
@@ -237,8 +279,10 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         return kwargs
 
     texts = step.texts or Texts(request.prompt, request.negative_prompt)
+    text = for_images(step.embeds, n) if step.embeds is not None else text_kwargs(pipe, texts, n,
+                                                                                   cfg=request.cfg_scale > 1)
     kwargs = dict(
-        **text_kwargs(pipe, texts, n, cfg=request.cfg_scale > 1),
+        **text,
         num_inference_steps=step.num_steps,
         guidance_scale=request.cfg_scale,
         generator=_generators(step.seeds, device),

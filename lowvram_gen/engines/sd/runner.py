@@ -24,7 +24,9 @@ from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.errors import BadOutput
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
-from lowvram_gen.models.loading import LoadedModel, reload_components
+from lowvram_gen.models.loading import (LoadedModel, drop_text_encoders, load_text_encoders, reload_components,
+                                        text_encoder_names)
+from lowvram_gen.oom import free_memory
 from lowvram_gen.planning.sizes import capped_size
 from lowvram_gen.presets import Preset
 from lowvram_gen.request import GenerationRequest
@@ -65,6 +67,16 @@ class Runner:
             return
         pipe = self.model.pipe
         effective, _ = apply_mod.effective_settings(settings, self.device)
+        if effective.text_encoders == "reloaded":
+            self._drop_encoders()  # loaded with them (an earlier job kept them): they leave now
+        elif self.model.source.kind != "single_file":
+            absent = [n for n in text_encoder_names(self.model.source.path) if getattr(pipe, n, None) is None]
+            if absent:  # a rung that keeps them, after one that reloaded them per job
+                half = half_dtype(self.model.source.path) if effective.half_storage else "float16"
+                reload_components(self.model, absent, apply_mod.load_dtype(effective, half), effective.quantize,
+                                  self.device.torch_device)
+                apply_mod.forget_components(pipe, absent)
+                self._forget_img2img()
         stale = apply_mod.needs_reload(pipe, effective)
         if stale:
             half = half_dtype(self.model.source.path) if effective.half_storage else "float16"
@@ -73,6 +85,32 @@ class Runner:
             apply_mod.forget_components(pipe, stale)
         self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe)))
         self.applied = settings
+
+    def encode(self, texts: sd.Texts, cfg: bool) -> dict | None:
+        """text_encoders = "reloaded" (the applied settings): read the text encoders from disk, encode `texts`
+        for one image, and drop the encoders before anything else runs, so the denoiser never has them beside
+        it in RAM (planning/host.py's encode phase). Returns the embeddings, which the job keeps for every
+        pass and retry; None when the encoders are kept (the pipeline call encodes the strings itself)."""
+        if self.applied is None or self.applied.text_encoders != "reloaded":
+            return None
+        effective, _ = apply_mod.effective_settings(self.applied, self.device)
+        names = load_text_encoders(self.model, effective.quantize, self.device.torch_device)
+        try:
+            apply_mod.prepare_encoders(self.model.pipe, names, self.applied, self.device, self.ops_factory(self.model.pipe))
+            return sd.encode_texts(self.model.pipe, texts, cfg)
+        finally:
+            self._drop_encoders()
+
+    def _drop_encoders(self) -> None:
+        names = drop_text_encoders(self.model)
+        if names:
+            apply_mod.forget_components(self.model.pipe, names)  # no precision to restore: they are gone
+            self._forget_img2img()
+            free_memory(self.device.kind)
+
+    def _forget_img2img(self) -> None:
+        """The img2img pipeline made over the components holds them too (pipeline.img2img_pipe): made again."""
+        self.model.pipe.__dict__.pop("_lowvram_img2img", None)
 
     def reapply(self) -> None:
         """Apply the current settings again (after LoRAs or embeddings were loaded with hooks lifted)."""
@@ -117,6 +155,8 @@ class _Job:
         self.pipe = runner.model.pipe
         self.device = runner.device.torch_device
         runner.use(ladder.preset.memory)
+        # text_encoders = "reloaded": the prompts encoded once for the job (every pass and retry reuses them)
+        self.embeds = runner.encode(texts or sd.Texts(request.prompt, request.negative_prompt), request.cfg_scale > 1)
         self.multiple = sd.size_multiple(self.pipe)  # the sides this pipeline takes
         self.size = capped_size(request.width, request.height, ladder.preset.max_pixels, self.multiple)
         self.per_pass = min(len(seeds), ladder.preset.max_batch)
@@ -163,10 +203,10 @@ class _Job:
 
     def _first_pass(self, seeds: list[int]) -> sd.Pass:
         if self.init is None:
-            return sd.Pass(self.request, seeds, *self.size, texts=self.texts)
+            return sd.Pass(self.request, seeds, *self.size, texts=self.texts, embeds=self.embeds)
         resized = self.init if self.init.size == self.size else self.init.resize(self.size)
         return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength,
-                       texts=self.texts)
+                       texts=self.texts, embeds=self.embeds)
 
     def _step_down(self) -> None:
         """After a denoise out-of-memory: fewer images per pass, the next preset, then fewer pixels."""
@@ -232,7 +272,7 @@ class _Job:
                 self.runner.place_resident(False)
                 init = upscale_images(pixels, target, request.hires_upscaler, self.device, ladder=self.ladder)
             second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
-                             steps=request.hires_steps or request.steps, texts=self.texts)
+                             steps=request.hires_steps or request.steps, texts=self.texts, embeds=self.embeds)
             started = time.perf_counter()
             ok, result = self.ladder.attempt("hires", lambda: self._denoise(second), lambda: self.where(target))
             if ok:
