@@ -500,14 +500,16 @@ def _text_encoder_prefixes(cls_name: str, name: str) -> tuple[str, ...]:
     return (CLIP_SD, OPENCLIP_SD2)
 
 
-def load_components(path, config: str | None, names: list[str], torch_dtype) -> dict:
+def load_components(path, config: str | None, names: list[str], torch_dtype, from_folder) -> dict:
     """The components `names` of the pipeline `load_single_file(path, config)` builds, each read on its own:
     the UNet and VAE through their own class's `from_single_file` (which reads only their keys), a text
     encoder from its keys alone, a GGUF denoiser from its file and, for a GGUF, the other components from
     the config folder they came from. Issue 17: restoring precision used to build a whole second pipeline
     from the file (every component at once beside the loaded ones) to take one or two of them.
 
-    A `.ckpt` is a pickle: it is opened with the weights-only unpickler, as at the first load."""
+    A `.ckpt` is a pickle: it is opened with the weights-only unpickler, as at the first load.
+    `from_folder(folder, name)`: a component of a diffusers folder (models/loading.load_component), for the
+    parts of a GGUF pipeline that came from its config folder."""
     import torch
 
     p = Path(path)
@@ -529,7 +531,10 @@ def load_components(path, config: str | None, names: list[str], torch_dtype) -> 
     out = {}
     for name in names:
         try:
-            out[name] = _component(p, state, gguf, cls_name, folder, index, name, torch_dtype)
+            if gguf and name not in ("unet", "transformer"):
+                out[name] = from_folder(folder, name)
+            else:
+                out[name] = _component(p, state, gguf, cls_name, folder, index, name, torch_dtype)
         except (MemoryError, torch.OutOfMemoryError, ModelLoadError):
             raise
         except Exception as exc:  # noqa: BLE001 - as load_single_file: one clear message
@@ -542,13 +547,7 @@ def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, i
     import diffusers
 
     if gguf:
-        denoiser, module = gguf_file.load_denoiser(p, gguf, cls_name, folder, torch_dtype) \
-            if name in ("unet", "transformer") else (None, None)
-        if module is not None:
-            return module
-        from lowvram_gen.models.loading import load_component  # the rest of a GGUF pipeline is the folder's
-
-        return load_component(folder, name, str(torch_dtype).removeprefix("torch."))
+        return gguf_file.load_denoiser(p, gguf, cls_name, folder, torch_dtype)[1]
     library, class_name = index[name]
     if name in ("unet", "vae"):
         with _weights_only_allowlist():

@@ -141,7 +141,8 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
         import torch
 
         with returning_freed_memory():
-            modules = load_components(str(model.source.path), model.source.config, names, getattr(torch, dtype))
+            modules = load_components(str(model.source.path), model.source.config, names, getattr(torch, dtype),
+                                      lambda folder, name: load_component(folder, name, dtype))
     else:
         with returning_freed_memory():
             modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",
