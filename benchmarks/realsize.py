@@ -95,6 +95,15 @@ def _component(library: str, class_name: str, config: dict, seed: int, dtype: st
         for name, b in model.named_buffers():  # position ids and the like: as the config builds them
             if b.dtype in (torch.int64, torch.int32):
                 b.copy_(torch.arange(b.shape[-1]).expand_as(b))
+        # tied weights as a published checkpoint has them (T5's encoder.embed_tokens is its `shared`): built
+        # on the meta device they come out as two tensors, filled with different values, and transformers then
+        # refuses to tie them at load and keeps both (0.25 GB more of T5-XXL than the real model holds)
+        tied = getattr(model, "_tied_weights_keys", None)
+        if isinstance(tied, dict):
+            params = dict(model.named_parameters(remove_duplicate=False))
+            for target, source in tied.items():
+                if target in params and source in params and params[target] is not params[source]:
+                    params[target].copy_(params[source])
     return model.eval()
 
 
