@@ -332,9 +332,10 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
 
 def replan(data: dict) -> None:
     """The plan's figures of every stored cell again, with this checkout's planner (the measurements stay:
-    the estimate changed, not what ran)."""
-    for c in data["cells"].values():
-        if c["mode"] in ("default", "int8", "int4") and c.get("folder"):
+    the estimate changed, not what ran). A cell keyed "...@COMMIT" is a "before" record kept with the plan of
+    the code that ran it (what that planner picked is its point), and is not replanned."""
+    for key, c in data["cells"].items():
+        if c["mode"] in ("default", "int8", "int4") and c.get("folder") and "@" not in key:
             c.update(plan_host_peak(c["folder"], c["limit_gib"], c["mode"], c.get("size", SIZE)))
             c["planned_at_commit"] = git_commit()
 
