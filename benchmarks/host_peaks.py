@@ -15,9 +15,9 @@ Modes: `default` is our CLI with the planner's own pick, `int8`/`int4` add `--qu
 step in a worker of this script. The models are benchmarks/realsize.py's random-weight folders (built
 on first use under $LOWVRAM_GEN_BENCH); `flux` is FLUX.1-dev in bf16 with its transformer cut to 2 + 4
 blocks and the real T5-XXL, run at 256 px (SIZES) so that a CPU step stays short -- `plan` is asked for
-the same size and the same folder, so its profile has the cut depth. Results merge into docs/bench/host_peaks.json, one record per
-cell with the git commit it measured; `--markdown` prints the table for docs/benchmarks.md (alone, it
-prints the stored results without running anything).
+the same size and the same folder, so its profile has the cut depth. Results merge into
+docs/bench/host_peaks.json, one record per cell with the git commit it measured; `--markdown` prints the
+table for docs/benchmarks.md (alone, it prints the stored results without running anything).
 
 Each cell runs from a fresh wrapper process (this script with `--_cell`) that sits outside the cgroup
 and puts only the child into it (a preexec_fn writing the child's pid into cgroup.procs), so the
@@ -323,7 +323,8 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
         must, plan_rss, peak = c.get("plan_host_peak_bytes"), c.get("plan_rss_peak_bytes"), c.get("peak_rss_bytes")
         outcome = c.get("outcome", "?") + (f" (rc {c.get('exit_code')})" if c.get("outcome") == "error" else "")
         pick = c.get("plan_preset", "") if c["mode"] in ("default", "int8", "int4") else "(plain diffusers)"
-        rows.append(f"| {c['model']} | {c.get('size', SIZE)} | {c['limit_gib']} GiB | {c['mode']} | {pick} | {outcome} | "
+        rows.append(f"| {c['model']} | {c.get('size', SIZE)} | {c['limit_gib']} GiB | {c['mode']} | {pick} | "
+                    f"{outcome} | "
                     f"{str(c.get('commit', ''))[:7]} | {gib(held)} | "
                     f"{gib(must)} | {err(must, held, c)} | {gib(peak)} | {gib(plan_rss)} | {err(plan_rss, peak, c)} | "
                     f"{gib(c.get('cgroup_max_usage_bytes'))} |")

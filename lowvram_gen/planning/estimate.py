@@ -335,7 +335,8 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
         if joint:  # text tokens in the stream: the family's, else the T5 (non-CLIP) encoders' prompts
             kw["joint_text_tokens"] = int(family.get("joint", sum(t5_tokens)))
         kw["cfg_batch"] = bool(family.get("cfg_batch", True))
-    return ModelProfile(arch=arch, params=params, largest_layer=largest, text_quant_kept=text_kept, text_hidden=tuple(text_hidden) or (768,),
+    return ModelProfile(arch=arch, params=params, largest_layer=largest, text_quant_kept=text_kept,
+                        text_hidden=tuple(text_hidden) or (768,),
                         text_layers=tuple(text_layers) or (12,), text_tokens=tuple(text_tokens) or (TEXT_TOKENS,),
                         **kw)
 
