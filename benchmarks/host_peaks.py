@@ -7,15 +7,17 @@ records how it ended (ok / refused / killed / timeout / error), the child's peak
 peak usage (which counts page cache too) and, when `plan` knows `--ram`, what the planner predicted
 for the preset it picks.
 
-    sudo python benchmarks/host_peaks.py [--models sd15,sdxl] [--limits 8,12,16]
+    sudo python benchmarks/host_peaks.py [--models sd15,sdxl,flux] [--limits 8,12,16]
         [--modes default,int8,int4,diffusers-fp32,diffusers-bf16] [--timeout S] [--markdown]
 
 Modes: `default` is our CLI with the planner's own pick, `int8`/`int4` add `--quantize`, and
 `diffusers-fp32`/`diffusers-bf16` are plain `AutoPipelineForText2Image.from_pretrained` plus one 512 px
 step in a worker of this script. The models are benchmarks/realsize.py's random-weight folders (built
-on first use under $LOWVRAM_GEN_BENCH). Results merge into docs/bench/host_peaks.json, one record per
-cell with the git commit it measured; `--markdown` prints the table for docs/benchmarks.md (alone, it
-prints the stored results without running anything).
+on first use under $LOWVRAM_GEN_BENCH); `flux` is FLUX.1-dev in bf16 with its transformer cut to 2 + 4
+blocks and the real T5-XXL, run at 256 px (SIZES) so that a CPU step stays short -- `plan` is asked for
+the same size and the same folder, so its profile has the cut depth. Results merge into
+docs/bench/host_peaks.json, one record per cell with the git commit it measured; `--markdown` prints the
+table for docs/benchmarks.md (alone, it prints the stored results without running anything).
 
 Each cell runs from a fresh wrapper process (this script with `--_cell`) that sits outside the cgroup
 and puts only the child into it (a preexec_fn writing the child's pid into cgroup.procs), so the
@@ -44,10 +46,17 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "bench" / "host_peaks.json"
 CGROOT = Path("/sys/fs/cgroup/memory")
 GiB = 1 << 30
-MODELS = ("sd15", "sdxl")
+MODELS = ("sd15", "sdxl", "flux")
 MODES = ("default", "int8", "int4", "diffusers-fp32", "diffusers-bf16")
 PROMPT = "a red fox"
 SIZE = 512
+# Per-model image side: the cut Flux's CPU step at 512 px would take minutes of the 2 cores; 256 px keeps it
+# short, and the plan is asked for the same size.
+SIZES = {"flux": 256}
+
+
+def size_of(model: str) -> int:
+    return SIZES.get(model, SIZE)
 
 
 def cell_key(model: str, limit_gib: int, mode: str) -> str:
@@ -75,21 +84,21 @@ def git_commit() -> str:
 
 # --- the child commands -------------------------------------------------------------------------
 
-def child_command(model_dir: str, mode: str, outdir: str) -> list[str]:
+def child_command(model_dir: str, mode: str, outdir: str, size: int = SIZE) -> list[str]:
     if mode.startswith("diffusers-"):
         return [sys.executable, str(Path(__file__).resolve()), "--_diffusers",
-                json.dumps({"folder": model_dir, "dtype": mode.split("-", 1)[1]})]
+                json.dumps({"folder": model_dir, "dtype": mode.split("-", 1)[1], "size": size})]
     # `-m lowvram_gen` (the package's __main__): lowvram_gen/cli/main.py has no __main__ guard, so
     # `-m lowvram_gen.cli.main` imports it and exits 0 without doing anything.
-    cmd = [sys.executable, "-m", "lowvram_gen", "generate", PROMPT, "--model", model_dir, "--width", str(SIZE),
-           "--height", str(SIZE), "--steps", "1", "--json", "--outdir", outdir]
+    cmd = [sys.executable, "-m", "lowvram_gen", "generate", PROMPT, "--model", model_dir, "--width", str(size),
+           "--height", str(size), "--steps", "1", "--json", "--outdir", outdir]
     if mode in ("int8", "int4"):
         cmd += ["--quantize", mode]
     return cmd
 
 
 def diffusers_worker(job: dict) -> None:
-    """Plain diffusers: load the folder in `dtype`, one 512 px step, print one JSON line."""
+    """Plain diffusers: load the folder in `dtype`, one step at `size` (512 px), print one JSON line."""
     import torch
     from diffusers import AutoPipelineForText2Image
 
@@ -98,7 +107,8 @@ def diffusers_worker(job: dict) -> None:
     pipe = AutoPipelineForText2Image.from_pretrained(job["folder"], torch_dtype=dtype)
     t1 = time.perf_counter()
     with torch.inference_mode():
-        pipe(PROMPT, width=SIZE, height=SIZE, num_inference_steps=1, generator=torch.Generator().manual_seed(0))
+        size = job.get("size", SIZE)
+        pipe(PROMPT, width=size, height=size, num_inference_steps=1, generator=torch.Generator().manual_seed(0))
     print(json.dumps({"load_s": round(t1 - t0, 1), "run_s": round(time.perf_counter() - t1, 1)}), flush=True)
 
 
@@ -157,7 +167,8 @@ def run_cell(job: dict) -> dict:
         with tempfile.TemporaryDirectory(prefix="host-peaks-") as outdir, \
                 tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             t0 = time.monotonic()
-            proc = subprocess.Popen(child_command(job["folder"], job["mode"], outdir), cwd=str(ROOT), env=env,
+            proc = subprocess.Popen(child_command(job["folder"], job["mode"], outdir, job.get("size", SIZE)),
+                                    cwd=str(ROOT), env=env,
                                     stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=enter_cgroup)
             hwm = anon = file_ = cache = 0
             timed_out = False
@@ -233,15 +244,15 @@ def plan_supports_ram() -> bool:
     return "--ram" in out.stdout
 
 
-def plan_host_peak(folder: str, limit_gib: int, mode: str) -> dict:
-    """`plan --ram` for the cell: the chosen preset's host_peak_bytes (the same quantize as the run)."""
-    cmd = [sys.executable, "-m", "lowvram_gen", "plan", "--model", folder, "--width", str(SIZE), "--height",
-           str(SIZE), "--ram", f"{limit_gib}GiB", "--json"]
+def plan_host_peak(folder: str, limit_gib: int, mode: str, size: int = SIZE) -> dict:
+    """`plan --ram` for the cell: the chosen preset's host_peak_bytes (the same quantize and size as the run)."""
+    cmd = [sys.executable, "-m", "lowvram_gen", "plan", "--model", folder, "--width", str(size), "--height",
+           str(size), "--ram", f"{limit_gib}GiB", "--json"]
     if mode in ("int8", "int4"):
         cmd += ["--quantize", mode]  # only if plan has it; otherwise the pick of the default mode
     proc = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and "--quantize" in cmd and "unrecognized arguments" in proc.stderr:
-        return plan_host_peak(folder, limit_gib, "default") | {"plan_quantize_ignored": True}
+        return plan_host_peak(folder, limit_gib, "default", size) | {"plan_quantize_ignored": True}
     try:
         plan = json.loads(proc.stdout)
     except ValueError:
@@ -295,9 +306,9 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
     what the planner compares with the RAM. Peak RSS (VmHWM) against the plan's rss_peak_bytes: RSS also
     counts the safetensors pages a load or a step touched, clean file pages the kernel drops before it kills,
     so where the cgroup's peak reached its limit the kernel trimmed them and the measured RSS is lower."""
-    rows = ["| model | limit | mode | plan's pick | outcome | commit | anon + libs GiB | plan must-fit GiB | error % "
+    rows = ["| model | px | limit | mode | plan's pick | outcome | commit | anon + libs GiB | plan must-fit GiB | error % "
             "| peak RSS GiB | plan RSS GiB | error % | cgroup max GiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     cells = data["cells"]
     wanted = [k for k in (keys or cells) if k in cells]
     wanted.sort(key=lambda k: (MODELS.index(cells[k]["model"]), cells[k]["limit_gib"], MODES.index(cells[k]["mode"])))
@@ -312,7 +323,8 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
         must, plan_rss, peak = c.get("plan_host_peak_bytes"), c.get("plan_rss_peak_bytes"), c.get("peak_rss_bytes")
         outcome = c.get("outcome", "?") + (f" (rc {c.get('exit_code')})" if c.get("outcome") == "error" else "")
         pick = c.get("plan_preset", "") if c["mode"] in ("default", "int8", "int4") else "(plain diffusers)"
-        rows.append(f"| {c['model']} | {c['limit_gib']} GiB | {c['mode']} | {pick} | {outcome} | "
+        rows.append(f"| {c['model']} | {c.get('size', SIZE)} | {c['limit_gib']} GiB | {c['mode']} | {pick} | "
+                    f"{outcome} | "
                     f"{str(c.get('commit', ''))[:7]} | {gib(held)} | "
                     f"{gib(must)} | {err(must, held, c)} | {gib(peak)} | {gib(plan_rss)} | {err(plan_rss, peak, c)} | "
                     f"{gib(c.get('cgroup_max_usage_bytes'))} |")
@@ -321,10 +333,11 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
 
 def replan(data: dict) -> None:
     """The plan's figures of every stored cell again, with this checkout's planner (the measurements stay:
-    the estimate changed, not what ran)."""
-    for c in data["cells"].values():
-        if c["mode"] in ("default", "int8", "int4") and c.get("folder"):
-            c.update(plan_host_peak(c["folder"], c["limit_gib"], c["mode"]))
+    the estimate changed, not what ran). A cell keyed "...@COMMIT" is a "before" record kept with the plan of
+    the code that ran it (what that planner picked is its point), and is not replanned."""
+    for key, c in data["cells"].items():
+        if c["mode"] in ("default", "int8", "int4") and c.get("folder") and "@" not in key:
+            c.update(plan_host_peak(c["folder"], c["limit_gib"], c["mode"], c.get("size", SIZE)))
             c["planned_at_commit"] = git_commit()
 
 
@@ -380,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     for model, limit_gib, mode in order([(m, lim, md) for m in models for lim in limits for md in modes]):
         key = cell_key(model, limit_gib, mode)
         job = {"cell": key, "model": model, "limit_gib": limit_gib, "mode": mode, "folder": folders[model],
-               "timeout": args.timeout}
+               "size": size_of(model), "timeout": args.timeout}
         print(f"host_peaks: {key} ...", file=sys.stderr, flush=True)
         rec = run_worker(__file__, "--_cell", job, timeout=args.timeout + 300)
         rec.pop("timeout", None)
@@ -389,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         rec.update(commit=commit, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         if with_plan:
             try:
-                rec.update(plan_host_peak(folders[model], limit_gib, mode))
+                rec.update(plan_host_peak(folders[model], limit_gib, mode, size_of(model)))
             except (OSError, subprocess.SubprocessError) as exc:
                 rec["plan_error"] = str(exc)
         data["cells"][key] = rec

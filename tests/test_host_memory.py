@@ -114,6 +114,26 @@ def test_host_estimate_counts_float32_weights_twice_the_fp16_ones_and_int8_at_a_
     assert f32.activation_bytes > 0 and f32.peak_bytes > f32.weights_bytes + host_mod.BASELINE_BYTES
 
 
+def test_a_quantized_t5_keeps_its_float32_wo_layers_at_the_load_dtype():
+    # sdnq skips a transformers model's _keep_in_fp32_modules: T5's 24 wo projections (1.0 B of T5-XXL's 4.76 B)
+    # stay unquantized; the cut FLUX.1 at int8 held 11.19 GiB where counting the embedding alone planned 8.13
+    from transformers import T5Config, T5EncoderModel
+
+    t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_heads=4,
+                                 feed_forward_proj="gated-gelu"))
+    wo = sum(b.layer[1].DenseReluDense.wo.weight.numel() for b in t5.encoder.block)
+    assert memory.text_quant_kept(t5) == memory.sdnq_kept(t5) - t5.shared.weight.numel() + wo  # embedding once
+    flux = memory.profile_builtin("flux")
+    kept = flux.text_quant_kept["text_encoder_2"]
+    assert 1.0e9 < kept < 1.2e9  # 24 x 10240 x 4096 wo weights, the 32128 x 4096 embedding, norms
+    i8 = host_mod.kept_bytes(flux, MemorySettings(dtype="float32", quantize="int8"))["text_encoder_2"]
+    n = flux.params["text_encoder_2"]
+    assert i8 == int((n - kept) * memory.QUANTIZED_BYTES["int8"] + kept * 4)
+    old = replace(flux, text_quant_kept={})  # a stored profile without the count: the embedding alone
+    old_i8 = host_mod.kept_bytes(old, MemorySettings(dtype="float32", quantize="int8"))["text_encoder_2"]
+    assert old_i8 < i8 - 2.5 * GiB  # 1.0 B wo weights at 4 bytes, not ~1
+
+
 def test_a_component_loaded_at_its_file_dtype_stays_mapped_and_a_gpu_job_holds_one_at_a_time():
     sd15 = memory.profile_builtin("sd15")  # published checkpoints: 2 bytes a weight
     assert host_mod.mapped(sd15, MemorySettings(dtype="float16"), "unet")

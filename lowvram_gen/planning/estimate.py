@@ -161,6 +161,10 @@ class ModelProfile:
     # denoiser parameters sdnq leaves unquantized (int8/int4): biases, norms, embedders, small layers
     # (quantized_kept()); -1: not counted (an old stored profile), fp8_kept is used instead
     quant_kept: int = -1
+    # per text encoder, the parameters sdnq leaves unquantized (text_quant_kept()): its embeddings, norms and
+    # the layers the model keeps in float32 (T5's `wo`: 1.0 B of T5-XXL's 4.76 B). Empty: not counted (an
+    # old stored profile), the token embedding (largest_layer) alone is taken
+    text_quant_kept: dict[str, int] = field(default_factory=dict)
     # a GGUF denoiser: how many of its parameters are block-quantized, and their bytes as the file stores
     # them (they stay so; the rest follow the dtype). 0: an ordinary denoiser
     denoiser_quantized: int = 0
@@ -184,6 +188,7 @@ class ModelProfile:
         kw["residency_blocks"] = tuple((str(n), int(c)) for n, c in d.get("residency_blocks", ()))
         kw["params"] = dict(d["params"])
         kw["largest_layer"] = dict(d.get("largest_layer", {}))
+        kw["text_quant_kept"] = {str(k): int(v) for k, v in dict(d.get("text_quant_kept", {})).items()}
         kw["file_bytes"] = {str(k): int(v) for k, v in dict(d.get("file_bytes", {})).items()}
         return cls(**kw)
 
@@ -284,6 +289,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                   if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] and v[1]}
     params: dict[str, int] = {}
     largest: dict[str, int] = {}
+    text_kept: dict[str, int] = {}
     kw: dict[str, Any] = {}
     text_hidden, text_layers, text_tokens, t5_tokens = [], [], [], []
     family = _pipeline_family(str(index.get("_class_name") or ""))
@@ -308,6 +314,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
             # only the SDXL pipelines honour force_upcast (and diffusers defaults it to true when absent)
             kw["vae_force_upcast"] = bool(cfg.get("force_upcast", False)) and "XL" in str(index.get("_class_name"))
         elif name.startswith("text_encoder"):
+            text_kept[name] = text_quant_kept(model)
             c = model.config
             text_hidden.append(int(getattr(c, "hidden_size", getattr(c, "d_model", 768))))
             text_layers.append(int(getattr(c, "num_hidden_layers", getattr(c, "num_layers", 12))))
@@ -328,7 +335,8 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
         if joint:  # text tokens in the stream: the family's, else the T5 (non-CLIP) encoders' prompts
             kw["joint_text_tokens"] = int(family.get("joint", sum(t5_tokens)))
         kw["cfg_batch"] = bool(family.get("cfg_batch", True))
-    return ModelProfile(arch=arch, params=params, largest_layer=largest, text_hidden=tuple(text_hidden) or (768,),
+    return ModelProfile(arch=arch, params=params, largest_layer=largest, text_quant_kept=text_kept,
+                        text_hidden=tuple(text_hidden) or (768,),
                         text_layers=tuple(text_layers) or (12,), text_tokens=tuple(text_tokens) or (TEXT_TOKENS,),
                         **kw)
 
@@ -430,6 +438,29 @@ def sdnq_kept(model) -> int:
         for pname, p in mod.named_parameters(recurse=False):
             quantized = (isinstance(mod, (torch.nn.Linear, torch.nn.Conv2d)) and pname == "weight"
                          and "embed" not in name and p.numel() >= 16384 and p.shape[0] >= 32)
+            kept += 0 if quantized else p.numel()
+    return kept
+
+
+def text_quant_kept(model) -> int:
+    """A text encoder's parameters sdnq leaves unquantized: `sdnq_kept`'s, plus the layers the transformers
+    model names in `_keep_in_fp32_modules`, which sdnq's quantizer honours (use_keep_in_fp32_modules). T5's
+    are its feed-forward output projections `wo` (24 x 10240 x 4096 = 1.0 B of T5-XXL's 4.76 B): measured on
+    the real-size T5-XXL loaded at bfloat16 with int8: 3.38 GiB of int8 and 2.37 GiB of bfloat16 weights (that
+    build's embeddings were untied, two copies: 2.12 GiB counted here for the tied model), where counting the
+    embedding alone as unquantized said 4.3 and 0.25 (docs/benchmarks.md, "FLUX.1"). A tied weight counts once."""
+    import torch
+
+    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    kept, seen = 0, set()
+    for name, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:  # a tied weight (T5's encoder.embed_tokens is its `shared`): one tensor
+                continue
+            seen.add(id(p))
+            quantized = (isinstance(mod, (torch.nn.Linear, torch.nn.Conv2d)) and pname == "weight"
+                         and "embed" not in name and p.numel() >= 16384 and p.shape[0] >= 32
+                         and not any(k in name.split(".") for k in keep))
             kept += 0 if quantized else p.numel()
     return kept
 
