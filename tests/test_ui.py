@@ -698,6 +698,14 @@ def _value_is(page, selector: str, expected: str) -> None:
                            arg=[selector, expected], timeout=30_000)
 
 
+def _drop_on_png_info(page, png, shows: str) -> None:
+    """Open PNG Info, drop `png` on it and wait until its parameters show `shows`."""
+    page.get_by_role("tab", name="PNG Info").click()
+    page.locator("#pnginfo-image input[type=file]").set_input_files(str(png))
+    page.wait_for_function("(s) => document.querySelector('#pnginfo-parameters textarea').value.includes(s)",
+                           arg=shows, timeout=30_000)
+
+
 @needs_browser
 def test_a_png_dropped_on_png_info_fills_txt2img_and_regenerates_the_same_image(page, server, tmp_path):
     from lowvram_gen import GenerationRequest
@@ -706,10 +714,7 @@ def test_a_png_dropped_on_png_info_fills_txt2img_and_regenerates_the_same_image(
     original = server.session.generate(GenerationRequest(
         prompt="a lighthouse, <b>dusk</b>", negative_prompt="fog", width=64, height=72, steps=2, seed=4242,
         cfg_scale=5.5, sampler="Euler a", outdir=str(tmp_path))).images[0]
-    page.get_by_role("tab", name="PNG Info").click()
-    page.locator("#pnginfo-image input[type=file]").set_input_files(original)
-    page.wait_for_function("() => document.querySelector('#pnginfo-parameters textarea').value.includes('Seed: 4242')",
-                           timeout=30_000)
+    _drop_on_png_info(page, original, "Seed: 4242")
     page.click("#pnginfo-to-txt2img")
     _value_is(page, "#prompt textarea", "a lighthouse, <b>dusk</b>")  # the txt2img tab is showing, filled
     assert page.locator("#negative textarea").input_value() == "fog"
@@ -924,10 +929,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
 @needs_browser
 def test_png_info_sends_a_vqgan_png_to_txt2img_and_says_what_was_not_used(page, tmp_path):
     png = _png_with(tmp_path / "vqgan-made.png", VQGAN_TEXT)
-    page.get_by_role("tab", name="PNG Info").click()
-    page.locator("#pnginfo-image input[type=file]").set_input_files(png)
-    page.wait_for_function("() => document.querySelector('#pnginfo-parameters textarea').value.includes('Adam')",
-                           timeout=30_000)
+    _drop_on_png_info(page, png, "Adam")
     page.click("#pnginfo-to-txt2img")
     _value_is(page, "#prompt textarea", "a lighthouse at dusk")  # the txt2img tab is showing, filled
     note = page.locator("#txt2img-sent")
