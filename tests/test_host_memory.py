@@ -430,3 +430,37 @@ def test_processes_of_one_launch_share_the_ram(tmp_path, monkeypatch):
     assert host.available_bytes == 10 * GiB and "shared by 4 processes" in host.limit_source
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert probe_host(root=root).available_bytes == 40 * GiB
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_t5_loaded_in_float16_keeps_its_wo_in_float32_and_the_estimates_count_it(tmp_path, dtype):
+    """transformers keeps T5's `_keep_in_fp32_modules` (`wo`) in float32 when the rest loads in float16 (T5
+    overflows there): 1.0 B of T5-XXL's parameters at 4 bytes, which neither the VRAM nor the host estimate
+    counted (1.9 GiB for FLUX.1's T5). `text_encoder_bytes` is the one count both use; checked here against
+    the bytes a tiny T5 really holds after `from_pretrained` at each dtype."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    T5EncoderModel(T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)).save_pretrained(
+        tmp_path / "t5")
+    loaded = T5EncoderModel.from_pretrained(tmp_path / "t5", torch_dtype=getattr(torch, dtype))
+    held = sum(p.numel() * p.element_size() for p in {id(p): p for p in loaded.parameters()}.values())
+    meta = T5EncoderModel(T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4))
+    profile = memory.ModelProfile(arch="custom", params={"text_encoder_2": sum(p.numel() for p in meta.parameters())},
+                                  text_fp32_kept={"text_encoder_2": memory.text_fp32_kept(meta)})
+    assert memory.text_fp32_kept(meta) == 2 * 64 * 32  # the two layers' wo
+    assert memory.text_encoder_bytes(profile, "text_encoder_2", dtype) == held
+    if dtype == "float16":
+        assert held > profile.params["text_encoder_2"] * 2  # the float32 wo is there
+
+
+def test_the_flux_profile_counts_t5s_float32_wo_in_a_float16_plan():
+    flux = memory.profile_builtin("flux")
+    t5 = flux.params["text_encoder_2"]
+    assert flux.text_fp32_kept["text_encoder_2"] == 24 * 10240 * 4096
+    assert memory.text_encoder_bytes(flux, "text_encoder_2", "float16") == (t5 - 24 * 10240 * 4096) * 2 + 24 * 10240 * 4096 * 4
+    assert memory.text_encoder_bytes(flux, "text_encoder_2", "bfloat16") == t5 * 2
+    settings = MemorySettings(dtype="float16", offload="model")
+    assert host_mod.kept_bytes(flux, settings)["text_encoder_2"] == memory.text_encoder_bytes(flux, "text_encoder_2",
+                                                                                         "float16")

@@ -165,6 +165,9 @@ class ModelProfile:
     # the layers the model keeps in float32 (T5's `wo`: 1.0 B of T5-XXL's 4.76 B). Empty: not counted (an
     # old stored profile), the token embedding (largest_layer) alone is taken
     text_quant_kept: dict[str, int] = field(default_factory=dict)
+    # per text encoder, the parameters of the layers the model keeps in float32 (`_keep_in_fp32_modules`:
+    # T5's `wo`); transformers loads them in float32 when the rest is float16 (text_fp32_kept())
+    text_fp32_kept: dict[str, int] = field(default_factory=dict)
     # a GGUF denoiser: how many of its parameters are block-quantized, and their bytes as the file stores
     # them (they stay so; the rest follow the dtype). 0: an ordinary denoiser
     denoiser_quantized: int = 0
@@ -189,6 +192,7 @@ class ModelProfile:
         kw["params"] = dict(d["params"])
         kw["largest_layer"] = dict(d.get("largest_layer", {}))
         kw["text_quant_kept"] = {str(k): int(v) for k, v in dict(d.get("text_quant_kept", {})).items()}
+        kw["text_fp32_kept"] = {str(k): int(v) for k, v in dict(d.get("text_fp32_kept", {})).items()}
         kw["file_bytes"] = {str(k): int(v) for k, v in dict(d.get("file_bytes", {})).items()}
         return cls(**kw)
 
@@ -290,6 +294,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
     params: dict[str, int] = {}
     largest: dict[str, int] = {}
     text_kept: dict[str, int] = {}
+    fp32_kept: dict[str, int] = {}
     kw: dict[str, Any] = {}
     text_hidden, text_layers, text_tokens, t5_tokens = [], [], [], []
     family = _pipeline_family(str(index.get("_class_name") or ""))
@@ -315,6 +320,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
             kw["vae_force_upcast"] = bool(cfg.get("force_upcast", False)) and "XL" in str(index.get("_class_name"))
         elif name.startswith("text_encoder"):
             text_kept[name] = text_quant_kept(model)
+            fp32_kept[name] = text_fp32_kept(model)
             c = model.config
             text_hidden.append(int(getattr(c, "hidden_size", getattr(c, "d_model", 768))))
             text_layers.append(int(getattr(c, "num_hidden_layers", getattr(c, "num_layers", 12))))
@@ -336,6 +342,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
             kw["joint_text_tokens"] = int(family.get("joint", sum(t5_tokens)))
         kw["cfg_batch"] = bool(family.get("cfg_batch", True))
     return ModelProfile(arch=arch, params=params, largest_layer=largest, text_quant_kept=text_kept,
+                        text_fp32_kept={k: v for k, v in fp32_kept.items() if v},
                         text_hidden=tuple(text_hidden) or (768,),
                         text_layers=tuple(text_layers) or (12,), text_tokens=tuple(text_tokens) or (TEXT_TOKENS,),
                         **kw)
@@ -463,6 +470,31 @@ def text_quant_kept(model) -> int:
                          and not any(k in name.split(".") for k in keep))
             kept += 0 if quantized else p.numel()
     return kept
+
+
+def text_fp32_kept(model) -> int:
+    """Parameters of the layers a transformers text encoder names in `_keep_in_fp32_modules` (T5's `wo`, 1.0 B of
+    T5-XXL's 4.76 B): transformers loads them in float32 when the model is loaded in float16 (T5 overflows in
+    float16 there), quantized or not; in bfloat16 they follow the dtype (checked on a tiny T5)."""
+    keep = tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if not keep:
+        return 0
+    return sum(p.numel() for name, mod in model.named_modules() if any(k in name.split(".") for k in keep)
+               for p in mod.parameters(recurse=False))
+
+
+def text_encoder_bytes(profile: "ModelProfile", name: str, dtype: str, quantize: str = "none") -> int:
+    """Bytes of the text encoder `name` as loaded at `dtype` (with `quantize` int8/int4, while loading): what sdnq
+    leaves unquantized (text_quant_kept: embeddings, norms, the float32-kept layers) stays at the dtype, and
+    in a float16 load the float32-kept layers are float32. One count for the VRAM estimate and the host's."""
+    n = profile.params.get(name, 0)
+    b = DTYPE_BYTES[dtype]
+    fp32 = profile.text_fp32_kept.get(name, 0) if dtype == "float16" else 0
+    q = QUANTIZED_BYTES.get(quantize)
+    if q:
+        kept = max(profile.text_quant_kept.get(name) or profile.largest_layer.get(name, 0), fp32)
+        return int((n - kept) * q + (kept - fp32) * b + fp32 * 4)
+    return int((n - fp32) * b + fp32 * 4)
 
 
 def _vae_fields(model) -> dict:
@@ -690,7 +722,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     p = profile.params
     te_names = profile.text_encoders
     q_bytes = QUANTIZED_BYTES.get(settings.quantize)
-    te_each = [p[n] * (q_bytes or b) for n in te_names]
+    te_each = [text_encoder_bytes(profile, n, settings.dtype, settings.quantize) for n in te_names]
     den_full = p.get(den, 0) * b
     # the denoiser's weights as stored; narrower storage adds the one layer dequantized while it runs
     if q_bytes and not profile.denoiser_quantized:  # weight-only int8/int4 (models/quantize.py)

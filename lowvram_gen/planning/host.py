@@ -106,13 +106,12 @@ def kept_bytes(profile: memory.ModelProfile, settings: MemorySettings) -> dict[s
             out[name] = (n - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes
         elif q and name == den:
             out[name] = (n - profile.quantized_kept) * q + profile.quantized_kept * b
-        elif q and name.startswith("text_encoder"):
+        elif name.startswith("text_encoder") and (q or not settings.half_storage):
             # sdnq leaves the token embedding (the largest layer of a CLIP or T5 encoder) alone, and the layers
             # the model keeps in float32: T5's `wo` projections, 1.0 B of T5-XXL's 4.76 B parameters, stay at the
             # load dtype (measured on FLUX.1's T5-XXL at int8 in a float32 load: 11.5 GiB anonymous peak where
-            # counting the embedding alone planned 8.1; docs/benchmarks.md "FLUX.1")
-            emb = profile.text_quant_kept.get(name) or profile.largest_layer.get(name, 0)
-            out[name] = (n - emb) * q + emb * b
+            # counting the embedding alone planned 8.1; docs/benchmarks.md "FLUX.1"), float32 in a float16 load
+            out[name] = memory.text_encoder_bytes(profile, name, settings.dtype, settings.quantize)
         elif settings.half_storage:  # 16-bit as the file stores them; a text encoder's embeddings at the dtype
             emb = profile.largest_layer.get(name, 0) if name.startswith("text_encoder") else 0
             out[name] = min(n * b, profile_file_bytes(profile, name) - emb * 2 + emb * b)
