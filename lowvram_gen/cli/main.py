@@ -252,9 +252,6 @@ def cmd_generate(args) -> int:
     fields, said = _request_fields(args)
     request = GenerationRequest(**fields, config=args.config, outdir=args.outdir,
                                 loras=tuple(args.lora)).validated()  # before anything heavy is imported or loaded
-    from lowvram_gen.networks.names import check_names
-
-    check_names(request.prompt, request.negative_prompt, request.loras)  # the LoRA files too (the session checks again)
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 

@@ -276,8 +276,8 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
             unpinned = _pin_variants(forced, device)[1]
             row = next((r for p, r in candidates if p == unpinned), None) or rows.row(unpinned)
             forced, chosen = (unpinned, (unpinned, row)) if row.fits_host else (forced, chosen)
-        if not chosen[1].fits_host and _te_variant(forced, rows) is not None:  # the same, encoders per job
-            reload = _te_variant(forced, rows)
+        reload = None if chosen[1].fits_host else _te_variant(forced, rows)  # the same, encoders per job
+        if reload is not None:
             row = next((r for p, r in candidates if p == reload), None) or rows.row(reload)
             forced, chosen = (reload, (reload, row)) if row.fits_host else (forced, chosen)
         result = Plan(forced, _ladder(chosen, candidates, rows), [r for _, r in candidates],
