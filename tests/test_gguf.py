@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
 import gguf_files  # noqa: E402
+import procmaps  # noqa: E402
 from lowvram_gen.cli.main import main  # noqa: E402
 from lowvram_gen.device import probe  # noqa: E402
 from lowvram_gen.engines.sd import apply as apply_mod  # noqa: E402
@@ -93,18 +94,7 @@ def _quantized(unet) -> dict:
 # ------------------------------------------------------------------------------ header and loading
 
 
-def _mapped_ranges(path) -> list[tuple[int, int]]:
-    """Address ranges where this process maps `path` (/proc/self/maps)."""
-    ranges = []
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5] == str(Path(path).resolve()):
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            ranges.append((start, end))
-    return ranges
-
-
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+@pytest.mark.skipif(not procmaps.HAS_MAPS, reason="reads Linux's /proc/self/maps")
 def test_the_quantized_blocks_stay_in_the_files_pages_not_a_copy(files, tiny_path, reference):
     """Issue 17: diffusers' GGUF reader copied every tensor out of the file's map, so the whole file became
     anonymous memory the kernel cannot drop. The loaded UNet's blocks now point into the file's mapping;
@@ -114,11 +104,11 @@ def test_the_quantized_blocks_stay_in_the_files_pages_not_a_copy(files, tiny_pat
     path = files["Q8_0"]
     on_disk = path.read_bytes()
     unet = _load(path, tiny_path).unet
-    ranges = _mapped_ranges(path)
+    ranges = procmaps.mapped_ranges(path)
     assert ranges, "the GGUF file is not mapped"
     blocks = [p for p in unet.parameters() if isinstance(p, GGUFParameter)]
     assert blocks
-    inside = [any(a <= p.data_ptr() < b for a, b in ranges) for p in blocks]
+    inside = [procmaps.inside(p, ranges) for p in blocks]
     assert all(inside), f"{inside.count(False)} of {len(blocks)} quantized tensors were copied"
     assert torch.allclose(_unet_output(unet), _unet_output(reference.unet), atol=0.05, rtol=0)
     with torch.no_grad():

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import procmaps
+
 from lowvram_gen import device as device_mod
 from lowvram_gen.hostmem import HostMemory, probe_host, simulated_host
 from lowvram_gen.planning import estimate as memory
@@ -306,6 +308,29 @@ def test_half_storage_gives_the_float32_image_from_16_bit_weights(tiny_fp16, tmp
         assert weights == ({torch.float16} if half else {torch.float32})
         assert session.model.dtype == ("float16" if half else "float32")
     assert np.array_equal(images[False], images[True])
+
+
+@pytest.mark.skipif(not procmaps.HAS_MAPS, reason="reads Linux's /proc/self/maps")
+def test_half_storage_keeps_the_weights_in_the_files_pages_through_a_job(tiny_fp16, tmp_path):
+    """Issue 17: diffusers' layerwise casting casts each layer back to a fresh 16-bit copy after its forward,
+    so after one step every weight was anonymous memory (real-size SDXL's cpu+half held 9.0 GiB of it for
+    6.4 GiB of weights) and the kernel could only kill. After a whole job the UNet's cast layers still point
+    into the safetensors file's map (clean pages the kernel can drop and read again)."""
+    import torch
+
+    from lowvram_gen.request import GenerationRequest
+    from lowvram_gen.session import Session
+
+    session = Session(device="cpu", presets_dir=str(_cpu_presets(tmp_path, True)), outdir=str(tmp_path / "out"))
+    session.generate(GenerationRequest(prompt="a fox", model=str(tiny_fp16), width=64, height=64, steps=2, seed=3))
+    unet = session.model.pipe.unet
+    ranges = procmaps.mapped_ranges(tiny_fp16 / "unet" / "diffusion_pytorch_model.safetensors")
+    assert ranges, "the UNet's file is not mapped"
+    cast = [m.weight for m in unet.modules()
+            if getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.get_hook("layerwise_casting")]
+    assert cast and all(w.dtype == torch.float16 for w in cast)
+    outside = [w for w in cast if not procmaps.inside(w, ranges)]
+    assert not outside, f"{len(outside)} of {len(cast)} cast layers hold a copy instead of the file's pages"
 
 
 def test_half_files_are_what_a_folder_stores():

@@ -123,12 +123,15 @@ class PipelineOps:
 
     def half_storage(self, compute_dtype: str, names: tuple[str, ...] | None = None) -> None:
         """Every component keeps its 16-bit weights and computes in `compute_dtype` (settings.half_storage):
-        diffusers' layerwise casting on each model (any torch module takes its hooks), then what it leaves
+        diffusers' layerwise casting on each model (any torch module takes its hooks), with its hooks put
+        back to the stored tensors after each forward (engines/sd/casting.py), then what it leaves
         out (norms, positional tensors: its skip patterns; a text encoder's embeddings) cast to the compute
         dtype, so that no layer meets a tensor of another dtype."""
         import torch
         from diffusers.hooks import apply_layerwise_casting
         from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+
+        from lowvram_gen.engines.sd.casting import keep_mapped
 
         compute = getattr(torch, compute_dtype)
         for name, module in _modules(self.pipe).items():
@@ -144,6 +147,7 @@ class PipelineOps:
                 patterns = (*patterns, "embed")
             apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute,
                                     skip_modules_pattern=patterns)
+            keep_mapped(module)  # the stored tensors (the file's pages) stay; the upcast copies are dropped
             for sub in module.modules():
                 registry = getattr(sub, "_diffusers_hook", None)
                 if registry is not None and registry.get_hook("layerwise_casting") is not None:
