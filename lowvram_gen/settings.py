@@ -60,6 +60,13 @@ class MemorySettings:
     # 16 GiB machine and being refused). It costs a read from disk per job; the planner adds it
     # (+te-reload) only when the candidate with kept encoders does not fit the RAM.
     text_encoders: str = "kept"
+    # The last rung when even quantized weights do not fit the RAM (issue 17): weights the planner keeps
+    # memory-mapped from their files (loaded at the dtype the file stores, or a GGUF denoiser's blocks) are
+    # not counted as RAM the job must hold: the kernel drops their pages under pressure and reads them
+    # again from disk as the layers run, so a step can read the whole denoiser from disk. Runs as written
+    # otherwise (on CUDA it streams without pinned copies, which would be anonymous memory); the planner
+    # adds it (+disk) only when no other candidate fits the RAM.
+    paged_weights: bool = False
 
     def check(self, where: str = "settings") -> "MemorySettings":
         for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD),
@@ -67,7 +74,7 @@ class MemorySettings:
             value = getattr(self, key)
             if value not in allowed:
                 raise PresetError(f"{where}: {key} = {value!r} is not allowed; use one of {', '.join(allowed)}")
-        for key in ("vae_slicing", "vae_tiling", "fp8_storage", "pin_memory", "half_storage"):
+        for key in ("vae_slicing", "vae_tiling", "fp8_storage", "pin_memory", "half_storage", "paged_weights"):
             if not isinstance(getattr(self, key), bool):
                 raise PresetError(f"{where}: {key} = {getattr(self, key)!r} must be true or false")
         resident = self.resident_bytes
@@ -82,6 +89,9 @@ class MemorySettings:
         if self.half_storage and (self.dtype != "float32" or self.fp8_storage or self.quantize != "none"):
             raise PresetError(f"{where}: half_storage keeps 16-bit weights for float32 compute: it needs dtype = "
                               "'float32', fp8_storage = false and quantize = 'none'")
+        if self.paged_weights and self.pin_memory:
+            raise PresetError(f"{where}: paged_weights streams the weights from their files' pages, which pinned "
+                              "copies would hold in RAM; set pin_memory = false with it")
         if self.fp8_storage and self.quantize != "none":
             raise PresetError(f"{where}: quantize = {self.quantize!r} and fp8_storage = true both shrink the "
                               "denoiser's weights; use one (quantize = 'none' or fp8_storage = false)")

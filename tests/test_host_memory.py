@@ -23,6 +23,7 @@ from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import load_presets
+from lowvram_gen.errors import PresetError
 from lowvram_gen.settings import MemorySettings
 
 GiB = 1024**3
@@ -187,7 +188,11 @@ def test_a_forced_quantize_none_that_does_not_fit_names_the_quantization_that_wo
     # 8 GiB hold its 16-bit weights with the text encoders reloaded per job (cpu+half+te-reload); 7 GiB do not
     assert plan(_cpu("8GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True).preset.name == \
         "cpu+half+te-reload"
-    result = plan(_cpu("7GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True)
+    # 7 GiB do not: its weights stay in the files (the last rung, lossless as the user asked, and slow)
+    assert plan(_cpu("7GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True).preset.name == \
+        "cpu+half+disk"
+    # a single file (converted as it loads: no +disk) names the quantization that would fit
+    result = plan(_cpu("7GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True, reloadable=False)
     assert "--quantize int8 would fit" in result.refusal
 
 
@@ -224,10 +229,14 @@ def test_plan_cli_json_has_the_host_peak_of_every_candidate_and_the_sentence(cap
     data = json.loads(capsys.readouterr().out)
     chosen = next(p for p in data["presets"] if p["name"] == data["preset"])
     assert chosen["host_peak_bytes"] < 16 * GiB and chosen["fits_host"] and not data["refusal"]
+    # on a CPU with 8 GiB FLUX.1 runs only with its weights left in their files (the last rung), with 4 not at all
     assert main(["plan", "--ram", "8GiB", "--model", "flux"]) == 0
     out = capsys.readouterr().out
+    assert "would run: cpu+half+disk" in out and "read from disk as the layers run" in out
+    assert main(["plan", "--ram", "4GiB", "--model", "flux"]) == 0
+    out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("would not run: ")]
-    assert len(lines) == 1 and "FLUX.1-dev" in lines[0] and "this machine has 8.0 GiB" in lines[0]
+    assert len(lines) == 1 and "FLUX.1-dev" in lines[0] and "this machine has 4.0 GiB" in lines[0]
 
 
 # ------------------------------------------------------------------------- refusal before loading
@@ -385,6 +394,78 @@ def test_a_cpu_with_native_bfloat16_computes_in_it_and_one_without_never_does():
     assert result.preset.name == "cpu+bf16" and result.preset.memory.dtype == "bfloat16"
     without = plan(replace(_cpu("32GiB"), bf16=False), sd15, 512, 512, 1, load_presets())
     assert without.preset.name == "cpu" and all("bf16" not in e.name for e in without.estimates)
+
+
+# ------------------------------------------------------------------- the last rung: weights left on disk
+
+
+def test_paged_weights_leave_the_peak_and_show_in_an_unlimited_runs_rss():
+    """settings.paged_weights: what stays in the files' pages (the mapped components, less a text encoder's
+    embeddings, which half storage casts to float32) is out of the must-fit peak, and in the RSS."""
+    sdxl = memory.profile_builtin("sdxl")
+    s = MemorySettings(dtype="float32", half_storage=True)
+    kept = host_mod.host_estimate(sdxl, s, "cpu", 512, 512, 1)
+    paged = host_mod.host_estimate(sdxl, replace(s, paged_weights=True, pin_memory=False), "cpu", 512, 512, 1)
+    in_files = host_mod.paged(sdxl, s, host_mod.kept_bytes(sdxl, s))
+    assert set(in_files) == {"unet", "vae", "text_encoder", "text_encoder_2"}
+    assert in_files["unet"] == host_mod.profile_file_bytes(sdxl, "unet")
+    emb = sdxl.largest_layer["text_encoder_2"]
+    assert in_files["text_encoder_2"] == host_mod.profile_file_bytes(sdxl, "text_encoder_2") - emb * 2
+    assert paged.paged_bytes == sum(in_files.values())
+    assert kept.run_bytes - paged.run_bytes == paged.paged_bytes - host_mod.PAGED_WORKING_SET
+    assert paged.rss_peak_bytes == kept.run_bytes + host_mod.PAGED_WORKING_SET
+
+
+def test_only_weights_loaded_at_their_files_dtype_can_stay_in_the_files():
+    sdxl, flux = memory.profile_builtin("sdxl"), memory.profile_builtin("flux")  # float16 and bfloat16 files
+    assert host_mod.can_page(sdxl, MemorySettings(dtype="float32", half_storage=True))
+    assert host_mod.can_page(sdxl, MemorySettings(dtype="float16"))
+    assert not host_mod.can_page(sdxl, MemorySettings(dtype="bfloat16"))  # converted as it loads
+    assert not host_mod.can_page(sdxl, MemorySettings(dtype="float32"))
+    assert not host_mod.can_page(sdxl, MemorySettings(dtype="float16", quantize="int8"))
+    assert host_mod.can_page(flux, MemorySettings(dtype="bfloat16"))
+    assert not host_mod.can_page(flux, MemorySettings(dtype="float16"))
+    bf16_folder = replace(sdxl, file_dtype="bfloat16")  # as read from a folder's safetensors header
+    assert host_mod.can_page(bf16_folder, MemorySettings(dtype="bfloat16"))
+
+
+def test_on_a_cpu_the_last_rung_leaves_the_weights_in_their_files_and_only_when_nothing_else_fits():
+    from lowvram_gen.planning.planner import DISK_BYTES_PER_S
+
+    sdxl = memory.profile_builtin("sdxl")
+    result = plan(_cpu("3GiB"), sdxl, 512, 512, 1, load_presets())
+    assert result.preset.name == "cpu+half+disk" and not result.refusal
+    assert result.preset.memory.paged_weights and not result.preset.memory.pin_memory
+    rows = {e.name: e for e in result.estimates}
+    chosen = rows["cpu+half+disk"]
+    assert chosen.fits_host and all(not e.fits_host for n, e in rows.items() if "+disk" not in n)
+    unet = host_mod.profile_file_bytes(sdxl, "unet")
+    assert chosen.timing["disk_read_seconds_per_step"] == pytest.approx(unet / DISK_BYTES_PER_S, rel=1e-4)
+    assert chosen.est_seconds_per_step > rows["cpu+half"].est_seconds_per_step
+    assert any("read from disk as the layers run" in w for w in result.warnings)
+    for ram in ("4GiB", "32GiB"):  # something else fits: no candidate leaves its weights on disk
+        assert not any("+disk" in e.name for e in plan(_cpu(ram), sdxl, 512, 512, 1, load_presets()).estimates)
+
+
+def test_on_a_gpu_the_last_rung_streams_from_the_files_without_pinned_copies():
+    sdxl = memory.profile_builtin("sdxl")
+    dev = replace(device_mod.simulated("4GiB"), host=simulated_host("3GiB"))
+    result = plan(dev, sdxl, 1024, 1024, 1, load_presets())
+    assert not result.refusal and "+disk" in result.preset.name
+    assert result.preset.memory.offload in ("group", "sequential", "budget") and not result.preset.memory.pin_memory
+    rows = {e.name: e for e in result.estimates}
+    assert all("+disk" in p.name and rows.get(p.name, rows[result.preset.name]).fits_host for p in result.ladder)
+    chosen = rows[result.preset.name]
+    # what a step reads from disk is at most what it streams: the resident part stays on the card
+    assert 0 < chosen.timing["disk_read_seconds_per_step"] * 500e6 <= chosen.streamed_bytes_per_step * (1 + 1e-6)
+    # model offload moves whole components into RAM copies: never a +disk candidate
+    assert not any(n.startswith(("medvram", "highvram")) and "+disk" in n for n in rows)
+
+
+def test_paged_weights_need_pinning_off():
+    with pytest.raises(PresetError, match="pin_memory = false"):
+        MemorySettings(paged_weights=True).check()
+    MemorySettings(paged_weights=True, pin_memory=False).check()
 
 
 def test_a_forced_streaming_preset_drops_its_pinned_copies_when_they_do_not_fit():

@@ -179,6 +179,9 @@ class ModelProfile:
     # bytes of each component's weight files as the folder stores them (fp32, fp16 ...): what loading
     # reads; empty for the built-in profiles (the published checkpoints: 2 bytes a parameter)
     file_bytes: dict[str, int] = field(default_factory=dict)
+    # the 16-bit dtype the denoiser's file stores ("float16" | "bfloat16", read from its safetensors header);
+    # "" for the built-in profiles (the published checkpoints: bfloat16 for FLUX.1, float16 for the rest)
+    file_dtype: str = ""
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -250,7 +253,10 @@ def _profile_cached(path: str, stamps: tuple) -> ModelProfile:
     from dataclasses import replace
 
     profile = _profile_for_dir(path, arch="custom")
-    return replace(_with_matched_arch(profile), file_bytes=weight_file_bytes(Path(path), profile.params))
+    from lowvram_gen.models.filedtype import half_dtype
+
+    return replace(_with_matched_arch(profile), file_bytes=weight_file_bytes(Path(path), profile.params),
+                   file_dtype=half_dtype(path))
 
 
 def weight_file_bytes(root: Path, components) -> dict[str, int]:

@@ -13,6 +13,11 @@ is the larger of two phases, plus the process itself:
 
     + BASELINE: Python, torch, diffusers and transformers themselves (+ CUDA_HOST on a GPU)
 
+With paged_weights (+disk, the last rung) the weights that stay memory-mapped from their files (`paged`)
+leave the peak: the kernel drops their clean pages under pressure and reads them again as the layers run.
+What must fit is everything else plus PAGED_WORKING_SET; `paged_bytes` says how much the job reads
+from its files, and an unlimited run's RSS shows them all.
+
 With text_encoders = "reloaded" (settings.py) the load and run phases are those of the pipeline without
 its text encoders, and a third phase comes in:
 
@@ -63,12 +68,15 @@ QUANTIZE_LOAD_TRANSIENT = 3.0
 # estimated 0.28 and 1.00) times what glibc's heap adds: fitted to the CLI's run phase of SD 1.5 at
 # 512 px under the cpu preset (1.53 GiB over the weights, against 1.28 estimated).
 CPU_ACTIVATION_FACTOR = 1.2
-# cpu+half: diffusers' layerwise casting upcasts each layer as it runs and casts it back to a fresh 16-bit
-# copy, and glibc keeps some of those blocks: per byte of the denoiser's kept weights, fitted to SDXL's
-# cpu+half run at 512 px (2.24 GiB over the weights against 1.39 GiB of activations). sdnq's int8/int4
-# layers dequantize into temporaries that are freed at once: their runs fit without it (SD 1.5 int8
-# 3.32 GiB measured, 3.54 estimated; SDXL int8 5.79 and 5.85; SDXL int4 4.48 and 4.63).
-CPU_NARROW_SCRATCH = 0.18
+# cpu+half: each layer is upcast into float32 temporaries for its forward and its stored 16-bit tensors put
+# back (engines/sd/casting.py): a float32 copy of the layer running, freed at once, so nothing is added. With
+# diffusers' own hook, which casts back to fresh copies, SDXL's cpu+half run held 2.24 GiB over the weights
+# against 1.39 GiB of activations; with ours the same run held 2.05 GiB of anonymous memory in all, its
+# 6.4 GiB of weights staying in the files' pages (docs/benchmarks.md).
+# paged_weights: the pages of the files that must stay resident for a layer to run (the layer being computed
+# and the next one the kernel reads ahead), as a floor under everything else: a judgement, checked by running
+# real-size SDXL under a limit below its weights (docs/benchmarks.md, "offload to disk")
+PAGED_WORKING_SET = 512 * MiB
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,14 @@ class HostEstimate:
     # text_encoders = "reloaded": the encode phase's peak, baseline included (0: the encoders are kept, and
     # counted in the load and run phases instead)
     encode_bytes: int = 0
+    # paged_weights: the weights read from their files' pages as the layers run, not in the peak
+    paged_bytes: int = 0
 
     @property
     def rss_peak_bytes(self) -> int:
-        """What an unlimited run's peak RSS shows: the peak plus the file pages resident while loading."""
-        return max(self.run_bytes, self.encode_bytes, self.load_bytes + self.load_file_pages_bytes)
+        """What an unlimited run's peak RSS shows: the peak plus the file pages resident while loading (and, with
+        paged weights, every page the run reads)."""
+        return max(self.run_bytes + self.paged_bytes, self.encode_bytes, self.load_bytes + self.load_file_pages_bytes)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "rss_peak_bytes": self.rss_peak_bytes}
@@ -134,7 +145,34 @@ def mapped(profile: memory.ModelProfile, settings: MemorySettings, name: str) ->
     if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
         return False
     width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
-    return round(profile_file_bytes(profile, name) / n) == width
+    if round(profile_file_bytes(profile, name) / n) != width:
+        return False
+    # 16-bit files: float16 and bfloat16 are the same width, and loading one as the other converts it
+    return width != 2 or settings.half_storage or settings.dtype == file_half_dtype(profile)
+
+
+def file_half_dtype(profile: memory.ModelProfile) -> str:
+    """The 16-bit dtype of the model's files: as read from the folder, else the published checkpoints'."""
+    return profile.file_dtype or ("bfloat16" if profile.arch == "flux" else "float16")
+
+
+def paged(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> dict[str, int]:
+    """The bytes of each component that stay in its file's pages after loading: a mapped component's weights
+    (a text encoder's embeddings less, under half storage: they are cast to the compute dtype) and a GGUF
+    denoiser's quantized blocks (models/gguf_file.py maps them; measured: benchmarks/gguf_rss.py)."""
+    out = {}
+    for name in profile.params:
+        if mapped(profile, settings, name):
+            emb = profile.largest_layer.get(name, 0) if name.startswith("text_encoder") and settings.half_storage else 0
+            out[name] = max(0, kept[name] - emb * memory.DTYPE_BYTES[settings.dtype])
+        elif name == profile.denoiser and profile.denoiser_quantized:
+            out[name] = int(profile.denoiser_quantized_bytes)
+    return out
+
+
+def can_page(profile: memory.ModelProfile, settings: MemorySettings) -> bool:
+    """Whether the denoiser's weights stay in its file's pages under `settings` (what paged_weights relies on)."""
+    return profile.denoiser in paged(profile, settings, kept_bytes(profile, settings))
 
 
 def half_files(profile: memory.ModelProfile) -> bool:
@@ -212,8 +250,6 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
         # glibc keeps the step's freed blocks under its mmap threshold in the heap, so the decode's come
         # on top of them: the two add up, they do not take turns as on a GPU's caching allocator
         act = int(CPU_ACTIVATION_FACTOR * (unet + vae))
-        if settings.half_storage:  # layerwise casting's upcast copies, and the fresh 16-bit copies it casts back to
-            act += int(CPU_NARROW_SCRATCH * kept.get(profile.denoiser, 0))
         in_ram = total_kept
     elif settings.offload == "none":
         # placed on the device after loading; moving a mapped component reads its whole file once
@@ -226,13 +262,20 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
     pinned_bytes = 0
     if pinned and not on_cpu and settings.offload in ("group", "sequential", "budget"):
         pinned_bytes = in_ram  # a pinned copy of every streamed group, made when the hooks go on
-    run = base + in_ram + pinned_bytes + act
     load, pages = _load_peak(profile, settings, kept)
+    paged_bytes = 0
+    if settings.paged_weights:
+        in_file = paged(profile, settings, kept)
+        paged_bytes = min(in_ram, sum(in_file.values()))
+        in_ram += PAGED_WORKING_SET - paged_bytes
+        if profile.denoiser_quantized:  # a GGUF denoiser's blocks are counted in the load too: mapped, not read
+            load -= in_file.get(profile.denoiser, 0)
+    run = base + in_ram + pinned_bytes + act
     load += base
     phase, peak = ("load", load) if load >= run else ("run", run)
     return HostEstimate(peak_bytes=int(peak), phase=phase, baseline_bytes=int(base), weights_bytes=int(in_ram),
                         load_bytes=int(load), load_file_pages_bytes=pages, run_bytes=int(run),
-                        pinned_bytes=int(pinned_bytes), activation_bytes=int(act))
+                        pinned_bytes=int(pinned_bytes), activation_bytes=int(act), paged_bytes=int(paged_bytes))
 
 
 

@@ -42,6 +42,7 @@ ASSUMED_STEPS = 20  # spreads per-job transfers over a job's steps when the requ
 # a candidate that reloads is estimated slower by its encoders' file bytes at this speed, spread over the steps
 DISK_BYTES_PER_S = 500e6
 TE_RELOAD = "+te-reload"
+DISK = "+disk"
 
 
 @dataclass
@@ -173,16 +174,17 @@ class _Rows:
         kept = self.estimate(_resident(p, max(lo, 1))).resident_bytes
         return _resident(p, kept) if kept > 0 else None
 
+    def host_settings(self, p: Preset):
+        """`p`'s memory settings as they run on this device (a CPU computes float16 presets in float32, as
+        engines/sd/apply.effective_settings runs them)."""
+        on_cpu = p.device == "cpu" or not self.device.is_accelerator
+        return replace(p.memory, dtype="float32") if on_cpu and p.memory.dtype == "float16" else p.memory
+
     def host(self, p: Preset, resident_bytes: int = 0) -> host_mod.HostEstimate:
         """The candidate's system RAM peak, with the settings as they run on this device."""
         w, h, b = self.size(p)
-        settings = p.memory
-        if p.device == "cpu" or not self.device.is_accelerator:
-            if settings.dtype == "float16":  # as engines/sd/apply.effective_settings runs it on a CPU
-                settings = replace(settings, dtype="float32")
-            kind = "cpu"
-        else:
-            kind = self.device.kind
+        settings = self.host_settings(p)
+        kind = "cpu" if p.device == "cpu" or not self.device.is_accelerator else self.device.kind
         return host_mod.host_estimate(self.profile, settings, kind, w, h, b, self.cfg, resident_bytes,
                                       pinned=kind == "cuda" and settings.pin_memory)
 
@@ -194,6 +196,16 @@ class _Rows:
         hest = self.host(p, row.breakdown.get("resident_bytes", 0) if p.memory.offload == "budget" else 0)
         row.host_peak_bytes, row.host = hest.peak_bytes, hest.as_dict()
         row.fits_host = self.fits_host(hest.peak_bytes)
+        if p.memory.paged_weights:  # a step reads the denoiser from disk when its pages do not all fit beside the rest
+            settings = self.host_settings(p)
+            den = host_mod.paged(self.profile, settings, host_mod.kept_bytes(self.profile, settings)).get(
+                self.profile.denoiser, 0)
+            if p.device == "gpu" and self.device.is_accelerator:  # what stays on the GPU is read once
+                den = min(den, row.streamed_bytes_per_step)
+            room = self.device.host.usable_bytes - hest.peak_bytes if self.device.host else den
+            if room < den:
+                row.est_seconds_per_step += den / DISK_BYTES_PER_S
+                row.timing["disk_read_seconds_per_step"] = round(den / DISK_BYTES_PER_S, 6)
         row.loss = LOSS.get(storage(p.memory), "none")
         return row
 
@@ -280,6 +292,10 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
         if reload is not None:
             row = next((r for p, r in candidates if p == reload), None) or rows.row(reload)
             forced, chosen = (reload, (reload, row)) if row.fits_host else (forced, chosen)
+        disk = None if chosen[1].fits_host else _disk_variant(forced, rows)  # the same, weights from their files
+        if disk is not None:
+            row = rows.row(disk)
+            forced, chosen = (disk, (disk, row)) if row.fits_host else (forced, chosen)
         result = Plan(forced, _ladder(chosen, candidates, rows), [r for _, r in candidates],
                       f"forced by the user: {forced.name}")
         if not chosen[1].fits_host:
@@ -287,11 +303,20 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     elif not device.is_accelerator:
         result = _choose_cpu(rows, presets, quantize_forced)
     else:
+        if not any(r.fits_host for _, r in candidates):  # the last rung: the weights read from their files
+            candidates += _with_disk(rows, candidates)
+            rows.budgets += [d for d in (_disk_variant(b, rows) for b in rows.budgets) if d is not None]
         result = _choose(device, candidates, rows, quantize_forced)
         if not result.refusal and not any(r.fits_host for _, r in candidates):
             result.refusal = _refusal(rows, candidates, presets)
     result.bus = rows.bus
     result.warnings += [rows.bus.warning] if rows.bus.warning else []
+    if result.preset.memory.paged_weights and not result.refusal:
+        row = next((r for r in result.estimates if r.name == result.preset.name), None)
+        read = row.host.get("paged_bytes", 0) if row else 0
+        result.warnings.append(f"{result.preset.name}: nothing else fits the RAM, so {read / 1e9:.1f} GB of weights "
+                               "stay in their files and are read from disk as the layers run: slow where a step "
+                               "rereads them (keep the model on a fast disk)")
     if storage(result.preset.memory) in LOSSY and not result.refusal:
         why = "" if forced or quantize_forced else " (nothing lossless fits this card at this size)"
         result.warnings.append(f"{result.preset.name} stores the weights in 4 bits: the image loses some quality{why}")
@@ -342,6 +367,38 @@ def _pin_variants(p: Preset, device: DeviceInfo) -> list[Preset]:
     return [p, replace(p, name=f"{p.name}+unpinned", memory=replace(p.memory, pin_memory=False))]
 
 
+def _disk_variant(p: Preset, rows: _Rows) -> Preset | None:
+    """`p` with its weights left in their files' pages (settings.paged_weights), the last rung: where the
+    denoiser stays memory-mapped under `p` (loaded at the dtype its file stores, or a GGUF's blocks) and, on a
+    GPU, is streamed by group offloading on CUDA (model offload and a resident placement copy it into RAM).
+    None otherwise, and for a single-file checkpoint (a GGUF denoiser's blocks excepted: measured mapped).
+    Offered only when no other candidate fits the RAM (the callers check): a step may read the whole
+    denoiser from disk."""
+    gpu = p.device == "gpu" and rows.device.is_accelerator
+    if p.memory.paged_weights or p.memory.text_encoders == "reloaded" or (gpu and (
+            rows.device.kind != "cuda" or p.memory.offload not in ("group", "sequential", "budget"))):
+        return None  # (encoders left in their files need no reloading)
+    if not rows.reloadable and not rows.profile.denoiser_quantized:
+        return None  # a single file's tensors are converted to diffusers' layout as it loads: not measured mapped
+    paged = replace(p.memory, paged_weights=True, pin_memory=False)
+    if not host_mod.can_page(rows.profile, rows.host_settings(replace(p, memory=paged))):
+        return None
+    base, at, resident = p.name.partition("@")
+    base = base.replace("+unpinned", "")  # +disk never pins
+    return replace(p, name=f"{base}{DISK}{at}{resident}", memory=paged)
+
+
+def _with_disk(rows: _Rows, options: list[tuple[Preset, PresetEstimate]]) -> list[tuple[Preset, PresetEstimate]]:
+    """The +disk variants of `options` (each once), estimated."""
+    out, seen = [], set()
+    for p, _ in options:
+        d = _disk_variant(p, rows)
+        if d is not None and d.name not in seen:
+            seen.add(d.name)
+            out.append((d, rows.row(d)))
+    return out
+
+
 def cpu_variants(cpu: Preset, rows: _Rows, quantize_forced: bool = False) -> list[Preset]:
     """The cpu preset's candidates: as written (float32), its weights in 16 bits, int8, int4; and computing in
     bfloat16 where this CPU does that in hardware (DeviceInfo.bf16: AVX512-BF16 or AMX)."""
@@ -363,6 +420,8 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
         reload = None if options[-1][1].fits_host else _te_variant(v, rows)
         if reload is not None:
             options.append((reload, rows.row(reload)))
+    if not any(r.fits_host for _, r in options):  # the last rung: the weights read from their files
+        options += _with_disk(rows, options)
     fitting = [(p, r) for p, r in options if r.fits_host]
     estimates = [r for _, r in options]
     if not fitting:
@@ -375,8 +434,12 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
         have = format_size(rows.device.host.usable_bytes) if rows.device.host else "?"
         kept = {"half": "16-bit weights computed in float32", "none": "float32 weights"}.get(
             storage(chosen[0].memory), f"{storage(chosen[0].memory)} weights")
+        if chosen[0].memory.dtype == "bfloat16" and storage(chosen[0].memory) == "none":
+            kept = "bfloat16 weights and compute (this CPU has bfloat16 instructions)"
         if chosen[0].memory.text_encoders == "reloaded":
             kept += ", the text encoders read from disk for each job and dropped before the denoiser runs"
+        if chosen[0].memory.paged_weights:
+            kept += ", the weights left in their files and read from disk as the layers run"
         reason += f" with {kept} (the whole pipeline in float32 needs more than the {have} of RAM usable)"
     for p, r in options:
         r.why = "fastest that fits the RAM" if r is chosen[1] else (
