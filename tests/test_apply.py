@@ -158,3 +158,32 @@ def test_unpinned_streaming_asks_diffusers_for_no_pinned_copies(model, monkeypat
             monkeypatch.setattr(component, "enable_group_offload", lambda _c=component, **kw: seen.append(kw))
     apply_mod.PipelineOps(model.pipe).group_offload("cpu", leaf=False, use_stream=True, pinned=False)
     assert seen and all(kw["low_cpu_mem_usage"] is True for kw in seen)
+
+
+def test_pinned_streaming_pins_only_the_denoiser(model, monkeypatch):
+    """Issue 17: pinned host copies only for what is streamed every step. The text encoders and the VAE run once
+    per job and stream without them (a pinned T5-XXL would hold its 9.5 GB twice for the whole session); the
+    host estimate counts the denoiser's pinned copy alone."""
+    seen = {}
+    monkeypatch.setattr("diffusers.hooks.apply_group_offloading",
+                        lambda module, **kw: seen.__setitem__(type(module).__name__, kw))
+    for name, component in model.pipe.components.items():
+        if hasattr(component, "enable_group_offload"):
+            monkeypatch.setattr(component, "enable_group_offload", lambda _n=name, **kw: seen.__setitem__(_n, kw))
+    apply_mod.PipelineOps(model.pipe).group_offload("cpu", leaf=False, use_stream=True, pinned=True)
+    pinned = {k for k, kw in seen.items() if not kw["low_cpu_mem_usage"]}
+    assert pinned == {"unet"} and len(seen) >= 3
+
+
+def test_the_host_estimate_counts_a_pinned_copy_of_the_streamed_denoiser_only():
+    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.planning import host as host_mod
+    from lowvram_gen.settings import MemorySettings
+
+    flux = memory.profile_builtin("flux")
+    s = MemorySettings(dtype="bfloat16", offload="group")
+    pinned = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=True)
+    assert pinned.pinned_bytes == host_mod.kept_bytes(flux, s)["transformer"]
+    budget = host_mod.host_estimate(flux, MemorySettings(dtype="bfloat16", offload="budget"), "cuda", 1024, 1024,
+                                    1, resident_bytes=4 << 30, pinned=True)
+    assert budget.pinned_bytes == host_mod.kept_bytes(flux, s)["transformer"] - (4 << 30)

@@ -146,13 +146,14 @@ def test_a_component_loaded_at_its_file_dtype_stays_mapped_and_a_gpu_job_holds_o
     assert gpu.weights_bytes == host_mod.profile_file_bytes(sd15, "unet")  # the largest, while it moves
 
 
-def test_pinned_copies_double_what_group_offload_streams_from_ram():
+def test_pinned_copies_double_the_denoiser_group_offload_streams_from_ram():
     flux = memory.profile_builtin("flux")
     s = MemorySettings(dtype="bfloat16", offload="group")
     pinned = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=True)
     plain = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=False)
-    assert pinned.pinned_bytes == plain.weights_bytes > 0
-    assert pinned.run_bytes - plain.run_bytes == plain.weights_bytes
+    den = host_mod.kept_bytes(flux, s)["transformer"]
+    assert pinned.pinned_bytes == den and plain.weights_bytes > den  # the text encoders stream unpinned
+    assert pinned.run_bytes - plain.run_bytes == den
 
 
 # ------------------------------------------------------------------------------------- planner
@@ -414,6 +415,15 @@ def test_paged_weights_leave_the_peak_and_show_in_an_unlimited_runs_rss():
     assert paged.paged_bytes == sum(in_files.values())
     assert kept.run_bytes - paged.run_bytes == paged.paged_bytes - host_mod.PAGED_WORKING_SET
     assert paged.rss_peak_bytes == kept.run_bytes + host_mod.PAGED_WORKING_SET
+
+
+def test_a_folders_profile_knows_its_files_16_bit_dtype(tiny_fp16, tiny_path):
+    """Which 16-bit dtype a folder stores decides whether a bfloat16 load keeps it mapped (float16 files are
+    converted): read from the denoiser's safetensors header; float32 files and config-only folders say ''."""
+    assert memory.profile_from_folder(tiny_fp16).file_dtype == "float16"
+    assert host_mod.can_page(memory.profile_from_folder(tiny_fp16), MemorySettings(dtype="float16"))
+    assert not host_mod.can_page(memory.profile_from_folder(tiny_fp16), MemorySettings(dtype="bfloat16"))
+    assert memory.profile_from_folder(memory.CONFIGS / "sdxl").file_dtype == ""
 
 
 def test_only_weights_loaded_at_their_files_dtype_can_stay_in_the_files():

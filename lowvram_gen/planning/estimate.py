@@ -255,8 +255,9 @@ def _profile_cached(path: str, stamps: tuple) -> ModelProfile:
     profile = _profile_for_dir(path, arch="custom")
     from lowvram_gen.models.filedtype import half_dtype
 
-    return replace(_with_matched_arch(profile), file_bytes=weight_file_bytes(Path(path), profile.params),
-                   file_dtype=half_dtype(path))
+    files = weight_file_bytes(Path(path), profile.params)
+    return replace(_with_matched_arch(profile), file_bytes=files,
+                   file_dtype=half_dtype(path) if files.get(profile.denoiser) else "")
 
 
 def weight_file_bytes(root: Path, components) -> dict[str, int]:

@@ -9,7 +9,7 @@ is the larger of two phases, plus the process itself:
            they are read, when they are converted to another dtype or quantized on the way)
     run    every component at the bytes it keeps in RAM, plus (on a CPU) the activations of the
            largest phase, plus (on a GPU streaming from RAM with a CUDA stream) the pinned copies
-           diffusers' group offloading makes
+           diffusers' group offloading makes of the denoiser's streamed groups
 
     + BASELINE: Python, torch, diffusers and transformers themselves (+ CUDA_HOST on a GPU)
 
@@ -261,7 +261,9 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
         in_ram = total_kept
     pinned_bytes = 0
     if pinned and not on_cpu and settings.offload in ("group", "sequential", "budget"):
-        pinned_bytes = in_ram  # a pinned copy of every streamed group, made when the hooks go on
+        # a pinned copy of the denoiser's streamed groups, made when the hooks go on (the text encoders and the
+        # VAE, which run once per job, stream unpinned: engines/sd/apply.PipelineOps.group_offload)
+        pinned_bytes = min(in_ram, max(0, kept.get(profile.denoiser, 0) - int(resident_bytes)))
     load, pages = _load_peak(profile, settings, kept)
     paged_bytes = 0
     if settings.paged_weights:

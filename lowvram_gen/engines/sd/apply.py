@@ -180,7 +180,9 @@ class PipelineOps:
         top-level block lists, and a T5 encoder has none (its blocks sit inside `encoder`), so it
         would be moved whole: 9.5 GB for SD3's and Flux's T5-XXL. The text encoders run once per
         prompt, so streaming their layers costs about what moving them whole does. `pinned=False`: no pinned
-        host copy of each group (diffusers' low_cpu_mem_usage; the `pin_memory` setting)."""
+        host copy of each group (diffusers' low_cpu_mem_usage; the `pin_memory` setting). Only the denoiser,
+        streamed every step, is ever pinned: the text encoders and the VAE run once per job, and a pinned copy
+        of them would hold their bytes twice in RAM for the whole session (T5-XXL: 9.5 GB) to speed up one pass."""
         import torch
         from diffusers.hooks import apply_group_offloading
 
@@ -191,7 +193,7 @@ class PipelineOps:
             kwargs = dict(onload_device=torch.device(device), offload_device=torch.device("cpu"),
                           offload_type="leaf_level" if by_leaf else "block_level",
                           num_blocks_per_group=None if by_leaf else 1, use_stream=use_stream,
-                          low_cpu_mem_usage=use_stream and not pinned)
+                          low_cpu_mem_usage=use_stream and not (pinned and name == denoiser_name(self.pipe)))
             if hasattr(component, "enable_group_offload"):
                 component.enable_group_offload(**kwargs)
             else:
