@@ -59,8 +59,8 @@ def size_of(model: str) -> int:
     return SIZES.get(model, SIZE)
 
 
-def cell_key(model: str, limit_gib: int, mode: str) -> str:
-    return f"{model}-{limit_gib}g-{mode}"
+def cell_key(model: str, limit_gib: int, mode: str, steps: int = 1) -> str:
+    return f"{model}-{limit_gib}g-{mode}" + (f"-{steps}steps" if steps != 1 else "")
 
 
 def preflight() -> str | None:
@@ -84,14 +84,14 @@ def git_commit() -> str:
 
 # --- the child commands -------------------------------------------------------------------------
 
-def child_command(model_dir: str, mode: str, outdir: str, size: int = SIZE) -> list[str]:
+def child_command(model_dir: str, mode: str, outdir: str, size: int = SIZE, steps: int = 1) -> list[str]:
     if mode.startswith("diffusers-"):
         return [sys.executable, str(Path(__file__).resolve()), "--_diffusers",
                 json.dumps({"folder": model_dir, "dtype": mode.split("-", 1)[1], "size": size})]
     # `-m lowvram_gen` (the package's __main__): lowvram_gen/cli/main.py has no __main__ guard, so
     # `-m lowvram_gen.cli.main` imports it and exits 0 without doing anything.
     cmd = [sys.executable, "-m", "lowvram_gen", "generate", PROMPT, "--model", model_dir, "--width", str(size),
-           "--height", str(size), "--steps", "1", "--json", "--outdir", outdir]
+           "--height", str(size), "--steps", str(steps), "--json", "--outdir", outdir]
     if mode in ("int8", "int4"):
         cmd += ["--quantize", mode]
     return cmd
@@ -138,6 +138,19 @@ def _cg_stat(cg: Path) -> dict[str, int]:
     return out
 
 
+def _read_bytes(pid: int) -> int:
+    """Bytes the process has caused to be fetched from storage (/proc/PID/io read_bytes): the pages a job
+    reads from disk, again and again when its weights' pages are dropped (the +disk rung)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def run_cell(job: dict) -> dict:
     """Create the cgroup, run the child in it, measure, remove the cgroup."""
     cg = CGROOT / f"lowvram-bench-{job['cell']}"
@@ -167,13 +180,15 @@ def run_cell(job: dict) -> dict:
         with tempfile.TemporaryDirectory(prefix="host-peaks-") as outdir, \
                 tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             t0 = time.monotonic()
-            proc = subprocess.Popen(child_command(job["folder"], job["mode"], outdir, job.get("size", SIZE)),
+            proc = subprocess.Popen(child_command(job["folder"], job["mode"], outdir, job.get("size", SIZE),
+                                                  job.get("steps", 1)),
                                     cwd=str(ROOT), env=env,
                                     stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=enter_cgroup)
-            hwm = anon = file_ = cache = 0
+            hwm = anon = file_ = cache = read = 0
             timed_out = False
             while proc.poll() is None:
                 st = status(("VmHWM", "VmRSS", "RssAnon", "RssFile"), proc.pid)
+                read = max(read, _read_bytes(proc.pid))
                 hwm = max(hwm, st.get("VmHWM", 0))
                 anon = max(anon, st.get("RssAnon", 0))
                 file_ = max(file_, st.get("RssFile", 0))
@@ -221,6 +236,7 @@ def run_cell(job: dict) -> dict:
             cgroup_max_usage_bytes=int(_read_cg(cg, "memory.max_usage_in_bytes") or 0),
             cgroup_failcnt=int(_read_cg(cg, "memory.failcnt") or 0),
             polled_cgroup_cache_max_bytes=cache,
+            polled_read_bytes=read,  # bytes the child read from storage (/proc/PID/io), to the last poll
             stderr_tail=[ln for ln in stderr.splitlines() if ln.strip()][-6:],
         )
         if result is not None:
@@ -274,10 +290,14 @@ def load_results() -> dict:
             "cells": {}}
 
 
-def save_results(data: dict) -> None:
+def save_results(data: dict, keys: list[str] | None = None) -> None:
+    """Write `data`; with `keys`, only those cells over what the file holds now (another run may have added
+    cells since this one loaded it)."""
     from lowvram_gen.paths import write_atomically  # noqa: PLC0415 (the project's atomic writer)
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    if keys is not None:
+        data = {**load_results(), "cells": {**load_results()["cells"], **{k: data["cells"][k] for k in keys}}}
     data["cells"] = dict(sorted(data["cells"].items()))
     write_atomically(RESULTS, json.dumps(data, indent=1) + "\n")
 
@@ -310,7 +330,7 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
             "| peak RSS GiB | plan RSS GiB | error % | cgroup max GiB |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     cells = data["cells"]
-    wanted = [k for k in (keys or cells) if k in cells]
+    wanted = [k for k in (keys or cells) if k in cells and cells[k].get("steps", 1) == 1]
     wanted.sort(key=lambda k: (MODELS.index(cells[k]["model"]), cells[k]["limit_gib"], MODES.index(cells[k]["mode"])))
 
     def err(plan, measured, c):
@@ -331,6 +351,35 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
     return "\n".join(rows)
 
 
+def steps_markdown(data: dict) -> str:
+    """The cells run with --steps N beside the 1-step cells of the same model, limit and mode: the job's
+    seconds (the CLI's own figure, load included) and the bytes it read from storage, so that (N - 1) steps
+    show what a step costs when its weights' pages do not all stay (the +disk rung rereads them)."""
+    cells = data["cells"]
+    multi = sorted((k for k, c in cells.items() if c.get("steps", 1) > 1),
+                   key=lambda k: (MODELS.index(cells[k]["model"]), cells[k]["limit_gib"]))
+    if not multi:
+        return ""
+    rows = ["| model | limit | plan's pick | steps | outcome | commit | job seconds | read from disk GB | "
+            "per extra step: seconds, GB read |", "|---|---|---|---|---|---|---|---|---|"]
+    for k in multi:
+        c = cells[k]
+        one = cells.get(cell_key(c["model"], c["limit_gib"], c["mode"]))
+        for cell in ([one] if one else []) + [c]:
+            secs = (cell.get("child_result") or {}).get("seconds")
+            read = cell.get("polled_read_bytes")
+            extra = ""
+            if cell is c and one and secs and (one.get("child_result") or {}).get("seconds") and read \
+                    and one.get("polled_read_bytes"):
+                n = c["steps"] - 1
+                extra = (f"{(secs - one['child_result']['seconds']) / n:.1f} s, "
+                         f"{(read - one['polled_read_bytes']) / n / 1e9:.2f} GB")
+            rows.append(f"| {cell['model']} | {cell['limit_gib']} GiB | {cell.get('plan_preset', '')} | "
+                        f"{cell.get('steps', 1)} | {cell.get('outcome', '?')} | {str(cell.get('commit', ''))[:7]} | "
+                        f"{secs if secs is not None else ''} | {'' if not read else f'{read / 1e9:.1f}'} | {extra} |")
+    return "\n".join(rows)
+
+
 def replan(data: dict) -> None:
     """The plan's figures of every stored cell again, with this checkout's planner (the measurements stay:
     the estimate changed, not what ran). A cell keyed "...@COMMIT" is a "before" record kept with the plan of
@@ -347,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limits", default="8,12,16", help="GiB, comma-separated")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per cell before it is killed (default 1200)")
+    ap.add_argument("--steps", type=int, default=1,
+                    help="denoising steps per job (default 1; more show what a step costs that rereads its weights)")
     ap.add_argument("--markdown", action="store_true", help="print the table (alone: of the stored results)")
     ap.add_argument("--replan", action="store_true",
                     help="recompute the plan's figures of the stored cells with this checkout (runs no job)")
@@ -370,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     if (args.markdown or args.replan) and not explicit:
         if args.markdown:
             print(markdown(load_results()))
+            extra = steps_markdown(load_results())
+            print(f"\n{extra}" if extra else "", end="")
         return 0
     models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
@@ -391,22 +444,24 @@ def main(argv: list[str] | None = None) -> int:
     data = load_results()
     done = []
     for model, limit_gib, mode in order([(m, lim, md) for m in models for lim in limits for md in modes]):
-        key = cell_key(model, limit_gib, mode)
+        key = cell_key(model, limit_gib, mode, args.steps)
         job = {"cell": key, "model": model, "limit_gib": limit_gib, "mode": mode, "folder": folders[model],
-               "size": size_of(model), "timeout": args.timeout}
+               "size": size_of(model), "timeout": args.timeout, "steps": args.steps}
         print(f"host_peaks: {key} ...", file=sys.stderr, flush=True)
         rec = run_worker(__file__, "--_cell", job, timeout=args.timeout + 300)
         rec.pop("timeout", None)
         if "error" in rec:  # the wrapper itself failed (run_worker's record)
             rec["outcome"] = "error"
         rec.update(commit=commit, measured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        if os.environ.get("LOWVRAM_GEN_CPU_BF16"):  # what the planner was told of this CPU (README)
+            rec["env"] = {"LOWVRAM_GEN_CPU_BF16": os.environ["LOWVRAM_GEN_CPU_BF16"]}
         if with_plan:
             try:
                 rec.update(plan_host_peak(folders[model], limit_gib, mode, size_of(model)))
             except (OSError, subprocess.SubprocessError) as exc:
                 rec["plan_error"] = str(exc)
         data["cells"][key] = rec
-        save_results(data)
+        save_results(data, [key])
         done.append(key)
         print(f"host_peaks: {key}: {rec.get('outcome', rec.get('error'))}, peak RSS {gib(rec.get('peak_rss_bytes'))} GiB,"
               f" cgroup max {gib(rec.get('cgroup_max_usage_bytes'))} GiB, {rec.get('seconds')} s", file=sys.stderr,

@@ -289,13 +289,13 @@ def tiny_fp16(tiny_path, tmp_path_factory):
     return folder
 
 
-def _cpu_presets(tmp_path, half: bool) -> Path:
-    folder = tmp_path / ("half" if half else "plain")
+def _cpu_presets(tmp_path, half: bool, extra: str = "") -> Path:
+    folder = tmp_path / (("half" if half else "plain") + ("-extra" if extra else ""))
     folder.mkdir()
     from lowvram_gen.presets import presets_dir
 
     text = (presets_dir() / "cpu.toml").read_text()
-    (folder / "cpu.toml").write_text(text.replace("[memory]\n", f"[memory]\nhalf_storage = {str(half).lower()}\n"))
+    (folder / "cpu.toml").write_text(text.replace("[memory]\n", f"[memory]\nhalf_storage = {str(half).lower()}\n{extra}"))
     return folder
 
 
@@ -341,6 +341,28 @@ def test_half_storage_keeps_the_weights_in_the_files_pages_through_a_job(tiny_fp
     assert cast and all(w.dtype == torch.float16 for w in cast)
     outside = [w for w in cast if not procmaps.inside(w, ranges)]
     assert not outside, f"{len(outside)} of {len(cast)} cast layers hold a copy instead of the file's pages"
+
+
+def test_a_preset_with_paged_weights_runs_as_written_from_the_files_pages(tiny_fp16, tmp_path):
+    """paged_weights changes what the planner counts, not what runs: a cpu preset written with it (half storage,
+    no pinned copies) gives the float32 image, and its weights stay the file's pages."""
+    import numpy as np
+    from PIL import Image
+
+    from lowvram_gen.request import GenerationRequest
+    from lowvram_gen.session import Session
+
+    images = {}
+    for extra in ("", "paged_weights = true\npin_memory = false\n"):
+        session = Session(device="cpu", presets_dir=str(_cpu_presets(tmp_path, bool(extra), extra)),
+                          outdir=str(tmp_path / "out"))
+        result = session.generate(GenerationRequest(prompt="a fox", model=str(tiny_fp16), width=64, height=64,
+                                                    steps=2, seed=3))
+        images[bool(extra)] = np.asarray(Image.open(result.images[0]))
+    assert session.runner.applied.paged_weights and session.runner.applied.half_storage
+    ranges = procmaps.mapped_ranges(tiny_fp16 / "unet" / "diffusion_pytorch_model.safetensors")
+    assert procmaps.inside(session.model.pipe.unet.conv_in.weight, ranges)
+    assert np.array_equal(images[False], images[True])
 
 
 def test_half_files_are_what_a_folder_stores():
