@@ -138,7 +138,7 @@ class Session:
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1, steps=request.steps, quantize_forced=request.quantize is not None,
                     model=request.model, reloadable=source.kind != "single_file" and not uses_networks(
-                        request.prompt, request.negative_prompt, request.loras))
+                        request.prompt, request.negative_prompt, request.loras), single_file=source.kind == "single_file")
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it

@@ -419,6 +419,26 @@ def test_a_cpu_with_native_bfloat16_computes_in_it_and_one_without_never_does():
     assert without.preset.name == "cpu" and all("bf16" not in e.name for e in without.estimates)
 
 
+def test_a_single_file_loads_whole_before_it_is_quantized_and_the_plan_counts_it():
+    """A single .safetensors checkpoint has no per-component from_pretrained for sdnq to hook into: it loads
+    whole at the dtype and int8/int4 quantize it afterwards (models/loading.py), so its load peak is every
+    weight at full precision; the folder's peak is the quantized weights plus one layer's scratch."""
+    sd15 = memory.profile_builtin("sd15")
+    s = MemorySettings(dtype="float32", quantize="int8")
+    folder = host_mod.host_estimate(sd15, s, "cpu", 512, 512, 1)
+    single = host_mod.host_estimate(sd15, s, "cpu", 512, 512, 1, single_file=True)
+    full = sum(host_mod.kept_bytes(sd15, MemorySettings(dtype="float32")).values())
+    assert single.load_bytes == full + host_mod.BASELINE_BYTES
+    assert folder.load_bytes < single.load_bytes and single.phase == "load"
+    between = (folder.peak_bytes + single.peak_bytes) // 2  # the folder's int8 fits, the file's does not
+    dev = replace(_cpu("1GiB"), host=replace(simulated_host("1GiB"), total_bytes=between, available_bytes=between))
+    int8 = {n: replace(p, memory=p.memory.with_quantize("int8")) for n, p in load_presets().items()}  # --quantize int8
+    kept = plan(dev, sd15, 512, 512, 1, int8, quantize_forced=True)
+    assert kept.preset.memory.quantize == "int8" and not kept.refusal
+    refused = plan(dev, sd15, 512, 512, 1, int8, quantize_forced=True, reloadable=False, single_file=True)
+    assert refused.refusal.startswith("SD 1.5 at 512x512 needs about")
+
+
 # ------------------------------------------------------------------- the last rung: weights left on disk
 
 

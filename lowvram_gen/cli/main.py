@@ -324,7 +324,8 @@ def cmd_plan(args) -> int:
         forced = replace(forced, memory=forced.memory.with_quantize(quantize))
     presets = {name: replace(p, memory=p.memory.with_quantize(quantize)) for name, p in load_presets().items()}
     result = plan(dev, profile, width, height, batch, presets, forced, steps=steps,
-                  quantize_forced=quantize is not None, model=args.model, reloadable=reloadable)
+                  quantize_forced=quantize is not None, model=args.model, reloadable=reloadable,
+                  single_file=not reloadable)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
                           "batch": batch, **result.as_dict()}))

@@ -182,16 +182,26 @@ def half_files(profile: memory.ModelProfile) -> bool:
     return bool(n) and not profile.denoiser_quantized and round(profile_file_bytes(profile, profile.denoiser) / n) == 2
 
 
-def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> tuple[int, int]:
+def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str, int],
+               single_file: bool = False) -> tuple[int, int]:
     """Components load one after the other; at the worst moment every converted component is loaded
     (mapped ones are not read yet) and the one whose conversion costs most is being loaded: its file's
     pages are resident beside what it becomes (measured: SD 1.5's fp16 UNet loaded at float32 peaks at
     its 3.4 GB plus its 1.7 GB file). fp8 storage casts after the load: the denoiser is whole at the
     dtype first. int8/int4 quantize layer by layer as the component loads (models/loading.py).
 
+    A single-file checkpoint has no per-component `from_pretrained` for a quantizer to hook into
+    (models/loading.py): the whole pipeline loads at the dtype, and int8/int4 quantize it afterwards.
+
     Returns (the bytes that must fit, the file pages on top): the kernel drops clean file pages under
     pressure instead of killing, so they show in an unlimited run's peak RSS but need not fit."""
     b = memory.DTYPE_BYTES[settings.dtype]
+    if single_file and settings.quantize != "none":
+        whole = replace(settings, quantize="none")
+        full = kept_bytes(profile, whole)
+        pages = max((int(LOAD_TRANSIENT * profile_file_bytes(profile, n)) for n in profile.params
+                     if not mapped(profile, whole, n)), default=0)
+        return int(sum(full.values())), pages
     converted = [name for name in profile.params if not mapped(profile, settings, name)]
     whole, pages = 0, 0
     for name in converted:
@@ -227,11 +237,12 @@ def profile_file_bytes(profile: memory.ModelProfile, name: str) -> int:
 
 def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device_kind: str, width: int,
                   height: int, batch: int, cfg: bool = True, resident_bytes: int = 0,
-                  pinned: bool = False) -> HostEstimate:
+                  pinned: bool = False, single_file: bool = False) -> HostEstimate:
     """The host peak of one job (see the module doc). `settings`: the effective ones on this device (the
     cpu preset's float32, not the preset's float16). `resident_bytes`: what a budget split keeps on the
     GPU (not in RAM during the run). `pinned`: group offloading pins copies of what it streams (CUDA,
-    unless the settings ask it not to)."""
+    unless the settings ask it not to). `single_file`: the model is one checkpoint file, quantized after it
+    loads whole."""
     if settings.text_encoders == "reloaded" and profile.text_encoders:
         return _with_encoders_reloaded(profile, settings, device_kind, width, height, batch, cfg,
                                        resident_bytes, pinned)
@@ -264,7 +275,7 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
         # a pinned copy of the denoiser's streamed groups, made when the hooks go on (the text encoders and the
         # VAE, which run once per job, stream unpinned: engines/sd/apply.PipelineOps.group_offload)
         pinned_bytes = min(in_ram, max(0, kept.get(profile.denoiser, 0) - int(resident_bytes)))
-    load, pages = _load_peak(profile, settings, kept)
+    load, pages = _load_peak(profile, settings, kept, single_file)
     paged_bytes = 0
     if settings.paged_weights:
         in_file = paged(profile, settings, kept)

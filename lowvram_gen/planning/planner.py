@@ -134,9 +134,10 @@ class _Rows:
     """Estimates of candidates for one job on one device."""
 
     def __init__(self, device: DeviceInfo, profile, width: int, height: int, batch: int, cfg: bool, steps: int,
-                 failed: set[str], model: str = "", reloadable: bool = True):
+                 failed: set[str], model: str = "", reloadable: bool = True, single_file: bool = False):
         self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
         self.reloadable = reloadable  # the text encoders can come back from their own files (a diffusers folder)
+        self.single_file = single_file  # one checkpoint file: loaded whole, quantized after (models/loading.py)
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
         self.budgets: list[Preset] = []  # budget presets unsized (plan() fills it): the ladder sizes them per rung
@@ -186,7 +187,7 @@ class _Rows:
         settings = self.host_settings(p)
         kind = "cpu" if p.device == "cpu" or not self.device.is_accelerator else self.device.kind
         return host_mod.host_estimate(self.profile, settings, kind, w, h, b, self.cfg, resident_bytes,
-                                      pinned=kind == "cuda" and settings.pin_memory)
+                                      pinned=kind == "cuda" and settings.pin_memory, single_file=self.single_file)
 
     def fits_host(self, peak: int) -> bool:
         return self.device.host is None or peak <= self.device.host.usable_bytes
@@ -271,12 +272,13 @@ def _resident(p: Preset, nbytes: int) -> Preset:
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
          steps: int = ASSUMED_STEPS, quantize_forced: bool = False, model: str = "",
-         reloadable: bool = True) -> Plan:
+         reloadable: bool = True, single_file: bool = False) -> Plan:
     """`model`: the name the user gave the model (its spec), under which this device's measured step times
     are kept (planning/speed.py). `reloadable`: the model is a diffusers folder, whose text encoders can be
     read again from their own subfolders (+te-reload candidates); a single-file checkpoint has no
-    per-component files (reloading an encoder would read the whole checkpoint), so it gets none."""
-    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable)
+    per-component files (reloading an encoder would read the whole checkpoint), so it gets none.
+    `single_file`: such a checkpoint loads whole and is quantized after (its load peak is the full precision)."""
+    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable, single_file)
     candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
         result = _choose_cpu(rows, {forced.name: forced}, quantize_forced)
@@ -378,7 +380,7 @@ def _disk_variant(p: Preset, rows: _Rows) -> Preset | None:
     if p.memory.paged_weights or p.memory.text_encoders == "reloaded" or (gpu and (
             rows.device.kind != "cuda" or p.memory.offload not in ("group", "sequential", "budget"))):
         return None  # (encoders left in their files need no reloading)
-    if not rows.reloadable and not rows.profile.denoiser_quantized:
+    if (rows.single_file or not rows.reloadable) and not rows.profile.denoiser_quantized:
         return None  # a single file's tensors are converted to diffusers' layout as it loads: not measured mapped
     paged = replace(p.memory, paged_weights=True, pin_memory=False)
     if not host_mod.can_page(rows.profile, rows.host_settings(replace(p, memory=paged))):
