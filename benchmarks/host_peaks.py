@@ -260,15 +260,17 @@ def plan_supports_ram() -> bool:
     return "--ram" in out.stdout
 
 
-def plan_host_peak(folder: str, limit_gib: int, mode: str, size: int = SIZE) -> dict:
-    """`plan --ram` for the cell: the chosen preset's host_peak_bytes (the same quantize and size as the run)."""
+def plan_host_peak(folder: str, limit_gib: int, mode: str, size: int = SIZE, env: dict | None = None) -> dict:
+    """`plan --ram` for the cell: the chosen preset's host_peak_bytes (the same quantize and size as the run;
+    `env`: what the run was told of the CPU, LOWVRAM_GEN_CPU_BF16)."""
     cmd = [sys.executable, "-m", "lowvram_gen", "plan", "--model", folder, "--width", str(size), "--height",
            str(size), "--ram", f"{limit_gib}GiB", "--json"]
     if mode in ("int8", "int4"):
         cmd += ["--quantize", mode]  # only if plan has it; otherwise the pick of the default mode
-    proc = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=str(ROOT), capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
     if proc.returncode != 0 and "--quantize" in cmd and "unrecognized arguments" in proc.stderr:
-        return plan_host_peak(folder, limit_gib, "default", size) | {"plan_quantize_ignored": True}
+        return plan_host_peak(folder, limit_gib, "default", size, env) | {"plan_quantize_ignored": True}
     try:
         plan = json.loads(proc.stdout)
     except ValueError:
@@ -276,8 +278,10 @@ def plan_host_peak(folder: str, limit_gib: int, mode: str, size: int = SIZE) -> 
     row = next((p for p in plan.get("presets", []) if p.get("name") == plan.get("preset")), None)
     if row is None:
         return {"plan_preset": plan.get("preset"), "plan_error": "no presets[] row for the chosen preset"}
+    host = row.get("host") or {}
     return {"plan_preset": row["name"], "plan_host_peak_bytes": row.get("host_peak_bytes"),
-            "plan_rss_peak_bytes": (row.get("host") or {}).get("rss_peak_bytes"), "plan_fits_host": row.get("fits_host")}
+            "plan_rss_peak_bytes": host.get("rss_peak_bytes"), "plan_fits_host": row.get("fits_host"),
+            "plan_mapped_bytes": host.get("mapped_bytes", 0), "plan_paged_bytes": host.get("paged_bytes", 0)}
 
 
 # --- driver --------------------------------------------------------------------------------------
@@ -318,6 +322,7 @@ def gib(v) -> str:
 # File pages of the interpreter and the libraries (torch, diffusers ...) in every run's RSS: measured 0.30 GiB
 # before any weight is read (RssFile of the CLI process with torch imported); part of the planner's BASELINE
 LIB_FILE_PAGES = int(0.30 * GiB)
+WORKING_SET = 512 * 1024**2  # planning/host.py's PAGED_WORKING_SET, which a +disk plan adds in place of its weights
 
 
 def markdown(data: dict, keys: list[str] | None = None) -> str:
@@ -336,6 +341,17 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
     def err(plan, measured, c):
         return f"{(plan - measured) / measured * 100:+.0f}" if plan and measured and c.get("outcome") == "ok" else ""
 
+    def must_err(must, held, c):
+        """What must fit against what was held. Weights kept as their files' pages are counted as must-fit by a
+        plan that does not page them (a forward would read dropped pages back from disk), but are not anonymous:
+        compare the peak RSS instead, marked. A +disk plan counts a working set of pages instead of them: compare
+        without it, marked."""
+        if c.get("plan_paged_bytes") and must:
+            return err(must - WORKING_SET, held, c) + " (less the working set)" if held else ""
+        if c.get("plan_mapped_bytes", 0) > 0.25 * (must or 1) and c.get("peak_rss_bytes"):
+            return err(must, c["peak_rss_bytes"], c) + " (mapped: vs RSS)"
+        return err(must, held, c)
+
     for k in wanted:
         c = cells[k]
         anon = c.get("polled_rss_anon_max_bytes")
@@ -343,10 +359,15 @@ def markdown(data: dict, keys: list[str] | None = None) -> str:
         must, plan_rss, peak = c.get("plan_host_peak_bytes"), c.get("plan_rss_peak_bytes"), c.get("peak_rss_bytes")
         outcome = c.get("outcome", "?") + (f" (rc {c.get('exit_code')})" if c.get("outcome") == "error" else "")
         pick = c.get("plan_preset", "") if c["mode"] in ("default", "int8", "int4") else "(plain diffusers)"
+        ran = (c.get("child_result") or {}).get("preset")
+        if ran and pick and ran != pick and c["mode"] == "default":  # planned by a later planner: not comparable
+            pick, must, plan_rss = f"{pick} (ran {ran})", None, None
+        elif c.get("outcome") == "refused" and c.get("plan_fits_host"):  # refused by the planner of its commit
+            pick, must, plan_rss = f"{pick} (refused then)", None, None
         rows.append(f"| {c['model']} | {c.get('size', SIZE)} | {c['limit_gib']} GiB | {c['mode']} | {pick} | "
                     f"{outcome} | "
                     f"{str(c.get('commit', ''))[:7]} | {gib(held)} | "
-                    f"{gib(must)} | {err(must, held, c)} | {gib(peak)} | {gib(plan_rss)} | {err(plan_rss, peak, c)} | "
+                    f"{gib(must)} | {must_err(must, held, c)} | {gib(peak)} | {gib(plan_rss)} | {err(plan_rss, peak, c)} | "
                     f"{gib(c.get('cgroup_max_usage_bytes'))} |")
     return "\n".join(rows)
 
@@ -385,8 +406,9 @@ def replan(data: dict) -> None:
     the estimate changed, not what ran). A cell keyed "...@COMMIT" is a "before" record kept with the plan of
     the code that ran it (what that planner picked is its point), and is not replanned."""
     for key, c in data["cells"].items():
-        if c["mode"] in ("default", "int8", "int4") and c.get("folder") and "@" not in key:
-            c.update(plan_host_peak(c["folder"], c["limit_gib"], c["mode"], c.get("size", SIZE)))
+        if c["mode"] in ("default", "int8", "int4") and c.get("folder") and Path(c["folder"]).is_dir() \
+                and "@" not in key:  # (a folder since deleted keeps the figures planned while it was there)
+            c.update(plan_host_peak(c["folder"], c["limit_gib"], c["mode"], c.get("size", SIZE), c.get("env")))
             c["planned_at_commit"] = git_commit()
 
 

@@ -95,6 +95,8 @@ class HostEstimate:
     encode_bytes: int = 0
     # paged_weights: the weights read from their files' pages as the layers run, not in the peak
     paged_bytes: int = 0
+    # the weights held in RAM during the run as their files' pages (memory-mapped): in the peak unless paged
+    mapped_bytes: int = 0
 
     @property
     def rss_peak_bytes(self) -> int:
@@ -276,10 +278,11 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
         # VAE, which run once per job, stream unpinned: engines/sd/apply.PipelineOps.group_offload)
         pinned_bytes = min(in_ram, max(0, kept.get(profile.denoiser, 0) - int(resident_bytes)))
     load, pages = _load_peak(profile, settings, kept, single_file)
+    in_file = paged(profile, settings, kept)
+    mapped_bytes = min(in_ram, sum(in_file.values()))
     paged_bytes = 0
     if settings.paged_weights:
-        in_file = paged(profile, settings, kept)
-        paged_bytes = min(in_ram, sum(in_file.values()))
+        paged_bytes = mapped_bytes
         in_ram += PAGED_WORKING_SET - paged_bytes
         if profile.denoiser_quantized:  # a GGUF denoiser's blocks are counted in the load too: mapped, not read
             load -= in_file.get(profile.denoiser, 0)
@@ -288,7 +291,8 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
     phase, peak = ("load", load) if load >= run else ("run", run)
     return HostEstimate(peak_bytes=int(peak), phase=phase, baseline_bytes=int(base), weights_bytes=int(in_ram),
                         load_bytes=int(load), load_file_pages_bytes=pages, run_bytes=int(run),
-                        pinned_bytes=int(pinned_bytes), activation_bytes=int(act), paged_bytes=int(paged_bytes))
+                        pinned_bytes=int(pinned_bytes), activation_bytes=int(act), paged_bytes=int(paged_bytes),
+                        mapped_bytes=int(mapped_bytes))
 
 
 
