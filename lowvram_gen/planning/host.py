@@ -63,6 +63,11 @@ LOAD_TRANSIENT = 1.0
 # for SDXL (largest UNet layer 29.5M weights: 118 MB in float32), 0.55 GiB for a FLUX.1 transformer cut
 # to 2+4 blocks (largest 56.6M: 226 MB), loading with returning_freed_memory (hostmem.py).
 QUANTIZE_LOAD_TRANSIENT = 3.0
+# File pages resident per byte of a component's file while it is quantized as it loads: fitted to the peak RSS
+# of the three unlimited quantizing cells of benchmarks/host_peaks.py (SD 1.5 int8, SDXL int8 and int4: their
+# pages at the peak were 70-86 % of the UNet's file; with 1.0 the estimate was 7-13 % high). Why sdnq's
+# load keeps fewer of them resident than a plain conversion is not established.
+QUANTIZE_LOAD_PAGES = 0.85
 # On a CPU, the activations of a step and of the decode (the VRAM model's estimates for the same shapes,
 # which match a CPU's: SD 1.5 at 512 px measured 0.29 GiB for the CFG step and 0.94 GiB for the decode,
 # estimated 0.28 and 1.00) times what glibc's heap adds: fitted to the CLI's run phase of SD 1.5 at
@@ -211,7 +216,8 @@ def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dic
         if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
             extra = QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, name) * 4
         whole = max(whole, extra)  # whole at the dtype before the cast to fp8, or quantizing scratch
-        pages = max(pages, LOAD_TRANSIENT * profile_file_bytes(profile, name))
+        quantized = settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder"))
+        pages = max(pages, (QUANTIZE_LOAD_PAGES if quantized else LOAD_TRANSIENT) * profile_file_bytes(profile, name))
     return int(sum(kept[n] for n in converted) + whole), int(pages)
 
 
