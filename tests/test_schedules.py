@@ -102,3 +102,14 @@ def test_a1111_samplers_diffusers_lacks_are_refused_naming_the_nearest(name, nea
         split_sampler(name)
     assert f"{name} has no diffusers scheduler; the nearest offered is {nearest!r}" in str(err.value)
     assert nearest in SAMPLERS
+
+
+def test_the_readme_lists_every_sampler_and_schedule_type():
+    from pathlib import Path
+
+    from lowvram_gen.samplers import REFUSED
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("- `--sampler default`"):readme.index("- Images are written to")]
+    missing = [name for name in [*SAMPLERS, *REFUSED, *SCHEDULE_TYPES] if f"`{name}`" not in section]
+    assert not missing, f"README's sampler section does not name {missing}"
