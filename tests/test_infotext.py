@@ -240,3 +240,23 @@ def test_from_png_of_an_a1111_schedule_type_uses_it(tmp_path, capsys, text):
     assert (out["sampler"], out["schedule_type"]) == (sampler, "karras")
     written = parse_a1111_parameters(Image.open(out["images"][0]).text["parameters"])
     assert (written["Sampler"], written["Schedule type"]) == (sampler, "Karras")
+
+
+def test_from_png_flags_override_the_schedule_type_as_a1111s_boxes_do(tmp_path, capsys):
+    """A plain --sampler keeps the PNG's schedule type (as A1111's Schedule type box stays when the sampler changes);
+    an old combined --sampler name brings its own; --schedule-type sets it."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", "a fox\nSteps: 1, Sampler: DPM++ 2M, Schedule type: Exponential, CFG scale: 7, "
+                                "Seed: 5, Size: 64x64, Model: tiny")
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+    for flags, expected in ((["--sampler", "Euler"], ("Euler", "exponential")),
+                            (["--sampler", "DPM++ 2M Karras"], ("DPM++ 2M", "karras")),
+                            (["--schedule-type", "beta"], ("DPM++ 2M", "beta"))):
+        code = main(["generate", "--from-png", str(png), *flags, "--outdir", str(tmp_path / "out"), "--json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        out = json.loads(captured.out)
+        assert (out["sampler"], out["schedule_type"]) == expected, flags
