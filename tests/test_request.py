@@ -129,8 +129,14 @@ def test_a_missing_torchsde_is_named_before_any_model_work(monkeypatch, capsys):
     itself would fail at the first step with an ImportError traceback)."""
     import importlib.util
 
+    import lowvram_gen.models.loading as loading
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded for a sampler that cannot run")
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchsde" else real(name, *a))
+    monkeypatch.setattr(loading, "load", no_loading)
     assert main(["generate", "a cat", "--sampler", "DPM++ SDE Karras", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "invalid sampler: 'DPM++ SDE'" in err and "needs the torchsde package" in err and "pip install torchsde" in err
