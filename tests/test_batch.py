@@ -229,8 +229,8 @@ def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_
     import hashlib
     import json
 
-    path = write(tmp_path, "p.txt", '--prompt a --sampler_name "DPM++ 2M Karras"\n--prompt b --scheduler "SGM Uniform"\n'
-                                    "--prompt c --sampler_name Euler\n")
+    path = write(tmp_path, "p.txt", '--prompt a --sampler_name "DPM++ 2M Karras"\n'
+                                    '--prompt b --scheduler "SGM Uniform"\n--prompt c --sampler_name Euler\n')
     old, sgm, euler = jobs_of(path, {"schedule_type": "exponential"}).jobs
     assert (old.request.sampler, old.request.schedule_type) == ("DPM++ 2M", "karras")
     assert sgm.request.schedule_type == "sgm-uniform" and euler.request.schedule_type == "exponential"

@@ -62,7 +62,8 @@ def test_a1111s_own_text():
             "Hires upscale: 2, Hires upscaler: Latent (bicubic), Version: v1.10.1")
     read = request_fields(parse_a1111_parameters(text))
     assert read.fields == {"prompt": "masterpiece, <lora:film:0.6>", "negative_prompt": "lowres", "steps": 28,
-                           "sampler": "DPM++ 2M", "schedule_type": "karras", "cfg_scale": 6.5, "seed": 99, "width": 512, "height": 768,
+                           "sampler": "DPM++ 2M", "schedule_type": "karras", "cfg_scale": 6.5, "seed": 99,
+                           "width": 512, "height": 768,
                            "model": "v1-5-pruned-emaonly", "batch_size": 4, "hires_denoise": 0.45,
                            "hires_scale": 2.0, "hires_upscaler": "latent"}
     assert read.ignored == ["Clip skip"] and "Latent (bicubic)" in read.notes[0]

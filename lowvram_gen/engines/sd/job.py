@@ -106,7 +106,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     generated = saver.generated_size or (width, height)
     return GenerationResult(
         images=saver.images, seeds=seeds, width=width, height=height, steps=request.steps,
-        sampler=request.sampler, schedule_type=request.schedule_type, model=request.model, model_path=str(source.path), seconds=seconds,
+        sampler=request.sampler, schedule_type=request.schedule_type, model=request.model,
+        model_path=str(source.path), seconds=seconds,
         preset=ladder.preset_name, attempts=[a.as_dict() for a in ladder.attempts],
         summary=ladder.summary(seconds, generated, (width, height)), generated_width=generated[0],
         generated_height=generated[1], upscaled=saver.upscaled, device=device.name, warnings=warnings,
@@ -116,8 +117,9 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
 class _Saver:
     """Writes each finished pass's images as they come, so a cancel or a crash keeps them."""
 
-    def __init__(self, request: GenerationRequest, sampler: tuple[str, str | None], ladder: Ladder, source: ModelSource,
-                 device: DeviceInfo, outdir: Path, network_fields: dict, plan_notes: list[str] = ()):
+    def __init__(self, request: GenerationRequest, sampler: tuple[str, str | None], ladder: Ladder,
+                 source: ModelSource, device: DeviceInfo, outdir: Path, network_fields: dict,
+                 plan_notes: list[str] = ()):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
         self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
