@@ -6,8 +6,9 @@ hires pass's when `Hires upscale` is there and img2img's otherwise, and `Sampler
 Our images write the sampler that actually ran (`samplers.a1111_name` of the model's own scheduler when
 the request said "default", e.g. PLMS for SD 1.5's PNDM), so where our JSON chunk says the request was
 "default" it maps back to "default"; a scheduler class name (no A1111 name matched) is the model's own
-scheduler, so "default" too. A1111's own `Schedule type: Karras` joins the sampler name as its older
-infotexts wrote it ("DPM++ 2M Karras").
+scheduler, so "default" too. `Schedule type` (A1111 1.9+) is the request's schedule type, and the old combined
+names (`Sampler: DPM++ 2M Karras`) are split into both; `Schedule type: Automatic` is what A1111 means by it, the
+sampler's own default there (Karras for DPM++ 2M).
 
 Fields we do not use (Clip skip, Model hash, VAE...) are listed, not refused; a value we use but cannot
 read (`Steps: many`) is an `InvalidRequest` naming the field. Ranges are checked later, by
@@ -24,11 +25,12 @@ from pathlib import Path
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.request import check_quantize
-from lowvram_gen.samplers import DEFAULT, SAMPLERS, check_sampler
+from lowvram_gen.samplers import A1111_AUTOMATIC, DEFAULT, SAMPLERS, split_sampler
+from lowvram_gen.schedules import AUTOMATIC, check_schedule_type
 
 # what our own images add for people (what ran, what was found): nothing to set from them
 INFORMATIONAL = frozenset({"Lowvram preset", "Generated size", "Lora hashes", "TI hashes", "Safety checker",
-                           "Model hash", "Version", "Schedule type", "Batch pos"})
+                           "Model hash", "Version", "Batch pos"})
 _SIZE = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*")
 
 
@@ -63,20 +65,34 @@ _NUMBERS = {"Steps": ("steps", _int), "CFG scale": ("cfg_scale", _float), "Seed"
             "Hires steps": ("hires_steps", _int)}
 
 
-def _sampler(params: dict, ours: dict | None) -> str:
+def _sampler(params: dict, ours: dict | None) -> tuple[str, str | None]:
+    """(the request's sampler, the schedule type its name ends with or None)."""
     name = str(params["Sampler"]).strip()
     request = (ours or {}).get("request")
     if isinstance(request, dict) and request.get("sampler") == DEFAULT:
-        return DEFAULT  # our image: the text holds the resolved name of the model's own scheduler
+        return DEFAULT, None  # our image: the text holds the resolved name of the model's own scheduler
     if name.endswith("Scheduler") and name not in SAMPLERS:
-        return DEFAULT  # a diffusers class no A1111 name matches: only the model's own scheduler writes that
-    schedule = str(params.get("Schedule type", "")).strip()
-    if schedule and schedule.lower() not in ("automatic", "uniform") and f"{name} {schedule}" in SAMPLERS:
-        name = f"{name} {schedule}"
+        return DEFAULT, None  # a diffusers class no A1111 name matches: only the model's own scheduler writes that
+    return split_sampler(name, "'Sampler' in the image's parameters")
+
+
+def _schedule(value, params: dict, ours: dict | None) -> str:
+    """The request's schedule type from `Schedule type: value`: a combined sampler name's own wins (as in A1111),
+    A1111's Automatic is the sampler's default there, and the Uniform our PNGs write for a request's Automatic
+    (where A1111 would read no schedule type as another) is Automatic again."""
     try:
-        return check_sampler(name)
-    except InvalidRequest as exc:
-        raise InvalidRequest("'Sampler' in the image's parameters", name, exc.allowed) from None
+        sampler, named = _sampler(params, ours) if "Sampler" in params else (None, None)
+    except InvalidRequest:
+        sampler, named = None, None  # said once, for the Sampler field
+    if named:
+        return named
+    key = check_schedule_type(str(value), "'Schedule type' in the image's parameters")
+    request = (ours or {}).get("request")
+    if key == AUTOMATIC:
+        return A1111_AUTOMATIC.get(sampler, AUTOMATIC)
+    if key == "uniform" and isinstance(request, dict) and request.get("schedule_type", AUTOMATIC) == AUTOMATIC:
+        return AUTOMATIC
+    return key
 
 
 def _quantize(value: str) -> str | None:
@@ -128,7 +144,11 @@ def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignore
         field_name, read = _NUMBERS[key]
         fields[field_name] = read(key, value)
     elif key == "Sampler":
-        fields["sampler"] = _sampler(params, ours)
+        fields["sampler"], named = _sampler(params, ours)
+        if named:
+            fields["schedule_type"] = named
+    elif key == "Schedule type":
+        fields["schedule_type"] = _schedule(value, params, ours)
     elif key == "Size":
         match = _SIZE.fullmatch(str(value))
         if not match:

@@ -17,7 +17,8 @@ from typing import Any, Mapping
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.networks.tags import extract_lora_tags, parse_lora_flag
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
-from lowvram_gen.samplers import check_sampler  # light: a table of names, no torch
+from lowvram_gen.samplers import check_installed, split_sampler  # light: tables of names, no torch
+from lowvram_gen.schedules import AUTOMATIC, check_schedule_type, label
 from lowvram_gen.upscale.upscalers import check_upscaler
 
 # Caps. They bound what a typo can cost, not what a big card can do; presets cap further.
@@ -105,6 +106,8 @@ class GenerationRequest:
     seed: int = -1  # -1: random; the seed actually used is recorded in the result and the image
     batch_size: int = 1  # images in this job; seeds are seed, seed+1, ...
     sampler: str = "default"  # "default" keeps the model folder's own scheduler
+    # A1111 1.9+'s schedule type (schedules.py); an old combined sampler name ("DPM++ 2M Karras") sets it too
+    schedule_type: str = AUTOMATIC
     model: str = "tiny"  # embedded tiny model, hub id, local folder or single checkpoint file
     config: str | None = None  # base-architecture configs for a single-file checkpoint
     outdir: str | None = None  # default: outputs/<date>/
@@ -124,6 +127,7 @@ class GenerationRequest:
     def validated(self) -> "GenerationRequest":
         """Return a normalised copy, or raise `InvalidRequest` naming the first bad field."""
         seed = as_int("seed", self.seed, -1, MAX_SEED, " (-1 means random)")
+        sampler, schedule_type = check_sampler_and_schedule(self.sampler, self.schedule_type)
         return dataclasses.replace(
             self,
             prompt=check_prompt_syntax("prompt", clean_prompt("prompt", self.prompt)),
@@ -134,7 +138,8 @@ class GenerationRequest:
             cfg_scale=as_float("cfg scale", self.cfg_scale, 0.0, MAX_CFG),
             seed=seed,
             batch_size=as_int("batch size", self.batch_size, 1, MAX_BATCH),
-            sampler=check_sampler(self.sampler),
+            sampler=sampler,
+            schedule_type=schedule_type,
             model=_non_empty("model", self.model),
             init_image=check_image_path("init image", self.init_image) if self.init_image else None,
             strength=as_float("strength", self.strength, 0.0, 1.0),
@@ -185,6 +190,19 @@ class GenerationRequest:
         """Seeds for each image: a random base when seed is -1, then base+i (wrapping at 2^32)."""
         base = self.seed if self.seed >= 0 else random.SystemRandom().randrange(0, MAX_SEED + 1)
         return [(base + i) % (MAX_SEED + 1) for i in range(self.batch_size)]
+
+
+def check_sampler_and_schedule(sampler: Any, schedule_type: Any) -> tuple[str, str]:
+    """(sampler, schedule type) as A1111 1.9+ splits them: "DPM++ 2M Karras" is DPM++ 2M with Karras; a
+    combined name and a different schedule type given beside it is a clear error naming both."""
+    name, named = split_sampler(sampler)
+    schedule = check_schedule_type(schedule_type)
+    if named is not None and schedule not in (AUTOMATIC, named):
+        raise InvalidRequest("schedule type", schedule_type,
+                             f"the sampler {sampler!r} says {label(named)!r}: give one of them (the sampler "
+                             f"{name!r} and the schedule type apart)")
+    check_installed(name)
+    return name, named or schedule
 
 
 def check_prompt_syntax(field_name: str, text: str) -> str:

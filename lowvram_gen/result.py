@@ -25,6 +25,7 @@ class GenerationResult:
     device: str
     warnings: list[str] = field(default_factory=list)
     nsfw: list[bool] = field(default_factory=list)
+    schedule_type: str = "automatic"  # the request's (A1111 1.9+'s Schedule type); SD jobs only
 
     def as_json(self) -> dict:
         return asdict(self)

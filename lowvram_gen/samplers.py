@@ -1,75 +1,186 @@
-"""A1111 sampler names mapped to diffusers schedulers.
+"""A1111 sampler names mapped to diffusers schedulers, with A1111 1.9+'s schedule types (schedules.py).
 
 The table follows diffusers' own mapping in its scheduler docs ("A1111 / k-diffusion" column).
 "default" keeps the scheduler saved in the model folder, so our output equals a plain diffusers
-pipeline loaded from the same folder.
+pipeline loaded from the same folder. A sampler name with a schedule type's label after it, as A1111
+wrote them before 1.9 ("DPM++ 2M Karras", "DPM++ SDE Karras"), is that sampler and that schedule type.
+A1111 samplers diffusers has no scheduler for are refused naming the nearest one offered.
 """
 
 from __future__ import annotations
 
+import inspect
+
+from lowvram_gen import schedules
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.schedules import AUTOMATIC
 
 # name -> (diffusers class name, extra config)
 SAMPLERS: dict[str, tuple[str, dict]] = {
     "Euler a": ("EulerAncestralDiscreteScheduler", {}),
     "Euler": ("EulerDiscreteScheduler", {}),
     "LMS": ("LMSDiscreteScheduler", {}),
-    "LMS Karras": ("LMSDiscreteScheduler", {"use_karras_sigmas": True}),
     "Heun": ("HeunDiscreteScheduler", {}),
     "DPM2": ("KDPM2DiscreteScheduler", {}),
     "DPM2 a": ("KDPM2AncestralDiscreteScheduler", {}),
     "DPM++ 2M": ("DPMSolverMultistepScheduler", {}),
-    "DPM++ 2M Karras": ("DPMSolverMultistepScheduler", {"use_karras_sigmas": True}),
+    "DPM++ SDE": ("DPMSolverSDEScheduler", {}),  # needs torchsde (its Brownian-tree noise)
     "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++"}),
-    "DPM++ 2M SDE Karras": (
-        "DPMSolverMultistepScheduler",
-        {"algorithm_type": "sde-dpmsolver++", "use_karras_sigmas": True},
-    ),
+    "DPM++ 2M SDE Heun": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_type": "heun"}),
+    "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
     "DPM++ 2S a": ("DPMSolverSinglestepScheduler", {}),
     "DDIM": ("DDIMScheduler", {}),
     "PLMS": ("PNDMScheduler", {}),
     "UniPC": ("UniPCMultistepScheduler", {}),
     "LCM": ("LCMScheduler", {}),
+    "DDPM": ("DDPMScheduler", {}),
 }
 DEFAULT = "default"
-_BY_KEY = {name.lower().replace(" ", ""): name for name in SAMPLERS}
+# A1111 1.9+'s "Automatic" schedule type of a sampler where it is not Uniform (its sd_samplers_kdiffusion.py):
+# a PNG that says `Schedule type: Automatic` means this one, and ours says Uniform where that is what ran
+A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
+                   "DPM++ 2M SDE Heun": "exponential", "DPM++ 3M SDE": "exponential", "DPM++ 2S a": "karras",
+                   "DPM2": "karras", "DPM2 a": "karras"}
+# the Python package a sampler's diffusers class needs beyond diffusers' own dependencies
+NEEDS = {"DPM++ SDE": "torchsde"}
+# A1111/Forge samplers diffusers has no scheduler for: the nearest one offered, and why
+REFUSED = {
+    "Restart": ("Heun", "Restart runs Heun steps with noise restarts, on the Karras schedule by default"),
+    "DPM fast": ("DPM++ 2M", "both are DPM-Solver"),
+    "DPM adaptive": ("DPM++ 2M", "both are DPM-Solver; diffusers has no adaptive step size"),
+    "Euler CFG++": ("Euler", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
+    "Euler a CFG++": ("Euler a", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
+    "DDIM CFG++": ("DDIM", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
+}
 
 
-def check_sampler(name: object) -> str:
-    """The canonical sampler name (case and spaces ignored), or a clear error listing the names."""
+def _key(text: str) -> str:
+    return text.strip().lower().replace(" ", "").replace("_", "")
+
+
+_BY_KEY = {_key(name): name for name in SAMPLERS}
+_REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
+
+
+def refusal(name: str) -> str:
+    nearest, why = REFUSED[name]
+    return f"{name} has no diffusers scheduler; the nearest offered is {nearest!r} ({why})"
+
+
+def split_sampler(name: object, field: str = "sampler") -> tuple[str, str | None]:
+    """(the canonical sampler name, the schedule type its name ends with or None): "dpm++ 2m karras" is
+    ("DPM++ 2M", "karras"); case and spaces are ignored. A name we do not offer is a clear error: the
+    nearest offered sampler for A1111's that diffusers lacks (Restart), else the list."""
     if isinstance(name, str):
-        key = name.strip().lower().replace(" ", "").replace("_", "")
+        key = _key(name)
         if key in ("", DEFAULT):
-            return DEFAULT
+            return DEFAULT, None
         if key in _BY_KEY:
-            return _BY_KEY[key]
-    raise InvalidRequest("sampler", name, "use 'default' or one of: " + ", ".join(SAMPLERS))
+            return _BY_KEY[key], None
+        if key in _REFUSED_BY_KEY:
+            raise InvalidRequest(field, name, refusal(_REFUSED_BY_KEY[key]))
+        for schedule in sorted(schedules.SCHEDULE_TYPES, key=lambda k: -len(schedules.label(k))):
+            suffix = _key(schedules.label(schedule)).replace("-", "")
+            if schedule != AUTOMATIC and key.endswith(suffix) and key[: -len(suffix)] in _BY_KEY:
+                return _BY_KEY[key[: -len(suffix)]], schedule
+    raise InvalidRequest(field, name, "use 'default' or one of: " + ", ".join(SAMPLERS)
+                         + " (a schedule type may follow the name, as A1111 wrote them: 'DPM++ 2M Karras')")
 
 
-def make_scheduler(name: str, base_config: dict):
-    """A scheduler for `name` built from the model's own scheduler config (betas, timestep spacing)."""
+def check_installed(sampler: str) -> None:
+    """A sampler whose scheduler needs a package that is not installed is refused naming it (no torch import)."""
+    from importlib.util import find_spec
+
+    package = NEEDS.get(sampler)
+    if package and find_spec(package) is None:
+        raise InvalidRequest("sampler", sampler, f"its diffusers scheduler needs the {package} package, which is "
+                                                 f"not installed: pip install {package}")
+
+
+def _class(sampler: str):
     import diffusers
 
-    cls_name, extra = SAMPLERS[check_sampler(name)]
-    cls = getattr(diffusers, cls_name)
-    return cls.from_config(base_config, **extra)
+    check_installed(sampler)
+    return getattr(diffusers, SAMPLERS[sampler][0])
 
 
-# The config keys that tell two A1111 samplers of one diffusers class apart, with diffusers' defaults.
-_DISTINGUISHING = {"use_karras_sigmas": False, "algorithm_type": "dpmsolver++"}
+def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC):
+    """A scheduler for sampler `name` built from the model's own scheduler config (betas, timestep spacing), with
+    `schedule_type` where its class has it (`build_scheduler` says when it does not)."""
+    cls = _class(name)
+    changes, _ = schedules.overrides(cls, schedule_type)
+    try:
+        return cls.from_config(base_config, **SAMPLERS[name][1], **changes)
+    except ImportError as exc:  # a backend diffusers checks itself (NEEDS names the ones we know first)
+        raise InvalidRequest("sampler", name, f"its diffusers scheduler cannot load: {exc}") from None
+
+
+def build_scheduler(sampler: str, schedule_type: str, base) -> tuple:
+    """(the scheduler, a warning or None) for `sampler` and `schedule_type` on the model's own scheduler `base`:
+    'default' is `base` itself, rebuilt only where the schedule type changes it. A schedule type the class does
+    not have runs the sampler's own schedule, and the warning says so."""
+    named = sampler != DEFAULT
+    cls = _class(sampler) if named else type(base)
+    changes, supported = schedules.overrides(cls, schedule_type, named)
+    warning = None if supported else _unsupported(sampler, cls, schedule_type)
+    if named:
+        return make_scheduler(sampler, base.config, schedule_type), warning
+    return (cls.from_config(base.config, **changes) if changes else base), warning
+
+
+def _unsupported(sampler: str, cls, schedule_type: str) -> str:
+    name = schedules.label(schedule_type)
+    who = f"sampler {sampler!r}" if sampler != DEFAULT else f"the model's own scheduler ({cls.__name__})"
+    if schedules.SCHEDULE_TYPES[schedule_type][1] is None:
+        have = ", ".join(schedules.label(k) for k in schedules.SUPPORTED)
+        return f"schedule type {name!r} has no diffusers equivalent: {who} ran its own schedule (diffusers has {have})"
+    return (f"{who} has no {name!r} schedule in diffusers: it ran its own schedule (the samplers with it: "
+            f"{', '.join(with_schedule(schedule_type))})")
+
+
+def with_schedule(schedule_type: str) -> list[str]:
+    """The samplers whose diffusers class has `schedule_type` (a sampler whose package is missing is left out)."""
+    import diffusers
+
+    names = []
+    for name, (cls_name, _) in SAMPLERS.items():
+        if _installed(name) and schedules.overrides(getattr(diffusers, cls_name), schedule_type)[1]:
+            names.append(name)
+    return names
+
+
+def _installed(sampler: str) -> bool:
+    try:
+        check_installed(sampler)
+    except InvalidRequest:
+        return False
+    return True
 
 
 def a1111_name(scheduler) -> str:
-    """The A1111 name of a scheduler, for the PNG text, where one matches (a model folder's own
-    PNDMScheduler with skip_prk_steps is A1111's PLMS); otherwise its diffusers class name."""
+    """The A1111 sampler name of a scheduler, for the PNG text, where one matches (a model folder's own
+    PNDMScheduler with skip_prk_steps is A1111's PLMS); otherwise its diffusers class name. The schedule
+    type is `schedules.applied_label`'s."""
     cls, config = type(scheduler).__name__, scheduler.config
     if cls == "PNDMScheduler" and not config.get("skip_prk_steps", False):
         return cls  # PNDM with its Runge-Kutta warm-up steps is not A1111's PLMS
-    for name, (cls_name, extra) in SAMPLERS.items():
-        if cls_name != cls:
-            continue
-        wanted = {**_DISTINGUISHING, **extra}
-        if all(config.get(key, default) == wanted[key] for key, default in _DISTINGUISHING.items()
-               if key in config or key in extra):
+    params = inspect.signature(type(scheduler).__init__).parameters
+    same_class = [(name, extra) for name, (cls_name, extra) in SAMPLERS.items() if cls_name == cls]
+    telling = {key for _, extra in same_class for key in extra}  # the keys that tell them apart
+    for name, extra in same_class:
+        if all(config.get(key, params[key].default if key in params else None) == extra.get(key, params[key].default)
+               for key in telling if key in params):
             return name
     return cls
+
+
+def infotext_schedule(scheduler, sampler: str, schedule_type: str, applied: bool) -> str | None:
+    """What the PNG's `Schedule type` says of a job that ran `scheduler` as A1111 sampler `sampler` (its A1111
+    name): the schedule type asked for where it ran, else the one the scheduler's config runs; for the plain
+    schedule 'Uniform' where A1111 would read no schedule type as another (DPM++ 2M: Karras), else nothing."""
+    if applied and schedule_type != AUTOMATIC:
+        return schedules.label(schedule_type)
+    found = schedules.applied_label(scheduler)
+    if found:
+        return found
+    return schedules.label("uniform") if sampler in A1111_AUTOMATIC else None

@@ -101,7 +101,7 @@ def test_txt_plain_lines_comments_and_a1111_options(tmp_path):
     w = whale.request
     assert (whale.line, w.prompt, w.negative_prompt, w.steps, w.seed, w.width, w.height) == (
         5, "a blue whale", "blurry, dark", 3, 5, 128, 64)
-    assert (w.sampler, w.cfg_scale, w.batch_size) == ("DPM++ 2M Karras", 6.5, 2)
+    assert (w.sampler, w.schedule_type, w.cfg_scale, w.batch_size) == ("DPM++ 2M", "karras", 6.5, 2)
     assert tree0.request.prompt == "a green tree at dawn" and tree0.request.negative_prompt == "ugly"
     assert [tree0.request.seed, tree1.request.seed] == [10, 11] and tree1.repeat == 1
     assert dashes.request.prompt == "a prompt with -- dashes # and a hash"
@@ -219,6 +219,29 @@ def test_identical_random_lines_are_distinct_jobs_and_keys_are_stable(tmp_path):
     changed = jobs_of(write(tmp_path, "c.txt", "same\nsame\nother\n"), {"steps": "2"})
     assert not {j.key for j in one.jobs} & {j.key for j in changed.jobs}
     assert request_hash("sd", one.jobs[0].request) == one.jobs[0].request_hash
+
+
+def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_path):
+    """Issue 19: a line's schedule type (A1111's API calls it `scheduler`); an old combined name on a line wins over
+    --schedule-type as on the command line; and a line that said 'DPM++ 2M Karras' before requests had a schedule
+    type keeps its job identity (a resumed batch does not redo it)."""
+    import dataclasses
+    import hashlib
+    import json
+
+    path = write(tmp_path, "p.txt", '--prompt a --sampler_name "DPM++ 2M Karras"\n'
+                                    '--prompt b --scheduler "SGM Uniform"\n--prompt c --sampler_name Euler\n')
+    old, sgm, euler = jobs_of(path, {"schedule_type": "exponential"}).jobs
+    assert (old.request.sampler, old.request.schedule_type) == ("DPM++ 2M", "karras")
+    assert sgm.request.schedule_type == "sgm-uniform" and euler.request.schedule_type == "exponential"
+    data = dataclasses.asdict(old.request)
+    for key in ("outdir", "extra", "quantize", "schedule_type"):
+        data.pop(key)
+    text = json.dumps({"engine": "sd", **data, "sampler": "DPM++ 2M Karras"}, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True)
+    assert old.request_hash == hashlib.sha256(text.encode()).hexdigest()[:16]  # as before schedule types
+    assert len({old.request_hash, sgm.request_hash, euler.request_hash}) == 3
+    assert request_hash("sd", dataclasses.replace(old.request, schedule_type="exponential")) != old.request_hash
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -118,6 +118,58 @@ def test_every_a1111_sampler_runs(tmp_path):
     assert not np.array_equal(seen["Euler a"], seen["DDIM"])
 
 
+@pytest.mark.parametrize("name", ["DPM++ SDE", "DPM++ 2M SDE Heun", "DPM++ 3M SDE", "DDPM"])
+def test_the_samplers_issue_19_found_missing_run(tmp_path, name):
+    """Issue 19: these A1111 samplers were refused; diffusers has them. Each makes a finite image, and its PNG names it
+    as A1111 does and reads back to it."""
+    from lowvram_gen.infotext import from_png
+
+    result = Session().generate(GenerationRequest(prompt="x", width=64, height=64, steps=2, seed=3, sampler=name,
+                                                  outdir=str(tmp_path)))
+    image = pixels(result.images[0])
+    assert image.std() > 0, name  # not a flat (NaN-cleared or black) image
+    assert parse_a1111_parameters(read_png_metadata(result.images[0])[0])["Sampler"] == name
+    assert from_png(result.images[0]).fields["sampler"] == name
+
+
+def test_dpm_sde_noise_follows_the_seed(tmp_path):
+    """DPM++ SDE's Brownian-tree noise is seeded by each image's seed (diffusers seeds it at random when not told):
+    the same seed gives the same image, and image i of a batch is the image of its seed alone."""
+    session = Session()
+    request = dict(prompt="x", width=64, height=64, steps=3, sampler="DPM++ SDE", outdir=str(tmp_path))
+    batch = session.generate(GenerationRequest(**request, seed=10, batch_size=2))
+    again = session.generate(GenerationRequest(**request, seed=11))
+    other = session.generate(GenerationRequest(**request, seed=12))
+    diff = np.abs(pixels(batch.images[1]).astype(int) - pixels(again.images[0]).astype(int)).max()
+    assert diff <= 1  # batched convolutions may round differently by one level
+    assert not np.array_equal(pixels(again.images[0]), pixels(other.images[0]))
+
+
+def test_a_schedule_type_the_sampler_lacks_is_warned_and_not_written(tmp_path, capsys):
+    """Issue 19: a schedule type diffusers' class for the sampler does not have runs the plain schedule, with a warning
+    in --json's warnings, and the PNG does not say it ran; one it has changes the image."""
+    def run(*flags):
+        code = main(["generate", "x", "--width", "64", "--height", "64", "--steps", "2", "--seed", "3",
+                     "--outdir", str(tmp_path), "--json", *flags])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        return json.loads(captured.out), captured.err
+
+    out, err = run("--sampler", "Euler a", "--schedule-type", "karras")
+    said = "sampler 'Euler a' has no 'Karras' schedule in diffusers: it ran its own schedule"
+    assert any(w.startswith(said) and "Euler, LMS" in w for w in out["warnings"]) and f"warning: {said}" in err
+    assert "Schedule type" not in read_png_metadata(out["images"][0])[0]
+    plain, _ = run("--sampler", "Euler a")
+    assert np.array_equal(pixels(out["images"][0]), pixels(plain["images"][0]))
+    out, _ = run("--sampler", "Euler", "--schedule-type", "polyexponential")
+    assert any("'Polyexponential' has no diffusers equivalent" in w for w in out["warnings"])
+    karras, _ = run("--sampler", "Euler", "--schedule-type", "karras")
+    euler, _ = run("--sampler", "Euler")
+    assert not any("schedule" in w for w in karras["warnings"])
+    assert "Sampler: Euler, Schedule type: Karras," in read_png_metadata(karras["images"][0])[0]
+    assert not np.array_equal(pixels(karras["images"][0]), pixels(euler["images"][0]))
+
+
 def test_progress_per_step_and_cancel_keeps_finished_images(tmp_path):
     session = Session()
     cancel = threading.Event()
@@ -188,8 +240,10 @@ def test_the_default_sampler_is_written_with_its_a1111_name(tmp_path):
     params, _ = read_png_metadata(result.images[0])
     assert parse_a1111_parameters(params)["Sampler"] == "PLMS"
     config = {"num_train_timesteps": 1000}
-    for name in ("DPM++ 2M Karras", "DPM++ 2M SDE", "DPM++ 2M", "Euler a", "LMS Karras", "UniPC"):
+    for name in ("DPM++ 2M SDE", "DPM++ 2M", "Euler a", "LMS", "UniPC", "DPM++ 2M SDE Heun", "DPM++ 3M SDE", "DDPM",
+                 "DPM++ SDE"):
         assert a1111_name(make_scheduler(name, config)) == name
+        assert a1111_name(make_scheduler(name, config, "karras")) == name  # the schedule type is not the sampler
     from diffusers import PNDMScheduler
 
     assert a1111_name(PNDMScheduler(skip_prk_steps=False)) == "PNDMScheduler"  # with Runge-Kutta steps: not PLMS

@@ -15,7 +15,8 @@ from lowvram_gen.infotext import from_png, request_fields
 from lowvram_gen.outputs import parse_a1111_parameters
 from lowvram_gen.session import Session
 
-ROUND_TRIP = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "sampler", "model")
+ROUND_TRIP = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "sampler", "schedule_type",
+              "model")
 
 
 def pixels(path) -> np.ndarray:
@@ -32,12 +33,14 @@ def session():
     {"sampler": "Euler a", "cfg_scale": 5.5, "negative_prompt": "blurry, (ugly:1.3)"},
     {"sampler": "DPM++ 2M Karras", "hires_scale": 1.5, "hires_steps": 1, "hires_denoise": 0.4,
      "hires_upscaler": "lanczos"},
+    {"sampler": "DPM++ 2M"},  # Automatic: written "Schedule type: Uniform" for A1111, read back as Automatic
+    {"sampler": "DPM++ SDE", "schedule_type": "exponential"},
 ])
 def test_request_to_png_to_request_gives_the_same_fields(session, tmp_path, extra):
     request = GenerationRequest(prompt="a lighthouse, at dusk: <b>", width=64, height=72, steps=2, seed=4321,
                                 outdir=str(tmp_path), **extra).validated()
     image = session.generate(request).images[0]
-    fields = from_png(image).fields
+    fields = {"schedule_type": "automatic", **from_png(image).fields}  # no Schedule type in the text: Automatic
     for name in ROUND_TRIP + tuple(k for k in extra):
         assert fields[name] == getattr(request, name), name
     assert "strength" not in fields  # a hires image's "Denoising strength" is the hires pass's, not img2img's
@@ -59,7 +62,8 @@ def test_a1111s_own_text():
             "Hires upscale: 2, Hires upscaler: Latent (bicubic), Version: v1.10.1")
     read = request_fields(parse_a1111_parameters(text))
     assert read.fields == {"prompt": "masterpiece, <lora:film:0.6>", "negative_prompt": "lowres", "steps": 28,
-                           "sampler": "DPM++ 2M Karras", "cfg_scale": 6.5, "seed": 99, "width": 512, "height": 768,
+                           "sampler": "DPM++ 2M", "schedule_type": "karras", "cfg_scale": 6.5, "seed": 99,
+                           "width": 512, "height": 768,
                            "model": "v1-5-pruned-emaonly", "batch_size": 4, "hires_denoise": 0.45,
                            "hires_scale": 2.0, "hires_upscaler": "latent"}
     assert read.ignored == ["Clip skip"] and "Latent (bicubic)" in read.notes[0]
@@ -147,3 +151,113 @@ def test_from_png_notes_are_in_the_json_warnings_too(tmp_path, capsys, command):
     assert warnings[0] == not_used and f"note: {not_used}" in captured.err
     assert any(w.startswith("the PNG's model 'no-such-checkpoint' is not here") for w in warnings)
     assert captured.err.count(not_used) == 1  # said once on stderr, before the job; not again at the end
+
+
+# A1111 1.9+'s reading of `Sampler` and `Schedule type` (its sd_samplers.get_sampler_and_scheduler): a schedule
+# label after the sampler name is the schedule type; none is Automatic, which is the sampler's own default
+# (sd_samplers_kdiffusion.py's `scheduler` option; Uniform for the others)
+A1111_LABELS = ("Automatic", "Uniform", "Karras", "Exponential", "Polyexponential", "SGM Uniform", "KL Optimal",
+                "Align Your Steps", "Simple", "Normal", "DDIM", "Beta")
+A1111_DEFAULTS = {"DPM++ 2M": "Karras", "DPM++ SDE": "Karras", "DPM++ 2M SDE": "Exponential",
+                  "DPM++ 2M SDE Heun": "Exponential", "DPM++ 2S a": "Karras", "DPM++ 3M SDE": "Exponential",
+                  "DPM2": "Karras", "DPM2 a": "Karras", "Restart": "Karras"}
+
+
+def a1111_reads(params: dict) -> tuple[str, str]:
+    """(sampler, the schedule that runs) as A1111 1.9+ reads a `parameters` text's fields."""
+    name, schedule = params["Sampler"], params.get("Schedule type", "Automatic")
+    for label in A1111_LABELS:
+        if name.endswith(" " + label):
+            name, schedule = name[: -len(label) - 1], label
+    if schedule == "Automatic":
+        schedule = A1111_DEFAULTS.get(name, "Uniform")
+    return name, schedule
+
+
+@pytest.mark.parametrize("text, sampler, schedule", [
+    ("Sampler: DPM++ SDE, Schedule type: Karras", "DPM++ SDE", "karras"),  # A1111 1.9+
+    ("Sampler: DPM++ SDE Karras", "DPM++ SDE", "karras"),  # A1111 1.6: the old combined name
+    ("Sampler: DPM++ 2M Karras", "DPM++ 2M", "karras"),
+    ("Sampler: Euler, Schedule type: Exponential", "Euler", "exponential"),
+    ("Sampler: Euler a, Schedule type: SGM Uniform", "Euler a", "sgm-uniform"),
+    ("Sampler: DPM++ 3M SDE, Schedule type: Automatic", "DPM++ 3M SDE", "exponential"),  # A1111's Automatic
+    ("Sampler: Euler, Schedule type: Automatic", "Euler", "automatic"),
+    ("Sampler: DPM++ SDE Karras, Schedule type: Exponential", "DPM++ SDE", "karras"),  # the name's wins, as in A1111
+    ("Sampler: DPM++ 2M, Schedule type: Align Your Steps", "DPM++ 2M", "align-your-steps"),  # runs with a warning
+    ("Sampler: DDPM, Schedule type: beta", "DDPM", "beta"),
+])
+def test_a1111_schedule_types_are_read_not_dropped(text, sampler, schedule):
+    """Issue 19: `Schedule type: Exponential` (and every type but Karras) was dropped without a word."""
+    read = request_fields(parse_a1111_parameters(f"x\nSteps: 20, {text}, CFG scale: 7, Seed: 1"))
+    assert (read.fields["sampler"], read.fields.get("schedule_type", "automatic")) == (sampler, schedule)
+    assert read.ignored == [] and read.notes == []
+    assert request_fields({"Schedule type": "Karras"}).fields == {"prompt": "", "negative_prompt": "",
+                                                                  "schedule_type": "karras"}
+    with pytest.raises(InvalidRequest) as err:
+        request_fields({"Sampler": "Euler", "Schedule type": "Wobbly"})
+    assert "'Schedule type' in the image's parameters: 'Wobbly'" in str(err.value)
+
+
+@pytest.mark.parametrize("sampler, schedule, a1111, back", [
+    ("DPM++ SDE", "karras", ("DPM++ SDE", "Karras"), "karras"),
+    ("DPM++ 2M", "automatic", ("DPM++ 2M", "Uniform"), "automatic"),  # not A1111's Automatic (Karras): it did not run
+    ("Euler", "sgm-uniform", ("Euler", "SGM Uniform"), "sgm-uniform"),
+    ("Euler a", "automatic", ("Euler a", "Uniform"), "automatic"),
+    ("Euler a", "karras", ("Euler a", "Uniform"), "automatic"),  # diffusers' Euler a has no Karras: not written
+    ("DPM++ 3M SDE", "beta", ("DPM++ 3M SDE", "Beta"), "beta"),
+])
+def test_a1111_reads_our_png_as_what_ran(session, tmp_path, sampler, schedule, a1111, back):
+    """Our PNG says, in A1111 1.9+'s own terms (`Sampler: DPM++ SDE, Schedule type: Karras`), the sampler and the
+    schedule that ran; and it reads back to the same request fields."""
+    request = GenerationRequest(prompt="x", width=64, height=64, steps=2, seed=5, sampler=sampler,
+                                schedule_type=schedule, outdir=str(tmp_path))
+    result = session.generate(request)
+    params = parse_a1111_parameters(Image.open(result.images[0]).text["parameters"])
+    assert a1111_reads(params) == a1111
+    assert list(params)[3:5] == ["Sampler", "Schedule type" if "Schedule type" in params else "CFG scale"]
+    fields = from_png(result.images[0]).fields
+    assert (fields["sampler"], fields.get("schedule_type", "automatic")) == (sampler, back)
+    assert (result.sampler, result.schedule_type) == (sampler, schedule)
+
+
+@pytest.mark.parametrize("text", ["Sampler: DPM++ SDE, Schedule type: Karras", "Sampler: DPM++ 2M Karras",
+                                  "Sampler: DPM++ SDE Karras, Schedule type: Exponential"])
+def test_from_png_of_an_a1111_schedule_type_uses_it(tmp_path, capsys, text):
+    """The issue's "done when": an A1111 PNG's sampler and schedule type rerun with no "not used" note for them, and
+    the new PNG says them as A1111 1.9+ does."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", f"a fox\nSteps: 2, {text}, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny, "
+                                "Version: v1.10.1")
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+    code = main(["generate", "--from-png", str(png), "--outdir", str(tmp_path / "out"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    assert "not used" not in captured.err and not any("not used" in w or "schedule" in w for w in out["warnings"])
+    sampler = text.split(",")[0].removeprefix("Sampler: ").removesuffix(" Karras")
+    assert (out["sampler"], out["schedule_type"]) == (sampler, "karras")
+    written = parse_a1111_parameters(Image.open(out["images"][0]).text["parameters"])
+    assert (written["Sampler"], written["Schedule type"]) == (sampler, "Karras")
+
+
+def test_from_png_flags_override_the_schedule_type_as_a1111s_boxes_do(tmp_path, capsys):
+    """A plain --sampler keeps the PNG's schedule type (as A1111's Schedule type box stays when the sampler changes);
+    an old combined --sampler name brings its own; --schedule-type sets it."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", "a fox\nSteps: 1, Sampler: DPM++ 2M, Schedule type: Exponential, CFG scale: 7, "
+                                "Seed: 5, Size: 64x64, Model: tiny")
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+    for flags, expected in ((["--sampler", "Euler"], ("Euler", "exponential")),
+                            (["--sampler", "DPM++ 2M Karras"], ("DPM++ 2M", "karras")),
+                            (["--schedule-type", "beta"], ("DPM++ 2M", "beta"))):
+        code = main(["generate", "--from-png", str(png), *flags, "--outdir", str(tmp_path / "out"), "--json"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        out = json.loads(captured.out)
+        assert (out["sampler"], out["schedule_type"]) == expected, flags

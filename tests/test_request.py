@@ -27,6 +27,8 @@ BAD = [
     ("seed", -2, "-1 means random"),
     ("seed", MAX_SEED + 1, "-1 means random"),
     ("sampler", "Euler z", "Euler a"),
+    ("sampler", "Restart", "the nearest offered is 'Heun'"),
+    ("schedule_type", "wobbly", "karras, exponential"),
     ("prompt", "x" * 20_001, "at most 20000 characters"),
     ("prompt", 42, "must be text"),
     ("model", "", "embedded name"),
@@ -50,6 +52,8 @@ CLI_BAD = [
     (["--batch", "0"], "batch"),
     (["--seed", "4294967296"], "seed"),
     (["--sampler", "nope"], "sampler"),
+    (["--schedule-type", "wobbly"], "invalid schedule type: 'wobbly'; use one of: automatic, uniform, karras"),
+    (["--sampler", "Restart"], "Restart has no diffusers scheduler; the nearest offered is 'Heun'"),
 ]
 
 
@@ -93,5 +97,47 @@ def test_from_mapping_coerces_text_and_rejects_unknown_fields():
 
 
 def test_sampler_names_are_case_and_space_insensitive():
-    assert GenerationRequest(sampler="dpm++ 2m karras").validated().sampler == "DPM++ 2M Karras"
+    assert GenerationRequest(sampler="dpm++ 2m").validated().sampler == "DPM++ 2M"
     assert GenerationRequest(sampler="").validated().sampler == "default"
+
+
+@pytest.mark.parametrize("name, sampler, schedule", [
+    ("DPM++ 2M Karras", "DPM++ 2M", "karras"), ("dpm++ sde karras", "DPM++ SDE", "karras"),
+    ("LMS Karras", "LMS", "karras"), ("DPM++ 2M SDE Exponential", "DPM++ 2M SDE", "exponential"),
+    ("DPM++ 3M SDE Karras", "DPM++ 3M SDE", "karras"), ("Euler SGM Uniform", "Euler", "sgm-uniform"),
+    ("DPM++ 2M SDE Heun", "DPM++ 2M SDE Heun", "automatic"),
+])
+def test_old_combined_sampler_names_split_into_sampler_and_schedule_type(name, sampler, schedule):
+    """Issue 19: A1111 1.9+ splits "DPM++ 2M Karras" into a sampler and a schedule type; the old names still work."""
+    request = GenerationRequest(sampler=name).validated()
+    assert (request.sampler, request.schedule_type) == (sampler, schedule)
+    same = GenerationRequest(sampler=name, schedule_type=schedule).validated()  # saying it twice is fine
+    assert (same.sampler, same.schedule_type) == (sampler, schedule)
+
+
+def test_schedule_type_names_and_a_contradiction():
+    for text in ("SGM Uniform", "sgm_uniform", "SGMUniform", "sgm-uniform"):  # A1111's label, name, alias; ours
+        assert GenerationRequest(schedule_type=text).validated().schedule_type == "sgm-uniform"
+    assert GenerationRequest(schedule_type="").validated().schedule_type == "automatic"
+    with pytest.raises(InvalidRequest) as err:
+        GenerationRequest(sampler="DPM++ 2M Karras", schedule_type="exponential").validated()
+    assert "'DPM++ 2M Karras' says 'Karras'" in str(err.value)
+
+
+def test_a_missing_torchsde_is_named_before_any_model_work(monkeypatch, capsys):
+    """DPM++ SDE's diffusers scheduler needs torchsde: without it the request is refused naming the package (diffusers
+    itself would fail at the first step with an ImportError traceback)."""
+    import importlib.util
+
+    import lowvram_gen.models.loading as loading
+
+    def no_loading(*a, **k):
+        raise AssertionError("a model was loaded for a sampler that cannot run")
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchsde" else real(name, *a))
+    monkeypatch.setattr(loading, "load", no_loading)
+    assert main(["generate", "a cat", "--sampler", "DPM++ SDE Karras", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid sampler: 'DPM++ SDE'" in err and "needs the torchsde package" in err
+    assert "pip install torchsde" in err

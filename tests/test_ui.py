@@ -846,6 +846,38 @@ def test_send_to_sets_quantize_from_the_png_and_resets_it_without_one(tmp_path):
         assert sendto.values_for(keys, plain)[0][at] == AS_PRESET  # weights as the preset stores them
 
 
+def test_send_to_fills_the_schedule_type_from_either_form_and_automatic_without_one(tmp_path):
+    """Issue 19: a PNG's `Schedule type` (A1111 1.9+) or combined name (`DPM++ 2M Karras`) fills the Schedule type box
+    beside the Sampler; a PNG whose sampler says none ran Automatic, so the box goes back to it."""
+    from lowvram_gen.ui import sendto
+
+    rest = ", CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny"
+    new = _png_with(tmp_path / "new.png", "a fox\nSteps: 2, Sampler: DPM++ SDE, Schedule type: Karras" + rest)
+    old = _png_with(tmp_path / "old.png", "a fox\nSteps: 2, Sampler: DPM++ 2M Karras" + rest)
+    plain = _png_with(tmp_path / "plain.png", "a fox\nSteps: 2, Sampler: Euler" + rest)
+    for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
+        filled = {png: dict(zip(keys, sendto.values_for(keys, png)[0])) for png in (new, old, plain)}
+        assert (filled[new]["sampler"], filled[new]["schedule_type"]) == ("DPM++ SDE", "karras")
+        assert (filled[old]["sampler"], filled[old]["schedule_type"]) == ("DPM++ 2M", "karras")
+        assert (filled[plain]["sampler"], filled[plain]["schedule_type"]) == ("Euler", "automatic")
+        assert not sendto.values_for(keys, new)[1]  # nothing "not used"
+
+
+def test_the_schedule_type_box_runs_it_and_says_what_diffusers_lacks(server):
+    """The Schedule type from the API (the box beside the Sampler) reaches the job; one the sampler does not have
+    in diffusers is said in the summary ("What ran"), named as the UI's box, and the PNG does not claim it."""
+    from gradio_client import Client
+
+    client = Client(server.url, verbose=False)
+    _, info, summary, _ = client.predict(prompt="karras fox", width=64, height=64, steps=2, seed=9, sampler="Euler",
+                                         schedule_type="karras", api_name="/generate")
+    assert "Sampler: Euler, Schedule type: Karras," in info and "schedule" not in summary
+    _, info, summary, _ = client.predict(prompt="ancestral fox", width=64, height=64, steps=2, seed=9,
+                                         sampler="Euler a", schedule_type="karras", api_name="/generate")
+    assert "Schedule type" not in info
+    assert "sampler 'Euler a' has no 'Karras' schedule in diffusers: it ran its own schedule" in summary
+
+
 def test_estimate_plans_the_quantize_choice(tmp_path):
     from lowvram_gen.ui.app import UiOptions, build_app
     from lowvram_gen.ui.widgets import AS_PRESET

@@ -19,13 +19,19 @@ def _component(app, elem_id):
     ("steps", 30, True), ("steps", 9999, False), ("steps", 0, False), ("cfg_scale", float("nan"), False),
     ("seed", -1, True), ("seed", 2 ** 40, False), ("batch_size", 0, False), ("sampler", "Euler a", True),
     ("sampler", "no such sampler", False), ("quantize", "int8", True), ("quantize", "as the preset says", True),
-    ("quantize", "int3", False), ("negative_prompt", None, True), ("strength", 1.5, False)])
+    ("quantize", "int3", False), ("negative_prompt", None, True), ("strength", 1.5, False),
+    ("schedule_type", "karras", True), ("schedule_type", "sgm-uniform", True), ("schedule_type", "wobbly", False),
+    ("sampler", "DPM++ SDE", True)])
 def test_a_remembered_value_is_restored_only_if_the_request_takes_it(name, value, ok):
     """The issue's case: width 65 or steps 9999 in the stored values opened the UI with values the first
     Generate refused; now each value is checked as the request checks it before it goes back."""
     import gradio as gr
 
-    box = gr.Dropdown(["default", "Euler a"], value="default") if name == "sampler" else gr.Textbox()
+    from lowvram_gen.ui.widgets import ScheduleType
+
+    boxes = {"sampler": lambda: gr.Dropdown(["default", "Euler a", "DPM++ SDE"], value="default"),
+             "schedule_type": lambda: ScheduleType("schedule-type")}
+    box = boxes.get(name, gr.Textbox)()
     assert remembered.valid(name, value, box) is ok
 
 

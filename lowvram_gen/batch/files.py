@@ -36,13 +36,15 @@ from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.networks.names import Names
 from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
+from lowvram_gen.samplers import split_sampler
+from lowvram_gen.schedules import AUTOMATIC, label
 
 FORMATS = {".txt": "txt", ".prompts": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 MAX_REPEAT = 10_000  # per line; bounds what a typo can queue
 
 # Field aliases accepted in every format (A1111 option names included).
 ALIASES = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size",
-           "sampler_name": "sampler", "n_iter": "repeat"}
+           "sampler_name": "sampler", "n_iter": "repeat", "scheduler": "schedule_type"}
 REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest))
 BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
 # A1111 options that only concern A1111's own saving: accepted and ignored, with a warning.
@@ -137,8 +139,28 @@ def request_hash(engine: str, request) -> str:
     data.pop("extra", None)
     if data.get("quantize") is None:  # added later: requests without it keep the hashes they had
         data.pop("quantize", None)
+    schedule = data.pop("schedule_type", AUTOMATIC)  # added later too: a line's 'DPM++ 2M Karras' keeps its hash
+    if schedule != AUTOMATIC and f"{data['sampler']} {label(schedule)}" in _COMBINED:
+        data["sampler"] = f"{data['sampler']} {label(schedule)}"
+    elif schedule != AUTOMATIC:
+        data["schedule_type"] = schedule
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# the sampler names that held their schedule type before requests had schedule_type
+_COMBINED = frozenset({"LMS Karras", "DPM++ 2M Karras", "DPM++ 2M SDE Karras"})
+
+
+def _merged(defaults: dict, fields: dict) -> dict:
+    """A line's fields over the command line's; a line's combined sampler name ('DPM++ 2M Karras') wins over
+    --schedule-type, and a line's schedule type over the one in --sampler's name, as on the generate command line."""
+    merged = {**defaults, **fields}
+    if "sampler" in fields and "schedule_type" not in fields and "schedule_type" in defaults:
+        merged["schedule_type"] = split_sampler(fields["sampler"])[1] or defaults["schedule_type"]
+    if "schedule_type" in fields and "sampler" not in fields and "sampler" in defaults:
+        merged["sampler"] = split_sampler(defaults["sampler"])[0]
+    return merged
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -348,7 +370,7 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
             extra = fields.get("extra", {})
             if not isinstance(extra, dict):
                 raise InvalidRequest("extra", extra, "extra must be a JSON object")
-            base = ENGINES[engine]({**defaults, **fields})
+            base = ENGINES[engine](_merged(defaults, fields) if engine == "sd" else {**defaults, **fields})
             if engine == "sd":  # an unknown LoRA is a bad line like any other, found by --dry-run too
                 names.check(base.prompt, base.negative_prompt, base.loras)
         except LowVramError as exc:

@@ -56,7 +56,11 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--batch", dest="batch_size", metavar="N",
                    help=f"images {'per' if every_job else 'in this'} job (default 1)")
     p.add_argument("--sampler", metavar="NAME",
-                   help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
+                   help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M', 'DPM++ SDE', "
+                        "...; the old combined names ('DPM++ 2M Karras') set --schedule-type too")
+    p.add_argument("--schedule-type", metavar="TYPE",
+                   help="A1111 1.9+'s schedule type: automatic (default), uniform, karras, exponential, sgm-uniform, "
+                        "simple, normal, beta, ... (one the sampler has not in diffusers runs its own, with a warning)")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -208,7 +212,7 @@ def _session_kwargs(args) -> dict:
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
 REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
-                 "hires_denoise", "quantize")
+                 "hires_denoise", "quantize", "schedule_type")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
@@ -243,6 +247,12 @@ def _request_fields(args) -> tuple[dict, list[str]]:
     elif args.prompt is None:
         raise InvalidRequest("prompt", "", "give a prompt, or --from-png FILE to rerun an image's parameters")
     fields.update({name: getattr(args, name) for name in REQUEST_FLAGS if getattr(args, name, None) is not None})
+    if args.sampler is not None and args.schedule_type is None and "schedule_type" in fields:
+        from lowvram_gen.samplers import split_sampler
+
+        _, named = split_sampler(args.sampler)  # --sampler 'DPM++ 2M Karras' wins over the PNG's schedule type;
+        if named:  # a plain --sampler keeps it, as A1111's Schedule type box stays when the sampler changes
+            fields["schedule_type"] = named
     return fields, said
 
 

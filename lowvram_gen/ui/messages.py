@@ -53,11 +53,12 @@ FLAGS: dict[str, str] = {
     "--steps": "the Steps slider",
     "--seed": "the Seed box",
     "--sampler": "the Sampler box",
+    "--schedule-type": "the Schedule type box",
     "--batch-size": "the Batch size slider",
     "--cfg-scale": "the CFG scale slider",
     "--iterations": "the Iterations slider",
 }
-BOXES = {"--model", "--vqgan", "--clip", "--width", "--height", "--seed", "--sampler"}
+BOXES = {"--model", "--vqgan", "--clip", "--width", "--height", "--seed", "--sampler", "--schedule-type"}
 # a flag as a whole word (not part of a longer one), with a "pass " before it; one pass over the text, so
 # a replacement (which may name a CLI flag itself) is never replaced again
 _FLAG = re.compile(r"(\bpass )?(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(FLAGS, key=len, reverse=True))

@@ -8,6 +8,7 @@ message (and the browser clamps a typed one into the range), and a Number with `
 
 import gradio as gr
 
+from lowvram_gen.schedules import AUTOMATIC, SCHEDULE_TYPES
 from lowvram_gen.settings import QUANTIZE
 from lowvram_gen.upscale.upscalers import available
 
@@ -41,6 +42,16 @@ def Quantize(value: str, elem_id: str) -> gr.Dropdown:
     dropdown = gr.Dropdown(QUANTIZE_CHOICES, value=value, label="Quantize weights",
                            info="int8/int4 weights take less VRAM; int8 stays close to full precision, "
                                 "int4 loses some detail", elem_id=elem_id)
+    dropdown.preprocess = _as_sent
+    return dropdown
+
+
+def ScheduleType(elem_id: str) -> gr.Dropdown:
+    """The "Schedule type" box beside the Sampler (A1111 1.9+'s; the CLI's --schedule-type): A1111's names shown, the
+    request's values sent (an API client's own value reaches our validation). A type the sampler does not have in
+    diffusers runs the sampler's own schedule, and the job's summary says so."""
+    dropdown = gr.Dropdown([(label, key) for key, (label, _) in SCHEDULE_TYPES.items()], value=AUTOMATIC,
+                           label="Schedule type", elem_id=elem_id)
     dropdown.preprocess = _as_sent
     return dropdown
 

@@ -25,7 +25,7 @@ from lowvram_gen.networks import job as networks
 from lowvram_gen.prompting.encode import family, plain_prompt_for, syntax_warnings
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
-from lowvram_gen.samplers import DEFAULT, a1111_name
+from lowvram_gen.samplers import DEFAULT, a1111_name, infotext_schedule
 
 log = logging.getLogger(__name__)
 NOISE_NOTE = "embedded tiny model: random weights, the image is abstract noise; pass --model for real images"
@@ -41,6 +41,7 @@ class Prepared:
     texts: sd.Texts
     fields: dict
     warnings: list[str]
+    schedule_applied: bool = True  # False: the schedule type asked for could not be had (a warning says so)
 
 
 def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> Prepared:
@@ -49,7 +50,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     do not follow, truncated prompts where the encoder cannot take more, ignored negative prompts)."""
     pipe = runner.model.pipe
     sd.check_request(pipe, request)
-    sd.set_sampler(pipe, request.sampler)
+    schedule_warning = sd.set_sampler(pipe, request.sampler, request.schedule_type)
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
     runner.use(ladder.preset.memory)
@@ -61,7 +62,8 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
                              "text_encoders = 'kept' (the planner does so for a job with LoRAs or embeddings)")
     nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply)
     texts = sd.Texts(nets.prompt, nets.negative_prompt)
-    warnings = ([NOISE_NOTE] if source.is_tiny else []) + nets.warnings
+    warnings = ([NOISE_NOTE] if source.is_tiny else []) + ([schedule_warning] if schedule_warning else []) \
+        + nets.warnings
     if family(pipe) is not None:  # SD/SDXL: A1111 weights, and long prompts in 75-token chunks
         warnings += syntax_warnings(texts.prompt, texts.negative_prompt)
     else:
@@ -75,7 +77,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
         warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
     for w in warnings:
         log.info(w)
-    return Prepared(texts, nets.fields, warnings)
+    return Prepared(texts, nets.fields, warnings, schedule_warning is None)
 
 
 def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,
@@ -89,7 +91,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     warnings = list(plan_notes) + prepared.warnings
     seeds = request.resolved_seeds()
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
-    saver = _Saver(request, sampler, ladder, source, device, outdir, prepared.fields, list(plan_notes))
+    schedule = infotext_schedule(pipe.scheduler, sampler, request.schedule_type, prepared.schedule_applied)
+    saver = _Saver(request, (sampler, schedule), ladder, source, device, outdir, prepared.fields, list(plan_notes))
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts)
     except Cancelled as exc:
@@ -103,7 +106,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     generated = saver.generated_size or (width, height)
     return GenerationResult(
         images=saver.images, seeds=seeds, width=width, height=height, steps=request.steps,
-        sampler=request.sampler, model=request.model, model_path=str(source.path), seconds=seconds,
+        sampler=request.sampler, schedule_type=request.schedule_type, model=request.model,
+        model_path=str(source.path), seconds=seconds,
         preset=ladder.preset_name, attempts=[a.as_dict() for a in ladder.attempts],
         summary=ladder.summary(seconds, generated, (width, height)), generated_width=generated[0],
         generated_height=generated[1], upscaled=saver.upscaled, device=device.name, warnings=warnings,
@@ -113,8 +117,9 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
 class _Saver:
     """Writes each finished pass's images as they come, so a cancel or a crash keeps them."""
 
-    def __init__(self, request: GenerationRequest, sampler: str, ladder: Ladder, source: ModelSource,
-                 device: DeviceInfo, outdir: Path, network_fields: dict, plan_notes: list[str] = ()):
+    def __init__(self, request: GenerationRequest, sampler: tuple[str, str | None], ladder: Ladder,
+                 source: ModelSource, device: DeviceInfo, outdir: Path, network_fields: dict,
+                 plan_notes: list[str] = ()):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
         self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
@@ -148,11 +153,17 @@ class _Saver:
             self.nsfw.append(flagged)
 
 
-def a1111_fields(request: GenerationRequest, sampler: str, seed: int, preset: str,
+def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | None], seed: int, preset: str,
                  generated_size: tuple[int, int], quantize: str = "none") -> dict:
-    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did."""
-    fields = {"Steps": request.steps, "Sampler": sampler, "CFG scale": request.cfg_scale, "Seed": seed,
-              "Size": f"{request.width}x{request.height}", "Model": request.model}
+    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did. `sampler`:
+    the A1111 sampler name, or (name, schedule type label or None) written as A1111 1.9+ writes them
+    (`Sampler: DPM++ 2M, Schedule type: Karras`)."""
+    sampler, schedule = sampler if isinstance(sampler, tuple) else (sampler, None)
+    fields = {"Steps": request.steps, "Sampler": sampler}
+    if schedule:
+        fields["Schedule type"] = schedule
+    fields.update({"CFG scale": request.cfg_scale, "Seed": seed, "Size": f"{request.width}x{request.height}",
+                   "Model": request.model})
     if request.init_image:
         fields["Denoising strength"] = request.strength
     if request.hires:

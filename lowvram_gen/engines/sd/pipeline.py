@@ -23,7 +23,8 @@ from typing import Callable
 from lowvram_gen.errors import Cancelled, InvalidRequest
 from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
-from lowvram_gen.samplers import DEFAULT, make_scheduler
+from lowvram_gen.samplers import DEFAULT, build_scheduler
+from lowvram_gen.schedules import AUTOMATIC
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
 
@@ -173,8 +174,10 @@ def _flow_matching(scheduler) -> bool:
     return name.startswith("FlowMatch") or scheduler.config.get("prediction_type") == "flow_prediction"
 
 
-def set_sampler(pipe, sampler: str) -> None:
-    """Switch the scheduler by A1111 name; 'default' restores the model folder's own scheduler."""
+def set_sampler(pipe, sampler: str, schedule_type: str = AUTOMATIC) -> str | None:
+    """Switch the scheduler by A1111 name and schedule type; 'default' restores the model folder's own scheduler
+    (with the schedule type where it changes it). Returns a warning where the schedule type could not be had
+    (the sampler's own schedule runs), else None."""
     if not hasattr(pipe, "_lowvram_scheduler"):
         pipe._lowvram_scheduler = pipe.scheduler  # the folder's own, kept for 'default'
     base = pipe._lowvram_scheduler
@@ -184,7 +187,8 @@ def set_sampler(pipe, sampler: str) -> None:
         raise InvalidRequest("sampler", sampler,
                              f"{type(pipe).__name__} is a flow-matching model ({type(base).__name__}); "
                              "the A1111 samplers are for noise-prediction models: use 'default'")
-    pipe.scheduler = base if sampler == DEFAULT else make_scheduler(sampler, base.config)
+    pipe.scheduler, warning = build_scheduler(sampler, schedule_type, base)
+    return warning
 
 
 def _call_default(pipe, name: str):
@@ -281,6 +285,10 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     texts = step.texts or Texts(request.prompt, request.negative_prompt)
     text = for_images(step.embeds, n) if step.embeds is not None else text_kwargs(pipe, texts, n,
                                                                                    cfg=request.cfg_scale > 1)
+    if hasattr(pipe.scheduler, "noise_sampler_seed"):
+        # DPM++ SDE's Brownian-tree noise: one tree per image, seeded by the image's seed (as A1111 does), so
+        # the same seed gives the same image, whatever the batch; unseeded, diffusers seeds it at random
+        pipe.scheduler.noise_sampler_seed = list(step.seeds)
     kwargs = dict(
         **text,
         num_inference_steps=step.num_steps,

@@ -15,7 +15,8 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
-from lowvram_gen.ui.widgets import AS_PRESET, ImagePath, Number, Quantize, Slider, quantize_field
+from lowvram_gen.schedules import AUTOMATIC
+from lowvram_gen.ui.widgets import AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, quantize_field
 
 
 def size_from(init_image):
@@ -35,15 +36,15 @@ def build(ctx: TabContext) -> None:
 
     def img2img(init_image, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
                 cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, quantize=AS_PRESET,
-                request: gr.Request = None, progress=gr.Progress()):
+                schedule_type=AUTOMATIC, request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
             return
         yield from ctx.run_job("img2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image, strength=strength,
             width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
-            sampler=sampler or DEFAULT, model=model or options.model, quantize=quantize_field(quantize)),
-            request, progress)
+            sampler=sampler or DEFAULT, model=model or options.model, quantize=quantize_field(quantize),
+            schedule_type=schedule_type or AUTOMATIC), request, progress)
 
     with gr.Tab("img2img", id="img2img"):
         with gr.Row():
@@ -68,6 +69,7 @@ def build(ctx: TabContext) -> None:
                     names = [DEFAULT, *SAMPLERS]
                     sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="i2i-sampler")
+                    schedule_type = ScheduleType("i2i-schedule-type")
                 with gr.Row():
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model", elem_id="i2i-model")
@@ -86,9 +88,10 @@ def build(ctx: TabContext) -> None:
                 last_seed = gr.Number(visible=False, precision=0)
     ctx.sent_notes["img2img"] = sent
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
-                                                        seed, batch, sampler, model, quantize]))
+                                                        seed, batch, sampler, model, quantize, schedule_type]))
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
     ctx.generate_events["img2img"] = go.click(
-        img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, quantize],
+        img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, quantize,
+                  schedule_type],
         [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")

@@ -16,7 +16,7 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_HIRES_SCALE, MAX_STEPS, 
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
-from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, Slider, quantize_field,
+from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, quantize_field,
                                     upscaler_choices)
 
 DEFAULTS = GenerationRequest()
@@ -36,12 +36,13 @@ def build(ctx: TabContext) -> None:
                  batch_size=DEFAULTS.batch_size, sampler=DEFAULTS.sampler, model=options.model,
                  hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
                  hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
-                 request: gr.Request = None, progress=gr.Progress()):
+                 schedule_type=DEFAULTS.schedule_type, request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
             model=model or options.model, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
-            hires_steps=hires_steps, hires_denoise=hires_denoise, quantize=quantize_field(quantize)), request, progress)
+            hires_steps=hires_steps, hires_denoise=hires_denoise, quantize=quantize_field(quantize),
+            schedule_type=schedule_type or DEFAULTS.schedule_type), request, progress)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
@@ -66,6 +67,7 @@ def build(ctx: TabContext) -> None:
                     names = [DEFAULT, *SAMPLERS]
                     sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="sampler")
+                    schedule_type = ScheduleType("schedule-type")
                 with gr.Row():
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model (or type a hub id / path)",
@@ -99,10 +101,11 @@ def build(ctx: TabContext) -> None:
     ctx.sent_notes["txt2img"] = sent
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
-                                                        hires_steps, hires_denoise, quantize]))
-    # quantize last: the API's positional order of the older arguments stays as it was
+                                                        hires_steps, hires_denoise, quantize, schedule_type]))
+    # the newer arguments last (quantize, schedule type): the API's positional order of the older ones stays as it was
     ctx.generate_events["txt2img"] = go.click(
-        generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize],
+        generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize,
+                   schedule_type],
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
