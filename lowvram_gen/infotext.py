@@ -9,7 +9,7 @@ the request said "default", e.g. PLMS for SD 1.5's PNDM), so where our JSON chun
 scheduler, so "default" too. A1111's own `Schedule type: Karras` joins the sampler name as its older
 infotexts wrote it ("DPM++ 2M Karras").
 
-Fields we do not use (Clip skip, Model hash, VAE...) are listed, not refused; a value we use but cannot
+Fields we do not use (ENSD, VAE, Eta...) are listed, not refused; a value we use but cannot
 read (`Steps: many`) is an `InvalidRequest` naming the field. Ranges are checked later, by
 `GenerationRequest.validated()`, with the CLI's messages. Standard library only: the CLI imports this
 before it decides to load torch.
@@ -60,7 +60,7 @@ def _float(key: str, value: str) -> float:
 # A1111 fields that are one number of the request: (request field, reader)
 _NUMBERS = {"Steps": ("steps", _int), "CFG scale": ("cfg_scale", _float), "Seed": ("seed", _int),
             "Batch size": ("batch_size", _int), "Hires upscale": ("hires_scale", _float),
-            "Hires steps": ("hires_steps", _int)}
+            "Hires steps": ("hires_steps", _int), "Clip skip": ("clip_skip", _int)}
 
 
 def _sampler(params: dict, ours: dict | None) -> str:

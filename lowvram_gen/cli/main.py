@@ -57,6 +57,9 @@ def _add_job_fields(p, every_job: bool) -> None:
                    help=f"images {'per' if every_job else 'in this'} job (default 1)")
     p.add_argument("--sampler", metavar="NAME",
                    help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M Karras', ...")
+    p.add_argument("--clip-skip", dest="clip_skip", metavar="N",
+                   help="A1111's Clip skip, 1-12: stop the text encoder N-1 layers before its last (default 1: off; "
+                        "2 for most anime models); SD 1.x/2.x and SDXL")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -208,7 +211,7 @@ def _session_kwargs(args) -> dict:
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
 REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
-                 "hires_denoise", "quantize")
+                 "hires_denoise", "quantize", "clip_skip")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

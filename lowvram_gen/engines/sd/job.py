@@ -22,7 +22,7 @@ from lowvram_gen.errors import Cancelled, InvalidRequest
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.networks import job as networks
-from lowvram_gen.prompting.encode import family, plain_prompt_for, syntax_warnings
+from lowvram_gen.prompting.encode import check_clip_skip, family, plain_prompt_for, syntax_warnings
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.samplers import DEFAULT, a1111_name
@@ -49,6 +49,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     do not follow, truncated prompts where the encoder cannot take more, ignored negative prompts)."""
     pipe = runner.model.pipe
     sd.check_request(pipe, request)
+    check_clip_skip(pipe, request.clip_skip)
     sd.set_sampler(pipe, request.sampler)
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
@@ -60,11 +61,14 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
                              "would leave out the LoRAs' text-encoder layers and the embeddings; use a preset with "
                              "text_encoders = 'kept' (the planner does so for a job with LoRAs or embeddings)")
     nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply)
-    texts = sd.Texts(nets.prompt, nets.negative_prompt)
+    texts = sd.Texts(nets.prompt, nets.negative_prompt, request.clip_skip)
     warnings = ([NOISE_NOTE] if source.is_tiny else []) + nets.warnings
     if family(pipe) is not None:  # SD/SDXL: A1111 weights, and long prompts in 75-token chunks
         warnings += syntax_warnings(texts.prompt, texts.negative_prompt)
     else:
+        if request.clip_skip > 1:  # the PNG leaves it out too (_Saver)
+            warnings.append(f"clip skip {request.clip_skip} is not used: {type(pipe).__name__} encodes its prompts "
+                            "itself (clip skip is for SD 1.x/2.x and SDXL)")
         for label, text in (("prompt", texts.prompt), ("negative prompt", texts.negative_prompt)):
             plain, more = plain_prompt_for(pipe, text)
             warnings += more
@@ -89,7 +93,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     warnings = list(plan_notes) + prepared.warnings
     seeds = request.resolved_seeds()
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
-    saver = _Saver(request, sampler, ladder, source, device, outdir, prepared.fields, list(plan_notes))
+    saver = _Saver(request, sampler, ladder, source, device, outdir, prepared.fields, list(plan_notes),
+                   clip_skip=request.clip_skip if family(pipe) is not None else 1)
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts)
     except Cancelled as exc:
@@ -114,8 +119,10 @@ class _Saver:
     """Writes each finished pass's images as they come, so a cancel or a crash keeps them."""
 
     def __init__(self, request: GenerationRequest, sampler: str, ladder: Ladder, source: ModelSource,
-                 device: DeviceInfo, outdir: Path, network_fields: dict, plan_notes: list[str] = ()):
+                 device: DeviceInfo, outdir: Path, network_fields: dict, plan_notes: list[str] = (),
+                 clip_skip: int = 1):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
+        self.clip_skip = clip_skip  # what the encoders used: 1 where the pipeline encodes its prompts itself
         self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
         self.outdir = outdir
@@ -132,7 +139,8 @@ class _Saver:
         quantize = self.ladder.preset.memory.quantize  # the preset that made this pass
         self.quantized.add(quantize)
         for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
-            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize)
+            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize,
+                                  self.clip_skip)
             fields.update(self.network_fields)
             if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
                 fields["Safety checker"] = "blacked out"
@@ -149,15 +157,21 @@ class _Saver:
 
 
 def a1111_fields(request: GenerationRequest, sampler: str, seed: int, preset: str,
-                 generated_size: tuple[int, int], quantize: str = "none") -> dict:
-    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did."""
+                 generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None) -> dict:
+    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did.
+    `clip_skip`: the one the encoders used (default: the request's); written only above 1, as A1111 does."""
     fields = {"Steps": request.steps, "Sampler": sampler, "CFG scale": request.cfg_scale, "Seed": seed,
               "Size": f"{request.width}x{request.height}", "Model": request.model}
     if request.init_image:
         fields["Denoising strength"] = request.strength
     if request.hires:
-        fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
-                       "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
+        fields["Denoising strength"] = request.hires_denoise
+    clip_skip = request.clip_skip if clip_skip is None else clip_skip
+    if clip_skip > 1:
+        fields["Clip skip"] = clip_skip
+    if request.hires:
+        fields.update({"Hires upscale": request.hires_scale, "Hires steps": request.hires_steps,
+                       "Hires upscaler": request.hires_upscaler})
     fields["Lowvram preset"] = preset
     if quantize != "none":  # the weights that made the image were int8/int4
         fields["Quantize"] = quantize
