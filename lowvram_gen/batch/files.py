@@ -137,6 +137,8 @@ def request_hash(engine: str, request) -> str:
     data.pop("extra", None)
     if data.get("quantize") is None:  # added later: requests without it keep the hashes they had
         data.pop("quantize", None)
+    if data.get("clip_skip") == 1:  # likewise
+        data.pop("clip_skip", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
