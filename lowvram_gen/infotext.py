@@ -10,7 +10,7 @@ scheduler, so "default" too. `Schedule type` (A1111 1.9+) is the request's sched
 names (`Sampler: DPM++ 2M Karras`) are split into both; `Schedule type: Automatic` is what A1111 means by it, the
 sampler's own default there (Karras for DPM++ 2M).
 
-Fields we do not use (Clip skip, Model hash, VAE...) are listed, not refused; a value we use but cannot
+Fields we do not use (ENSD, VAE, Eta...) are listed, not refused; a value we use but cannot
 read (`Steps: many`) is an `InvalidRequest` naming the field. Ranges are checked later, by
 `GenerationRequest.validated()`, with the CLI's messages. Standard library only: the CLI imports this
 before it decides to load torch.
@@ -62,7 +62,7 @@ def _float(key: str, value: str) -> float:
 # A1111 fields that are one number of the request: (request field, reader)
 _NUMBERS = {"Steps": ("steps", _int), "CFG scale": ("cfg_scale", _float), "Seed": ("seed", _int),
             "Batch size": ("batch_size", _int), "Hires upscale": ("hires_scale", _float),
-            "Hires steps": ("hires_steps", _int)}
+            "Hires steps": ("hires_steps", _int), "Clip skip": ("clip_skip", _int)}
 
 
 def _sampler(params: dict, ours: dict | None) -> tuple[str, str | None]:

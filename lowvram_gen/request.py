@@ -30,6 +30,7 @@ MAX_BATCH = 16  # images per job; presets split them into forward passes of max_
 MAX_SEED = 2**32 - 1  # seeds are 32-bit in A1111 and in most samplers' RNG seeding
 MAX_PROMPT_CHARS = 20_000  # a 10 kB prompt is accepted (and truncated by the tokenizer, with a warning)
 MAX_HIRES_SCALE = 4.0  # A1111's slider maximum
+MAX_CLIP_SKIP = 12  # A1111's slider maximum: SD 1.x's CLIP-L has 12 layers
 
 # C0/C1 control characters except tab and newline: NUL and friends become a space, everywhere.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -122,6 +123,9 @@ class GenerationRequest:
     hires_denoise: float = 0.7  # A1111's default for the second pass
     loras: tuple[str, ...] = ()  # --lora NAME[:WEIGHT], added to the prompt's <lora:...> tags
     quantize: str | None = None  # --quantize: int8/int4 weights (or none) in every preset; None: as the preset says
+    # A1111's "Clip skip": the text encoder's layer counted from the end (1: the last, off; 2: the one before);
+    # SD 1.x/2.x and SDXL only (prompting/encode.py's layer_for)
+    clip_skip: int = 1
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -149,6 +153,7 @@ class GenerationRequest:
             hires_denoise=as_float("hires denoise", self.hires_denoise, 0.0, 1.0),
             loras=check_loras(self.loras, self.prompt),
             quantize=check_quantize(self.quantize),
+            clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
         )._check_hires()
 
     def _check_hires(self) -> "GenerationRequest":

@@ -28,6 +28,7 @@ from lowvram_gen.cli.main import main
 from lowvram_gen.errors import (Cancelled, InvalidRequest, LowVramError, ModelLoadError, NotEnoughRam,
                                 OutOfMemoryEverywhere)
 from lowvram_gen.outputs import next_image_path, read_png_metadata, save_png
+from lowvram_gen.request import GenerationRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"width": "64", "height": "64", "steps": "1"}
@@ -105,6 +106,36 @@ def test_txt_plain_lines_comments_and_a1111_options(tmp_path):
     assert tree0.request.prompt == "a green tree at dawn" and tree0.request.negative_prompt == "ugly"
     assert [tree0.request.seed, tree1.request.seed] == [10, 11] and tree1.repeat == 1
     assert dashes.request.prompt == "a prompt with -- dashes # and a hash"
+
+
+def test_clip_skip_in_every_format_and_as_a_default_and_old_job_hashes_stay(tmp_path):
+    """A line's clip_skip (A1111 option style in .txt, a field in .jsonl, a column in .csv) and the command line's
+    --clip-skip reach the request; a VQGAN-CLIP line leaves it out; a bad one is an invalid line; a job without it
+    keeps the hash it had before the field existed (a batch started then still resumes)."""
+    txt = jobs_of(write(tmp_path, "p.txt", "--prompt a fox --clip_skip 2\na cat\n--prompt x --clip_skip 0\n"))
+    assert [j.request.clip_skip for j in txt.jobs] == [2, 1]
+    assert [b.line for b in txt.bad] == [3] and "invalid clip skip: 0" in txt.bad[0].error
+    jsonl = jobs_of(write(tmp_path, "p.jsonl", '{"prompt": "a", "clip_skip": 3}\n{"prompt": "b"}\n'
+                                               '{"prompt": "v", "engine": "vqgan"}\n'), {"clip_skip": "2"})
+    assert not jsonl.bad and [j.request.clip_skip for j in jsonl.jobs[:2]] == [3, 2]
+    csv = jobs_of(write(tmp_path, "p.csv", "prompt,clip_skip\na,2\nb,\n"))
+    assert [j.request.clip_skip for j in csv.jobs] == [2, 1]
+    assert request_hash("sd", GenerationRequest(prompt="a cat", seed=5).validated()) == "3888bfeb5c2d8f9b"
+    assert request_hash("sd", GenerationRequest(prompt="a cat", seed=5, clip_skip=2).validated()) != "3888bfeb5c2d8f9b"
+
+
+def test_cli_clip_skip_default_reaches_every_line_and_a_bad_one_exits_2(tmp_path, capsys):
+    path = write(tmp_path, "p.jsonl", '{"prompt": "a fox", "seed": 1}\n{"prompt": "a cat", "seed": 1, "clip_skip": 3}\n')
+
+    def keys(*flags):
+        assert main(["batch", str(path), *flags, "--outdir", str(tmp_path / "o"), "--dry-run", "--json"]) == 0
+        return [job["job"] for job in json.loads(capsys.readouterr().out)["jobs"]]
+
+    plain, two, one = keys(), keys("--clip-skip", "2"), keys("--clip-skip", "1")
+    assert one == plain and two[0] != plain[0] and two[1] == plain[1]  # a line's own value wins
+    assert two[0] == request_hash("sd", GenerationRequest(prompt="a fox", seed=1, clip_skip=2).validated()) + ":0"
+    assert main(["batch", str(path), "--clip-skip", "0", "--outdir", str(tmp_path / "o")]) == 2
+    assert "invalid clip skip: 0; a whole number from 1 to 12" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("line,error", [

@@ -279,3 +279,22 @@ def test_quantize_flag_reaches_the_png_and_from_png_keeps_it(tmp_path, capsys):
     assert main([*args, "--quantize", "int3"]) == 2
     err = capsys.readouterr().err
     assert "quantize" in err and "'int3'" in err and "int8" in err
+
+
+def test_clip_skip_flag_reaches_the_png_and_bad_values_exit_2(tmp_path, capsys):
+    """--clip-skip N (A1111's Clip skip, issue 19) is written as `Clip skip: N`; 0, 13 or text, and a clip skip deeper
+    than the model's text encoder (the tiny one has 2 layers), exit 2 naming the value and what is allowed."""
+    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+
+    args = ["generate", "a fox", "--width", "64", "--height", "64", "--steps", "1", "--seed", "5",
+            "--outdir", str(tmp_path), "--json", "--cpu"]
+    assert main([*args, "--clip-skip", "2"]) == 0
+    made = json.loads(capsys.readouterr().out)["images"][0]
+    text, ours = read_png_metadata(made)
+    assert parse_a1111_parameters(text)["Clip skip"] == "2" and ours["request"]["clip_skip"] == 2
+    for bad in ("0", "13", "two"):
+        assert main([*args, "--clip-skip", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"invalid clip skip: {bad if bad.isdigit() else repr(bad)};" in err and "from 1 to 12 (1: off" in err
+    assert main([*args, "--clip-skip", "4"]) == 2
+    assert "text encoder has 2 layers: use a clip skip from 1 to 3" in capsys.readouterr().err

@@ -35,6 +35,7 @@ def session():
      "hires_upscaler": "lanczos"},
     {"sampler": "DPM++ 2M"},  # Automatic: written "Schedule type: Uniform" for A1111, read back as Automatic
     {"sampler": "DPM++ SDE", "schedule_type": "exponential"},
+    {"clip_skip": 2, "sampler": "Euler"},
 ])
 def test_request_to_png_to_request_gives_the_same_fields(session, tmp_path, extra):
     request = GenerationRequest(prompt="a lighthouse, at dusk: <b>", width=64, height=72, steps=2, seed=4321,
@@ -63,10 +64,10 @@ def test_a1111s_own_text():
     read = request_fields(parse_a1111_parameters(text))
     assert read.fields == {"prompt": "masterpiece, <lora:film:0.6>", "negative_prompt": "lowres", "steps": 28,
                            "sampler": "DPM++ 2M", "schedule_type": "karras", "cfg_scale": 6.5, "seed": 99,
-                           "width": 512, "height": 768,
-                           "model": "v1-5-pruned-emaonly", "batch_size": 4, "hires_denoise": 0.45,
+                           "width": 512, "height": 768, "model": "v1-5-pruned-emaonly", "clip_skip": 2,
+                           "batch_size": 4, "hires_denoise": 0.45,
                            "hires_scale": 2.0, "hires_upscaler": "latent"}
-    assert read.ignored == ["Clip skip"] and "Latent (bicubic)" in read.notes[0]
+    assert read.ignored == [] and "Latent (bicubic)" in read.notes[0]
     # a scheduler class name (no A1111 name matched it) is the model's own scheduler
     assert request_fields({"Sampler": "FlowMatchEulerDiscreteScheduler"}).fields["sampler"] == "default"
     # Quantize as the request and the UI's Quantize box spell it
@@ -74,6 +75,7 @@ def test_a1111s_own_text():
 
 
 @pytest.mark.parametrize("key, value, said", [("Steps", "many", "whole number"), ("Size", "512 by 512", "WIDTHxHEIGHT"),
+                                              ("Clip skip", "two", "whole number"),
                                               ("CFG scale", "x", "a number"), ("Sampler", "Magic", "use 'default'"),
                                               ("Quantize", "int3", "use one of none, int8, int4")])
 def test_a_value_we_cannot_read_is_a_clear_error(key, value, said):
@@ -147,10 +149,58 @@ def test_from_png_notes_are_in_the_json_warnings_too(tmp_path, capsys, command):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     warnings = json.loads(captured.out)["warnings"]
-    not_used = f"not used from {png}: Clip skip, ENSD"
+    not_used = f"not used from {png}: ENSD"  # Clip skip is used (issue 19): the rerun has it
     assert warnings[0] == not_used and f"note: {not_used}" in captured.err
     assert any(w.startswith("the PNG's model 'no-such-checkpoint' is not here") for w in warnings)
     assert captured.err.count(not_used) == 1  # said once on stderr, before the job; not again at the end
+    made = json.loads(captured.out)["images"][0]
+    assert parse_a1111_parameters(Image.open(made).text["parameters"])["Clip skip"] == "2"
+
+
+def test_clip_skip_is_written_as_a1111_writes_it_only_above_1():
+    """A1111's order (after Denoising strength, before the hires fields) and only when it is on; our text reads back."""
+    from lowvram_gen.engines.sd.job import a1111_fields
+
+    def fields(**kw):
+        request = GenerationRequest(prompt="x", seed=1, **kw).validated()
+        return a1111_fields(request, "Euler", 1, "cpu", request.output_size())
+
+    assert "Clip skip" not in fields() and "Clip skip" not in fields(clip_skip=1)
+    hires = list(fields(clip_skip=2, hires_scale=2))
+    assert hires.index("Denoising strength") < hires.index("Clip skip") < hires.index("Hires upscale")
+    request = GenerationRequest(prompt="x", seed=1, clip_skip=3).validated()
+    assert a1111_fields(request, "Euler", 1, "cpu", (512, 512), clip_skip=1).get("Clip skip") is None  # not used
+    text = "x\nSteps: 20, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 512x512, Model: tiny, Clip skip: 2"
+    assert request_fields(parse_a1111_parameters(text)).fields["clip_skip"] == 2
+
+
+def test_clip_skip_changes_the_image_and_from_png_reruns_it(session, tmp_path, capsys):
+    """An A1111 PNG with `Clip skip: 2` reruns with clip skip 2 and no note that it was not used; the rerun's PNG
+    says it again, and a flag overrides it."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", "a red fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler, CFG scale: 7, Seed: 77, "
+                                "Size: 64x64, Model: tiny, Clip skip: 2")
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+    assert main(["generate", "--from-png", str(png), "--outdir", str(tmp_path / "a"), "--json"]) == 0
+    captured = capsys.readouterr()
+    rerun = json.loads(captured.out)
+    assert "not used" not in captured.err and not any("not used" in w for w in rerun["warnings"])
+    params = parse_a1111_parameters(Image.open(rerun["images"][0]).text["parameters"])
+    assert params["Clip skip"] == "2" and request_fields(params).fields["clip_skip"] == 2
+    same = session.generate(GenerationRequest(prompt="a red fox", negative_prompt="fog", width=64, height=64, steps=2,
+                                              seed=77, sampler="Euler", clip_skip=2, outdir=str(tmp_path / "b")))
+    off = session.generate(GenerationRequest(prompt="a red fox", negative_prompt="fog", width=64, height=64, steps=2,
+                                             seed=77, sampler="Euler", outdir=str(tmp_path / "c")))
+    assert np.array_equal(pixels(rerun["images"][0]), pixels(same.images[0]))
+    assert not np.array_equal(pixels(same.images[0]), pixels(off.images[0]))
+    assert "Clip skip" not in parse_a1111_parameters(Image.open(off.images[0]).text["parameters"])
+    assert main(["generate", "--from-png", str(png), "--clip-skip", "1", "--outdir", str(tmp_path / "d"),
+                 "--json"]) == 0
+    flagged = json.loads(capsys.readouterr().out)["images"][0]
+    assert np.array_equal(pixels(flagged), pixels(off.images[0]))
 
 
 # A1111 1.9+'s reading of `Sampler` and `Schedule type` (its sd_samplers.get_sampler_and_scheduler): a schedule

@@ -211,6 +211,85 @@ def test_plain_prompts_give_diffusers_own_embeddings_sdxl(sdxl, negative):
     assert (not negative) == (not ours.negative_prompt_embeds.any())
 
 
+# ---- clip skip (A1111's "Clip skip" N, 1: off; issue 19) ----
+
+@pytest.fixture
+def diffusers_clip_skip(monkeypatch):
+    """diffusers' own SD `clip_skip` reaches for `text_encoder.text_model.final_layer_norm`, which transformers 5's
+    CLIPTextModel no longer has (it is `final_layer_norm` there): give it that path for the comparison."""
+    from types import SimpleNamespace
+
+    def shim(pipe):
+        encoder = pipe.text_encoder
+        if not hasattr(encoder, "text_model"):
+            monkeypatch.setattr(encoder, "text_model", SimpleNamespace(final_layer_norm=encoder.final_layer_norm),
+                                raising=False)
+        return pipe
+
+    return shim
+
+
+@pytest.mark.parametrize("clip_skip", [2, 3])
+def test_clip_skip_gives_diffusers_own_clip_skip_sd(sd, diffusers_clip_skip, clip_skip):
+    """A1111's N is diffusers' clip_skip = N - 1 on SD 1.x/2.x (hidden_states[-N], then the final layer norm). The
+    negative prompt gets it too (as in A1111; diffusers' own negative ignores clip_skip): it equals diffusers'
+    encoding of the same text as a prompt."""
+    pipe = diffusers_clip_skip(sd)
+    ours = encode_prompts(pipe, "a red cat, sitting", "blurry", 2, "cpu", clip_skip=clip_skip)
+    ref_pos, _ = pipe.encode_prompt("a red cat, sitting", "cpu", 2, True, "blurry", clip_skip=clip_skip - 1)
+    ref_neg, _ = pipe.encode_prompt("blurry", "cpu", 2, True, "", clip_skip=clip_skip - 1)
+    assert torch.allclose(ours.prompt_embeds, ref_pos) and torch.allclose(ours.negative_prompt_embeds, ref_neg)
+    off = encode_prompts(pipe, "a red cat, sitting", "blurry", 2, "cpu", clip_skip=1)
+    assert torch.equal(off.prompt_embeds, encode_prompts(pipe, "a red cat, sitting", "blurry", 2, "cpu").prompt_embeds)
+    assert not torch.allclose(ours.prompt_embeds, off.prompt_embeds)
+    assert not torch.allclose(ours.negative_prompt_embeds, off.negative_prompt_embeds)
+
+
+def test_clip_skip_on_sdxl_is_forges_and_diffusers_one_layer_less(sdxl):
+    """SDXL: N = 1 and 2 are SDXL's own penultimate layer (A1111 ignores Clip skip on SDXL; Forge takes
+    hidden_states[-max(N, 2)]), so an SDXL image with `Clip skip: 2` is the usual one; N = 3 is diffusers'
+    clip_skip=1 ([-(1 + 2)]). The pooled embeds never change."""
+    def ref(clip_skip):
+        return sdxl.encode_prompt("a red cat, sitting", device="cpu", num_images_per_prompt=2,
+                                  do_classifier_free_guidance=True, negative_prompt="blurry", clip_skip=clip_skip)
+
+    plain = ref(None)
+    for n in (1, 2):
+        ours = encode_prompts(sdxl, "a red cat, sitting", "blurry", 2, "cpu", clip_skip=n)
+        assert torch.equal(ours.prompt_embeds, plain[0]) and torch.equal(ours.negative_prompt_embeds, plain[1])
+    three = encode_prompts(sdxl, "a red cat, sitting", "blurry", 2, "cpu", clip_skip=3)
+    deeper = ref(1)
+    assert torch.allclose(three.prompt_embeds, deeper[0]) and not torch.allclose(three.prompt_embeds, plain[0])
+    assert torch.equal(three.pooled_prompt_embeds, plain[2]) and torch.equal(three.pooled_prompt_embeds, deeper[2])
+    negative_three = encode_prompts(sdxl, "blurry", "", 2, "cpu", clip_skip=3).prompt_embeds
+    assert torch.allclose(three.negative_prompt_embeds, negative_three)  # the negative is skipped as well
+
+
+def test_a_clip_skip_deeper_than_the_encoder_is_a_clear_error(sd, sdxl):
+    from lowvram_gen.errors import InvalidRequest
+
+    for pipe in (sd, sdxl):  # the tiny encoders have 2 layers: hidden_states are the embeddings and 2 layers
+        with pytest.raises(InvalidRequest) as err:
+            encode_prompts(pipe, "a cat", "", 1, "cpu", clip_skip=4)
+        assert "invalid clip skip: 4" in str(err.value) and "from 1 to 3" in str(err.value)
+
+
+def test_clip_skip_with_int8_text_encoders_is_diffusers_clip_skip(tiny_path, diffusers_clip_skip):
+    """sdnq-quantized encoders (--quantize int8): the layer is taken from the same quantized model as
+    diffusers' clip_skip takes it."""
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.quantize import is_quantized, quantize_module
+    from lowvram_gen.models.resolve import resolve
+
+    pipe = diffusers_clip_skip(load(resolve("tiny"), "float32").pipe)
+    quantize_module(pipe.text_encoder, "int8")
+    assert any(is_quantized(m) for m in pipe.text_encoder.modules())
+    ours = encode_prompts(pipe, "a red cat, sitting", "", 1, "cpu", clip_skip=2)
+    ref, _ = pipe.encode_prompt("a red cat, sitting", "cpu", 1, True, "", clip_skip=1)
+    torch.testing.assert_close(ours.prompt_embeds, ref)
+    assert not torch.allclose(ours.prompt_embeds, encode_prompts(pipe, "a red cat, sitting", "", 1, "cpu").prompt_embeds)
+
+
 def test_weights_scale_hidden_states_then_restore_the_chunk_mean(sd):
     """A1111's "Original" emphasis, checked against the formula on the unweighted encoding."""
     plain = encode_prompts(sd, "a cat sat", "", 1, "cpu").prompt_embeds
@@ -348,14 +427,15 @@ def test_encoding_under_group_offload_gives_the_same_embeddings(tiny_path):
 
     pipe = load(resolve("tiny"), "float32").pipe
     prompt = "a (cat:1.3), " + _words(90)
-    reference = encode_prompts(pipe, prompt, "ugly", 1, "cpu")
+    references = {n: encode_prompts(pipe, prompt, "ugly", 1, "cpu", clip_skip=n) for n in (1, 2)}
     for offload in ("group", "model"):
         applied = apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload=offload), probe("cpu"))
         try:
             assert applied.effective.offload == offload
-            emb = encode_prompts(pipe, prompt, "ugly", 1)  # device: the pipeline's execution device
-            torch.testing.assert_close(emb.prompt_embeds, reference.prompt_embeds)
-            torch.testing.assert_close(emb.negative_prompt_embeds, reference.negative_prompt_embeds)
+            for clip_skip, reference in references.items():  # clip skip calls the final layer norm on its own
+                emb = encode_prompts(pipe, prompt, "ugly", 1, clip_skip=clip_skip)  # the execution device
+                torch.testing.assert_close(emb.prompt_embeds, reference.prompt_embeds)
+                torch.testing.assert_close(emb.negative_prompt_embeds, reference.negative_prompt_embeds)
         finally:
             apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), probe("cpu"))
 

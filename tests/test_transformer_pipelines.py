@@ -494,3 +494,16 @@ def test_flux_budget_offload_takes_the_resident_part_off_the_device_before_its_o
         assert done[0].images[0].size == (64, 64)
     assert runner.residency is not None  # the budget split is what ran
     assert seen == [("transformer", True), ("transformer", True), ("vae", False)] * 2
+
+
+def test_flux_says_clip_skip_is_not_used_and_its_png_leaves_it_out(flux, tmp_path):
+    """Clip skip (issue 19) is for SD 1.x/2.x and SDXL, whose prompts we encode: a pipeline that encodes its own
+    warns, makes the same image as without it, and its PNG does not claim it."""
+    session = Session()
+    skipped = session.generate(generation(flux, tmp_path, clip_skip=2))
+    plain = session.generate(generation(flux, tmp_path))
+    assert [w for w in skipped.warnings if "clip skip" in w] == [
+        "clip skip 2 is not used: FluxPipeline encodes its prompts itself (clip skip is for SD 1.x/2.x and SDXL)"]
+    assert not any("clip skip" in w for w in plain.warnings)
+    assert np.array_equal(pixels(skipped.images[0]), pixels(plain.images[0]))
+    assert "Clip skip" not in parse_a1111_parameters(read_png_metadata(skipped.images[0])[0])

@@ -878,6 +878,35 @@ def test_the_schedule_type_box_runs_it_and_says_what_diffusers_lacks(server):
     assert "sampler 'Euler a' has no 'Karras' schedule in diffusers: it ran its own schedule" in summary
 
 
+def test_send_to_sets_clip_skip_from_the_png_and_resets_it_without_one(tmp_path):
+    """A1111 writes `Clip skip:` only above 1: a PNG without it was made with 1, so a send puts the box back to 1."""
+    from lowvram_gen.ui import sendto
+
+    text = "a fox\nSteps: 2, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny"
+    two = _png_with(tmp_path / "two.png", text + ", Clip skip: 2")
+    plain = _png_with(tmp_path / "plain.png", text)
+    for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
+        at = keys.index("clip_skip")
+        values, said = sendto.values_for(keys, two)
+        assert values[at] == 2 and not any("Clip skip" in line for line in said)
+        assert sendto.values_for(keys, plain)[0][at] == 1
+
+
+def test_clip_skip_from_the_api_reaches_the_png(server):
+    from gradio_client import Client
+
+    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+
+    client = Client(server.url, verbose=False)
+    _, info, _, _ = client.predict(prompt="clip fox", width=64, height=64, steps=1, seed=19, clip_skip=2,
+                                   api_name="/generate")
+    assert "Clip skip: 2" in info
+    made = next(server.outdir.rglob("*-19-*.png"))
+    assert parse_a1111_parameters(read_png_metadata(made)[0])["Clip skip"] == "2"
+    _, info, _, _ = client.predict(prompt="clip fox", width=64, height=64, steps=1, seed=20, api_name="/generate")
+    assert "Clip skip" not in info  # an older client that does not send it: 1, off
+
+
 def test_estimate_plans_the_quantize_choice(tmp_path):
     from lowvram_gen.ui.app import UiOptions, build_app
     from lowvram_gen.ui.widgets import AS_PRESET

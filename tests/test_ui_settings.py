@@ -21,7 +21,8 @@ def _component(app, elem_id):
     ("sampler", "no such sampler", False), ("quantize", "int8", True), ("quantize", "as the preset says", True),
     ("quantize", "int3", False), ("negative_prompt", None, True), ("strength", 1.5, False),
     ("schedule_type", "karras", True), ("schedule_type", "sgm-uniform", True), ("schedule_type", "wobbly", False),
-    ("sampler", "DPM++ SDE", True)])
+    ("sampler", "DPM++ SDE", True), ("clip_skip", 2, True), ("clip_skip", 2.0, True), ("clip_skip", 0, False),
+    ("clip_skip", 13, False)])
 def test_a_remembered_value_is_restored_only_if_the_request_takes_it(name, value, ok):
     """The issue's case: width 65 or steps 9999 in the stored values opened the UI with values the first
     Generate refused; now each value is checked as the request checks it before it goes back."""
@@ -47,6 +48,23 @@ def test_the_page_every_client_loads_carries_the_documented_defaults(tmp_path):
     assert (_component(app, "width").value, _component(app, "steps").value) == (defaults.width, defaults.steps)
     steps, batch = _component(app, "steps"), _component(app, "batch")
     assert steps.minimum == 1 and batch.minimum == 1  # the sliders no longer go down to 0
+
+
+def test_clip_skip_is_a_control_of_both_tabs_starting_off_and_remembered(tmp_path, monkeypatch):
+    """Issue 19: txt2img's and img2img's Clip skip box starts at 1 (off) and is among the values each browser gets
+    back (remembered.wire's controls), as the sampler and CFG are."""
+    from lowvram_gen.session import Session
+    from lowvram_gen.ui.app import UiOptions, build_app
+
+    wired = {}
+    real = remembered.wire
+    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs: wired.update(controls) or real(app, controls, jobs))
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
+    for tab, elem_id in (("txt2img", "clip-skip"), ("img2img", "i2i-clip-skip")):
+        box = _component(app, elem_id)
+        assert (box.value, box.minimum, box.maximum, box.step) == (1, 1, 12, 1)
+        assert wired[tab]["clip_skip"] is box and "clip_skip" not in remembered.NOT_REMEMBERED
+        assert wired[tab]["cfg_scale"] is not None  # remembered the same way
 
 
 def test_an_api_call_without_a_seed_gets_a_random_one_each_time_and_remembers_nothing(tmp_path):

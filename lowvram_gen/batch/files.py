@@ -144,6 +144,8 @@ def request_hash(engine: str, request) -> str:
         data["sampler"] = f"{data['sampler']} {label(schedule)}"
     elif schedule != AUTOMATIC:
         data["schedule_type"] = schedule
+    if data.get("clip_skip") == 1:  # likewise
+        data.pop("clip_skip", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -61,6 +61,9 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--schedule-type", metavar="TYPE",
                    help="A1111 1.9+'s schedule type: automatic (default), uniform, karras, exponential, sgm-uniform, "
                         "simple, normal, beta, ... (one the sampler has not in diffusers runs its own, with a warning)")
+    p.add_argument("--clip-skip", dest="clip_skip", metavar="N",
+                   help="A1111's Clip skip, 1-12: stop the text encoder N-1 layers before its last (default 1: off; "
+                        "2 for most anime models); SD 1.x/2.x and SDXL")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -212,7 +215,7 @@ def _session_kwargs(args) -> dict:
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
 REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
-                 "hires_denoise", "quantize", "schedule_type")
+                 "hires_denoise", "quantize", "schedule_type", "clip_skip")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

@@ -5,16 +5,17 @@ is small (scale each token's hidden state by its weight, then restore the chunk'
 of the libraries does it with A1111's chunking, BREAK, and first-chunk pooled embeds.
 
 What it follows from diffusers' `encode_prompt`, so that a plain prompt of up to 75 tokens gives
-the same tensors as passing the string: the layer taken (SD: last hidden state, or with `clip_skip`
-hidden_states[-(clip_skip+1)] through the final layer norm; SDXL: hidden_states[-2], or
-[-(clip_skip+2)], of both encoders, concatenated on the feature axis), the attention mask only for
-encoders configured to use one, the output dtype (SD: text_encoder's, SDXL: text_encoder_2's), and
-SDXL's zeros for an empty negative prompt when the model says `force_zeros_for_empty_prompt`.
+the same tensors as passing the string: the layer taken (SD: the last hidden state; SDXL:
+hidden_states[-2] of both encoders, concatenated on the feature axis; for clip skip see `layer_for`),
+the attention mask only for encoders configured to use one, the output dtype (SD: text_encoder's,
+SDXL: text_encoder_2's), and SDXL's zeros for an empty negative prompt when the model says
+`force_zeros_for_empty_prompt`.
 What it follows from A1111: chunks of 75 tokens (see `chunks`), one encoder call per chunk, the
 weights applied per chunk and per encoder with the chunk's mean restored ("Original" emphasis),
 chunks concatenated on the sequence axis, SDXL's pooled embeds from the first chunk, and positive
 and negative padded with empty-prompt chunks to the same length so CFG can batch them.
-Unlike diffusers (whose negative prompt ignores `clip_skip`), `clip_skip` applies to both, as in A1111.
+Clip skip is A1111's "Clip skip" N (1: off), not diffusers' `clip_skip` (layers skipped, N - 1); unlike
+diffusers (whose negative prompt ignores `clip_skip`), it applies to both prompts, as in A1111.
 
 The encoders are called as modules, so accelerate/diffusers offload hooks (model CPU offload,
 group offload) move them as usual; token ids go to each encoder's execution device.
@@ -104,8 +105,48 @@ def _emphasis(z, weights):
     return z32.to(z.dtype)
 
 
-def _run(kind: str, encoder, chunk, clip_skip, device):
-    """One chunk through one encoder: (hidden states [1, 77, D] with weights applied, pooled or None)."""
+def layer_for(kind: str, clip_skip: int) -> int:
+    """The hidden state (index into `hidden_states`) that A1111's "Clip skip" N takes.
+
+    SD 1.x/2.x: hidden_states[-N] through the encoder's final layer norm (N = 1 is the encoder's own
+    output, the last layer through that norm), as A1111 does and as diffusers' `clip_skip = N - 1`. For SD 2.x
+    A1111 itself ignores the setting (its OpenCLIP wrapper always takes the penultimate layer, which a
+    diffusers SD 2.x text encoder already ends at); diffusers applies it as here (Forge applies it too).
+    SDXL: hidden_states[-max(N, 2)] of both encoders, without the final norm, as Forge does. Here
+    diffusers differs (its `clip_skip = c` takes [-(c + 2)], so its `clip_skip=1` moves an SDXL prompt
+    one layer off what the A1111 family makes): A1111 (by default) ignores Clip skip on SDXL, which is
+    the same image for N = 1 and 2, the "Clip skip: 2" that SDXL anime models' sample images carry."""
+    if kind == "sd":
+        return -clip_skip
+    return -max(clip_skip, 2)
+
+
+def _final_layer_norm(encoder):
+    """A CLIP text model's final layer norm: `final_layer_norm` on transformers 5's CLIPTextModel, under
+    `text_model` on older ones (where diffusers' own `clip_skip` still looks for it)."""
+    norm = getattr(encoder, "final_layer_norm", None)
+    return norm if norm is not None else encoder.text_model.final_layer_norm
+
+
+def check_clip_skip(pipe, clip_skip: int) -> None:
+    """InvalidRequest for a clip skip past the first layer of this pipeline's text encoders (only the
+    embedded tiny models, with 2 layers, are that shallow: real CLIPs have 12 or more)."""
+    kind = family(pipe)
+    if kind is None or clip_skip <= 1:
+        return
+    for _, encoder in _pairs(pipe, kind):
+        layers = int(getattr(encoder.config, "num_hidden_layers", 0) or 0)
+        if layers and -layer_for(kind, clip_skip) > layers + 1:  # hidden_states: the embeddings and each layer
+            from lowvram_gen.errors import InvalidRequest
+
+            raise InvalidRequest("clip skip", clip_skip, f"this model's text encoder has {layers} layers: "
+                                                         f"use a clip skip from 1 to {layers + 1}")
+
+
+def _run(kind: str, encoder, chunk, clip_skip: int, device):
+    """One chunk through one encoder: (hidden states [1, 77, D] with weights applied, pooled or None).
+    The encoder is called as a whole (its offload hooks move it); the final layer norm of a clip skip is
+    called as a module after it, so its own hook (leaf-level group offload) brings it to the device."""
     import torch
 
     ids = torch.tensor([chunk.ids], dtype=torch.long, device=_input_device(encoder, device))
@@ -113,15 +154,15 @@ def _run(kind: str, encoder, chunk, clip_skip, device):
         mask = None
         if getattr(encoder.config, "use_attention_mask", False):
             mask = torch.tensor([chunk.attention_mask], dtype=torch.long, device=ids.device)
-        if clip_skip is None:
+        if clip_skip <= 1:
             z = encoder(ids, attention_mask=mask)[0]
         else:
             hidden = encoder(ids, attention_mask=mask, output_hidden_states=True).hidden_states
-            z = encoder.text_model.final_layer_norm(hidden[-(clip_skip + 1)])
+            z = _final_layer_norm(encoder)(hidden[layer_for(kind, clip_skip)])
         return _emphasis(z, chunk.weights), None
     out = encoder(ids, output_hidden_states=True)
     pooled = out[0] if out[0].ndim == 2 else None
-    z = out.hidden_states[-(clip_skip + 2) if clip_skip else -2]
+    z = out.hidden_states[layer_for(kind, clip_skip)]
     return _emphasis(z, chunk.weights), pooled
 
 
@@ -140,7 +181,7 @@ def _pairs(pipe, kind: str):
     return [(t, e) for t, e in pairs if t is not None and e is not None]  # the SDXL refiner has only the second
 
 
-def _encode(pipe, kind: str, text: str, clip_skip, device):
+def _encode(pipe, kind: str, text: str, clip_skip: int, device):
     """Per-chunk embeddings [1, 77, D] of `text` and the pooled embeds of its first chunk (SDXL)."""
     import torch
 
@@ -161,15 +202,20 @@ def _encode(pipe, kind: str, text: str, clip_skip, device):
 
 
 def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, device=None, *,
-                   clip_skip: int | None = None, do_cfg: bool = True) -> PromptEmbeds | None:
+                   clip_skip: int = 1, do_cfg: bool = True) -> PromptEmbeds | None:
     """Embeddings of `prompt` and `negative` (A1111 syntax, any length) for an SD/SDXL pipeline,
     each repeated `num_images` times along the batch axis; None for other pipelines (use
     `plain_prompt_for`). `do_cfg=False` skips the negative (the pipeline ignores it without CFG).
-    Raises PromptSyntaxError for a prompt A1111 itself refuses (a malformed weight)."""
+    `clip_skip`: A1111's "Clip skip" (1: off; see `layer_for`).
+    Raises PromptSyntaxError for a prompt A1111 itself refuses (a malformed weight), InvalidRequest
+    for a clip skip deeper than the encoders (`check_clip_skip`)."""
     kind = family(pipe)
     if kind is None:
         return None
     import torch
+
+    clip_skip = int(clip_skip or 1)
+    check_clip_skip(pipe, clip_skip)
 
     device = torch.device(device) if device is not None else pipe._execution_device
     warnings = syntax_warnings(prompt, negative)

@@ -4,7 +4,8 @@ A tab registers its controls in `ctx.controls[tab id]` under the `GenerationRequ
 a send fills them from `infotext.from_png` (the mapping `generate --from-png` uses too) and selects the
 tab. What the PNG does not say stays as it is, except hires fix, which is switched off for an image made
 without it (or the same seed would not give the same image), the Schedule type, Automatic for a PNG whose
-sampler has none, and Quantize, which goes back to "as the
+sampler has none, Clip skip, which goes back to 1 for an image without `Clip skip:` (A1111 writes it only
+above 1), and Quantize, which goes back to "as the
 preset says" for an image whose weights were not int8/int4 (our PNGs write `Quantize:` only when they
 were). A model the PNG names that is not here leaves the Model box as it is.
 
@@ -29,9 +30,10 @@ from lowvram_gen.ui.widgets import AS_PRESET
 
 # the controls a send fills, per tab id (their order is the order of the event's outputs)
 TXT2IMG = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
-           "model", "hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "quantize", "schedule_type")
+           "model", "hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "quantize", "schedule_type",
+           "clip_skip")
 IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
-           "batch_size", "sampler", "model", "quantize", "schedule_type")
+           "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip")
 UPSCALE = ("image",)
 KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "upscale": UPSCALE}
 LABELS = {"txt2img": "txt2img", "img2img": "img2img", "upscale": "Upscale"}
@@ -65,6 +67,7 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
             fields = dict(read.fields)
             fields.setdefault("batch_size", 1)  # one PNG is one image: its own seed, batch 1
             fields.setdefault("hires_scale", 1.0)
+            fields.setdefault("clip_skip", 1)  # A1111 writes Clip skip only when it is above 1
             fields["quantize"] = fields.get("quantize") or AS_PRESET  # the Quantize box's choice
             if "sampler" in fields:  # a PNG's sampler without a schedule type ran its Automatic one
                 fields.setdefault("schedule_type", AUTOMATIC)

@@ -22,7 +22,7 @@ from lowvram_gen.errors import Cancelled, InvalidRequest
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.networks import job as networks
-from lowvram_gen.prompting.encode import family, plain_prompt_for, syntax_warnings
+from lowvram_gen.prompting.encode import check_clip_skip, family, plain_prompt_for, syntax_warnings
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.samplers import DEFAULT, a1111_name, infotext_schedule
@@ -51,6 +51,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     pipe = runner.model.pipe
     sd.check_request(pipe, request)
     schedule_warning = sd.set_sampler(pipe, request.sampler, request.schedule_type)
+    check_clip_skip(pipe, request.clip_skip)
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
     runner.use(ladder.preset.memory)
@@ -61,12 +62,15 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
                              "would leave out the LoRAs' text-encoder layers and the embeddings; use a preset with "
                              "text_encoders = 'kept' (the planner does so for a job with LoRAs or embeddings)")
     nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply)
-    texts = sd.Texts(nets.prompt, nets.negative_prompt)
+    texts = sd.Texts(nets.prompt, nets.negative_prompt, request.clip_skip)
     warnings = ([NOISE_NOTE] if source.is_tiny else []) + ([schedule_warning] if schedule_warning else []) \
         + nets.warnings
     if family(pipe) is not None:  # SD/SDXL: A1111 weights, and long prompts in 75-token chunks
         warnings += syntax_warnings(texts.prompt, texts.negative_prompt)
     else:
+        if request.clip_skip > 1:  # the PNG leaves it out too (_Saver)
+            warnings.append(f"clip skip {request.clip_skip} is not used: {type(pipe).__name__} encodes its prompts "
+                            "itself (clip skip is for SD 1.x/2.x and SDXL)")
         for label, text in (("prompt", texts.prompt), ("negative prompt", texts.negative_prompt)):
             plain, more = plain_prompt_for(pipe, text)
             warnings += more
@@ -92,7 +96,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     seeds = request.resolved_seeds()
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
     schedule = infotext_schedule(pipe.scheduler, sampler, request.schedule_type, prepared.schedule_applied)
-    saver = _Saver(request, (sampler, schedule), ladder, source, device, outdir, prepared.fields, list(plan_notes))
+    saver = _Saver(request, (sampler, schedule), ladder, source, device, outdir, prepared.fields, list(plan_notes),
+                   clip_skip=request.clip_skip if family(pipe) is not None else 1)
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts)
     except Cancelled as exc:
@@ -119,8 +124,9 @@ class _Saver:
 
     def __init__(self, request: GenerationRequest, sampler: tuple[str, str | None], ladder: Ladder,
                  source: ModelSource, device: DeviceInfo, outdir: Path, network_fields: dict,
-                 plan_notes: list[str] = ()):
+                 plan_notes: list[str] = (), clip_skip: int = 1):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
+        self.clip_skip = clip_skip  # what the encoders used: 1 where the pipeline encodes its prompts itself
         self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
         self.outdir = outdir
@@ -137,7 +143,8 @@ class _Saver:
         quantize = self.ladder.preset.memory.quantize  # the preset that made this pass
         self.quantized.add(quantize)
         for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
-            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize)
+            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize,
+                                  self.clip_skip)
             fields.update(self.network_fields)
             if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
                 fields["Safety checker"] = "blacked out"
@@ -154,10 +161,11 @@ class _Saver:
 
 
 def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | None], seed: int, preset: str,
-                 generated_size: tuple[int, int], quantize: str = "none") -> dict:
+                 generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None) -> dict:
     """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did. `sampler`:
     the A1111 sampler name, or (name, schedule type label or None) written as A1111 1.9+ writes them
-    (`Sampler: DPM++ 2M, Schedule type: Karras`)."""
+    (`Sampler: DPM++ 2M, Schedule type: Karras`). `clip_skip`: the one the encoders used (default: the
+    request's); written only above 1, as A1111 does."""
     sampler, schedule = sampler if isinstance(sampler, tuple) else (sampler, None)
     fields = {"Steps": request.steps, "Sampler": sampler}
     if schedule:
@@ -167,8 +175,13 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
     if request.init_image:
         fields["Denoising strength"] = request.strength
     if request.hires:
-        fields.update({"Denoising strength": request.hires_denoise, "Hires upscale": request.hires_scale,
-                       "Hires steps": request.hires_steps, "Hires upscaler": request.hires_upscaler})
+        fields["Denoising strength"] = request.hires_denoise
+    clip_skip = request.clip_skip if clip_skip is None else clip_skip
+    if clip_skip > 1:
+        fields["Clip skip"] = clip_skip
+    if request.hires:
+        fields.update({"Hires upscale": request.hires_scale, "Hires steps": request.hires_steps,
+                       "Hires upscaler": request.hires_upscaler})
     fields["Lowvram preset"] = preset
     if quantize != "none":  # the weights that made the image were int8/int4
         fields["Quantize"] = quantize

@@ -56,17 +56,24 @@ class Pass:
 @dataclass(frozen=True)
 class Texts:
     """The prompts as the text encoders read them: `<lora:...>` tags taken out and `embedding:name`
-    resolved (networks.job); the PNG keeps the prompts as typed."""
+    resolved (networks.job); the PNG keeps the prompts as typed. `clip_skip`: the request's (A1111's
+    "Clip skip", 1: off), the layer the SD/SDXL encoders stop at."""
 
     prompt: str
     negative_prompt: str
+    clip_skip: int = 1
+
+    @classmethod
+    def of(cls, request: GenerationRequest) -> "Texts":
+        """The request's prompts as typed (no LoRA tags or embeddings to resolve)."""
+        return cls(request.prompt, request.negative_prompt, request.clip_skip)
 
 
 def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
     """The pipeline call's text arguments for `n` images: A1111-weighted, chunked embeddings for SD and
     SDXL (prompting.encode; a plain prompt gives exactly diffusers' own embeddings), the plain strings
     with the weighting syntax stripped for pipelines with other text encoders (SD3, Flux, ...)."""
-    embeds = encode_prompts(pipe, texts.prompt, texts.negative_prompt, n, None, do_cfg=cfg)
+    embeds = encode_prompts(pipe, texts.prompt, texts.negative_prompt, n, None, clip_skip=texts.clip_skip, do_cfg=cfg)
     if embeds is not None:
         return embeds.as_kwargs()
     prompt = plain_prompt_for(pipe, texts.prompt)[0]
@@ -81,7 +88,8 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
     arguments its call would pass it, so the embeddings are the ones the call makes from the strings."""
     import torch
 
-    embeds = encode_prompts(pipe, texts.prompt, texts.negative_prompt, 1, None, do_cfg=cfg)
+    embeds = encode_prompts(pipe, texts.prompt, texts.negative_prompt, 1, None, clip_skip=texts.clip_skip,
+                            do_cfg=cfg)
     if embeds is not None:
         return embeds.as_kwargs()
     prompt = plain_prompt_for(pipe, texts.prompt)[0]
@@ -282,7 +290,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             raise Cancelled("cancelled at step %d of %d" % (max(done, 0), total))
         return kwargs
 
-    texts = step.texts or Texts(request.prompt, request.negative_prompt)
+    texts = step.texts or Texts.of(request)
     text = for_images(step.embeds, n) if step.embeds is not None else text_kwargs(pipe, texts, n,
                                                                                    cfg=request.cfg_scale > 1)
     if hasattr(pipe.scheduler, "noise_sampler_seed"):

@@ -156,7 +156,7 @@ class _Job:
         self.device = runner.device.torch_device
         runner.use(ladder.preset.memory)
         # text_encoders = "reloaded": the prompts encoded once for the job (every pass and retry reuses them)
-        self.embeds = runner.encode(texts or sd.Texts(request.prompt, request.negative_prompt), request.cfg_scale > 1)
+        self.embeds = runner.encode(texts or sd.Texts.of(request), request.cfg_scale > 1)
         self.multiple = sd.size_multiple(self.pipe)  # the sides this pipeline takes
         self.size = capped_size(request.width, request.height, ladder.preset.max_pixels, self.multiple)
         self.per_pass = min(len(seeds), ladder.preset.max_batch)

@@ -1,4 +1,4 @@
-"""The img2img tab: an init image and the txt2img controls (Quantize included; no hires fix); it shares
+"""The img2img tab: an init image and the txt2img controls (Quantize and Clip skip included; no hires fix); it shares
 txt2img's job runner (queue, progress, cancel), its LoRA/embedding pickers and Ctrl+Enter. The width and
 height follow the init image (rounded down to a multiple of 8). The controls start at the documented defaults,
 each browser gets its own last values back (ui/remembered.py); the gallery (results only, no uploads) sends the
@@ -11,7 +11,7 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.models.discover import model_choices
-from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
+from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
@@ -36,7 +36,7 @@ def build(ctx: TabContext) -> None:
 
     def img2img(init_image, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
                 cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, quantize=AS_PRESET,
-                schedule_type=AUTOMATIC, request: gr.Request = None, progress=gr.Progress()):
+                schedule_type=AUTOMATIC, clip_skip=1, request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
             return
@@ -44,7 +44,8 @@ def build(ctx: TabContext) -> None:
             prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image, strength=strength,
             width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
             sampler=sampler or DEFAULT, model=model or options.model, quantize=quantize_field(quantize),
-            schedule_type=schedule_type or AUTOMATIC), request, progress)
+            schedule_type=schedule_type or AUTOMATIC, clip_skip=1 if clip_skip is None else clip_skip), request,
+            progress)
 
     with gr.Tab("img2img", id="img2img"):
         with gr.Row():
@@ -64,6 +65,8 @@ def build(ctx: TabContext) -> None:
                     steps = Slider(1, MAX_STEPS, value=20, step=1, label="Steps",
                                    elem_id="i2i-steps")
                     cfg = Slider(0, MAX_CFG, value=7, step=0.5, label="CFG scale")
+                    clip_skip = Slider(1, MAX_CLIP_SKIP, value=1, step=1, label="Clip skip (1: off)",
+                                       elem_id="i2i-clip-skip")
                 with gr.Row():
                     seed = Number("Seed (-1: random)", -1, elem_id="i2i-seed")
                     names = [DEFAULT, *SAMPLERS]
@@ -88,10 +91,11 @@ def build(ctx: TabContext) -> None:
                 last_seed = gr.Number(visible=False, precision=0)
     ctx.sent_notes["img2img"] = sent
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
-                                                        seed, batch, sampler, model, quantize, schedule_type]))
+                                                        seed, batch, sampler, model, quantize, schedule_type,
+                                                        clip_skip]))
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
     ctx.generate_events["img2img"] = go.click(
         img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, quantize,
-                  schedule_type],
+                  schedule_type, clip_skip],
         [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")

@@ -1,4 +1,4 @@
-"""The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, seed (with ♻ last seed), model,
+"""The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, CFG, clip skip, seed (with ♻ last seed), model,
 the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; the gallery shows each
 image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
 The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
@@ -12,7 +12,7 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.models.discover import model_choices
-from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_HIRES_SCALE, MAX_STEPS, GenerationRequest
+from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS, GenerationRequest
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
@@ -36,13 +36,15 @@ def build(ctx: TabContext) -> None:
                  batch_size=DEFAULTS.batch_size, sampler=DEFAULTS.sampler, model=options.model,
                  hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
                  hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
-                 schedule_type=DEFAULTS.schedule_type, request: gr.Request = None, progress=gr.Progress()):
+                 schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, request: gr.Request = None,
+                 progress=gr.Progress()):
         yield from ctx.run_job("txt2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
             model=model or options.model, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
             hires_steps=hires_steps, hires_denoise=hires_denoise, quantize=quantize_field(quantize),
-            schedule_type=schedule_type or DEFAULTS.schedule_type), request, progress)
+            schedule_type=schedule_type or DEFAULTS.schedule_type,
+            clip_skip=DEFAULTS.clip_skip if clip_skip is None else clip_skip), request, progress)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
@@ -61,6 +63,8 @@ def build(ctx: TabContext) -> None:
                                    elem_id="steps")
                     cfg = Slider(0, MAX_CFG, value=DEFAULTS.cfg_scale, step=0.5,
                                  label="CFG scale", elem_id="cfg")
+                    clip_skip = Slider(1, MAX_CLIP_SKIP, value=DEFAULTS.clip_skip, step=1, label="Clip skip (1: off)",
+                                       elem_id="clip-skip")
                 with gr.Row():
                     seed = Number("Seed (-1: random)", -1, elem_id="seed")
                     reuse = gr.Button("♻ last seed", size="sm", elem_id="reuse-seed")
@@ -101,11 +105,13 @@ def build(ctx: TabContext) -> None:
     ctx.sent_notes["txt2img"] = sent
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
-                                                        hires_steps, hires_denoise, quantize, schedule_type]))
-    # the newer arguments last (quantize, schedule type): the API's positional order of the older ones stays as it was
+                                                        hires_steps, hires_denoise, quantize, schedule_type,
+                                                        clip_skip]))
+    # the newer arguments last (quantize, schedule type, clip skip): the API's positional order of the older ones
+    # stays as it was
     ctx.generate_events["txt2img"] = go.click(
         generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize,
-                   schedule_type],
+                   schedule_type, clip_skip],
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
