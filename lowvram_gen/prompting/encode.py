@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lowvram_gen.prompting.chunks import empty_chunk, token_weights
+from lowvram_gen.prompting.chunks import embedding_groups, empty_chunk, token_weights
 from lowvram_gen.prompting.parse import find_unsupported, strip_syntax, uses_syntax
 
 MIN_MEAN_RATIO = 0.25  # see _emphasis: outside [0.25, 4] the mean carries no information
@@ -181,12 +181,22 @@ def _pairs(pipe, kind: str):
     return [(t, e) for t, e in pairs if t is not None and e is not None]  # the SDXL refiner has only the second
 
 
+def prompt_chunks(pipe, text: str, kind: str | None = None) -> list[list]:
+    """Per text encoder (SDXL: two), the chunks of `text` it is given (`chunks.token_weights`), with the
+    pipeline's textual-inversion embeddings expanded and each multi-vector one kept whole in one chunk."""
+    out = []
+    for tok, _ in _pairs(pipe, kind or family(pipe)):
+        convert = _textual_inversion(pipe, tok)
+        out.append(token_weights(tok, text, convert=convert, groups=embedding_groups(tok) if convert else None))
+    return out
+
+
 def _encode(pipe, kind: str, text: str, clip_skip: int, device):
     """Per-chunk embeddings [1, 77, D] of `text` and the pooled embeds of its first chunk (SDXL)."""
     import torch
 
     pairs = _pairs(pipe, kind)
-    per_encoder = [token_weights(tok, text, convert=_textual_inversion(pipe, tok)) for tok, _ in pairs]
+    per_encoder = prompt_chunks(pipe, text, kind)
     count = max(len(c) for c in per_encoder)
     chunks, pooled = [], None
     for i in range(count):
