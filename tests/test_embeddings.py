@@ -203,3 +203,16 @@ def test_multi_vector_embedding_at_the_75_token_edge_moves_whole_to_the_next_chu
     embeds = encode_prompts(pipe, used.prompt, "", 1, "cpu").prompt_embeds
     assert embeds.shape == (1, 154, 32)
 
+
+def test_sdxl_embedding_with_an_sd_model_is_skipped_with_a_warning(emb_dir, pipe):
+    """An SDXL file (clip_l + clip_g) on SD 1.x: its clip_l is as wide as the model's token embeddings
+    (768 on real models, 32 here) but A1111 skips the file (2048 is not 768), and so do we, saying why."""
+    save_st(emb_dir / "xlonly.safetensors", {"clip_l": vectors(2, dim=32, seed=9), "clip_g": vectors(2, dim=64)})
+    plain = image(pipe, "a xlonly cat")
+    out, used = run(pipe, "a xlonly cat")
+    assert used.used == [] and "xlonly" not in pipe.tokenizer.get_vocab()
+    assert len(used.warnings) == 1 and "xlonly.safetensors" in used.warnings[0]
+    assert "an SDXL embedding" in used.warnings[0] and used.warnings[0].endswith("skipped")
+    assert np.array_equal(out, plain)  # the word is just text, as in A1111
+    with pytest.raises(InvalidRequest, match="an SDXL embedding"):
+        emb.load_embeddings_used(pipe, "a embedding:xlonly cat")
