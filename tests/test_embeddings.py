@@ -173,3 +173,46 @@ def test_sdxl_embedding_goes_to_both_encoders(emb_dir, tiny_sdxl_path):
         assert torch.equal(getattr(xl, te).get_input_embeddings().weight[ids].detach(), vec)
     skipped = emb.load_embeddings_used(xl, "a sd15emb cat")  # an SD 1.x embedding: A1111 skips it too
     assert skipped.used == [] and "does not fit" in skipped.warnings[0]
+
+
+def test_multi_vector_embedding_at_the_75_token_edge_moves_whole_to_the_next_chunk(emb_dir, pipe):
+    """A1111's tokenize_line: an embedding whose vectors do not fit in what is left of the chunk closes it
+    (padded) and starts the next one; one that fits stays. Plain text still splits at 75."""
+    from lowvram_gen.prompting.encode import encode_prompts, prompt_chunks
+
+    save_st(emb_dir / "fourvec.safetensors", {"emb_params": vectors(4, seed=8)})
+    tok = pipe.tokenizer
+    used = emb.load_embeddings_used(pipe, " ".join(["x"] * 72) + " fourvec")
+    ids = tuple(tok.convert_tokens_to_ids(t) for t in ("fourvec", "fourvec_1", "fourvec_2", "fourvec_3"))
+    x = tok.convert_tokens_to_ids("x</w>")
+
+    straddling = prompt_chunks(pipe, used.prompt)[0]  # 72 x's + 4 vectors: would end at 76
+    assert [c.length for c in straddling] == [72, 4]
+    first, second = straddling
+    assert first.ids[1:73] == (x,) * 72 and first.ids[73] == tok.eos_token_id and set(first.ids[74:]) == {
+        tok.pad_token_id}
+    assert second.ids[1:5] == ids and second.ids[5] == tok.eos_token_id
+    at_73 = prompt_chunks(pipe, " ".join(["x"] * 73) + " fourvec")[0]
+    assert [c.length for c in at_73] == [73, 4] and at_73[1].ids[1:5] == ids
+
+    fits = prompt_chunks(pipe, " ".join(["x"] * 71) + " fourvec y")[0]  # ends exactly at 75: stays
+    assert [c.length for c in fits] == [75, 1] and fits[0].ids[72:76] == ids
+    plain = prompt_chunks(pipe, " ".join(["x"] * 76))[0]
+    assert [c.length for c in plain] == [75, 1]
+
+    embeds = encode_prompts(pipe, used.prompt, "", 1, "cpu").prompt_embeds
+    assert embeds.shape == (1, 154, 32)
+
+
+def test_sdxl_embedding_with_an_sd_model_is_skipped_with_a_warning(emb_dir, pipe):
+    """An SDXL file (clip_l + clip_g) on SD 1.x: its clip_l is as wide as the model's token embeddings
+    (768 on real models, 32 here) but A1111 skips the file (2048 is not 768), and so do we, saying why."""
+    save_st(emb_dir / "xlonly.safetensors", {"clip_l": vectors(2, dim=32, seed=9), "clip_g": vectors(2, dim=64)})
+    plain = image(pipe, "a xlonly cat")
+    out, used = run(pipe, "a xlonly cat")
+    assert used.used == [] and "xlonly" not in pipe.tokenizer.get_vocab()
+    assert len(used.warnings) == 1 and "xlonly.safetensors" in used.warnings[0]
+    assert "an SDXL embedding" in used.warnings[0] and used.warnings[0].endswith("skipped")
+    assert np.array_equal(out, plain)  # the word is just text, as in A1111
+    with pytest.raises(InvalidRequest, match="an SDXL embedding"):
+        emb.load_embeddings_used(pipe, "a embedding:xlonly cat")

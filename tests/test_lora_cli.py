@@ -151,3 +151,16 @@ def test_lora_for_another_base_model_is_one_complete_sentence(models, tmp_path, 
                               "StableDiffusionPipeline")
     assert re.search(r"e\.g\. \S+lora_A\.weight is 4x64 in the file but 4x32 in the model", message), message
     assert message.endswith(f"({models / 'Lora' / 'for_sdxl.safetensors'})")
+
+
+def test_an_sdxl_embedding_with_an_sd_model_is_a_json_warning_and_the_job_runs(models, tmp_path, capsys):
+    from safetensors.torch import save_file
+    import torch
+
+    folder = models / "embeddings"
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"clip_l": torch.ones(2, 32), "clip_g": torch.ones(2, 64)}, str(folder / "xlneg.safetensors"))
+    out = generate("a cat", tmp_path / "a", capsys, "--negative", "xlneg, blurry")
+    assert len(out["images"]) == 1
+    assert [w for w in out["warnings"] if "xlneg.safetensors" in w and "an SDXL embedding" in w]
+    assert "TI hashes" not in read_png_metadata(out["images"][0])[0]

@@ -465,3 +465,18 @@ def test_empty_chunk_is_bos_eos_and_padding(sd):
     chunk = empty_chunk(sd.tokenizer)
     assert chunk.length == 0 and chunk.ids[:2] == (sd.tokenizer.bos_token_id, sd.tokenizer.eos_token_id)
     assert chunk == token_weights(sd.tokenizer, "")[0]
+
+
+def test_the_syntax_doc_is_current_on_networks_embeddings_and_cond_uncond_padding():
+    """Issue 19: the doc said LoRA tags and embeddings by name were not implemented, and called padding
+    prompt and negative to one length A1111's behaviour, which is only its non-default option."""
+    from pathlib import Path
+
+    doc = " ".join((Path(__file__).parent.parent / "docs" / "prompt-syntax.md").read_text().split())
+    assert "embeddings by file name are not implemented" not in doc
+    assert "not loaded, the tag is encoded as text" not in doc
+    assert "LoRA tags and textual-inversion embeddings by file name (and `embedding:name`) are implemented" in doc
+    assert "A1111's \"pad cond/uncond\")" not in doc
+    assert "`pad_cond_uncond`), which is **off** by default" in doc
+    assert "runs the UNet twice per step" in doc and "differ slightly from A1111's defaults" in doc
+    assert "the chunk is closed (padded) and the embedding starts the next one" in doc

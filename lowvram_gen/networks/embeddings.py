@@ -9,8 +9,9 @@ An embedding is loaded once per pipeline with diffusers' `load_textual_inversion
 named like the file (multi-vector files get `name_1`, `name_2`... which diffusers' prompt conversion
 expands). Files: A1111 `.pt` (`string_to_param: {'*': tensor}`, read weights-only), `.safetensors`
 with `emb_params`, or SDXL's `clip_l` (first text encoder) and `clip_g` (second). A file that does
-not fit the model (an SD 1.5 embedding on SDXL) is skipped with a warning when named bare, an error
-when named with `embedding:`; A1111 skips them too.
+not fit the model (an SD 1.5 embedding on SDXL; an SDXL one, `clip_l`/`clip_g`, on SD 1.x/2.x or the
+SDXL refiner, even where `clip_l`'s width matches) is skipped with a warning when named bare, an error
+when named with `embedding:`; A1111 skips them too (its width check: 2048 is not 768).
 """
 
 from __future__ import annotations
@@ -116,9 +117,11 @@ def _plan(pipe, vectors: dict) -> list[tuple[str, str, object]]:
     dims = [getattr(pipe, te).get_input_embeddings().weight.shape[-1] for te, _ in encoders]
     if len(encoders) == 2:  # SDXL: both vectors are needed
         pick = [vectors.get("clip_l"), vectors.get("clip_g")]
-    elif len(encoders) == 1:
-        pick = [vectors.get("any", vectors.get("clip_l"))]
+    elif len(encoders) == 1 and "clip_g" not in vectors:
+        pick = [vectors.get("any", vectors.get("clip_l"))]  # a lone clip_l tensor is one tensor, as in A1111
     else:
+        # an SDXL file (clip_l and clip_g) on a one-encoder model: its clip_l is 768 wide like SD 1.x's
+        # token embeddings, but it was trained beside clip_g; A1111 skips it (2048 wide, not 768)
         return []
     if any(v is None or v.shape[-1] != d for v, d in zip(pick, dims)):
         return []
@@ -219,10 +222,12 @@ def load_embeddings_used(pipe, prompt: str, negative: str = "",
             result.warnings.append(f"embedding {path.name} changed on disk; restart to use the new version")
             result.used.append(UsedEmbedding(stem, path))
             continue
-        plan = _plan(pipe, read_embedding(path))
+        vectors = read_embedding(path)
+        plan = _plan(pipe, vectors)
         if not plan:
-            why = (f"embedding {path} does not fit {type(pipe).__name__} "
-                   f"({_describe(read_embedding(path))}; is it for another model family?)")
+            why = f"embedding {path} does not fit {type(pipe).__name__} ({_describe(vectors)}; " + (
+                "an SDXL embedding, for SDXL models only)" if "clip_g" in vectors
+                else "is it for another model family?)")
             if named:
                 raise InvalidRequest("embedding", stem, why)
             result.warnings.append(why + ": skipped")

@@ -9,6 +9,10 @@ past token 75 is dropped. Its rules, followed here (no torch needed):
   last `backtrack` tokens (A1111's "comma padding backtrack", default 20), the tokens after that
   comma move to the next chunk, so a phrase is not cut in two.
 * `BREAK` closes the current chunk early (an empty chunk too, for BREAK BREAK).
+* A multi-vector textual-inversion embedding is never cut in two: when its tokens (one per vector)
+  would not fit in what is left of the chunk, the chunk is closed (padded) and the embedding starts
+  the next one (A1111's `tokenize_line`: `if len(chunk.tokens) + emb_len > chunk_length: next_chunk()`).
+  `groups` names the embeddings: first token id -> the ids of all its vectors' tokens.
 * A chunk is laid out [BOS] tokens [EOS] [PAD]...: with SD 1.x the pad token is EOS (A1111 pads with
   EOS), with SD 2.x / SDXL's second tokenizer it is the tokenizer's own pad token, as A1111 and
   diffusers' `encode_prompt` both do. BOS, EOS and padding have weight 1.
@@ -62,10 +66,30 @@ def empty_chunk(tokenizer) -> TokenChunk:
     return _layout(tokenizer, [], [])
 
 
+def embedding_groups(tokenizer) -> dict[int, tuple[int, ...]]:
+    """The multi-vector textual inversions added to `tokenizer` as diffusers adds them (a token `name`,
+    then `name_1`, `name_2`...; its `maybe_convert_prompt` expands `name` to all of them): first token
+    id -> the ids of all of them, for those with more than one vector."""
+    added = getattr(tokenizer, "added_tokens_encoder", None) or {}
+    special = set(getattr(tokenizer, "all_special_tokens", []))
+    groups: dict[int, tuple[int, ...]] = {}
+    for token, first in added.items():
+        if token in special or f"{token}_1" not in added:
+            continue
+        ids, i = [first], 1
+        while f"{token}_{i}" in added:
+            ids.append(added[f"{token}_{i}"])
+            i += 1
+        groups[first] = tuple(ids)
+    return groups
+
+
 def token_weights(tokenizer, text: str, *, backtrack: int = COMMA_BACKTRACK,
-                  convert: Callable[[str], str] | None = None) -> list[TokenChunk]:
+                  convert: Callable[[str], str] | None = None,
+                  groups: dict[int, tuple[int, ...]] | None = None) -> list[TokenChunk]:
     """`text` (A1111 syntax) as the chunks its text encoder will see. `convert` rewrites each
-    fragment before tokenizing (diffusers' textual-inversion `maybe_convert_prompt`)."""
+    fragment before tokenizing (diffusers' textual-inversion `maybe_convert_prompt`); `groups`: the
+    multi-vector embeddings' token ids (`embedding_groups`), kept whole in one chunk."""
     size = chunk_size(tokenizer)
     comma = tokenizer.get_vocab().get(",</w>")
     parts = parse_attention(text)
@@ -88,7 +112,8 @@ def token_weights(tokenizer, text: str, *, backtrack: int = COMMA_BACKTRACK,
             close()
             continue
         weight = part[1]
-        for token in next(tokenized):
+        tokens = next(tokenized)
+        for position, token in enumerate(tokens):
             if token == comma:
                 last_comma = len(ids)
             elif backtrack and len(ids) == size and last_comma != -1 and len(ids) - last_comma <= backtrack:
@@ -99,6 +124,10 @@ def token_weights(tokenizer, text: str, *, backtrack: int = COMMA_BACKTRACK,
                 ids, weights = moved_ids, moved_weights
             if len(ids) == size:
                 close()
+            group = groups.get(token) if groups else None
+            if group and tuple(tokens[position:position + len(group)]) == group \
+                    and len(ids) + len(group) > size >= len(group):
+                close()  # the whole embedding goes to the next chunk, as in A1111
             ids.append(token)
             weights.append(weight)
     if ids or not chunks:

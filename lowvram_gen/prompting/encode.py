@@ -13,7 +13,9 @@ SDXL: text_encoder_2's), and SDXL's zeros for an empty negative prompt when the 
 What it follows from A1111: chunks of 75 tokens (see `chunks`), one encoder call per chunk, the
 weights applied per chunk and per encoder with the chunk's mean restored ("Original" emphasis),
 chunks concatenated on the sequence axis, SDXL's pooled embeds from the first chunk, and positive
-and negative padded with empty-prompt chunks to the same length so CFG can batch them.
+and negative padded with empty-prompt chunks to the same length so CFG can batch them: A1111's
+"Pad prompt/negative prompt" option, off by default there (its default runs the UNet on each at its
+own length; see docs/prompt-syntax.md, "Differences from A1111").
 Clip skip is A1111's "Clip skip" N (1: off), not diffusers' `clip_skip` (layers skipped, N - 1); unlike
 diffusers (whose negative prompt ignores `clip_skip`), it applies to both prompts, as in A1111.
 
@@ -28,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from lowvram_gen.prompting.chunks import empty_chunk, token_weights
+from lowvram_gen.prompting.chunks import embedding_groups, empty_chunk, token_weights
 from lowvram_gen.prompting.parse import find_unsupported, strip_syntax, uses_syntax
 
 MIN_MEAN_RATIO = 0.25  # see _emphasis: outside [0.25, 4] the mean carries no information
@@ -181,12 +183,22 @@ def _pairs(pipe, kind: str):
     return [(t, e) for t, e in pairs if t is not None and e is not None]  # the SDXL refiner has only the second
 
 
+def prompt_chunks(pipe, text: str, kind: str | None = None) -> list[list]:
+    """Per text encoder (SDXL: two), the chunks of `text` it is given (`chunks.token_weights`), with the
+    pipeline's textual-inversion embeddings expanded and each multi-vector one kept whole in one chunk."""
+    out = []
+    for tok, _ in _pairs(pipe, kind or family(pipe)):
+        convert = _textual_inversion(pipe, tok)
+        out.append(token_weights(tok, text, convert=convert, groups=embedding_groups(tok) if convert else None))
+    return out
+
+
 def _encode(pipe, kind: str, text: str, clip_skip: int, device):
     """Per-chunk embeddings [1, 77, D] of `text` and the pooled embeds of its first chunk (SDXL)."""
     import torch
 
     pairs = _pairs(pipe, kind)
-    per_encoder = [token_weights(tok, text, convert=_textual_inversion(pipe, tok)) for tok, _ in pairs]
+    per_encoder = prompt_chunks(pipe, text, kind)
     count = max(len(c) for c in per_encoder)
     chunks, pooled = [], None
     for i in range(count):
@@ -225,7 +237,7 @@ def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, d
         zero_negative = kind == "sdxl" and not negative and pipe.config.get("force_zeros_for_empty_prompt", False)
         if do_cfg and not zero_negative:
             neg, neg_pooled = _encode(pipe, kind, negative or "", clip_skip, device)
-            if len(neg) != len(pos):  # pad the shorter with empty-prompt chunks, as A1111 does for CFG
+            if len(neg) != len(pos):  # pad the shorter with empty-prompt chunks: A1111's pad_cond_uncond
                 empty = _encode(pipe, kind, "", clip_skip, device)[0][0]
                 short = neg if len(neg) < len(pos) else pos
                 short.extend([empty] * abs(len(pos) - len(neg)))

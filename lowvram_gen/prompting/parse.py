@@ -17,8 +17,9 @@ weights the same tokens by the same factors:
   word "BREAK" at weight -1.1 (a bug); here it stays a break and `find_unsupported` says so.
 * Runs of equal weight are merged; an empty prompt is `[("", 1.0)]`.
 
-Prompt editing, alternation, `AND`, and `<lora:...>` tags are not implemented: `find_unsupported`
-names each one found so that the caller can warn instead of silently encoding them as text.
+Prompt editing, alternation and `AND` are not implemented, and `<lora:...>` tags are not handled here
+(a job's `networks.prepare` takes them out first): `find_unsupported` names each one found so that the
+caller can warn instead of silently encoding them as text.
 """
 
 from __future__ import annotations
