@@ -12,6 +12,7 @@ clear error before any step runs.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import statistics
@@ -47,6 +48,8 @@ class Pass:
     # the prompts already encoded for one image (text_encoders = "reloaded": the encoders left before the
     # denoiser runs); None: the pipeline call encodes `texts`
     embeds: "dict | None" = None
+    # A1111's variation seeds, one per image (the request's subseed+i); None: none (strength 0)
+    subseeds: "list[int] | None" = None
 
     @property
     def num_steps(self) -> int:
@@ -237,6 +240,92 @@ def _generators(seeds: list[int], device: str):
     return [torch.Generator(gen_device).manual_seed(s) for s in seeds]
 
 
+def slerp(val: float, low, high):
+    """A1111's slerp (modules/rng.py), as it is: one image's noise (C, H, W), the norms and angles taken along
+    dim 1 (each channel's columns), and for near-parallel noises its linear blend, weights as A1111 has them."""
+    import torch
+
+    low_norm = low / torch.norm(low, dim=1, keepdim=True)
+    high_norm = high / torch.norm(high, dim=1, keepdim=True)
+    dot = (low_norm * high_norm).sum(1)
+    if dot.mean() > 0.9995:
+        return low * val + high * (1 - val)
+    omega = torch.acos(dot)
+    so = torch.sin(omega)
+    return (torch.sin((1.0 - val) * omega) / so).unsqueeze(1) * low + (torch.sin(val * omega) / so).unsqueeze(1) * high
+
+
+def paste_centred(target, noise):
+    """A1111's seed resize: `noise` (C, h, w) centred on `target` (C, H, W), cropped where it is larger."""
+    dx = (target.shape[2] - noise.shape[2]) // 2
+    dy = (target.shape[1] - noise.shape[1]) // 2
+    w = noise.shape[2] if dx >= 0 else noise.shape[2] + 2 * dx
+    h = noise.shape[1] if dy >= 0 else noise.shape[1] + 2 * dy
+    tx, ty = max(dx, 0), max(dy, 0)
+    dx, dy = max(-dx, 0), max(-dy, 0)
+    target = target.clone()
+    target[:, ty:ty + h, tx:tx + w] = noise[:, dy:dy + h, dx:dx + w]
+    return target
+
+
+def varies_noise(step: Pass) -> bool:
+    """Whether this pass's initial noise is A1111's variation/resized noise rather than the seed's own."""
+    request = step.request
+    return step.init is None and (bool(step.subseeds) and request.subseed_strength > 0
+                                  or request.seed_resize_from is not None)
+
+
+@contextlib.contextmanager
+def _variation_noise(pipe, step: Pass, device: str):
+    """A1111's first noise (modules/rng.py ImageRNG.first) in the pipeline's own `prepare_latents`: per image,
+    the seed's noise (at the resize-from size when one is set, drawn by a fresh generator), slerped toward the
+    subseed's (at that same size) by the strength, then centred on the seed's own noise at the image's size (which
+    the image's generator draws, so the steps' noise after it is the plain seed's). diffusers draws each noise and
+    scales it by the scheduler's init sigma; slerp and the paste commute with that common scale."""
+    if not varies_noise(step):
+        yield
+        return
+    import torch
+
+    request = step.request
+    original = pipe.prepare_latents
+    signature = inspect.signature(original)
+
+    def prepare(*args, **kwargs):
+        call = signature.bind(*args, **kwargs).arguments
+        if call.get("latents") is not None:
+            return original(*args, **kwargs)
+
+        def draw(generators, size=None):
+            width, height = size or (call["width"], call["height"])
+            return original(**dict(call, generator=generators, width=width, height=height, latents=None))
+
+        plain = draw(call["generator"])  # the image's generators, as a plain run draws it
+        resize = request.seed_resize_from
+        main = draw(_generators(step.seeds, device), resize) if resize else plain
+        subs = draw(_generators(step.subseeds, device), resize) if step.subseeds and request.subseed_strength > 0 \
+            else None
+        out = []
+        for i in range(plain.shape[0]):
+            noise = main[i].float()
+            if subs is not None:
+                noise = slerp(request.subseed_strength, noise, subs[i].float())
+            if resize:
+                noise = paste_centred(plain[i].float(), noise)
+            out.append(noise.to(plain.dtype))
+        return torch.stack(out)
+
+    own = vars(pipe).get("prepare_latents")  # an instance's own, if anything set one
+    pipe.prepare_latents = prepare
+    try:
+        yield
+    finally:
+        if own is None:
+            del pipe.prepare_latents  # the class's method again
+        else:
+            pipe.prepare_latents = own
+
+
 def img2img_pipe(pipe):
     """The image-to-image pipeline over the same components (no copy, no reload), kept on `pipe`."""
     from diffusers import AutoPipelineForImage2Image
@@ -306,7 +395,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         callback_on_step_end=step_end,
     )
     if step.init is None:
-        out = pipe(width=step.width, height=step.height, **kwargs)
+        with _variation_noise(pipe, step, device):
+            out = pipe(width=step.width, height=step.height, **kwargs)
     else:
         # diffusers runs int(steps * strength) steps; at least one, or the result is empty
         kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))

@@ -176,6 +176,8 @@ class _Job:
         while pending:
             seeds = [self.seeds[i] for i in pending[:self.per_pass]]
             first = self._first_pass(seeds)
+            if self.request.subseed_strength > 0:  # A1111's variation seeds: image i's is subseed+i
+                first.subseeds = [self.request.subseed_for(i) for i in pending[:self.per_pass]]
             started = time.perf_counter()
             ok, out = self.ladder.attempt("denoise", lambda: self._denoise(first), self.where)
             if not ok:
