@@ -1180,3 +1180,38 @@ def test_a_vqgan_pngs_model_does_not_set_the_model_box(tmp_path):
     assert any("'tiny' is a VQGAN model" in line for line in said), said
     a1111 = _png_with(tmp_path / "sd.png", "a fox\nSteps: 5, Sampler: Euler a, Seed: 1, Size: 64x64, Model: tiny")
     assert dict(zip(sendto.TXT2IMG, sendto.values_for(sendto.TXT2IMG, a1111)[0]))["model"] == "tiny"
+
+
+def test_send_to_sets_the_extra_seed_options_from_the_png_and_turns_them_off_without(tmp_path):
+    """A1111 writes its variation fields only when used: a PNG with them ticks Extra and fills them; one without
+    them puts them back off (the same seed would not give the same image otherwise)."""
+    from lowvram_gen.ui import sendto
+
+    text = "a fox\nSteps: 2, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny"
+    varied = _png_with(tmp_path / "varied.png",
+                       text + ", Variation seed: 9, Variation seed strength: 0.3, Seed resize from: 32x48")
+    plain = _png_with(tmp_path / "plain.png", text)
+    for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
+        values, said = sendto.values_for(keys, varied)
+        got = dict(zip(keys, values))
+        assert [got[k] for k in sendto.EXTRA_SEED] == [True, 9, 0.3, 32, 48]
+        assert not any("Variation" in line or "resize" in line for line in said), said
+        got = dict(zip(keys, sendto.values_for(keys, plain)[0]))
+        assert [got[k] for k in ("seed_extra", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h")] \
+            == [False, 0, 0, 0]
+
+
+def test_the_extra_seed_options_from_the_api_reach_the_png(server):
+    from gradio_client import Client
+
+    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+
+    client = Client(server.url, verbose=False)
+    _, info, _, _ = client.predict(prompt="varied fox", width=64, height=64, steps=1, seed=23, subseed=7,
+                                   subseed_strength=0.4, seed_resize_from_w=32, seed_resize_from_h=32,
+                                   api_name="/generate")
+    assert "Variation seed: 7, Variation seed strength: 0.4, Seed resize from: 32x32" in info
+    made = next(server.outdir.rglob("*-23-*.png"))
+    assert parse_a1111_parameters(read_png_metadata(made)[0])["Variation seed"] == "7"
+    _, info, _, _ = client.predict(prompt="varied fox", width=64, height=64, steps=1, seed=24, api_name="/generate")
+    assert "Variation seed" not in info and "Seed resize" not in info  # an older client's call: off
