@@ -123,16 +123,15 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
 
 def _variation(pipe, request: GenerationRequest) -> tuple[GenerationRequest, str | None]:
     """The request with its variation seed fixed (-1: a random one, then written to the PNG), or, where
-    variation seeds are not made here (img2img, pipelines other than SD 1.x/2.x and SDXL), without them and a
-    warning that says so (the PNG does not claim them)."""
+    variation seeds are not made here (pipelines other than SD 1.x/2.x and SDXL, which draw and pack their noise
+    their own way), without them and a warning that says so (the PNG does not claim them)."""
     if request.subseed_strength == 0 and request.seed_resize_from is None:
         return request, None
-    where = ("img2img" if request.init_image else type(pipe).__name__ if family(pipe) is None else None)
-    if where is None:
+    if family(pipe) is not None:
         return request.with_subseed(), None
     return (replace(request, subseed_strength=0.0, seed_resize_from_w=0, seed_resize_from_h=0),
-            f"variation seed and seed resize are not used: {where} starts from its own noise here "
-            "(they are made for txt2img on SD 1.x/2.x and SDXL)")
+            f"variation seed and seed resize are not used: {type(pipe).__name__} draws its noise its own way "
+            "(they are made for SD 1.x/2.x and SDXL)")
 
 
 class _Saver:

@@ -269,61 +269,92 @@ def paste_centred(target, noise):
 
 
 def varies_noise(step: Pass) -> bool:
-    """Whether this pass's initial noise is A1111's variation/resized noise rather than the seed's own."""
+    """Whether this pass's noise is A1111's variation/resized noise rather than the seed's own."""
     request = step.request
-    return step.init is None and (bool(step.subseeds) and request.subseed_strength > 0
-                                  or request.seed_resize_from is not None)
+    return bool(step.subseeds) and request.subseed_strength > 0 or request.seed_resize_from is not None
 
 
-@contextlib.contextmanager
-def _variation_noise(pipe, step: Pass, device: str):
-    """A1111's first noise (modules/rng.py ImageRNG.first) in the pipeline's own `prepare_latents`: per image,
-    the seed's noise (at the resize-from size when one is set, drawn by a fresh generator), slerped toward the
-    subseed's (at that same size) by the strength, then centred on the seed's own noise at the image's size (which
-    the image's generator draws, so the steps' noise after it is the plain seed's). diffusers draws each noise and
-    scales it by the scheduler's init sigma; slerp and the paste commute with that common scale."""
-    if not varies_noise(step):
-        yield
-        return
+def _vary(plain, step: Pass, draw):
+    """A1111's first noise (modules/rng.py ImageRNG.first) from the seeds' own noise `plain` (B, C, H, W), as the
+    images' generators drew it: per image, the seed's noise (at the resize-from size when one is set, drawn again by
+    a fresh generator), slerped toward the subseed's (at that same size) by the strength, then centred on `plain`.
+    `draw(seeds, (width, height) or None)` draws noise as `plain` was drawn, for other seeds or another size."""
     import torch
 
     request = step.request
-    original = pipe.prepare_latents
-    signature = inspect.signature(original)
+    resize = request.seed_resize_from
+    main = draw(step.seeds, resize) if resize else plain
+    subs = draw(step.subseeds, resize) if step.subseeds and request.subseed_strength > 0 else None
+    out = []
+    for i in range(plain.shape[0]):
+        noise = main[i].float()
+        if subs is not None:
+            noise = slerp(request.subseed_strength, noise, subs[i].float())
+        if resize:
+            noise = paste_centred(plain[i].float(), noise)
+        out.append(noise.to(plain.dtype))
+    return torch.stack(out)
 
-    def prepare(*args, **kwargs):
-        call = signature.bind(*args, **kwargs).arguments
-        if call.get("latents") is not None:
-            return original(*args, **kwargs)
 
-        def draw(generators, size=None):
-            width, height = size or (call["width"], call["height"])
-            return original(**dict(call, generator=generators, width=width, height=height, latents=None))
-
-        plain = draw(call["generator"])  # the image's generators, as a plain run draws it
-        resize = request.seed_resize_from
-        main = draw(_generators(step.seeds, device), resize) if resize else plain
-        subs = draw(_generators(step.subseeds, device), resize) if step.subseeds and request.subseed_strength > 0 \
-            else None
-        out = []
-        for i in range(plain.shape[0]):
-            noise = main[i].float()
-            if subs is not None:
-                noise = slerp(request.subseed_strength, noise, subs[i].float())
-            if resize:
-                noise = paste_centred(plain[i].float(), noise)
-            out.append(noise.to(plain.dtype))
-        return torch.stack(out)
-
-    own = vars(pipe).get("prepare_latents")  # an instance's own, if anything set one
-    pipe.prepare_latents = prepare
+@contextlib.contextmanager
+def _patched(obj, name: str, replacement):
+    """`obj.name` is `replacement` inside the block, then what it was (the class's, or the instance's own)."""
+    own = vars(obj).get(name)
+    setattr(obj, name, replacement)
     try:
         yield
     finally:
         if own is None:
-            del pipe.prepare_latents  # the class's method again
+            delattr(obj, name)
         else:
-            pipe.prepare_latents = own
+            setattr(obj, name, own)
+
+
+@contextlib.contextmanager
+def _variation_noise(pipe, step: Pass, device: str):
+    """A1111's variation seeds in the noise the pipeline draws itself. txt2img: in `prepare_latents`, so diffusers'
+    shape, dtype and init sigma stay (slerp and the paste commute with that common scale); img2img (and hires fix's
+    second pass, as A1111's): in the scheduler's `add_noise`, where the noise meets the init latents."""
+    if not varies_noise(step):
+        yield
+        return
+    from diffusers.utils.torch_utils import randn_tensor
+
+    if step.init is None:
+        original = pipe.prepare_latents
+        signature = inspect.signature(original)
+
+        def prepare(*args, **kwargs):
+            call = signature.bind(*args, **kwargs).arguments
+            if call.get("latents") is not None:
+                return original(*args, **kwargs)
+
+            def draw(seeds, size=None):
+                width, height = size or (call["width"], call["height"])
+                return original(**dict(call, generator=_generators(seeds, device), width=width, height=height,
+                                       latents=None))
+
+            return _vary(original(**dict(call, latents=None)), step, draw)  # the images' generators first
+
+        with _patched(pipe, "prepare_latents", prepare):
+            yield
+        return
+
+    scheduler = pipe.scheduler
+    add_noise = scheduler.add_noise
+
+    def noised(original_samples, noise, timesteps):
+        factor = step.width // noise.shape[-1]  # pixels per latent
+
+        def draw(seeds, size=None):
+            height, width = (size[1] // factor, size[0] // factor) if size else noise.shape[-2:]
+            return randn_tensor((noise.shape[0], noise.shape[1], height, width),
+                                generator=_generators(seeds, device), device=noise.device, dtype=noise.dtype)
+
+        return add_noise(original_samples, _vary(noise, step, draw), timesteps)
+
+    with _patched(scheduler, "add_noise", noised):
+        yield
 
 
 def img2img_pipe(pipe):
@@ -404,7 +435,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
             # SD3, Flux, ...: without a size they resize the init image to the model's native size
             kwargs.update(width=step.width, height=step.height)
-        out = i2i(image=step.init, strength=step.strength, **kwargs)
+        with _variation_noise(i2i, step, device):
+            out = i2i(image=step.init, strength=step.strength, **kwargs)
     per_step = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None
     if kwargs["output_type"] == "latent":
         return Denoised(latents=out.images, seconds_per_step=per_step)

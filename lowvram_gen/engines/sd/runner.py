@@ -274,7 +274,8 @@ class _Job:
                 self.runner.place_resident(False)
                 init = upscale_images(pixels, target, request.hires_upscaler, self.device, ladder=self.ladder)
             second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
-                             steps=request.hires_steps or request.steps, texts=self.texts, embeds=self.embeds)
+                             steps=request.hires_steps or request.steps, texts=self.texts, embeds=self.embeds,
+                             subseeds=first.subseeds)  # A1111's hires pass draws its noise the same way
             started = time.perf_counter()
             ok, result = self.ladder.attempt("hires", lambda: self._denoise(second), lambda: self.where(target))
             if ok:
