@@ -12,7 +12,8 @@ ui/messages.py), so `.success` runs for it too: values the request refuses are n
 stored by an older version, or edited in the browser's storage, that the request would refuse is dropped
 with one warning), so the UI never opens with a value its first Generate refuses.
 
-The Model box, the init image and the Extra seed options are not remembered: the model starts at `lowvram-gen ui --model`.
+The Model box, the init image and the Extra seed options are not remembered: the model starts at
+`lowvram-gen ui --model`.
 
 (No `from __future__ import annotations`: gradio finds `gr.Request` through real annotations.)
 """
