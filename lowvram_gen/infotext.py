@@ -13,8 +13,8 @@ sampler's own default there (Karras for DPM++ 2M).
 `Variation seed`, `Variation seed strength` and `Seed resize from` are A1111's extra seed options (the
 request's subseed, subseed_strength and seed_resize_from_w/h). Fields we do not use (ENSD, VAE, Eta...) are
 listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
-Ranges are checked later, by `GenerationRequest.validated()`, with the CLI's messages. Standard library only: the CLI imports this
-before it decides to load torch.
+Ranges are checked later, by `GenerationRequest.validated()`, with the CLI's messages. Standard library only:
+the CLI imports this before it decides to load torch.
 """
 
 from __future__ import annotations
