@@ -1215,3 +1215,20 @@ def test_the_extra_seed_options_from_the_api_reach_the_png(server):
     assert parse_a1111_parameters(read_png_metadata(made)[0])["Variation seed"] == "7"
     _, info, _, _ = client.predict(prompt="varied fox", width=64, height=64, steps=1, seed=24, api_name="/generate")
     assert "Variation seed" not in info and "Seed resize" not in info  # an older client's call: off
+
+
+def test_the_extra_checkbox_shows_the_seed_options_and_unticking_turns_them_off(page):
+    """As A1111's: the row is hidden until Extra is ticked; unticking it puts strength and sizes back to 0, so
+    nothing hidden changes the image."""
+    row = page.locator("#seed-extras")
+    assert not row.is_visible()
+    page.locator("#seed-extra input").check()
+    row.wait_for(state="visible", timeout=10_000)
+    strength = page.locator("#subseed-strength input[type=number]").first
+    strength.fill("0.4")
+    strength.press("Enter")
+    page.locator("#seed-extra input").uncheck()
+    row.wait_for(state="hidden", timeout=10_000)
+    page.locator("#seed-extra input").check()
+    row.wait_for(state="visible", timeout=10_000)
+    assert strength.input_value() == "0"
