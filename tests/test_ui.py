@@ -971,8 +971,9 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     """gradio shows neither the error nor the warning of an event run with queue=False (checked in Chromium:
     the toast never comes). Only these handlers stay unqueued, each for a reason: a string edit of the
     prompt, the gallery's selected index, Cancel and the page's restore (they must get through a full queue),
-    ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, and the
-    remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
+    ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, the Extra seed
+    checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), and the remembered
+    values (they validate, and log what they drop). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
@@ -984,7 +985,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("sendto", "gallery_buttons.<locals>.remember"), ("sendto", "gallery_buttons.<locals>.<lambda>"),
         ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("txt2img", "build.<locals>.<lambda>"),
         ("img2img", "size_from"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
-        ("remembered", "wire.<locals>.restore")})
+        ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle")})
 
 
 @needs_browser
