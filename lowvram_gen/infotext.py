@@ -10,10 +10,11 @@ scheduler, so "default" too. `Schedule type` (A1111 1.9+) is the request's sched
 names (`Sampler: DPM++ 2M Karras`) are split into both; `Schedule type: Automatic` is what A1111 means by it, the
 sampler's own default there (Karras for DPM++ 2M).
 
-Fields we do not use (ENSD, VAE, Eta...) are listed, not refused; a value we use but cannot
-read (`Steps: many`) is an `InvalidRequest` naming the field. Ranges are checked later, by
-`GenerationRequest.validated()`, with the CLI's messages. Standard library only: the CLI imports this
-before it decides to load torch.
+`Variation seed`, `Variation seed strength` and `Seed resize from` are A1111's extra seed options (the
+request's subseed, subseed_strength and seed_resize_from_w/h). Fields we do not use (ENSD, VAE, Eta...) are
+listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
+Ranges are checked later, by `GenerationRequest.validated()`, with the CLI's messages. Standard library only:
+the CLI imports this before it decides to load torch.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def _float(key: str, value: str) -> float:
 # A1111 fields that are one number of the request: (request field, reader)
 _NUMBERS = {"Steps": ("steps", _int), "CFG scale": ("cfg_scale", _float), "Seed": ("seed", _int),
             "Batch size": ("batch_size", _int), "Hires upscale": ("hires_scale", _float),
-            "Hires steps": ("hires_steps", _int), "Clip skip": ("clip_skip", _int)}
+            "Hires steps": ("hires_steps", _int), "Clip skip": ("clip_skip", _int),
+            "Variation seed": ("subseed", _int), "Variation seed strength": ("subseed_strength", _float)}
 
 
 def _sampler(params: dict, ours: dict | None) -> tuple[str, str | None]:
@@ -154,6 +156,16 @@ def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignore
         if not match:
             raise InvalidRequest("'Size' in the image's parameters", value, "expected WIDTHxHEIGHT, e.g. 512x768")
         fields["width"], fields["height"] = int(match.group(1)), int(match.group(2))
+    elif key == "Seed resize from":
+        text = str(value).strip()
+        match = _SIZE.fullmatch(text)
+        if re.fullmatch(r"-1\s*x\s*-1", text):  # old A1111 versions wrote their "off" as -1x-1
+            fields["seed_resize_from_w"], fields["seed_resize_from_h"] = 0, 0
+        elif not match:
+            raise InvalidRequest("'Seed resize from' in the image's parameters", value,
+                                 "expected WIDTHxHEIGHT, e.g. 512x512")
+        else:
+            fields["seed_resize_from_w"], fields["seed_resize_from_h"] = int(match.group(1)), int(match.group(2))
     elif key == "Model" and str(params.get("Engine", "")).strip() == "VQGAN-CLIP":
         # a VQGAN's name (VQGAN-CLIP's tiny is not the diffusers tiny): never a model for this request
         notes.append(f"Model {str(value).strip()!r} is a VQGAN model (the image was made by VQGAN-CLIP): not used")

@@ -84,6 +84,18 @@ def as_float(field_name: str, value: Any, lo: float, hi: float) -> float:
     return float(value)
 
 
+def parse_size(field_name: str, value: Any) -> tuple[Any, Any]:
+    """"WxH" (or "W x H", "0" / "" for off) -> (W, H), unchecked: `validated()` checks the sides."""
+    if value in (None, "", 0, "0"):
+        return 0, 0
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return value[0], value[1]
+    match = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*(\d+)\s*", str(value))
+    if not match:
+        raise InvalidRequest(field_name, value, "must be WIDTHxHEIGHT, e.g. 512x512 (0x0: off)")
+    return int(match.group(1)), int(match.group(2))
+
+
 def as_side(field_name: str, value: Any, multiple: int = 8) -> int:
     side = as_int(field_name, value, MIN_SIDE, MAX_SIDE, f" and a multiple of {multiple}")
     if side % multiple:
@@ -126,6 +138,14 @@ class GenerationRequest:
     # A1111's "Clip skip": the text encoder's layer counted from the end (1: the last, off; 2: the one before);
     # SD 1.x/2.x and SDXL only (prompting/encode.py's layer_for)
     clip_skip: int = 1
+    # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
+    # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
+    # the subseed goes up by one per image, as in A1111
+    subseed: int = -1
+    subseed_strength: float = 0.0
+    # A1111's "Resize seed from": the seed's noise drawn for this size (0x0: off) and centred in the image's
+    seed_resize_from_w: int = 0
+    seed_resize_from_h: int = 0
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -154,7 +174,29 @@ class GenerationRequest:
             loras=check_loras(self.loras, self.prompt),
             quantize=check_quantize(self.quantize),
             clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
-        )._check_hires()
+            subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
+            subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
+        )._check_hires()._check_seed_resize()
+
+    def _check_seed_resize(self) -> "GenerationRequest":
+        w, h = self.seed_resize_from_w, self.seed_resize_from_h
+        if w in (0, "0", None) and h in (0, "0", None):
+            return dataclasses.replace(self, seed_resize_from_w=0, seed_resize_from_h=0)
+        if w in (0, "0", None) or h in (0, "0", None):
+            raise InvalidRequest("seed resize from", f"{w}x{h}", "give both sides (WxH), or neither (0x0: off)")
+        sides = []
+        for name, side in (("seed resize from width", w), ("seed resize from height", h)):
+            side = as_int(name, side, 8, MAX_SIDE, f" and a multiple of 8 (0x0: off)")
+            if side % 8:
+                raise InvalidRequest(name, side, f"must be a multiple of 8 (try {side - side % 8 or 8} or "
+                                                 f"{side - side % 8 + 8}), from 8 to {MAX_SIDE}")
+            sides.append(side)
+        return dataclasses.replace(self, seed_resize_from_w=sides[0], seed_resize_from_h=sides[1])
+
+    @property
+    def seed_resize_from(self) -> tuple[int, int] | None:
+        """(width, height) the seed's noise is drawn at, or None (off)."""
+        return (self.seed_resize_from_w, self.seed_resize_from_h) if self.seed_resize_from_w > 0 else None
 
     def _check_hires(self) -> "GenerationRequest":
         if self.hires_scale > 1:
@@ -182,6 +224,10 @@ class GenerationRequest:
     def from_mapping(cls, data: Mapping[str, Any]) -> "GenerationRequest":
         """Build from a dict (JSON line, CSV row, form fields); unknown keys are an error."""
         names = {f.name for f in dataclasses.fields(cls)}
+        if "seed_resize_from" in data:  # "WxH", as --seed-resize-from and A1111's infotext write it
+            data = dict(data)
+            data["seed_resize_from_w"], data["seed_resize_from_h"] = parse_size("seed resize from",
+                                                                                data.pop("seed_resize_from"))
         aliases = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size"}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
@@ -192,9 +238,21 @@ class GenerationRequest:
         return cls(**kwargs).validated()
 
     def resolved_seeds(self) -> list[int]:
-        """Seeds for each image: a random base when seed is -1, then base+i (wrapping at 2^32)."""
+        """Seeds for each image: a random base when seed is -1, then base+i (wrapping at 2^32); with a variation
+        seed (strength above 0) every image keeps the base seed and the subseed goes up instead, as in A1111."""
         base = self.seed if self.seed >= 0 else random.SystemRandom().randrange(0, MAX_SEED + 1)
-        return [(base + i) % (MAX_SEED + 1) for i in range(self.batch_size)]
+        step = 0 if self.subseed_strength > 0 else 1
+        return [(base + i * step) % (MAX_SEED + 1) for i in range(self.batch_size)]
+
+    def with_subseed(self) -> "GenerationRequest":
+        """This request with its variation seed fixed (a random one for -1), when it has one (strength above 0)."""
+        if self.subseed_strength > 0 and self.subseed < 0:
+            return dataclasses.replace(self, subseed=random.SystemRandom().randrange(0, MAX_SEED + 1))
+        return self
+
+    def subseed_for(self, index: int) -> int:
+        """Image `index`'s variation seed: subseed+index (wrapping at 2^32), as A1111's all_subseeds."""
+        return (self.subseed + index) % (MAX_SEED + 1)
 
 
 def check_sampler_and_schedule(sampler: Any, schedule_type: Any) -> tuple[str, str]:

@@ -507,3 +507,18 @@ def test_flux_says_clip_skip_is_not_used_and_its_png_leaves_it_out(flux, tmp_pat
     assert not any("clip skip" in w for w in plain.warnings)
     assert np.array_equal(pixels(skipped.images[0]), pixels(plain.images[0]))
     assert "Clip skip" not in parse_a1111_parameters(read_png_metadata(skipped.images[0])[0])
+
+
+def test_flux_says_variation_seeds_are_not_used_and_its_png_leaves_them_out(flux, tmp_path):
+    """A1111's variation seeds are made for SD 1.x/2.x and SDXL, whose 4-D noise A1111's formula is for; Flux packs
+    its own: it warns, makes the plain seed's image, and its PNG does not claim them."""
+    session = Session()
+    varied = session.generate(generation(flux, tmp_path, subseed=9, subseed_strength=0.5, seed_resize_from_w=32,
+                                         seed_resize_from_h=32))
+    plain = session.generate(generation(flux, tmp_path))
+    assert [w for w in varied.warnings if "variation" in w] == [
+        "variation seed and seed resize are not used: FluxPipeline draws its noise its own way (they are made for "
+        "SD 1.x/2.x and SDXL)"]
+    assert np.array_equal(pixels(varied.images[0]), pixels(plain.images[0]))
+    params = parse_a1111_parameters(read_png_metadata(varied.images[0])[0])
+    assert "Variation seed" not in params and "Seed resize from" not in params

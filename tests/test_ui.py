@@ -971,8 +971,9 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     """gradio shows neither the error nor the warning of an event run with queue=False (checked in Chromium:
     the toast never comes). Only these handlers stay unqueued, each for a reason: a string edit of the
     prompt, the gallery's selected index, Cancel and the page's restore (they must get through a full queue),
-    ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, and the
-    remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
+    ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, the Extra seed
+    checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), and the remembered
+    values (they validate, and log what they drop). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
@@ -984,7 +985,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("sendto", "gallery_buttons.<locals>.remember"), ("sendto", "gallery_buttons.<locals>.<lambda>"),
         ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("txt2img", "build.<locals>.<lambda>"),
         ("img2img", "size_from"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
-        ("remembered", "wire.<locals>.restore")})
+        ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle")})
 
 
 @needs_browser
@@ -1180,3 +1181,55 @@ def test_a_vqgan_pngs_model_does_not_set_the_model_box(tmp_path):
     assert any("'tiny' is a VQGAN model" in line for line in said), said
     a1111 = _png_with(tmp_path / "sd.png", "a fox\nSteps: 5, Sampler: Euler a, Seed: 1, Size: 64x64, Model: tiny")
     assert dict(zip(sendto.TXT2IMG, sendto.values_for(sendto.TXT2IMG, a1111)[0]))["model"] == "tiny"
+
+
+def test_send_to_sets_the_extra_seed_options_from_the_png_and_turns_them_off_without(tmp_path):
+    """A1111 writes its variation fields only when used: a PNG with them ticks Extra and fills them; one without
+    them puts them back off (the same seed would not give the same image otherwise)."""
+    from lowvram_gen.ui import sendto
+
+    text = "a fox\nSteps: 2, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny"
+    varied = _png_with(tmp_path / "varied.png",
+                       text + ", Variation seed: 9, Variation seed strength: 0.3, Seed resize from: 32x48")
+    plain = _png_with(tmp_path / "plain.png", text)
+    for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
+        values, said = sendto.values_for(keys, varied)
+        got = dict(zip(keys, values))
+        assert [got[k] for k in sendto.EXTRA_SEED] == [True, 9, 0.3, 32, 48]
+        assert not any("Variation" in line or "resize" in line for line in said), said
+        got = dict(zip(keys, sendto.values_for(keys, plain)[0]))
+        assert [got[k] for k in ("seed_extra", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h")] \
+            == [False, 0, 0, 0]
+
+
+def test_the_extra_seed_options_from_the_api_reach_the_png(server):
+    from gradio_client import Client
+
+    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+
+    client = Client(server.url, verbose=False)
+    _, info, _, _ = client.predict(prompt="varied fox", width=64, height=64, steps=1, seed=23, subseed=7,
+                                   subseed_strength=0.4, seed_resize_from_w=32, seed_resize_from_h=32,
+                                   api_name="/generate")
+    assert "Variation seed: 7, Variation seed strength: 0.4, Seed resize from: 32x32" in info
+    made = next(server.outdir.rglob("*-23-*.png"))
+    assert parse_a1111_parameters(read_png_metadata(made)[0])["Variation seed"] == "7"
+    _, info, _, _ = client.predict(prompt="varied fox", width=64, height=64, steps=1, seed=24, api_name="/generate")
+    assert "Variation seed" not in info and "Seed resize" not in info  # an older client's call: off
+
+
+def test_the_extra_checkbox_shows_the_seed_options_and_unticking_turns_them_off(page):
+    """As A1111's: the row is hidden until Extra is ticked; unticking it puts strength and sizes back to 0, so
+    nothing hidden changes the image."""
+    row = page.locator("#seed-extras")
+    assert not row.is_visible()
+    page.locator("#seed-extra input").check()
+    row.wait_for(state="visible", timeout=10_000)
+    strength = page.locator("#subseed-strength input[type=number]").first
+    strength.fill("0.4")
+    strength.press("Enter")
+    page.locator("#seed-extra input").uncheck()
+    row.wait_for(state="hidden", timeout=10_000)
+    page.locator("#seed-extra input").check()
+    row.wait_for(state="visible", timeout=10_000)
+    assert strength.input_value() == "0"

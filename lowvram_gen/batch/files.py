@@ -45,14 +45,14 @@ MAX_REPEAT = 10_000  # per line; bounds what a typo can queue
 # Field aliases accepted in every format (A1111 option names included).
 ALIASES = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size",
            "sampler_name": "sampler", "n_iter": "repeat", "scheduler": "schedule_type"}
-REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest))
+# seed_resize_from: "WxH", both of A1111's seed_resize_from_w/h at once (GenerationRequest.from_mapping)
+REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest)) | {"seed_resize_from"}
 BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
 # A1111 options that only concern A1111's own saving: accepted and ignored, with a warning.
 A1111_IGNORED = frozenset({"prompt_for_display", "do_not_save_grid", "do_not_save_samples", "outpath_samples",
                            "outpath_grids"})
 # A1111 options that would change the image and that we cannot honour: the line is refused.
-A1111_UNSUPPORTED = frozenset({"styles", "subseed", "subseed_strength", "seed_resize_from_h", "seed_resize_from_w",
-                               "sampler_index", "restore_faces", "tiling"})
+A1111_UNSUPPORTED = frozenset({"styles", "sampler_index", "restore_faces", "tiling"})
 
 
 class BatchError(LowVramError):
@@ -146,6 +146,9 @@ def request_hash(engine: str, request) -> str:
         data["schedule_type"] = schedule
     if data.get("clip_skip") == 1:  # likewise
         data.pop("clip_skip", None)
+    for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
+        if data.get(name) == off:  # the variation seed fields, added later: off, the hash stays
+            data.pop(name, None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

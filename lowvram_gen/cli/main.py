@@ -64,6 +64,15 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--clip-skip", dest="clip_skip", metavar="N",
                    help="A1111's Clip skip, 1-12: stop the text encoder N-1 layers before its last (default 1: off; "
                         "2 for most anime models); SD 1.x/2.x and SDXL")
+    p.add_argument("--subseed", metavar="N",
+                   help="A1111's Variation seed: 0..4294967295, -1 random (default); its noise is blended into the "
+                        "seed's by --subseed-strength (a batch keeps the seed and counts the subseed up)")
+    p.add_argument("--subseed-strength", dest="subseed_strength", metavar="X",
+                   help="A1111's Variation strength, 0-1 (default 0: off, the seed's own image; 1: the subseed's "
+                        "noise); txt2img on SD 1.x/2.x and SDXL")
+    p.add_argument("--seed-resize-from", dest="seed_resize_from", metavar="WxH",
+                   help="A1111's Resize seed from: draw the seed's noise for this size, centred in the image's "
+                        "(a seed found at 512x512 keeps its look at 512x768); sides multiples of 8, 0x0: off")
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -215,7 +224,7 @@ def _session_kwargs(args) -> dict:
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
 REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
-                 "hires_denoise", "quantize", "schedule_type", "clip_skip")
+                 "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
@@ -250,6 +259,11 @@ def _request_fields(args) -> tuple[dict, list[str]]:
     elif args.prompt is None:
         raise InvalidRequest("prompt", "", "give a prompt, or --from-png FILE to rerun an image's parameters")
     fields.update({name: getattr(args, name) for name in REQUEST_FLAGS if getattr(args, name, None) is not None})
+    if getattr(args, "seed_resize_from", None) is not None:
+        from lowvram_gen.request import parse_size as parse_wxh
+
+        fields["seed_resize_from_w"], fields["seed_resize_from_h"] = parse_wxh("seed resize from",
+                                                                               args.seed_resize_from)
     if args.sampler is not None and args.schedule_type is None and "schedule_type" in fields:
         from lowvram_gen.samplers import split_sampler
 

@@ -12,7 +12,8 @@ ui/messages.py), so `.success` runs for it too: values the request refuses are n
 stored by an older version, or edited in the browser's storage, that the request would refuse is dropped
 with one warning), so the UI never opens with a value its first Generate refuses.
 
-The Model box and the init image are not remembered: the model starts at `lowvram-gen ui --model`.
+The Model box, the init image and the Extra seed options are not remembered: the model starts at
+`lowvram-gen ui --model`.
 
 (No `from __future__ import annotations`: gradio finds `gr.Request` through real annotations.)
 """
@@ -31,7 +32,10 @@ log = logging.getLogger(__name__)
 STORAGE_KEY = "lowvram-gen-values"  # the browser's localStorage key
 SECRET_FILE = "ui-secret"  # in $LOWVRAM_GEN_HOME: the key gradio encrypts the stored values with
 TABS = ("txt2img", "img2img")
-NOT_REMEMBERED = ("model", "init_image")
+# the Extra seed options are not kept either (A1111 does not keep them): a remembered strength would vary the seed
+# from a row that opens hidden
+NOT_REMEMBERED = ("model", "init_image", "seed_extra", "subseed", "subseed_strength", "seed_resize_from_w",
+                  "seed_resize_from_h")
 
 
 def _secret() -> str:

@@ -5,7 +5,8 @@ a send fills them from `infotext.from_png` (the mapping `generate --from-png` us
 tab. What the PNG does not say stays as it is, except hires fix, which is switched off for an image made
 without it (or the same seed would not give the same image), the Schedule type, Automatic for a PNG whose
 sampler has none, Clip skip, which goes back to 1 for an image without `Clip skip:` (A1111 writes it only
-above 1), and Quantize, which goes back to "as the
+above 1), the Extra seed options, off (and hidden) for an image without `Variation seed strength:` / `Seed resize
+from:` and shown with its values for one with them, and Quantize, which goes back to "as the
 preset says" for an image whose weights were not int8/int4 (our PNGs write `Quantize:` only when they
 were). A model the PNG names that is not here leaves the Model box as it is.
 
@@ -28,12 +29,14 @@ from lowvram_gen.schedules import AUTOMATIC
 from lowvram_gen.ui import messages
 from lowvram_gen.ui.widgets import AS_PRESET
 
+# A1111's Extra seed options: the checkbox that shows them, then the request's fields
+EXTRA_SEED = ("seed_extra", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h")
 # the controls a send fills, per tab id (their order is the order of the event's outputs)
 TXT2IMG = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
            "model", "hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "quantize", "schedule_type",
-           "clip_skip")
+           "clip_skip", *EXTRA_SEED)
 IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
-           "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip")
+           "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED)
 UPSCALE = ("image",)
 KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "upscale": UPSCALE}
 LABELS = {"txt2img": "txt2img", "img2img": "img2img", "upscale": "Upscale"}
@@ -68,6 +71,9 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
             fields.setdefault("batch_size", 1)  # one PNG is one image: its own seed, batch 1
             fields.setdefault("hires_scale", 1.0)
             fields.setdefault("clip_skip", 1)  # A1111 writes Clip skip only when it is above 1
+            for name, off in (("subseed_strength", 0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
+                fields.setdefault(name, off)  # written only when used: a PNG without them had them off
+            fields["seed_extra"] = bool(fields["subseed_strength"] or fields["seed_resize_from_w"])
             fields["quantize"] = fields.get("quantize") or AS_PRESET  # the Quantize box's choice
             if "sampler" in fields:  # a PNG's sampler without a schedule type ran its Automatic one
                 fields.setdefault("schedule_type", AUTOMATIC)

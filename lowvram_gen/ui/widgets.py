@@ -84,3 +84,31 @@ def quantize_field(choice: str | None) -> str | None:
 
 def upscaler_choices(hires: bool = False) -> list[str]:
     return [u for u in available() if hires or u != "latent"]
+
+
+def seed_extras(extra: gr.Checkbox, prefix: str) -> tuple:
+    """A1111's "Extra" seed options, in a row that the `extra` checkbox shows: Variation seed, Variation strength,
+    Resize seed from width/height (0: off). Unticking it turns them off (strength and sizes back to 0), so what is
+    hidden never changes the image. Returns (subseed, subseed strength, resize-from width, resize-from height)."""
+    with gr.Row(visible=False, elem_id=f"{prefix}seed-extras") as row:
+        subseed = Number("Variation seed (-1: random)", -1, elem_id=f"{prefix}subseed")
+        strength = Slider(0, 1, value=0, step=0.01, label="Variation strength (0: off)",
+                          elem_id=f"{prefix}subseed-strength")
+        resize_w = Slider(0, 2048, value=0, step=8, label="Resize seed from width (0: off)",
+                          elem_id=f"{prefix}seed-resize-w")
+        resize_h = Slider(0, 2048, value=0, step=8, label="Resize seed from height (0: off)",
+                          elem_id=f"{prefix}seed-resize-h")
+
+    def toggle(on):
+        if on:
+            return gr.Row(visible=True), gr.update(), gr.update(), gr.update()
+        return gr.Row(visible=False), 0, 0, 0
+
+    extra.change(toggle, [extra], [row, strength, resize_w, resize_h], queue=False, api_visibility="private")
+    return subseed, strength, resize_w, resize_h
+
+
+def extra_seed_fields(subseed, strength, resize_w, resize_h) -> dict:
+    """The request's variation seed fields from the Extra controls (None from an API client: the default)."""
+    return dict(subseed=-1 if subseed is None else subseed, subseed_strength=strength or 0,
+                seed_resize_from_w=resize_w or 0, seed_resize_from_h=resize_h or 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -93,6 +93,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     pipe = runner.model.pipe
     prepared = prepare(runner, request, source, ladder)
     warnings = list(plan_notes) + prepared.warnings
+    request, note = _variation(pipe, request)
+    warnings += [note] if note else []
     seeds = request.resolved_seeds()
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
     schedule = infotext_schedule(pipe.scheduler, sampler, request.schedule_type, prepared.schedule_applied)
@@ -117,6 +119,19 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
         summary=ladder.summary(seconds, generated, (width, height)), generated_width=generated[0],
         generated_height=generated[1], upscaled=saver.upscaled, device=device.name, warnings=warnings,
         nsfw=saver.nsfw)
+
+
+def _variation(pipe, request: GenerationRequest) -> tuple[GenerationRequest, str | None]:
+    """The request with its variation seed fixed (-1: a random one, then written to the PNG), or, where
+    variation seeds are not made here (pipelines other than SD 1.x/2.x and SDXL, which draw and pack their noise
+    their own way), without them and a warning that says so (the PNG does not claim them)."""
+    if request.subseed_strength == 0 and request.seed_resize_from is None:
+        return request, None
+    if family(pipe) is not None:
+        return request.with_subseed(), None
+    return (replace(request, subseed_strength=0.0, seed_resize_from_w=0, seed_resize_from_h=0),
+            f"variation seed and seed resize are not used: {type(pipe).__name__} draws its noise its own way "
+            "(they are made for SD 1.x/2.x and SDXL)")
 
 
 class _Saver:
@@ -144,7 +159,7 @@ class _Saver:
         self.quantized.add(quantize)
         for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
             fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize,
-                                  self.clip_skip)
+                                  self.clip_skip, subseed=request.subseed_for(len(self.images)))
             fields.update(self.network_fields)
             if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
                 fields["Safety checker"] = "blacked out"
@@ -161,17 +176,25 @@ class _Saver:
 
 
 def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | None], seed: int, preset: str,
-                 generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None) -> dict:
+                 generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None,
+                 subseed: int | None = None) -> dict:
     """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did. `sampler`:
     the A1111 sampler name, or (name, schedule type label or None) written as A1111 1.9+ writes them
     (`Sampler: DPM++ 2M, Schedule type: Karras`). `clip_skip`: the one the encoders used (default: the
-    request's); written only above 1, as A1111 does."""
+    request's); written only above 1, as A1111 does. `subseed`: this image's variation seed (default the
+    request's), written with its strength only when the strength is above 0, and `Seed resize from` only when set,
+    where A1111 writes them (after Size, before Denoising strength)."""
     sampler, schedule = sampler if isinstance(sampler, tuple) else (sampler, None)
     fields = {"Steps": request.steps, "Sampler": sampler}
     if schedule:
         fields["Schedule type"] = schedule
     fields.update({"CFG scale": request.cfg_scale, "Seed": seed, "Size": f"{request.width}x{request.height}",
                    "Model": request.model})
+    if request.subseed_strength > 0:
+        fields["Variation seed"] = request.subseed if subseed is None else subseed
+        fields["Variation seed strength"] = request.subseed_strength
+    if request.seed_resize_from is not None:
+        fields["Seed resize from"] = "%dx%d" % request.seed_resize_from
     if request.init_image:
         fields["Denoising strength"] = request.strength
     if request.hires:

@@ -12,6 +12,7 @@ clear error before any step runs.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import statistics
@@ -47,6 +48,8 @@ class Pass:
     # the prompts already encoded for one image (text_encoders = "reloaded": the encoders left before the
     # denoiser runs); None: the pipeline call encodes `texts`
     embeds: "dict | None" = None
+    # A1111's variation seeds, one per image (the request's subseed+i); None: none (strength 0)
+    subseeds: "list[int] | None" = None
 
     @property
     def num_steps(self) -> int:
@@ -237,6 +240,123 @@ def _generators(seeds: list[int], device: str):
     return [torch.Generator(gen_device).manual_seed(s) for s in seeds]
 
 
+def slerp(val: float, low, high):
+    """A1111's slerp (modules/rng.py), as it is: one image's noise (C, H, W), the norms and angles taken along
+    dim 1 (each channel's columns), and for near-parallel noises its linear blend, weights as A1111 has them."""
+    import torch
+
+    low_norm = low / torch.norm(low, dim=1, keepdim=True)
+    high_norm = high / torch.norm(high, dim=1, keepdim=True)
+    dot = (low_norm * high_norm).sum(1)
+    if dot.mean() > 0.9995:
+        return low * val + high * (1 - val)
+    omega = torch.acos(dot)
+    so = torch.sin(omega)
+    return (torch.sin((1.0 - val) * omega) / so).unsqueeze(1) * low + (torch.sin(val * omega) / so).unsqueeze(1) * high
+
+
+def paste_centred(target, noise):
+    """A1111's seed resize: `noise` (C, h, w) centred on `target` (C, H, W), cropped where it is larger."""
+    dx = (target.shape[2] - noise.shape[2]) // 2
+    dy = (target.shape[1] - noise.shape[1]) // 2
+    w = noise.shape[2] if dx >= 0 else noise.shape[2] + 2 * dx
+    h = noise.shape[1] if dy >= 0 else noise.shape[1] + 2 * dy
+    tx, ty = max(dx, 0), max(dy, 0)
+    dx, dy = max(-dx, 0), max(-dy, 0)
+    target = target.clone()
+    target[:, ty:ty + h, tx:tx + w] = noise[:, dy:dy + h, dx:dx + w]
+    return target
+
+
+def varies_noise(step: Pass) -> bool:
+    """Whether this pass's noise is A1111's variation/resized noise rather than the seed's own."""
+    request = step.request
+    return bool(step.subseeds) and request.subseed_strength > 0 or request.seed_resize_from is not None
+
+
+def _vary(plain, step: Pass, draw):
+    """A1111's first noise (modules/rng.py ImageRNG.first) from the seeds' own noise `plain` (B, C, H, W), as the
+    images' generators drew it: per image, the seed's noise (at the resize-from size when one is set, drawn again by
+    a fresh generator), slerped toward the subseed's (at that same size) by the strength, then centred on `plain`.
+    `draw(seeds, (width, height) or None)` draws noise as `plain` was drawn, for other seeds or another size."""
+    import torch
+
+    request = step.request
+    resize = request.seed_resize_from
+    main = draw(step.seeds, resize) if resize else plain
+    subs = draw(step.subseeds, resize) if step.subseeds and request.subseed_strength > 0 else None
+    out = []
+    for i in range(plain.shape[0]):
+        noise = main[i].float()
+        if subs is not None:
+            noise = slerp(request.subseed_strength, noise, subs[i].float())
+        if resize:
+            noise = paste_centred(plain[i].float(), noise)
+        out.append(noise.to(plain.dtype))
+    return torch.stack(out)
+
+
+@contextlib.contextmanager
+def _patched(obj, name: str, replacement):
+    """`obj.name` is `replacement` inside the block, then what it was (the class's, or the instance's own)."""
+    own = vars(obj).get(name)
+    setattr(obj, name, replacement)
+    try:
+        yield
+    finally:
+        if own is None:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, own)
+
+
+@contextlib.contextmanager
+def _variation_noise(pipe, step: Pass, device: str):
+    """A1111's variation seeds in the noise the pipeline draws itself. txt2img: in `prepare_latents`, so diffusers'
+    shape, dtype and init sigma stay (slerp and the paste commute with that common scale); img2img (and hires fix's
+    second pass, as A1111's): in the scheduler's `add_noise`, where the noise meets the init latents."""
+    if not varies_noise(step):
+        yield
+        return
+    from diffusers.utils.torch_utils import randn_tensor
+
+    if step.init is None:
+        original = pipe.prepare_latents
+        signature = inspect.signature(original)
+
+        def prepare(*args, **kwargs):
+            call = signature.bind(*args, **kwargs).arguments
+            if call.get("latents") is not None:
+                return original(*args, **kwargs)
+
+            def draw(seeds, size=None):
+                width, height = size or (call["width"], call["height"])
+                return original(**dict(call, generator=_generators(seeds, device), width=width, height=height,
+                                       latents=None))
+
+            return _vary(original(**dict(call, latents=None)), step, draw)  # the images' generators first
+
+        with _patched(pipe, "prepare_latents", prepare):
+            yield
+        return
+
+    scheduler = pipe.scheduler
+    add_noise = scheduler.add_noise
+
+    def noised(original_samples, noise, timesteps):
+        factor = step.width // noise.shape[-1]  # pixels per latent
+
+        def draw(seeds, size=None):
+            height, width = (size[1] // factor, size[0] // factor) if size else noise.shape[-2:]
+            return randn_tensor((noise.shape[0], noise.shape[1], height, width),
+                                generator=_generators(seeds, device), device=noise.device, dtype=noise.dtype)
+
+        return add_noise(original_samples, _vary(noise, step, draw), timesteps)
+
+    with _patched(scheduler, "add_noise", noised):
+        yield
+
+
 def img2img_pipe(pipe):
     """The image-to-image pipeline over the same components (no copy, no reload), kept on `pipe`."""
     from diffusers import AutoPipelineForImage2Image
@@ -306,7 +426,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         callback_on_step_end=step_end,
     )
     if step.init is None:
-        out = pipe(width=step.width, height=step.height, **kwargs)
+        with _variation_noise(pipe, step, device):
+            out = pipe(width=step.width, height=step.height, **kwargs)
     else:
         # diffusers runs int(steps * strength) steps; at least one, or the result is empty
         kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
@@ -314,7 +435,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
             # SD3, Flux, ...: without a size they resize the init image to the model's native size
             kwargs.update(width=step.width, height=step.height)
-        out = i2i(image=step.init, strength=step.strength, **kwargs)
+        with _variation_noise(i2i, step, device):
+            out = i2i(image=step.init, strength=step.strength, **kwargs)
     per_step = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None
     if kwargs["output_type"] == "latent":
         return Denoised(latents=out.images, seconds_per_step=per_step)

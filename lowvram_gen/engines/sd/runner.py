@@ -176,6 +176,8 @@ class _Job:
         while pending:
             seeds = [self.seeds[i] for i in pending[:self.per_pass]]
             first = self._first_pass(seeds)
+            if self.request.subseed_strength > 0:  # A1111's variation seeds: image i's is subseed+i
+                first.subseeds = [self.request.subseed_for(i) for i in pending[:self.per_pass]]
             started = time.perf_counter()
             ok, out = self.ladder.attempt("denoise", lambda: self._denoise(first), self.where)
             if not ok:
@@ -272,7 +274,8 @@ class _Job:
                 self.runner.place_resident(False)
                 init = upscale_images(pixels, target, request.hires_upscaler, self.device, ladder=self.ladder)
             second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
-                             steps=request.hires_steps or request.steps, texts=self.texts, embeds=self.embeds)
+                             steps=request.hires_steps or request.steps, texts=self.texts, embeds=self.embeds,
+                             subseeds=first.subseeds)  # A1111's hires pass draws its noise the same way
             started = time.perf_counter()
             ok, result = self.ladder.attempt("hires", lambda: self._denoise(second), lambda: self.where(target))
             if ok:

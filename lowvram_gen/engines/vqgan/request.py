@@ -275,10 +275,12 @@ class VqganRequest:
 
         Text prompt files and CSV columns only know the txt2img field names, so ``steps`` means
         iterations and a negative prompt becomes a prompt with weight -1; ``cfg_scale``, ``sampler``,
-        ``clip_skip``, ``model`` and ``config`` belong to Stable Diffusion and do not apply to VQGAN-CLIP.
+        ``clip_skip``, the variation seed fields, ``model`` and ``config`` belong to Stable Diffusion and do not apply
+        to VQGAN-CLIP.
         """
         data = {k: v for k, v in fields.items()
-                if k not in ("cfg_scale", "sampler", "schedule_type", "clip_skip", "model", "config")}
+                if k not in ("cfg_scale", "sampler", "schedule_type", "clip_skip", "subseed", "subseed_strength",
+                             "seed_resize_from", "seed_resize_from_w", "seed_resize_from_h", "model", "config")}
         steps = data.pop("steps", None)
         if steps is not None and "iterations" not in data and "max_iterations" not in data:
             data["iterations"] = steps

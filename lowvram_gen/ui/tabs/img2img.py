@@ -16,7 +16,8 @@ from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.schedules import AUTOMATIC
-from lowvram_gen.ui.widgets import AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, quantize_field
+from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
+                                    quantize_field, seed_extras)
 
 
 def size_from(init_image):
@@ -36,7 +37,8 @@ def build(ctx: TabContext) -> None:
 
     def img2img(init_image, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
                 cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, quantize=AS_PRESET,
-                schedule_type=AUTOMATIC, clip_skip=1, request: gr.Request = None, progress=gr.Progress()):
+                schedule_type=AUTOMATIC, clip_skip=1, subseed=-1, subseed_strength=0.0, seed_resize_from_w=0,
+                seed_resize_from_h=0, request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
             return
@@ -44,7 +46,8 @@ def build(ctx: TabContext) -> None:
             prompt=prompt, negative_prompt=negative_prompt or "", init_image=init_image, strength=strength,
             width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
             sampler=sampler or DEFAULT, model=model or options.model, quantize=quantize_field(quantize),
-            schedule_type=schedule_type or AUTOMATIC, clip_skip=1 if clip_skip is None else clip_skip), request,
+            schedule_type=schedule_type or AUTOMATIC, clip_skip=1 if clip_skip is None else clip_skip,
+            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h)), request,
             progress)
 
     with gr.Tab("img2img", id="img2img"):
@@ -69,10 +72,12 @@ def build(ctx: TabContext) -> None:
                                        elem_id="i2i-clip-skip")
                 with gr.Row():
                     seed = Number("Seed (-1: random)", -1, elem_id="i2i-seed")
+                    extra = gr.Checkbox(False, label="Extra", elem_id="i2i-seed-extra")
                     names = [DEFAULT, *SAMPLERS]
                     sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="i2i-sampler")
                     schedule_type = ScheduleType("i2i-schedule-type")
+                extras = seed_extras(extra, prefix="i2i-")
                 with gr.Row():
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model", elem_id="i2i-model")
@@ -92,10 +97,10 @@ def build(ctx: TabContext) -> None:
     ctx.sent_notes["img2img"] = sent
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, quantize, schedule_type,
-                                                        clip_skip]))
+                                                        clip_skip, extra, *extras]))
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
     ctx.generate_events["img2img"] = go.click(
         img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, quantize,
-                  schedule_type, clip_skip],
+                  schedule_type, clip_skip, *extras],
         [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")

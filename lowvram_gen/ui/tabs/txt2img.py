@@ -16,8 +16,8 @@ from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCA
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
-from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, quantize_field,
-                                    upscaler_choices)
+from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
+                                    quantize_field, seed_extras, upscaler_choices)
 
 DEFAULTS = GenerationRequest()
 
@@ -36,15 +36,17 @@ def build(ctx: TabContext) -> None:
                  batch_size=DEFAULTS.batch_size, sampler=DEFAULTS.sampler, model=options.model,
                  hires_scale=DEFAULTS.hires_scale, hires_upscaler=DEFAULTS.hires_upscaler,
                  hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
-                 schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, request: gr.Request = None,
-                 progress=gr.Progress()):
+                 schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed,
+                 subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=0, seed_resize_from_h=0,
+                 request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
             model=model or options.model, hires_scale=hires_scale, hires_upscaler=hires_upscaler,
             hires_steps=hires_steps, hires_denoise=hires_denoise, quantize=quantize_field(quantize),
             schedule_type=schedule_type or DEFAULTS.schedule_type,
-            clip_skip=DEFAULTS.clip_skip if clip_skip is None else clip_skip), request, progress)
+            clip_skip=DEFAULTS.clip_skip if clip_skip is None else clip_skip,
+            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h)), request, progress)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
@@ -68,10 +70,12 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     seed = Number("Seed (-1: random)", -1, elem_id="seed")
                     reuse = gr.Button("♻ last seed", size="sm", elem_id="reuse-seed")
+                    extra = gr.Checkbox(False, label="Extra", elem_id="seed-extra")
                     names = [DEFAULT, *SAMPLERS]
                     sampler = gr.Dropdown(names, value=DEFAULT,
                                           label="Sampler", elem_id="sampler")
                     schedule_type = ScheduleType("schedule-type")
+                extras = seed_extras(extra, prefix="")
                 with gr.Row():
                     model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
                                         allow_custom_value=True, label="Model (or type a hub id / path)",
@@ -106,12 +110,12 @@ def build(ctx: TabContext) -> None:
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
                                                         hires_steps, hires_denoise, quantize, schedule_type,
-                                                        clip_skip]))
-    # the newer arguments last (quantize, schedule type, clip skip): the API's positional order of the older ones
-    # stays as it was
+                                                        clip_skip, extra, *extras]))
+    # the newer arguments last (quantize, schedule type, clip skip, the Extra seed options): the API's positional
+    # order of the older ones stays as it was
     ctx.generate_events["txt2img"] = go.click(
         generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize,
-                   schedule_type, clip_skip],
+                   schedule_type, clip_skip, *extras],
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
