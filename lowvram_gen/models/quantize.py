@@ -14,9 +14,10 @@ Two choices of ours:
   would eat the saving) and each model's own skip list (embeddings, conv_in/conv_out, norms).
 
 Two ways in, one set of settings (`sdnq_config`): `quantize_module` quantizes a loaded model in place
-(apply.py, for what could not be quantized while loading: single-file and GGUF checkpoints), and
-models/loading.py passes the same config to diffusers' and transformers' `from_pretrained`
-(`quantization_config=`; sdnq registers with both), which quantize each layer as its weight is read,
+(apply.py, for what could not be quantized while loading: a single file's text encoders, a GGUF
+checkpoint's), and models/loading.py passes the same config to diffusers' and transformers'
+`from_pretrained` (`quantization_config=`; sdnq registers with both), and models/checkpoint.py to a
+single file's denoiser's `from_single_file`, which quantize each layer as its weight is read,
 so the full-precision model never exists in RAM. Both give bit-identical weights (sdnq's loader calls
 the same `sdnq_quantize_layer` on the weight after it was cast to the load dtype; tests compare them).
 Which kind a model holds is read off the model itself (`kind_of`: sdnq marks the model in both ways),
@@ -28,6 +29,8 @@ from __future__ import annotations
 import logging
 import importlib.util
 import os
+from contextlib import contextmanager
+from enum import Enum
 
 from lowvram_gen.errors import LowVramError, ModelLoadError
 
@@ -81,6 +84,45 @@ def sdnq_config(kind: str, device: str | None = None):
 
     on = torch.device(device) if device and torch.device(device).type == "cuda" else None
     return sdnq.SDNQConfig(weights_dtype=kind, quant_conv=True, quantization_device=on)
+
+
+# diffusers' `from_single_file` makes its quantizer as if the file's weights were quantized already
+# (`pre_quantized`, right for a GGUF file, diffusers/loaders/single_file_model.py): sdnq then builds its
+# quantized layers empty and copies the file's floats into them unrounded, its scales left on the meta
+# device. `_ROUNDING` names a quantizer that is sdnq's own, told the weights are floats to round, as
+# `from_pretrained` tells it; `rounding_from_float` lends a config that name for one load.
+_ROUNDING = "sdnq_from_float"
+
+
+def _rounding_quantizer():
+    from diffusers.quantizers import auto
+
+    if _ROUNDING not in auto.AUTO_QUANTIZER_MAPPING:
+        sdnq_quantizer = _sdnq().SDNQQuantizer  # sdnq's own (diffusers' "sdnq" entry is a factory for it)
+
+        def __init__(self, config, **kwargs):
+            sdnq_quantizer.__init__(self, config, **{**kwargs, "pre_quantized": False})
+
+        auto.AUTO_QUANTIZER_MAPPING[_ROUNDING] = type("SDNQRoundingQuantizer", (sdnq_quantizer,),
+                                                      {"__init__": __init__})
+
+
+class _Method(str, Enum):  # diffusers reads the method's `.value`
+    ROUNDING = _ROUNDING
+
+
+@contextmanager
+def rounding_from_float(config):
+    """While it lasts, `config` (an `sdnq_config`) quantizes float weights that diffusers' `from_single_file`
+    reads (see _ROUNDING); then it is sdnq's again, as the model it quantized keeps it."""
+    _sdnq()
+    _rounding_quantizer()
+    method = config.quant_method
+    config.quant_method = _Method.ROUNDING
+    try:
+        yield config
+    finally:
+        config.quant_method = method
 
 
 def quantize_module(module, kind: str, device: str | None = None) -> None:
