@@ -444,6 +444,16 @@ def test_a_single_file_quantizes_its_unet_as_it_loads_but_not_its_text_encoders_
     assert refused.refusal.startswith("SD 1.5 at 256x256 needs about")
 
 
+def test_a_single_files_flux_transformer_loads_whole_before_it_is_quantized():
+    """SD3 / Flux single files keep the post-load way (models/checkpoint.DENOISERS: diffusers' converters assume
+    the real widths, so no tiny file tests the while-loading path): the transformer is whole at the dtype too."""
+    flux = memory.profile_builtin("flux")
+    s = MemorySettings(dtype="bfloat16", quantize="int8")
+    single = host_mod.host_estimate(flux, s, "cpu", 512, 512, 1, single_file=True)
+    full = sum(host_mod.kept_bytes(flux, MemorySettings(dtype="bfloat16")).values())
+    assert full + host_mod.BASELINE_BYTES < single.load_bytes < full * 1.05 + host_mod.BASELINE_BYTES
+
+
 # ------------------------------------------------------------------- the last rung: weights left on disk
 
 

@@ -503,12 +503,12 @@ def _text_encoder_prefixes(cls_name: str, name: str) -> tuple[str, ...]:
 def load_components(path, config: str | None, names: list[str], torch_dtype, from_folder,
                     quantize: str = "none", quantize_on: str | None = None) -> dict:
     """The components `names` of the pipeline `load_single_file(path, config)` builds, each read on its own:
-    the UNet, transformer and VAE through their own class's `from_single_file` (which reads only their keys),
+    the UNet and VAE through their own class's `from_single_file` (which reads only their keys),
     a text encoder from its keys alone, a GGUF denoiser from its file and, for a GGUF, the other components
     from the config folder they came from. Issue 17: restoring precision used to build a whole second
     pipeline from the file (every component at once beside the loaded ones) to take one or two of them.
-    `quantize` int8/int4: the denoiser among them is quantized as it loads (`_from_own_keys`); the text
-    encoders load unquantized (apply.py quantizes them), a GGUF denoiser as stored.
+    `quantize` int8/int4: a UNet among them is quantized as it loads (`_from_own_keys`); the text encoders
+    load unquantized (apply.py quantizes them), a GGUF denoiser as stored.
 
     A `.ckpt` is a pickle: it is opened with the weights-only unpickler, as at the first load.
     `from_folder(folder, name)`: a component of a diffusers folder (models/loading.load_component), for the
@@ -554,8 +554,10 @@ def _one(p: Path, folder: Path, name: str, make):
                              f"{type(exc).__name__}: {_last_line(str(exc))}") from exc
 
 
-# the component of each pipeline that int8/int4 quantize as it loads from a single file (`_from_own_keys`)
-DENOISERS = {SD: "unet", SDXL: "unet", SD3: "transformer", FLUX: "transformer"}
+# The denoiser of each pipeline that int8/int4 quantize as it loads from a single file (`_from_own_keys`). Not
+# an SD3 / Flux transformer: diffusers' converters of those files assume the real models' widths (its Flux one
+# splits fused weights at 3072), so no tiny file tests that path; they are quantized after the load, as before.
+DENOISERS = {SD: "unet", SDXL: "unet"}
 
 
 def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, index: dict, name: str, torch_dtype,
@@ -565,7 +567,7 @@ def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, i
     if gguf:  # never quantized again
         return gguf_file.load_denoiser(p, gguf, cls_name, folder, torch_dtype)[1]
     library, class_name = index[name]
-    if name in ("unet", "vae", "transformer"):
+    if name in ("unet", "vae"):
         kind = quantize if name == DENOISERS.get(cls_name) else "none"
         return _from_own_keys(getattr(diffusers, class_name), p, state, folder, name, torch_dtype, kind, quantize_on)
     if name == "text_encoder_2" and cls_name == SDXL:
@@ -614,12 +616,13 @@ def load_single_file(path, config: str | None, torch_dtype, quantize: str = "non
     A `.gguf` file holds only the denoiser (kept quantized, models/gguf_file.py); the other components
     are loaded, with their weights, from the config folder.
 
-    `quantize` int8/int4 (sdnq; `quantize_on` a CUDA device rounds there): the denoiser (UNet, or an SD3 / Flux
-    transformer) is read first on its own, through its class's `from_single_file`, and quantized layer by layer
-    as it loads (`_from_own_keys`), then handed to the pipeline, which does not read it again: RAM never holds
-    it at full precision (issue 17). The text encoders are not: diffusers builds them from the file's keys
-    (no `from_pretrained` for a quantizer to hook into), so they load at `torch_dtype` and apply.py quantizes
-    them after the load, as before (planning/host.py counts them whole). A GGUF denoiser is never quantized again.
+    `quantize` int8/int4 (sdnq; `quantize_on` a CUDA device rounds there): an SD 1.x/2.x or SDXL UNet is read
+    first on its own, through its class's `from_single_file`, and quantized layer by layer as it loads
+    (`_from_own_keys`), then handed to the pipeline, which does not read it again: RAM never holds it at full
+    precision (issue 17). The text encoders are not: diffusers builds them from the file's keys (no
+    `from_pretrained` for a quantizer to hook into), so they load at `torch_dtype` and apply.py quantizes them
+    after the load, as before (planning/host.py counts them whole); so is an SD3 / Flux transformer (`DENOISERS`).
+    A GGUF denoiser is never quantized again.
 
     `config`: a local diffusers folder, or a hub id already in the HF cache, with the base architecture's
     configs and tokenizer; None: diffusers' default repo for the detected architecture, from the cache only.

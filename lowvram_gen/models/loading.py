@@ -48,10 +48,11 @@ def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
     `quantize` "int8"/"int4": from a diffusers folder (tiny, local, hub cache) the denoiser and the text
     encoders (`quantize.is_target`) are quantized while they load, layer by layer, so system RAM never
     holds them at full precision; with a CUDA `quantize_on` the rounding runs there. From a single-file
-    checkpoint (.safetensors/.ckpt) only the denoiser is (checkpoint.load_single_file reads it through its
+    checkpoint (.safetensors/.ckpt) only an SD/SDXL UNet is (checkpoint.load_single_file reads it through its
     own class's `from_single_file`, which takes the same config): diffusers builds the text encoders from
-    the file's keys, with no `from_pretrained` for a quantizer to hook into, so they load unquantized and
-    apply.py quantizes them after the load. A GGUF denoiser is never quantized again.
+    the file's keys, with no `from_pretrained` for a quantizer to hook into, so they (and an SD3/Flux
+    transformer) load unquantized and apply.py quantizes them after the load. A GGUF denoiser is never
+    quantized again.
 
     `without_text_encoders` (text_encoders = "reloaded", a diffusers folder): the pipeline is built with its
     text encoders None, never read; `load_text_encoders` brings them in for each job."""
@@ -136,7 +137,7 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
 
     From a diffusers folder each component is read from its own subfolder (`load_component`) and nothing
     else is. From a single-file checkpoint each is read from its own keys of the file
-    (`checkpoint.load_components`), the denoiser quantized while it loads, the text encoders unquantized:
+    (`checkpoint.load_components`), a UNet quantized while it loads, the text encoders unquantized:
     apply.py quantizes them."""
     if model.source.kind == "single_file":
         import torch

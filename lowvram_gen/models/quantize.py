@@ -14,10 +14,10 @@ Two choices of ours:
   would eat the saving) and each model's own skip list (embeddings, conv_in/conv_out, norms).
 
 Two ways in, one set of settings (`sdnq_config`): `quantize_module` quantizes a loaded model in place
-(apply.py, for what could not be quantized while loading: a single file's text encoders, a GGUF
-checkpoint's), and models/loading.py passes the same config to diffusers' and transformers'
+(apply.py, for what could not be quantized while loading: a single file's text encoders and SD3/Flux
+transformer, a GGUF checkpoint's text encoders), and models/loading.py passes the same config to diffusers' and transformers'
 `from_pretrained` (`quantization_config=`; sdnq registers with both), and models/checkpoint.py to a
-single file's denoiser's `from_single_file`, which quantize each layer as its weight is read,
+single file's UNet's `from_single_file`, which quantize each layer as its weight is read,
 so the full-precision model never exists in RAM. Both give bit-identical weights (sdnq's loader calls
 the same `sdnq_quantize_layer` on the weight after it was cast to the load dtype; tests compare them).
 Which kind a model holds is read off the model itself (`kind_of`: sdnq marks the model in both ways),

@@ -190,18 +190,20 @@ def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dic
     its 3.4 GB plus its 1.7 GB file). fp8 storage casts after the load: the denoiser is whole at the
     dtype first. int8/int4 quantize layer by layer as the component loads (models/loading.py).
 
-    A single-file checkpoint with int8/int4 (models/checkpoint.load_single_file): its denoiser is quantized as
-    it loads, as from a folder, but its text encoders load whole at the dtype (diffusers builds them from the
-    file's keys, with no `from_pretrained` for a quantizer to hook into) and are quantized after the load;
-    every component is read (none stays mapped), and the scratch is the larger of the denoiser's while it
-    loads and a text encoder's after. A GGUF denoiser is kept as stored (no scratch).
+    A single-file checkpoint with int8/int4 (models/checkpoint.load_single_file): its UNet is quantized as it
+    loads, as from a folder, but its text encoders load whole at the dtype (diffusers builds them from the
+    file's keys, with no `from_pretrained` for a quantizer to hook into) and are quantized after the load, as
+    is an SD3 / Flux transformer (checkpoint.DENOISERS); every component is read (none stays mapped), and the
+    scratch is the largest of theirs. A GGUF denoiser is kept as stored (no scratch).
 
     Returns (the bytes that must fit, the file pages on top): the kernel drops clean file pages under
     pressure instead of killing, so they show in an unlimited run's peak RSS but need not fit."""
     b = memory.DTYPE_BYTES[settings.dtype]
     if single_file and settings.quantize != "none":
         whole = replace(settings, quantize="none")
-        held = {**kept_bytes(profile, whole), profile.denoiser: kept[profile.denoiser]}
+        held = kept_bytes(profile, whole)
+        if profile.denoiser == "unet":  # quantized as it loads; a GGUF one is as stored either way
+            held[profile.denoiser] = kept[profile.denoiser]
         scratch = max((QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, n) * 4 for n in profile.params
                        if n.startswith("text_encoder") or (n == profile.denoiser and not profile.denoiser_quantized)),
                       default=0)
