@@ -294,6 +294,7 @@ def test_a_single_files_unet_quantized_while_loading_equals_post_load_quantizati
     source = single_files[name]
     new = load(source, "float32", kind).pipe
     assert kinds(new) == {"unet": kind}
+    assert new.unet.config["quantization_config"]["quant_method"] == "sdnq"  # as from a folder: nothing of the loan
     apply_mod.apply_settings(new, MemorySettings(dtype="float32", quantize=kind), probe("cpu"))
     old = _post_load(source, kind)
     for component in targets(old):

@@ -592,22 +592,19 @@ def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, i
 
 def _from_own_keys(cls, p: Path, state: dict | None, folder: Path, name: str, torch_dtype, quantize: str = "none",
                    quantize_on: str | None = None):
-    """The diffusers model `cls` (`name`: unet, transformer, vae) from its keys of the file (`state`: a pickle's
-    tensors, already read weights-only). With `quantize` int8/int4, issue 17's lever for single files: sdnq's
-    config goes to diffusers' `from_single_file` (`quantization_config=`, as models/loading.load_component
+    """The diffusers model `cls` (`name`: unet, vae) from its keys of the file (`state`: a pickle's tensors,
+    already read weights-only). With `quantize` int8/int4, issue 17's lever for single files: sdnq's config
+    goes to diffusers' `from_single_file` (models/quantize.from_single_file, as models/loading.load_component
     gives it to `from_pretrained`), which quantizes each layer as its tensor is converted, so the model never
     exists at full precision in RAM; its scales are then checked as after any quantization."""
-    from contextlib import nullcontext
+    from lowvram_gen.models import quantize as quantize_mod
 
-    from lowvram_gen.models.quantize import check_scales, rounding_from_float, sdnq_config
-
-    config = None if quantize == "none" else sdnq_config(quantize, quantize_on)
-    with _weights_only_allowlist(), rounding_from_float(config) if config else nullcontext():
-        module = cls.from_single_file(str(p) if state is None else state, config=str(folder), subfolder=name,
-                                      torch_dtype=torch_dtype, local_files_only=True, quantization_config=config)
-    if config:
-        check_scales(module, quantize)
-    return module
+    source = str(p) if state is None else state
+    kwargs = dict(config=str(folder), subfolder=name, torch_dtype=torch_dtype, local_files_only=True)
+    with _weights_only_allowlist():
+        if quantize == "none":
+            return cls.from_single_file(source, **kwargs)
+        return quantize_mod.from_single_file(cls, source, quantize, quantize_on, **kwargs)
 
 
 def load_single_file(path, config: str | None, torch_dtype, quantize: str = "none", quantize_on: str | None = None):
