@@ -9,10 +9,10 @@ HAS_MAPS = Path("/proc/self/maps").exists()
 
 def mapped_ranges(path) -> list[tuple[int, int]]:
     """Address ranges where this process maps `path` (/proc/self/maps, Linux)."""
-    ranges = []
+    ranges, name = [], str(Path(path).resolve())
     for line in Path("/proc/self/maps").read_text().splitlines():
         parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5] == str(Path(path).resolve()):
+        if len(parts) == 6 and parts[5] == name:
             start, end = (int(x, 16) for x in parts[0].split("-"))
             ranges.append((start, end))
     return ranges

@@ -500,12 +500,15 @@ def _text_encoder_prefixes(cls_name: str, name: str) -> tuple[str, ...]:
     return (CLIP_SD, OPENCLIP_SD2)
 
 
-def load_components(path, config: str | None, names: list[str], torch_dtype, from_folder) -> dict:
+def load_components(path, config: str | None, names: list[str], torch_dtype, from_folder,
+                    quantize: str = "none", quantize_on: str | None = None) -> dict:
     """The components `names` of the pipeline `load_single_file(path, config)` builds, each read on its own:
-    the UNet and VAE through their own class's `from_single_file` (which reads only their keys), a text
-    encoder from its keys alone, a GGUF denoiser from its file and, for a GGUF, the other components from
-    the config folder they came from. Issue 17: restoring precision used to build a whole second pipeline
-    from the file (every component at once beside the loaded ones) to take one or two of them.
+    the UNet and VAE through their own class's `from_single_file` (which reads only their keys),
+    a text encoder from its keys alone, a GGUF denoiser from its file and, for a GGUF, the other components
+    from the config folder they came from. Issue 17: restoring precision used to build a whole second
+    pipeline from the file (every component at once beside the loaded ones) to take one or two of them.
+    `quantize` int8/int4: a UNet among them is quantized as it loads (`_from_own_keys`); the text encoders
+    load unquantized (apply.py quantizes them), a GGUF denoiser as stored.
 
     A `.ckpt` is a pickle: it is opened with the weights-only unpickler, as at the first load.
     `from_folder(folder, name)`: a component of a diffusers folder (models/loading.load_component), for the
@@ -530,30 +533,43 @@ def load_components(path, config: str | None, names: list[str], torch_dtype, fro
     del meta
     out = {}
     for name in names:
-        try:
-            if gguf and name not in ("unet", "transformer"):
-                out[name] = from_folder(folder, name)
-            else:
-                out[name] = _component(p, state, gguf, cls_name, folder, index, name, torch_dtype)
-        except (MemoryError, torch.OutOfMemoryError, ModelLoadError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - as load_single_file: one clear message
-            raise ModelLoadError(f"could not load the {name} of {p} with the configs in {folder}: "
-                                 f"{type(exc).__name__}: {_last_line(str(exc))}") from exc
+        if gguf and name not in ("unet", "transformer"):
+            out[name] = _one(p, folder, name, lambda: from_folder(folder, name))
+        else:
+            out[name] = _one(p, folder, name, lambda: _component(p, state, gguf, cls_name, folder, index, name,
+                                                                 torch_dtype, quantize, quantize_on))
     return out
 
 
-def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, index: dict, name: str, torch_dtype):
+def _one(p: Path, folder: Path, name: str, make):
+    """`make()`, the component `name` of the file `p`, with one clear message for whatever diffusers raises."""
+    import torch
+
+    try:
+        return make()
+    except (MemoryError, torch.OutOfMemoryError, ModelLoadError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - as load_single_file: one clear message
+        raise ModelLoadError(f"could not load the {name} of {p} with the configs in {folder}: "
+                             f"{type(exc).__name__}: {_last_line(str(exc))}") from exc
+
+
+# The denoiser of each pipeline that int8/int4 quantize as it loads from a single file (`_from_own_keys`). Not
+# an SD3 / Flux transformer: diffusers' converters of those files assume the real models' widths (its Flux one
+# splits fused weights at 3072), so no tiny file tests that path; they are quantized after the load, as before.
+DENOISERS = {SD: "unet", SDXL: "unet"}
+
+
+def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, index: dict, name: str, torch_dtype,
+               quantize: str = "none", quantize_on: str | None = None):
     import diffusers
 
-    if gguf:
+    if gguf:  # never quantized again
         return gguf_file.load_denoiser(p, gguf, cls_name, folder, torch_dtype)[1]
     library, class_name = index[name]
     if name in ("unet", "vae"):
-        with _weights_only_allowlist():
-            return getattr(diffusers, class_name).from_single_file(
-                str(p) if state is None else state, config=str(folder), subfolder=name, torch_dtype=torch_dtype,
-                local_files_only=True)
+        kind = quantize if name == DENOISERS.get(cls_name) else "none"
+        return _from_own_keys(getattr(diffusers, class_name), p, state, folder, name, torch_dtype, kind, quantize_on)
     if name == "text_encoder_2" and cls_name == SDXL:
         return _sdxl_text_encoder_2(p, state, folder, torch_dtype)
     if name.startswith("text_encoder"):
@@ -574,11 +590,36 @@ def _component(p: Path, state: dict | None, gguf, cls_name: str, folder: Path, i
     raise ModelLoadError(f"{p.name}: its {name} cannot be read on its own from a single file")
 
 
-def load_single_file(path, config: str | None, torch_dtype):
+def _from_own_keys(cls, p: Path, state: dict | None, folder: Path, name: str, torch_dtype, quantize: str = "none",
+                   quantize_on: str | None = None):
+    """The diffusers model `cls` (`name`: unet, vae) from its keys of the file (`state`: a pickle's tensors,
+    already read weights-only). With `quantize` int8/int4, issue 17's lever for single files: sdnq's config
+    goes to diffusers' `from_single_file` (models/quantize.from_single_file, as models/loading.load_component
+    gives it to `from_pretrained`), which quantizes each layer as its tensor is converted, so the model never
+    exists at full precision in RAM; its scales are then checked as after any quantization."""
+    from lowvram_gen.models import quantize as quantize_mod
+
+    source = str(p) if state is None else state
+    kwargs = dict(config=str(folder), subfolder=name, torch_dtype=torch_dtype, local_files_only=True)
+    with _weights_only_allowlist():
+        if quantize == "none":
+            return cls.from_single_file(source, **kwargs)
+        return quantize_mod.from_single_file(cls, source, quantize, quantize_on, **kwargs)
+
+
+def load_single_file(path, config: str | None, torch_dtype, quantize: str = "none", quantize_on: str | None = None):
     """A diffusers pipeline from one original-layout checkpoint, loaded safely and checked.
 
     A `.gguf` file holds only the denoiser (kept quantized, models/gguf_file.py); the other components
     are loaded, with their weights, from the config folder.
+
+    `quantize` int8/int4 (sdnq; `quantize_on` a CUDA device rounds there): an SD 1.x/2.x or SDXL UNet is read
+    first on its own, through its class's `from_single_file`, and quantized layer by layer as it loads
+    (`_from_own_keys`), then handed to the pipeline, which does not read it again: RAM never holds it at full
+    precision (issue 17). The text encoders are not: diffusers builds them from the file's keys (no
+    `from_pretrained` for a quantizer to hook into), so they load at `torch_dtype` and apply.py quantizes them
+    after the load, as before (planning/host.py counts them whole); so is an SD3 / Flux transformer (`DENOISERS`).
+    A GGUF denoiser is never quantized again.
 
     `config`: a local diffusers folder, or a hub id already in the HF cache, with the base architecture's
     configs and tokenizer; None: diffusers' default repo for the detected architecture, from the cache only.
@@ -611,6 +652,10 @@ def load_single_file(path, config: str | None, torch_dtype):
         denoiser = ("unet",) if cls_name in (SD, SDXL) else ("transformer",)
         _check_architecture(meta, folder, index, cls_name, p, only=denoiser if gguf else ())
     extra = {}
+    if quantize != "none" and not gguf and cls_name in DENOISERS:  # first: nothing else is loaded beside it
+        name = DENOISERS[cls_name]
+        extra[name] = _one(p, folder, name, lambda: _component(p, state, None, cls_name, folder, index, name,
+                                                               torch_dtype, quantize, quantize_on))
     if cls_name == SDXL and not gguf:
         width_1 = shapes.get(CLIP_XL + "text_model.embeddings.position_embedding.weight", (0, -1))[-1]
         if width_1 == shapes.get(OPENCLIP_XL + "positional_embedding", (0, -2))[-1]:

@@ -47,11 +47,12 @@ def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
 
     `quantize` "int8"/"int4": from a diffusers folder (tiny, local, hub cache) the denoiser and the text
     encoders (`quantize.is_target`) are quantized while they load, layer by layer, so system RAM never
-    holds them at full precision; with a CUDA `quantize_on` the rounding runs there. A single-file
-    checkpoint (.safetensors/.ckpt, or a GGUF denoiser) loads unquantized and apply.py quantizes it
-    after the load, as before: models/checkpoint.py builds those pipelines from converted state dicts
-    of the whole file, with no per-component `from_pretrained` for a quantizer to hook into (and a GGUF
-    denoiser is never quantized again).
+    holds them at full precision; with a CUDA `quantize_on` the rounding runs there. From a single-file
+    checkpoint (.safetensors/.ckpt) only an SD/SDXL UNet is (checkpoint.load_single_file reads it through its
+    own class's `from_single_file`, which takes the same config): diffusers builds the text encoders from
+    the file's keys, with no `from_pretrained` for a quantizer to hook into, so they (and an SD3/Flux
+    transformer) load unquantized and apply.py quantizes them after the load. A GGUF denoiser is never
+    quantized again.
 
     `without_text_encoders` (text_encoders = "reloaded", a diffusers folder): the pipeline is built with its
     text encoders None, never read; `load_text_encoders` brings them in for each job."""
@@ -61,7 +62,7 @@ def load(source: ModelSource, dtype: str = "float32", quantize: str = "none",
     torch_dtype = getattr(torch, dtype)
     with returning_freed_memory():
         if source.kind == "single_file":
-            pipe = load_single_file(str(source.path), source.config, torch_dtype)
+            pipe = load_single_file(str(source.path), source.config, torch_dtype, quantize, quantize_on)
         else:
             pipe = _from_folder(source, dtype, quantize, quantize_on, without_text_encoders)
     check_finite(pipe)
@@ -136,13 +137,15 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
 
     From a diffusers folder each component is read from its own subfolder (`load_component`) and nothing
     else is. From a single-file checkpoint each is read from its own keys of the file
-    (`checkpoint.load_components`), unquantized: apply.py quantizes what it keeps."""
+    (`checkpoint.load_components`), a UNet quantized while it loads, the text encoders unquantized:
+    apply.py quantizes them."""
     if model.source.kind == "single_file":
         import torch
 
         with returning_freed_memory():
             modules = load_components(str(model.source.path), model.source.config, names, getattr(torch, dtype),
-                                      lambda folder, name: load_component(folder, name, dtype))
+                                      lambda folder, name: load_component(folder, name, dtype), quantize,
+                                      quantize_on)
     else:
         with returning_freed_memory():
             modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",

@@ -14,11 +14,13 @@ Two choices of ours:
   would eat the saving) and each model's own skip list (embeddings, conv_in/conv_out, norms).
 
 Two ways in, one set of settings (`sdnq_config`): `quantize_module` quantizes a loaded model in place
-(apply.py, for what could not be quantized while loading: single-file and GGUF checkpoints), and
-models/loading.py passes the same config to diffusers' and transformers' `from_pretrained`
-(`quantization_config=`; sdnq registers with both), which quantize each layer as its weight is read,
-so the full-precision model never exists in RAM. Both give bit-identical weights (sdnq's loader calls
-the same `sdnq_quantize_layer` on the weight after it was cast to the load dtype; tests compare them).
+(apply.py, for what could not be quantized while loading: a single file's text encoders and SD3/Flux
+transformer, a GGUF checkpoint's text encoders), and models/loading.py passes the same config to
+diffusers' and transformers' `from_pretrained` (`quantization_config=`; sdnq registers with both), as
+`from_single_file` here does for a single file's UNet (models/checkpoint.py), which quantize each layer
+as its weight is read, so the full-precision model never exists in RAM. Both give bit-identical weights
+(sdnq's loader calls the same `sdnq_quantize_layer` on the weight after it was cast to the load dtype;
+tests compare them).
 Which kind a model holds is read off the model itself (`kind_of`: sdnq marks the model in both ways),
 so apply.py has no second record of it to keep in step.
 """
@@ -28,6 +30,7 @@ from __future__ import annotations
 import logging
 import importlib.util
 import os
+from enum import Enum
 
 from lowvram_gen.errors import LowVramError, ModelLoadError
 
@@ -81,6 +84,49 @@ def sdnq_config(kind: str, device: str | None = None):
 
     on = torch.device(device) if device and torch.device(device).type == "cuda" else None
     return sdnq.SDNQConfig(weights_dtype=kind, quant_conv=True, quantization_device=on)
+
+
+# diffusers' `from_single_file` makes its quantizer as if the file's weights were quantized already
+# (`pre_quantized`, right for a GGUF file, diffusers/loaders/single_file_model.py): sdnq then builds its
+# quantized layers empty and copies the file's floats into them unrounded, its scales left on the meta
+# device. `_ROUNDING` names a quantizer that is sdnq's own, told the weights are floats to round, as
+# `from_pretrained` tells it; `from_single_file` lends the config that name for one load.
+_ROUNDING = "sdnq_from_float"
+
+
+def _rounding_quantizer():
+    from diffusers.quantizers import auto
+
+    if _ROUNDING not in auto.AUTO_QUANTIZER_MAPPING:
+        sdnq_quantizer = _sdnq().SDNQQuantizer  # sdnq's own (diffusers' "sdnq" entry is a factory for it)
+
+        def __init__(self, config, **kwargs):
+            sdnq_quantizer.__init__(self, config, **{**kwargs, "pre_quantized": False})
+
+        auto.AUTO_QUANTIZER_MAPPING[_ROUNDING] = type("SDNQRoundingQuantizer", (sdnq_quantizer,),
+                                                      {"__init__": __init__})
+
+
+class _Method(str, Enum):  # diffusers reads the method's `.value`
+    ROUNDING = _ROUNDING
+
+
+def from_single_file(cls, source, kind: str, device: str | None = None, **kwargs):
+    """`cls.from_single_file(source, **kwargs)` (a diffusers model class; `source` a file or a state dict) with
+    each layer quantized to `kind` as its weight is read (see `sdnq_config` for `device`), its scales checked:
+    the same weights as `quantize_module` on the model loaded whole (tests compare them)."""
+    config = sdnq_config(kind, device)
+    _rounding_quantizer()
+    method, config.quant_method = config.quant_method, _Method.ROUNDING
+    try:
+        module = cls.from_single_file(source, quantization_config=config, **kwargs)
+    finally:
+        config.quant_method = method
+    stamped = module.config.get("quantization_config")  # sdnq copies the config into the model's at the end
+    if isinstance(stamped, dict) and stamped.get("quant_method") == _ROUNDING:
+        stamped["quant_method"] = method  # as a folder's int8 model reads: sdnq's, nothing of this loan left
+    check_scales(module, kind)
+    return module
 
 
 def quantize_module(module, kind: str, device: str | None = None) -> None:

@@ -197,18 +197,26 @@ def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dic
     its 3.4 GB plus its 1.7 GB file). fp8 storage casts after the load: the denoiser is whole at the
     dtype first. int8/int4 quantize layer by layer as the component loads (models/loading.py).
 
-    A single-file checkpoint has no per-component `from_pretrained` for a quantizer to hook into
-    (models/loading.py): the whole pipeline loads at the dtype, and int8/int4 quantize it afterwards.
+    A single-file checkpoint with int8/int4 (models/checkpoint.load_single_file): its UNet is quantized as it
+    loads, as from a folder, but its text encoders load whole at the dtype (diffusers builds them from the
+    file's keys, with no `from_pretrained` for a quantizer to hook into) and are quantized after the load, as
+    is an SD3 / Flux transformer (checkpoint.DENOISERS); every component is read (none stays mapped), and the
+    scratch is the largest of theirs. A GGUF denoiser is kept as stored (no scratch).
 
     Returns (the bytes that must fit, the file pages on top): the kernel drops clean file pages under
     pressure instead of killing, so they show in an unlimited run's peak RSS but need not fit."""
     b = memory.DTYPE_BYTES[settings.dtype]
     if single_file and settings.quantize != "none":
         whole = replace(settings, quantize="none")
-        full = kept_bytes(profile, whole)
+        held = kept_bytes(profile, whole)
+        if profile.denoiser == "unet":  # quantized as it loads; a GGUF one is as stored either way
+            held[profile.denoiser] = kept[profile.denoiser]
+        scratch = max((QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, n) * 4 for n in profile.params
+                       if n.startswith("text_encoder") or (n == profile.denoiser and not profile.denoiser_quantized)),
+                      default=0)
         pages = max((int(LOAD_TRANSIENT * profile_file_bytes(profile, n)) for n in profile.params
                      if not mapped(profile, whole, n)), default=0)
-        return int(sum(full.values())), pages
+        return int(sum(held.values()) + scratch), pages
     converted = [name for name in profile.params if not mapped(profile, settings, name)]
     whole, pages = 0, 0
     for name in converted:
@@ -249,8 +257,8 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
     """The host peak of one job (see the module doc). `settings`: the effective ones on this device (the
     cpu preset's float32, not the preset's float16). `resident_bytes`: what a budget split keeps on the
     GPU (not in RAM during the run). `pinned`: group offloading pins copies of what it streams (CUDA,
-    unless the settings ask it not to). `single_file`: the model is one checkpoint file, quantized after it
-    loads whole."""
+    unless the settings ask it not to). `single_file`: the model is one checkpoint file, whose text encoders
+    are quantized after they load whole (`_load_peak`)."""
     if settings.text_encoders == "reloaded" and profile.text_encoders:
         return _with_encoders_reloaded(profile, settings, device_kind, width, height, batch, cfg,
                                        resident_bytes, pinned)

@@ -137,7 +137,7 @@ class _Rows:
                  failed: set[str], model: str = "", reloadable: bool = True, single_file: bool = False):
         self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
         self.reloadable = reloadable  # the text encoders can come back from their own files (a diffusers folder)
-        self.single_file = single_file  # one checkpoint file: loaded whole, quantized after (models/loading.py)
+        self.single_file = single_file  # one checkpoint file: its text encoders load whole, quantized after
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
         self.budgets: list[Preset] = []  # budget presets unsized (plan() fills it): the ladder sizes them per rung
@@ -277,7 +277,8 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     are kept (planning/speed.py). `reloadable`: the model is a diffusers folder, whose text encoders can be
     read again from their own subfolders (+te-reload candidates); a single-file checkpoint has no
     per-component files (reloading an encoder would read the whole checkpoint), so it gets none.
-    `single_file`: such a checkpoint loads whole and is quantized after (its load peak is the full precision)."""
+    `single_file`: such a checkpoint's text encoders load at full precision and are quantized after (its denoiser
+    is quantized as it loads: planning/host._load_peak)."""
     rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable, single_file)
     candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
