@@ -187,3 +187,29 @@ def test_the_host_estimate_counts_a_pinned_copy_of_the_streamed_denoiser_only():
     budget = host_mod.host_estimate(flux, MemorySettings(dtype="bfloat16", offload="budget"), "cuda", 1024, 1024,
                                     1, resident_bytes=4 << 30, pinned=True)
     assert budget.pinned_bytes == host_mod.kept_bytes(flux, s)["transformer"] - (4 << 30)
+
+
+def test_keep_mapped_switches_diffusers_casting_hooks_and_leaves_one_it_cannot_rebind():
+    """engines/sd/casting.keep_mapped: a layer's hook is switched to put the stored weight back after the forward
+    (the same storage before and after); a hook whose registry bound its methods some other way is left as
+    diffusers' own, which still computes the same numbers."""
+    import torch
+    from diffusers.hooks import apply_layerwise_casting
+    from diffusers.hooks.layerwise_casting import LayerwiseCastingHook
+
+    from lowvram_gen.engines.sd.casting import MappedCastingHook, keep_mapped
+
+    layers = [torch.nn.Linear(4, 4).to(torch.float16) for _ in range(2)]
+    x = torch.randn(1, 4)
+    expected = [torch.nn.functional.linear(x, layer.weight.float(), layer.bias.float()) for layer in layers]
+    for layer in layers:
+        apply_layerwise_casting(layer, storage_dtype=torch.float16, compute_dtype=torch.float32,
+                                skip_modules_pattern=None)
+    del layers[1]._diffusers_hook.get_hook("layerwise_casting").fn_ref
+    assert keep_mapped(layers[0]) == 1 and keep_mapped(layers[1]) == 0
+    assert type(layers[0]._diffusers_hook.get_hook("layerwise_casting")) is MappedCastingHook
+    assert type(layers[1]._diffusers_hook.get_hook("layerwise_casting")) is LayerwiseCastingHook
+    stored = layers[0].weight.data_ptr()
+    for layer, want in zip(layers, expected):
+        assert torch.allclose(layer(x), want, atol=1e-6) and layer.weight.dtype == torch.float16
+    assert layers[0].weight.data_ptr() == stored  # the stored tensor itself, not a fresh copy

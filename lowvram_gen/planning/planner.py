@@ -382,7 +382,9 @@ def _disk_variant(p: Preset, rows: _Rows) -> Preset | None:
             rows.device.kind != "cuda" or p.memory.offload not in ("group", "sequential", "budget"))):
         return None  # (encoders left in their files need no reloading)
     if (rows.single_file or not rows.reloadable) and not rows.profile.denoiser_quantized:
-        return None  # a single file's tensors are converted to diffusers' layout as it loads: not measured mapped
+        # a single file's tensors are converted to diffusers' layout as it loads (not measured mapped); a job with
+        # LoRAs or embeddings (not reloadable) changes the weights it loads
+        return None
     paged = replace(p.memory, paged_weights=True, pin_memory=False)
     if not host_mod.can_page(rows.profile, rows.host_settings(replace(p, memory=paged))):
         return None

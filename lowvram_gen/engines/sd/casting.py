@@ -61,9 +61,10 @@ def keep_mapped(module) -> int:
     for sub in module.modules():
         registry = getattr(sub, "_diffusers_hook", None)
         hook = registry.get_hook("layerwise_casting") if registry is not None else None
-        if hook is not None and type(hook) is LayerwiseCastingHook:
+        fn_ref = getattr(hook, "fn_ref", None)  # the methods the registry bound when it registered the hook
+        if type(hook) is LayerwiseCastingHook and fn_ref is not None:
             hook.__class__ = MappedCastingHook
-            # the registry called the methods it bound when the hook was registered
-            hook.fn_ref.pre_forward, hook.fn_ref.post_forward = hook.pre_forward, hook.post_forward
+            fn_ref.pre_forward, fn_ref.post_forward = hook.pre_forward, hook.post_forward
             switched += 1
+        # (a diffusers whose registry binds otherwise keeps its own hook: the same numbers, copies of the weights)
     return switched
