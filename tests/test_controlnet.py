@@ -342,6 +342,8 @@ def test_the_controlnet_pipeline_shares_the_weights_as_they_are(cn, tiny_path):
 def test_offload_presets_put_their_hooks_on_the_controlnet_and_give_the_same_result(attached, cn):
     from diffusers.hooks.group_offloading import _is_group_offload_enabled
 
+    from lowvram_gen.planning import residency
+
     pipe, net = attached
     reference = _latents(pipe, cn)
     apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload="model"), probe("cpu"))
@@ -356,6 +358,13 @@ def test_offload_presets_put_their_hooks_on_the_controlnet_and_give_the_same_res
         apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload=offload), probe("cpu"))
         assert not hasattr(net, "_hf_hook") and _is_group_offload_enabled(net)  # streamed as the UNet is
         assert torch.allclose(_latents(pipe, cn), reference, atol=1e-5)
+    # budget: half the UNet's and the ControlNet's blocks resident, the rest streamed, run for real on this CPU
+    total = sum(b for _, m in apply_mod._stepped(pipe) for _, b in residency.blocks_of(m))
+    applied = apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload="budget",
+                                                            resident_bytes=total // 2), probe("cpu"))
+    streamed = [n.split(":", 1)[1] for n in applied.residency.streamed if n.startswith("controlnet0:")]
+    assert streamed and all(_is_group_offload_enabled(net.get_submodule(n)) for n in streamed)
+    assert torch.allclose(_latents(pipe, cn), reference, atol=1e-5)
     apply_mod.apply_settings(pipe, MemorySettings(dtype="float32"), probe("cpu"))
     assert not _is_group_offload_enabled(net)
 

@@ -149,6 +149,10 @@ def request_hash(engine: str, request) -> str:
     for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
         if data.get(name) == off:  # the variation seed fields, added later: off, the hash stays
             data.pop(name, None)
+    if not data.get("controlnets"):  # ControlNet, added later: a job without it keeps its hash
+        data.pop("controlnets", None)
+    if data.get("control_mode") == "balanced":
+        data.pop("control_mode", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
