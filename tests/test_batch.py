@@ -267,7 +267,7 @@ def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_
     assert sgm.request.schedule_type == "sgm-uniform" and euler.request.schedule_type == "exponential"
     data = dataclasses.asdict(old.request)
     for key in ("outdir", "extra", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
-                "seed_resize_from_w", "seed_resize_from_h"):  # the fields added since, at defaults
+                "seed_resize_from_w", "seed_resize_from_h", "controlnets", "control_mode"):  # added since, at defaults
         data.pop(key)
     text = json.dumps({"engine": "sd", **data, "sampler": "DPM++ 2M Karras"}, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=True)
