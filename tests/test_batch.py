@@ -57,7 +57,7 @@ class FakeSession:
     def generate(self, request):
         self.calls.append(request)
         seeds = [request.seed + i if request.seed >= 0 else 1000 + len(self.calls) * 16 + i
-                 for i in range(request.batch_size)]
+                 for i in range(request.image_count)]
         if request.prompt in self.fail_prompts:
             raise (self.fail_with or ModelLoadError(f"cannot load {request.prompt}"))
         images = []
@@ -240,6 +240,23 @@ def test_seed_start_repeat_and_job_identity(tmp_path):
     # keeps its place (2 repeats x 1 image) so fixing it does not change d's seeds
     assert seeds == [("a", 100), ("a", 101), ("b", 102), ("b", 104), ("c", 7), ("c", 8), ("d", 108), ("d", 109)]
     assert len({j.key for j in result.jobs}) == len(result.jobs)
+
+
+def test_a_lines_batch_count_is_one_job_of_all_its_images_and_the_seeds_after_it_follow(tmp_path, capsys):
+    """A line's batch_count (A1111's n_iter is `repeat` here: one job per copy) makes one job of batch_count x
+    batch_size images: the next line's seeds start after all of them, and after a crash its images are adopted."""
+    path = write(tmp_path, "p.txt", "a\n--prompt b --batch_size 2 --batch_count 2\nc\n")
+    assert [(j.request.prompt, j.request.seed) for j in jobs_of(path, seed_start=100).jobs] == [
+        ("a", 100), ("b", 101), ("c", 105)]
+    out = tmp_path / "out"
+    run(path, out, FakeSession(), seed_start=100)
+    assert [len(r["outputs"]) for r in sorted(records(out), key=lambda r: r["line"])] == [1, 4, 1]
+    manifest = bm.manifest_path(out, 0)
+    manifest.write_bytes(manifest.read_bytes().splitlines(keepends=True)[0])  # b's and c's records lost
+    again = FakeSession()
+    capsys.readouterr()
+    assert run(path, out, again, seed_start=100, as_json=True) == 0
+    assert again.calls == [] and json.loads(capsys.readouterr().out)["recovered"] == 2
 
 
 def test_identical_random_lines_are_distinct_jobs_and_keys_are_stable(tmp_path):

@@ -271,3 +271,19 @@ def test_preview_settings_are_checked_before_the_job(tmp_path):
         Session().generate(job(tmp_path), preview_every=-1)
     with pytest.raises(InvalidRequest, match="invalid live preview method: 'full'"):
         Session().generate(job(tmp_path), preview_every=2, preview_method="full")
+
+
+# -------------------------------------------------------------------------------------------- front ends
+
+
+def test_cli_batch_count(tmp_path, capsys):
+    import json
+
+    from lowvram_gen.cli.main import main
+
+    code = main(["generate", "a boat", "--width", "64", "--height", "64", "--steps", "2", "--seed", "7", "--batch", "2",
+                 "--batch-count", "2", "--outdir", str(tmp_path), "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["seeds"] == [7, 8, 9, 10] and len(result["images"]) == 4
+    assert main(["generate", "a boat", "--batch-count", "0", "--outdir", str(tmp_path)]) == 2
+    assert "invalid batch count: 0; a whole number from 1 to 100" in capsys.readouterr().err

@@ -384,7 +384,7 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
                 counter += repeat * default_batch
             continue
         seed_given = "seed" in fields or "seed" in defaults
-        batch = base.batch_size
+        batch = getattr(base, "image_count", base.batch_size)  # Stable Diffusion: batch count x batch size
         for r in range(copies):
             if seed_given:
                 seed = base.seed if base.seed < 0 else (base.seed + r * batch) % (MAX_SEED + 1)
