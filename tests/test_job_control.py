@@ -116,6 +116,18 @@ def test_an_out_of_memory_in_a_batch_still_steps_down_and_the_seeds_stay(tmp_pat
         ("denoise", "oom"), ("denoise", "ok")]
 
 
+@pytest.mark.parametrize("sampler", ["Euler a", "DPM++ SDE", "default"])
+def test_watching_a_job_changes_none_of_its_pixels(tmp_path, sampler):
+    """Cancel and Skip events that are never set, and previews, leave the image as it is: the sampler's step is
+    watched for its estimate with its own signature (the pipelines pass an ancestral sampler its seeded generator
+    only when its step's signature takes one)."""
+    session = Session()
+    plain = session.generate(job(tmp_path, sampler=sampler, steps=3))
+    watched = session.generate(job(tmp_path, sampler=sampler, steps=3), cancel=threading.Event(),
+                               skip=threading.Event(), on_preview=lambda *a: None, preview_every=1)
+    assert np.array_equal(pixels(plain.images[0]), pixels(watched.images[0]))
+
+
 # -------------------------------------------------------------------------------------------- skip
 
 
@@ -162,6 +174,35 @@ def test_interrupt_keeps_the_running_pass_decoded_and_stops_the_batch_count(tmp_
     kept = err.value.images
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.split("/")[-1] for p in kept)
     assert fields(kept[1])["Seed"] == "61" and Image.open(kept[1]).size == (64, 64)
+
+
+def test_an_interrupted_pass_keeps_the_samplers_estimate_of_the_final_image(tmp_path, monkeypatch):
+    """As A1111 keeps its denoised prediction: with a sampler whose step estimates the final latents (Euler's
+    pred_original_sample), the interrupted pass decodes that estimate from the step it stopped at."""
+    import functools
+
+    from diffusers import EulerDiscreteScheduler
+
+    estimates, decoded = [], []
+    real_step, real_decode = EulerDiscreteScheduler.step, sd.decode
+
+    @functools.wraps(real_step)
+    def step(self, *args, **kwargs):
+        out = real_step(self, *args, **kwargs)
+        estimates.append((out[1] if isinstance(out, tuple) else out.pred_original_sample).clone())
+        return out
+
+    def decode(pipe, latents, *args, **kwargs):
+        decoded.append(latents.clone())
+        return real_decode(pipe, latents, *args, **kwargs)
+
+    monkeypatch.setattr(EulerDiscreteScheduler, "step", step)
+    monkeypatch.setattr(sd, "decode", decode)
+    cancel = threading.Event()
+    on_step, _ = stop_at(cancel, lambda n, step, total: n == 2)
+    with pytest.raises(Cancelled, match="cancelled at step 2 of 4"):
+        Session().generate(job(tmp_path, sampler="Euler"), on_step=on_step, cancel=cancel)
+    assert len(estimates) == 2 and len(decoded) == 1 and torch.equal(decoded[0], estimates[1])
 
 
 def test_a_cancel_while_the_job_waits_or_loads_stops_it_before_any_step(tmp_path, denoised, monkeypatch):

@@ -13,6 +13,7 @@ clear error before any step runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import statistics
@@ -411,6 +412,7 @@ def _estimates(scheduler, into: dict):
     its denoised prediction. Samplers whose step gives none (DPM++ 2M, PLMS, flow matching) leave it unset."""
     step = scheduler.step
 
+    @functools.wraps(step)  # the pipelines read its signature to decide whether to pass `generator` and `eta`
     def estimating(*args, **kwargs):
         out = step(*args, **kwargs)
         pred = out[1] if isinstance(out, tuple) and len(out) > 1 else getattr(out, "pred_original_sample", None)
