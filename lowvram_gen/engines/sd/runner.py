@@ -188,8 +188,7 @@ class _Job:
 
     def run(self, on_chunk: Callable[[ChunkDone], None]) -> None:
         pending = list(range(len(self.seeds)))  # image indices still to make
-        per_batch = self.per_batch
-        batch = None
+        per_batch, batch = self.per_batch, None
         while pending:
             if self.cancel is not None and self.cancel.is_set():  # asked while loading, waiting or between passes
                 raise Cancelled("cancelled before the first step" if len(pending) == len(self.seeds)
@@ -229,7 +228,7 @@ class _Job:
                 raise Cancelled(f"cancelled at step {at[0]} of {at[1]}" if at else "cancelled before the hires pass")
             if stopped == sd.SKIP:
                 pending = [i for i in pending if i // per_batch != batch]  # the rest of this batch is skipped too
-                log.info("skipped batch %d at step %s", batch + 1, f"{at[0]} of {at[1]}" if at else "the end")
+                log.info("skipped batch %d at step %s", batch + 1, f"{at[0]} of {at[1]}" if at else "the end of its first pass")
 
     def _denoise(self, step: sd.Pass) -> sd.Denoised:
         """One pass of the denoiser, with the budget split's resident part on the device only while it runs."""
