@@ -1,5 +1,6 @@
-"""The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, CFG, clip skip, seed (with ♻ last seed), model,
-the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; the gallery shows each
+"""The txt2img tab: prompt (with LoRA/embedding pickers), size, batch count and size, steps, CFG, clip skip, seed (with
+♻ last seed), model, the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; Generate,
+Interrupt, Skip and the live preview above the gallery (ui/live.py); the gallery shows each
 image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
 The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
 The gallery shows results only (interactive=False: no "Drop Media Here"); selecting an image still works.
@@ -12,9 +13,10 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.models.discover import model_choices
-from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS, GenerationRequest
+from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS,
+                                  GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
-from lowvram_gen.ui import pickers, sendto
+from lowvram_gen.ui import live, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
 from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
                                     quantize_field, seed_extras, upscaler_choices)
@@ -38,6 +40,7 @@ def build(ctx: TabContext) -> None:
                  hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
                  schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed,
                  subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=0, seed_resize_from_h=0,
+                 batch_count=DEFAULTS.batch_count, preview_every=0, preview_method="auto",
                  request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
@@ -46,7 +49,9 @@ def build(ctx: TabContext) -> None:
             hires_steps=hires_steps, hires_denoise=hires_denoise, quantize=quantize_field(quantize),
             schedule_type=schedule_type or DEFAULTS.schedule_type,
             clip_skip=DEFAULTS.clip_skip if clip_skip is None else clip_skip,
-            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h)), request, progress)
+            batch_count=DEFAULTS.batch_count if batch_count is None else batch_count,
+            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h)), request, progress,
+            preview_every, preview_method)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
@@ -58,6 +63,8 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     width = Number("Width", DEFAULTS.width, elem_id="width")
                     height = Number("Height", DEFAULTS.height, elem_id="height")
+                    batch_count = Slider(1, MAX_BATCH_COUNT, value=1, step=1, label="Batch count",
+                                         elem_id="batch-count")
                     batch = Slider(1, MAX_BATCH, value=1, step=1, label="Batch size",
                                    elem_id="batch")
                 with gr.Row():
@@ -95,10 +102,10 @@ def build(ctx: TabContext) -> None:
                                              label="Hires steps (0: same)")
                         hires_denoise = Slider(0, 1, value=0.7, step=0.01,
                                                label="Denoising strength")
-                with gr.Row():
-                    go = gr.Button("Generate", variant="primary", elem_id="generate")
-                    stop = gr.Button("Cancel", variant="stop", elem_id="cancel")
+                go, stop, skip = live.buttons("", "generate")
+                preview_every, preview_method = live.settings("")
             with gr.Column(scale=2):
+                preview = live.image("")
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
                                      interactive=False, elem_id="gallery")
                 sendto.gallery_buttons(ctx, gallery, ("img2img", "upscale"), prefix="txt2img")
@@ -110,13 +117,15 @@ def build(ctx: TabContext) -> None:
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
                                                         hires_steps, hires_denoise, quantize, schedule_type,
-                                                        clip_skip, extra, *extras]))
-    # the newer arguments last (quantize, schedule type, clip skip, the Extra seed options): the API's positional
-    # order of the older ones stays as it was
+                                                        clip_skip, extra, *extras]),
+                                batch_count=batch_count, preview_every=preview_every, preview_method=preview_method)
+    # the newer arguments last (quantize, schedule type, clip skip, the Extra seed options, batch count, the live
+    # preview's settings): the API's positional order of the older ones stays as it was
+    live.shown_while_running(ctx, go, preview_every, preview_method, preview)  # before Generate: it runs first
     ctx.generate_events["txt2img"] = go.click(
         generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize,
-                   schedule_type, clip_skip, *extras],
+                   schedule_type, clip_skip, *extras, batch_count, preview_every, preview_method],
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
-    stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
+    live.wire(ctx, ctx.generate_events["txt2img"], stop, skip, summary, preview)
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
     gallery.select(show_selected, None, [info], api_visibility="private", show_progress="hidden")  # reads a file
