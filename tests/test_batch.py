@@ -7,6 +7,7 @@ docs/FAULTS.md 26-28. Most logic is tested in-process with a fake session that s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -246,8 +247,10 @@ def test_a_lines_batch_count_is_one_job_of_all_its_images_and_the_seeds_after_it
     """A line's batch_count (A1111's n_iter is `repeat` here: one job per copy) makes one job of batch_count x
     batch_size images: the next line's seeds start after all of them, and after a crash its images are adopted."""
     path = write(tmp_path, "p.txt", "a\n--prompt b --batch_size 2 --batch_count 2\nc\n")
-    assert [(j.request.prompt, j.request.seed) for j in jobs_of(path, seed_start=100).jobs] == [
-        ("a", 100), ("b", 101), ("c", 105)]
+    jobs = jobs_of(path, seed_start=100).jobs
+    assert [(j.request.prompt, j.request.seed) for j in jobs] == [("a", 100), ("b", 101), ("c", 105)]
+    assert jobs[0].request_hash == request_hash("sd", jobs[0].request) != request_hash(
+        "sd", dataclasses.replace(jobs[0].request, batch_count=2))  # a count of 1 keeps the hash jobs had before it
     out = tmp_path / "out"
     run(path, out, FakeSession(), seed_start=100)
     assert [len(r["outputs"]) for r in sorted(records(out), key=lambda r: r["line"])] == [1, 4, 1]
@@ -284,7 +287,7 @@ def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_
     assert sgm.request.schedule_type == "sgm-uniform" and euler.request.schedule_type == "exponential"
     data = dataclasses.asdict(old.request)
     for key in ("outdir", "extra", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
-                "seed_resize_from_w", "seed_resize_from_h"):  # the fields added since, at defaults
+                "seed_resize_from_w", "seed_resize_from_h", "batch_count"):  # the fields added since, at defaults
         data.pop(key)
     text = json.dumps({"engine": "sd", **data, "sampler": "DPM++ 2M Karras"}, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=True)

@@ -137,6 +137,8 @@ def request_hash(engine: str, request) -> str:
     data = dataclasses.asdict(request)
     data.pop("outdir", None)
     data.pop("extra", None)
+    if data.get("batch_count") == 1:  # added later: a job of one batch keeps the hash it had
+        data.pop("batch_count", None)
     if data.get("quantize") is None:  # added later: requests without it keep the hashes they had
         data.pop("quantize", None)
     schedule = data.pop("schedule_type", AUTOMATIC)  # added later too: a line's 'DPM++ 2M Karras' keeps its hash
