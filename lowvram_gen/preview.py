@@ -11,11 +11,14 @@ Two ways, as A1111 and ComfyUI offer them (`METHODS`; "auto" takes TAESD where i
   Hugging Face cache (`madebyollin/taesd`, ...). Nothing is ever downloaded.
 
 A preview never touches the GPU or its memory budget: the one latent it shows is copied to the CPU in float32
-first, and TAESD runs on the CPU. torch, diffusers and PIL are imported when a preview is made, not on import.
+first, and TAESD runs on the CPU. The approximation is made in the step (about 0.1 s for a 1024x1024 image on two
+CPU cores); TAESD, which takes seconds on a CPU at that size, is made on a worker thread, so the steps never wait
+for it (`Previews`). torch, diffusers and PIL are imported when a preview is made, not on import.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,7 @@ from typing import Callable
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.networks.files import models_root
 
+log = logging.getLogger(__name__)
 METHODS = ("auto", "approx", "taesd", "off")
 TAESD_FOLDER = "VAE-approx"  # A1111's folder for the approximate decoders
 TAESD_SUFFIXES = (".safetensors", ".pt", ".pth")
@@ -109,6 +113,52 @@ def renderer(pipe, method: str = "auto", models: Path | None = None) -> tuple[Re
                                  f"{repo} in the Hugging Face cache; or use auto/approx")
     return (lambda latents, width, height: approx(_unpacked(latents, fmt, width, height, scale), fmt,
                                                   (width, height))), "approx"
+
+
+class Previews:
+    """A job's live previews: `post(latents, width, height, step, total)` every `every` steps, `show(image, step,
+    total)` with `render(latents, width, height)`'s image. `background` (TAESD): made on a worker thread that runs
+    while there is a preview to make; the steps never wait for it, and a preview posted while the one before is
+    still being made waits in one slot, where a newer one replaces it (the newest is shown). A preview that fails
+    is logged and the job's previews stop there; the job goes on."""
+
+    def __init__(self, every: int, render: Render, show, background: bool = False):
+        self.every, self.render, self.show, self.background = every, render, show, background
+        self._lock = threading.Lock()
+        self._waiting: tuple | None = None  # the newest preview not yet being made
+        self._worker: threading.Thread | None = None
+        self.failed = False
+
+    def post(self, latents, width: int, height: int, step: int, total: int) -> None:
+        if self.failed:
+            return
+        if not self.background:
+            self._make((latents, width, height, step, total))
+            return
+        with self._lock:
+            self._waiting = (latents, width, height, step, total)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True, name="lowvram-gen preview")
+                self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                item, self._waiting = self._waiting, None
+                if item is None or self.failed:
+                    self._worker = None
+                    return
+            self._make(item)
+
+    def _make(self, item: tuple) -> None:
+        latents, width, height, step, total = item
+        try:
+            image = self.render(latents, width, height)
+        except Exception:  # noqa: BLE001 - a preview must never end the job it shows
+            self.failed = True
+            log.warning("live preview failed; no more previews for this job", exc_info=True)
+            return
+        self.show(image, step, total)
 
 
 def _unpacked(latents, fmt: LatentFormat, width: int, height: int, scale: int):

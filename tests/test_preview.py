@@ -156,3 +156,48 @@ def test_a_file_that_is_not_a_taesd_decoder_is_a_clear_error(tmp_path):
     torch.save({"encoder.weight": torch.zeros(3)}, path)
     with pytest.raises(ModelLoadError, match="is not a TAESD decoder"):
         preview.renderer(fake_pipe("StableDiffusionPipeline"), "auto", models=tmp_path)
+
+
+# -------------------------------------------------------------------------------------------- delivery
+
+
+def test_background_previews_never_hold_the_steps_and_the_newest_waiting_one_is_shown():
+    """TAESD's previews are made on a worker thread: while the first is still being made (held here), the steps
+    go on posting; each new one replaces the one waiting, and once the worker is free it shows the newest."""
+    import threading
+
+    started, release, last = threading.Event(), threading.Event(), threading.Event()
+    shown = []
+
+    def render(latents, width, height):
+        started.set()
+        assert release.wait(30)
+        return f"image of step {int(latents)}"
+
+    def show(image, step, total):
+        shown.append((image, step))
+        if step == 4:
+            last.set()
+
+    previews = preview.Previews(1, render, show, background=True)
+    previews.post(torch.tensor(1), 8, 8, 1, 4)
+    assert started.wait(30)  # step 1's preview is being made
+    for step in (2, 3, 4):  # the steps do not wait for it
+        previews.post(torch.tensor(step), 8, 8, step, 4)
+    release.set()
+    assert last.wait(30)
+    assert shown == [("image of step 1", 1), ("image of step 4", 4)]
+
+
+def test_a_failing_preview_is_logged_and_stops_the_previews_not_the_job(caplog):
+    calls = []
+
+    def render(latents, width, height):
+        calls.append(latents)
+        raise RuntimeError("a broken decoder")
+
+    previews = preview.Previews(1, render, lambda *a: calls.append("shown"))
+    previews.post("first", 8, 8, 1, 2)
+    previews.post("second", 8, 8, 2, 2)
+    assert calls == ["first"] and previews.failed
+    assert "live preview failed; no more previews for this job" in caplog.text

@@ -99,8 +99,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     prepared = prepare(runner, request, source, ladder)
     preview = None
     if on_preview is not None and preview_every > 0:
-        render, _ = previews.renderer(pipe, preview_method)  # "taesd" without its weights: an error before any step
-        preview = sd.Preview(preview_every, render, on_preview) if render is not None else None
+        render, how = previews.renderer(pipe, preview_method)  # "taesd" without its weights: an error before any step
+        preview = previews.Previews(preview_every, render, on_preview, background=how == "taesd") if render else None
     warnings = list(plan_notes) + prepared.warnings
     request, note = _variation(pipe, request)
     warnings += [note] if note else []

@@ -33,16 +33,6 @@ INTERRUPT, SKIP = "interrupt", "skip"  # why a pass stopped before its last step
 
 
 @dataclass
-class Preview:
-    """Live previews of a pass: every `every` steps, `show(image, step, total)` with `render(latents, width,
-    height)`'s RGB image of the pass's first image (lowvram_gen/preview.py; the latents are on the CPU in float32)."""
-
-    every: int
-    render: Callable
-    show: Callable
-
-
-@dataclass
 class Pass:
     """One forward pass of a job: the request's prompt and settings, for these seeds at this size.
 
@@ -425,7 +415,7 @@ def _estimates(scheduler, into: dict):
 
 def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             cancel: threading.Event | None = None, after_last_step: Callable[[], None] | None = None, *,
-            skip: threading.Event | None = None, preview: Preview | None = None) -> Denoised:
+            skip: threading.Event | None = None, preview=None) -> Denoised:
     """Run the denoising steps of one pass. Progress counts the steps the user asked for (PLMS's
     extra warm-up step is not shown as a step more than asked). `after_last_step` runs once the
     denoiser is done, before a pipeline that decodes in its own call (Flux, SD3) decodes.
@@ -434,8 +424,9 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     `interrupt` (the loop's remaining steps do nothing), and gives what it has as any pass does (the sampler's
     estimate of the final latents where it makes one, else the current latents; a pipeline that decodes itself
     decodes them), with `stopped` saying why; the caller decides what comes next. A pipeline without `interrupt`
-    ends with no image. `preview`: every `preview.every` steps, an RGB preview of the first image, made on the CPU
-    (its time is kept out of the measured step time)."""
+    ends with no image. `preview` (lowvram_gen.preview.Previews): every `preview.every` steps, the first image's
+    latents, copied to the CPU in float32, are posted to it (the time it takes is kept out of the measured step
+    time)."""
     import torch
 
     n = len(step.seeds)
@@ -465,7 +456,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         if preview is not None and done >= 1 and done % preview.every == 0 and best is not None:
             started = time.perf_counter()
             first = best[:1].detach().to("cpu", torch.float32)  # the GPU's memory is never used for a preview
-            preview.show(preview.render(first, step.width, step.height), done, total)
+            preview.post(first, step.width, step.height, done, total)
             previewing[0] += time.perf_counter() - started
         if done >= total:
             if after_last_step is not None:

@@ -139,7 +139,7 @@ class Runner:
             on_chunk: Callable[[ChunkDone], None], on_step: sd.ProgressFn | None = None,
             cancel: threading.Event | None = None, ladder: Ladder | None = None,
             texts: sd.Texts | None = None, *, skip: threading.Event | None = None,
-            preview: sd.Preview | None = None) -> Ladder:
+            preview=None) -> Ladder:
         """Make one image per seed for `request`, starting at `presets[0]`; returns the ladder (where
         the job ended and every attempt). `texts`: what the encoders read, if not the typed prompts.
 
@@ -147,7 +147,8 @@ class Runner:
         Interrupt): the running pass stops at its next step, is decoded and handed to `on_chunk` like any, and the
         job ends raising Cancelled; set before a pass starts, the job ends there. `skip`: the running pass stops and
         is kept the same way, then the job goes on with the next batch (the rest of this one is not made); a skip
-        from before the batch began is forgotten, as A1111's is. `preview`: live previews of each pass."""
+        from before the batch began is forgotten, as A1111's is. `preview`: live previews of each pass
+        (lowvram_gen.preview.Previews)."""
         ladder = ladder or Ladder(presets, self.device.kind)
         _Job(self, request, seeds, ladder, on_step, cancel, texts, skip, preview).run(on_chunk)
         return ladder
@@ -157,7 +158,7 @@ class _Job:
     """One job's state on the ladder: the images still to make, how many per pass, at what size."""
 
     def __init__(self, runner: Runner, request: GenerationRequest, seeds: list[int], ladder: Ladder,
-                 on_step, cancel, texts: sd.Texts | None = None, skip=None, preview: sd.Preview | None = None):
+                 on_step, cancel, texts: sd.Texts | None = None, skip=None, preview=None):
         self.runner, self.request, self.seeds, self.ladder = runner, request, seeds, ladder
         self.texts = texts
         self.on_step, self.cancel, self.skip, self.preview = on_step, cancel, skip, preview
