@@ -293,6 +293,25 @@ def test_a_preview_every_n_steps_of_every_pass_made_on_the_cpu(tmp_path, monkeyp
     assert len(result.images) == 4
 
 
+def test_a_job_previews_with_taesd_off_its_steps_when_the_decoder_is_in_the_models_folder(tmp_path, monkeypatch):
+    """auto takes TAESD from models/VAE-approx ($LOWVRAM_GEN_MODELS here), made on the preview worker thread."""
+    from test_preview import as_a1111_file, tiny_taesd
+
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    as_a1111_file(tiny_taesd(), tmp_path / "models" / "VAE-approx" / "taesd_decoder.pt")
+    shown, last = [], threading.Event()
+
+    def on_preview(image, step, total):
+        shown.append((image.size, step, threading.current_thread().name))
+        if step == 4:
+            last.set()
+
+    Session().generate(job(tmp_path), on_preview=on_preview, preview_every=2)
+    assert last.wait(60)
+    assert [s[:2] for s in shown] in ([((64, 64), 2), ((64, 64), 4)], [((64, 64), 4)])  # 2 may be replaced by 4
+    assert {s[2] for s in shown} == {"lowvram-gen preview"}
+
+
 @pytest.mark.parametrize("every, method", [(0, "auto"), (3, "off")])
 def test_previews_off_cost_nothing(tmp_path, monkeypatch, every, method):
     from lowvram_gen import preview
