@@ -1,8 +1,8 @@
 """What every tab builder gets: `build(ctx: TabContext) -> None`.
 
 The context holds what the tabs share: the Session (the tabs call its methods, never its fields or
-its lock), the app's options, the registry of running jobs (one per browser session, so Cancel and
-a closed tab reach it), the Stable Diffusion job runner of txt2img and img2img, the Blocks (for
+its lock), the app's options, the registry of running jobs (one per browser session, so Interrupt, Skip, the
+live preview and a closed tab reach it), the Stable Diffusion job runner of txt2img and img2img, the Blocks (for
 load/unload events) and the Tabs (a "Send to" button selects its tab), each tab's controls by request
 field (what a "Send to" fills) and its note of what a send did not use, wiring that needs a later tab's controls (run once every tab is built),
 and each tab's Generate event (ui/remembered.py chains the browser's remembered values to it). Per-browser
