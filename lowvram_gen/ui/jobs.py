@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable, Iterator
 
 from lowvram_gen.errors import Cancelled
@@ -33,12 +34,19 @@ class Job:
         self.result = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        # live state the job thread updates, for A1111's /progress: the last step of `total`, when it started
+        self.step, self.total, self.started = 0, 0, time.time()
         self._work = work
         self._thread = threading.Thread(target=self._run, daemon=True, name="lowvram-gen job")
 
+    def _on_step(self, step: int, total: int) -> None:
+        self.step, self.total = step, total
+        self.events.put((step, total))
+
     def _run(self) -> None:
+        self.started = time.time()
         try:
-            self.result = self._work(lambda step, total: self.events.put((step, total)), self.cancel)
+            self.result = self._work(self._on_step, self.cancel)
         except BaseException as exc:  # noqa: BLE001 - handed to the UI thread, which reports it
             self.error = exc
         finally:
@@ -76,7 +84,9 @@ class Job:
 
 
 class Registry:
-    """The running job of each browser session, so its Cancel button reaches it."""
+    """The running job of each browser session (and API client), so its Cancel button reaches it; the one
+    place every front end that runs jobs in the web server registers them, so A1111's global /interrupt
+    reaches whichever runs."""
 
     def __init__(self):
         self._jobs: dict[str, Job] = {}
@@ -104,6 +114,14 @@ class Registry:
         if job is None:
             return None
         return job.summary() if job.done.is_set() else pending
+
+    def current(self) -> Job | None:
+        """The job on the GPU, of any client: the one past its first step, else the first registered of those
+        not finished (the others wait for the session's lock); None when none runs."""
+        with self._lock:
+            running = [j for j in self._jobs.values() if not j.done.is_set()]
+        stepping = [j for j in running if j.step > 0]
+        return (stepping or running or [None])[0]
 
     def others_running(self, key: str) -> bool:
         """Whether a job of another browser session is running (the GPU is taken)."""
