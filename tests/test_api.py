@@ -392,8 +392,23 @@ def test_nowebui_serves_the_api_alone_with_a_queue_limit_and_a_request_log(tmp_p
         srv.close()
 
 
-def test_a_bad_api_auth_is_a_clear_error_before_the_server_starts(capsys):
+def test_a_bad_api_auth_is_a_clear_error_before_the_server_starts(capsys, tmp_path):
     from lowvram_gen.cli.main import main
 
-    assert main(["ui", "--api", "--api-auth", "nocolon", "--port", str(_free_port())]) == 2
+    assert main(["ui", "--api", "--api-auth", "nocolon", "--port", str(_free_port()), "--outdir", str(tmp_path)]) == 2
     assert "invalid --api-auth: '<hidden>'; use user:password" in capsys.readouterr().err
+
+
+def test_the_ui_command_passes_the_api_flags_and_nowebui_takes_a1111s_port(monkeypatch, tmp_path):
+    from lowvram_gen.cli.main import main
+    from lowvram_gen.ui import launch as launch_module
+
+    launched = []
+    monkeypatch.setattr(launch_module, "check_port", lambda port, host: int(port))
+    monkeypatch.setattr(launch_module, "launch", lambda session, outdir, model, **kw: launched.append(kw))
+    assert main(["ui", "--nowebui", "--api-auth", "a:b", "--api-log", "--outdir", str(tmp_path)]) == 0
+    assert main(["ui", "--api", "--outdir", str(tmp_path)]) == 0
+    nowebui, api = launched
+    assert nowebui["port"] == 7861 and nowebui["webui"] is False and nowebui["api_auth"] == "a:b"
+    assert nowebui["api_log"] is True
+    assert api["port"] == 7860 and api["webui"] is True and api["api"] is True
