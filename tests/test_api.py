@@ -246,6 +246,9 @@ def test_a_bad_value_is_422_in_fastapis_validation_shape_with_our_message(server
     assert scheduler["loc"] == ["body", "scheduler"] and "karras" in scheduler["msg"]
     clip = _post(server, "txt2img", {"prompt": "x", "override_settings": {"CLIP_stop_at_last_layers": 40}})
     assert clip.json()["detail"][0]["loc"] == ["body", "override_settings", "CLIP_stop_at_last_layers"]
+    lora = _post(server, "txt2img", {"prompt": "x <lora:no_such_lora:1>", "steps": 1})  # refused by the job
+    assert lora.status_code == 422 and lora.json()["detail"][0]["loc"] == ["body", "prompt"]
+    assert "invalid LoRA: 'no_such_lora'" in lora.json()["detail"][0]["msg"]
     with pytest.raises(RuntimeError) as refused:  # what a webuiapi user sees
         webuiapi.WebUIApi(port=server.port).txt2img(prompt="x", steps=0)
     assert refused.value.args[0] == 422 and "invalid steps: 0" in refused.value.args[1]
@@ -321,6 +324,8 @@ def test_png_info_reads_our_parameters_in_a1111s_shape(server, api):
     image.convert("RGB").save(plain, format="PNG")  # no text chunks
     empty = _post(server, "png-info", {"image": base64.b64encode(plain.getvalue()).decode()}).json()
     assert empty == {"info": "", "items": {}, "parameters": {}}
+    not_an_image = _post(server, "png-info", {"image": base64.b64encode(b"hello").decode()})
+    assert not_an_image.status_code == 422 and not_an_image.json()["detail"][0]["loc"] == ["body", "image"]
 
 
 # -- auth and serving -----------------------------------------------------------------------------------------

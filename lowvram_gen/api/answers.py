@@ -142,9 +142,10 @@ def a1111_parameters(text: str) -> dict:
     return out
 
 
-def validation_error(exc: InvalidRequest) -> dict:
-    """FastAPI's (and so A1111's) 422 body for one refused value, with our message."""
-    loc = ["body", *exc.field.split(".")] if re.fullmatch(r"[\w.]+", exc.field) else ["body"]
+def validation_error(exc: InvalidRequest, field: str | None) -> dict:
+    """FastAPI's (and so A1111's) 422 body for one refused value of JSON `field` (None: of the body), with our
+    message."""
+    loc = ["body", *field.split(".")] if field else ["body"]
     value = exc.value if isinstance(exc.value, (str, int, float, bool, type(None))) else repr(exc.value)
     return {"detail": [{"type": "value_error", "loc": loc, "msg": str(exc), "input": value}]}
 

@@ -97,8 +97,9 @@ JSON_NAMES: dict[str, str] = {
     "variation seed": "subseed", "variation seed strength": "subseed_strength",
     "seed resize from": "seed_resize_from_w", "seed resize from width": "seed_resize_from_w",
     "seed resize from height": "seed_resize_from_h", "model": "override_settings.sd_model_checkpoint",
-    "LoRA": "prompt", "loras": "prompt", "embedding": "prompt",
 }
+# what a job refuses in the prompt: the message keeps its name (`invalid LoRA: ...`), the 422's loc says the field
+IN_PROMPT = {"LoRA": "prompt", "loras": "prompt", "embedding": "prompt"}
 
 
 @dataclass
@@ -118,6 +119,13 @@ def renamed(exc: InvalidRequest) -> InvalidRequest:
     """`exc` naming the JSON field instead of the request's (`invalid cfg_scale: ...`)."""
     name = JSON_NAMES.get(exc.field, exc.field)
     return exc if name == exc.field else InvalidRequest(name, exc.value, exc.allowed)
+
+
+def json_field(exc: InvalidRequest) -> str | None:
+    """The JSON field (dotted inside override_settings) a refused value came from; None when it is not one."""
+    name = IN_PROMPT.get(exc.field, exc.field)
+    known = name in JSON_NAMES.values() or name in TXT2IMG_DEFAULTS or name in IMG2IMG_DEFAULTS or name == "image"
+    return name if known or name.startswith("override_settings.") else None
 
 
 def as_bool(name: str, value: Any) -> bool:

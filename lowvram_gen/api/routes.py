@@ -32,7 +32,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
 
 from lowvram_gen.api import answers, listings, progress
-from lowvram_gen.api.fields import map_body, renamed
+from lowvram_gen.api.fields import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.cli.output import ProgressBar
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
@@ -85,7 +85,8 @@ class ApiContext:
 def _answer(exc: BaseException) -> JSONResponse:
     """An error in A1111's shapes (answers.py): 422 with the validation body for a refused value."""
     if isinstance(exc, InvalidRequest):
-        return JSONResponse(answers.validation_error(renamed(exc)), status_code=422)
+        exc = renamed(exc)
+        return JSONResponse(answers.validation_error(exc, json_field(exc)), status_code=422)
     if isinstance(exc, RequestValidationError):
         return JSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
     if isinstance(exc, HTTPException):
