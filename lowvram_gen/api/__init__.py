@@ -12,6 +12,7 @@ launch returns); `--nowebui` serves them alone. The tools people drive A1111 and
 - `routes`: the FastAPI routes, their HTTP Basic auth and the per-request log
 - `serve`: mounting on gradio's app, or an API-only server (`--nowebui`)
 
-Nothing here imports gradio, FastAPI or torch at import time: `routes` and `serve` import FastAPI when
-they build the routes.
+Importing this package (or fields, answers, listings, state, progress) loads neither gradio, FastAPI nor torch;
+`routes` and `serve` load FastAPI (and, through the UI's job registry, gradio), and only `ui.launch` imports them,
+when the API is on.
 """
