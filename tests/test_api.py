@@ -362,12 +362,20 @@ def test_listen_without_auth_warns_about_the_api_too():
     from lowvram_gen.ui.launch import exposure_warning
 
     both = exposure_warning(True, False, None, api=True)
-    assert "the web UI and the A1111 API (/sdapi/v1)" in both and "--api-auth" in both
+    assert "the web UI and the A1111 API (/sdapi/v1) of lowvram-gen are reachable" in both and "--api-auth" in both
     api_open = exposure_warning(True, False, None, api=True, webui=False)
     assert "the A1111 API" in api_open and "--gradio-auth" not in api_open
     assert exposure_warning(True, False, [("a", "b")], api=True, api_auth=[("a", "b")]) is None
     assert exposure_warning(True, False, None, api=True, api_auth=[("a", "b")], webui=False) is None
     assert exposure_warning(False, False, None, api=True) is None
+
+
+def test_share_needs_the_web_ui(tmp_path):
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.ui.launch import launch
+
+    with pytest.raises(InvalidRequest, match="a gradio.live link needs the web UI"):
+        launch(Session(outdir=str(tmp_path)), str(tmp_path), "tiny", share=True, webui=False, block=False)
 
 
 def test_nowebui_serves_the_api_alone_with_a_queue_limit_and_a_request_log(tmp_path, capsys):

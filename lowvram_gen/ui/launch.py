@@ -72,7 +72,8 @@ def exposure_warning(listen: bool, share: bool, auth, api: bool = False, api_aut
     if not open_parts:
         return None
     where = "a public gradio.live link" if share else "every network interface (0.0.0.0)"
-    return (f"{LOUD}\nWARNING: {' and '.join(open_parts)} of lowvram-gen is reachable on {where} WITHOUT a "
+    verb = "are" if len(open_parts) > 1 else "is"
+    return (f"{LOUD}\nWARNING: {' and '.join(open_parts)} of lowvram-gen {verb} reachable on {where} WITHOUT a "
             f"password.\nAnyone who can reach it can use your GPU and read your outputs. Add "
             f"{' and '.join(dict.fromkeys(flags))}.\n{LOUD}")
 
