@@ -11,7 +11,10 @@ names (`Sampler: DPM++ 2M Karras`) are split into both; `Schedule type: Automati
 sampler's own default there (Karras for DPM++ 2M).
 
 `Variation seed`, `Variation seed strength` and `Seed resize from` are A1111's extra seed options (the
-request's subseed, subseed_strength and seed_resize_from_w/h). Fields we do not use (ENSD, VAE, Eta...) are
+request's subseed, subseed_strength and seed_resize_from_w/h). Hires fix's fields are A1111 1.10's (`Hires upscale`
+or `Hires resize: WxH`, `Hires upscaler` in A1111's names, our old lower-case ones too, `Hires steps`, `Hires
+sampler`, `Hires schedule type`, `Hires prompt`, `Hires negative prompt`) and Forge's `Hires CFG Scale`; a
+`Hires sampler` or `Hires schedule type` our own PNG wrote for a request's "default" / "same" reads back as that. Fields we do not use (ENSD, VAE, Eta...) are
 listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
 Ranges are checked later, by `GenerationRequest.validated()`, with the CLI's messages. Standard library only:
 the CLI imports this before it decides to load torch.
@@ -25,7 +28,8 @@ from pathlib import Path
 
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
-from lowvram_gen.request import check_quantize
+from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER, check_quantize
+from lowvram_gen.upscale.upscalers import builtin
 from lowvram_gen.samplers import A1111_AUTOMATIC, DEFAULT, SAMPLERS, split_sampler
 from lowvram_gen.schedules import AUTOMATIC, check_schedule_type
 
@@ -64,6 +68,7 @@ def _float(key: str, value: str) -> float:
 _NUMBERS = {"Steps": ("steps", _int), "CFG scale": ("cfg_scale", _float), "Seed": ("seed", _int),
             "Batch size": ("batch_size", _int), "Hires upscale": ("hires_scale", _float),
             "Hires steps": ("hires_steps", _int), "Clip skip": ("clip_skip", _int),
+            "Hires CFG Scale": ("hires_cfg", _float), "Hires CFG scale": ("hires_cfg", _float),
             "Variation seed": ("subseed", _int), "Variation seed strength": ("subseed_strength", _float)}
 
 
@@ -106,13 +111,52 @@ def _quantize(value: str) -> str | None:
         raise InvalidRequest("'Quantize' in the image's parameters", value, exc.allowed) from None
 
 
-def _upscaler(value: str, notes: list[str]) -> str:
+def _upscaler(value: str) -> str:
+    """A built-in upscaler in A1111's spelling (ours were lower case: `latent`); any other name as written (a model
+    file, checked when the request is validated)."""
     name = str(value).strip()
-    if name.lower().startswith("latent"):
-        if name.lower() != "latent":
-            notes.append(f"hires upscaler {name!r} runs as 'latent' here")
-        return "latent"
-    return name.lower() if name.lower() in ("lanczos", "sd-x4") else name
+    return builtin(name) or name
+
+
+def _hires_sampler(value, params: dict, ours: dict | None) -> tuple[str, str | None]:
+    """(the request's hires sampler, the schedule type its name ends with or None), as `_sampler` reads `Sampler`."""
+    request = (ours or {}).get("request")
+    if isinstance(request, dict) and request.get("hires_sampler") == DEFAULT:
+        return DEFAULT, None
+    name = str(value).strip()
+    if name.endswith("Scheduler") and name not in SAMPLERS:
+        return DEFAULT, None
+    return split_sampler(name, "'Hires sampler' in the image's parameters")
+
+
+def _hires_schedule(value, params: dict, ours: dict | None) -> str:
+    """The request's hires schedule type from `Hires schedule type: value`, as `_schedule` reads `Schedule type`: the
+    Automatic of the sampler the second pass ran (the hires one, else the first pass's)."""
+    try:
+        if "Hires sampler" in params:
+            sampler, named = _hires_sampler(params["Hires sampler"], params, ours)
+        else:
+            sampler, named = _sampler(params, ours) if "Sampler" in params else (None, None)
+            named = None
+    except InvalidRequest:
+        sampler, named = None, None  # said once, for the sampler's own field
+    if named:
+        return named
+    key = check_schedule_type(str(value), "'Hires schedule type' in the image's parameters")
+    request = (ours or {}).get("request")
+    if key == AUTOMATIC:
+        return A1111_AUTOMATIC.get(sampler, AUTOMATIC)
+    if key == "uniform" and isinstance(request, dict) and request.get("hires_schedule_type", "") == "":
+        return ""  # ours: the first pass's schedule type, which is Uniform for this sampler
+    return key
+
+
+def _size(key: str, value) -> tuple[int, int]:
+    text = str(value).strip()
+    match = _SIZE.fullmatch(text)
+    if not match:
+        raise InvalidRequest(f"{key!r} in the image's parameters", value, "expected WIDTHxHEIGHT, e.g. 512x768")
+    return int(match.group(1)), int(match.group(2))
 
 
 def request_fields(params: dict, ours: dict | None = None, lenient: bool = False) -> Infotext:
@@ -141,7 +185,7 @@ def request_fields(params: dict, ours: dict | None = None, lenient: bool = False
 def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignored: list[str],
           notes: list[str]) -> None:
     """Set the request field(s) of one A1111 field in `fields` (or list it in `ignored`)."""
-    hires = "Hires upscale" in params
+    hires = "Hires upscale" in params or "Hires resize" in params
     if key in _NUMBERS:
         field_name, read = _NUMBERS[key]
         fields[field_name] = read(key, value)
@@ -176,7 +220,23 @@ def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignore
     elif key == "Denoising strength":
         fields["hires_denoise" if hires else "strength"] = _float(key, value)
     elif key == "Hires upscaler":
-        fields["hires_upscaler"] = _upscaler(value, notes)
+        fields["hires_upscaler"] = _upscaler(value)
+    elif key == "Hires resize":
+        fields["hires_resize_w"], fields["hires_resize_h"] = _size(key, value)
+    elif key == "Hires sampler" and str(value).strip() == SAME_SAMPLER:  # A1111's parser's own default
+        fields["hires_sampler"] = ""
+    elif key == "Hires schedule type" and str(value).strip() == SAME_SCHEDULER:
+        fields["hires_schedule_type"] = ""
+    elif key == "Hires sampler":
+        fields["hires_sampler"], named = _hires_sampler(value, params, ours)
+        if named:
+            fields["hires_schedule_type"] = named
+    elif key == "Hires schedule type":
+        fields["hires_schedule_type"] = _hires_schedule(value, params, ours)
+    elif key == "Hires prompt":
+        fields["hires_prompt"] = str(value)
+    elif key == "Hires negative prompt":
+        fields["hires_negative"] = str(value)
     elif key not in INFORMATIONAL:
         ignored.append(key)
 

@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.networks.tags import extract_lora_tags, parse_lora_flag
+from lowvram_gen.hires import HiresGeometry, geometry
+from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
 from lowvram_gen.samplers import check_installed, split_sampler  # light: tables of names, no torch
 from lowvram_gen.schedules import AUTOMATIC, check_schedule_type, label
-from lowvram_gen.upscale.upscalers import check_upscaler
+from lowvram_gen.upscale.upscalers import check_upscaler, latent_mode
+
+SAME_SAMPLER = "Use same sampler"  # A1111's Hires sampler choice for the first pass's own (the request's "")
+SAME_SCHEDULER = "Use same scheduler"  # and its Hires schedule type's
 
 # Caps. They bound what a typo can cost, not what a big card can do; presets cap further.
 MAX_SIDE = 4096  # px: SDXL-class models are trained at 1024; 4096 is already 16x that area
@@ -128,11 +132,21 @@ class GenerationRequest:
     # img2img: start from this image (path) instead of noise; strength 0 keeps it, 1 ignores it
     init_image: str | None = None
     strength: float = 0.75  # A1111's default denoising strength
-    # hires fix (A1111): generate at width x height, upscale by hires_scale, then a second img2img pass
+    # hires fix (A1111): generate at width x height, upscale by hires_scale (or to hires_resize_w x hires_resize_h),
+    # then a second img2img pass. It is on when hires_scale is above 1 or a resize is given
     hires_scale: float = 1.0  # 1: off
-    hires_upscaler: str = "latent"  # A1111's default: upscale the latents themselves
+    hires_upscaler: str = "Latent"  # A1111's default: upscale the latents themselves (bilinear)
     hires_steps: int = 0  # 0: as many as `steps`
     hires_denoise: float = 0.7  # A1111's default for the second pass
+    # A1111's "Resize width to" / "Resize height to" (hr_resize_x/y): 0x0 uses hires_scale; one side alone keeps the
+    # first pass's aspect; both: the first pass upscaled to cover them and cropped (hires.py)
+    hires_resize_w: int = 0
+    hires_resize_h: int = 0
+    hires_sampler: str = ""  # A1111 1.6+'s Hires sampler; "": the first pass's ("Use same sampler")
+    hires_schedule_type: str = ""  # A1111 1.9+'s Hires schedule type; "": the first pass's ("Use same scheduler")
+    hires_cfg: float = 0.0  # Forge's "Hires CFG Scale" (hr_cfg); 0: the first pass's cfg_scale
+    hires_prompt: str = ""  # A1111's Hires prompt; "": the prompt
+    hires_negative: str = ""  # A1111's Hires negative prompt; "": the negative prompt
     loras: tuple[str, ...] = ()  # --lora NAME[:WEIGHT], added to the prompt's <lora:...> tags
     quantize: str | None = None  # --quantize: int8/int4 weights (or none) in every preset; None: as the preset says
     # A1111's "Clip skip": the text encoder's layer counted from the end (1: the last, off; 2: the one before);
@@ -171,12 +185,16 @@ class GenerationRequest:
             hires_upscaler=check_upscaler_name("hires upscaler", self.hires_upscaler, latent_ok=True),
             hires_steps=as_int("hires steps", self.hires_steps, 0, MAX_STEPS, " (0: as many as steps)"),
             hires_denoise=as_float("hires denoise", self.hires_denoise, 0.0, 1.0),
+            hires_cfg=as_float("hires cfg", 0.0 if self.hires_cfg is None else self.hires_cfg, 0.0, MAX_CFG),
+            hires_prompt=check_prompt_syntax("hires prompt", clean_prompt("hires prompt", self.hires_prompt)),
+            hires_negative=check_prompt_syntax("hires negative prompt",
+                                               clean_prompt("hires negative prompt", self.hires_negative)),
             loras=check_loras(self.loras, self.prompt),
             quantize=check_quantize(self.quantize),
             clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
-        )._check_hires()._check_seed_resize()
+        )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize()
 
     def _check_seed_resize(self) -> "GenerationRequest":
         w, h = self.seed_resize_from_w, self.seed_resize_from_h
@@ -198,24 +216,123 @@ class GenerationRequest:
         """(width, height) the seed's noise is drawn at, or None (off)."""
         return (self.seed_resize_from_w, self.seed_resize_from_h) if self.seed_resize_from_w > 0 else None
 
+    def _check_hires_sampler(self) -> "GenerationRequest":
+        """The hires sampler and schedule type as the first pass's are checked ("" or A1111's "Use same ..." for the
+        first pass's own); a combined name ("DPM++ 2M Karras") sets the hires schedule type too."""
+        sampler, schedule = self.hires_sampler, self.hires_schedule_type
+        same_sampler = sampler is None or (isinstance(sampler, str)
+                                           and sampler.strip().lower() in ("", SAME_SAMPLER.lower()))
+        same_schedule = schedule is None or (isinstance(schedule, str)
+                                             and schedule.strip().lower() in ("", SAME_SCHEDULER.lower()))
+        if same_sampler:
+            sampler = ""
+            schedule = "" if same_schedule else check_schedule_type(schedule, "hires schedule type")
+        else:
+            name, named = split_sampler(sampler, "hires sampler")
+            given = "" if same_schedule else check_schedule_type(schedule, "hires schedule type")
+            if named is not None and given not in ("", AUTOMATIC, named):
+                raise InvalidRequest("hires schedule type", schedule,
+                                     f"the hires sampler {sampler!r} says {label(named)!r}: give one of them (the "
+                                     f"sampler {name!r} and the schedule type apart)")
+            check_installed(name)
+            sampler, schedule = name, named or given
+        return dataclasses.replace(self, hires_sampler=sampler, hires_schedule_type=schedule)
+
+    def _check_hires_resize(self) -> "GenerationRequest":
+        sides = []
+        for name, side in (("hires resize width", self.hires_resize_w), ("hires resize height", self.hires_resize_h)):
+            if side in (0, "0", None, ""):
+                sides.append(0)
+                continue
+            side = as_int(name, side, MIN_SIDE, MAX_SIDE, " and a multiple of 8 (0: from the other side or the scale)")
+            if side % 8:
+                raise InvalidRequest(name, side, f"must be a multiple of 8 (try {side - side % 8 or 8} or "
+                                                 f"{side - side % 8 + 8}), from {MIN_SIDE} to {MAX_SIDE} (0: from the "
+                                                 "other side or the scale)")
+            sides.append(side)
+        return dataclasses.replace(self, hires_resize_w=sides[0], hires_resize_h=sides[1])
+
     def _check_hires(self) -> "GenerationRequest":
-        if self.hires_scale > 1:
+        if self.hires:
             w, h = self.hires_size()
-            if max(w, h) > MAX_SIDE:
+            if self.hires_resize:
+                given = "%dx%d" % self.hires_resize
+                if max(w, h) > MAX_SIDE or min(w, h) < MIN_SIDE:
+                    raise InvalidRequest("hires resize", given, f"{self.width}x{self.height} resized to {given} is "
+                                                                f"{w}x{h}; from {MIN_SIDE} to {MAX_SIDE} px a side")
+            elif max(w, h) > MAX_SIDE:
                 raise InvalidRequest("hires scale", self.hires_scale,
                                      f"{self.width}x{self.height} x{self.hires_scale:g} is {w}x{h}; at most {MAX_SIDE} px a side")
         return self
 
+    def _check_hires_loras(self) -> "GenerationRequest":
+        """A hires prompt names the same LoRAs as the prompt, or the job is refused: A1111 switches to the hires
+        prompt's LoRAs for the second pass, and a job here keeps one set of LoRAs on its model."""
+        if not self.hires or not self.hires_prompt:
+            return self
+        flags = [parse_lora_flag(f) for f in self.loras]
+        first, _ = merge_refs(flags + extract_lora_tags(self.prompt)[1])
+        second, _ = merge_refs(flags + extract_lora_tags(self.hires_prompt)[1])
+        if {(r.name, r.weight) for r in first} != {(r.name, r.weight) for r in second}:
+            def said(refs):
+                return ", ".join(f"{r.name}:{r.weight:g}" for r in refs) or "none"
+
+            raise InvalidRequest("hires prompt", self.hires_prompt,
+                                 f"its LoRAs ({said(second)}) differ from the prompt's ({said(first)}); A1111 switches "
+                                 "LoRAs for the second pass, lowvram-gen keeps one set per job: give the hires prompt "
+                                 "the same <lora:...> tags (or leave it empty: the prompt's)")
+        return self
+
     @property
     def hires(self) -> bool:
-        return self.hires_scale > 1
+        return self.hires_scale > 1 or bool(self.hires_resize)
+
+    @property
+    def hires_resize(self) -> tuple[int, int] | None:
+        """(width, height) of A1111's Hires resize (a side 0: from the other), or None: hires_scale."""
+        w, h = self.hires_resize_w or 0, self.hires_resize_h or 0
+        return (w, h) if w or h else None
+
+    @property
+    def hires_cfg_scale(self) -> float:
+        """The second pass's CFG scale: hires_cfg, or the first pass's where it is 0."""
+        return self.hires_cfg if self.hires_cfg else self.cfg_scale
+
+    @property
+    def hires_sampling(self) -> tuple[str, str]:
+        """(sampler, schedule type) of the second pass: the hires ones, the first pass's where they are ""."""
+        return self.hires_sampler or self.sampler, self.hires_schedule_type or self.schedule_type
+
+    @property
+    def hires_texts(self) -> tuple[str, str]:
+        """(prompt, negative prompt) of the second pass: the hires ones, the first pass's where they are "" (A1111's)."""
+        return self.hires_prompt or self.prompt, self.hires_negative or self.negative_prompt
+
+    @property
+    def latent_upscale(self) -> tuple[str, bool] | None:
+        """(interpolate mode, antialias) of a latent hires upscaler, or None for one that works on pixels."""
+        try:
+            return latent_mode(self.hires_upscaler)
+        except KeyError:
+            return None
+
+    def hires_geometry(self, multiple: int = 8, base: tuple[int, int] | None = None) -> HiresGeometry:
+        """What hires fix upscales the first pass to and keeps of it (hires.py), at the requested size; with `base`
+        (a first pass the ladder made smaller) the same, shrunk with it."""
+        full = geometry((self.width, self.height), self.hires_scale, self.hires_resize or (0, 0), multiple)
+        if base is None or base == (self.width, self.height):
+            return full
+        if not self.hires_resize:  # the scale applies to the smaller first pass as it is
+            return geometry(base, self.hires_scale, (0, 0), multiple)
+        least = -(-MIN_SIDE // multiple) * multiple
+        w = max(least, int(full.size[0] * base[0] / self.width) // multiple * multiple)
+        h = max(least, int(full.size[1] * base[1] / self.height) // multiple * multiple)
+        return full.scaled(w, h, multiple)
 
     def hires_size(self, multiple: int = 8, base: tuple[int, int] | None = None) -> tuple[int, int]:
-        """The size with hires fix: `base` (the first pass; default the requested size) times the
-        scale, down to multiples of `multiple` (the pipeline's grid)."""
-        width, height = base or (self.width, self.height)
-        return (int(width * self.hires_scale) // multiple * multiple,
-                int(height * self.hires_scale) // multiple * multiple)
+        """The size with hires fix (its second pass's): `base` (the first pass; default the requested size) times the
+        scale, or the resize (hires_geometry), down to multiples of `multiple` (the pipeline's grid)."""
+        return self.hires_geometry(multiple, base).size
 
     def output_size(self) -> tuple[int, int]:
         return self.hires_size() if self.hires else (self.width, self.height)
@@ -228,6 +345,9 @@ class GenerationRequest:
             data = dict(data)
             data["seed_resize_from_w"], data["seed_resize_from_h"] = parse_size("seed resize from",
                                                                                 data.pop("seed_resize_from"))
+        if "hires_resize" in data:  # "WxH" (a side 0: from the other), as --hires-resize and A1111's infotext
+            data = dict(data)
+            data["hires_resize_w"], data["hires_resize_h"] = parse_size("hires resize", data.pop("hires_resize"))
         aliases = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size"}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():

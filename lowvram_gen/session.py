@@ -30,7 +30,7 @@ from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
-from lowvram_gen.networks.job import uses_networks
+from lowvram_gen.networks.job import request_uses_networks
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
@@ -136,9 +136,10 @@ class Session:
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
         return plan(device, self.profile_for(source, model), width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
-                    cfg=request.cfg_scale > 1, steps=request.steps, quantize_forced=request.quantize is not None,
-                    model=request.model, reloadable=source.kind != "single_file" and not uses_networks(
-                        request.prompt, request.negative_prompt, request.loras), single_file=source.kind == "single_file")
+                    cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
+                    quantize_forced=request.quantize is not None, model=request.model,
+                    reloadable=source.kind != "single_file" and not request_uses_networks(request),
+                    single_file=source.kind == "single_file")
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it
@@ -158,6 +159,8 @@ class Session:
         """Make the images of a txt2img/img2img request (hires fix included) and save them."""
         request = request.validated()
         check_names(request.prompt, request.negative_prompt, request.loras)  # an unknown LoRA: before the model loads
+        if request.hires:
+            check_names(*request.hires_texts)
         outdir = self._outdir(request.outdir)
         with self.lock:
             device = self.device()

@@ -124,6 +124,30 @@ def test_clip_skip_in_every_format_and_as_a_default_and_old_job_hashes_stay(tmp_
     assert request_hash("sd", GenerationRequest(prompt="a cat", seed=5, clip_skip=2).validated()) != "3888bfeb5c2d8f9b"
 
 
+def test_hires_fields_with_a1111s_api_names_in_every_format_and_old_job_hashes_stay(tmp_path):
+    """Issue 19: hires fix's resize, sampler, schedule type, CFG and prompts on a line, by A1111's API names (hr_*)
+    or ours; a .txt line's --hr_prompt takes the words up to the next option, as --prompt does. A line without them,
+    or with the upscaler spelt as before A1111's names, keeps its job's hash."""
+    txt = jobs_of(write(tmp_path, "p.txt", '--prompt a fox --hr_scale 2 --hr_resize_x 128 --hr_sampler_name "DPM++ 2M" '
+                                           "--hr_scheduler Karras --hr_cfg 4 --hr_prompt a red fox --hr_negative_prompt "
+                                           "blur --hr_upscaler 'Latent (bicubic)' --hr_second_pass_steps 3\n"
+                                           "--prompt b --hires_resize 0x96\n--prompt c --hr_resize_x 100\n"))
+    first = txt.jobs[0].request
+    assert (first.hires_scale, first.hires_resize_w, first.hires_resize_h, first.hires_sampler,
+            first.hires_schedule_type, first.hires_cfg, first.hires_prompt, first.hires_negative,
+            first.hires_upscaler, first.hires_steps) == (2.0, 128, 0, "DPM++ 2M", "karras", 4.0, "a red fox", "blur",
+                                                        "Latent (bicubic)", 3)
+    assert (txt.jobs[1].request.hires_resize_h, txt.jobs[1].request.output_size()) == (96, (96, 96))
+    assert [b.line for b in txt.bad] == [3] and "hires resize width: 100" in txt.bad[0].error
+    jsonl = jobs_of(write(tmp_path, "p.jsonl", '{"prompt": "a", "hr_resize_y": 128, "hires_cfg": 3}\n'))
+    assert (jsonl.jobs[0].request.hires_resize_h, jsonl.jobs[0].request.hires_cfg) == (128, 3.0)
+    csv = jobs_of(write(tmp_path, "p.csv", "prompt,hr_prompt,hr_sampler_name\na,a cat,Euler a\n"))
+    assert (csv.jobs[0].request.hires_prompt, csv.jobs[0].request.hires_sampler) == ("a cat", "Euler a")
+    old = GenerationRequest(prompt="a cat", seed=5, hires_upscaler="latent").validated()
+    assert old.hires_upscaler == "Latent" and request_hash("sd", old) == "3888bfeb5c2d8f9b"
+    assert request_hash("sd", GenerationRequest(prompt="a cat", seed=5, hires_cfg=3).validated()) != "3888bfeb5c2d8f9b"
+
+
 def test_cli_clip_skip_default_reaches_every_line_and_a_bad_one_exits_2(tmp_path, capsys):
     path = write(tmp_path, "p.jsonl", '{"prompt": "a fox", "seed": 1}\n{"prompt": "a cat", "seed": 1, "clip_skip": 3}\n')
 
@@ -267,10 +291,11 @@ def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_
     assert sgm.request.schedule_type == "sgm-uniform" and euler.request.schedule_type == "exponential"
     data = dataclasses.asdict(old.request)
     for key in ("outdir", "extra", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
-                "seed_resize_from_w", "seed_resize_from_h"):  # the fields added since, at defaults
+                "seed_resize_from_w", "seed_resize_from_h", "hires_resize_w", "hires_resize_h", "hires_sampler",
+                "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative"):  # added since, at defaults
         data.pop(key)
-    text = json.dumps({"engine": "sd", **data, "sampler": "DPM++ 2M Karras"}, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=True)
+    text = json.dumps({"engine": "sd", **data, "sampler": "DPM++ 2M Karras", "hires_upscaler": "latent"},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=True)  # spelt so before A1111's names
     assert old.request_hash == hashlib.sha256(text.encode()).hexdigest()[:16]  # as before schedule types
     assert len({old.request_hash, sgm.request_hash, euler.request_hash}) == 3
     assert request_hash("sd", dataclasses.replace(old.request, schedule_type="exponential")) != old.request_hash

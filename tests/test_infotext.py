@@ -66,8 +66,8 @@ def test_a1111s_own_text():
                            "sampler": "DPM++ 2M", "schedule_type": "karras", "cfg_scale": 6.5, "seed": 99,
                            "width": 512, "height": 768, "model": "v1-5-pruned-emaonly", "clip_skip": 2,
                            "batch_size": 4, "hires_denoise": 0.45,
-                           "hires_scale": 2.0, "hires_upscaler": "latent"}
-    assert read.ignored == [] and "Latent (bicubic)" in read.notes[0]
+                           "hires_scale": 2.0, "hires_upscaler": "Latent (bicubic)"}
+    assert read.ignored == [] and read.notes == []  # A1111's latent upscalers run as A1111 runs them
     # a scheduler class name (no A1111 name matched it) is the model's own scheduler
     assert request_fields({"Sampler": "FlowMatchEulerDiscreteScheduler"}).fields["sampler"] == "default"
     # Quantize as the request and the UI's Quantize box spell it

@@ -74,7 +74,7 @@ CANNOT = {  # generate arguments a transformer pipeline refuses -> the message; 
     "width": (["--width", "72"], "{pipeline} needs multiples of 16: use 64 or 80"),
     "height": (["--height", "88"], "{pipeline} needs multiples of 16: use 80 or 96"),
     "hires-latent": (["--hires-scale", "2", "--hires-upscaler", "latent"],
-                     "its latents cannot be upscaled: use lanczos"),
+                     "its latents cannot be upscaled: use Lanczos"),
     "hires-off-grid": (["--width", "80", "--height", "80", "--hires-scale", "1.5", "--hires-upscaler", "lanczos"],
                        "80x80 x1.5 is 120x120; {pipeline} needs multiples of 16"),
     "sampler": (["--sampler", "Euler a"], "flow-matching model (FlowMatchEulerDiscreteScheduler)"),
@@ -327,7 +327,7 @@ def test_hires_fix_upscales_the_first_pass_in_pixels_and_runs_img2img_at_the_hir
     assert type(session.model.pipe._lowvram_img2img).__name__ == family.img2img
     assert session.model.pipe._lowvram_img2img.transformer is session.model.pipe.transformer  # shared, not copied
     fields = parse_a1111_parameters(read_png_metadata(result.images[0])[0])
-    assert (fields["Hires upscale"], fields["Hires upscaler"], fields["Denoising strength"]) == ("2", "lanczos", "0.6")
+    assert (fields["Hires upscale"], fields["Hires upscaler"], fields["Denoising strength"]) == ("2", "Lanczos", "0.6")
     assert [a["stage"] for a in result.attempts] == ["denoise", "hires"]
 
 

@@ -1233,3 +1233,73 @@ def test_the_extra_checkbox_shows_the_seed_options_and_unticking_turns_them_off(
     page.locator("#seed-extra input").check()
     row.wait_for(state="visible", timeout=10_000)
     assert strength.input_value() == "0"
+
+
+def test_send_to_fills_hires_fixs_own_settings_and_puts_them_back_to_same_without(tmp_path):
+    """Issue 19: an A1111 PNG's Hires resize, sampler, schedule type, CFG scale and prompts fill the Hires fix controls
+    (nothing "not used"); a PNG without them puts them back to "the first pass's" (A1111 writes them only when they
+    differ), or the same seed would not give the same image."""
+    from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER
+    from lowvram_gen.ui import sendto
+
+    text = ("a fox\nSteps: 2, Sampler: Euler, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny, Denoising strength: 0.5, "
+            'Hires sampler: DPM++ 2M, Hires prompt: "a fox, red", Hires negative prompt: blur, Hires CFG Scale: 4, '
+            "Hires schedule type: Karras, Hires resize: 128x96, Hires steps: 3, Hires upscaler: Latent (bicubic)")
+    values, said = sendto.values_for(sendto.TXT2IMG, _png_with(tmp_path / "hires.png", text))
+    got = dict(zip(sendto.TXT2IMG, values))
+    assert [got[k] for k in ("hires_resize_w", "hires_resize_h", "hires_sampler", "hires_schedule_type", "hires_cfg",
+                             "hires_prompt", "hires_negative", "hires_steps", "hires_upscaler", "hires_scale")] == [
+        128, 96, "DPM++ 2M", "karras", 4.0, "a fox, red", "blur", 3, "Latent (bicubic)", 1.0]
+    assert not said, said
+    plain = _png_with(tmp_path / "plain.png", "a fox\nSteps: 2, Sampler: Euler, CFG scale: 7, Seed: 5, Size: 64x64, "
+                                              "Model: tiny, Denoising strength: 0.5, Hires upscale: 2, Hires upscaler: "
+                                              "Latent")
+    got = dict(zip(sendto.TXT2IMG, sendto.values_for(sendto.TXT2IMG, plain)[0]))
+    assert [got[k] for k in ("hires_resize_w", "hires_resize_h", "hires_sampler", "hires_schedule_type", "hires_cfg",
+                             "hires_prompt", "hires_negative", "hires_steps", "hires_scale")] == [
+        0, 0, SAME_SAMPLER, SAME_SCHEDULER, 0, "", "", 0, 2.0]
+
+
+def test_hires_fixs_own_settings_from_the_api_reach_the_png(server):
+    """The new Hires fix inputs come last in /generate's positional order; by name they reach the job."""
+    from gradio_client import Client
+
+    client = Client(server.url, verbose=False)
+    _, info, _, _ = client.predict(prompt="a fox", width=64, height=64, steps=2, seed=31, hires_upscaler="lanczos",
+                                   hires_steps=1, hires_resize_w=128, hires_resize_h=96, hires_sampler="DPM++ 2M",
+                                   hires_schedule_type="karras", hires_cfg=4, hires_prompt="a fox, red",
+                                   hires_negative="blur", api_name="/generate")
+    assert ('Hires sampler: DPM++ 2M, Hires prompt: "a fox, red", Hires negative prompt: blur, Hires CFG Scale: 4, '
+            "Hires schedule type: Karras, Hires resize: 128x96, Hires steps: 1, Hires upscaler: Lanczos") in info
+    made = next(server.outdir.rglob("*-31-*.png"))
+    from PIL import Image
+
+    assert Image.open(made).size == (128, 96)
+    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]
+    assert [p["parameter_name"] for p in api][-7:] == ["hires_resize_w", "hires_resize_h", "hires_sampler",
+                                                       "hires_schedule_type", "hires_cfg", "hires_prompt",
+                                                       "hires_negative"]
+
+
+@needs_browser
+def test_png_info_fills_the_hires_controls_and_regenerates_the_same_hires_image(page, server, tmp_path):
+    """A PNG made with Hires resize, its own sampler, schedule type, CFG and prompts, sent from PNG Info to txt2img
+    and generated again in the browser: the same parameters, the same pixels."""
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+
+    original = server.session.generate(GenerationRequest(
+        prompt="a lighthouse", negative_prompt="fog", width=64, height=64, steps=2, seed=5151, sampler="Euler",
+        hires_resize_w=96, hires_resize_h=128, hires_steps=1, hires_sampler="DPM++ 2M", hires_schedule_type="karras",
+        hires_cfg=4, hires_prompt="a lighthouse, red", hires_negative="rain", hires_upscaler="Latent (nearest-exact)",
+        outdir=str(tmp_path))).images[0]
+    _drop_on_png_info(page, original, "Seed: 5151")
+    page.click("#pnginfo-to-txt2img")
+    _value_is(page, "#prompt textarea", "a lighthouse")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#info textarea').value.includes('Seed: 5151')",
+                           timeout=120_000)
+    made = [p for p in server.outdir.rglob("*-5151-*.png")]
+    assert len(made) == 1
+    assert parse_a1111_parameters(read_png_metadata(made[0])[0]) == parse_a1111_parameters(read_png_metadata(original)[0])
+    assert (_pixels(made[0]) == _pixels(original)).all()

@@ -94,8 +94,9 @@ def test_img2img_cli(init_png, tmp_path, capsys):
     assert code == 0 and Image.open(result["images"][0]).size == (96, 64)
 
 
-@pytest.mark.parametrize("upscaler", ["latent", "lanczos"])
-def test_hires_fix_second_pass_with_a1111_metadata(upscaler, tmp_path):
+@pytest.mark.parametrize("upscaler, written", [("latent", "Latent"), ("lanczos", "Lanczos")])
+def test_hires_fix_second_pass_with_a1111_metadata(upscaler, written, tmp_path):
+    """Our old lower-case names still run; the PNG says A1111's."""
     result = Session().generate(GenerationRequest(
         prompt="x", width=64, height=64, steps=2, seed=1, hires_scale=2, hires_upscaler=upscaler, hires_steps=2,
         hires_denoise=0.5, outdir=str(tmp_path)))
@@ -104,7 +105,7 @@ def test_hires_fix_second_pass_with_a1111_metadata(upscaler, tmp_path):
     assert [a["stage"] for a in result.attempts if a["stage"] == "hires"] == ["hires"]
     fields = parse_a1111_parameters(read_png_metadata(result.images[0])[0])
     assert (fields["Hires upscale"], fields["Hires upscaler"], fields["Hires steps"], fields["Denoising strength"]) == (
-        "2", upscaler, "2", "0.5")
+        "2", written, "2", "0.5")
 
 
 def test_hires_second_pass_oom_steps_down_without_redoing_the_first(tmp_path):
@@ -150,7 +151,7 @@ def test_an_upscaled_png_has_no_seed_in_its_name_one_size_and_the_source_by_name
     assert saved.name == "00000-7-a-red-fox-upscaled.png"  # counter, then the source's name without its counter
     params, meta = read_png_metadata(saved)
     assert params.count("Size:") == 1 and "Size: 64x64" in params  # the generation size, as A1111 keeps it
-    assert "Postprocess upscale by: 2, Postprocess upscaler: lanczos" in params
+    assert "Postprocess upscale by: 2, Postprocess upscaler: Lanczos" in params  # A1111's name for it
     assert meta["source"] == Path(made.images[0]).name and "/" not in meta["source"]
     plain = tmp_path / "plain.png"
     Image.new("RGB", (20, 10)).save(plain)  # no parameters of its own: our fields and the new size
@@ -240,7 +241,7 @@ def test_a_pickle_that_runs_code_is_refused_as_an_upscaler(tmp_path):
 
 @pytest.mark.parametrize("args,word", [
     (["--scale", "0"], "scale"), (["--scale", "abc"], "scale"), (["--scale", "9"], "scale"),
-    (["--upscaler", "latent"], "hires pass"), (["--upscaler", "nope"], "lanczos"),
+    (["--upscaler", "latent"], "hires pass"), (["--upscaler", "nope"], "Lanczos"), (["--upscaler", "None"], "hires pass"),
 ])
 def test_upscale_rejects_bad_values(args, word, init_png, capsys):
     assert main(["upscale", str(init_png), *args]) == 2
@@ -250,7 +251,7 @@ def test_upscale_rejects_bad_values(args, word, init_png, capsys):
 @pytest.mark.parametrize("field,value,word", [
     ("strength", -0.1, "0 to 1"), ("strength", 1.5, "0 to 1"), ("strength", "x", "0 to 1"),
     ("init_image", "/no/such.png", "no such file"), ("hires_scale", 0.5, "1 to 4"),
-    ("hires_upscaler", "bogus", "lanczos"), ("hires_denoise", 2, "0 to 1"),
+    ("hires_upscaler", "bogus", "Lanczos"), ("hires_denoise", 2, "0 to 1"),
 ])
 def test_bad_img2img_and_hires_values(field, value, word, init_png):
     kwargs = {"init_image": str(init_png)} if field != "init_image" else {}

@@ -42,11 +42,19 @@ from lowvram_gen.schedules import AUTOMATIC, label
 FORMATS = {".txt": "txt", ".prompts": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 MAX_REPEAT = 10_000  # per line; bounds what a typo can queue
 
-# Field aliases accepted in every format (A1111 option names included).
+# Field aliases accepted in every format (A1111 option names included; the hr_* ones are its API's txt2img fields)
 ALIASES = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size",
-           "sampler_name": "sampler", "n_iter": "repeat", "scheduler": "schedule_type"}
-# seed_resize_from: "WxH", both of A1111's seed_resize_from_w/h at once (GenerationRequest.from_mapping)
-REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest)) | {"seed_resize_from"}
+           "sampler_name": "sampler", "n_iter": "repeat", "scheduler": "schedule_type",
+           "hr_scale": "hires_scale", "hr_upscaler": "hires_upscaler", "hr_second_pass_steps": "hires_steps",
+           "hr_resize_x": "hires_resize_w", "hr_resize_y": "hires_resize_h", "hr_sampler_name": "hires_sampler",
+           "hr_scheduler": "hires_schedule_type", "hr_cfg": "hires_cfg", "hr_prompt": "hires_prompt",
+           "hr_negative_prompt": "hires_negative"}
+# seed_resize_from and hires_resize: "WxH", both sides at once (GenerationRequest.from_mapping)
+REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest)) | {"seed_resize_from",
+                                                                                      "hires_resize"}
+# options of a .txt line that take every word up to the next --option, as A1111 reads --prompt
+PROMPT_OPTIONS = ("prompt", "negative_prompt", "negative", "hires_prompt", "hires_negative", "hr_prompt",
+                  "hr_negative_prompt")
 BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
 # A1111 options that only concern A1111's own saving: accepted and ignored, with a warning.
 A1111_IGNORED = frozenset({"prompt_for_display", "do_not_save_grid", "do_not_save_samples", "outpath_samples",
@@ -146,15 +154,21 @@ def request_hash(engine: str, request) -> str:
         data["schedule_type"] = schedule
     if data.get("clip_skip") == 1:  # likewise
         data.pop("clip_skip", None)
-    for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
-        if data.get(name) == off:  # the variation seed fields, added later: off, the hash stays
+    for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0),
+                      ("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_sampler", ""),
+                      ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", "")):
+        if data.get(name) == off:  # the variation seed and hires fields, added later: off, the hash stays
             data.pop(name, None)
+    if data.get("hires_upscaler") in _OLD_UPSCALER:  # A1111's spelling now: a line's job keeps its hash
+        data["hires_upscaler"] = _OLD_UPSCALER[data["hires_upscaler"]]
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # the sampler names that held their schedule type before requests had schedule_type
 _COMBINED = frozenset({"LMS Karras", "DPM++ 2M Karras", "DPM++ 2M SDE Karras"})
+# the built-in upscalers' names as requests spelt them before A1111's spellings
+_OLD_UPSCALER = {"Latent": "latent", "Lanczos": "lanczos"}
 
 
 def _merged(defaults: dict, fields: dict) -> dict:
@@ -242,7 +256,7 @@ def parse_options(text: str) -> tuple[dict, list[str]]:
         name = name.replace("-", "_").lower()
         values = [value] if eq else []
         pos += 1
-        if name in ("prompt", "negative_prompt", "negative"):
+        if name in PROMPT_OPTIONS:
             while pos < len(words) and not words[pos].startswith("--"):
                 values.append(words[pos])
                 pos += 1
@@ -378,6 +392,8 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
             base = ENGINES[engine](_merged(defaults, fields) if engine == "sd" else {**defaults, **fields})
             if engine == "sd":  # an unknown LoRA is a bad line like any other, found by --dry-run too
                 names.check(base.prompt, base.negative_prompt, base.loras)
+                if base.hires:
+                    names.check(*base.hires_texts)
         except LowVramError as exc:
             bad.append(BadLine(entry.line, str(exc)))
             if counter is not None:

@@ -86,12 +86,25 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="rerun this PNG's parameters (A1111's or ours); the flags given here override them")
     _add_job_fields(p, every_job=False)
     p.add_argument("--seed", metavar="N", help="0..4294967295, or -1 for random (default)")
-    h = p.add_argument_group("hires fix (A1111): a second pass at a larger size")
+    h = p.add_argument_group("hires fix (A1111): a second pass at a larger size (on with --hires-scale above 1 or "
+                             "--hires-resize)")
     h.add_argument("--hires-scale", metavar="X", help="upscale by X, then a second pass (1: off)")
+    h.add_argument("--hires-resize", dest="hires_resize", metavar="WxH",
+                   help="upscale to this size instead of by --hires-scale (A1111's Resize width/height to): Wx0 or 0xH "
+                        "keeps the aspect; WxH of another aspect crops the upscaled first pass to it")
     h.add_argument("--hires-upscaler", metavar="NAME",
-                   help="latent (default), lanczos, or an ESRGAN-family model")
+                   help="A1111's names, any case: Latent (default), Latent (antialiased), Latent (bicubic), Latent "
+                        "(bicubic antialiased), Latent (nearest), Latent (nearest-exact), None, Lanczos, Nearest, "
+                        "or an ESRGAN-family model")
     h.add_argument("--hires-steps", metavar="N", help="second-pass steps (0: as many as --steps)")
     h.add_argument("--hires-denoise", metavar="X", help="second-pass denoising strength (default 0.7)")
+    h.add_argument("--hires-sampler", metavar="NAME", help="the second pass's sampler (default: --sampler's)")
+    h.add_argument("--hires-schedule-type", metavar="TYPE",
+                   help="the second pass's schedule type (default: --schedule-type's)")
+    h.add_argument("--hires-cfg", metavar="X", help="the second pass's CFG scale, 0-30 (0, the default: --cfg's)")
+    h.add_argument("--hires-prompt", metavar="TEXT", help="the second pass's prompt (default: the prompt)")
+    h.add_argument("--hires-negative", metavar="TEXT",
+                   help="the second pass's negative prompt (default: the negative prompt)")
     _add_model(p)
     p.set_defaults(model=None)  # tiny unless --model or the PNG's model (--from-png) says otherwise
     p.add_argument("--quantize", metavar="none|int8|int4",
@@ -138,11 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     i2i.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
     _add_generation_args(i2i)
 
-    up = sub.add_parser("upscale", help="upscale an image (lanczos, an ESRGAN-family model, sd-x4)")
+    up = sub.add_parser("upscale", help="upscale an image (Lanczos, Nearest, an ESRGAN-family model, sd-x4)")
     up.add_argument("image", help="the image to upscale (PNG, JPEG, WebP)")
     up.add_argument("--scale", default=2, metavar="X", help="factor, 1-8 (default 2)")
-    up.add_argument("--upscaler", default="lanczos", metavar="NAME",
-                    help="lanczos (default), sd-x4, or an ESRGAN-family .pth/.safetensors (a path, or a name in models/ESRGAN)")
+    up.add_argument("--upscaler", default="Lanczos", metavar="NAME",
+                    help="Lanczos (default), Nearest, sd-x4, or an ESRGAN-family .pth/.safetensors (a path, or a name "
+                         "in models/ESRGAN, with or without its extension); any case")
     up.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
     up.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     up.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
@@ -230,7 +244,8 @@ def _session_kwargs(args) -> dict:
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
 REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
-                 "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength")
+                 "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
+                 "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
@@ -270,6 +285,15 @@ def _request_fields(args) -> tuple[dict, list[str]]:
 
         fields["seed_resize_from_w"], fields["seed_resize_from_h"] = parse_wxh("seed resize from",
                                                                                args.seed_resize_from)
+    if getattr(args, "hires_resize", None) is not None:
+        from lowvram_gen.request import parse_size as parse_wxh
+
+        fields["hires_resize_w"], fields["hires_resize_h"] = parse_wxh("hires resize", args.hires_resize)
+    if args.hires_sampler is not None and args.hires_schedule_type is None and "hires_schedule_type" in fields:
+        from lowvram_gen.samplers import split_sampler
+
+        if split_sampler(args.hires_sampler, "hires sampler")[1]:  # its name's schedule type wins, as --sampler's
+            fields.pop("hires_schedule_type")
     if args.sampler is not None and args.schedule_type is None and "schedule_type" in fields:
         from lowvram_gen.samplers import split_sampler
 

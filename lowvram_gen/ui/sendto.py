@@ -3,7 +3,8 @@
 A tab registers its controls in `ctx.controls[tab id]` under the `GenerationRequest` field each one sets;
 a send fills them from `infotext.from_png` (the mapping `generate --from-png` uses too) and selects the
 tab. What the PNG does not say stays as it is, except hires fix, which is switched off for an image made
-without it (or the same seed would not give the same image), the Schedule type, Automatic for a PNG whose
+without it (or the same seed would not give the same image), and whose own settings (resize, sampler, schedule type,
+CFG scale, prompts, steps) go back to "the first pass's" where the PNG has none, the Schedule type, Automatic for a PNG whose
 sampler has none, Clip skip, which goes back to 1 for an image without `Clip skip:` (A1111 writes it only
 above 1), the Extra seed options, off (and hidden) for an image without `Variation seed strength:` / `Seed resize
 from:` and shown with its values for one with them, and Quantize, which goes back to "as the
@@ -25,6 +26,7 @@ import gradio as gr
 
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.infotext import NoParameters, from_png, local_model
+from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER
 from lowvram_gen.schedules import AUTOMATIC
 from lowvram_gen.ui import messages
 from lowvram_gen.ui.widgets import AS_PRESET
@@ -34,7 +36,8 @@ EXTRA_SEED = ("seed_extra", "subseed", "subseed_strength", "seed_resize_from_w",
 # the controls a send fills, per tab id (their order is the order of the event's outputs)
 TXT2IMG = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
            "model", "hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "quantize", "schedule_type",
-           "clip_skip", *EXTRA_SEED)
+           "clip_skip", *EXTRA_SEED, "hires_resize_w", "hires_resize_h", "hires_sampler", "hires_schedule_type",
+           "hires_cfg", "hires_prompt", "hires_negative")
 IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
            "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED)
 UPSCALE = ("image",)
@@ -70,6 +73,12 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
             fields = dict(read.fields)
             fields.setdefault("batch_size", 1)  # one PNG is one image: its own seed, batch 1
             fields.setdefault("hires_scale", 1.0)
+            # hires fix's own settings A1111 writes only when they differ from the first pass's: back to "same"
+            for name, same in (("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_cfg", 0), ("hires_prompt", ""),
+                               ("hires_negative", ""), ("hires_steps", 0)):
+                fields.setdefault(name, same)
+            fields["hires_sampler"] = fields.get("hires_sampler") or SAME_SAMPLER
+            fields["hires_schedule_type"] = fields.get("hires_schedule_type") or SAME_SCHEDULER
             fields.setdefault("clip_skip", 1)  # A1111 writes Clip skip only when it is above 1
             for name, off in (("subseed_strength", 0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
                 fields.setdefault(name, off)  # written only when used: a PNG without them had them off

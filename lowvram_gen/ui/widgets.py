@@ -83,7 +83,8 @@ def quantize_field(choice: str | None) -> str | None:
 
 
 def upscaler_choices(hires: bool = False) -> list[str]:
-    return [u for u in available() if hires or u != "latent"]
+    """The upscalers offered, by A1111's names: for hires fix the latent ones and None too."""
+    return available(hires=hires)
 
 
 def seed_extras(extra: gr.Checkbox, prefix: str) -> tuple:

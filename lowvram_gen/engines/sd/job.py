@@ -42,6 +42,7 @@ class Prepared:
     fields: dict
     warnings: list[str]
     schedule_applied: bool = True  # False: the schedule type asked for could not be had (a warning says so)
+    hires_schedule_applied: bool = True  # the same for hires fix's own schedule type
 
 
 def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> Prepared:
@@ -51,37 +52,45 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     pipe = runner.model.pipe
     sd.check_request(pipe, request)
     schedule_warning = sd.set_sampler(pipe, request.sampler, request.schedule_type)
+    hires_warning = sd.hires_scheduler(pipe, request)[1]  # a hires sampler this model cannot run: refused now
     check_clip_skip(pipe, request.clip_skip)
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
     runner.use(ladder.preset.memory)
-    if ladder.preset.memory.text_encoders == "reloaded" and networks.uses_networks(
-            request.prompt, request.negative_prompt, request.loras):
+    if ladder.preset.memory.text_encoders == "reloaded" and networks.request_uses_networks(request):
         raise InvalidRequest("preset", ladder.preset.name,
                              "its text encoders are read from disk for each job (text_encoders = 'reloaded'), which "
                              "would leave out the LoRAs' text-encoder layers and the embeddings; use a preset with "
                              "text_encoders = 'kept' (the planner does so for a job with LoRAs or embeddings)")
-    nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply)
-    texts = sd.Texts(nets.prompt, nets.negative_prompt, request.clip_skip)
-    warnings = ([NOISE_NOTE] if source.is_tiny else []) + ([schedule_warning] if schedule_warning else []) \
+    own = sd.Texts.of(request).hires  # hires fix's own prompts, where they differ from the first pass's
+    nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply,
+                            hires=(own.prompt, own.negative_prompt) if own else None)
+    hires = sd.Texts(*nets.hires, request.clip_skip) if nets.hires else None
+    texts = sd.Texts(nets.prompt, nets.negative_prompt, request.clip_skip, hires)
+    warnings = ([NOISE_NOTE] if source.is_tiny else []) + [w for w in (schedule_warning, hires_warning) if w] \
         + nets.warnings
+    prompts = [("prompt", texts.prompt), ("negative prompt", texts.negative_prompt)]
+    if hires:
+        prompts += [("hires prompt", hires.prompt), ("hires negative prompt", hires.negative_prompt)]
     if family(pipe) is not None:  # SD/SDXL: A1111 weights, and long prompts in 75-token chunks
         warnings += syntax_warnings(texts.prompt, texts.negative_prompt)
+        if hires:
+            warnings += [w for w in syntax_warnings(hires.prompt, hires.negative_prompt) if w not in warnings]
     else:
         if request.clip_skip > 1:  # the PNG leaves it out too (_Saver)
             warnings.append(f"clip skip {request.clip_skip} is not used: {type(pipe).__name__} encodes its prompts "
                             "itself (clip skip is for SD 1.x/2.x and SDXL)")
-        for label, text in (("prompt", texts.prompt), ("negative prompt", texts.negative_prompt)):
+        for label, text in prompts:
             plain, more = plain_prompt_for(pipe, text)
-            warnings += more
+            warnings += [w for w in more if w not in warnings]
             used, limit = sd.prompt_token_count(pipe, plain)
             if used > limit:
                 warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
-    if request.negative_prompt and sd.ignores_negative_prompt(pipe):
+    if (request.negative_prompt or hires and hires.negative_prompt) and sd.ignores_negative_prompt(pipe):
         warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
     for w in warnings:
         log.info(w)
-    return Prepared(texts, nets.fields, warnings, schedule_warning is None)
+    return Prepared(texts, nets.fields, warnings, schedule_warning is None, hires_warning is None)
 
 
 def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,
@@ -99,7 +108,8 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
     schedule = infotext_schedule(pipe.scheduler, sampler, request.schedule_type, prepared.schedule_applied)
     saver = _Saver(request, (sampler, schedule), ladder, source, device, outdir, prepared.fields, list(plan_notes),
-                   clip_skip=request.clip_skip if family(pipe) is not None else 1)
+                   clip_skip=request.clip_skip if family(pipe) is not None else 1,
+                   hires_sampler=_hires_sampler(pipe, request, prepared.hires_schedule_applied))
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts)
     except Cancelled as exc:
@@ -121,6 +131,17 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
         nsfw=saver.nsfw)
 
 
+def _hires_sampler(pipe, request: GenerationRequest, applied: bool) -> tuple[str, str | None] | None:
+    """(A1111 name, schedule type label or None) of hires fix's own sampler, as the PNG writes them (as the first
+    pass's are found); None where the second pass runs the first pass's scheduler."""
+    scheduler = sd.hires_scheduler(pipe, request)[0]
+    if scheduler is None:
+        return None
+    sampler, schedule_type = request.hires_sampling
+    name = sampler if sampler != DEFAULT else a1111_name(scheduler)
+    return name, infotext_schedule(scheduler, name, schedule_type, applied)
+
+
 def _variation(pipe, request: GenerationRequest) -> tuple[GenerationRequest, str | None]:
     """The request with its variation seed fixed (-1: a random one, then written to the PNG), or, where
     variation seeds are not made here (pipelines other than SD 1.x/2.x and SDXL, which draw and pack their noise
@@ -139,8 +160,9 @@ class _Saver:
 
     def __init__(self, request: GenerationRequest, sampler: tuple[str, str | None], ladder: Ladder,
                  source: ModelSource, device: DeviceInfo, outdir: Path, network_fields: dict,
-                 plan_notes: list[str] = (), clip_skip: int = 1):
+                 plan_notes: list[str] = (), clip_skip: int = 1, hires_sampler: tuple[str, str | None] | None = None):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
+        self.hires_sampler = hires_sampler  # hires fix's own sampler and schedule type, as the PNG says them
         self.clip_skip = clip_skip  # what the encoders used: 1 where the pipeline encodes its prompts itself
         self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
@@ -159,7 +181,8 @@ class _Saver:
         self.quantized.add(quantize)
         for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
             fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize,
-                                  self.clip_skip, subseed=request.subseed_for(len(self.images)))
+                                  self.clip_skip, subseed=request.subseed_for(len(self.images)),
+                                  hires_sampler=self.hires_sampler)
             fields.update(self.network_fields)
             if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
                 fields["Safety checker"] = "blacked out"
@@ -177,13 +200,17 @@ class _Saver:
 
 def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | None], seed: int, preset: str,
                  generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None,
-                 subseed: int | None = None) -> dict:
+                 subseed: int | None = None, hires_sampler: tuple[str, str | None] | None = None) -> dict:
     """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did. `sampler`:
     the A1111 sampler name, or (name, schedule type label or None) written as A1111 1.9+ writes them
     (`Sampler: DPM++ 2M, Schedule type: Karras`). `clip_skip`: the one the encoders used (default: the
     request's); written only above 1, as A1111 does. `subseed`: this image's variation seed (default the
     request's), written with its strength only when the strength is above 0, and `Seed resize from` only when set,
-    where A1111 writes them (after Size, before Denoising strength)."""
+    where A1111 writes them (after Size, before Denoising strength). `hires_sampler`: hires fix's own (name, schedule
+    type label or None), None where the second pass ran the first pass's; with the other hires fields in A1111
+    1.10's order (its extra_generation_params, Forge's `Hires CFG Scale` where Forge puts it), each only where A1111
+    writes it: the sampler, schedule type, prompts and CFG scale only where they differ from the first pass's,
+    `Hires upscale` or `Hires resize`, `Hires steps` only when set."""
     sampler, schedule = sampler if isinstance(sampler, tuple) else (sampler, None)
     fields = {"Steps": request.steps, "Sampler": sampler}
     if schedule:
@@ -203,13 +230,38 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
     if clip_skip > 1:
         fields["Clip skip"] = clip_skip
     if request.hires:
-        fields.update({"Hires upscale": request.hires_scale, "Hires steps": request.hires_steps,
-                       "Hires upscaler": request.hires_upscaler})
+        fields.update(hires_fields(request, (sampler, schedule), hires_sampler))
     fields["Lowvram preset"] = preset
     if quantize != "none":  # the weights that made the image were int8/int4
         fields["Quantize"] = quantize
     if generated_size != request.output_size():
         fields["Generated size"] = "%dx%d" % generated_size
+    return fields
+
+
+def hires_fields(request: GenerationRequest, first: tuple[str, str | None],
+                 hires_sampler: tuple[str, str | None] | None) -> dict:
+    """A1111's hires fields of a hires request (see `a1111_fields`); `first`: the first pass's (sampler, schedule)."""
+    fields: dict = {}
+    name, schedule = hires_sampler or first
+    if name != first[0]:
+        fields["Hires sampler"] = name
+    prompt, negative = request.hires_texts
+    if prompt != request.prompt:
+        fields["Hires prompt"] = prompt
+    if negative != request.negative_prompt:
+        fields["Hires negative prompt"] = negative
+    if request.hires_cfg_scale != request.cfg_scale:
+        fields["Hires CFG Scale"] = request.hires_cfg_scale
+    if schedule != first[1]:  # the plain schedule after a first pass with another: A1111's Automatic says it
+        fields["Hires schedule type"] = schedule or "Automatic"
+    if request.hires_resize:
+        fields["Hires resize"] = "%dx%d" % request.hires_resize
+    else:
+        fields["Hires upscale"] = request.hires_scale
+    if request.hires_steps:
+        fields["Hires steps"] = request.hires_steps
+    fields["Hires upscaler"] = request.hires_upscaler
     return fields
 
 

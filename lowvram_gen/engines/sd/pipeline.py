@@ -50,10 +50,16 @@ class Pass:
     embeds: "dict | None" = None
     # A1111's variation seeds, one per image (the request's subseed+i); None: none (strength 0)
     subseeds: "list[int] | None" = None
+    cfg_scale: float | None = None  # None: the request's (a hires second pass: its hires CFG scale)
 
     @property
     def num_steps(self) -> int:
         return self.steps or self.request.steps
+
+    @property
+    def guidance(self) -> float:
+        """The CFG scale this pass runs with."""
+        return self.request.cfg_scale if self.cfg_scale is None else self.cfg_scale
 
 
 @dataclass(frozen=True)
@@ -65,11 +71,21 @@ class Texts:
     prompt: str
     negative_prompt: str
     clip_skip: int = 1
+    # hires fix's second pass's, where A1111's Hires prompt / Hires negative prompt differ; None: these
+    hires: "Texts | None" = None
 
     @classmethod
     def of(cls, request: GenerationRequest) -> "Texts":
         """The request's prompts as typed (no LoRA tags or embeddings to resolve)."""
-        return cls(request.prompt, request.negative_prompt, request.clip_skip)
+        hires = None
+        if request.hires and request.hires_texts != (request.prompt, request.negative_prompt):
+            hires = cls(*request.hires_texts, request.clip_skip)
+        return cls(request.prompt, request.negative_prompt, request.clip_skip, hires)
+
+    @property
+    def second(self) -> "Texts":
+        """What hires fix's second pass reads."""
+        return self.hires or self
 
 
 def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
@@ -169,11 +185,15 @@ def check_request(pipe, request) -> None:
                                  f"{name} needs multiples of {multiple}: use {low} or {low + multiple}")
     if not request.hires:
         return
-    if not splits_decode(pipe) and request.hires_upscaler == "latent":
-        raise InvalidRequest("hires upscaler", "latent",
+    if not splits_decode(pipe) and request.latent_upscale is not None:
+        raise InvalidRequest("hires upscaler", request.hires_upscaler,
                              f"{name} decodes inside its own call, so its latents cannot be upscaled: "
-                             "use lanczos or an ESRGAN model")
+                             "use Lanczos or an ESRGAN model")
     w, h = request.hires_size()
+    if (w % multiple or h % multiple) and request.hires_resize:
+        given = "%dx%d" % request.hires_resize
+        raise InvalidRequest("hires resize", given, f"{request.width}x{request.height} resized to {given} is {w}x{h}; "
+                                                    f"{name} needs multiples of {multiple}")
     if w % multiple or h % multiple:
         raise InvalidRequest("hires scale", request.hires_scale,
                              f"{request.width}x{request.height} x{request.hires_scale:g} is {w}x{h}; {name} needs "
@@ -189,17 +209,47 @@ def set_sampler(pipe, sampler: str, schedule_type: str = AUTOMATIC) -> str | Non
     """Switch the scheduler by A1111 name and schedule type; 'default' restores the model folder's own scheduler
     (with the schedule type where it changes it). Returns a warning where the schedule type could not be had
     (the sampler's own schedule runs), else None."""
+    pipe.scheduler, warning = _scheduler(pipe, sampler, schedule_type, "sampler")
+    return warning
+
+
+def _scheduler(pipe, sampler: str, schedule_type: str, field: str) -> tuple:
+    """(the scheduler for `sampler` and `schedule_type` built on the model folder's own, a warning or None)."""
     if not hasattr(pipe, "_lowvram_scheduler"):
         pipe._lowvram_scheduler = pipe.scheduler  # the folder's own, kept for 'default'
     base = pipe._lowvram_scheduler
     if sampler != DEFAULT and _flow_matching(base):
         # the A1111 samplers integrate a noise prediction; fed a flow-matching model's velocity they
         # run without error and make wrong images
-        raise InvalidRequest("sampler", sampler,
+        raise InvalidRequest(field, sampler,
                              f"{type(pipe).__name__} is a flow-matching model ({type(base).__name__}); "
                              "the A1111 samplers are for noise-prediction models: use 'default'")
-    pipe.scheduler, warning = build_scheduler(sampler, schedule_type, base)
-    return warning
+    return build_scheduler(sampler, schedule_type, base)
+
+
+def hires_scheduler(pipe, request) -> tuple:
+    """(the scheduler of hires fix's second pass, a warning or None) where A1111's Hires sampler / Hires schedule
+    type differ from the first pass's; (None, None) where the second pass runs the first pass's scheduler."""
+    sampler, schedule_type = request.hires_sampling
+    if not request.hires or (sampler, schedule_type) == (request.sampler, request.schedule_type):
+        return None, None
+    scheduler, warning = _scheduler(pipe, sampler, schedule_type, "hires sampler")
+    return scheduler, warning and f"hires fix: {warning}"
+
+
+@contextlib.contextmanager
+def scheduler_swapped(pipe, scheduler):
+    """`pipe.scheduler` is `scheduler` inside the block (None: unchanged), then the one it was, whatever happens
+    inside (an out-of-memory retry, an error, a cancel). The img2img pipeline follows `pipe.scheduler` at each call."""
+    if scheduler is None:
+        yield
+        return
+    before = pipe.scheduler
+    pipe.scheduler = scheduler
+    try:
+        yield
+    finally:
+        pipe.scheduler = before
 
 
 def _call_default(pipe, name: str):
@@ -412,7 +462,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
 
     texts = step.texts or Texts.of(request)
     text = for_images(step.embeds, n) if step.embeds is not None else text_kwargs(pipe, texts, n,
-                                                                                   cfg=request.cfg_scale > 1)
+                                                                                   cfg=step.guidance > 1)
     if hasattr(pipe.scheduler, "noise_sampler_seed"):
         # DPM++ SDE's Brownian-tree noise: one tree per image, seeded by the image's seed (as A1111 does), so
         # the same seed gives the same image, whatever the batch; unseeded, diffusers seeds it at random
@@ -420,7 +470,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     kwargs = dict(
         **text,
         num_inference_steps=step.num_steps,
-        guidance_scale=request.cfg_scale,
+        guidance_scale=step.guidance,
         generator=_generators(step.seeds, device),
         output_type="latent" if splits_decode(pipe) else "pil",
         callback_on_step_end=step_end,

@@ -86,18 +86,25 @@ class Runner:
         self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe)))
         self.applied = settings
 
-    def encode(self, texts: sd.Texts, cfg: bool) -> dict | None:
+    def encode(self, texts: sd.Texts, cfg: bool, hires_cfg: bool | None = None) -> tuple[dict | None, dict | None]:
         """text_encoders = "reloaded" (the applied settings): read the text encoders from disk, encode `texts`
         for one image, and drop the encoders before anything else runs, so the denoiser never has them beside
         it in RAM (planning/host.py's encode phase). Returns the embeddings, which the job keeps for every
-        pass and retry; None when the encoders are kept (the pipeline call encodes the strings itself)."""
+        pass and retry, and hires fix's second pass's (`hires_cfg`: whether it runs with CFG; None: no hires fix):
+        its own prompts (`texts.hires`) read in the same load, or the first pass's again where they are the same;
+        (None, None) when the encoders are kept (the pipeline call encodes the strings itself)."""
         if self.applied is None or self.applied.text_encoders != "reloaded":
-            return None
+            return None, None
         effective, _ = apply_mod.effective_settings(self.applied, self.device)
         names = load_text_encoders(self.model, effective.quantize, self.device.torch_device)
         try:
             apply_mod.prepare_encoders(self.model.pipe, names, self.applied, self.device, self.ops_factory(self.model.pipe))
-            return sd.encode_texts(self.model.pipe, texts, cfg)
+            first = sd.encode_texts(self.model.pipe, texts, cfg)
+            if hires_cfg is None:
+                return first, None
+            if texts.hires is None and hires_cfg == cfg:
+                return first, first
+            return first, sd.encode_texts(self.model.pipe, texts.second, hires_cfg)
         finally:
             self._drop_encoders()
 
@@ -155,8 +162,10 @@ class _Job:
         self.pipe = runner.model.pipe
         self.device = runner.device.torch_device
         runner.use(ladder.preset.memory)
-        # text_encoders = "reloaded": the prompts encoded once for the job (every pass and retry reuses them)
-        self.embeds = runner.encode(texts or sd.Texts.of(request), request.cfg_scale > 1)
+        # text_encoders = "reloaded": the prompts encoded once for the job (every pass and retry reuses them),
+        # hires fix's second pass's too (its own prompts and CFG scale)
+        self.embeds, self.hires_embeds = runner.encode(texts or sd.Texts.of(request), request.cfg_scale > 1,
+                                                       request.hires_cfg_scale > 1 if request.hires else None)
         self.multiple = sd.size_multiple(self.pipe)  # the sides this pipeline takes
         self.size = capped_size(request.width, request.height, ladder.preset.max_pixels, self.multiple)
         self.per_pass = min(len(seeds), ladder.preset.max_batch)
@@ -255,38 +264,62 @@ class _Job:
         return decoded.images, decoded.nsfw
 
     def _hires(self, first: sd.Pass, out: sd.Denoised) -> tuple[sd.Denoised, tuple[int, int]]:
-        """A1111's hires fix: upscale the first pass (latents, or pixels), then an img2img pass.
+        """A1111's hires fix: upscale the first pass (latents, or pixels) to the hires size (`Hires upscale` or
+        `Hires resize`, cropped to the resize's aspect: hires.py), then an img2img pass with the hires sampler,
+        schedule type, CFG scale and prompts (the first pass's where they are not set).
 
         The second pass runs with VAE tiling; on out-of-memory it steps down the presets (the first
         pass is kept, never redone). Over the preset's cap it runs at the cap and the result is
-        upscaled to the hires size afterwards."""
-        import torch.nn.functional as F
-
+        upscaled to the hires size afterwards. The hires scheduler is the pipeline's only for the second pass:
+        the first pass's is back after it, whatever happened (a retry, an error, a cancel)."""
         request = self.request
-        target = capped_size(*request.hires_size(self.multiple, self.size), self.ladder.preset.max_pixels, self.multiple)
-        if request.hires_upscaler != "latent":  # pixels: decode the first pass once, before any retry
+        geometry = self._hires_geometry(request.hires_geometry(self.multiple, self.size))
+        if request.latent_upscale is None:  # pixels: decode the first pass once, before any retry
             pixels = out.images if out.decoded else self._decode(out.latents, self.size, safety_check=False)[0]
+        texts = (self.texts or sd.Texts.of(request)).second
+        scheduler, _ = sd.hires_scheduler(self.pipe, request)  # its warning was said when the job started
         self._use(self.ladder.preset.memory, tiled=True)
-        while True:
-            if request.hires_upscaler == "latent":
-                init = F.interpolate(out.latents, size=(target[1] // 8, target[0] // 8), mode="bilinear")
-            else:
-                self.runner.place_resident(False)
-                init = upscale_images(pixels, target, request.hires_upscaler, self.device, ladder=self.ladder)
-            second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
-                             steps=request.hires_steps or request.steps, texts=self.texts, embeds=self.embeds,
-                             subseeds=first.subseeds)  # A1111's hires pass draws its noise the same way
-            started = time.perf_counter()
-            ok, result = self.ladder.attempt("hires", lambda: self._denoise(second), lambda: self.where(target))
-            if ok:
-                self.ladder.record("hires", "ok", started, **self.where(target))
-                return result, target
-            del init, second
-            if not self.ladder.step_preset():
-                raise self.ladder.exhausted(ADVICE)
-            self._use(self.ladder.preset.memory, tiled=True)
-            target = capped_size(*target, self.ladder.preset.max_pixels, self.multiple)
-            self.ladder.went_down(f"{self.ladder.preset_name}, hires pass at {target[0]}x{target[1]}")
+        with sd.scheduler_swapped(self.pipe, scheduler):
+            while True:
+                target = geometry.size
+                init = self._hires_init(out, pixels if request.latent_upscale is None else None, geometry)
+                second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
+                                 steps=request.hires_steps or request.steps, texts=texts, embeds=self.hires_embeds,
+                                 subseeds=first.subseeds,  # A1111's hires pass draws its noise the same way
+                                 cfg_scale=request.hires_cfg_scale)
+                started = time.perf_counter()
+                ok, result = self.ladder.attempt("hires", lambda: self._denoise(second), lambda: self.where(target))
+                if ok:
+                    self.ladder.record("hires", "ok", started, **self.where(target))
+                    return result, target
+                del init, second
+                if not self.ladder.step_preset():
+                    raise self.ladder.exhausted(ADVICE)
+                self._use(self.ladder.preset.memory, tiled=True)
+                geometry = self._hires_geometry(geometry)
+                self.ladder.went_down(f"{self.ladder.preset_name}, hires pass at {geometry.size[0]}x{geometry.size[1]}")
+
+    def _hires_geometry(self, geometry):
+        """`geometry` within the current preset's pixel cap."""
+        capped = capped_size(*geometry.size, self.ladder.preset.max_pixels, self.multiple)
+        return geometry.scaled(*capped, self.multiple)
+
+    def _hires_init(self, out: sd.Denoised, pixels, geometry):
+        """The second pass's start: the first pass's latents upscaled with the latent upscaler's mode (A1111's
+        `latent_upscale_modes`), or its images with the pixel upscaler; cropped to the hires size where a resize
+        asks for another aspect."""
+        request = self.request
+        if pixels is None:
+            import torch.nn.functional as F
+
+            mode, antialias = request.latent_upscale
+            (uw, uh), (x, y), (w, h) = geometry.upscale_to, geometry.offset, geometry.size
+            latents = out.latents.float() if antialias else out.latents  # torch antialiases float32 on every device
+            init = F.interpolate(latents, size=(uh // 8, uw // 8), mode=mode, antialias=antialias).to(out.latents.dtype)
+            return init[:, :, y // 8:(y + h) // 8, x // 8:(x + w) // 8].contiguous() if geometry.cropped else init
+        self.runner.place_resident(False)
+        images = upscale_images(pixels, geometry.upscale_to, request.hires_upscaler, self.device, ladder=self.ladder)
+        return [im.crop(geometry.box()) for im in images] if geometry.cropped else images
 
 
 def _init_image(request: GenerationRequest):

@@ -1,7 +1,9 @@
 """The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, CFG, clip skip, seed (with ♻ last seed), model,
 the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; the gallery shows each
 image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
-The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
+Hires fix has A1111 1.10's controls: Upscale by or Resize width/height to, the upscaler (A1111's names), steps,
+denoising strength, and the second pass's own sampler, schedule type, CFG scale and prompts ("Use same ...", 0 and
+empty: the first pass's). The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
 The gallery shows results only (interactive=False: no "Drop Media Here"); selecting an image still works.
 Beside the Model box, Refresh rescans the models; above the prompt, a note says what a Send to did not use.
 
@@ -12,8 +14,10 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.models.discover import model_choices
-from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS, GenerationRequest
+from lowvram_gen.request import (MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS, SAME_SAMPLER,
+                                 SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
+from lowvram_gen.schedules import SCHEDULE_TYPES
 from lowvram_gen.ui import pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
 from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
@@ -38,7 +42,8 @@ def build(ctx: TabContext) -> None:
                  hires_steps=DEFAULTS.hires_steps, hires_denoise=DEFAULTS.hires_denoise, quantize=AS_PRESET,
                  schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed,
                  subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=0, seed_resize_from_h=0,
-                 request: gr.Request = None, progress=gr.Progress()):
+                 hires_resize_w=0, hires_resize_h=0, hires_sampler=SAME_SAMPLER, hires_schedule_type=SAME_SCHEDULER,
+                 hires_cfg=0, hires_prompt="", hires_negative="", request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
@@ -46,7 +51,10 @@ def build(ctx: TabContext) -> None:
             hires_steps=hires_steps, hires_denoise=hires_denoise, quantize=quantize_field(quantize),
             schedule_type=schedule_type or DEFAULTS.schedule_type,
             clip_skip=DEFAULTS.clip_skip if clip_skip is None else clip_skip,
-            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h)), request, progress)
+            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h),
+            hires_resize_w=hires_resize_w or 0, hires_resize_h=hires_resize_h or 0, hires_sampler=hires_sampler,
+            hires_schedule_type=hires_schedule_type, hires_cfg=hires_cfg or 0, hires_prompt=hires_prompt or "",
+            hires_negative=hires_negative or ""), request, progress)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
@@ -88,13 +96,34 @@ def build(ctx: TabContext) -> None:
                         hires_scale = Slider(1, MAX_HIRES_SCALE, value=1, step=0.05,
                                              label="Upscale by (1: off)", elem_id="hires-scale")
                         hires_upscaler = gr.Dropdown(upscaler_choices(hires=True),
-                                                     value="latent",
-                                                     allow_custom_value=True, label="Upscaler")
+                                                     value=DEFAULTS.hires_upscaler,
+                                                     allow_custom_value=True, label="Upscaler",
+                                                     elem_id="hires-upscaler")
                     with gr.Row():
                         hires_steps = Slider(0, MAX_STEPS, value=0, step=1,
                                              label="Hires steps (0: same)")
                         hires_denoise = Slider(0, 1, value=0.7, step=0.01,
                                                label="Denoising strength")
+                    with gr.Row():  # A1111's "Resize width to" / "Resize height to": they win over Upscale by
+                        hires_resize_w = Slider(0, 2048, value=0, step=8, label="Resize width to (0: by the scale)",
+                                                elem_id="hires-resize-w")
+                        hires_resize_h = Slider(0, 2048, value=0, step=8, label="Resize height to (0: by the scale)",
+                                                elem_id="hires-resize-h")
+                    with gr.Row():
+                        hires_sampler = gr.Dropdown([SAME_SAMPLER, DEFAULT, *SAMPLERS], value=SAME_SAMPLER,
+                                                    label="Hires sampler", elem_id="hires-sampler")
+                        hires_sampler.preprocess = lambda payload: payload  # an API client's value: our validation's
+                        hires_schedule_type = gr.Dropdown(
+                            [SAME_SCHEDULER, *((label, key) for key, (label, _) in SCHEDULE_TYPES.items())],
+                            value=SAME_SCHEDULER, label="Hires schedule type", elem_id="hires-schedule-type")
+                        hires_schedule_type.preprocess = lambda payload: payload
+                        hires_cfg = Slider(0, MAX_CFG, value=0, step=0.5, label="Hires CFG Scale (0: same)",
+                                           elem_id="hires-cfg")
+                    with gr.Row():
+                        hires_prompt = gr.Textbox(value="", label="Hires prompt (empty: the prompt)", lines=2,
+                                                  elem_id="hires-prompt")
+                        hires_negative = gr.Textbox(value="", label="Hires negative prompt (empty: the negative prompt)",
+                                                    lines=2, elem_id="hires-negative")
                 with gr.Row():
                     go = gr.Button("Generate", variant="primary", elem_id="generate")
                     stop = gr.Button("Cancel", variant="stop", elem_id="cancel")
@@ -108,14 +137,16 @@ def build(ctx: TabContext) -> None:
                 last_seed = gr.Number(visible=False, precision=0, elem_id="last-seed")
     ctx.sent_notes["txt2img"] = sent
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
+    hires_more = [hires_resize_w, hires_resize_h, hires_sampler, hires_schedule_type, hires_cfg, hires_prompt,
+                  hires_negative]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
                                                         hires_steps, hires_denoise, quantize, schedule_type,
-                                                        clip_skip, extra, *extras]))
-    # the newer arguments last (quantize, schedule type, clip skip, the Extra seed options): the API's positional
-    # order of the older ones stays as it was
+                                                        clip_skip, extra, *extras, *hires_more]))
+    # the newer arguments last (quantize, schedule type, clip skip, the Extra seed options, hires fix's resize,
+    # sampler, schedule type, CFG and prompts): the API's positional order of the older ones stays as it was
     ctx.generate_events["txt2img"] = go.click(
         generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize,
-                   schedule_type, clip_skip, *extras],
+                   schedule_type, clip_skip, *extras, *hires_more],
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
     stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")

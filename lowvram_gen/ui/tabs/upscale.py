@@ -15,7 +15,7 @@ from lowvram_gen.upscale.command import MAX_SCALE
 
 
 def build(ctx: TabContext) -> None:
-    def upscale(image, scale=2.0, upscaler="lanczos", request: gr.Request = None):
+    def upscale(image, scale=2.0, upscaler="Lanczos", request: gr.Request = None):
         if not image:
             return gr.skip(), messages.failure("choose an image first", request)
         since = time.monotonic()
@@ -32,7 +32,7 @@ def build(ctx: TabContext) -> None:
             with gr.Column():
                 image = ImagePath("Image", elem_id="upscale-image")
                 scale = gr.Slider(1, MAX_SCALE, value=2, step=0.25, label="Scale")
-                upscaler = gr.Dropdown(upscaler_choices(), value="lanczos", allow_custom_value=True,
+                upscaler = gr.Dropdown(upscaler_choices(), value="Lanczos", allow_custom_value=True,
                                        label="Upscaler (or a path to an ESRGAN-family model)")
                 go = gr.Button("Upscale", variant="primary")
             with gr.Column():
