@@ -224,14 +224,35 @@ def test_override_settings_set_model_and_clip_skip_for_one_job_or_keep_them(serv
 def test_sampler_scheduler_and_hires_fix_map_to_the_request(server, api):
     result = api.txt2img(prompt="hires", seed=10, steps=2, width=64, height=64, sampler_name="DPM++ 2M",
                          scheduler="karras", enable_hr=True, hr_scale=2, hr_upscaler="Latent", hr_second_pass_steps=1,
-                         denoising_strength=0.5, hr_resize_x=200)
+                         denoising_strength=0.5)
     text = result.info["infotexts"][0]
     assert result.image.size == (128, 128)
     assert "Sampler: DPM++ 2M, Schedule type: Karras" in text
     assert "Denoising strength: 0.5" in text and "Hires upscale: 2" in text and "Hires steps: 1" in text
-    assert "hr_resize_x 200 is not used yet: lowvram-gen's hires pass does not take it" in result.info["warnings"]
     combined = api.txt2img(prompt="old name", seed=10, steps=2, width=64, height=64, sampler_name="DPM++ 2M Karras")
     assert "Sampler: DPM++ 2M, Schedule type: Karras" in combined.info["infotexts"][0]
+
+
+def test_hires_fix_takes_a1111s_resize_second_pass_sampler_cfg_and_prompt(server, api):
+    result = api.txt2img(prompt="a castle", seed=15, steps=2, width=64, height=64, enable_hr=True,
+                         hr_resize_x=96, hr_resize_y=0, hr_upscaler="Latent (bicubic)", hr_second_pass_steps=1,
+                         hr_sampler_name="Euler", hr_scheduler="Use same scheduler", hr_prompt="a castle, detailed",
+                         hr_negative_prompt="", denoising_strength=0.4)
+    result_cfg = _post(server, "txt2img", {"prompt": "a castle", "seed": 15, "steps": 2, "width": 64, "height": 64,
+                                           "enable_hr": True, "hr_scale": 2, "hr_cfg": 5})
+    text = result.info["infotexts"][0]
+    assert result.image.size == (96, 96) and "Hires resize: 96x0" in text
+    assert "Hires upscaler: Latent (bicubic)" in text and "Hires sampler: Euler" in text
+    assert 'Hires prompt: "a castle, detailed"' in text
+    assert all("hr_" not in w for w in result.info["warnings"])
+    assert "Hires CFG Scale: 5" in json.loads(result_cfg.json()["info"])["infotexts"][0]
+    same_size = api.txt2img(prompt="x1", seed=15, steps=1, width=64, height=64, enable_hr=True, hr_scale=1)
+    assert same_size.image.size == (64, 64) and "Hires" not in same_size.info["infotexts"][0]
+    assert any(w.startswith("enable_hr with hr_scale 1") for w in same_size.info["warnings"])
+    bad = _post(server, "txt2img", {"prompt": "x", "enable_hr": True, "hr_resize_x": 100}).json()["detail"][0]
+    assert bad["loc"] == ["body", "hr_resize_x"] and "try 96 or 104" in bad["msg"]
+    sampler = _post(server, "txt2img", {"prompt": "x", "enable_hr": True, "hr_sampler_name": "Nope"}).json()
+    assert sampler["detail"][0]["loc"] == ["body", "hr_sampler_name"]
 
 
 def test_a_bad_value_is_422_in_fastapis_validation_shape_with_our_message(server):
@@ -303,9 +324,10 @@ def test_listings_in_a1111s_shapes(server, api, tmp_path, monkeypatch):
     assert embeddings["loaded"]["easyneg"]["shape"] == 32 and embeddings["loaded"]["easyneg"]["vectors"] == 3
     assert list(embeddings["skipped"]) == ["broken"]
     upscalers = [u["name"] for u in api.get_upscalers()]
-    assert "Lanczos" in upscalers and "latent" not in upscalers
+    assert upscalers[:2] == ["Lanczos", "Nearest"] and "Latent" not in upscalers
     assert set(api.get_upscalers()[0]) == {"name", "model_name", "model_path", "model_url", "scale"}
-    assert api.get_latent_upscale_modes() == [{"name": "Latent"}]
+    modes = [m["name"] for m in api.get_latent_upscale_modes()]
+    assert modes[0] == "Latent" and "Latent (bicubic)" in modes
     assert api.get_scripts() == {"txt2img": [], "img2img": []}
     options = api.get_options()
     assert options["outdir_samples"] == str(server.outdir) and options["samples_save"] is True

@@ -4,7 +4,8 @@ The body's fields are A1111's (its `StableDiffusionProcessingTxt2Img`/`Img2Img` 
 sampler_index, send_images, save_images, script_name, alwayson_scripts...), with A1111's API defaults where
 a field is left out: steps 50, sampler Euler, denoising strength 0.75. Each field is one of:
 
-- mapped onto a request field (prompt, seed, sampler_name + scheduler, hr_*, init_images, override_settings...);
+- mapped onto a request field (prompt, seed, sampler_name + scheduler, enable_hr and the hr_* fields, init_images,
+  override_settings...);
 - one of A1111's that has no effect here at its neutral value (restore_faces false, eta 1, s_noise 1, mask
   blur without a mask...): accepted silently at that value, named in a warning at any other;
 - refused with the reason, where ignoring it would make another image than asked (an inpainting mask, a
@@ -42,6 +43,7 @@ TXT2IMG_DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS, "enable_hr": False, "firstphase_width": 0, "firstphase_height": 0, "hr_scale": 2.0,
     "hr_upscaler": None, "hr_second_pass_steps": 0, "hr_resize_x": 0, "hr_resize_y": 0, "hr_checkpoint_name": None,
     "hr_sampler_name": None, "hr_scheduler": None, "hr_prompt": "", "hr_negative_prompt": "",
+    "hr_cfg": None,  # Forge's Hires CFG Scale (None: the first pass's CFG)
 }
 IMG2IMG_DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS, "init_images": None, "resize_mode": 0, "image_cfg_scale": None, "mask": None,
@@ -49,8 +51,6 @@ IMG2IMG_DEFAULTS: dict[str, Any] = {
     "inpaint_full_res": True, "inpaint_full_res_padding": 0, "inpainting_mask_invert": 0,
     "initial_noise_multiplier": None, "latent_mask": None, "include_init_images": False,
 }
-# hires fix's fields Forge and A1111 1.8+ added; read only with enable_hr (A1111 ignores them without it)
-HIRES_EXTRAS = ("hr_cfg",)
 
 # A1111's fields that do nothing here at these values (ANY: at every value), and what a warning says otherwise
 NEUTRAL: dict[str, tuple[tuple, str]] = {
@@ -84,16 +84,15 @@ NEUTRAL: dict[str, tuple[tuple, str]] = {
     **{name: (ANY, "") for name in ("mask_blur", "mask_blur_x", "mask_blur_y", "mask_round", "inpainting_fill",
                                     "inpaint_full_res", "inpaint_full_res_padding", "inpainting_mask_invert")},
 }
-# the hires fields branch hires2 adds to the request; until then they are named in a warning when they ask for
-# something the hires pass would not do
-HIRES_NOT_YET = "not used yet: lowvram-gen's hires pass does not take it"
 # the request's field names (its InvalidRequest's) -> the JSON field that set them
 JSON_NAMES: dict[str, str] = {
     "prompt": "prompt", "negative prompt": "negative_prompt", "width": "width", "height": "height", "steps": "steps",
     "cfg scale": "cfg_scale", "seed": "seed", "batch size": "batch_size", "sampler": "sampler_name",
     "schedule type": "scheduler", "init image": "init_images", "strength": "denoising_strength",
     "hires scale": "hr_scale", "hires upscaler": "hr_upscaler", "hires steps": "hr_second_pass_steps",
-    "hires denoise": "denoising_strength", "clip skip": "override_settings.CLIP_stop_at_last_layers",
+    "hires denoise": "denoising_strength", "hires resize": "hr_resize_x", "hires resize width": "hr_resize_x",
+    "hires resize height": "hr_resize_y", "hires sampler": "hr_sampler_name", "hires schedule type": "hr_scheduler",
+    "hires cfg": "hr_cfg", "hires prompt": "hr_prompt", "hires negative prompt": "hr_negative_prompt", "clip skip": "override_settings.CLIP_stop_at_last_layers",
     "variation seed": "subseed", "variation seed strength": "subseed_strength",
     "seed resize from": "seed_resize_from_w", "seed resize from width": "seed_resize_from_w",
     "seed resize from height": "seed_resize_from_h", "model": "override_settings.sd_model_checkpoint",
@@ -158,8 +157,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     given = dict(body)
     # null is the default, as A1111's optional fields take it
     got = {**defaults, **{k: v for k, v in given.items() if k in defaults and v is not None}}
-    warnings = [f"unknown field {name!r} ignored" for name in given
-                if name not in defaults and name not in HIRES_EXTRAS]
+    warnings = [f"unknown field {name!r} ignored" for name in given if name not in defaults]
     _refuse_what_would_change_the_image(got)
     for name, (allowed, why) in NEUTRAL.items():
         if name in given and name in defaults and not _neutral(given[name], allowed):
@@ -180,7 +178,10 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     )
     _batch_count(got)
     if kind == "txt2img":
-        fields.update(_hires(got, given, warnings))
+        fields.update(_hires(got))
+        if fields.get("hires_scale") == 1 and not (got["hr_resize_x"] or got["hr_resize_y"]):
+            warnings.append("enable_hr with hr_scale 1 and no hr_resize_x/y makes no hires pass here (A1111 runs its "
+                            "second pass at the same size)")
     else:
         fields.update(_img2img(got, warnings, init_image))
     try:
@@ -247,35 +248,19 @@ def _override_settings(got: dict, model: str, clip_skip: int, find_model,
     return out, keep
 
 
-def _hires(got: dict, given: dict, warnings: list[str]) -> dict:
-    """hires fix's request fields: A1111's enable_hr, hr_scale, hr_upscaler, hr_second_pass_steps and
-    denoising_strength; the others (a size instead of a scale, its own sampler, prompts, CFG) named in a warning
-    where they ask for something the hires pass does not do yet."""
+def _hires(got: dict) -> dict:
+    """hires fix's request fields, with enable_hr (A1111 ignores the hr_* fields without it): hr_scale, or
+    hr_resize_x/y (a side 0: from the other), hr_upscaler (A1111's names: Latent and its modes, None, Lanczos,
+    Nearest, a model), hr_second_pass_steps, denoising_strength, and the second pass's own hr_sampler_name,
+    hr_scheduler, hr_cfg, hr_prompt, hr_negative_prompt (empty or A1111's "Use same ...": the first pass's)."""
     if not as_bool("enable_hr", got["enable_hr"]):
         return {}
-    upscaler, note = hires_upscaler(got["hr_upscaler"])
-    warnings += [note] if note else []
-    same = {"hr_sampler_name": (None, "", "Use same sampler", got["sampler_name"]),
-            "hr_scheduler": (None, "", "Use same scheduler", got["scheduler"]),
-            "hr_prompt": (None, "", got["prompt"]), "hr_negative_prompt": (None, "", got["negative_prompt"]),
-            "hr_resize_x": (None, 0), "hr_resize_y": (None, 0), "hr_cfg": (None, got["cfg_scale"])}
-    for name, neutral in same.items():
-        if name in given and given[name] not in neutral:
-            warnings.append(f"{name} {given[name]!r} is {HIRES_NOT_YET}")
-    return dict(hires_scale=got["hr_scale"], hires_upscaler=upscaler, hires_steps=got["hr_second_pass_steps"],
-                hires_denoise=got["denoising_strength"])
-
-
-def hires_upscaler(name: Any) -> tuple[Any, str | None]:
-    """A1111's hires upscaler name as ours: Latent (its default) and its variants are `latent`, None is lanczos
-    (A1111 then resizes with Lanczos); any other name goes to the request's check (lanczos, a model file...)."""
-    if name is None or (isinstance(name, str) and name.strip().lower() == "latent"):
-        return "latent", None
-    if isinstance(name, str) and name.strip().lower().startswith("latent ("):
-        return "latent", f"hr_upscaler {name!r} runs as 'latent' (lowvram-gen has one latent upscale mode)"
-    if isinstance(name, str) and name.strip().lower() == "none":
-        return "lanczos", "hr_upscaler 'None' runs as 'lanczos' (A1111 resizes with Lanczos then)"
-    return name, None
+    return dict(hires_scale=got["hr_scale"], hires_upscaler=got["hr_upscaler"] or "Latent",
+                hires_steps=got["hr_second_pass_steps"], hires_denoise=got["denoising_strength"],
+                hires_resize_w=got["hr_resize_x"], hires_resize_h=got["hr_resize_y"],
+                hires_sampler=got["hr_sampler_name"] or "", hires_schedule_type=got["hr_scheduler"] or "",
+                hires_cfg=got["hr_cfg"] or 0.0, hires_prompt=got["hr_prompt"] or "",
+                hires_negative=got["hr_negative_prompt"] or "")
 
 
 def _img2img(got: dict, warnings: list[str], init_image: Callable[[Any], str] | None) -> dict:

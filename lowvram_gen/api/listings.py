@@ -120,17 +120,21 @@ def _embedding_item(shape: int, vectors: int) -> dict:
 
 
 def upscalers() -> list[dict]:
-    """A1111's /upscalers: the upscalers an image upscale takes (lanczos, ESRGAN-family files, sd-x4 when it is
-    here); `latent` is hires fix's, listed by /latent-upscale-modes."""
-    from lowvram_gen.upscale.upscalers import SD_X4_REPO, available, model_path
+    """A1111's /upscalers: the upscalers an image takes (Lanczos, Nearest, ESRGAN-family files, sd-x4 when it is
+    here), in A1111's spelling; a hires pass also takes the latent modes (/latent-upscale-modes) and None."""
+    from lowvram_gen.upscale.upscalers import PIXEL, SD_X4, SD_X4_REPO, available, model_path
 
     out = []
     for name in available():
-        if name == "latent":
-            continue
-        path = model_path(name) if name not in ("lanczos", "sd-x4") else None
-        out.append({"name": "Lanczos" if name == "lanczos" else name,
-                    "model_name": SD_X4_REPO if name == "sd-x4" else (path.stem if path else None),
+        path = None if name in PIXEL or name == SD_X4 else model_path(name)
+        out.append({"name": name, "model_name": SD_X4_REPO if name == SD_X4 else (path.stem if path else None),
                     "model_path": str(path) if path else None, "model_url": None,
-                    "scale": 4 if name == "sd-x4" else None})
+                    "scale": 4 if name == SD_X4 else None})
     return out
+
+
+def latent_upscale_modes() -> list[dict]:
+    """A1111's /latent-upscale-modes: the latent hires upscalers (Latent, Latent (bicubic), ...)."""
+    from lowvram_gen.upscale.upscalers import LATENT_MODES
+
+    return [{"name": name} for name in LATENT_MODES]

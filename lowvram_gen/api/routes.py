@@ -206,7 +206,7 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
     @router.get("/latent-upscale-modes")
     def latent_upscale_modes():
-        return [{"name": "Latent"}]
+        return listings.latent_upscale_modes()
 
     @router.get("/scripts")
     def scripts():
