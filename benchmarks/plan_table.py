@@ -11,11 +11,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODELS = (("sd15", 512), ("sdxl", 1024), ("sd3", 1024), ("flux", 1024))
+# with a ControlNet of the known size beside the denoiser (planning/controlnet.py): SD 1.5's 0.72 GB, SDXL's 2.5 GB
+CONTROLNETS = (("sd15", 512, "sd15"), ("sdxl", 1024, "sdxl"))
 CARDS = (2, 4, 6, 8, 12, 24)
 
 
 def main() -> int:
     from lowvram_gen.device import format_size, simulated
+    from lowvram_gen.planning.controlnet import controlnet_profile, known_config, with_controlnets
     from lowvram_gen.planning.estimate import profile_builtin
     from lowvram_gen.planning.planner import plan
     from lowvram_gen.presets import load_presets
@@ -23,16 +26,21 @@ def main() -> int:
     presets = load_presets()
     print("| model, size | " + " | ".join(f"{gib} GB card" for gib in CARDS) + " |")
     print("|---|" + "---|" * len(CARDS))
-    for arch, side in MODELS:
+    rows = [(arch, side, None) for arch, side in MODELS] + list(CONTROLNETS)
+    for arch, side, controlnet in rows:
         cells = []
+        profile = profile_builtin(arch)
+        if controlnet:
+            profile = with_controlnets(profile, [controlnet_profile(known_config(controlnet), controlnet)])
         for gib in CARDS:
-            result = plan(simulated(f"{gib}GiB"), profile_builtin(arch), side, side, 1, presets)
+            result = plan(simulated(f"{gib}GiB"), profile, side, side, 1, presets)
             row = next(e for e in result.estimates if e.name == result.preset.name)
             note = "" if row.fits else ", nothing fits"
             size = f", made at {row.width} px" if row.capped else ""
             streamed = f", streams {format_size(row.streamed_bytes_per_step)}/step" if row.streamed_bytes_per_step else ""
             cells.append(f"`{row.name}`{size}{streamed}, ~{row.est_seconds_per_step:.1f} s/step{note}")
-        print(f"| {arch} {side} px | " + " | ".join(cells) + " |")
+        label = f"{arch} {side} px" + (f" + {controlnet} ControlNet" if controlnet else "")
+        print(f"| {label} | " + " | ".join(cells) + " |")
     return 0
 
 

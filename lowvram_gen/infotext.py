@@ -14,8 +14,9 @@ sampler's own default there (Karras for DPM++ 2M).
 request's subseed, subseed_strength and seed_resize_from_w/h). Hires fix's fields are A1111 1.10's (`Hires upscale`
 or `Hires resize: WxH`, `Hires upscaler` in A1111's names, our old lower-case ones too, `Hires steps`, `Hires
 sampler`, `Hires schedule type`, `Hires prompt`, `Hires negative prompt`) and Forge's `Hires CFG Scale`; a
-`Hires sampler` or `Hires schedule type` our own PNG wrote for a request's "default" / "same" reads back as that. Fields we do not use (ENSD, VAE, Eta...) are
-listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
+`Hires sampler` or `Hires schedule type` our own PNG wrote for a request's "default" / "same" reads back as that.
+`ControlNet N` (A1111's sd-webui-controlnet) is a unit of the request's `controlnets` without its control image,
+which a PNG does not hold (control/units.py). Fields we do not use (ENSD, VAE, Eta...) are listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
 Ranges are checked later, by `GenerationRequest.validated()`, with the CLI's messages. Standard library only:
 the CLI imports this before it decides to load torch.
 """
@@ -26,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lowvram_gen.control.units import UNIT_KEY, unit_from_text
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER, check_quantize
@@ -237,6 +239,12 @@ def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignore
         fields["hires_prompt"] = str(value)
     elif key == "Hires negative prompt":
         fields["hires_negative"] = str(value)
+    elif UNIT_KEY.fullmatch(key):  # A1111's sd-webui-controlnet: one unit each, its control image not in the PNG
+        unit, mode = unit_from_text(key, value, notes)
+        fields["controlnets"] = (*fields.get("controlnets", ()), unit)
+        if mode is not None and fields.setdefault("control_mode", mode) != mode:
+            notes.append(f"{key}: control mode {mode!r} differs from the first unit's; one control mode applies "
+                         f"to every unit here ({fields['control_mode']!r})")
     elif key not in INFORMATIONAL:
         ignored.append(key)
 

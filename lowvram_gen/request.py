@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from lowvram_gen.control.units import ControlNetUnit, check_control_mode, check_units
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
 from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
@@ -160,6 +161,10 @@ class GenerationRequest:
     # A1111's "Resize seed from": the seed's noise drawn for this size (0x0: off) and centred in the image's
     seed_resize_from_w: int = 0
     seed_resize_from_h: int = 0
+    # ControlNet (A1111's sd-webui-controlnet): units of model + control image + weight + guidance start/end +
+    # preprocessor (control/units.py), and one control mode for all: balanced | controlnet (guess mode)
+    controlnets: tuple[ControlNetUnit, ...] = ()
+    control_mode: str = "balanced"
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -194,7 +199,16 @@ class GenerationRequest:
             clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
-        )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize()
+            controlnets=check_units(self.controlnets, check_image_path),
+            control_mode=check_control_mode(self.control_mode),
+        )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize() \
+            ._check_controlnets()
+
+    def _check_controlnets(self) -> "GenerationRequest":
+        if self.controlnets and self.hires:  # the second pass would need the control maps at its size
+            raise InvalidRequest("hires fix", "on", "hires fix with ControlNet is not built yet: generate without "
+                                 "--hires-scale/--hires-resize, then upscale or img2img the result")
+        return self
 
     def _check_seed_resize(self) -> "GenerationRequest":
         w, h = self.seed_resize_from_w, self.seed_resize_from_h

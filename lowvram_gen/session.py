@@ -21,12 +21,15 @@ from typing import Callable
 from lowvram_gen import failures, outputs
 from lowvram_gen.device import DEFAULT_RESERVE, DeviceInfo, probe
 from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.runner import Runner
 from lowvram_gen.engines.vqgan import job as vqgan_job
 from lowvram_gen.errors import NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
+from lowvram_gen.models.attached import attached
+from lowvram_gen.models.controlnet import plan_profiles
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
@@ -35,6 +38,7 @@ from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.planning import speed
+from lowvram_gen.planning.controlnet import with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.request import GenerationRequest
@@ -124,8 +128,15 @@ class Session:
                             kind=device.kind)
 
     # -- Stable Diffusion ------------------------------------------------------------------------------
-    def profile_for(self, source: ModelSource, model: LoadedModel | None = None):
-        return source_profile(source, model.family if model else None)
+    def profile_for(self, source: ModelSource, model: LoadedModel | None = None,
+                    request: GenerationRequest | None = None):
+        """The model's memory profile; with the request's ControlNets counted as part of its denoiser
+        (planning/controlnet.py), each refused here, before any weight is read, when it is for another family."""
+        profile = source_profile(source, model.family if model else None)
+        if request is not None and request.controlnets:
+            profile = with_controlnets(profile, plan_profiles([u.model for u in request.controlnets], profile,
+                                                              request.model), len(request.controlnets))
+        return profile
 
     def plan(self, request: GenerationRequest, device: DeviceInfo | None = None,
              source: ModelSource | None = None) -> Plan:
@@ -134,7 +145,7 @@ class Session:
         model = self.model if self.model and self.model.source == source else None
         width, height = request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
-        return plan(device, self.profile_for(source, model), width, height, request.batch_size,
+        return plan(device, self.profile_for(source, model, request), width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
                     quantize_forced=request.quantize is not None, model=request.model,
@@ -144,7 +155,7 @@ class Session:
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it
         is made of, so the next plan on this device uses it (planning/speed.py)."""
-        profile = self.profile_for(source, self.model)
+        profile = self.profile_for(source, self.model, request)
         by_name = {p.name: p for p in ladder.presets}
         for a in ladder.attempts:
             measured = a.extra.get("seconds_per_step")
@@ -182,6 +193,9 @@ class Session:
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
             self.runner.device = device
+            if (request.controlnets or attached(model.pipe)) and attach_for(model.pipe, request, load_dtype,
+                                                                              first.quantize, device.torch_device):
+                self.runner.applied = None  # the pipeline's ControlNets changed: its memory settings go on again
             ladder = Ladder(the_plan.ladder, device.kind)
             try:
                 result = run_job(self.runner, request, ladder, source, device, outdir, on_step, cancel, [the_plan.loss_note] if the_plan.loss_note else [])

@@ -12,7 +12,7 @@ from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.infotext import from_png, request_fields
-from lowvram_gen.outputs import parse_a1111_parameters
+from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
 ROUND_TRIP = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "sampler", "schedule_type",
@@ -311,3 +311,34 @@ def test_from_png_flags_override_the_schedule_type_as_a1111s_boxes_do(tmp_path, 
         assert code == 0, captured.err
         out = json.loads(captured.out)
         assert (out["sampler"], out["schedule_type"]) == expected, flags
+
+
+# Issue 19's done-when: an A1111 1.10 image with every field this round added, as A1111 writes them. The combined
+# "DPM++ SDE Karras" wins over "Schedule type: Exponential", as A1111's get_sampler_and_scheduler decides (the
+# name's suffix overrides the field).
+A1111_ROUND_TWO = (
+    "masterpiece, a lighthouse at dusk\nNegative prompt: lowres, blurry\n"
+    "Steps: 2, Sampler: DPM++ SDE Karras, Schedule type: Exponential, CFG scale: 6.5, Seed: 1234, Size: 512x512, "
+    "Model hash: 6ce0161689, Model: tiny, Variation seed: 5, Variation seed strength: 0.3, Denoising strength: 0.5, "
+    "Clip skip: 2, Hires resize: 1024x1024, Hires steps: 1, Hires upscaler: Latent, Version: v1.10.1")
+
+
+def test_from_png_of_an_a1111_image_with_round_twos_fields_uses_them_all_and_writes_them_back(tmp_path, capsys):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", A1111_ROUND_TWO)
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (1024, 1024)).save(png, pnginfo=info)
+    assert main(["generate", "--from-png", str(png), "--outdir", str(tmp_path / "out"), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert "not used" not in captured.err and not any("not used" in w for w in out["warnings"]), captured.err
+    assert (out["sampler"], out["schedule_type"]) == ("DPM++ SDE", "karras")
+    assert Image.open(out["images"][0]).size == (1024, 1024)
+    ours = parse_a1111_parameters(read_png_metadata(out["images"][0])[0])
+    assert {k: ours.get(k) for k in ("Sampler", "Schedule type", "Clip skip", "Variation seed", "Variation seed strength",
+                                     "Hires resize", "Hires upscaler", "Seed", "Size")} == {
+        "Sampler": "DPM++ SDE", "Schedule type": "Karras", "Clip skip": "2", "Variation seed": "5",
+        "Variation seed strength": "0.3", "Hires resize": "1024x1024", "Hires upscaler": "Latent", "Seed": "1234",
+        "Size": "512x512"}

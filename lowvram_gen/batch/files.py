@@ -161,6 +161,10 @@ def request_hash(engine: str, request) -> str:
             data.pop(name, None)
     if data.get("hires_upscaler") in _OLD_UPSCALER:  # A1111's spelling now: a line's job keeps its hash
         data["hires_upscaler"] = _OLD_UPSCALER[data["hires_upscaler"]]
+    if not data.get("controlnets"):  # ControlNet, added later: a job without it keeps its hash
+        data.pop("controlnets", None)
+    if data.get("control_mode") == "balanced":
+        data.pop("control_mode", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

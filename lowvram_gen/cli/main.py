@@ -115,6 +115,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="apply a LoRA from models/Lora (repeatable; the same as <lora:NAME:W> in the prompt)")
     p.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the result to stdout")
+    from lowvram_gen.cli.controlnet import add_controlnet_args  # no heavy imports
+
+    add_controlnet_args(p)
     _add_memory_flags(p)
 
 
@@ -184,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--ram", metavar="SIZE", help="simulate a machine with this much free system RAM, e.g. 16GB "
                     "(default: this machine's, and its cgroup limit)")
     pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
+    from lowvram_gen.cli.controlnet import add_plan_args
+
+    add_plan_args(pl)
     _add_memory_flags(pl)
 
     doc = sub.add_parser("doctor", help="what to paste into a bug report: GPU, versions, kernels, presets")
@@ -280,6 +286,9 @@ def _request_fields(args) -> tuple[dict, list[str]]:
     elif args.prompt is None:
         raise InvalidRequest("prompt", "", "give a prompt, or --from-png FILE to rerun an image's parameters")
     fields.update({name: getattr(args, name) for name in REQUEST_FLAGS if getattr(args, name, None) is not None})
+    from lowvram_gen.cli.controlnet import controlnet_fields
+
+    fields.update(controlnet_fields(args, fields))
     if getattr(args, "seed_resize_from", None) is not None:
         from lowvram_gen.request import parse_size as parse_wxh
 
@@ -373,6 +382,9 @@ def cmd_plan(args) -> int:
         source = resolve(args.model, args.config)
         profile, reloadable = source_profile(source), source.kind != "single_file"
     width, height = width or memory.native_side(profile), height or memory.native_side(profile)
+    from lowvram_gen.cli.controlnet import plan_lines, plan_profile
+
+    profile = plan_profile(args, profile)
     from lowvram_gen.request import check_quantize
 
     quantize = check_quantize(args.quantize)
@@ -385,7 +397,7 @@ def cmd_plan(args) -> int:
                   single_file=not reloadable)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
-                          "batch": batch, **result.as_dict()}))
+                          "batch": batch, "controlnets": list(profile.controlnets), **result.as_dict()}))
         return 0
     gib = device_mod.format_size
     if dev.is_accelerator:
@@ -414,6 +426,8 @@ def cmd_plan(args) -> int:
     if chosen is not None and chosen.streamed_bytes_per_step:
         print(f"streams {gib(chosen.streamed_bytes_per_step)} a step; the weights that cannot fit beside the "
               f"activations are {gib(chosen.lower_bound_bytes_per_step)} (the least any offload streams)")
+    for line in plan_lines(profile, chosen):
+        print(line)
     for warning in result.warnings:
         print(f"warning: {warning}")
     if chosen is not None and chosen.timing.get("source") == "measured":

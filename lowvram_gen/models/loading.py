@@ -138,7 +138,16 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
     From a diffusers folder each component is read from its own subfolder (`load_component`) and nothing
     else is. From a single-file checkpoint each is read from its own keys of the file
     (`checkpoint.load_components`), a UNet quantized while it loads, the text encoders unquantized:
-    apply.py quantizes them."""
+    apply.py quantizes them. The job's ControlNets (`controlnet0`, ...) come from their own files
+    (models/controlnet.py)."""
+    from lowvram_gen.models import controlnet
+
+    for name in [n for n in names if controlnet.SLOT.fullmatch(n)]:
+        fresh = controlnet.reload(model.pipe, getattr(model.pipe, name), dtype, quantize, quantize_on)
+        setattr(model.pipe, name, fresh)
+    names = [n for n in names if not controlnet.SLOT.fullmatch(n)]
+    if not names:
+        return
     if model.source.kind == "single_file":
         import torch
 

@@ -47,15 +47,19 @@ class QuantizeUnavailable(LowVramError):
 
 
 def is_target(name: str) -> bool:
-    """Whether quantize applies to the component `name`: the denoiser and the text encoders, never the VAE."""
-    return name in ("unet", "transformer") or name.startswith("text_encoder")
+    """Whether quantize applies to the component `name`: the denoiser, the ControlNets beside it (models/controlnet.py
+    names them controlnet0, ...) and the text encoders, never the VAE."""
+    return name in ("unet", "transformer") or name.startswith(("text_encoder", "controlnet"))
 
 
 def targets(pipe) -> list[str]:
-    """The components quantize applies to that the pipeline has."""
+    """The components quantize applies to that the pipeline has (the job's ControlNets with them)."""
     import torch
 
-    return sorted(n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module) and is_target(n))
+    from lowvram_gen.models.attached import attached
+
+    modules = {**pipe.components, **attached(pipe)}
+    return sorted(n for n, m in modules.items() if isinstance(m, torch.nn.Module) and is_target(n))
 
 
 def _sdnq():

@@ -111,6 +111,8 @@ PIPELINE_FAMILIES: dict[str, dict[str, Any]] = {
 # A T5 encoder in a pipeline not listed above: its prompts are taken as this long, and a transformer with
 # joint attention (a joint_attention_dim in its config) carries them. A guess, not read from anywhere.
 DEFAULT_T5_TOKENS = 256
+# Block names of ControlNets in a budget split (planning/controlnet.py PREFIX: controlnet0:<block>)
+controlnet_prefix = "controlnet"
 # Tile overlap of diffusers' AutoencoderKL tiled decode (tile_overlap_factor).
 VAE_TILE_OVERLAP = 0.25
 
@@ -182,6 +184,16 @@ class ModelProfile:
     # the 16-bit dtype the denoiser's file stores ("float16" | "bfloat16", read from its safetensors header);
     # "" for the built-in profiles (the published checkpoints: bfloat16 for FLUX.1, float16 for the rest)
     file_dtype: str = ""
+    # ControlNets counted as part of the denoiser (planning/controlnet.py with_controlnets): their parameters are
+    # in params[denoiser] (and its blocks, fixed part, fp8_kept, quant_kept); these say which part is theirs, and
+    # their activations in elements per latent pixel per image (held: their residuals while the UNet runs; peak:
+    # their own forward's). 0 / (): none
+    controlnet_params: int = 0
+    controlnet_quant_kept: int = 0
+    controlnet_held: float = 0.0
+    controlnet_peak: float = 0.0
+    controlnet_units: int = 0
+    controlnets: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -648,6 +660,11 @@ class Estimate:
     moved_bytes_per_job: int = 0
     resident_bytes: int = 0  # offload = "budget": the denoiser's blocks kept on the GPU (after the split)
     denoiser_bytes: int = 0  # the denoiser's weights as stored (fp8/int8/int4/GGUF: fewer bytes)
+    # the ControlNets' part of the denoiser (planning/controlnet.py): their weights as stored, and of those the bytes
+    # on the GPU for the whole denoise and the bytes streamed in every step
+    controlnet_bytes: int = 0
+    controlnet_resident_bytes: int = 0
+    controlnet_streamed_bytes_per_step: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -668,6 +685,12 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
         for working, scores in _sliced_attention_terms(profile, hw):
             act = max(act, coef * working * hw * n * dtype_bytes
                       + _fit()["slicing"] * scores * _score_bytes(profile, dtype_bytes))
+    if profile.controlnet_units:  # planning/controlnet.py: its residuals beside the UNet's step, or its own forward
+        held = coef * profile.controlnet_held * hw * n * dtype_bytes
+        summed = held if profile.controlnet_units > 1 else 0.0  # the residuals of the units before it
+        own = coef * profile.controlnet_peak * hw * n * dtype_bytes + summed
+        images = profile.controlnet_units * 3 * hw * sf * sf * n * dtype_bytes  # the control images, whole pass
+        act = max(act + held, own) + images
     return int(act)
 
 
@@ -746,6 +769,9 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     den_scale = den_stored / den_full if den_full else 1.0  # bytes as stored per byte at the dtype
     vae_w = p.get("vae", 0) * b
     vae_w_decode = p.get("vae", 0) * vae_b
+    cn_n, cn_kept = profile.controlnet_params, profile.controlnet_quant_kept
+    cn_w = int((cn_n - cn_kept) * q_bytes + cn_kept * b if q_bytes and not profile.denoiser_quantized else cn_n * b)
+    cn_resident, cn_streamed = (cn_w, 0) if settings.offload in ("none", "model") else (0, cn_w)
 
     off = settings.offload
     streamed, per_job, resident = 0, 0, 0
@@ -783,6 +809,12 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                 blocks = [(n, int(c * bpe)) for n, c in profile.residency_blocks]
                 split = residency.split(blocks, settings.resident_bytes)
                 kept = int(profile.residency_fixed * bpe) + split.resident_bytes
+                if cn_n:  # the ControlNets' blocks in the same split (planning/controlnet.py names them); their
+                    # fixed part (embeddings, conv_in, the last zero convolution) stays with the resident part
+                    on_gpu = set(split.resident)
+                    cn_streamed = min(cn_w, sum(c for n, c in blocks
+                                                if n.startswith(controlnet_prefix) and n not in on_gpu))
+                    cn_resident = cn_w - cn_streamed
                 streamed, resident = split.streamed_bytes_per_step, split.resident_bytes
                 # the resident part is on the GPU only while the denoiser runs: moved in before the
                 # denoise and out before the VAE decode (engines/sd/runner.py), so the decode has its room
@@ -800,4 +832,6 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     total = weights + int(act) + OVERHEAD_BYTES
     return Estimate(total_bytes=total, weights_bytes=weights, unet_bytes=unet_act, vae_bytes=vae_act,
                     overhead_bytes=OVERHEAD_BYTES, peak_phase=phase, streamed_bytes_per_step=int(streamed),
-                    moved_bytes_per_job=int(per_job), resident_bytes=int(resident), denoiser_bytes=int(den_stored))
+                    moved_bytes_per_job=int(per_job), resident_bytes=int(resident), denoiser_bytes=int(den_stored),
+                    controlnet_bytes=cn_w, controlnet_resident_bytes=int(cn_resident),
+                    controlnet_streamed_bytes_per_step=int(cn_streamed))

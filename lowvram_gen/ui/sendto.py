@@ -96,6 +96,9 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
                     fields["model"] = found
             if read.ignored:
                 said.append("not used (no such setting here): " + ", ".join(read.ignored))
+            if fields.get("controlnets"):  # read for the CLI's --from-png; the web UI has no units yet
+                said.append(f"not used: {len(fields['controlnets'])} ControlNet unit(s) (the web UI has no "
+                            "ControlNet yet)")
             said += read.notes
     fields["init_image"] = fields["image"] = path
     return [fields.get(key, gr.update()) for key in keys], said

@@ -36,6 +36,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from lowvram_gen.device import GiB, DeviceInfo
+from lowvram_gen.models.attached import attached
 from lowvram_gen.models.gguf_file import follow_dtype, gguf_bits
 from lowvram_gen.planning import residency
 from lowvram_gen.planning.sizes import vae_tile_size
@@ -71,9 +72,22 @@ def denoiser_name(pipe) -> str:
 
 
 def _modules(pipe):
+    """The pipeline's models, and the job's ControlNets beside its denoiser (models/controlnet.attached: not
+    diffusers components, so every setting below names them itself)."""
     import torch
 
-    return {k: v for k, v in pipe.components.items() if isinstance(v, torch.nn.Module)}
+    return {**{k: v for k, v in pipe.components.items() if isinstance(v, torch.nn.Module)}, **attached(pipe)}
+
+
+def _stepped(pipe) -> list[tuple[str, object]]:
+    """What runs at every step, with the prefix of its block names in a budget split: the denoiser (none) and each
+    ControlNet (`controlnet0:` ..., as planning/controlnet.py names them)."""
+    return [("", getattr(pipe, denoiser_name(pipe))), *((f"{slot}:", m) for slot, m in attached(pipe).items())]
+
+
+def _own(prefix: str, names) -> list[str]:
+    """The names of `names` that belong to the module with `prefix` (see _stepped), without it."""
+    return [n[len(prefix):] for n in names if (n.startswith(prefix) if prefix else ":" not in n)]
 
 
 class PipelineOps:
@@ -88,6 +102,12 @@ class PipelineOps:
 
         pipe = self.pipe
         pipe.remove_all_hooks()  # accelerate hooks of model offload
+        pipe.__dict__.pop("_lowvram_controlnet_hooks", None)
+        for module in attached(pipe).values():  # not components: remove_all_hooks does not see them
+            if hasattr(module, "_hf_hook"):
+                from accelerate.hooks import remove_hook_from_module
+
+                remove_hook_from_module(module, recurse=True)
         for module in _modules(pipe).values():
             for sub in module.modules():
                 registry = getattr(sub, "_diffusers_hook", None)
@@ -171,7 +191,21 @@ class PipelineOps:
             module.to(device)
 
     def model_offload(self, device: str) -> None:
+        """diffusers' model offload; the job's ControlNets get a hook of their own, as diffusers' ControlNet
+        pipelines give theirs: moved in when they first run and kept beside the UNet for the denoise, out again by
+        `controlnets_off` when it is done (the VAE's hook moves only the UNet out)."""
         self.pipe.enable_model_cpu_offload(device=device)
+        modules = attached(self.pipe)
+        if modules:
+            from accelerate import cpu_offload_with_hook
+
+            self.pipe._lowvram_controlnet_hooks = [cpu_offload_with_hook(m, device)[1] for m in modules.values()]
+
+    def controlnets_off(self) -> None:
+        """Model offload: the job's ControlNets back to system RAM (the runner calls it when the denoiser is done);
+        they come back at their next call. A no-op under the other offloads."""
+        for hook in self.pipe.__dict__.get("_lowvram_controlnet_hooks", ()):
+            hook.offload()
 
     def group_offload(self, device: str, leaf: bool, use_stream: bool, skip: tuple[str, ...] = (),
                       pinned: bool = True) -> None:
@@ -186,6 +220,7 @@ class PipelineOps:
         import torch
         from diffusers.hooks import apply_group_offloading
 
+        every_step = {denoiser_name(self.pipe), *attached(self.pipe)}  # the denoiser and its ControlNets
         for name, component in _modules(self.pipe).items():
             if name in skip:
                 continue
@@ -193,7 +228,7 @@ class PipelineOps:
             kwargs = dict(onload_device=torch.device(device), offload_device=torch.device("cpu"),
                           offload_type="leaf_level" if by_leaf else "block_level",
                           num_blocks_per_group=None if by_leaf else 1, use_stream=use_stream,
-                          low_cpu_mem_usage=use_stream and not (pinned and name == denoiser_name(self.pipe)))
+                          low_cpu_mem_usage=use_stream and not (pinned and name in every_step))
             if hasattr(component, "enable_group_offload"):
                 component.enable_group_offload(**kwargs)
             else:
@@ -217,14 +252,16 @@ class PipelineOps:
         from diffusers.hooks import apply_group_offloading
 
         _quiet_group_offload_moves()
-        name = denoiser_name(self.pipe)
-        module = getattr(self.pipe, name)
-        self.group_offload(device, leaf=False, use_stream=use_stream, skip=(name,), pinned=pinned)
-        units = [module.get_submodule(n) for n in streamed]
-        if units and use_stream and not _can_prefetch():
+        stepped = _stepped(self.pipe)  # the denoiser, and the job's ControlNets split the same way
+        self.group_offload(device, leaf=False, use_stream=use_stream,
+                           skip=(denoiser_name(self.pipe), *attached(self.pipe)), pinned=pinned)
+        if streamed and use_stream and not _can_prefetch():
             log.info("budget offload: this diffusers has no lazy-prefetch hook to reuse; streaming without a CUDA stream")
             use_stream = False
-        if units:
+        for prefix, module in stepped:
+            units = [module.get_submodule(n) for n in _own(prefix, streamed)]
+            if not units:
+                continue
             holder = torch.nn.Module()
             holder.blocks = torch.nn.ModuleList(units)  # only a container: the hooks go on the blocks
             apply_group_offloading(holder, onload_device=torch.device(device), offload_device=torch.device("cpu"),
@@ -241,8 +278,8 @@ class PipelineOps:
         while the VAE decodes or an upscaler runs, and brings it back before the next denoise."""
         import torch
 
-        module = getattr(self.pipe, denoiser_name(self.pipe))
-        _place_outside(module, {id(module.get_submodule(n)) for n in streamed}, torch.device(device))
+        for prefix, module in _stepped(self.pipe):  # the denoiser's and its ControlNets' resident parts
+            _place_outside(module, {id(module.get_submodule(n)) for n in _own(prefix, streamed)}, torch.device(device))
 
     def free_bytes(self, device: str) -> int:
         """CUDA memory this pipeline's weights could use: free now, plus what torch's cache and the
@@ -361,6 +398,11 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
             ops.half_storage(effective.dtype)
             calls.append(f"half_storage:{effective.dtype}")
             state["half"] = True
+        else:  # a ControlNet put on (or reloaded) since: its own casting hooks
+            fresh = tuple(n for n, m in attached(pipe).items() if not _casting(m))
+            if fresh:
+                ops.half_storage(effective.dtype, fresh)
+                calls.append(f"half_storage:{effective.dtype}:{','.join(fresh)}")
         for name in _modules(pipe):
             state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION["float16"])
     else:
@@ -461,8 +503,8 @@ def budget_split(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipeli
     part, capped by the user's VRAM budget, with room for the two streamed blocks in flight
     (`residency.fit`); on MPS the same from the probed free memory; on a CPU every block stays (there is
     no device memory to save, and nothing is streamed)."""
-    module = getattr(pipe, denoiser_name(pipe))
-    blocks = residency.blocks_of(module)
+    stepped = _stepped(pipe)  # the denoiser's blocks, then its ControlNets' (as planning/controlnet.py lists them)
+    blocks = [(prefix + name, nbytes) for prefix, module in stepped for name, nbytes in residency.blocks_of(module)]
     if settings.resident_bytes:
         return residency.split(blocks, settings.resident_bytes)
     if device.kind == "cpu":
@@ -470,8 +512,14 @@ def budget_split(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipeli
     free = ops.free_bytes(device.torch_device) if device.kind == "cuda" else device.free_bytes
     if device.budget_bytes is not None:
         free = min(free, device.budget_bytes)
-    available = free - device.reserve_bytes - BUDGET_MARGIN - residency.fixed_bytes(module)
+    available = free - device.reserve_bytes - BUDGET_MARGIN - sum(residency.fixed_bytes(m) for _, m in stepped)
     return residency.fit(blocks, available)
+
+
+def _casting(module) -> bool:
+    """Whether layerwise casting hooks are on `module`."""
+    return any(getattr(m, "_diffusers_hook", None) is not None
+               and m._diffusers_hook.get_hook("layerwise_casting") is not None for m in module.modules())
 
 
 def _can_prefetch() -> bool:

@@ -16,6 +16,7 @@ from typing import Callable
 
 from lowvram_gen import outputs
 from lowvram_gen.device import DeviceInfo
+from lowvram_gen.engines.sd import controlnet
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.runner import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
@@ -90,7 +91,8 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
         warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
     for w in warnings:
         log.info(w)
-    return Prepared(texts, nets.fields, warnings, schedule_warning is None, hires_warning is None)
+    fields = {**controlnet.infotext_fields(pipe, request), **nets.fields}  # A1111 writes ControlNet units first
+    return Prepared(texts, fields, warnings, schedule_warning is None, hires_warning is None)
 
 
 def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,

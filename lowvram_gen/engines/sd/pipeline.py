@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from lowvram_gen.engines.sd import controlnet
 from lowvram_gen.errors import Cancelled, InvalidRequest
 from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
@@ -475,13 +476,17 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         output_type="latent" if splits_decode(pipe) else "pil",
         callback_on_step_end=step_end,
     )
+    control = controlnet.for_pass(pipe, step)  # (its ControlNet pipeline, the control arguments) or None
+    if control is not None:
+        kwargs.update(control[1])
     if step.init is None:
-        with _variation_noise(pipe, step, device):
-            out = pipe(width=step.width, height=step.height, **kwargs)
+        txt2img = control[0] if control is not None else pipe
+        with _variation_noise(txt2img, step, device):
+            out = txt2img(width=step.width, height=step.height, **kwargs)
     else:
         # diffusers runs int(steps * strength) steps; at least one, or the result is empty
         kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
-        i2i = img2img_pipe(pipe)
+        i2i = control[0] if control is not None else img2img_pipe(pipe)
         if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
             # SD3, Flux, ...: without a size they resize the init image to the model's native size
             kwargs.update(width=step.width, height=step.height)

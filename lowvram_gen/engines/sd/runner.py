@@ -133,7 +133,10 @@ class Runner:
         while the denoiser runs. Before the VAE decode or an upscaler it goes to the host, so they get its
         room (planning/estimate.py plans the decode without it); it comes back before the next denoise.
         That moves the resident bytes once each way per pass, which the plan counts. A no-op under the
-        other offload modes."""
+        other offload modes. Under model offload the job's ControlNets leave the device here
+        (apply.controlnets_off)."""
+        if not denoising:
+            self.ops_factory(self.model.pipe).controlnets_off()
         if self.residency is None or denoising == self.resident_on_device:
             return
         target = self.device.torch_device if denoising else "cpu"

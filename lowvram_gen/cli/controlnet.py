@@ -1,0 +1,75 @@
+"""generate/img2img's ControlNet flags: `--controlnet MODEL[:WEIGHT[:START[:END]]]`, `--control-image IMAGE`,
+`--preprocessor NAME` (each repeatable, one per unit, in order) and `--control-mode`. No heavy imports."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_controlnet_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ControlNet (A1111's sd-webui-controlnet; SD 1.x/2.x and SDXL)")
+    g.add_argument("--controlnet", action="append", default=[], metavar="MODEL[:WEIGHT[:START[:END]]]",
+                   help="a ControlNet: a name in models/ControlNet, a diffusers folder, a hub id or a "
+                        ".safetensors/.pth file; weight 0-2 (default 1), guidance start/end 0-1 (default 0 and 1). "
+                        "Repeatable: several units")
+    g.add_argument("--control-image", action="append", default=[], metavar="IMAGE",
+                   help="the control image of each --controlnet, in order")
+    g.add_argument("--preprocessor", action="append", default=[], metavar="none|canny[:LOW:HIGH]",
+                   help="what each unit's image goes through first, in order (default none: the image is the map; "
+                        "canny: edges, thresholds 100:200 as A1111's)")
+    g.add_argument("--control-mode", metavar="balanced|controlnet",
+                   help="balanced (default) or controlnet (A1111's 'ControlNet is more important': diffusers' guess "
+                        "mode); A1111's 'My prompt is more important' has no diffusers equivalent")
+
+
+def controlnet_fields(args, fields: dict) -> dict:
+    """The request's `controlnets` and `control_mode` from the flags, over what --from-png read (`fields`): the
+    flags' units replace the PNG's; --control-image / --preprocessor alone fill the PNG's units, in order."""
+    from lowvram_gen.control.units import units_from_flags, with_flags
+
+    out: dict = {}
+    models, images, preprocessors = args.controlnet, args.control_image, args.preprocessor
+    if models:
+        out["controlnets"] = units_from_flags(models, images, preprocessors)
+    elif fields.get("controlnets") and (images or preprocessors):
+        out["controlnets"] = with_flags(tuple(fields["controlnets"]), images, preprocessors)
+    elif images or preprocessors:
+        from lowvram_gen.errors import InvalidRequest
+
+        flag = "--control-image" if images else "--preprocessor"
+        raise InvalidRequest(flag, (images or preprocessors)[0], "goes with --controlnet MODEL (one per unit, in "
+                                                                  "order), or with --from-png of an image that has "
+                                                                  "ControlNet units")
+    if args.control_mode is not None:
+        out["control_mode"] = args.control_mode
+    return out
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--controlnet", action="append", default=[], metavar="SPEC",
+                   help="count a ControlNet beside the denoiser (repeatable): a file, folder, hub id or name in "
+                        "models/ControlNet, or a known size: sd15 (0.72 GB in fp16), sdxl (2.5 GB)")
+
+
+def plan_profile(args, profile):
+    """`profile` with `plan --controlnet`'s ControlNets counted as part of its denoiser (refused for another family)."""
+    if not getattr(args, "controlnet", None):
+        return profile
+    from lowvram_gen.models.controlnet import plan_profiles
+    from lowvram_gen.planning.controlnet import with_controlnets
+
+    return with_controlnets(profile, plan_profiles(args.controlnet, profile, args.model, known_sizes=True),
+                            len(args.controlnet))
+
+
+def plan_lines(profile, chosen) -> list[str]:
+    """What `plan` says of the ControlNets it counted: their weights, and where the chosen candidate keeps them."""
+    if not profile.controlnet_units or chosen is None:
+        return []
+    from lowvram_gen.device import format_size
+
+    b = chosen.breakdown
+    return [f"controlnet: {', '.join(profile.controlnets)}: {profile.controlnet_params / 1e6:.0f} M weights, "
+            f"{format_size(b.get('controlnet_bytes', 0))} as {chosen.name} stores them, counted with the "
+            f"{profile.denoiser} ({format_size(b.get('controlnet_resident_bytes', 0))} on the GPU while it denoises, "
+            f"{format_size(b.get('controlnet_streamed_bytes_per_step', 0))} streamed a step)"]

@@ -1,0 +1,33 @@
+"""A unit's control image as the ControlNet reads it: resized to the pass's size, then its preprocessor.
+
+The image is resized to the job's width x height (A1111's "Just Resize", with Pillow's Lanczos filter, the
+one diffusers' image processor would use) and the preprocessor runs at that size (A1111's "Pixel Perfect"):
+`none` passes the image as the map; `canny` is control/canny.py. Maps are cached by file, size and settings,
+so the passes and retries of a job compute each once.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+
+def control_map(path: str, width: int, height: int, preprocessor: str = "none", low: int = 100, high: int = 200):
+    """The control map (PIL RGB, width x height) of the image at `path`."""
+    stat = Path(path).stat()
+    return _cached(str(path), stat.st_mtime_ns, stat.st_size, width, height, preprocessor, low, high).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(path: str, _mtime: int, _size: int, width: int, height: int, preprocessor: str, low: int, high: int):
+    from PIL import Image
+
+    with Image.open(path) as im:
+        image = im.convert("RGB")
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.LANCZOS)
+    if preprocessor == "canny":
+        from lowvram_gen.control.canny import canny
+
+        return canny(image, low, high)
+    return image

@@ -1,0 +1,291 @@
+"""A request's ControlNet units, validated once, and how A1111's sd-webui-controlnet writes them in a PNG.
+
+A unit is one ControlNet with its control image, as a unit of A1111's extension: the model, the image,
+the weight (A1111's "Control Weight", 0-2), the guidance start and end (the fraction of the steps it acts
+in, diffusers' `control_guidance_start/end`) and the preprocessor with its thresholds. The request's
+`control_mode` applies to all of them (in A1111 each unit has its own; diffusers has one `guess_mode`
+per call, so several units must share it).
+
+Control modes, as A1111's extension means them (scripts/enums.py ControlMode, applied in its hook.py):
+- "balanced": the ControlNet on both halves of the CFG batch at full weight: diffusers' default.
+- "controlnet" ("ControlNet is more important"): the ControlNet only on the conditional half, its 13
+  residuals scaled by 0.825^(12-i): diffusers' `guess_mode=True` (which scales by 10^(-1+i/12), the same
+  factors to three digits, and runs the ControlNet on the conditional half only).
+- "prompt" ("My prompt is more important"): those scaled residuals on both halves. diffusers has no
+  such mode (its `guess_mode` is the other one), so it is refused with what to use instead.
+
+The PNG text (`ControlNet 0: "Module: canny, Model: ..., Weight: 1, ..."`) is the extension's own
+(scripts/infotext.py serialize_unit: the unit's fields in its order, `Field Name: value`, hidden slider
+values left out), so A1111's PNG Info and Civitai read it; `unit_from_text` reads it back, the control
+image excepted: a PNG does not hold it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from lowvram_gen.errors import InvalidRequest
+
+MAX_UNITS = 4  # A1111's default number of ControlNet units is 3; more is a typo's cost, not a card's
+MAX_WEIGHT = 2.0  # A1111's "Control Weight" slider maximum
+PREPROCESSORS = ("none", "canny")  # need no model: always there
+# A1111's model-based preprocessors (controlnet_aux's detectors): named so the refusal can say what they are
+MODEL_PREPROCESSORS = ("depth", "depth_midas", "depth_leres", "depth_zoe", "depth_anything", "openpose",
+                       "openpose_full", "dw_openpose_full", "lineart", "lineart_realistic", "lineart_anime",
+                       "softedge_hed", "softedge_pidinet", "mlsd", "normal_bae", "seg_ofade20k", "scribble_hed",
+                       "tile_resample", "shuffle", "mediapipe_face", "inpaint_only", "reference_only")
+CANNY_DEFAULTS = (100, 200)  # the extension's canny "Low/High Threshold" slider defaults (range 1-255)
+CONTROL_MODES = {"balanced": "Balanced", "prompt": "My prompt is more important",
+                 "controlnet": "ControlNet is more important"}
+
+
+@dataclass(frozen=True)
+class ControlNetUnit:
+    """One ControlNet and its control image. `image`: a path; None only before validation (a unit read from a
+    PNG, waiting for its --control-image)."""
+
+    model: str
+    image: str | None = None
+    weight: float = 1.0
+    guidance_start: float = 0.0
+    guidance_end: float = 1.0
+    preprocessor: str = "none"
+    canny_low: int = CANNY_DEFAULTS[0]
+    canny_high: int = CANNY_DEFAULTS[1]
+
+
+def parse_controlnet_flag(value: str) -> ControlNetUnit:
+    """`--controlnet MODEL[:WEIGHT[:START[:END]]]`: up to three trailing numbers; anything else is the model
+    (a Windows path `C:\\...` keeps its drive letter)."""
+    text = str(value).strip()
+    if not text:
+        raise InvalidRequest("--controlnet", value, "give MODEL or MODEL:WEIGHT[:START[:END]]")
+    parts = text.split(":")
+    numbers: list[str] = []
+    while len(parts) > 1 and len(numbers) < 3 and re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)\s*", parts[-1]):
+        numbers.insert(0, parts.pop())
+    model = ":".join(parts).strip()
+    if not model:
+        raise InvalidRequest("--controlnet", value, "give MODEL or MODEL:WEIGHT[:START[:END]]")
+    names = ("weight", "guidance_start", "guidance_end")
+    return ControlNetUnit(model, **{n: float(v) for n, v in zip(names, numbers)})
+
+
+def parse_preprocessor_flag(value: str) -> dict:
+    """`--preprocessor none`, `canny`, or `canny:LOW:HIGH` (the extension's thresholds) -> unit fields."""
+    name, *numbers = [p.strip() for p in str(value).split(":")]
+    fields: dict = {"preprocessor": name}
+    if numbers:
+        if name.lower() != "canny" or len(numbers) != 2:
+            raise InvalidRequest("--preprocessor", value,
+                                 "thresholds go with canny only: canny:LOW:HIGH, e.g. canny:100:200")
+        fields["canny_low"], fields["canny_high"] = numbers
+    return fields
+
+
+def _number(field: str, value: Any, lo: float, hi: float) -> float:
+    allowed = f"a number from {lo:g} to {hi:g}"
+    if isinstance(value, bool):
+        raise InvalidRequest(field, value, allowed)
+    try:
+        number = float(str(value).strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise InvalidRequest(field, value, allowed) from None
+    if not math.isfinite(number) or not lo <= number <= hi:
+        raise InvalidRequest(field, value, allowed)
+    return number
+
+
+def _whole(field: str, value: Any, lo: int, hi: int) -> int:
+    number = _number(field, value, lo, hi)
+    if number != int(number):
+        raise InvalidRequest(field, value, f"a whole number from {lo} to {hi}")
+    return int(number)
+
+
+def check_preprocessor(field: str, value: Any) -> str:
+    """'none' or 'canny'; a model-based preprocessor (depth, openpose, ...) is refused saying so."""
+    name = str(value or "none").strip().lower()
+    if name in PREPROCESSORS:
+        return name
+    if name in MODEL_PREPROCESSORS or name.split("_")[0] in {m.split("_")[0] for m in MODEL_PREPROCESSORS}:
+        raise InvalidRequest(field, value, "preprocessors that need a model of their own (depth, openpose, lineart, "
+                                           "...) are not built yet: give a ready-made control map with "
+                                           "preprocessor none, or use canny")
+    raise InvalidRequest(field, value, f"use one of {', '.join(PREPROCESSORS)}")
+
+
+def check_control_mode(value: Any) -> str:
+    """balanced | controlnet (also A1111's labels); 'prompt' is refused: diffusers has no such mode."""
+    text = str(value if value is not None else "balanced").strip()
+    by_label = {label.lower(): key for key, label in CONTROL_MODES.items()}
+    key = text.lower() if text.lower() in CONTROL_MODES else by_label.get(text.lower())
+    if key is None:
+        raise InvalidRequest("control mode", value, "use balanced, prompt or controlnet (A1111's Balanced, "
+                                                    "My prompt is more important, ControlNet is more important)")
+    if key == "prompt":
+        raise InvalidRequest("control mode", value, "A1111's 'My prompt is more important' has no diffusers "
+                                                    "equivalent (its guess mode is 'ControlNet is more important'): "
+                                                    "use balanced, or controlnet")
+    return key
+
+
+def check_unit(index: int, unit: Any, check_image: Callable[[str, Any], str],
+               image_required: bool = True) -> ControlNetUnit:
+    """A unit (or its fields as a mapping, from a JSON line or a form) checked: clear errors naming the unit.
+    `check_image(field, path)`: the request's readable-image check (request.check_image_path)."""
+    where = f"ControlNet unit {index}"
+    if isinstance(unit, Mapping):
+        known = set(ControlNetUnit.__dataclass_fields__)
+        unknown = sorted(set(unit) - known)
+        if unknown:
+            raise InvalidRequest(f"{where} field", unknown[0], "allowed fields: " + ", ".join(sorted(known)))
+        if not unit.get("model"):
+            raise InvalidRequest(f"{where} model", unit.get("model"), "give a ControlNet model (a name in "
+                                 "models/ControlNet, a folder, a file or a hub id)")
+        unit = ControlNetUnit(**dict(unit))
+    if not isinstance(unit, ControlNetUnit):
+        raise InvalidRequest(where, unit, "give a ControlNetUnit or its fields as a mapping")
+    if not isinstance(unit.model, str) or not unit.model.strip():
+        raise InvalidRequest(f"{where} model", unit.model, "give a ControlNet model (a name in models/ControlNet, "
+                                                             "a folder, a file or a hub id)")
+    image = unit.image
+    if image is None or (isinstance(image, str) and not image.strip()):
+        if image_required:
+            raise InvalidRequest(f"{where} control image", image,
+                                 f"ControlNet {unit.model.strip()!r} needs a control image: give --control-image "
+                                 "IMAGE (one per --controlnet, in order; a PNG's parameters do not hold it)")
+        image = None
+    else:
+        image = check_image(f"{where} control image", image)
+    start = _number(f"{where} guidance start", unit.guidance_start, 0.0, 1.0)
+    end = _number(f"{where} guidance end", unit.guidance_end, 0.0, 1.0)
+    if start >= end:
+        raise InvalidRequest(f"{where} guidance start", start,
+                             f"must be below its guidance end ({end:g}): the fraction of the steps it acts in")
+    low = _whole(f"{where} canny low threshold", unit.canny_low, 1, 255)
+    high = _whole(f"{where} canny high threshold", unit.canny_high, 1, 255)
+    if low > high:
+        raise InvalidRequest(f"{where} canny low threshold", low, f"must not be above the high threshold ({high})")
+    return replace(unit, model=unit.model.strip(), image=image,
+                   weight=_number(f"{where} weight", unit.weight, 0.0, MAX_WEIGHT),
+                   guidance_start=start, guidance_end=end,
+                   preprocessor=check_preprocessor(f"{where} preprocessor", unit.preprocessor),
+                   canny_low=low, canny_high=high)
+
+
+def check_units(value: Any, check_image: Callable[[str, Any], str],
+                image_required: bool = True) -> tuple[ControlNetUnit, ...]:
+    """The request's units: a sequence of units or mappings (none: an empty tuple)."""
+    if value is None or value == "" or value == ():
+        return ()
+    if isinstance(value, (ControlNetUnit, Mapping)):
+        value = [value]
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise InvalidRequest("controlnets", value, "give a list of ControlNet units (model, image, weight, ...)")
+    units = list(value)
+    if len(units) > MAX_UNITS:
+        raise InvalidRequest("controlnets", f"<{len(units)} units>", f"at most {MAX_UNITS} ControlNet units")
+    return tuple(check_unit(i, u, check_image, image_required) for i, u in enumerate(units))
+
+
+def units_from_flags(models: list[str], images: list[str], preprocessors: list[str]) -> tuple[ControlNetUnit, ...]:
+    """--controlnet, --control-image and --preprocessor (each repeatable, one per unit, in order) as units."""
+    if images and len(images) != len(models):
+        raise InvalidRequest("--control-image", f"{len(images)} given",
+                             f"give one per --controlnet, in order ({len(models)} ControlNet(s))")
+    if preprocessors and len(preprocessors) != len(models):
+        raise InvalidRequest("--preprocessor", f"{len(preprocessors)} given",
+                             f"give none (each unit: none) or one per --controlnet, in order ({len(models)} "
+                             "ControlNet(s))")
+    units = [parse_controlnet_flag(m) for m in models]
+    units = [replace(u, image=images[i]) if images else u for i, u in enumerate(units)]
+    return tuple(replace(u, **parse_preprocessor_flag(preprocessors[i])) if preprocessors else u
+                 for i, u in enumerate(units))
+
+
+def with_flags(units: tuple[ControlNetUnit, ...], images: list[str],
+               preprocessors: list[str]) -> tuple[ControlNetUnit, ...]:
+    """A PNG's units (read without their images) given --control-image and --preprocessor, one per unit in order."""
+    for flag, given in (("--control-image", images), ("--preprocessor", preprocessors)):
+        if given and len(given) != len(units):
+            raise InvalidRequest(flag, f"{len(given)} given", f"give one per ControlNet unit of the PNG, in order "
+                                                              f"({len(units)} unit(s))")
+    units = tuple(replace(u, image=images[i]) if images else u for i, u in enumerate(units))
+    return tuple(replace(u, **parse_preprocessor_flag(preprocessors[i])) if preprocessors else u
+                 for i, u in enumerate(units))
+
+
+# ------------------------------------------------------------------------------------------------ infotext
+
+
+def _shown(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def unit_text(unit: ControlNetUnit, model_label: str, control_mode: str, processor_res: int) -> str:
+    """The extension's `ControlNet N` value for `unit` (its fields in its order; hidden slider values left out).
+    `model_label`: the model as the extension lists it, `name [hash]` for a file. What ran: the control image
+    resized to the job's size (Just Resize), the preprocessor at that size (Pixel Perfect, `processor_res` its
+    shorter side), no low-VRAM mode of the extension's own, the detected map not saved."""
+    fields = {"Module": unit.preprocessor, "Model": model_label, "Weight": _shown(unit.weight),
+              "Resize Mode": "Just Resize", "Low Vram": "False"}
+    if unit.preprocessor == "canny":
+        fields.update({"Processor Res": str(processor_res), "Threshold A": str(unit.canny_low),
+                       "Threshold B": str(unit.canny_high)})
+    fields.update({"Guidance Start": _shown(unit.guidance_start), "Guidance End": _shown(unit.guidance_end),
+                   "Pixel Perfect": "True", "Control Mode": CONTROL_MODES[control_mode], "Hr Option": "Both",
+                   "Save Detected Map": "False"})
+    return ", ".join(f"{k}: {v}" for k, v in fields.items())
+
+
+UNIT_KEY = re.compile(r"ControlNet (\d+)")
+_HASH = re.compile(r"\s*\[[0-9a-fA-F]{8,10}\]\s*$")  # the extension lists files as `name [hash]`
+
+
+def unit_from_text(key: str, text: str, notes: list[str]) -> tuple[ControlNetUnit, str | None]:
+    """(the unit, its control mode key or None) from the extension's `ControlNet N` value, image left out.
+    Fields we do not use are said in `notes` where they change the result (a resize mode or a preprocessor
+    resolution other than what runs here); the old format (1.1.2xx: `preprocessor: canny, model: ...`) too."""
+    pairs = {}
+    for item in str(text).split(","):
+        name, sep, value = item.partition(":")
+        if sep:
+            pairs[name.strip().lower()] = value.strip()
+    where = f"{key!r} in the image's parameters"
+    model = pairs.get("model")
+    if not model or model.lower() == "none":
+        raise InvalidRequest(where, text, "expected the extension's 'Module: ..., Model: ..., Weight: ...' text")
+    model = _HASH.sub("", model)
+    module = pairs.get("module", pairs.get("preprocessor", "none"))
+    unit = ControlNetUnit(model, weight=_number(f"{where} Weight", pairs.get("weight", 1), 0, MAX_WEIGHT),
+                          preprocessor=module)
+    if "guidance start" in pairs or "guidance end" in pairs:
+        unit = replace(unit, guidance_start=_number(f"{where} Guidance Start", pairs.get("guidance start", 0), 0, 1),
+                       guidance_end=_number(f"{where} Guidance End", pairs.get("guidance end", 1), 0, 1))
+    elif "starting/ending" in pairs:  # the old format: "starting/ending: (0, 1)" (split by the comma above)
+        match = re.search(r"starting/ending:\s*\(([^,]+),\s*([^)]+)\)", str(text))
+        if match:
+            unit = replace(unit, guidance_start=_number(where, match.group(1), 0, 1),
+                           guidance_end=_number(where, match.group(2), 0, 1))
+    if module.strip().lower() == "canny":
+        unit = replace(unit, canny_low=pairs.get("threshold a", CANNY_DEFAULTS[0]),
+                       canny_high=pairs.get("threshold b", CANNY_DEFAULTS[1]))
+        try:
+            unit = replace(unit, canny_low=int(float(unit.canny_low)), canny_high=int(float(unit.canny_high)))
+        except ValueError:
+            raise InvalidRequest(f"{where} Threshold A/B", text, "expected whole numbers") from None
+    resize = pairs.get("resize mode", "Just Resize")
+    if resize not in ("Just Resize", "0", "ResizeMode.RESIZE"):
+        notes.append(f"{key}: resize mode {resize!r} runs as Just Resize here (the control image is resized to "
+                     "the job's size)")
+    mode = pairs.get("control mode")
+    key_mode = None
+    if mode is not None:
+        labels = {label.lower(): k for k, label in CONTROL_MODES.items()}
+        numbers = {"0": "balanced", "1": "prompt", "2": "controlnet"}  # the API's integer form
+        key_mode = labels.get(mode.lower()) or numbers.get(mode) or mode
+    return unit, key_mode

@@ -1,0 +1,146 @@
+"""ControlNet in a Stable Diffusion job: the job's ControlNets on the loaded pipeline, and its denoise call.
+
+`use_controlnets` puts the job's ControlNets (models/controlnet.py keeps them loaded) on the base pipeline as
+`controlnet0`, `controlnet1`, ... in unit order, and takes off those of an earlier job (their offload hooks
+removed, moved back to system RAM, kept for a later job). There the memory settings see them as they see the
+UNet (engines/sd/apply.py: cast, quantized, placed, offloaded, streamed, split under budget), so every rung of
+the ladder re-applies to them without a reload.
+
+`for_pass` gives a denoise pass its pipeline and arguments: diffusers' ControlNet pipeline for the pass
+(`StableDiffusionControlNetPipeline`, its Img2Img, and the SDXL ones) made over the loaded pipeline's
+components with the auto-pipelines' `from_pipe`, as engines/sd/pipeline.img2img_pipe makes the img2img one (no
+weights copied, cast or read), with `controlnet_conditioning_scale`, `control_guidance_start/end`, `guess_mode`
+and the control maps at the pass's size (control/preprocess.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.models import controlnet as models
+
+log = logging.getLogger(__name__)
+
+
+
+def sources(request) -> list:
+    """The resolved ControlNet sources of the request's units (no weights read)."""
+    return [models.resolve_controlnet(unit.model) for unit in request.controlnets]
+
+
+def attach_for(pipe, request, dtype: str, quantize: str = "none", quantize_on: str | None = None) -> bool:
+    """Load (or reuse) the request's ControlNets at `dtype` (`quantize`: int8/int4 while loading, as the pipeline's
+    first preset says) and put them on `pipe`, each model once (two units may share one: A1111 users run two canny
+    units with two images); True when the set on the pipeline changed (its memory settings must go on again)."""
+    base = dict(pipe.unet.config) if getattr(pipe, "unet", None) is not None else {}
+    modules = [models.kept(pipe, s, base, dtype, quantize, quantize_on) for s in sources(request)]
+    distinct = list({id(m): m for m in modules}.values())
+    changed = use_controlnets(pipe, distinct)
+    pipe._lowvram_unit_slots = [next(i for i, d in enumerate(distinct) if d is m) for m in modules]
+    return changed
+
+
+def unit_modules(pipe, count: int) -> list:
+    """The ControlNet module of each of the job's `count` units (attach_for's mapping; one per slot without it)."""
+    modules = list(models.attached(pipe).values())
+    slots = vars(pipe).get("_lowvram_unit_slots")
+    if slots is None or len(slots) != count or max(slots, default=-1) >= len(modules):
+        slots = list(range(len(modules)))
+    if len(slots) != count:
+        raise RuntimeError(f"{count} ControlNet unit(s) asked for, {len(modules)} on the pipeline: attach_for must run "
+                           "before the job")
+    return [modules[i] for i in slots]
+
+
+def use_controlnets(pipe, modules: list) -> bool:
+    """`modules` on `pipe` as controlnet0, controlnet1, ... (see the module doc); True when that changed anything."""
+    current = models.attached(pipe)
+    wanted = {f"controlnet{i}": m for i, m in enumerate(modules)}
+    if list(current) == list(wanted) and all(current[k] is wanted[k] for k in wanted):
+        return False
+    state = getattr(pipe, "_lowvram_state", None)
+    for slot, module in current.items():
+        _unhook(module)
+        if state is not None:  # the precision it lost goes with the module (apply.needs_reload reads it)
+            module._lowvram_floor = state["floor"].pop(slot, None)
+        vars(pipe).pop(slot)
+        if all(p.device.type != "meta" for p in module.parameters()):
+            module.to("cpu")
+    for slot, module in wanted.items():
+        setattr(pipe, slot, module)
+        floor = getattr(module, "_lowvram_floor", None)
+        if state is not None and floor is not None:
+            state["floor"][slot] = floor
+    return True
+
+
+def _unhook(module) -> None:
+    """Take the offload hooks off a ControlNet leaving the pipeline (accelerate's model offload, diffusers' group
+    offloading); its casting hooks stay with its weights' storage."""
+    from diffusers.hooks import HookRegistry
+
+    from lowvram_gen.engines.sd.apply import _GROUP_HOOKS
+
+    if hasattr(module, "_hf_hook"):
+        from accelerate.hooks import remove_hook_from_module
+
+        remove_hook_from_module(module, recurse=True)
+    for sub in module.modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        if isinstance(registry, HookRegistry):
+            for name in _GROUP_HOOKS:
+                registry.remove_hook(name, recurse=False)
+
+
+def control_pipe(pipe, img2img: bool, controlnet):
+    """diffusers' ControlNet pipeline over the loaded pipeline's components (StableDiffusionControlNetPipeline, its
+    Img2Img, the SDXL ones), as pipeline.img2img_pipe makes the img2img one: the auto-pipelines' `from_pipe`, which
+    picks the ControlNet class when given a `controlnet`. Not DiffusionPipeline.from_pipe: it casts every shared
+    model to its `dtype` argument, float32 when not given (diffusers 0.42), which would undo the memory settings
+    (fp16 weights doubled in place, sdnq's int8 refused)."""
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
+
+    from lowvram_gen.prompting.encode import family
+
+    if family(pipe) is None:
+        raise InvalidRequest("controlnet", type(pipe).__name__, "ControlNet needs an SD 1.x/2.x or SDXL pipeline")
+    auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
+    made = auto.from_pipe(pipe, controlnet=controlnet)
+    made.set_progress_bar_config(disable=True)
+    return made
+
+
+def for_pass(pipe, step) -> tuple[object, dict] | None:
+    """(the ControlNet pipeline, its control arguments) for a denoise pass (engines/sd/pipeline.Pass), or None when
+    the request has no ControlNet units."""
+    from lowvram_gen.control.preprocess import control_map
+
+    units = step.request.controlnets
+    if not units:
+        return None
+    modules = unit_modules(pipe, len(units))
+    img2img = step.init is not None
+    control = control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules)
+    control.scheduler = pipe.scheduler  # the sampler chosen for this job
+    maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high) for u in units]
+    one = len(units) == 1
+    kwargs = {"image" if not img2img else "control_image": maps[0] if one else maps,
+              "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units],
+              "control_guidance_start": units[0].guidance_start if one else [u.guidance_start for u in units],
+              "control_guidance_end": units[0].guidance_end if one else [u.guidance_end for u in units],
+              "guess_mode": step.request.control_mode == "controlnet"}
+    return control, kwargs
+
+
+def infotext_fields(pipe, request) -> dict:
+    """`ControlNet N` fields of the PNG text, as A1111's extension writes them (control/units.py)."""
+    from lowvram_gen.control.units import unit_text
+
+    modules = unit_modules(pipe, len(request.controlnets)) if request.controlnets else []
+    fields = {}
+    for i, unit in enumerate(request.controlnets):
+        source = getattr(modules[i], "_lowvram_source", None)
+        label = source.label if source is not None else unit.model
+        fields[f"ControlNet {i}"] = unit_text(unit, label, request.control_mode, min(request.width, request.height))
+    return fields

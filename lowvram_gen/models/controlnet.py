@@ -1,0 +1,358 @@
+"""ControlNet models: found, described by their config, loaded, and kept on the base pipeline between jobs.
+
+Where (`resolve_controlnet`):
+- by name in `models/ControlNet` (`$LOWVRAM_GEN_MODELS/ControlNet`, the folder A1111's extension reads;
+  sub-folders too): a file's stem (`control_v11p_sd15_canny`) or a diffusers folder's name;
+- a path: a diffusers folder (a `config.json` of a ControlNetModel) or a single file as people download them,
+  `.safetensors` (read without unpickling) or `.pth`/`.ckpt`/`.pt`/`.bin` (unpickled weights-only), in
+  diffusers' key layout (`diffusers_xl_canny_mid.safetensors`) or the original one (`control_v11p_sd15_canny.pth`:
+  `input_blocks`, `zero_convs`, `input_hint_block`, with or without `control_model.`);
+- a hub id, from the Hugging Face cache (downloaded once while online).
+
+Config (`config_of`): a folder's config.json; a single file's from its tensors' shapes (`shape_config`: block
+widths, blocks with attention and their transformer depth, cross-attention width, SDXL's added embedding, the
+conditioning embedding's widths), read from a safetensors header without its weights, so the plan and the
+family check (planning/controlnet.py) need no weights. What shapes do not show (attention heads, norm groups,
+time embedding settings) is the base model's UNet's, taken at load as diffusers' ControlNetModel.from_unet
+takes it, so diffusers' `from_single_file` needs no config from the hub.
+
+Loading (`load_controlnet`): at the dtype the pipeline's first preset loads it at, int8/int4 while loading
+when that preset quantizes (sdnq, the UNet's lever); its weights checked finite. Kept per base pipeline
+(`kept`): a later job with the same model reuses it; a model switch drops the pipeline and them with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from lowvram_gen.errors import InvalidRequest, ModelLoadError
+from lowvram_gen.models.attached import SLOT, attached  # noqa: F401 (the slots the job's ControlNets take)
+from lowvram_gen.networks import files
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".safetensors", ".pth", ".pt", ".ckpt", ".bin")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_CACHE = "_lowvram_controlnet_cache"  # on the base pipeline: {source key: loaded ControlNetModel}
+_LDM = "control_model."  # the original layout's prefix (A1111's extension also reads files without it)
+
+
+@dataclass(frozen=True)
+class ControlNetSource:
+    spec: str  # what the user gave
+    kind: str  # 'folder' | 'file' | 'builtin' (a known size, for `plan` only)
+    path: Path | None
+    label: str  # as A1111's extension lists it: `name [hash]` for a file, the folder's name, the hub id
+
+    @property
+    def key(self) -> str:
+        if self.path is None:
+            return f"builtin:{self.spec}"
+        stat = self.path.stat() if self.path.is_file() else (self.path / "config.json").stat()
+        return f"{self.path}:{stat.st_mtime_ns}:{stat.st_size}"
+
+
+def controlnet_dirs() -> list[Path]:
+    return [files.models_root() / "ControlNet"]
+
+
+def _is_controlnet_folder(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "ControlNet" in str(config.get("_class_name", ""))
+
+
+def available() -> dict[str, Path]:
+    """{name: path} of the ControlNet files (by stem) and diffusers folders (by name) in `controlnet_dirs()`."""
+    found: dict[str, Path] = {}
+    for root in controlnet_dirs():
+        if not root.is_dir():
+            continue
+        folders = sorted(p.parent for p in root.rglob("config.json") if _is_controlnet_folder(p.parent))
+        for folder in folders:
+            found.setdefault(folder.name, folder)
+        for stem, path in files.scan(root, SUFFIXES).items():
+            if not any(folder in path.parents for folder in folders):  # a folder's own weight files
+                found.setdefault(stem, path)
+    return found
+
+
+def short_hash(path: Path) -> str:
+    """A1111's short model hash (sd_models.model_hash), which the extension shows as `name [hash]`: sha256 of the
+    64 KiB at offset 1 MiB, first 8 hex digits."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(0x100000)
+        digest.update(f.read(0x10000))
+    return digest.hexdigest()[:8]
+
+
+def resolve_controlnet(spec: str, known_sizes: bool = False) -> ControlNetSource:
+    """The ControlNet `spec` names (see the module doc); `known_sizes`: also `sd15`, `sdxl`... (for `plan`)."""
+    from lowvram_gen.planning.controlnet import known_config
+
+    text = str(spec).strip()
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return _folder(text, path, path.name)
+    if path.is_file():
+        return _file(text, path)
+    found = available()
+    stem = path.stem if path.suffix.lower() in SUFFIXES else text
+    folded = {k.lower(): v for k, v in found.items()}
+    hit = found.get(stem) or folded.get(stem.lower())
+    if hit is not None:
+        return _folder(text, hit, hit.name) if hit.is_dir() else _file(text, hit)
+    if known_sizes and known_config(text) is not None:
+        return ControlNetSource(text, "builtin", None, text)
+    if _HUB_ID.match(text) and not text.startswith((".", "/", "~")) and path.suffix.lower() not in SUFFIXES:
+        return _hub(text)
+    why = files.not_found(stem, found, controlnet_dirs(), SUFFIXES)
+    if known_config(text) is not None:
+        why += f"; {text!r} is a known ControlNet size for `lowvram-gen plan`, not a model to generate with"
+    if path.suffix.lower() in SUFFIXES or text.startswith((".", "/", "~")) or "\\" in text:
+        raise InvalidRequest("ControlNet", spec, f"no such file or folder; {why}")
+    raise InvalidRequest("ControlNet", spec, why + " (or give a diffusers folder, a .safetensors/.pth file or a "
+                                                   "hub id in the Hugging Face cache)")
+
+
+def _folder(spec: str, folder: Path, label: str) -> ControlNetSource:
+    if not _is_controlnet_folder(folder):
+        raise ModelLoadError(f"{spec} is a folder but not a ControlNet (no config.json of a ControlNetModel); give a "
+                             "ControlNet folder, a .safetensors/.pth file or a hub id")
+    return ControlNetSource(spec, "folder", folder.resolve(), label)
+
+
+def _file(spec: str, path: Path) -> ControlNetSource:
+    if path.suffix.lower() not in SUFFIXES:
+        raise ModelLoadError(f"{spec}: a ControlNet file is one of {', '.join(SUFFIXES)}, not {path.suffix or 'this'}")
+    return ControlNetSource(spec, "file", path.resolve(), f"{path.stem} [{short_hash(path)}]")
+
+
+def _hub(repo: str) -> ControlNetSource:
+    from huggingface_hub import snapshot_download
+
+    from lowvram_gen.models.resolve import hub_problem
+
+    try:
+        folder = snapshot_download(repo)
+    except Exception as exc:  # offline, not cached, gated, not found: one sentence for all
+        raise ModelLoadError(f"could not get the ControlNet {repo!r}: {hub_problem(exc)}. Download it once while "
+                             f"online with `hf download {repo}`, or put its file in models/ControlNet") from exc
+    return _folder(repo, Path(folder), repo)
+
+
+# ------------------------------------------------------------------------------------------------- config
+
+
+def file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of a single file: a safetensors header (no weights read), or a pickle unpickled
+    weights-only."""
+    from lowvram_gen.models.checkpoint import _safetensors_header, load_pickle_weights_only
+
+    if path.suffix.lower() == ".safetensors":
+        return {k: tuple(v["shape"]) for k, v in _safetensors_header(path).items() if k != "__metadata__"}
+    return {k: tuple(v.shape) for k, v in load_pickle_weights_only(path).items()}
+
+
+def _count(shapes: dict, pattern: str) -> int:
+    """How many distinct indices fill the `(\\d+)` of `pattern` among the keys."""
+    rx = re.compile(pattern)
+    return len({m.group(1) for k in shapes for m in [rx.match(k)] if m})
+
+
+def shape_config(shapes: dict[str, tuple[int, ...]], where: str = "the file") -> dict:
+    """The ControlNetModel config fields a ControlNet's tensor shapes give (see the module doc), in diffusers'
+    layout or the original one."""
+    if any(k.startswith(_LDM) for k in shapes):
+        shapes = {k[len(_LDM):]: v for k, v in shapes.items() if k.startswith(_LDM)}
+    if "controlnet_cond_embedding.conv_in.weight" in shapes:
+        blocks = _count(shapes, r"down_blocks\.(\d+)\.")
+        lpb = _count(shapes, r"down_blocks\.0\.resnets\.(\d+)\.")
+        out = [shapes[f"down_blocks.{i}.resnets.0.conv1.weight"][0] for i in range(blocks)]
+        attn = [f"down_blocks.{i}.attentions.0.proj_in.weight" in shapes for i in range(blocks)]
+        depth = [_count(shapes, rf"down_blocks\.{i}\.attentions\.0\.transformer_blocks\.(\d+)\.")
+                 for i in range(blocks)]
+        proj = next((shapes[f"down_blocks.{i}.attentions.0.proj_in.weight"] for i in range(blocks) if attn[i]), None)
+        hint = ["controlnet_cond_embedding.conv_in.weight"] + [
+            f"controlnet_cond_embedding.blocks.{j}.weight"
+            for j in range(1, _count(shapes, r"controlnet_cond_embedding\.blocks\.(\d+)\."), 2)]
+        mid = "mid_block.attentions.0.proj_in.weight" in shapes
+        add, conv_in = "add_embedding.linear_1.weight", "conv_in.weight"
+    elif "input_hint_block.0.weight" in shapes:
+        n = _count(shapes, r"input_blocks\.(\d+)\.")
+        downs = sorted(int(m.group(1)) for k in shapes
+                       for m in [re.match(r"input_blocks\.(\d+)\.0\.op\.weight", k)] if m)
+        lpb = (downs[0] - 1) if downs else n - 1
+        blocks = (n - 1) // (lpb + 1) + (1 if (n - 1) % (lpb + 1) else 0)
+        first = [1 + i * (lpb + 1) for i in range(blocks)]
+        out = [shapes[f"input_blocks.{k}.0.in_layers.2.weight"][0] for k in first]
+        attn = [f"input_blocks.{k}.1.proj_in.weight" in shapes for k in first]
+        depth = [_count(shapes, rf"input_blocks\.{k}\.1\.transformer_blocks\.(\d+)\.") for k in first]
+        proj = next((shapes[f"input_blocks.{k}.1.proj_in.weight"] for k, a in zip(first, attn) if a), None)
+        hint = [f"input_hint_block.{j}.weight" for j in range(0, 15, 2) if f"input_hint_block.{j}.weight" in shapes]
+        hint = [hint[0]] + hint[2::2][: max(0, (len(hint) - 2) // 2)] if len(hint) > 2 else hint
+        mid = "middle_block.1.proj_in.weight" in shapes
+        add, conv_in = "label_emb.0.0.weight", "input_blocks.0.0.weight"
+    else:
+        raise ModelLoadError(f"{where} is not a ControlNet: none of its tensors is a ControlNet's "
+                             "(controlnet_cond_embedding, or input_hint_block in the original layout)")
+    cross = next((v[1] for k, v in sorted(shapes.items()) if k.endswith("attn2.to_k.weight")), None)
+    try:
+        config = {
+            "_class_name": "ControlNetModel",
+            "in_channels": int(shapes[conv_in][1]),
+            "conditioning_channels": int(shapes[hint[0]][1]),
+            "conditioning_embedding_out_channels": [int(shapes[h][0]) for h in hint],
+            "block_out_channels": [int(c) for c in out],
+            "down_block_types": ["CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attn],
+            "layers_per_block": int(lpb),
+            "transformer_layers_per_block": [max(1, d) if a else 1 for d, a in zip(depth, attn)],
+            "cross_attention_dim": int(cross) if cross is not None else 1280,
+            "use_linear_projection": proj is not None and len(proj) == 2,
+            "mid_block_type": "UNetMidBlock2DCrossAttn" if mid else "UNetMidBlock2D",
+        }
+    except (KeyError, IndexError) as exc:
+        raise ModelLoadError(f"{where}: its ControlNet tensors are not laid out as SD/SDXL ControlNets are "
+                             f"(no {exc})") from None
+    if add in shapes:  # SDXL's "text_time" embedding of the pooled prompt and the size conditioning
+        config.update(addition_embed_type="text_time", projection_class_embeddings_input_dim=int(shapes[add][1]))
+    return config
+
+
+def config_of(source: ControlNetSource) -> dict:
+    """The ControlNetModel config of `source` as far as the plan needs it (parameter counts and shapes)."""
+    from lowvram_gen.planning.controlnet import known_config
+
+    if source.kind == "builtin":
+        return known_config(source.spec)
+    if source.kind == "folder":
+        try:
+            return json.loads((source.path / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"could not read the ControlNet config {source.path / 'config.json'}: {exc}") from exc
+    config = shape_config(file_shapes(source.path), str(source.path))
+    # for counting on the meta device: heads and norm groups change no parameter count; any that fit will do
+    return {**config, "attention_head_dim": 1, "norm_num_groups": 1,
+            "addition_time_embed_dim": 8 if config.get("addition_embed_type") else None}
+
+
+def file_bytes(source: ControlNetSource) -> int:
+    """Bytes of its weights on disk (what loading reads); 0 for a known size."""
+    if source.kind == "file":
+        return source.path.stat().st_size
+    if source.kind == "folder":
+        from lowvram_gen.planning.estimate import weight_file_bytes
+
+        return weight_file_bytes(source.path.parent, [source.path.name]).get(source.path.name, 0)
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------- loading
+
+
+def load_controlnet(source: ControlNetSource, base_unet_config: dict, dtype: str, quantize: str = "none",
+                    quantize_on: str | None = None):
+    """The ControlNetModel of `source` on the CPU at `dtype` (int8/int4 while loading with `quantize`)."""
+    import tempfile
+
+    import torch
+    from diffusers import ControlNetModel
+
+    from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
+    from lowvram_gen.models.quantize import check_scales, from_single_file, sdnq_config
+    from lowvram_gen.models.quiet import libraries_silenced, quiet_hub_bars
+    from lowvram_gen.planning.controlnet import from_unet_config
+
+    quiet_hub_bars()
+    torch_dtype = getattr(torch, dtype)
+    try:
+        if source.kind == "folder":
+            kwargs = {"quantization_config": sdnq_config(quantize, quantize_on)} if quantize != "none" else {}
+            module = ControlNetModel.from_pretrained(str(source.path), torch_dtype=torch_dtype, **kwargs)
+        elif source.kind == "file":
+            path = source.path
+            if path.suffix.lower() == ".safetensors":
+                check_safetensors(path)
+                from safetensors.torch import load_file
+
+                state = load_file(str(path))
+            else:
+                state = load_pickle_weights_only(path)
+            shapes = {k: tuple(v.shape) for k, v in state.items()}
+            config = {**from_unet_config(base_unet_config), **shape_config(shapes, str(path))}
+            with tempfile.TemporaryDirectory(prefix="lowvram-controlnet-") as folder, libraries_silenced():
+                (Path(folder) / "config.json").write_text(json.dumps(config))
+                if quantize != "none":
+                    module = from_single_file(ControlNetModel, state, quantize, quantize_on, config=folder,
+                                              torch_dtype=torch_dtype)
+                else:
+                    module = ControlNetModel.from_single_file(state, config=folder, torch_dtype=torch_dtype)
+        else:
+            raise ModelLoadError(f"{source.spec!r} is a known ControlNet size for planning, not a model to load")
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        if isinstance(exc, ModelLoadError):
+            raise
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(f"could not load the ControlNet {source.spec}: {why}") from exc
+    if quantize != "none":
+        check_scales(module, quantize)
+    _check_finite(module, source)
+    module.eval()
+    module._lowvram_source = source  # what `reload` reads again
+    return module
+
+
+def _check_finite(module, source: ControlNetSource) -> None:
+    import torch
+
+    for name, param in module.named_parameters():
+        if param.is_floating_point() and not bool(torch.isfinite(param.detach()).all()):
+            raise ModelLoadError(f"the ControlNet {source.spec} has NaN/Inf weights ({name}): the file is damaged; "
+                                 "download it again")
+
+
+def kept(pipe, source: ControlNetSource, base_unet_config: dict, dtype: str, quantize: str = "none",
+         quantize_on: str | None = None):
+    """The ControlNet of `source` kept on `pipe` (the base pipeline), loaded on first use."""
+    cache = pipe.__dict__.setdefault(_CACHE, {})
+    key = source.key
+    if key not in cache:
+        log.info("loading the ControlNet %s", source.spec)
+        cache[key] = load_controlnet(source, base_unet_config, dtype, quantize, quantize_on)
+    return cache[key]
+
+
+def reload(pipe, module, dtype: str, quantize: str = "none", quantize_on: str | None = None):
+    """A fresh copy of the kept ControlNet `module` from its files (its precision lost to a cast or a
+    quantization that the next settings want back), replacing it in the pipeline's keep."""
+    source = module._lowvram_source
+    fresh = load_controlnet(source, dict(pipe.unet.config), dtype, quantize, quantize_on)
+    cache = pipe.__dict__.setdefault(_CACHE, {})
+    for key, value in list(cache.items()):
+        if value is module:
+            cache[key] = fresh
+    log.info("reloading the ControlNet %s from disk to restore its precision", source.spec)
+    return fresh
+
+
+def plan_profiles(specs: list[str], base, model: str, known_sizes: bool = False) -> list:
+    """The planning profiles (planning/controlnet.py) of the ControlNets `specs`, each model once, each checked
+    against the base model's profile `base` (one sentence, exit 2, for a ControlNet of another family): configs
+    only, no weights."""
+    from lowvram_gen.planning.controlnet import check_matches, controlnet_profile
+
+    out = {}
+    for spec in specs:
+        source = resolve_controlnet(spec, known_sizes)
+        if source.key not in out:  # two units of one model: its weights once (engines/sd/controlnet.attach_for)
+            out[source.key] = controlnet_profile(config_of(source), spec, file_bytes(source))
+            check_matches(base, out[source.key], model)
+    return list(out.values())

@@ -1,0 +1,196 @@
+"""A ControlNet in the memory plan: one more model that runs beside the denoiser at every step.
+
+diffusers' ControlNet pipelines call the ControlNet, then the UNet, at every step; the ControlNet's
+residuals (one per skip connection of the UNet's down path, and one for its mid block) are held while the
+UNet runs. So the plan counts it as part of the denoiser, exactly as the runner treats it
+(engines/sd/apply.py puts it under the same offload hooks):
+
+- weights: its parameters join the denoiser's, so each candidate holds, streams, quantizes (int8/int4) and
+  offloads them as it does the UNet's: resident under highvram, moved in beside the UNet under medvram,
+  streamed every step under lowvram/novram, and under budget its blocks join the UNet's in one residency
+  split (named `controlnetN:<block>`, as apply names them). fp8 storage is the UNet's alone: its parameters
+  count at the compute dtype there (`fp8_kept`).
+- activations: the UNet's step plus the residuals it is handed (`held`), or the ControlNet's own forward
+  (`peak`: its down path, which holds those residuals as it makes them, and its conditioning embedding
+  at the image's full resolution), whichever is larger; with several units the residuals summed so far are
+  held while the next one runs. Both are elements per latent pixel per image from the ControlNet's config,
+  as estimate.unet_feature reads the UNet's, times the UNet's fitted coefficient; plus the control images
+  themselves, held for the whole pass.
+
+A ControlNet's profile comes from its config alone (a folder's config.json, or one a single file's tensor
+shapes give: models/controlnet.py), instantiated on the meta device; the known sizes (`sd15`, `sdxl`) are
+the ControlNets diffusers' `ControlNetModel.from_unet` makes of those UNets, which is what the published
+ones are (lllyasviel/control_v11p_sd15_*: 361 M weights, 0.72 GB in fp16; diffusers/controlnet-*-sdxl-1.0:
+1.25 B, 2.5 GB). No torch at import; nothing from the engines.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, replace
+
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.planning import estimate as memory
+from lowvram_gen.planning import residency
+
+PREFIX = memory.controlnet_prefix  # block names of the i-th ControlNet in a residency split: controlnet0:<block path>
+# ControlNetModel's config keys that diffusers' from_unet copies from the UNet's config
+FROM_UNET = ("in_channels", "flip_sin_to_cos", "freq_shift", "down_block_types", "only_cross_attention",
+             "block_out_channels", "layers_per_block", "downsample_padding", "mid_block_scale_factor", "act_fn",
+             "norm_num_groups", "norm_eps", "cross_attention_dim", "attention_head_dim", "num_attention_heads",
+             "use_linear_projection", "class_embed_type", "num_class_embeds", "upcast_attention",
+             "resnet_time_scale_shift", "projection_class_embeddings_input_dim", "mid_block_type",
+             "transformer_layers_per_block", "encoder_hid_dim", "encoder_hid_dim_type", "addition_embed_type",
+             "addition_time_embed_dim")
+PIXELS_PER_LATENT = 64  # an SD/SDXL VAE's 8x8 pixels: the conditioning embedding runs at the image's resolution
+GEGLU_FF = 3 + 8 * 2  # a transformer block's working set per channel (estimate.unet_feature's)
+
+
+def block_name(index: int, name: str) -> str:
+    return f"{PREFIX}{index}:{name}"
+
+
+@dataclass(frozen=True)
+class ControlNetProfile:
+    """What the plan needs of one ControlNet (parameter counts are elements: the dtype comes with the settings)."""
+
+    name: str
+    params: int
+    cross_attention_dim: int
+    channels: tuple[int, ...]
+    blocks: tuple[int, ...]  # group offload's block groups (elements of its top-level ModuleLists)
+    unmatched: int  # what group offload keeps in its one remaining group
+    residency_blocks: tuple[tuple[str, int], ...]  # budget's streamable blocks, as residency.blocks_of names them
+    residency_fixed: int
+    largest_layer: int
+    quant_kept: int  # what sdnq leaves unquantized (estimate.sdnq_kept)
+    held: float  # elements per latent pixel per image held while the UNet runs: its residuals
+    peak: float  # elements per latent pixel per image at the peak of its own forward
+    file_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "params": self.params, "cross_attention_dim": self.cross_attention_dim,
+                "channels": list(self.channels), "file_bytes": self.file_bytes}
+
+
+def known_config(name: str) -> dict | None:
+    """The ControlNet config diffusers' from_unet makes of a built-in base model's UNet (`sd15`, `sdxl`, ... and
+    their aliases), or None for another name."""
+    key = memory.ALIASES.get(str(name).strip().lower())
+    if key is None or not (memory.CONFIGS / key / "unet" / "config.json").is_file():
+        return None
+    unet = json.loads((memory.CONFIGS / key / "unet" / "config.json").read_text())
+    return from_unet_config(unet)
+
+
+def from_unet_config(unet: dict) -> dict:
+    """ControlNetModel's config for a UNet config, as ControlNetModel.from_unet builds it."""
+    config = {k: unet[k] for k in FROM_UNET if k in unet}
+    config.update(_class_name="ControlNetModel", conditioning_embedding_out_channels=[16, 32, 96, 256],
+                  conditioning_channels=3, controlnet_conditioning_channel_order="rgb")
+    return config
+
+
+def controlnet_profile(config: dict, name: str, file_bytes: int = 0) -> ControlNetProfile:
+    """The profile of a ControlNet with `config` (counted on the meta device; cached)."""
+    return replace(_profile(json.dumps(config, sort_keys=True)), name=name, file_bytes=int(file_bytes))
+
+
+@functools.lru_cache(maxsize=16)
+def _profile(config_json: str) -> ControlNetProfile:
+    import torch
+
+    config = json.loads(config_json)
+    model = memory._instantiate_meta("diffusers", "ControlNetModel", config)
+    if model is None:
+        raise ValueError("diffusers has no ControlNetModel")
+    blocks, in_blocks = [], 0
+    for child in model.children():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            for block in child:
+                n = sum(p.numel() for p in block.parameters())
+                blocks.append(n)
+                in_blocks += n
+    total = sum(p.numel() for p in model.parameters())
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    channels = tuple(int(c) for c in config.get("block_out_channels", (320, 640, 1280, 1280)))
+    cross = config.get("cross_attention_dim", 1280)
+    cross = int(max(cross) if isinstance(cross, (list, tuple)) else cross)
+    held, peak = _features(config, channels)
+    return ControlNetProfile(name="", params=total, cross_attention_dim=cross, channels=channels,
+                             blocks=tuple(blocks), unmatched=total - in_blocks,
+                             residency_blocks=tuple(residency.blocks_of(model, bytes_per_element=1)),
+                             residency_fixed=residency.fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
+                             quant_kept=memory.sdnq_kept(model), held=held, peak=peak)
+
+
+def _features(config: dict, channels: tuple[int, ...]) -> tuple[float, float]:
+    """(held, peak) elements per latent pixel per image (see the module doc), from the config's shape: each level's
+    resnet outputs and the level above's downsampled output (conv_in's at the first) are kept as residuals, the
+    mid block's too; a level's working set is a resnet's (3.5 x channels) or a transformer block's."""
+    n = len(channels)
+    lpb = config.get("layers_per_block", 2)
+    lpb = int(max(lpb) if isinstance(lpb, (list, tuple)) else lpb)
+    types = list(config.get("down_block_types") or ["CrossAttnDownBlock2D"] * n)
+    res = [4.0 ** -level for level in range(n)]
+    held = sum(res[i] * (lpb * channels[i] + (channels[i - 1] if i else channels[0])) for i in range(n))
+    held += res[-1] * channels[-1]  # the mid block's residual
+    working = max(res[i] * max(3.5 * channels[i], GEGLU_FF * channels[i] if "Attn" in types[i] else 0.0)
+                  for i in range(n))
+    cond = list(config.get("conditioning_embedding_out_channels") or [16])
+    embedding = PIXELS_PER_LATENT * 3 * int(cond[0])  # its first convolutions, at the image's full resolution
+    return float(held), float(max(held + working, embedding))
+
+
+def family_label(cross_attention_dim: int) -> str:
+    return {768: "SD 1.x", 1024: "SD 2.x", 2048: "SDXL"}.get(int(cross_attention_dim),
+                                                           f"a {cross_attention_dim}-wide cross-attention model")
+
+
+def check_matches(profile: memory.ModelProfile, cn: ControlNetProfile, model: str) -> None:
+    """A ControlNet must be made for the base model: its residuals are added to the UNet's skip connections and
+    it reads the same text embeddings, so its block widths and cross-attention width must be the UNet's. One
+    sentence naming both otherwise (exit 2), before any weight is read."""
+    if profile.denoiser != "unet" or not profile.unet_channels:
+        raise InvalidRequest("controlnet", cn.name, f"ControlNet needs an SD 1.x/2.x or SDXL model (a UNet); "
+                                                    f"{model!r} has a transformer denoiser (SD3/Flux ControlNets are "
+                                                    "not built yet)")
+    if cn.cross_attention_dim != profile.cross_attention_dim or tuple(cn.channels) != tuple(profile.unet_channels):
+        def shape(cross, channels):
+            return f"{family_label(cross)} (cross-attention {cross}, blocks {'/'.join(map(str, channels))})"
+
+        raise InvalidRequest("controlnet", cn.name,
+                             f"it is made for {shape(cn.cross_attention_dim, cn.channels)} and the model {model!r} is "
+                             f"{shape(profile.cross_attention_dim, profile.unet_channels)}: use a ControlNet made for "
+                             "that model's family")
+
+
+def with_controlnets(profile: memory.ModelProfile, cns: list[ControlNetProfile],
+                     units: int | None = None) -> memory.ModelProfile:
+    """`profile` with the ControlNets `cns` (each model once) counted as part of its denoiser, run for `units`
+    units (default one each; two units may share a model: its weights once, its forward and image twice)."""
+    if not cns:
+        return profile
+    den = profile.denoiser
+    params = dict(profile.params)
+    params[den] = params.get(den, 0) + sum(c.params for c in cns)
+    largest = dict(profile.largest_layer)
+    largest[den] = max([largest.get(den, 0), *(c.largest_layer for c in cns)])
+    files = dict(profile.file_bytes)
+    if files.get(den):
+        files[den] += sum(c.file_bytes or 2 * c.params for c in cns)  # a known size: a published fp16 file
+    blocks = tuple(profile.residency_blocks) + tuple((block_name(i, n), b) for i, c in enumerate(cns)
+                                                     for n, b in c.residency_blocks)
+    quant_kept = profile.quantized_kept + sum(c.quant_kept for c in cns)
+    return replace(
+        profile, params=params, largest_layer=largest, file_bytes=files, residency_blocks=blocks,
+        residency_fixed=profile.residency_fixed + sum(c.residency_fixed for c in cns),
+        denoiser_blocks=tuple(profile.denoiser_blocks) + tuple(b for c in cns for b in c.blocks),
+        denoiser_unmatched=profile.denoiser_unmatched + sum(c.unmatched for c in cns),
+        fp8_kept=profile.fp8_kept + sum(c.params for c in cns),  # fp8 storage is the UNet's only
+        quant_kept=quant_kept,
+        controlnet_params=sum(c.params for c in cns), controlnet_quant_kept=sum(c.quant_kept for c in cns),
+        controlnet_held=max(c.held for c in cns),
+        controlnet_peak=max(c.peak for c in cns), controlnet_units=units or len(cns),
+        controlnets=tuple(c.name for c in cns))

@@ -1,0 +1,85 @@
+"""Test utility: tiny ControlNets for the tiny models, as folders and as single files people download.
+
+`ControlNetModel.from_unet` copies the UNet's down path; its zero convolutions (the residual outputs and the
+conditioning embedding's last conv) start at zero, which would make any ControlNet a no-op. Here they get
+seeded random values, so a ControlNet changes the image and a wrong one would show.
+
+Files: a diffusers folder (`save_pretrained`), a single `.safetensors` in diffusers' key layout (as
+`diffusers_xl_canny_mid.safetensors` is), and a `.pth` in the original layout with `control_model.` keys (as
+`control_v11p_sd15_canny.pth` is: input_blocks, zero_convs, input_hint_block, middle_block_out), the inverse of
+diffusers' convert_controlnet_checkpoint, derived from it as tests/ldm_layout.py derives the UNet's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ldm_layout import _resnet  # tests/ldm_layout.py: diffusers resnet names -> LDM ResBlock names
+
+
+def build(unet, seed: int = 0, scale: float = 0.05):
+    """A ControlNet for `unet` whose zero convolutions hold seeded random values."""
+    import torch
+    from diffusers import ControlNetModel
+
+    torch.manual_seed(seed)
+    cn = ControlNetModel.from_unet(unet)
+    with torch.no_grad():
+        for name, param in cn.named_parameters():
+            zero = ("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")
+            if name.startswith(zero):
+                param.copy_(torch.randn(param.shape) * scale)
+    return cn.eval()
+
+
+def save_folder(cn, folder: Path) -> Path:
+    cn.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def save_safetensors(cn, path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in cn.state_dict().items()}, str(path))
+    return path
+
+
+def to_ldm(cn) -> dict:
+    """The ControlNet's state dict in the original (ControlNet 1.1 .pth) layout, `control_model.` prefixed."""
+    lpb = cn.config.layers_per_block
+    fixed = {"conv_in": "input_blocks.0.0", "time_embedding.linear_1": "time_embed.0",
+             "time_embedding.linear_2": "time_embed.2", "controlnet_cond_embedding.conv_in": "input_hint_block.0",
+             "controlnet_cond_embedding.conv_out": "input_hint_block.14", "controlnet_mid_block": "middle_block_out.0"}
+    out = {}
+    for key, value in cn.state_dict().items():
+        parts = key.split(".")
+        prefix, _, leaf = key.rpartition(".")
+        new = None
+        if prefix in fixed:
+            new = f"{fixed[prefix]}.{leaf}"
+        elif parts[0] == "down_blocks":
+            b, kind, j, rest = int(parts[1]), parts[2], int(parts[3]), ".".join(parts[4:])
+            if kind == "resnets":
+                new = f"input_blocks.{1 + b * (lpb + 1) + j}.0.{_resnet(rest)}"
+            elif kind == "attentions":
+                new = f"input_blocks.{1 + b * (lpb + 1) + j}.1.{rest}"
+            elif kind == "downsamplers":
+                new = f"input_blocks.{1 + b * (lpb + 1) + lpb}.0.op.{rest.split('.', 1)[1]}"
+        elif parts[0] == "mid_block":
+            kind, j, rest = parts[1], int(parts[2]), ".".join(parts[3:])
+            new = f"middle_block.{2 * j}.{_resnet(rest)}" if kind == "resnets" else f"middle_block.1.{rest}"
+        elif parts[0] == "controlnet_down_blocks":
+            new = f"zero_convs.{parts[1]}.0.{leaf}"
+        elif parts[0] == "controlnet_cond_embedding" and parts[1] == "blocks":
+            new = f"input_hint_block.{2 * (int(parts[2]) + 1)}.{leaf}"
+        if new is None:
+            raise KeyError(f"no original-layout name for ControlNet key {key!r}")
+        out["control_model." + new] = value.contiguous()
+    return out
+
+
+def save_ldm_pth(cn, path: Path) -> Path:
+    import torch
+
+    torch.save(to_ldm(cn), str(path))
+    return path
