@@ -31,7 +31,8 @@ MAX_SIDE = 4096  # px: SDXL-class models are trained at 1024; 4096 is already 16
 MIN_SIDE = 64  # px: one 8x8 latent; anything smaller is not an image a VAE can decode
 MAX_STEPS = 150  # A1111's slider maximum
 MAX_CFG = 30.0  # A1111's slider maximum
-MAX_BATCH = 16  # images per job; presets split them into forward passes of max_batch
+MAX_BATCH = 16  # images per batch; presets split them into forward passes of max_batch
+MAX_BATCH_COUNT = 100  # A1111's "Batch count" slider maximum
 MAX_SEED = 2**32 - 1  # seeds are 32-bit in A1111 and in most samplers' RNG seeding
 MAX_PROMPT_CHARS = 20_000  # a 10 kB prompt is accepted (and truncated by the tokenizer, with a warning)
 MAX_HIRES_SCALE = 4.0  # A1111's slider maximum
@@ -122,7 +123,10 @@ class GenerationRequest:
     steps: int = 20
     cfg_scale: float = 7.0
     seed: int = -1  # -1: random; the seed actually used is recorded in the result and the image
-    batch_size: int = 1  # images in this job; seeds are seed, seed+1, ...
+    batch_size: int = 1  # images in one batch (made together, as far as the preset's max_batch allows)
+    # A1111's "Batch count" (n_iter): batches made one after another; the job makes batch_count x batch_size images,
+    # image i with seed+i (and subseed+i), as A1111's all_seeds. Not written in the PNG (A1111 does not write it)
+    batch_count: int = 1
     sampler: str = "default"  # "default" keeps the model folder's own scheduler
     # A1111 1.9+'s schedule type (schedules.py); an old combined sampler name ("DPM++ 2M Karras") sets it too
     schedule_type: str = AUTOMATIC
@@ -181,6 +185,7 @@ class GenerationRequest:
             cfg_scale=as_float("cfg scale", self.cfg_scale, 0.0, MAX_CFG),
             seed=seed,
             batch_size=as_int("batch size", self.batch_size, 1, MAX_BATCH),
+            batch_count=as_int("batch count", self.batch_count, 1, MAX_BATCH_COUNT),
             sampler=sampler,
             schedule_type=schedule_type,
             model=_non_empty("model", self.model),
@@ -371,12 +376,18 @@ class GenerationRequest:
             kwargs[name] = value
         return cls(**kwargs).validated()
 
+    @property
+    def image_count(self) -> int:
+        """Images the job makes: batch_count batches of batch_size."""
+        return self.batch_size * self.batch_count
+
     def resolved_seeds(self) -> list[int]:
-        """Seeds for each image: a random base when seed is -1, then base+i (wrapping at 2^32); with a variation
-        seed (strength above 0) every image keeps the base seed and the subseed goes up instead, as in A1111."""
+        """Seeds for each image of every batch: a random base when seed is -1, then base+i (wrapping at 2^32); with
+        a variation seed (strength above 0) every image keeps the base seed and the subseed goes up instead, as in
+        A1111 (its all_seeds over batch count x batch size)."""
         base = self.seed if self.seed >= 0 else random.SystemRandom().randrange(0, MAX_SEED + 1)
         step = 0 if self.subseed_strength > 0 else 1
-        return [(base + i * step) % (MAX_SEED + 1) for i in range(self.batch_size)]
+        return [(base + i * step) % (MAX_SEED + 1) for i in range(self.image_count)]
 
     def with_subseed(self) -> "GenerationRequest":
         """This request with its variation seed fixed (a random one for -1), when it has one (strength above 0)."""

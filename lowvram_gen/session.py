@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Callable
 
 from lowvram_gen import failures, outputs
+from lowvram_gen import preview as previews
 from lowvram_gen.device import DEFAULT_RESERVE, DeviceInfo, probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.runner import Runner
 from lowvram_gen.engines.vqgan import job as vqgan_job
-from lowvram_gen.errors import NotEnoughRam
+from lowvram_gen.errors import Cancelled, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.attached import attached
@@ -41,13 +42,14 @@ from lowvram_gen.planning import speed
 from lowvram_gen.planning.controlnet import with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
-from lowvram_gen.request import GenerationRequest
+from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.upscale.command import run_upscale
 from lowvram_gen.upscale.upscalers import forget_models
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int], None]
+PreviewFn = Callable[[object, int, int], None]  # (PIL image, step, total)
 
 __all__ = ["GenerationResult", "Session", "default_session", "generate"]
 
@@ -166,14 +168,27 @@ class Session:
             speed.record(dataclasses.replace(parts, measured_s=float(measured)))
 
     def generate(self, request: GenerationRequest, on_step: ProgressFn | None = None,
-                 cancel: threading.Event | None = None) -> GenerationResult:
-        """Make the images of a txt2img/img2img request (hires fix included) and save them."""
+                 cancel: threading.Event | None = None, *, skip: threading.Event | None = None,
+                 on_preview: PreviewFn | None = None, preview_every: int = 0,
+                 preview_method: str = "auto") -> GenerationResult:
+        """Make the images of a txt2img/img2img request (hires fix, batch count included) and save them.
+
+        `cancel` (A1111's Interrupt): the running pass stops at its next step, is decoded and saved like any image,
+        and the job ends raising Cancelled (its `images`: every image kept); set while the job waits for the GPU or
+        loads, the job ends before its first step. `skip` (A1111's Skip): the running pass stops and is kept the same
+        way, the event is cleared, and the job goes on with the next batch of the batch count. `on_preview(image,
+        step, total)`: every `preview_every` steps (0: never) an RGB preview of the pass's first image, made on the
+        CPU by `preview_method` (lowvram_gen/preview.py: auto, approx, taesd, off)."""
         request = request.validated()
+        preview_every = as_int("live preview every", preview_every, 0, MAX_STEPS, " steps (0: off)")
+        preview_method = previews.check_method(preview_method)
         check_names(request.prompt, request.negative_prompt, request.loras)  # an unknown LoRA: before the model loads
         if request.hires:
             check_names(*request.hires_texts)
         outdir = self._outdir(request.outdir)
         with self.lock:
+            if cancel is not None and cancel.is_set():  # cancelled while it waited for the GPU
+                raise Cancelled("cancelled before the first step; 0 finished image(s) kept")
             device = self.device()
             source = resolve(request.model, request.config)
             the_plan = self.plan(request, device, source)
@@ -198,7 +213,9 @@ class Session:
                 self.runner.applied = None  # the pipeline's ControlNets changed: its memory settings go on again
             ladder = Ladder(the_plan.ladder, device.kind)
             try:
-                result = run_job(self.runner, request, ladder, source, device, outdir, on_step, cancel, [the_plan.loss_note] if the_plan.loss_note else [])
+                result = run_job(self.runner, request, ladder, source, device, outdir, on_step, cancel,
+                                 [the_plan.loss_note] if the_plan.loss_note else [], skip=skip, on_preview=on_preview,
+                                 preview_every=preview_every, preview_method=preview_method)
                 self._learn(device, request, source, ladder)
                 return result
             finally:

@@ -7,6 +7,7 @@ docs/FAULTS.md 26-28. Most logic is tested in-process with a fake session that s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -57,7 +58,7 @@ class FakeSession:
     def generate(self, request):
         self.calls.append(request)
         seeds = [request.seed + i if request.seed >= 0 else 1000 + len(self.calls) * 16 + i
-                 for i in range(request.batch_size)]
+                 for i in range(request.image_count)]
         if request.prompt in self.fail_prompts:
             raise (self.fail_with or ModelLoadError(f"cannot load {request.prompt}"))
         images = []
@@ -266,6 +267,25 @@ def test_seed_start_repeat_and_job_identity(tmp_path):
     assert len({j.key for j in result.jobs}) == len(result.jobs)
 
 
+def test_a_lines_batch_count_is_one_job_of_all_its_images_and_the_seeds_after_it_follow(tmp_path, capsys):
+    """A line's batch_count (A1111's n_iter is `repeat` here: one job per copy) makes one job of batch_count x
+    batch_size images: the next line's seeds start after all of them, and after a crash its images are adopted."""
+    path = write(tmp_path, "p.txt", "a\n--prompt b --batch_size 2 --batch_count 2\nc\n")
+    jobs = jobs_of(path, seed_start=100).jobs
+    assert [(j.request.prompt, j.request.seed) for j in jobs] == [("a", 100), ("b", 101), ("c", 105)]
+    assert jobs[0].request_hash == request_hash("sd", jobs[0].request) != request_hash(
+        "sd", dataclasses.replace(jobs[0].request, batch_count=2))  # a count of 1 keeps the hash jobs had before it
+    out = tmp_path / "out"
+    run(path, out, FakeSession(), seed_start=100)
+    assert [len(r["outputs"]) for r in sorted(records(out), key=lambda r: r["line"])] == [1, 4, 1]
+    manifest = bm.manifest_path(out, 0)
+    manifest.write_bytes(manifest.read_bytes().splitlines(keepends=True)[0])  # b's and c's records lost
+    again = FakeSession()
+    capsys.readouterr()
+    assert run(path, out, again, seed_start=100, as_json=True) == 0
+    assert again.calls == [] and json.loads(capsys.readouterr().out)["recovered"] == 2
+
+
 def test_identical_random_lines_are_distinct_jobs_and_keys_are_stable(tmp_path):
     one = jobs_of(write(tmp_path, "a.txt", "same\nsame\nother\n"))
     assert [j.key.split(":")[1] for j in one.jobs] == ["0", "1", "0"]
@@ -293,7 +313,7 @@ def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_
     for key in ("outdir", "extra", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                 "seed_resize_from_w", "seed_resize_from_h", "hires_resize_w", "hires_resize_h", "hires_sampler",
                 "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "controlnets",
-                "control_mode"):  # added since, at defaults
+                "control_mode", "batch_count"):  # added since, at defaults
         data.pop(key)
     text = json.dumps({"engine": "sd", **data, "sampler": "DPM++ 2M Karras", "hires_upscaler": "latent"},
                       sort_keys=True, separators=(",", ":"), ensure_ascii=True)  # spelt so before A1111's names

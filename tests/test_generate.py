@@ -170,7 +170,9 @@ def test_a_schedule_type_the_sampler_lacks_is_warned_and_not_written(tmp_path, c
     assert not np.array_equal(pixels(karras["images"][0]), pixels(euler["images"][0]))
 
 
-def test_progress_per_step_and_cancel_keeps_finished_images(tmp_path):
+def test_progress_per_step_and_cancel_keeps_finished_images_and_the_interrupted_one(tmp_path):
+    """A1111's Interrupt: the pass running when the cancel comes stops at that step and is decoded and saved as it
+    is (A1111 keeps the interrupted image), beside the images finished before it; then the job ends Cancelled."""
     session = Session()
     cancel = threading.Event()
     seen = []
@@ -194,8 +196,10 @@ def test_progress_per_step_and_cancel_keeps_finished_images(tmp_path):
             session.generate(req, on_step=on_step, cancel=cancel)
     finally:
         monkey.undo()
-    assert len(err.value.images) == 1 and "1 finished image" in str(err.value)
-    assert [p.name for p in tmp_path.glob("*.png")] == [err.value.images[0].split("/")[-1]]
+    assert len(err.value.images) == 2 and "cancelled at step 1 of 4; 2 image(s) kept" in str(err.value)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(i.split("/")[-1] for i in err.value.images)
+    interrupted = parse_a1111_parameters(read_png_metadata(err.value.images[1])[0])
+    assert interrupted["Seed"] == "2" and interrupted["Steps"] == "4"  # its normal infotext: it reruns to the full image
     # the steps the user asked for, not PLMS's 4 + 1 (a rough edge: it showed 5 of 5); stopped at once
     assert seen == [(1, 4), (2, 4), (3, 4), (4, 4), (1, 4)]
     # the session is healthy: the next job runs normally

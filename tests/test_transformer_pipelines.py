@@ -393,7 +393,9 @@ def test_sd3_capped_size_keeps_sides_the_transformer_takes(sd3):
     assert done[0].images[0].size == (112, 80)
 
 
-def test_sd3_cancel_between_steps_keeps_the_finished_image(sd3, tmp_path):
+def test_sd3_cancel_between_steps_keeps_the_finished_image_and_the_interrupted_one(sd3, tmp_path):
+    """SD3 decodes inside its own call: an Interrupt ends its loop through diffusers' `interrupt`, and the call
+    decodes the latents it has, which are kept beside the finished image."""
     session = Session(preset="novram")  # one image per pass: a batch of two is two chunks
     cancel, seen = threading.Event(), []
 
@@ -405,9 +407,26 @@ def test_sd3_cancel_between_steps_keeps_the_finished_image(sd3, tmp_path):
     with pytest.raises(Cancelled) as err:
         session.generate(generation(sd3, tmp_path, steps=3, batch_size=2), on_step=on_step, cancel=cancel)
     assert seen == [(1, 3), (2, 3), (3, 3), (1, 3)]  # stopped at once
-    assert len(err.value.images) == 1 and "1 finished image" in str(err.value)
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == [err.value.images[0].split("/")[-1]]
+    assert len(err.value.images) == 2 and "cancelled at step 1 of 3; 2 image(s) kept" in str(err.value)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(i.split("/")[-1] for i in err.value.images)
     assert len(session.generate(generation(sd3, tmp_path)).images) == 1  # the session still works
+
+
+def test_live_previews_and_skip_with_16_channel_and_packed_latents(family, tmp_path):
+    """SD3's 16 latent channels and Flux's packed 2x2 patches: a preview of the latents' size x8 every step, and a
+    Skip that ends the first batch through diffusers' `interrupt` (the call decodes what it has, kept) while the
+    second batch runs to its end."""
+    shown, skip = [], threading.Event()
+
+    def on_step(step, total):
+        if not shown:  # the first step of the first batch
+            skip.set()
+
+    result = Session().generate(generation(family, tmp_path, steps=3, batch_count=2), on_step=on_step, skip=skip,
+                                on_preview=lambda image, step, total: shown.append((image.mode, image.size, step)),
+                                preview_every=1)
+    assert shown == [("RGB", (64, 64), 1), ("RGB", (64, 64), 1), ("RGB", (64, 64), 2), ("RGB", (64, 64), 3)]
+    assert len(result.images) == 2 and any("1 image(s) skipped" in w for w in result.warnings)
 
 
 def test_the_size_grid_of_each_pipeline_family(sd3, tiny_path):

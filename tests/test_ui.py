@@ -139,14 +139,14 @@ def test_cancel_a_long_job_and_the_ui_is_ready_again(page, server):
     started = threading.Event()
     real = server.session.generate
 
-    def watched(request, on_step=None, cancel=None):
+    def watched(request, on_step=None, cancel=None, **kw):
         def step(i, total):
             started.set()
             if on_step:
                 on_step(i, total)
             if request.prompt == "a long job":
                 cancel.wait(60)  # each step waits for the Cancel button, so the job cannot finish before it
-        return real(request, on_step=step, cancel=cancel)
+        return real(request, on_step=step, cancel=cancel, **kw)
 
     server.session.generate = watched
     try:
@@ -173,7 +173,7 @@ def test_an_api_clients_cancel_stops_the_job_at_the_next_step_and_the_next_job_r
     stepping, ended, steps_seen = threading.Event(), [], []
     real = server.session.generate
 
-    def watched(request, on_step=None, cancel=None):
+    def watched(request, on_step=None, cancel=None, **kw):
         def step(i, total):
             steps_seen.append(i)
             stepping.set()
@@ -181,7 +181,7 @@ def test_an_api_clients_cancel_stops_the_job_at_the_next_step_and_the_next_job_r
             if request.prompt == "cancel me":
                 cancel.wait(90)
         try:
-            return real(request, on_step=step, cancel=cancel)
+            return real(request, on_step=step, cancel=cancel, **kw)
         except Exception as exc:
             ended.append(exc)
             raise
@@ -209,13 +209,13 @@ def test_closing_the_tab_mid_run_stops_the_job_and_the_next_one_runs(browser, se
     stepping, ended = threading.Event(), []
     real = server.session.generate
 
-    def watched(request, on_step=None, cancel=None):
+    def watched(request, on_step=None, cancel=None, **kw):
         def step(i, total):
             stepping.set()
             on_step(i, total)
             cancel.wait(90)  # each step waits for the disconnect to cancel the job, so it cannot finish first
         try:
-            return real(request, on_step=step, cancel=cancel)
+            return real(request, on_step=step, cancel=cancel, **kw)
         except Exception as exc:
             ended.append(exc)
             raise
@@ -970,10 +970,11 @@ def test_send_to_fills_what_it_can_from_a_vqgan_png_and_lists_what_it_did_not_us
 def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path):
     """gradio shows neither the error nor the warning of an event run with queue=False (checked in Chromium:
     the toast never comes). Only these handlers stay unqueued, each for a reason: a string edit of the
-    prompt, the gallery's selected index, Cancel and the page's restore (they must get through a full queue),
-    ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, the Extra seed
-    checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), and the remembered
-    values (they validate, and log what they drop). A new unqueued handler fails here."""
+    prompt, the gallery's selected index, Interrupt, Skip and the page's restore (they must get through a full
+    queue), ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, the Extra
+    seed checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), the live preview's
+    show, refresh and hide (they set visibility, or read the job's latest preview), and the remembered values (they
+    validate, and log what they drop). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
@@ -985,7 +986,9 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("sendto", "gallery_buttons.<locals>.remember"), ("sendto", "gallery_buttons.<locals>.<lambda>"),
         ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("txt2img", "build.<locals>.<lambda>"),
         ("img2img", "size_from"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
-        ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle")})
+        ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
+        ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
+        ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end")})
 
 
 @needs_browser
@@ -1041,7 +1044,7 @@ def test_the_console_says_when_each_job_starts_and_ends(server, capsys):
     started = [line for line in err.splitlines() if "txt2img started" in line]
     assert started == [f"lowvram-gen: txt2img started: '{long_prompt[:59]}…', 64x64, 2 steps, seed 5"], err
     ended = next(line for line in err.splitlines() if "txt2img ended in" in line)
-    made = next(server.outdir.rglob("*-5-*.png"))
+    made = next(server.outdir.rglob("*-5-a-console-fox*.png"))  # not another test's seed-5 image
     assert re.search(r"ended in \d+\.\d s: .+; 1 file\(s\): ", ended) and made.name in ended, ended
 
 

@@ -22,7 +22,9 @@ def _component(app, elem_id):
     ("quantize", "int3", False), ("negative_prompt", None, True), ("strength", 1.5, False),
     ("schedule_type", "karras", True), ("schedule_type", "sgm-uniform", True), ("schedule_type", "wobbly", False),
     ("sampler", "DPM++ SDE", True), ("clip_skip", 2, True), ("clip_skip", 2.0, True), ("clip_skip", 0, False),
-    ("clip_skip", 13, False)])
+    ("clip_skip", 13, False), ("batch_count", 4, True), ("batch_count", 0, False), ("batch_count", 101, False),
+    ("preview_every", 0, True), ("preview_every", 5, True), ("preview_every", -1, False),
+    ("preview_every", 151, False), ("preview_method", "taesd", True), ("preview_method", "full", False)])
 def test_a_remembered_value_is_restored_only_if_the_request_takes_it(name, value, ok):
     """The issue's case: width 65 or steps 9999 in the stored values opened the UI with values the first
     Generate refused; now each value is checked as the request checks it before it goes back."""
@@ -65,6 +67,25 @@ def test_clip_skip_is_a_control_of_both_tabs_starting_off_and_remembered(tmp_pat
         assert (box.value, box.minimum, box.maximum, box.step) == (1, 1, 12, 1)
         assert wired[tab]["clip_skip"] is box and "clip_skip" not in remembered.NOT_REMEMBERED
         assert wired[tab]["cfg_scale"] is not None  # remembered the same way
+
+
+def test_batch_count_and_the_live_preview_settings_are_remembered_in_both_tabs(tmp_path, monkeypatch):
+    """Issue 19 item 6: Batch count starts at 1, the live preview at A1111's every 10 steps, auto; each browser gets
+    them back as it gets the sampler back."""
+    from lowvram_gen.session import Session
+    from lowvram_gen.ui.app import UiOptions, build_app
+
+    wired = {}
+    real = remembered.wire
+    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs: wired.update(controls) or real(app, controls, jobs))
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
+    for tab, prefix in (("txt2img", ""), ("img2img", "i2i-")):
+        count, every, method = (_component(app, f"{prefix}{name}") for name in ("batch-count", "preview-every",
+                                                                                 "preview-method"))
+        assert (count.value, count.minimum, count.maximum) == (1, 1, 100)
+        assert (every.value, every.minimum, every.maximum, method.value) == (10, 0, 150, "auto")
+        assert (wired[tab]["batch_count"], wired[tab]["preview_every"], wired[tab]["preview_method"]) == (
+            count, every, method)
 
 
 def test_an_api_call_without_a_seed_gets_a_random_one_each_time_and_remembers_nothing(tmp_path):

@@ -145,6 +145,8 @@ def request_hash(engine: str, request) -> str:
     data = dataclasses.asdict(request)
     data.pop("outdir", None)
     data.pop("extra", None)
+    if data.get("batch_count") == 1:  # added later: a job of one batch keeps the hash it had
+        data.pop("batch_count", None)
     if data.get("quantize") is None:  # added later: requests without it keep the hashes they had
         data.pop("quantize", None)
     schedule = data.pop("schedule_type", AUTOMATIC)  # added later too: a line's 'DPM++ 2M Karras' keeps its hash
@@ -404,7 +406,7 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
                 counter += repeat * default_batch
             continue
         seed_given = "seed" in fields or "seed" in defaults
-        batch = base.batch_size
+        batch = getattr(base, "image_count", base.batch_size)  # Stable Diffusion: batch count x batch size
         for r in range(copies):
             if seed_given:
                 seed = base.seed if base.seed < 0 else (base.seed + r * batch) % (MAX_SEED + 1)

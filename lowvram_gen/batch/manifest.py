@@ -244,7 +244,8 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
     for key, items in sorted(found.items()):
         job = jobs[key]
         seeds = [m.get("seed") for _, m in items]
-        complete = (only_job is None and key not in done and len(items) == job.request.batch_size
+        expected = getattr(job.request, "image_count", job.request.batch_size)  # SD: batch count x batch size
+        complete = (only_job is None and key not in done and len(items) == expected
                     and len(set(seeds)) == len(seeds))
         if complete:
             items.sort(key=lambda item: item[0].name)

@@ -85,6 +85,9 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-png", metavar="FILE",
                    help="rerun this PNG's parameters (A1111's or ours); the flags given here override them")
     _add_job_fields(p, every_job=False)
+    p.add_argument("--batch-count", dest="batch_count", metavar="N",
+                   help="A1111's Batch count (n_iter), 1-100: batches made one after another, --batch images each; "
+                        "image i of the job gets seed+i (default 1)")
     p.add_argument("--seed", metavar="N", help="0..4294967295, or -1 for random (default)")
     h = p.add_argument_group("hires fix (A1111): a second pass at a larger size (on with --hires-scale above 1 or "
                              "--hires-resize)")
@@ -248,7 +251,7 @@ def _session_kwargs(args) -> dict:
 
 
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
-REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size",
+REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "batch_count",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative")

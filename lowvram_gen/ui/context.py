@@ -1,8 +1,8 @@
 """What every tab builder gets: `build(ctx: TabContext) -> None`.
 
 The context holds what the tabs share: the Session (the tabs call its methods, never its fields or
-its lock), the app's options, the registry of running jobs (one per browser session, so Cancel and
-a closed tab reach it), the Stable Diffusion job runner of txt2img and img2img, the Blocks (for
+its lock), the app's options, the registry of running jobs (one per browser session, so Interrupt, Skip, the
+live preview and a closed tab reach it), the Stable Diffusion job runner of txt2img and img2img, the Blocks (for
 load/unload events) and the Tabs (a "Send to" button selects its tab), each tab's controls by request
 field (what a "Send to" fills) and its note of what a send did not use, wiring that needs a later tab's controls (run once every tab is built),
 and each tab's Generate event (ui/remembered.py chains the browser's remembered values to it). Per-browser
@@ -22,7 +22,8 @@ import gradio as gr
 from lowvram_gen.cli.output import ProgressBar
 from lowvram_gen.errors import Cancelled, LowVramError
 from lowvram_gen.outputs import read_png_metadata
-from lowvram_gen.request import GenerationRequest
+from lowvram_gen.preview import check_method
+from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.session import Session
 from lowvram_gen.ui import console, messages
 from lowvram_gen.ui.jobs import Job, Registry
@@ -41,6 +42,11 @@ class UiOptions:
 def client_key(request, suffix: str = "") -> str:
     """Jobs are keyed by Gradio's session (one per browser tab or API client)."""
     return (getattr(request, "session_hash", None) or uuid.uuid4().hex) + suffix
+
+
+def check_preview_every(value) -> int:
+    """The live preview interval: 0 (off) to MAX_STEPS steps."""
+    return as_int("live preview every", value, 0, MAX_STEPS, " steps (0: off)")
 
 
 def image_info(path: str) -> str:
@@ -73,8 +79,11 @@ class TabContext:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""
         self.wiring.append(wire)
 
-    def run_job(self, what: str, fields: dict, request, progress) -> Iterator[tuple]:
+    def run_job(self, what: str, fields: dict, request, progress, preview_every=0,
+                preview_method="auto") -> Iterator[tuple]:
         """Validate, queue behind the GPU, stream per-step progress; yield (images, info, summary, last seed).
+        The job's Skip event and its live previews (every `preview_every` steps, by `preview_method`) are the
+        job's own (ui/jobs.py); the tab shows the previews (ui/live.py).
 
         A generator: while the job runs it yields "no change" to every output at each step and every
         jobs.TICK_S, so gradio can close it there (an API client's cancel, a dropped connection): the job then
@@ -85,13 +94,20 @@ class TabContext:
         """
         try:
             job_request = GenerationRequest(outdir=self.options.outdir, **fields).validated()
+            preview_every = check_preview_every(0 if preview_every is None else preview_every)
+            preview_method = check_method(preview_method or "auto")
         except LowVramError as exc:
             yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
             return
         client = client_key(request)
         waiting = "waiting for the GPU (another job runs)" if self.jobs.others_running(client) else "starting"
-        job = self.jobs.start(client, Job(lambda on_step, cancel: self.session.generate(
-            job_request, on_step=on_step, cancel=cancel)))
+
+        def work(on_step, cancel):
+            return self.session.generate(job_request, on_step=on_step, cancel=cancel, skip=job.skip,
+                                         on_preview=job.on_preview, preview_every=preview_every,
+                                         preview_method=preview_method)
+
+        job = self.jobs.start(client, Job(work))
         progress(0, desc=waiting)
         since = console.started(what, job_request.prompt, job_request.width, job_request.height, job_request.steps,
                                 job_request.seed)
@@ -120,8 +136,13 @@ class TabContext:
         console.ended(what, since, result.summary, result.images)
         yield result.images, image_info(result.images[0]), job.summary(), result.seeds[0]
 
+    def skip(self, request: gr.Request) -> None:
+        """The Skip button of txt2img and img2img: this browser's running batch stops at the next step (kept)."""
+        self.jobs.skip(client_key(request))
+
     def cancel(self, request: gr.Request):
-        """The Cancel button of txt2img and img2img: stop this browser's job at the next step."""
+        """The Interrupt button of txt2img and img2img: stop this browser's job at the next step, keeping the image
+        of the pass it stopped."""
         answer = self.jobs.answer_cancel(client_key(request), "cancelling at the next step…")
         return gr.update() if answer is None else answer  # None: the summary already says how it ended
 

@@ -8,8 +8,14 @@ when no step has ended (a job waiting for the GPU, loading a model), and the han
 tick. The session's lock keeps one job on the GPU at a time, so a job queued behind a cancelled one
 simply waits.
 
-The Cancel button waits (briefly) for the job to stop before it answers, so its answer and the
-job's own last output say the same thing whichever reaches the browser first.
+The Interrupt button (A1111's; it was Cancel) waits (briefly) for the job to stop before it answers, so its answer
+and the job's own last output say the same thing whichever reaches the browser first. Skip sets the job's `skip`:
+the running batch stops and is kept, the job goes on (Session.generate).
+
+A job keeps its live state for the UI's live preview and for A1111's progress API: `step`/`total` of the running
+pass, the latest `preview` (a PIL image, or None) and how many came (`previews`), and when it `started`. The
+Registry is the one place every front end that runs jobs in the web server registers its job (the tabs and the
+REST API), so A1111's global /interrupt and /skip reach whichever job runs (`current()`).
 """
 
 from __future__ import annotations
@@ -28,14 +34,19 @@ TICK_S = 0.5  # the longest a handler goes without yielding: how soon a cancel f
 
 
 class Job:
+    """`work(on_step, cancel)` run in a thread; it may use the job's `skip` and `on_preview` too."""
+
     def __init__(self, work: Callable[[Callable[[int, int], None], threading.Event], object]):
-        self.cancel = threading.Event()
+        self.cancel = threading.Event()  # A1111's Interrupt
+        self.skip = threading.Event()  # A1111's Skip
+        self.step, self.total = 0, 0  # the running pass's progress (0 of 0: not denoising yet)
+        self.preview = None  # the latest live preview (PIL image), None before the first
+        self.previews = 0  # how many previews came: a new one changes it
+        self.started = time.time()  # when the job was registered; again when its thread starts
         self.events: queue.Queue = queue.Queue()
         self.result = None
         self.error: BaseException | None = None
         self.done = threading.Event()
-        # live state the job thread updates, for A1111's /progress: the last step of `total`, when it started
-        self.step, self.total, self.started = 0, 0, time.time()
         self._work = work
         self._thread = threading.Thread(target=self._run, daemon=True, name="lowvram-gen job")
 
@@ -43,8 +54,11 @@ class Job:
         self.step, self.total = step, total
         self.events.put((step, total))
 
+    def on_preview(self, image, step: int, total: int) -> None:
+        """The job's `on_preview`: keep the latest preview for whoever shows it."""
+        self.preview, self.previews = image, self.previews + 1
+
     def _run(self) -> None:
-        self.started = time.time()
         try:
             self.result = self._work(self._on_step, self.cancel)
         except BaseException as exc:  # noqa: BLE001 - handed to the UI thread, which reports it
@@ -65,6 +79,7 @@ class Job:
     def progress(self, tick: float | None = TICK_S) -> Iterator:
         """Yield each event of the job ((step, total), or what the work put) until it ends, and None every
         `tick` seconds without one; closing this iterator cancels the job."""
+        self.started = time.time()
         self._thread.start()
         finished = False
         try:
@@ -84,9 +99,7 @@ class Job:
 
 
 class Registry:
-    """The running job of each browser session (and API client), so its Cancel button reaches it; the one
-    place every front end that runs jobs in the web server registers them, so A1111's global /interrupt
-    reaches whichever runs."""
+    """The running job of each browser session (or API client), so its Interrupt and Skip buttons reach it."""
 
     def __init__(self):
         self._jobs: dict[str, Job] = {}
@@ -107,6 +120,28 @@ class Registry:
         job.done.wait(wait)
         return job
 
+    def get(self, key: str) -> Job | None:
+        """This session's job (running or waiting for the GPU); None if it has none."""
+        with self._lock:
+            return self._jobs.get(key)
+
+    def skip(self, key: str) -> Job | None:
+        """A1111's Skip: this session's running batch stops at its next step and is kept, and the job goes on with
+        its next batch; None if none runs."""
+        job = self.get(key)
+        if job is None or job.done.is_set():
+            return None
+        job.skip.set()
+        return job
+
+    def current(self) -> Job | None:
+        """The job that runs now, whichever client's: of the jobs not done, one that is denoising (only the one
+        holding the GPU steps), else the earliest started (it holds the GPU while it loads); None when none runs."""
+        with self._lock:
+            running = [j for j in self._jobs.values() if not j.done.is_set()]
+        pool = [j for j in running if j.total] or running
+        return min(pool, key=lambda j: j.started) if pool else None
+
     def answer_cancel(self, key: str, pending: str) -> str | None:
         """Cancel this session's job and say what the summary should show: the job's own summary once it
         stopped, `pending` while it is still stopping, None (leave it as it is) when nothing was running."""
@@ -114,14 +149,6 @@ class Registry:
         if job is None:
             return None
         return job.summary() if job.done.is_set() else pending
-
-    def current(self) -> Job | None:
-        """The job on the GPU, of any client: the one past its first step, else the first registered of those
-        not finished (the others wait for the session's lock); None when none runs."""
-        with self._lock:
-            running = [j for j in self._jobs.values() if not j.done.is_set()]
-        stepping = [j for j in running if j.step > 0]
-        return (stepping or running or [None])[0]
 
     def others_running(self, key: str) -> bool:
         """Whether a job of another browser session is running (the GPU is taken)."""

@@ -1,4 +1,5 @@
-"""What the web UI remembers: each browser's own last txt2img and img2img values, kept in that browser.
+"""What the web UI remembers: each browser's own last txt2img and img2img values (the live preview's settings
+included), kept in that browser.
 
 The values live in the browser's localStorage (gradio's BrowserState), under the login that made them
 (`--gradio-auth` users sharing one browser keep theirs apart); a reload (F5) or a restarted server puts them
@@ -26,6 +27,7 @@ import gradio as gr
 from lowvram_gen import paths
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.request import GenerationRequest
+from lowvram_gen.ui import live
 from lowvram_gen.ui.widgets import quantize_field
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,12 @@ def valid(name: str, value, component) -> bool:
     choices = getattr(component, "choices", None)
     if choices and not getattr(component, "allow_custom_value", True) and value not in [c[1] for c in choices]:
         return False
+    if name in live.SETTINGS:  # the live preview's settings: the UI's own, not the request's
+        try:
+            live.SETTINGS[name](value)
+        except LowVramError:
+            return False
+        return True
     converted = {"quantize": quantize_field(value) if isinstance(value, str) or value is None else value,
                  "negative_prompt": value or ""}.get(name, value)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from lowvram_gen import outputs
+from lowvram_gen import preview as previews
 from lowvram_gen.device import DeviceInfo
 from lowvram_gen.engines.sd import controlnet
 from lowvram_gen.engines.sd import pipeline as sd
@@ -97,12 +98,20 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
 
 def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,
             outdir: Path, on_step: Callable[[int, int], None] | None = None,
-            cancel: threading.Event | None = None, plan_notes: list[str] = ()) -> GenerationResult:
+            cancel: threading.Event | None = None, plan_notes: list[str] = (), *,
+            skip: threading.Event | None = None, on_preview=None, preview_every: int = 0,
+            preview_method: str = "auto") -> GenerationResult:
     """Make and save the images of `request` (validated) on `runner`'s loaded model. `plan_notes`: what the
-    planner said of its choice (a lossy weight storage picked for speed), for the result and the PNGs."""
+    planner said of its choice (a lossy weight storage picked for speed), for the result and the PNGs. `cancel`,
+    `skip` and the live previews (`on_preview(image, step, total)` every `preview_every` steps, made by
+    `preview_method`): Runner.run and lowvram_gen/preview.py."""
     started = time.perf_counter()
     pipe = runner.model.pipe
     prepared = prepare(runner, request, source, ladder)
+    preview = None
+    if on_preview is not None and preview_every > 0:
+        render, how = previews.renderer(pipe, preview_method)  # "taesd" without its weights: an error before any step
+        preview = previews.Previews(preview_every, render, on_preview, background=how == "taesd") if render else None
     warnings = list(plan_notes) + prepared.warnings
     request, note = _variation(pipe, request)
     warnings += [note] if note else []
@@ -113,9 +122,14 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
                    clip_skip=request.clip_skip if family(pipe) is not None else 1,
                    hires_sampler=_hires_sampler(pipe, request, prepared.hires_schedule_applied))
     try:
-        runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts)
+        runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts, skip=skip,
+                   preview=preview)
     except Cancelled as exc:
-        raise Cancelled(f"{exc}; {len(saver.images)} finished image(s) kept", images=saver.images) from None
+        kept = (f"{len(saver.images)} image(s) kept, the interrupted pass's as it was" if saver.stopped.get(sd.INTERRUPT)
+                else f"{len(saver.images)} finished image(s) kept")
+        raise Cancelled(f"{exc}; {kept}", images=saver.images) from None
+    if saver.stopped.get(sd.SKIP):
+        warnings.append(f"{saver.stopped[sd.SKIP]} image(s) skipped before their last step, kept as they were")
     seconds = round(time.perf_counter() - started, 3)
     if "int4" in saver.quantized:
         warnings.append(INT4_NOTE)
@@ -174,6 +188,7 @@ class _Saver:
         self.generated_size: tuple[int, int] | None = None
         self.upscaled = False
         self.quantized: set[str] = set()  # the quantize settings that made saved images
+        self.stopped: dict[str, int] = {}  # sd.INTERRUPT / sd.SKIP -> images saved from passes stopped early
 
     def save(self, done: ChunkDone) -> None:
         request = self.request
@@ -181,9 +196,12 @@ class _Saver:
         self.upscaled = self.upscaled or done.generated_size != request.output_size()
         quantize = self.ladder.preset.memory.quantize  # the preset that made this pass
         self.quantized.add(quantize)
-        for image, seed, flagged in zip(done.images, done.seeds, done.nsfw):
+        if done.stopped:
+            self.stopped[done.stopped] = self.stopped.get(done.stopped, 0) + len(done.images)
+        indices = done.indices or range(len(self.images), len(self.images) + len(done.images))
+        for image, seed, flagged, index in zip(done.images, done.seeds, done.nsfw, indices):
             fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize,
-                                  self.clip_skip, subseed=request.subseed_for(len(self.images)),
+                                  self.clip_skip, subseed=request.subseed_for(index),
                                   hires_sampler=self.hires_sampler)
             fields.update(self.network_fields)
             if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk

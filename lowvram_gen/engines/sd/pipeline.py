@@ -13,6 +13,7 @@ clear error before any step runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import statistics
@@ -22,13 +23,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen.engines.sd import controlnet
-from lowvram_gen.errors import Cancelled, InvalidRequest
+from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT, build_scheduler
 from lowvram_gen.schedules import AUTOMATIC
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
+INTERRUPT, SKIP = "interrupt", "skip"  # why a pass stopped before its last step (Denoised.stopped)
 
 
 @dataclass
@@ -153,6 +155,8 @@ class Denoised:
     # and set-up before the first (None with fewer than two steps). On CUDA the callbacks run ahead of the
     # GPU by at most the launch queue, so over several steps the median is the GPU's time per step
     seconds_per_step: float | None = None
+    stopped: str | None = None  # INTERRUPT or SKIP: the pass stopped early, at step stopped_at = (done, total)
+    stopped_at: tuple[int, int] | None = None
 
     @property
     def decoded(self) -> bool:
@@ -432,11 +436,50 @@ def encode(pipe, images, device: str):
     return (latents - shift) * pipe.vae.config.scaling_factor
 
 
+def stops_early(pipe) -> bool:
+    """Whether the pipeline can end its denoising loop early and still return its result: diffusers' `interrupt`
+    property, which its loop checks at each step (SD, SDXL, SD3, Flux and most pipelines have it)."""
+    return isinstance(getattr(type(pipe), "interrupt", None), property)
+
+
+class _Stopped(Exception):
+    """A stop asked of a pipeline without `interrupt`: its call ends here, and its pass with no image."""
+
+
+@contextlib.contextmanager
+def _estimates(scheduler, into: dict):
+    """Keep the sampler's latest estimate of the final latents (its step's `pred_original_sample`: Euler, Euler a,
+    DDIM, LMS, ...) in `into["latents"]`: what a preview shows and an interrupted pass keeps, as A1111 shows and keeps
+    its denoised prediction. Samplers whose step gives none (DPM++ 2M, PLMS, flow matching) leave it unset."""
+    step = scheduler.step
+
+    @functools.wraps(step)  # the pipelines read its signature to decide whether to pass `generator` and `eta`
+    def estimating(*args, **kwargs):
+        out = step(*args, **kwargs)
+        pred = out[1] if isinstance(out, tuple) and len(out) > 1 else getattr(out, "pred_original_sample", None)
+        into["latents"] = pred if hasattr(pred, "shape") else None
+        return out
+
+    with _patched(scheduler, "step", estimating):
+        yield
+
+
 def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
-            cancel: threading.Event | None = None, after_last_step: Callable[[], None] | None = None) -> Denoised:
+            cancel: threading.Event | None = None, after_last_step: Callable[[], None] | None = None, *,
+            skip: threading.Event | None = None, preview=None) -> Denoised:
     """Run the denoising steps of one pass. Progress counts the steps the user asked for (PLMS's
     extra warm-up step is not shown as a step more than asked). `after_last_step` runs once the
-    denoiser is done, before a pipeline that decodes in its own call (Flux, SD3) decodes."""
+    denoiser is done, before a pipeline that decodes in its own call (Flux, SD3) decodes.
+
+    `cancel` (A1111's Interrupt) or `skip` set: the pass stops at the end of the current step through diffusers'
+    `interrupt` (the loop's remaining steps do nothing), and gives what it has as any pass does (the sampler's
+    estimate of the final latents where it makes one, else the current latents; a pipeline that decodes itself
+    decodes them), with `stopped` saying why; the caller decides what comes next. A pipeline without `interrupt`
+    ends with no image. `preview` (lowvram_gen.preview.Previews): every `preview.every` steps, the first image's
+    latents, copied to the CPU in float32, are posted to it (the time it takes is kept out of the measured step
+    time)."""
+    import torch
+
     n = len(step.seeds)
     request = step.request
     if step.init is not None and step.strength == 0:
@@ -447,19 +490,40 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         return Denoised(latents=encode(pipe, step.init, device))
 
     ends: list[float] = []
+    previewing = [0.0]  # seconds spent on previews, kept out of the step times
+    estimate: dict = {}  # the sampler's latest estimate of the final latents (_estimates)
+    stop: dict = {}  # why and where the pass stopped early
 
     def step_end(_pipe, i, _t, kwargs):
-        ends.append(time.perf_counter())
+        ends.append(time.perf_counter() - previewing[0])
         total = getattr(_pipe, "num_timesteps", None) or step.num_steps  # img2img runs fewer
         warmup = max(0, total - step.num_steps)  # PLMS (PNDM) runs one warm-up step more than asked
         done, total = i + 1 - warmup, total - warmup
         if on_step and done >= 1:  # progress counts the steps the user asked for
             on_step(done, total)
-        if after_last_step is not None and done == total:
+        latents = kwargs.get("latents")
+        best = estimate.get("latents")
+        best = best if best is not None and latents is not None and best.shape == latents.shape else latents
+        if preview is not None and done >= 1 and done % preview.every == 0 and best is not None:
+            started = time.perf_counter()
+            first = best[:1].detach().to("cpu", torch.float32)  # the GPU's memory is never used for a preview
+            preview.post(first, step.width, step.height, done, total)
+            previewing[0] += time.perf_counter() - started
+        if done >= total:
+            if after_last_step is not None:
+                after_last_step()
+            return kwargs
+        why = INTERRUPT if cancel is not None and cancel.is_set() else SKIP if skip is not None and skip.is_set() \
+            else None
+        if why is None:
+            return kwargs
+        stop.update(kind=why, at=(max(done, 0), total))
+        if not stops_early(_pipe):
+            raise _Stopped(why)
+        _pipe._interrupt = True  # the loop's remaining steps do nothing; the call returns as at its end
+        if after_last_step is not None:
             after_last_step()
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("cancelled at step %d of %d" % (max(done, 0), total))
-        return kwargs
+        return {**kwargs, "latents": best} if "latents" in kwargs else kwargs
 
     texts = step.texts or Texts.of(request)
     text = for_images(step.embeds, n) if step.embeds is not None else text_kwargs(pipe, texts, n,
@@ -479,24 +543,31 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     control = controlnet.for_pass(pipe, step)  # (its ControlNet pipeline, the control arguments) or None
     if control is not None:
         kwargs.update(control[1])
-    if step.init is None:
-        txt2img = control[0] if control is not None else pipe
-        with _variation_noise(txt2img, step, device):
-            out = txt2img(width=step.width, height=step.height, **kwargs)
-    else:
-        # diffusers runs int(steps * strength) steps; at least one, or the result is empty
-        kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
-        i2i = control[0] if control is not None else img2img_pipe(pipe)
-        if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
-            # SD3, Flux, ...: without a size they resize the init image to the model's native size
-            kwargs.update(width=step.width, height=step.height)
-        with _variation_noise(i2i, step, device):
-            out = i2i(image=step.init, strength=step.strength, **kwargs)
+    watched = preview is not None or cancel is not None or skip is not None
+    try:
+        if step.init is None:
+            txt2img = control[0] if control is not None else pipe
+            with _variation_noise(txt2img, step, device), \
+                    _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
+                out = txt2img(width=step.width, height=step.height, **kwargs)
+        else:
+            # diffusers runs int(steps * strength) steps; at least one, or the result is empty
+            kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
+            i2i = control[0] if control is not None else img2img_pipe(pipe)
+            if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
+                # SD3, Flux, ...: without a size they resize the init image to the model's native size
+                kwargs.update(width=step.width, height=step.height)
+            with _variation_noise(i2i, step, device), \
+                    _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
+                out = i2i(image=step.init, strength=step.strength, **kwargs)
+    except _Stopped:
+        return Denoised(images=[], nsfw=[], stopped=stop["kind"], stopped_at=stop["at"])
     per_step = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None
+    stopped = dict(stopped=stop.get("kind"), stopped_at=stop.get("at"))
     if kwargs["output_type"] == "latent":
-        return Denoised(latents=out.images, seconds_per_step=per_step)
+        return Denoised(latents=out.images, seconds_per_step=per_step, **stopped)
     flags = getattr(out, "nsfw_content_detected", None) or [False] * n  # black images from its own checker
-    return Denoised(images=list(out.images), nsfw=[bool(f) for f in flags], seconds_per_step=per_step)
+    return Denoised(images=list(out.images), nsfw=[bool(f) for f in flags], seconds_per_step=per_step, **stopped)
 
 
 def decode(pipe, latents, upcast: bool = False, safety_check: bool = True):

@@ -21,7 +21,7 @@ from typing import Callable
 from lowvram_gen.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import pipeline as sd
-from lowvram_gen.errors import BadOutput
+from lowvram_gen.errors import BadOutput, Cancelled
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.loading import (LoadedModel, drop_text_encoders, load_text_encoders, reload_components,
@@ -48,6 +48,8 @@ class ChunkDone:
     preset: str
     generated_size: tuple[int, int]  # what the model made, before any upscale
     nsfw: list[bool]
+    indices: list[int] | None = None  # each image's place in the job (batch count x batch size), for its subseed
+    stopped: str | None = None  # sd.INTERRUPT / sd.SKIP: the pass was stopped early and decoded as it was
 
 
 class Runner:
@@ -146,11 +148,19 @@ class Runner:
     def run(self, request: GenerationRequest, seeds: list[int], presets: list[Preset],
             on_chunk: Callable[[ChunkDone], None], on_step: sd.ProgressFn | None = None,
             cancel: threading.Event | None = None, ladder: Ladder | None = None,
-            texts: sd.Texts | None = None) -> Ladder:
+            texts: sd.Texts | None = None, *, skip: threading.Event | None = None,
+            preview=None) -> Ladder:
         """Make one image per seed for `request`, starting at `presets[0]`; returns the ladder (where
-        the job ended and every attempt). `texts`: what the encoders read, if not the typed prompts."""
+        the job ended and every attempt). `texts`: what the encoders read, if not the typed prompts.
+
+        The seeds are batch_count batches of batch_size; a pass holds images of one batch only. `cancel` (A1111's
+        Interrupt): the running pass stops at its next step, is decoded and handed to `on_chunk` like any, and the
+        job ends raising Cancelled; set before a pass starts, the job ends there. `skip`: the running pass stops and
+        is kept the same way, then the job goes on with the next batch (the rest of this one is not made); a skip
+        from before the batch began is forgotten, as A1111's is. `preview`: live previews of each pass
+        (lowvram_gen.preview.Previews)."""
         ladder = ladder or Ladder(presets, self.device.kind)
-        _Job(self, request, seeds, ladder, on_step, cancel, texts).run(on_chunk)
+        _Job(self, request, seeds, ladder, on_step, cancel, texts, skip, preview).run(on_chunk)
         return ladder
 
 
@@ -158,10 +168,10 @@ class _Job:
     """One job's state on the ladder: the images still to make, how many per pass, at what size."""
 
     def __init__(self, runner: Runner, request: GenerationRequest, seeds: list[int], ladder: Ladder,
-                 on_step, cancel, texts: sd.Texts | None = None):
+                 on_step, cancel, texts: sd.Texts | None = None, skip=None, preview=None):
         self.runner, self.request, self.seeds, self.ladder = runner, request, seeds, ladder
         self.texts = texts
-        self.on_step, self.cancel = on_step, cancel
+        self.on_step, self.cancel, self.skip, self.preview = on_step, cancel, skip, preview
         self.pipe = runner.model.pipe
         self.device = runner.device.torch_device
         runner.use(ladder.preset.memory)
@@ -171,7 +181,8 @@ class _Job:
                                                        request.hires_cfg_scale > 1 if request.hires else None)
         self.multiple = sd.size_multiple(self.pipe)  # the sides this pipeline takes
         self.size = capped_size(request.width, request.height, ladder.preset.max_pixels, self.multiple)
-        self.per_pass = min(len(seeds), ladder.preset.max_batch)
+        self.per_batch = max(1, len(seeds) // request.batch_count)  # batch size: a pass holds one batch's images
+        self.per_pass = min(self.per_batch, ladder.preset.max_batch)
         self.lowered = 0  # resolution halvings so far
         self.init = _init_image(request)
 
@@ -183,13 +194,27 @@ class _Job:
         self.runner.use(replace(settings, vae_tiling=True, vae_slicing=True) if tiled else settings)
 
     # -- the job ---------------------------------------------------------------------------------
+    def _stop_asked(self) -> str | None:
+        if self.cancel is not None and self.cancel.is_set():
+            return sd.INTERRUPT
+        return sd.SKIP if self.skip is not None and self.skip.is_set() else None
+
     def run(self, on_chunk: Callable[[ChunkDone], None]) -> None:
         pending = list(range(len(self.seeds)))  # image indices still to make
+        per_batch, batch = self.per_batch, None
         while pending:
-            seeds = [self.seeds[i] for i in pending[:self.per_pass]]
+            if self.cancel is not None and self.cancel.is_set():  # asked while loading, waiting or between passes
+                raise Cancelled("cancelled before the first step" if len(pending) == len(self.seeds)
+                                else "cancelled after a finished pass")
+            if pending[0] // per_batch != batch:  # a new batch of the batch count
+                batch = pending[0] // per_batch
+                if self.skip is not None:
+                    self.skip.clear()  # A1111's skip ends the batch it was asked in, never a later one
+            indices = [i for i in pending[:self.per_pass] if i // per_batch == batch]
+            seeds = [self.seeds[i] for i in indices]
             first = self._first_pass(seeds)
             if self.request.subseed_strength > 0:  # A1111's variation seeds: image i's is subseed+i
-                first.subseeds = [self.request.subseed_for(i) for i in pending[:self.per_pass]]
+                first.subseeds = [self.request.subseed_for(i) for i in indices]
             started = time.perf_counter()
             ok, out = self.ladder.attempt("denoise", lambda: self._denoise(first), self.where)
             if not ok:
@@ -197,23 +222,33 @@ class _Job:
                 continue
             timed = {"seconds_per_step": round(out.seconds_per_step, 4)} if out.seconds_per_step else {}
             self.ladder.record("denoise", "ok", started, **self.where(), extra=timed)
-            size = self.size
-            if self.request.hires:
+            size, target = self.size, self.request.output_size()
+            stopped, at = out.stopped, out.stopped_at
+            if self.request.hires and (stopped or self._stop_asked()):
+                # stopped in (or right after) the first pass: kept as it is, no hires pass, as in A1111
+                stopped, target = stopped or self._stop_asked(), (self.request.width, self.request.height)
+            elif self.request.hires:
                 out, size = self._hires(first, out)
+                stopped, at = out.stopped, out.stopped_at
             images, nsfw = (out.images, out.nsfw) if out.decoded else self._decode(out.latents, size)
             del out
-            target = self.request.output_size()
-            if size != target:
+            if size != target and images:
                 self.runner.place_resident(False)
                 images = upscale_images(images, target, self.ladder.preset.upscaler, self.device, ladder=self.ladder)
-            on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw))
-            pending = pending[len(seeds):]
+            on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw, indices, stopped))
+            pending = [i for i in pending if i not in indices]
+            if stopped == sd.INTERRUPT:
+                raise Cancelled(f"cancelled at step {at[0]} of {at[1]}" if at else "cancelled before the hires pass")
+            if stopped == sd.SKIP:
+                pending = [i for i in pending if i // per_batch != batch]  # the rest of this batch is skipped too
+                log.info("skipped batch %d at step %s", batch + 1, f"{at[0]} of {at[1]}" if at else "the end of its first pass")
 
     def _denoise(self, step: sd.Pass) -> sd.Denoised:
         """One pass of the denoiser, with the budget split's resident part on the device only while it runs."""
         self.runner.place_resident(True)
         return sd.denoise(self.pipe, step, self.device, self.on_step, self.cancel,
-                          after_last_step=lambda: self.runner.place_resident(False))
+                          after_last_step=lambda: self.runner.place_resident(False), skip=self.skip,
+                          preview=self.preview)
 
     def _first_pass(self, seeds: list[int]) -> sd.Pass:
         if self.init is None:

@@ -1,5 +1,6 @@
-"""The img2img tab: an init image and the txt2img controls (Quantize and Clip skip included; no hires fix); it shares
-txt2img's job runner (queue, progress, cancel), its LoRA/embedding pickers and Ctrl+Enter. The width and
+"""The img2img tab: an init image and the txt2img controls (Quantize, Clip skip, Batch count included; no hires fix);
+it shares txt2img's job runner (queue, progress, Interrupt, Skip, live preview: ui/live.py), its LoRA/embedding
+pickers and Ctrl+Enter. The width and
 height follow the init image (rounded down to a multiple of 8). The controls start at the documented defaults,
 each browser gets its own last values back (ui/remembered.py); the gallery (results only, no uploads) sends the
 selected image to Upscale.
@@ -11,9 +12,9 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.models.discover import model_choices
-from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
+from lowvram_gen.request import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
-from lowvram_gen.ui import messages, pickers, sendto
+from lowvram_gen.ui import live, messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.schedules import AUTOMATIC
 from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
@@ -38,7 +39,8 @@ def build(ctx: TabContext) -> None:
     def img2img(init_image, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
                 cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, quantize=AS_PRESET,
                 schedule_type=AUTOMATIC, clip_skip=1, subseed=-1, subseed_strength=0.0, seed_resize_from_w=0,
-                seed_resize_from_h=0, request: gr.Request = None, progress=gr.Progress()):
+                seed_resize_from_h=0, batch_count=1, preview_every=0, preview_method="auto",
+                request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
             return
@@ -47,8 +49,9 @@ def build(ctx: TabContext) -> None:
             width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
             sampler=sampler or DEFAULT, model=model or options.model, quantize=quantize_field(quantize),
             schedule_type=schedule_type or AUTOMATIC, clip_skip=1 if clip_skip is None else clip_skip,
+            batch_count=1 if batch_count is None else batch_count,
             **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h)), request,
-            progress)
+            progress, preview_every, preview_method)
 
     with gr.Tab("img2img", id="img2img"):
         with gr.Row():
@@ -63,6 +66,8 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     width = Number("Width", 512, elem_id="i2i-width")
                     height = Number("Height", 512, elem_id="i2i-height")
+                    batch_count = Slider(1, MAX_BATCH_COUNT, value=1, step=1, label="Batch count",
+                                         elem_id="i2i-batch-count")
                     batch = Slider(1, MAX_BATCH, value=1, step=1, label="Batch size")
                 with gr.Row():
                     steps = Slider(1, MAX_STEPS, value=20, step=1, label="Steps",
@@ -84,10 +89,10 @@ def build(ctx: TabContext) -> None:
                     pickers.model_refresh(model, options.models_folder, "i2i-model-refresh")
                     quantize = Quantize(AS_PRESET, "i2i-quantize")
                 pickers.build(prompt, prefix="i2i-")
-                with gr.Row():
-                    go = gr.Button("Generate", variant="primary", elem_id="i2i-generate")
-                    stop = gr.Button("Cancel", variant="stop")
+                go, stop, skip = live.buttons("i2i-", "i2i-generate")
+                preview_every, preview_method = live.settings("i2i-")
             with gr.Column(scale=2):
+                preview = live.image("i2i-")
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
                                      interactive=False, elem_id="i2i-gallery")
                 sendto.gallery_buttons(ctx, gallery, ("upscale",), prefix="img2img")
@@ -97,10 +102,13 @@ def build(ctx: TabContext) -> None:
     ctx.sent_notes["img2img"] = sent
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, quantize, schedule_type,
-                                                        clip_skip, extra, *extras]))
+                                                        clip_skip, extra, *extras]),
+                                batch_count=batch_count, preview_every=preview_every, preview_method=preview_method)
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
+    # the newer arguments last (batch count, the live preview's settings): older positional calls keep working
+    live.shown_while_running(ctx, go, preview_every, preview_method, preview)  # before Generate: it runs first
     ctx.generate_events["img2img"] = go.click(
         img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, quantize,
-                  schedule_type, clip_skip, *extras],
+                  schedule_type, clip_skip, *extras, batch_count, preview_every, preview_method],
         [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
-    stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
+    live.wire(ctx, ctx.generate_events["img2img"], stop, skip, summary, preview)

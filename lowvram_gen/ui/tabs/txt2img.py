@@ -1,5 +1,6 @@
-"""The txt2img tab: prompt (with LoRA/embedding pickers), size, steps, CFG, clip skip, seed (with ♻ last seed), model,
-the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; the gallery shows each
+"""The txt2img tab: prompt (with LoRA/embedding pickers), size, batch count and size, steps, CFG, clip skip, seed (with
+♻ last seed), model, the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; Generate,
+Interrupt, Skip and the live preview above the gallery (ui/live.py); the gallery shows each
 image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
 Hires fix has A1111 1.10's controls: Upscale by or Resize width/height to, the upscaler (A1111's names), steps,
 denoising strength, and the second pass's own sampler, schedule type, CFG scale and prompts ("Use same ...", 0 and
@@ -14,11 +15,11 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.models.discover import model_choices
-from lowvram_gen.request import (MAX_BATCH, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS, SAME_SAMPLER,
-                                 SAME_SCHEDULER, GenerationRequest)
+from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS,
+                                 SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
-from lowvram_gen.ui import pickers, sendto
+from lowvram_gen.ui import live, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
 from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
                                     quantize_field, seed_extras, upscaler_choices)
@@ -43,7 +44,8 @@ def build(ctx: TabContext) -> None:
                  schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed,
                  subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=0, seed_resize_from_h=0,
                  hires_resize_w=0, hires_resize_h=0, hires_sampler=SAME_SAMPLER, hires_schedule_type=SAME_SCHEDULER,
-                 hires_cfg=0, hires_prompt="", hires_negative="", request: gr.Request = None, progress=gr.Progress()):
+                 hires_cfg=0, hires_prompt="", hires_negative="", batch_count=DEFAULTS.batch_count, preview_every=0,
+                 preview_method="auto", request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
@@ -54,7 +56,9 @@ def build(ctx: TabContext) -> None:
             **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h),
             hires_resize_w=hires_resize_w or 0, hires_resize_h=hires_resize_h or 0, hires_sampler=hires_sampler,
             hires_schedule_type=hires_schedule_type, hires_cfg=hires_cfg or 0, hires_prompt=hires_prompt or "",
-            hires_negative=hires_negative or ""), request, progress)
+            hires_negative=hires_negative or "",
+            batch_count=DEFAULTS.batch_count if batch_count is None else batch_count), request, progress,
+            preview_every, preview_method)
 
     with gr.Tab("txt2img", id="txt2img"):
         with gr.Row():
@@ -66,6 +70,8 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     width = Number("Width", DEFAULTS.width, elem_id="width")
                     height = Number("Height", DEFAULTS.height, elem_id="height")
+                    batch_count = Slider(1, MAX_BATCH_COUNT, value=1, step=1, label="Batch count",
+                                         elem_id="batch-count")
                     batch = Slider(1, MAX_BATCH, value=1, step=1, label="Batch size",
                                    elem_id="batch")
                 with gr.Row():
@@ -124,10 +130,10 @@ def build(ctx: TabContext) -> None:
                                                   elem_id="hires-prompt")
                         hires_negative = gr.Textbox(value="", label="Hires negative prompt (empty: the negative prompt)",
                                                     lines=2, elem_id="hires-negative")
-                with gr.Row():
-                    go = gr.Button("Generate", variant="primary", elem_id="generate")
-                    stop = gr.Button("Cancel", variant="stop", elem_id="cancel")
+                go, stop, skip = live.buttons("", "generate")
+                preview_every, preview_method = live.settings("")
             with gr.Column(scale=2):
+                preview = live.image("")
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
                                      interactive=False, elem_id="gallery")
                 sendto.gallery_buttons(ctx, gallery, ("img2img", "upscale"), prefix="txt2img")
@@ -141,13 +147,16 @@ def build(ctx: TabContext) -> None:
                   hires_negative]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
                                                         hires_steps, hires_denoise, quantize, schedule_type,
-                                                        clip_skip, extra, *extras, *hires_more]))
+                                                        clip_skip, extra, *extras, *hires_more]),
+                                batch_count=batch_count, preview_every=preview_every, preview_method=preview_method)
     # the newer arguments last (quantize, schedule type, clip skip, the Extra seed options, hires fix's resize,
-    # sampler, schedule type, CFG and prompts): the API's positional order of the older ones stays as it was
+    # sampler, schedule type, CFG and prompts, batch count, the live preview's settings): the API's positional order
+    # of the older ones stays as it was
+    live.shown_while_running(ctx, go, preview_every, preview_method, preview)  # before Generate: it runs first
     ctx.generate_events["txt2img"] = go.click(
         generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize,
-                   schedule_type, clip_skip, *extras, *hires_more],
+                   schedule_type, clip_skip, *extras, *hires_more, batch_count, preview_every, preview_method],
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
-    stop.click(ctx.cancel, None, [summary], queue=False, api_visibility="private")
+    live.wire(ctx, ctx.generate_events["txt2img"], stop, skip, summary, preview)
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
     gallery.select(show_selected, None, [info], api_visibility="private", show_progress="hidden")  # reads a file

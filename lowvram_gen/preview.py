@@ -1,0 +1,290 @@
+"""Live previews: an RGB picture of a pass's latents while it denoises, made on the CPU.
+
+Two ways, as A1111 and ComfyUI offer them (`METHODS`; "auto" takes TAESD where its weights are here, else approx):
+
+- approx: a linear map of the latent channels to RGB, per latent format (`FORMATS`). No model, a few
+  multiply-adds a latent pixel.
+- taesd: the Tiny AutoEncoder (diffusers' `AutoencoderTiny`), when its decoder is already on this machine:
+  in `models/VAE-approx/` (under ./models or $LOWVRAM_GEN_MODELS), as A1111 keeps it (`taesd_decoder.pt`,
+  `taesdxl_decoder.pt`; also `taesd3_decoder` and `taef1_decoder`, and ComfyUI's `.pth`/`.safetensors` of the
+  same names), or a diffusers folder named as its hub repo (`models/VAE-approx/taesd`, ...), or that repo in the
+  Hugging Face cache (`madebyollin/taesd`, ...). Nothing is ever downloaded.
+
+A preview never touches the GPU or its memory budget: the one latent it shows is copied to the CPU in float32
+first, and TAESD runs on the CPU. The approximation is made in the step (about 0.1 s for a 1024x1024 image on two
+CPU cores); TAESD, which takes seconds on a CPU at that size, is made on a worker thread, so the steps never wait
+for it (`Previews`). torch, diffusers and PIL are imported when a preview is made, not on import.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from lowvram_gen.errors import InvalidRequest, ModelLoadError
+from lowvram_gen.networks.files import models_root
+
+log = logging.getLogger(__name__)
+METHODS = ("auto", "approx", "taesd", "off")
+TAESD_FOLDER = "VAE-approx"  # A1111's folder for the approximate decoders
+TAESD_SUFFIXES = (".safetensors", ".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class LatentFormat:
+    """How a model family's latents look to a preview. `factors`: one (R, G, B) row per latent channel, applied
+    to the latents as the denoiser holds them (scaled, and shifted for SD3/Flux); `bias` added after; `packed`:
+    Flux's 2x2 patches packed into a sequence; `taesd`: the decoder's A1111 file stem and its hub repo."""
+
+    factors: tuple[tuple[float, float, float], ...]
+    bias: tuple[float, float, float] | None
+    taesd: tuple[str, str]
+    packed: bool = False
+
+
+# The factors are data published with ComfyUI: comfy/latent_formats.py, classes SD15, SDXL, SD3 and Flux
+# (latent_rgb_factors, latent_rgb_factors_bias), https://github.com/comfyanonymous/ComfyUI/blob/master/comfy/latent_formats.py
+FORMATS = {
+    "sd": LatentFormat(  # SD 1.x / 2.x
+        ((0.3512, 0.2297, 0.3227), (0.3250, 0.4974, 0.2350), (-0.2829, 0.1762, 0.2721), (-0.2120, -0.2616, -0.7177)),
+        None, ("taesd_decoder", "madebyollin/taesd")),
+    "sdxl": LatentFormat(
+        ((0.3651, 0.4232, 0.4341), (-0.2533, -0.0042, 0.1068), (0.1076, 0.1111, -0.0362), (-0.3165, -0.2492, -0.2188)),
+        (0.1084, -0.0175, -0.0011), ("taesdxl_decoder", "madebyollin/taesdxl")),
+    "sd3": LatentFormat(
+        ((-0.0922, -0.0175, 0.0749), (0.0311, 0.0633, 0.0954), (0.1994, 0.0927, 0.0458), (0.0856, 0.0339, 0.0902),
+         (0.0587, 0.0272, -0.0496), (-0.0006, 0.1104, 0.0309), (0.0978, 0.0306, 0.0427), (-0.0042, 0.1038, 0.1358),
+         (-0.0194, 0.0020, 0.0669), (-0.0488, 0.0130, -0.0268), (0.0922, 0.0988, 0.0951), (-0.0278, 0.0524, -0.0542),
+         (0.0332, 0.0456, 0.0895), (-0.0069, -0.0030, -0.0810), (-0.0596, -0.0465, -0.0293), (-0.1448, -0.1463, -0.1189)),
+        (0.2394, 0.2135, 0.1925), ("taesd3_decoder", "madebyollin/taesd3")),
+    "flux": LatentFormat(
+        ((-0.0346, 0.0244, 0.0681), (0.0034, 0.0210, 0.0687), (0.0275, -0.0668, -0.0433), (-0.0174, 0.0160, 0.0617),
+         (0.0859, 0.0721, 0.0329), (0.0004, 0.0383, 0.0115), (0.0405, 0.0861, 0.0915), (-0.0236, -0.0185, -0.0259),
+         (-0.0245, 0.0250, 0.1180), (0.1008, 0.0755, -0.0421), (-0.0515, 0.0201, 0.0011), (0.0428, -0.0012, -0.0036),
+         (0.0817, 0.0765, 0.0749), (-0.1264, -0.0522, -0.1103), (-0.0280, -0.0881, -0.0499), (-0.1262, -0.0982, -0.0778)),
+        (-0.0329, -0.0718, -0.0851), ("taef1_decoder", "madebyollin/taef1"), packed=True),
+}
+
+Render = Callable[[object, int, int], object]  # (latents of one image on the CPU, width, height) -> PIL image
+
+
+def check_method(value) -> str:
+    """A preview method from the UI, the API or a caller: one of METHODS (case and spaces ignored)."""
+    method = value.strip().lower() if isinstance(value, str) else value
+    if method not in METHODS:
+        raise InvalidRequest("live preview method", value, "use one of: " + ", ".join(METHODS))
+    return method
+
+
+def latent_format(pipe) -> str | None:
+    """The latent format of a pipeline (txt2img or img2img), by its diffusers class; None where we have none."""
+    name = type(pipe).__name__
+    for prefix, key in (("StableDiffusionXL", "sdxl"), ("StableDiffusion3", "sd3"), ("Flux", "flux"),
+                        ("StableDiffusion", "sd")):
+        if name.startswith(prefix):
+            return key
+    return None
+
+
+def renderer(pipe, method: str = "auto", models: Path | None = None) -> tuple[Render | None, str]:
+    """The function that makes a pass's previews for `pipe`, and the method it uses ("approx", "taesd"; "off" with
+    None). "taesd" without its weights here is a clear error naming where they go (before any step runs); "auto"
+    then falls back to approx. A pipeline whose latents we cannot read gives None ("off")."""
+    method = check_method(method)
+    key = latent_format(pipe)
+    if method == "off" or key is None:
+        return None, "off"
+    fmt = FORMATS[key]
+    scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
+    if method in ("auto", "taesd"):
+        found = find_taesd(fmt, models)
+        if found is not None:
+            decoder = _Taesd(found)
+            return (lambda latents, width, height: decoder.image(_unpacked(latents, fmt, width, height, scale),
+                                                                 (width, height))), "taesd"
+        if method == "taesd":
+            stem, repo = fmt.taesd
+            raise InvalidRequest("live preview method", "taesd",
+                                 f"no TAESD decoder for this model: put {stem}.pt (or .safetensors) or the diffusers "
+                                 f"folder {repo.split('/')[1]} in {(models or models_root()) / TAESD_FOLDER}, or have "
+                                 f"{repo} in the Hugging Face cache; or use auto/approx")
+    return (lambda latents, width, height: approx(_unpacked(latents, fmt, width, height, scale), fmt,
+                                                  (width, height))), "approx"
+
+
+class Previews:
+    """A job's live previews: `post(latents, width, height, step, total)` every `every` steps, `show(image, step,
+    total)` with `render(latents, width, height)`'s image. `background` (TAESD): made on a worker thread that runs
+    while there is a preview to make; the steps never wait for it, and a preview posted while the one before is
+    still being made waits in one slot, where a newer one replaces it (the newest is shown). A preview that fails
+    is logged and the job's previews stop there; the job goes on."""
+
+    def __init__(self, every: int, render: Render, show, background: bool = False):
+        self.every, self.render, self.show, self.background = every, render, show, background
+        self._lock = threading.Lock()
+        self._waiting: tuple | None = None  # the newest preview not yet being made
+        self._worker: threading.Thread | None = None
+        self.failed = False
+
+    def post(self, latents, width: int, height: int, step: int, total: int) -> None:
+        if self.failed:
+            return
+        if not self.background:
+            self._make((latents, width, height, step, total))
+            return
+        with self._lock:
+            self._waiting = (latents, width, height, step, total)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True, name="lowvram-gen preview")
+                self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                item, self._waiting = self._waiting, None
+                if item is None or self.failed:
+                    self._worker = None
+                    return
+            self._make(item)
+
+    def _make(self, item: tuple) -> None:
+        latents, width, height, step, total = item
+        try:
+            image = self.render(latents, width, height)
+        except Exception:  # noqa: BLE001 - a preview must never end the job it shows
+            self.failed = True
+            log.warning("live preview failed; no more previews for this job", exc_info=True)
+            return
+        self.show(image, step, total)
+
+
+def _unpacked(latents, fmt: LatentFormat, width: int, height: int, scale: int):
+    """(C, h, w) from one image's latents as the denoiser holds them ((1, C, h, w); Flux: (1, sequence, C*4), its
+    2x2 patches packed, put back on their grid)."""
+    latents = latents[0]
+    if not fmt.packed:
+        return latents
+    rows, cols = height // (scale * 2), width // (scale * 2)
+    channels = latents.shape[-1] // 4
+    return latents.view(rows, cols, channels, 2, 2).permute(2, 0, 3, 1, 4).reshape(channels, rows * 2, cols * 2)
+
+
+def approx(latents, fmt: LatentFormat, size: tuple[int, int]):
+    """The linear latent -> RGB approximation of (C, h, w) latents, as an RGB PIL image of `size`."""
+    import torch
+
+    factors = torch.tensor(fmt.factors, dtype=torch.float32)
+    if latents.shape[0] != factors.shape[0]:
+        raise ValueError(f"latents with {latents.shape[0]} channels; this format has {factors.shape[0]}")
+    bias = torch.tensor(fmt.bias, dtype=torch.float32) if fmt.bias else None
+    rgb = torch.nn.functional.linear(latents.float().permute(1, 2, 0), factors.T, bias)  # (h, w, 3) about [-1, 1]
+    return _to_image(rgb.permute(2, 0, 1), size)
+
+
+def _to_image(rgb, size: tuple[int, int]):
+    """(3, h, w) in [-1, 1] -> an RGB PIL image of `size` (NaN/Inf, from a diverging pass, shown as grey)."""
+    import torch
+    from PIL import Image
+
+    rgb = torch.nan_to_num(rgb.float(), nan=0.0, posinf=1.0, neginf=-1.0).clamp(-1, 1)
+    pixels = ((rgb + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+    image = Image.fromarray(pixels, "RGB")
+    return image if image.size == size else image.resize(size, Image.BILINEAR)
+
+
+# -- TAESD ------------------------------------------------------------------------------------------------------
+
+
+def find_taesd(fmt: LatentFormat, models: Path | None = None) -> Path | None:
+    """Where this format's TAESD decoder is: an A1111/ComfyUI file or a diffusers folder in models/VAE-approx, else
+    the hub repo's folder in the Hugging Face cache (config and weights both there); None when it is nowhere."""
+    stem, repo = fmt.taesd
+    folder = (models or models_root()) / TAESD_FOLDER
+    for suffix in TAESD_SUFFIXES:
+        if (folder / f"{stem}{suffix}").is_file():
+            return folder / f"{stem}{suffix}"
+    local = folder / repo.split("/")[1]
+    if (local / "config.json").is_file():
+        return local
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(repo, "config.json")
+    if isinstance(config, str):
+        cached = Path(config).parent
+        if any((cached / f"diffusion_pytorch_model{s}").is_file() for s in (".safetensors", ".bin")):
+            return cached
+    return None
+
+
+_DECODERS: dict[tuple[str, int], object] = {}  # (path, mtime_ns) -> AutoencoderTiny on the CPU, loaded once
+_LOCK = threading.Lock()
+
+
+class _Taesd:
+    """A TAESD decoder on the CPU in float32. A file from models/VAE-approx reads the latents as the denoiser holds
+    them (as A1111 and ComfyUI feed it); a diffusers folder, as a pipeline feeds its VAE (its config's scaling and
+    shift undone first)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.model = load_taesd(path)
+
+    def image(self, latents, size: tuple[int, int]):
+        import torch
+
+        config = self.model.config
+        x = latents.float()[None]
+        if self.path.is_dir():
+            x = x / config.scaling_factor + config.shift_factor
+        with torch.inference_mode():
+            rgb = self.model.decode(x, return_dict=False)[0][0]  # [-1, 1]
+        return _to_image(rgb, size)
+
+
+def load_taesd(path: Path):
+    """An AutoencoderTiny on the CPU (float32) from a diffusers folder or an A1111/ComfyUI decoder file (the
+    original TAESD layout: an nn.Sequential whose first entry is the clamp diffusers' DecoderTiny applies itself,
+    so its layer i is diffusers' decoder.layers[i - 1]), cached per file while the process runs."""
+    key = (str(path), path.stat().st_mtime_ns)
+    with _LOCK:
+        if key in _DECODERS:
+            return _DECODERS[key]
+        import torch
+        from diffusers import AutoencoderTiny
+
+        if path.is_dir():
+            model = AutoencoderTiny.from_pretrained(str(path), torch_dtype=torch.float32, local_files_only=True)
+        else:
+            model = _from_file(path)
+        model = model.to("cpu", torch.float32).eval()
+        _DECODERS[key] = model
+        return model
+
+
+def _from_file(path: Path):
+    from diffusers import AutoencoderTiny
+
+    if path.suffix.lower() == ".safetensors":
+        from safetensors.torch import load_file
+
+        from lowvram_gen.models.checkpoint import check_safetensors
+
+        check_safetensors(path)  # a renamed pickle is refused, never unpickled
+        state = load_file(str(path), device="cpu")
+    else:
+        from lowvram_gen.models.checkpoint import load_pickle_weights_only
+
+        state = load_pickle_weights_only(path)
+    try:
+        layers = {f"{int(k.split('.', 1)[0]) - 1}.{k.split('.', 1)[1]}": v for k, v in state.items()}
+        first = layers["0.weight"]  # conv(latent channels -> width)
+        model = AutoencoderTiny(latent_channels=first.shape[1], decoder_block_out_channels=(first.shape[0],) * 4,
+                                encoder_block_out_channels=(first.shape[0],) * 4)
+        model.decoder.layers.load_state_dict(layers)
+    except (ValueError, KeyError, IndexError, RuntimeError) as exc:
+        raise ModelLoadError(f"{path} is not a TAESD decoder (A1111's taesd_decoder.pt layout): "
+                             f"{str(exc).splitlines()[0]}") from None
+    return model
