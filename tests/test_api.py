@@ -64,24 +64,38 @@ def api(server):
     return server.client()
 
 
+class Slow:
+    """What the `slow_jobs` fixture saw: `blocked` is set each time a "slow" job waits at a step (its second: the
+    first step's live preview is made by then), `waits` counts those waits, `seen` lists every step."""
+
+    def __init__(self):
+        self.blocked, self.seen, self.waits = threading.Event(), [], 0
+
+
 @pytest.fixture()
 def slow_jobs(server):
-    """Jobs whose prompt is "slow" wait at each step until they are cancelled (90 s at most); `stepping` is set
-    once a step has ended and the job's progress says so; `seen` lists the steps."""
+    """Jobs whose prompt is "slow" wait at each step from the second on until they are interrupted or skipped (90 s
+    at most each), so a call to /interrupt or /skip arrives while they run."""
     real = server.session.generate
-    stepping, seen = threading.Event(), []
+    slow = Slow()
 
-    def watched(request, on_step=None, cancel=None):
+    def watched(request, on_step=None, cancel=None, **kw):
+        skip = kw.get("skip")
+
         def step(i, total):
-            seen.append(i)
+            slow.seen.append(i)
             on_step(i, total)
-            stepping.set()
-            if request.prompt == "slow":
-                cancel.wait(90)
-        return real(request, on_step=step, cancel=cancel)
+            if request.prompt == "slow" and i >= 2:
+                slow.waits += 1
+                slow.blocked.set()
+                for _ in range(900):  # bounded: a test that never stops the job still ends
+                    if cancel.is_set() or (skip is not None and skip.is_set()):
+                        break
+                    cancel.wait(0.1)
+        return real(request, on_step=step, cancel=cancel, **kw)
 
     server.session.generate = watched
-    yield stepping, seen
+    yield slow
     server.session.generate = real
 
 
@@ -137,17 +151,17 @@ def test_webuiapi_img2img_from_a_data_url_and_from_raw_base64(server, api):
 
 
 def test_interrupt_stops_the_running_api_job_and_progress_follows_it(server, api, slow_jobs):
-    stepping, seen = slow_jobs
     thread, box = _in_thread(lambda: api.txt2img(prompt="slow", seed=3, steps=20, width=64, height=64))
-    assert stepping.wait(120)
+    assert slow_jobs.blocked.wait(120)
     progress = api.get_progress()
-    assert progress["state"]["job_count"] == 1 and progress["state"]["sampling_step"] == 1
-    assert progress["state"]["sampling_steps"] == 20 and progress["progress"] == pytest.approx(0.05)
-    assert progress["state"]["interrupted"] is False
+    assert progress["state"]["job_count"] == 1 and progress["state"]["sampling_step"] == 2
+    assert progress["state"]["sampling_steps"] == 20 and progress["progress"] == pytest.approx(0.1)
+    assert progress["state"]["interrupted"] is False and progress["eta_relative"] > 0
     assert api.interrupt() == {}
     thread.join(120)
     result = box["result"]
-    assert max(seen) < 20  # stopped where the interrupt arrived
+    assert max(slow_jobs.seen) < 20  # stopped where the interrupt arrived
+    assert len(result.images) == 1 and result.info["all_seeds"] == [3]  # the interrupted image, kept as A1111's
     assert any(w.startswith("interrupted") for w in result.info["warnings"])
     idle = api.get_progress()
     assert idle["progress"] == 0 and idle["state"]["job_count"] == 0  # what webuiapi's util_wait_for_ready reads
@@ -159,22 +173,51 @@ def test_interrupt_and_progress_reach_a_job_of_the_web_ui(server, api, slow_jobs
     """The UI and the API register their jobs in one registry: A1111's global /interrupt stops a UI job."""
     from gradio_client import Client
 
-    stepping, _ = slow_jobs
     job = Client(server.url, verbose=False).submit(prompt="slow", width=64, height=64, steps=20, api_name="/generate")
-    assert stepping.wait(120)
-    assert api.get_progress()["state"]["sampling_step"] == 1
+    assert slow_jobs.blocked.wait(120)
+    assert api.get_progress()["state"]["sampling_step"] == 2
     api.interrupt()
     images, info, summary, seed = job.result(timeout=120)
-    assert "cancelled" in summary
+    assert summary.startswith("cancelled at step 2 of 20")
 
 
-def test_skip_ends_the_running_job_keeping_its_images(server, api, slow_jobs):
-    stepping, seen = slow_jobs
-    thread, box = _in_thread(lambda: api.txt2img(prompt="slow", seed=3, steps=20, width=64, height=64))
-    assert stepping.wait(120)
+def test_skip_ends_the_running_batch_and_the_job_goes_on_with_the_next(server, api, slow_jobs):
+    thread, box = _in_thread(lambda: api.txt2img(prompt="slow", seed=30, steps=20, width=64, height=64, n_iter=2))
+    assert slow_jobs.blocked.wait(120)
+    slow_jobs.blocked.clear()
     assert api.session.post(f"{server.api_url}/skip").status_code == 200
+    assert slow_jobs.blocked.wait(120) and slow_jobs.waits >= 2  # the second batch runs: skip did not end the job
+    api.interrupt()
     thread.join(120)
-    assert max(seen) < 20 and any(w.startswith("interrupted") for w in box["result"].info["warnings"])
+    result = box["result"]
+    assert result.info["all_seeds"] == [30, 31] and len(result.images) == 2  # the skipped batch and the interrupted
+    assert any(w.startswith("interrupted") for w in result.info["warnings"])
+
+
+def test_progress_shows_the_live_preview_every_n_steps(server, api, slow_jobs):
+    api.set_options({"show_progress_every_n_steps": 1})
+    try:
+        assert api.get_options()["show_progress_every_n_steps"] == 1
+        thread, box = _in_thread(lambda: api.txt2img(prompt="slow", seed=5, steps=20, width=64, height=64))
+        assert slow_jobs.blocked.wait(120)
+        shown = api.get_progress()["current_image"]
+        from PIL import Image
+
+        assert Image.open(io.BytesIO(base64.b64decode(shown))).size == (64, 64)
+        skipped = requests.get(f"{server.api_url}/progress", params={"skip_current_image": "true"}, timeout=30)
+        assert skipped.json()["current_image"] is None and skipped.json()["state"]["sampling_step"] == 2
+        api.interrupt()
+        thread.join(120)
+        assert "result" in box
+    finally:
+        api.set_options({"show_progress_every_n_steps": 10})
+
+
+def test_n_iter_is_the_batch_count(server, api):
+    result = api.txt2img(prompt="two batches", seed=20, steps=1, width=64, height=64, n_iter=2)
+    assert len(result.images) == 2 and result.info["all_seeds"] == [20, 21]
+    too_many = _post(server, "txt2img", {"prompt": "x", "n_iter": 101}).json()["detail"][0]
+    assert too_many["loc"] == ["body", "n_iter"] and "invalid n_iter: 101" in too_many["msg"]
 
 
 def test_get_sd_models_and_util_set_model_pick_the_model_of_later_jobs(server, api, tmp_path, monkeypatch):
@@ -278,8 +321,6 @@ def test_a_bad_value_is_422_in_fastapis_validation_shape_with_our_message(server
 def test_what_would_change_the_image_is_refused_by_name(server):
     mask = _post(server, "img2img", {"init_images": ["AAAA"], "mask": "AAAA", "prompt": "x"})
     assert mask.status_code == 422 and "inpainting is not supported yet" in mask.json()["detail"][0]["msg"]
-    n_iter = _post(server, "txt2img", {"prompt": "x", "n_iter": 2}).json()["detail"][0]
-    assert n_iter["loc"] == ["body", "n_iter"] and "batch_size" in n_iter["msg"]
     script = _post(server, "txt2img", {"prompt": "x", "script_name": "x/y/z plot"}).json()["detail"][0]
     assert script["loc"] == ["body", "script_name"]
     cn = _post(server, "txt2img", {"prompt": "x", "alwayson_scripts": {"ControlNet": {"args": []}}})

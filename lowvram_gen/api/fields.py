@@ -9,7 +9,7 @@ a field is left out: steps 50, sampler Euler, denoising strength 0.75. Each fiel
 - one of A1111's that has no effect here at its neutral value (restore_faces false, eta 1, s_noise 1, mask
   blur without a mask...): accepted silently at that value, named in a warning at any other;
 - refused with the reason, where ignoring it would make another image than asked (an inpainting mask, a
-  script, an extension's alwayson_scripts, n_iter above 1);
+  script, an extension's alwayson_scripts);
 - unknown: ignored, and named in a warning.
 
 A bad value is the request's `InvalidRequest` renamed to the JSON field (`invalid cfg_scale: 31; a number from
@@ -96,6 +96,7 @@ JSON_NAMES: dict[str, str] = {
     "variation seed": "subseed", "variation seed strength": "subseed_strength",
     "seed resize from": "seed_resize_from_w", "seed resize from width": "seed_resize_from_w",
     "seed resize from height": "seed_resize_from_h", "model": "override_settings.sd_model_checkpoint",
+    "batch count": "n_iter",
 }
 # what a job refuses in the prompt: the message keeps its name (`invalid LoRA: ...`), the 422's loc says the field
 IN_PROMPT = {"LoRA": "prompt", "loras": "prompt", "embedding": "prompt"}
@@ -169,6 +170,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     fields = dict(
         prompt=got["prompt"], negative_prompt=got["negative_prompt"] or "", width=got["width"], height=got["height"],
         steps=got["steps"], cfg_scale=got["cfg_scale"], seed=got["seed"], batch_size=got["batch_size"],
+        batch_count=got["n_iter"],
         sampler=got["sampler_name"] or got["sampler_index"] or "Euler", schedule_type=got["scheduler"],
         subseed=got["subseed"], subseed_strength=got["subseed_strength"],
         seed_resize_from_w=_off_below_1(got["seed_resize_from_w"]),
@@ -176,7 +178,6 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
         model=settings["model"], clip_skip=settings["clip_skip"], outdir=outdir,
         extra={"api": kind},
     )
-    _batch_count(got)
     if kind == "txt2img":
         fields.update(_hires(got))
         if fields.get("hires_scale") == 1 and not (got["hr_resize_x"] or got["hr_resize_y"]):
@@ -212,14 +213,6 @@ def _refuse_what_would_change_the_image(got: dict) -> None:
         names = ", ".join(map(repr, scripts)) if isinstance(scripts, dict) else repr(scripts)
         raise InvalidRequest("alwayson_scripts", names, "lowvram-gen has no extensions or always-on scripts "
                                                         "(GET /sdapi/v1/scripts lists none): leave it out or {}")
-
-
-def _batch_count(got: dict) -> None:
-    """n_iter (A1111's Batch count): only 1 until the request has a batch count."""
-    if got["n_iter"] in (None, 1, "1"):
-        return
-    raise InvalidRequest("n_iter", got["n_iter"], "only 1 is supported yet (lowvram-gen has no batch count); "
-                                                  "use batch_size for several images, or send the request again")
 
 
 def _override_settings(got: dict, model: str, clip_skip: int, find_model,

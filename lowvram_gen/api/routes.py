@@ -143,8 +143,8 @@ def build_router(ctx: ApiContext) -> APIRouter:
         return _generate(ctx, body, "img2img")
 
     @router.get("/progress")
-    def progress_():
-        return progress.progress(ctx.registry.current())
+    def progress_(skip_current_image: bool = False):
+        return progress.progress(ctx.registry.current(), skip_current_image)
 
     @router.post("/interrupt")
     def interrupt():
@@ -155,11 +155,9 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
     @router.post("/skip")
     def skip():
-        # A1111's Skip ends the batch running and goes on with the next of the batch count; with the one batch
-        # a job has here, that ends the job, keeping its images, as /interrupt does
         job = ctx.registry.current()
         if job is not None:
-            job.cancel.set()
+            job.skip.set()
 
     @router.get("/options")
     def get_options():
@@ -249,10 +247,16 @@ def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
 
 
 def _run(ctx: ApiContext, request, kind: str) -> Job:
-    """Run `request` as a registered job and wait for it to end (its error, if any, is on the job)."""
+    """Run `request` as a registered job and wait for it to end (its error, if any, is on the job). Its Skip and
+    live previews (every show_progress_every_n_steps, /options) are the job's own, as a UI job's."""
     key = f"sdapi-{kind}-{uuid.uuid4().hex}"
-    job = ctx.registry.start(key, Job(lambda on_step, cancel: ctx.session.generate(
-        request, on_step=on_step, cancel=cancel)))
+    preview_every = ctx.state.preview_every()
+
+    def work(on_step, cancel):
+        return ctx.session.generate(request, on_step=on_step, cancel=cancel, skip=job.skip,
+                                    on_preview=job.on_preview, preview_every=preview_every)
+
+    job = ctx.registry.start(key, Job(work))
     what = f"API {kind}"
     since = console.started(what, request.prompt, request.width, request.height, request.steps, request.seed)
     bar = ProgressBar()
