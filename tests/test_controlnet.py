@@ -492,18 +492,3 @@ def test_an_a1111_controlnet_field_reads_as_a_unit():
     assert mode == "prompt" and "runs as Just Resize" in notes[0]
     with pytest.raises(InvalidRequest, match="no diffusers equivalent"):  # refused when it would run, with the fix
         GenerationRequest(prompt="x", control_mode=mode).validated()
-
-
-def test_the_web_uis_send_to_says_a_pngs_controlnet_units_are_not_used(tmp_path):
-    """The web UI has no ControlNet units yet: its Send to says what of the PNG it leaves out, never silently."""
-    from PIL.PngImagePlugin import PngInfo
-
-    from lowvram_gen.ui import sendto
-
-    info = PngInfo()
-    info.add_text("parameters", 'a boat\nSteps: 2, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 64x64, '
-                                'ControlNet 0: "Module: canny, Model: control_v11p_sd15_canny [d14c016b], Weight: 1"')
-    png = tmp_path / "a1111.png"
-    Image.new("RGB", (8, 8)).save(png, pnginfo=info)
-    said = sendto.values_for(sendto.TXT2IMG, str(png))[1]
-    assert any("1 ControlNet unit(s)" in line and "no ControlNet yet" in line for line in said)
