@@ -492,3 +492,43 @@ def test_an_a1111_controlnet_field_reads_as_a_unit():
     assert mode == "prompt" and "runs as Just Resize" in notes[0]
     with pytest.raises(InvalidRequest, match="no diffusers equivalent"):  # refused when it would run, with the fix
         GenerationRequest(prompt="x", control_mode=mode).validated()
+
+
+# ------------------------------------------------------------------------------------------ the batch script
+
+
+def test_batch_lines_take_units_with_our_keys_the_extensions_and_its_api_shape(cn, tmp_path):
+    """A .jsonl line's `controlnets` (our unit fields, or A1111's extension keys: module, input_image, threshold_a/b,
+    control_mode per unit) and A1111's API `alwayson_scripts` give the request the same units; the batch's job
+    makes the image a session job with those units makes."""
+    from lowvram_gen.batch.files import expand, read_entries
+    from lowvram_gen.batch.command import run_batch
+
+    image, model = str(cn["image"]), str(cn["sd"])
+    ours = {"model": model, "image": image, "weight": 0.7, "guidance_end": 0.8, "preprocessor": "canny",
+            "canny_low": 50, "canny_high": 150}
+    theirs = {"enabled": True, "model": f"{model} [d14c016b]", "input_image": image, "weight": 0.7,
+              "guidance_start": 0.0, "guidance_end": 0.8, "module": "canny", "threshold_a": 50.0, "threshold_b": 150.0,
+              "processor_res": 512, "pixel_perfect": True, "resize_mode": "Just Resize", "control_mode": 2}
+    off = {"enabled": False, "model": "not-there", "input_image": "nope.png"}
+    base = {"prompt": "a boat", "width": SIDE, "height": SIDE, "steps": STEPS, "seed": SEED, "cfg_scale": CFG}
+    lines = [{**base, "controlnets": [ours], "control_mode": "controlnet"},
+             {**base, "controlnets": [theirs, off]},
+             {**base, "alwayson_scripts": {"controlnet": {"args": [theirs]}}},
+             {**base, "controlnets": [{**theirs, "resize_mode": "Crop and Resize"}]},
+             {**base, "controlnets": [theirs, {**theirs, "control_mode": 0}]}]
+    file = tmp_path / "cn.jsonl"
+    file.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    jobs = expand(read_entries(file), {})
+    unit = ControlNetUnit(model, image, 0.7, 0.0, 0.8, "canny", 50, 150)
+    assert [(j.request.controlnets, j.request.control_mode) for j in jobs.jobs] == [((unit,), "controlnet")] * 3
+    assert [b.line for b in jobs.bad] == [4, 5]
+    assert "Just Resize only" in jobs.bad[0].error and "one control mode for every unit" in jobs.bad[1].error
+
+    file.write_text(json.dumps(lines[1]) + "\n")
+    out = tmp_path / "out"
+    run_batch(file, out, {}, {"device": "cpu"}, session=Session(device="cpu"))
+    made = [p for p in out.rglob("*.png") if ".incomplete" not in p.parts]
+    alone = Session(device="cpu").generate(request(tmp_path / "alone", unit, control_mode="controlnet")).images[0]
+    assert len(made) == 1 and np.array_equal(pixels(made[0]), pixels(alone))
+    assert 'ControlNet 0: "Module: canny' in read_png_metadata(made[0])[0]
