@@ -103,8 +103,6 @@ def test_flag_units_and_their_ranges_are_checked_before_anything_loads(cn):
             GenerationRequest(prompt="x", controlnets=(unit,)).validated()
     with pytest.raises(InvalidRequest, match="no diffusers equivalent"):
         GenerationRequest(prompt="x", control_mode="prompt").validated()
-    with pytest.raises(InvalidRequest, match="hires fix with ControlNet is not built yet"):
-        GenerationRequest(prompt="x", hires_scale=2, controlnets=(ControlNetUnit("m", str(cn["image"])),)).validated()
     # from a JSON line or a form: the unit's fields as a mapping
     mapped = GenerationRequest.from_mapping({"prompt": "x", "controlnets": [{"model": "m", "image": str(cn["image"]),
                                                                             "weight": "0.5"}]})
@@ -115,8 +113,7 @@ def test_flag_units_and_their_ranges_are_checked_before_anything_loads(cn):
     (["--control-image", "{bad}"], "unit 0 control image: .*not a readable image"),
     (["--control-image", "{image}", "--control-image", "{image}"], "give one per --controlnet"),
     (["--control-image", "{image}", "--preprocessor", "canny", "--preprocessor", "none"], "give none"),
-    (["--control-image", "{image}", "--hires-scale", "2"], "hires fix with ControlNet is not built yet"),
-], ids=["unreadable-image", "two-images-one-unit", "two-preprocessors", "hires"])
+], ids=["unreadable-image", "two-images-one-unit", "two-preprocessors"])
 def test_cli_refuses_bad_units_with_one_sentence_exit_2(extra, words, cn, tmp_path, capsys, monkeypatch):
     import lowvram_gen.session as session_mod
 
@@ -492,6 +489,56 @@ def test_an_a1111_controlnet_field_reads_as_a_unit():
     assert mode == "prompt" and "runs as Just Resize" in notes[0]
     with pytest.raises(InvalidRequest, match="no diffusers equivalent"):  # refused when it would run, with the fix
         GenerationRequest(prompt="x", control_mode=mode).validated()
+
+
+# ------------------------------------------------------------------------------------------ hires fix
+
+
+@pytest.mark.parametrize("upscaler", ["Lanczos", "Latent"])
+def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upscaler, cn, tmp_path, tiny_path,
+                                                                            monkeypatch):
+    """As A1111's extension (its "Hr Option: Both"): the first pass gets the control map at the job's size, the hires
+    pass the control image resized to the hires size (its preprocessor run there). With a pixel upscaler the
+    result equals diffusers' ControlNet txt2img pipeline, its image upscaled (Lanczos), then diffusers' ControlNet
+    img2img pipeline on it with the map at the hires size."""
+    from lowvram_gen.engines.sd import controlnet as engine
+
+    calls = []
+    real = engine.for_pass
+
+    def watched(pipe, step):
+        out = real(pipe, step)
+        calls.append((step.width, step.height, step.init is not None, out[1]))
+        return out
+
+    monkeypatch.setattr(engine, "for_pass", watched)
+    unit = ControlNetUnit(str(cn["sd"]), str(cn["image"]), preprocessor="canny")
+    hires = dict(hires_scale=2, hires_upscaler=upscaler, hires_denoise=0.5)
+    ours = Session(device="cpu").generate(request(tmp_path, unit, **hires))
+    assert [(w, h, i2i) for w, h, i2i, _ in calls] == [(SIDE, SIDE, False), (2 * SIDE, 2 * SIDE, True)]
+    first, second = calls[0][3]["image"], calls[1][3]["control_image"]
+    assert first.size == (SIDE, SIDE) and second.size == (2 * SIDE, 2 * SIDE)
+    from lowvram_gen.control.preprocess import control_map
+
+    assert np.array_equal(np.asarray(second), np.asarray(control_map(str(cn["image"]), 2 * SIDE, 2 * SIDE, "canny")))
+    assert Image.open(ours.images[0]).size == (2 * SIDE, 2 * SIDE)
+    assert 'ControlNet 0: "Module: canny' in read_png_metadata(ours.images[0])[0]
+    if upscaler != "Lanczos":
+        return
+    import diffusers
+    from diffusers import ControlNetModel
+
+    net = ControlNetModel.from_pretrained(cn["sd"])
+    txt = diffusers.StableDiffusionControlNetPipeline.from_pretrained(str(tiny_path), controlnet=net)
+    txt.set_progress_bar_config(disable=True)
+    low = txt("a boat", image=control_map(str(cn["image"]), SIDE, SIDE, "canny"), num_inference_steps=STEPS,
+              width=SIDE, height=SIDE, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED)).images[0]
+    i2i = diffusers.StableDiffusionControlNetImg2ImgPipeline.from_pipe(txt)
+    i2i.set_progress_bar_config(disable=True)
+    high = i2i("a boat", image=low.resize((2 * SIDE, 2 * SIDE), Image.LANCZOS), control_image=second, strength=0.5,
+               num_inference_steps=STEPS, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED),
+               controlnet_conditioning_scale=1.0).images[0]  # the unit's weight (the img2img pipeline's default: 0.8)
+    assert np.array_equal(pixels(ours.images[0]), np.asarray(high.convert("RGB")).astype(int))
 
 
 # ------------------------------------------------------------------------------------------ the batch script

@@ -1279,9 +1279,13 @@ def test_hires_fixs_own_settings_from_the_api_reach_the_png(server):
 
     assert Image.open(made).size == (128, 96)
     api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]
-    assert [p["parameter_name"] for p in api][-7:] == ["hires_resize_w", "hires_resize_h", "hires_sampler",
-                                                       "hires_schedule_type", "hires_cfg", "hires_prompt",
-                                                       "hires_negative"]
+    from lowvram_gen.ui import controlnet
+
+    names = [p["parameter_name"] for p in api]
+    start = names.index("hires_resize_w")  # after the older inputs; the newer ones (the ControlNet units) after it
+    assert names[start:start + 7] == ["hires_resize_w", "hires_resize_h", "hires_sampler", "hires_schedule_type",
+                                      "hires_cfg", "hires_prompt", "hires_negative"]
+    assert names[-len(controlnet.KEYS):] == list(controlnet.KEYS)
 
 
 @needs_browser
