@@ -149,3 +149,43 @@ def test_remembered_unit_values_are_checked_as_the_request_checks_them():
     assert remembered.valid("cn1_preprocessor", "canny", box) and not remembered.valid("cn1_preprocessor", "depth", box)
     assert remembered.valid("control_mode", "controlnet", box) and not remembered.valid("control_mode", "prompt", box)
     assert "cn0_image" in remembered.NOT_REMEMBERED and "cn0_enabled" in remembered.NOT_REMEMBERED
+
+
+def test_img2img_takes_the_units_last_too(server, models):
+    from gradio_client import Client, handle_file
+
+    client = Client(server.url, verbose=False)
+    init = handle_file(str(models / "control.png"))
+    info = client.predict(
+        init, "img2img with a unit", "", 0.6, SIDE, SIDE, 2, 7, 3, 1, "default", "tiny", "as the preset says",
+        "automatic", 1, -1, 0, 0, 0, 1, 0, "auto",
+        True, handle_file(str(models / "control.png")), "canny", 90, 180, str(models / "ControlNet" / "tiny-cn"), 1,
+        0, 1, api_name="/img2img")[1]
+    assert 'ControlNet 0: "Module: canny' in info and "Threshold A: 90, Threshold B: 180" in info
+    assert "Denoising strength: 0.6" in info
+
+
+@needs_browser
+def test_png_info_fills_the_units_fields_and_says_to_upload_the_image(page, tmp_path):
+    from PIL.PngImagePlugin import PngInfo
+
+    from test_ui import _drop_on_png_info, _value_is
+
+    info = PngInfo()
+    info.add_text("parameters", 'a boat\nSteps: 2, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 64x64, '
+                                'ControlNet 0: "Module: canny, Model: tiny-cn, Weight: 0.6, Threshold A: 50, '
+                                'Threshold B: 150, Guidance Start: 0.1, Guidance End: 0.9"')
+    png = tmp_path / "a1111.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+    _drop_on_png_info(page, png, "ControlNet 0")
+    page.click("#pnginfo-to-txt2img")
+    _value_is(page, "#prompt textarea", "a boat")
+    page.locator("#controlnet").get_by_text("ControlNet", exact=True).first.click()  # open the accordion
+    assert page.locator("#cn0-enabled input").is_checked()
+    assert page.locator("#cn0-model input").first.input_value() == "tiny-cn"
+    assert page.locator("#cn0-weight input[type=number]").first.input_value() == "0.6"
+    assert page.locator("#cn0-canny-low input[type=number]").first.input_value() == "50"
+    page.locator("#controlnet").get_by_role("tab", name="ControlNet Unit 1").click()
+    assert not page.locator("#cn1-enabled input").is_checked()
+    page.get_by_text("ControlNet Unit 0: its control image is not in the PNG", exact=False).first.wait_for(
+        timeout=30_000)
