@@ -147,6 +147,7 @@ def test_remembered_unit_values_are_checked_as_the_request_checks_them():
     box = gr.Number()
     assert remembered.valid("cn0_weight", 1.5, box) and not remembered.valid("cn0_weight", 3, box)
     assert remembered.valid("cn1_preprocessor", "canny", box) and not remembered.valid("cn1_preprocessor", "depth", box)
+    assert remembered.valid("cn0_canny_low", 220, box) and not remembered.valid("cn0_canny_high", 256, box)
     assert remembered.valid("control_mode", "controlnet", box) and not remembered.valid("control_mode", "prompt", box)
     assert "cn0_image" in remembered.NOT_REMEMBERED and "cn0_enabled" in remembered.NOT_REMEMBERED
 
@@ -189,3 +190,27 @@ def test_png_info_fills_the_units_fields_and_says_to_upload_the_image(page, tmp_
     assert not page.locator("#cn1-enabled input").is_checked()
     page.get_by_text("ControlNet Unit 0: its control image is not in the PNG", exact=False).first.wait_for(
         timeout=30_000)
+
+
+def test_both_tabs_wire_the_units_for_send_to_and_remembering(tmp_path, monkeypatch):
+    """The unit controls are registered under their KEYS in both tabs (what Send to fills and the browser remembers),
+    start at the extension's defaults, and the model list is the CLI's models/ControlNet discovery."""
+    from lowvram_gen.session import Session
+    from lowvram_gen.ui import remembered
+    from lowvram_gen.ui.app import UiOptions, build_app
+    from lowvram_gen.ui.controlnet import KEYS
+
+    models_root = tmp_path / "models"
+    (models_root / "ControlNet").mkdir(parents=True)
+    (models_root / "ControlNet" / "control_v11p_sd15_canny.pth").write_bytes(b"listed, not loaded")
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(models_root))
+    wired = {}
+    real = remembered.wire
+    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs: wired.update(controls) or real(app, controls, jobs))
+    build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
+    for tab in ("txt2img", "img2img"):
+        assert set(KEYS) <= set(wired[tab])
+        unit = {k: wired[tab][k] for k in KEYS}
+        assert (unit["cn0_enabled"].value, unit["cn0_weight"].value, unit["cn0_guidance_end"].value,
+                unit["cn0_preprocessor"].value, unit["control_mode"].value) == (False, 1, 1, "none", "balanced")
+        assert [c[0] for c in unit["cn1_model"].choices] == ["control_v11p_sd15_canny"]

@@ -164,7 +164,9 @@ def check(name: str, value) -> bool:
             return check_control_mode(value) in dict(MODE_CHOICES).values()
         if field == "model":
             return value is None or isinstance(value, str)
-        check_unit(0, {"model": "m", field: value}, lambda _f, v: v, image_required=False)
+        # a threshold alone is checked against itself: the other one is another control, remembered on its own
+        fields = {"canny_low": value, "canny_high": value} if field.startswith("canny_") else {field: value}
+        check_unit(0, {"model": "m", **fields}, lambda _f, v: v, image_required=False)
     except (LowVramError, TypeError, ValueError):
         return False
     return True
