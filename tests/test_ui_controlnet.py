@@ -109,6 +109,10 @@ def test_an_enabled_unit_without_a_model_or_with_a_bad_value_is_refused_by_the_r
     with pytest.raises(InvalidRequest, match="ControlNet unit 0 guidance start"):  # the first enabled one
         GenerationRequest(prompt="x", **controlnet.request_fields(values)).validated()
     assert controlnet.request_fields([]) == {"controlnets": (), "control_mode": "balanced"}
+    with pytest.raises(Exception, match="upload a control image first"):  # Preview with no image: a gr.Error
+        controlnet.preview(None, "canny", 100, 200, SIDE, SIDE)
+    with pytest.raises(Exception, match="canny low threshold"):
+        controlnet.preview(image, "canny", 250, 200, SIDE, SIDE)
 
 
 def test_send_to_fills_a_pngs_units_but_their_images_and_switches_the_others_off(tmp_path):

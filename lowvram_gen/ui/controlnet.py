@@ -57,6 +57,8 @@ def preview(image, preprocessor, low, high, width, height, request: gr.Request =
     from lowvram_gen.control.units import check_unit
     from lowvram_gen.request import as_int, check_image_path
 
+    if not image:
+        raise messages.error("upload a control image first: Preview shows the map made from it", request)
     try:
         unit = check_unit(0, {"model": "preview", "image": image, "preprocessor": preprocessor or "none",
                               "canny_low": low, "canny_high": high}, check_image_path)
