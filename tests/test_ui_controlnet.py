@@ -190,7 +190,7 @@ def test_png_info_fills_the_units_fields_and_says_to_upload_the_image(page, tmp_
     assert page.locator("#cn0-model input").first.input_value() == "tiny-cn"
     assert page.locator("#cn0-weight input[type=number]").first.input_value() == "0.6"
     assert page.locator("#cn0-canny-low input[type=number]").first.input_value() == "50"
-    page.locator("#controlnet").get_by_role("tab", name="ControlNet Unit 1").click()
+    page.locator("#cn1").get_by_text("ControlNet Unit 1", exact=True).first.click()  # open its accordion
     assert not page.locator("#cn1-enabled input").is_checked()
     page.get_by_text("ControlNet Unit 0: its control image is not in the PNG", exact=False).first.wait_for(
         timeout=30_000)

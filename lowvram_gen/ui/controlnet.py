@@ -68,14 +68,18 @@ def preview(image, preprocessor, low, high, width, height, request: gr.Request =
         raise messages.error(exc, request) from None
 
 
+def show_thresholds(name) -> gr.Row:
+    """Canny's thresholds are shown for canny only (unqueued: it sets a row's visibility, nothing to raise)."""
+    return gr.Row(visible=str(name).lower() == "canny")
+
+
 def build(prefix: str, width, height) -> dict:
     """The accordion (call inside the tab's layout); returns {KEYS name: component}, in KEYS order."""
     controls: dict = {}
     with gr.Accordion("ControlNet", open=False, elem_id=f"{prefix}controlnet"):
-        with gr.Tabs():
-            for i in range(UNITS):
-                with gr.Tab(f"ControlNet Unit {i}"):
-                    controls.update(_unit(f"{prefix}cn{i}-", i, width, height))
+        for i in range(UNITS):  # accordions, not tabs: the app's tabs (ui/layout.py tabs()) are its pages
+            with gr.Accordion(f"ControlNet Unit {i}", open=i == 0, elem_id=f"{prefix}cn{i}"):
+                controls.update(_unit(f"{prefix}cn{i}-", i, width, height))
         mode = gr.Radio(MODE_CHOICES, value="balanced", label="Control Mode (all units)",
                         elem_id=f"{prefix}control-mode")
         mode.preprocess = _as_sent  # an API client's value ("prompt", a label) reaches the request's check
@@ -105,8 +109,7 @@ def _unit(ids: str, i: int, width, height) -> dict:
         weight = Slider(0, MAX_WEIGHT, value=1, step=0.05, label="Control Weight", elem_id=f"{ids}weight")
         start = Slider(0, 1, value=0, step=0.01, label="Starting Control Step", elem_id=f"{ids}start")
         end = Slider(0, 1, value=1, step=0.01, label="Ending Control Step", elem_id=f"{ids}end")
-    preprocessor.change(lambda name: gr.Row(visible=str(name).lower() == "canny"), [preprocessor], [thresholds],
-                        queue=False, api_visibility="private")
+    preprocessor.change(show_thresholds, [preprocessor], [thresholds], queue=False, api_visibility="private")
     # queued: a preview's error (no image, an unreadable one) reaches the browser
     go.click(preview, [image, preprocessor, low, high, width, height], [shown], api_visibility="private")
     refresh.click(lambda: gr.Dropdown(choices=model_choices()), None, [model], api_visibility="private",
