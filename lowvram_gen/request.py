@@ -206,14 +206,7 @@ class GenerationRequest:
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),
             control_mode=check_control_mode(self.control_mode),
-        )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize() \
-            ._check_controlnets()
-
-    def _check_controlnets(self) -> "GenerationRequest":
-        if self.controlnets and self.hires:  # the second pass would need the control maps at its size
-            raise InvalidRequest("hires fix", "on", "hires fix with ControlNet is not built yet: generate without "
-                                 "--hires-scale/--hires-resize, then upscale or img2img the result")
-        return self
+        )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize()
 
     def _check_seed_resize(self) -> "GenerationRequest":
         w, h = self.seed_resize_from_w, self.seed_resize_from_h

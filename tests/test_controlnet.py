@@ -103,8 +103,6 @@ def test_flag_units_and_their_ranges_are_checked_before_anything_loads(cn):
             GenerationRequest(prompt="x", controlnets=(unit,)).validated()
     with pytest.raises(InvalidRequest, match="no diffusers equivalent"):
         GenerationRequest(prompt="x", control_mode="prompt").validated()
-    with pytest.raises(InvalidRequest, match="hires fix with ControlNet is not built yet"):
-        GenerationRequest(prompt="x", hires_scale=2, controlnets=(ControlNetUnit("m", str(cn["image"])),)).validated()
     # from a JSON line or a form: the unit's fields as a mapping
     mapped = GenerationRequest.from_mapping({"prompt": "x", "controlnets": [{"model": "m", "image": str(cn["image"]),
                                                                             "weight": "0.5"}]})
@@ -115,8 +113,7 @@ def test_flag_units_and_their_ranges_are_checked_before_anything_loads(cn):
     (["--control-image", "{bad}"], "unit 0 control image: .*not a readable image"),
     (["--control-image", "{image}", "--control-image", "{image}"], "give one per --controlnet"),
     (["--control-image", "{image}", "--preprocessor", "canny", "--preprocessor", "none"], "give none"),
-    (["--control-image", "{image}", "--hires-scale", "2"], "hires fix with ControlNet is not built yet"),
-], ids=["unreadable-image", "two-images-one-unit", "two-preprocessors", "hires"])
+], ids=["unreadable-image", "two-images-one-unit", "two-preprocessors"])
 def test_cli_refuses_bad_units_with_one_sentence_exit_2(extra, words, cn, tmp_path, capsys, monkeypatch):
     import lowvram_gen.session as session_mod
 
@@ -494,16 +491,91 @@ def test_an_a1111_controlnet_field_reads_as_a_unit():
         GenerationRequest(prompt="x", control_mode=mode).validated()
 
 
-def test_the_web_uis_send_to_says_a_pngs_controlnet_units_are_not_used(tmp_path):
-    """The web UI has no ControlNet units yet: its Send to says what of the PNG it leaves out, never silently."""
-    from PIL.PngImagePlugin import PngInfo
+# ------------------------------------------------------------------------------------------ hires fix
 
-    from lowvram_gen.ui import sendto
 
-    info = PngInfo()
-    info.add_text("parameters", 'a boat\nSteps: 2, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 64x64, '
-                                'ControlNet 0: "Module: canny, Model: control_v11p_sd15_canny [d14c016b], Weight: 1"')
-    png = tmp_path / "a1111.png"
-    Image.new("RGB", (8, 8)).save(png, pnginfo=info)
-    said = sendto.values_for(sendto.TXT2IMG, str(png))[1]
-    assert any("1 ControlNet unit(s)" in line and "no ControlNet yet" in line for line in said)
+@pytest.mark.parametrize("upscaler", ["Lanczos", "Latent"])
+def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upscaler, cn, tmp_path, tiny_path,
+                                                                            monkeypatch):
+    """As A1111's extension (its "Hr Option: Both"): the first pass gets the control map at the job's size, the hires
+    pass the control image resized to the hires size (its preprocessor run there). With a pixel upscaler the
+    result equals diffusers' ControlNet txt2img pipeline, its image upscaled (Lanczos), then diffusers' ControlNet
+    img2img pipeline on it with the map at the hires size."""
+    from lowvram_gen.engines.sd import controlnet as engine
+
+    calls = []
+    real = engine.for_pass
+
+    def watched(pipe, step):
+        out = real(pipe, step)
+        calls.append((step.width, step.height, step.init is not None, out[1]))
+        return out
+
+    monkeypatch.setattr(engine, "for_pass", watched)
+    unit = ControlNetUnit(str(cn["sd"]), str(cn["image"]), preprocessor="canny")
+    hires = dict(hires_scale=2, hires_upscaler=upscaler, hires_denoise=0.5)
+    ours = Session(device="cpu").generate(request(tmp_path, unit, **hires))
+    assert [(w, h, i2i) for w, h, i2i, _ in calls] == [(SIDE, SIDE, False), (2 * SIDE, 2 * SIDE, True)]
+    first, second = calls[0][3]["image"], calls[1][3]["control_image"]
+    assert first.size == (SIDE, SIDE) and second.size == (2 * SIDE, 2 * SIDE)
+    from lowvram_gen.control.preprocess import control_map
+
+    assert np.array_equal(np.asarray(second), np.asarray(control_map(str(cn["image"]), 2 * SIDE, 2 * SIDE, "canny")))
+    assert Image.open(ours.images[0]).size == (2 * SIDE, 2 * SIDE)
+    assert 'ControlNet 0: "Module: canny' in read_png_metadata(ours.images[0])[0]
+    if upscaler != "Lanczos":
+        return
+    import diffusers
+    from diffusers import ControlNetModel
+
+    net = ControlNetModel.from_pretrained(cn["sd"])
+    txt = diffusers.StableDiffusionControlNetPipeline.from_pretrained(str(tiny_path), controlnet=net)
+    txt.set_progress_bar_config(disable=True)
+    low = txt("a boat", image=control_map(str(cn["image"]), SIDE, SIDE, "canny"), num_inference_steps=STEPS,
+              width=SIDE, height=SIDE, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED)).images[0]
+    i2i = diffusers.StableDiffusionControlNetImg2ImgPipeline.from_pipe(txt)
+    i2i.set_progress_bar_config(disable=True)
+    high = i2i("a boat", image=low.resize((2 * SIDE, 2 * SIDE), Image.LANCZOS), control_image=second, strength=0.5,
+               num_inference_steps=STEPS, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED),
+               controlnet_conditioning_scale=1.0).images[0]  # the unit's weight (the img2img pipeline's default: 0.8)
+    assert np.array_equal(pixels(ours.images[0]), np.asarray(high.convert("RGB")).astype(int))
+
+
+# ------------------------------------------------------------------------------------------ the batch script
+
+
+def test_batch_lines_take_units_with_our_keys_the_extensions_and_its_api_shape(cn, tmp_path):
+    """A .jsonl line's `controlnets` (our unit fields, or A1111's extension keys: module, input_image, threshold_a/b,
+    control_mode per unit) and A1111's API `alwayson_scripts` give the request the same units; the batch's job
+    makes the image a session job with those units makes."""
+    from lowvram_gen.batch.files import expand, read_entries
+    from lowvram_gen.batch.command import run_batch
+
+    image, model = str(cn["image"]), str(cn["sd"])
+    ours = {"model": model, "image": image, "weight": 0.7, "guidance_end": 0.8, "preprocessor": "canny",
+            "canny_low": 50, "canny_high": 150}
+    theirs = {"enabled": True, "model": f"{model} [d14c016b]", "input_image": image, "weight": 0.7,
+              "guidance_start": 0.0, "guidance_end": 0.8, "module": "canny", "threshold_a": 50.0, "threshold_b": 150.0,
+              "processor_res": 512, "pixel_perfect": True, "resize_mode": "Just Resize", "control_mode": 2}
+    off = {"enabled": False, "model": "not-there", "input_image": "nope.png"}
+    base = {"prompt": "a boat", "width": SIDE, "height": SIDE, "steps": STEPS, "seed": SEED, "cfg_scale": CFG}
+    lines = [{**base, "controlnets": [ours], "control_mode": "controlnet"},
+             {**base, "controlnets": [theirs, off]},
+             {**base, "alwayson_scripts": {"controlnet": {"args": [theirs]}}},
+             {**base, "controlnets": [{**theirs, "resize_mode": "Crop and Resize"}]},
+             {**base, "controlnets": [theirs, {**theirs, "control_mode": 0}]}]
+    file = tmp_path / "cn.jsonl"
+    file.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    jobs = expand(read_entries(file), {})
+    unit = ControlNetUnit(model, image, 0.7, 0.0, 0.8, "canny", 50, 150)
+    assert [(j.request.controlnets, j.request.control_mode) for j in jobs.jobs] == [((unit,), "controlnet")] * 3
+    assert [b.line for b in jobs.bad] == [4, 5]
+    assert "Just Resize only" in jobs.bad[0].error and "one control mode for every unit" in jobs.bad[1].error
+
+    file.write_text(json.dumps(lines[1]) + "\n")
+    out = tmp_path / "out"
+    run_batch(file, out, {}, {"device": "cpu"}, session=Session(device="cpu"))
+    made = [p for p in out.rglob("*.png") if ".incomplete" not in p.parts]
+    alone = Session(device="cpu").generate(request(tmp_path / "alone", unit, control_mode="controlnet")).images[0]
+    assert len(made) == 1 and np.array_equal(pixels(made[0]), pixels(alone))
+    assert 'ControlNet 0: "Module: canny' in read_png_metadata(made[0])[0]

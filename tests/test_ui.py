@@ -973,8 +973,8 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     prompt, the gallery's selected index, Interrupt, Skip and the page's restore (they must get through a full
     queue), ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, the Extra
     seed checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), the live preview's
-    show, refresh and hide (they set visibility, or read the job's latest preview), and the remembered values (they
-    validate, and log what they drop). A new unqueued handler fails here."""
+    show, refresh and hide (they set visibility, or read the job's latest preview), a ControlNet unit's canny thresholds
+    shown for canny only (visibility), and the remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
@@ -988,7 +988,8 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("img2img", "size_from"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
         ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
-        ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end")})
+        ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end"),
+        ("controlnet", "show_thresholds")})
 
 
 @needs_browser
@@ -1279,9 +1280,13 @@ def test_hires_fixs_own_settings_from_the_api_reach_the_png(server):
 
     assert Image.open(made).size == (128, 96)
     api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]
-    assert [p["parameter_name"] for p in api][-10:-3] == ["hires_resize_w", "hires_resize_h", "hires_sampler",
-                                                          "hires_schedule_type", "hires_cfg", "hires_prompt",
-                                                          "hires_negative"]  # before the live preview's (-3:)
+    from lowvram_gen.ui import controlnet
+
+    names = [p["parameter_name"] for p in api]
+    start = names.index("hires_resize_w")  # after the older inputs; the newer ones (the ControlNet units) after it
+    assert names[start:start + 7] == ["hires_resize_w", "hires_resize_h", "hires_sampler", "hires_schedule_type",
+                                      "hires_cfg", "hires_prompt", "hires_negative"]
+    assert names[-len(controlnet.KEYS):] == list(controlnet.KEYS)
 
 
 @needs_browser

@@ -11,7 +11,8 @@ Formats:
   starting with ``--`` holds A1111 "prompts from file" options, split with shlex:
   ``--prompt "a cat" --negative_prompt "blurry" --steps 30 --seed 5 --sampler_name "DPM++ 2M Karras"``.
 * ``.jsonl``: one JSON object per line with request fields, plus ``engine`` (``sd`` or ``vqgan``)
-  and ``repeat``.
+  and ``repeat``; ``controlnets`` is a list of unit objects (control/api.py: A1111's extension keys too, and its
+  API's ``alwayson_scripts``).
 * ``.csv``: a header row of request fields; empty cells take the command line's value.
 
 Job identity (for resume): the hash of the validated request (engine, prompt, size, steps, seed,
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lowvram_gen.control.api import with_units
 from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.networks.names import Names
@@ -107,7 +109,7 @@ class JobList:
 
 def _build_sd(fields: dict) -> GenerationRequest:
     try:
-        return GenerationRequest.from_mapping(fields)
+        return GenerationRequest.from_mapping(with_units(fields))  # ControlNet units, A1111's API keys too
     except InvalidRequest as exc:
         raise _with_every_field(exc) from None
 

@@ -30,6 +30,8 @@ CLI_ONLY = "the CLI's {flag} (the web UI has {what})"
 PHRASES: dict[str, str] = {
     "pass --model for real images": "pick a real model in the Model box for real images",
     "or leave it out: the preset decides": "or 'as the preset says': the preset decides",  # quantize's
+    "give --control-image IMAGE (one per --controlnet, in order; ": "upload its Control image in its ControlNet unit "
+                                                                    "(",
 }
 # flag -> what the web UI calls it. "pass FLAG" becomes "fill in CONTROL" for the UI's own boxes (BOXES).
 FLAGS: dict[str, str] = {
@@ -57,6 +59,10 @@ FLAGS: dict[str, str] = {
     "--batch-size": "the Batch size slider",
     "--cfg-scale": "the CFG scale slider",
     "--iterations": "the Iterations slider",
+    "--control-image": "a ControlNet unit's Control image",
+    "--controlnet": "a ControlNet unit's Model box",
+    "--preprocessor": "a ControlNet unit's Preprocessor box",
+    "--control-mode": "the ControlNet Control Mode",
 }
 BOXES = {"--model", "--vqgan", "--clip", "--width", "--height", "--seed", "--sampler", "--schedule-type"}
 # a flag as a whole word (not part of a longer one), with a "pass " before it; one pass over the text, so

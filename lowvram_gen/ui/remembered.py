@@ -13,6 +13,9 @@ ui/messages.py), so `.success` runs for it too: values the request refuses are n
 stored by an older version, or edited in the browser's storage, that the request would refuse is dropped
 with one warning), so the UI never opens with a value its first Generate refuses.
 
+The ControlNet units' model, preprocessor, thresholds, weight, start/end and control mode are remembered (not their
+Enable and image: ui/controlnet.py).
+
 The Model box, the init image and the Extra seed options are not remembered: the model starts at
 `lowvram-gen ui --model`.
 
@@ -27,7 +30,7 @@ import gradio as gr
 from lowvram_gen import paths
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.request import GenerationRequest
-from lowvram_gen.ui import live
+from lowvram_gen.ui import controlnet, live
 from lowvram_gen.ui.widgets import quantize_field
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,9 @@ TABS = ("txt2img", "img2img")
 # the Extra seed options are not kept either (A1111 does not keep them): a remembered strength would vary the seed
 # from a row that opens hidden
 NOT_REMEMBERED = ("model", "init_image", "seed_extra", "subseed", "subseed_strength", "seed_resize_from_w",
-                  "seed_resize_from_h")
+                  "seed_resize_from_h",
+                  # a ControlNet unit's Enable and image: a unit restored on without its image would be refused
+                  *(controlnet.key(i, name) for i in range(controlnet.UNITS) for name in controlnet.NOT_REMEMBERED))
 
 
 def _secret() -> str:
@@ -73,6 +78,8 @@ def valid(name: str, value, component) -> bool:
     choices = getattr(component, "choices", None)
     if choices and not getattr(component, "allow_custom_value", True) and value not in [c[1] for c in choices]:
         return False
+    if name in controlnet.KEYS:  # a ControlNet unit's field: checked as the request checks a unit's
+        return controlnet.check(name, value)
     if name in live.SETTINGS:  # the live preview's settings: the UI's own, not the request's
         try:
             live.SETTINGS[name](value)

@@ -11,6 +11,10 @@ from:` and shown with its values for one with them, and Quantize, which goes bac
 preset says" for an image whose weights were not int8/int4 (our PNGs write `Quantize:` only when they
 were). A model the PNG names that is not here leaves the Model box as it is.
 
+A PNG's ControlNet units (`ControlNet 0: ...`) fill the ControlNet accordion's units, switched on, with their model,
+weight, start/end, preprocessor and thresholds (units beyond the PNG's are switched off); their control images are
+not in a PNG, so the note says to upload each.
+
 A send fills what it can (`from_png(lenient=True)`): a value this tab cannot use (VQGAN-CLIP's `Sampler: Adam`)
 is left out. What was not used, and why, stays on the filled tab in its "sent" note (`NOTE_IDS`), not in a toast
 that fades (the CLI says the same on stderr). A PNG that cannot be read at all is a gr.Error: the sends run in
@@ -24,11 +28,12 @@ from pathlib import Path
 
 import gradio as gr
 
+from lowvram_gen.control.units import PREPROCESSORS
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.infotext import NoParameters, from_png, local_model
 from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER
 from lowvram_gen.schedules import AUTOMATIC
-from lowvram_gen.ui import messages
+from lowvram_gen.ui import controlnet, messages
 from lowvram_gen.ui.widgets import AS_PRESET
 
 # A1111's Extra seed options: the checkbox that shows them, then the request's fields
@@ -37,9 +42,10 @@ EXTRA_SEED = ("seed_extra", "subseed", "subseed_strength", "seed_resize_from_w",
 TXT2IMG = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
            "model", "hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "quantize", "schedule_type",
            "clip_skip", *EXTRA_SEED, "hires_resize_w", "hires_resize_h", "hires_sampler", "hires_schedule_type",
-           "hires_cfg", "hires_prompt", "hires_negative")
+           "hires_cfg", "hires_prompt", "hires_negative", *controlnet.SENT_KEYS)
 IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
-           "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED)
+           "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED,
+           *controlnet.SENT_KEYS)
 UPSCALE = ("image",)
 KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "upscale": UPSCALE}
 LABELS = {"txt2img": "txt2img", "img2img": "img2img", "upscale": "Upscale"}
@@ -96,12 +102,40 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
                     fields["model"] = found
             if read.ignored:
                 said.append("not used (no such setting here): " + ", ".join(read.ignored))
-            if fields.get("controlnets"):  # read for the CLI's --from-png; the web UI has no units yet
-                said.append(f"not used: {len(fields['controlnets'])} ControlNet unit(s) (the web UI has no "
-                            "ControlNet yet)")
+            said += unit_fields(fields)
             said += read.notes
     fields["init_image"] = fields["image"] = path
     return [fields.get(key, gr.update()) for key in keys], said
+
+
+def unit_fields(fields: dict) -> list[str]:
+    """Put the PNG's ControlNet units into `fields` as the accordion's controls (ui/controlnet.py KEYS): each unit
+    enabled with its model, weight, start/end, preprocessor and thresholds, the others switched off (an image made
+    without them). Returns what the note must say: each unit's control image is not in the PNG (upload it), and
+    what does not fit the accordion."""
+    units = tuple(fields.get("controlnets") or ())
+    said = []
+    for i in range(controlnet.UNITS):
+        unit = units[i] if i < len(units) else None
+        fields[controlnet.key(i, "enabled")] = unit is not None
+        if unit is None:
+            continue
+        for name in controlnet.FIELDS[2:]:
+            fields[controlnet.key(i, name)] = getattr(unit, name)
+        if str(unit.preprocessor).lower() not in PREPROCESSORS:
+            said.append(f"not used: ControlNet Unit {i} preprocessor {unit.preprocessor!r} (not built here: make the "
+                        "map elsewhere and use none)")
+            fields[controlnet.key(i, "preprocessor")] = "none"
+        said.append(f"ControlNet Unit {i}: its control image is not in the PNG: upload one")
+    if len(units) > controlnet.UNITS:
+        said.append(f"not used: ControlNet unit(s) {controlnet.UNITS} to {len(units) - 1} (the web UI shows "
+                    f"{controlnet.UNITS} units)")
+    mode = fields.get("control_mode") or "balanced"
+    if mode not in dict(controlnet.MODE_CHOICES).values():
+        said.append(f"not used: ControlNet control mode {mode!r} (no diffusers equivalent: Balanced instead)")
+        mode = "balanced"
+    fields["control_mode"] = mode
+    return said
 
 
 def note_text(path: str, said: list[str]) -> str:

@@ -10,7 +10,8 @@ the ladder re-applies to them without a reload.
 (`StableDiffusionControlNetPipeline`, its Img2Img, and the SDXL ones) made over the loaded pipeline's
 components with the auto-pipelines' `from_pipe`, as engines/sd/pipeline.img2img_pipe makes the img2img one (no
 weights copied, cast or read), with `controlnet_conditioning_scale`, `control_guidance_start/end`, `guess_mode`
-and the control maps at the pass's size (control/preprocess.py).
+and the control maps at the pass's size (control/preprocess.py): hires fix's second pass gets the control image
+resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import gradio as gr
 from lowvram_gen.models.discover import model_choices
 from lowvram_gen.request import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
-from lowvram_gen.ui import live, messages, pickers, sendto
+from lowvram_gen.ui import controlnet, live, messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.schedules import AUTOMATIC
 from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
@@ -39,7 +39,7 @@ def build(ctx: TabContext) -> None:
     def img2img(init_image, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
                 cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, quantize=AS_PRESET,
                 schedule_type=AUTOMATIC, clip_skip=1, subseed=-1, subseed_strength=0.0, seed_resize_from_w=0,
-                seed_resize_from_h=0, batch_count=1, preview_every=0, preview_method="auto",
+                seed_resize_from_h=0, batch_count=1, preview_every=0, preview_method="auto", *units,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
@@ -50,7 +50,8 @@ def build(ctx: TabContext) -> None:
             sampler=sampler or DEFAULT, model=model or options.model, quantize=quantize_field(quantize),
             schedule_type=schedule_type or AUTOMATIC, clip_skip=1 if clip_skip is None else clip_skip,
             batch_count=1 if batch_count is None else batch_count,
-            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h)), request,
+            **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h),
+            **controlnet.request_fields(units)), request,
             progress, preview_every, preview_method)
 
     with gr.Tab("img2img", id="img2img"):
@@ -89,6 +90,7 @@ def build(ctx: TabContext) -> None:
                     pickers.model_refresh(model, options.models_folder, "i2i-model-refresh")
                     quantize = Quantize(AS_PRESET, "i2i-quantize")
                 pickers.build(prompt, prefix="i2i-")
+                units = controlnet.build("i2i-", width, height)
                 go, stop, skip = live.buttons("i2i-", "i2i-generate")
                 preview_every, preview_method = live.settings("i2i-")
             with gr.Column(scale=2):
@@ -102,13 +104,15 @@ def build(ctx: TabContext) -> None:
     ctx.sent_notes["img2img"] = sent
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, quantize, schedule_type,
-                                                        clip_skip, extra, *extras]),
+                                                        clip_skip, extra, *extras]), **units,
                                 batch_count=batch_count, preview_every=preview_every, preview_method=preview_method)
     init.change(size_from, [init], [width, height], queue=False, api_visibility="private")
-    # the newer arguments last (batch count, the live preview's settings): older positional calls keep working
+    # the newer arguments last (batch count, the live preview's settings, the ControlNet units and control mode:
+    # ui/controlnet.py): older positional calls keep working
     live.shown_while_running(ctx, go, preview_every, preview_method, preview)  # before Generate: it runs first
     ctx.generate_events["img2img"] = go.click(
-        img2img, [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, quantize,
-                  schedule_type, clip_skip, *extras, batch_count, preview_every, preview_method],
+        controlnet.appended(img2img), [init, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler,
+                                       model, quantize, schedule_type, clip_skip, *extras, batch_count, preview_every,
+                                       preview_method, *units.values()],
         [gallery, info, summary, last_seed], api_name="img2img", concurrency_id=GPU, concurrency_limit=1)
     live.wire(ctx, ctx.generate_events["img2img"], stop, skip, summary, preview)

@@ -19,7 +19,7 @@ from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_S
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
-from lowvram_gen.ui import live, pickers, sendto
+from lowvram_gen.ui import controlnet, live, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
 from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
                                     quantize_field, seed_extras, upscaler_choices)
@@ -45,7 +45,7 @@ def build(ctx: TabContext) -> None:
                  subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=0, seed_resize_from_h=0,
                  hires_resize_w=0, hires_resize_h=0, hires_sampler=SAME_SAMPLER, hires_schedule_type=SAME_SCHEDULER,
                  hires_cfg=0, hires_prompt="", hires_negative="", batch_count=DEFAULTS.batch_count, preview_every=0,
-                 preview_method="auto", request: gr.Request = None, progress=gr.Progress()):
+                 preview_method="auto", *units, request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", dict(
             prompt=prompt, negative_prompt=negative_prompt or "", width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
@@ -57,7 +57,8 @@ def build(ctx: TabContext) -> None:
             hires_resize_w=hires_resize_w or 0, hires_resize_h=hires_resize_h or 0, hires_sampler=hires_sampler,
             hires_schedule_type=hires_schedule_type, hires_cfg=hires_cfg or 0, hires_prompt=hires_prompt or "",
             hires_negative=hires_negative or "",
-            batch_count=DEFAULTS.batch_count if batch_count is None else batch_count), request, progress,
+            batch_count=DEFAULTS.batch_count if batch_count is None else batch_count,
+            **controlnet.request_fields(units)), request, progress,
             preview_every, preview_method)
 
     with gr.Tab("txt2img", id="txt2img"):
@@ -130,6 +131,7 @@ def build(ctx: TabContext) -> None:
                                                   elem_id="hires-prompt")
                         hires_negative = gr.Textbox(value="", label="Hires negative prompt (empty: the negative prompt)",
                                                     lines=2, elem_id="hires-negative")
+                units = controlnet.build("", width, height)
                 go, stop, skip = live.buttons("", "generate")
                 preview_every, preview_method = live.settings("")
             with gr.Column(scale=2):
@@ -147,15 +149,17 @@ def build(ctx: TabContext) -> None:
                   hires_negative]
     ctx.controls["txt2img"] = dict(zip(sendto.TXT2IMG, [*ctx.txt2img_inputs, hires_scale, hires_upscaler,
                                                         hires_steps, hires_denoise, quantize, schedule_type,
-                                                        clip_skip, extra, *extras, *hires_more]),
+                                                        clip_skip, extra, *extras, *hires_more]), **units,
                                 batch_count=batch_count, preview_every=preview_every, preview_method=preview_method)
     # the newer arguments last (quantize, schedule type, clip skip, the Extra seed options, hires fix's resize,
-    # sampler, schedule type, CFG and prompts, batch count, the live preview's settings): the API's positional order
+    # sampler, schedule type, CFG and prompts, batch count, the live preview's settings, the ControlNet units and control
+    # mode (ui/controlnet.py)): the API's positional order
     # of the older ones stays as it was
     live.shown_while_running(ctx, go, preview_every, preview_method, preview)  # before Generate: it runs first
     ctx.generate_events["txt2img"] = go.click(
-        generate, [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise, quantize,
-                   schedule_type, clip_skip, *extras, *hires_more, batch_count, preview_every, preview_method],
+        controlnet.appended(generate), [*ctx.txt2img_inputs, hires_scale, hires_upscaler, hires_steps, hires_denoise,
+                                        quantize, schedule_type, clip_skip, *extras, *hires_more, batch_count,
+                                        preview_every, preview_method, *units.values()],
         [gallery, info, summary, last_seed], api_name="generate", concurrency_id=GPU, concurrency_limit=1)
     live.wire(ctx, ctx.generate_events["txt2img"], stop, skip, summary, preview)
     reuse.click(lambda s: s if s is not None else -1, [last_seed], [seed], queue=False, api_visibility="private")
