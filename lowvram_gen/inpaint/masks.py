@@ -92,7 +92,7 @@ def fill(image, mask):
         if not w.any():
             continue
         colour = np.asarray(kept.filter(ImageFilter.GaussianBlur(radius)), dtype=np.float32)
-        target = (w > 0.5) & ~keep  # masked pixels with enough kept ones within this radius
+        target = (w >= 32) & ~keep  # masked pixels with kept ones around (an eighth of the weight: 8-bit blurs)
         out[target] = np.clip(colour[target] / w[target][:, None] * 255.0, 0, 255)
     out[keep] = pixels[keep]
     return Image.fromarray(out.astype(np.uint8))
