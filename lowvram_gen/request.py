@@ -223,9 +223,14 @@ class GenerationRequest:
         """The mask and its options (inpaint/): a readable image beside an init image, with something to repaint."""
         from lowvram_gen.inpaint.masks import AREAS, CONTENTS, MAX_BLUR, MAX_PADDING
 
-        area = _choice("inpaint area", self.inpaint_area, AREAS, {"whole picture": "whole", "only masked": "masked"})
+        # A1111's words, and its API's numbers (inpaint_full_res 0/1, inpainting_fill 0-3: fill, original, ...)
+        area = _choice("inpaint area", self.inpaint_area, AREAS,
+                       {"whole picture": "whole", "only masked": "masked", "0": "whole", "1": "masked",
+                        "false": "whole", "true": "masked", False: "whole", True: "masked", 0: "whole", 1: "masked"})
         content = _choice("masked content", self.masked_content, CONTENTS,
-                          {c.replace("-", " "): c for c in CONTENTS})
+                          {**{c.replace("-", " "): c for c in CONTENTS},
+                           **{str(i): c for i, c in enumerate(("fill", "original", "latent-noise", "latent-nothing"))},
+                           **dict(enumerate(("fill", "original", "latent-noise", "latent-nothing")))})
         checked = dataclasses.replace(
             self, mask_blur=as_int("mask blur", self.mask_blur, 0, MAX_BLUR),
             inpaint_area=area, mask_padding=as_int("mask padding", self.mask_padding, 0, MAX_PADDING),
@@ -533,7 +538,8 @@ def as_bool(field_name: str, value: Any) -> bool:
 def _choice(field_name: str, value: Any, allowed: tuple[str, ...], aliases: dict[str, str]) -> str:
     """One of `allowed`, any case, or an alias (A1111's words for it); a clear error otherwise."""
     text = value.strip().lower() if isinstance(value, str) else value
-    text = aliases.get(text, text) if isinstance(text, str) else text
+    if isinstance(text, (str, int)):  # bool is an int: True/False as 1/0
+        text = aliases.get(text, text)
     if text not in allowed:
         raise InvalidRequest(field_name, value, "one of " + ", ".join(allowed))
     return text

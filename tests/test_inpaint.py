@@ -289,3 +289,39 @@ def test_plan_counts_the_inpainting_unets_extra_inputs(inp, tiny_path):
     more = memory.unet_activation_bytes(nine, 512, 512, 1, 2) - memory.unet_activation_bytes(four, 512, 512, 1, 2)
     assert more == memory.inpaint_input_bytes(nine, hw, 1 + memory._per_call(kind), 2) > 0
     assert memory.inpaint_input_bytes(four, hw, 1, 2) == 0
+
+
+def test_batch_lines_inpaint_with_our_fields_and_a1111_api_names(inp, tmp_path, capsys):
+    """A prompt file's lines take the mask fields, and A1111's API names for them (inpainting_fill 0-3,
+    inpaint_full_res, inpaint_full_res_padding, inpainting_mask_invert); the batch makes the inpainted images."""
+    from lowvram_gen.batch.files import expand, read_entries
+
+    lines = [{"prompt": "a boat", "init_image": str(inp["init"]), "mask": str(inp["mask"]), "mask_blur": 0,
+              "masked_content": "latent-nothing"},
+             {"prompt": "a boat", "init_image": str(inp["init"]), "mask": str(inp["mask"]), "mask_blur": 0,
+              "inpainting_fill": 2, "inpaint_full_res": True, "inpaint_full_res_padding": 8,
+              "inpainting_mask_invert": 1}]
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first, second = (j.request for j in expand(read_entries(path), {"model": str(inp["folder"])}).jobs)
+    assert (first.masked_content, first.inpaint_area) == ("latent-nothing", "whole")
+    assert (second.masked_content, second.inpaint_area, second.mask_padding, second.invert_mask) == \
+        ("latent-noise", "masked", 8, True)
+    assert main(["batch", str(path), "--model", str(inp["folder"]), "--steps", "2", "--width", str(SIDE), "--height",
+                 str(SIDE), "--outdir", str(tmp_path / "o"), "--cpu", "--json"]) == 0
+    capsys.readouterr()
+    made = sorted((tmp_path / "o").rglob("*.png"))
+    assert len(made) == 2
+    init = pixels(inp["init"])
+    outside = {pixels(p)[~inside()].tolist() == init[~inside()].tolist() for p in made}
+    assert outside == {True, False}  # the inverted line repainted outside the mask
+
+
+def test_python_api_takes_the_mask(inp, tmp_path):
+    """The Python API without a session: lowvram_gen.generate(GenerationRequest(mask=...))."""
+    import lowvram_gen
+
+    result = lowvram_gen.generate(request(inp, tmp_path, strength=1.0))
+    out = pixels(result.images[0])
+    assert np.array_equal(out[~inside()], pixels(inp["init"])[~inside()])
+    assert np.abs(out[inside()] - pixels(inp["init"])[inside()]).mean() > 10
