@@ -325,3 +325,34 @@ def test_python_api_takes_the_mask(inp, tmp_path):
     out = pixels(result.images[0])
     assert np.array_equal(out[~inside()], pixels(inp["init"])[~inside()])
     assert np.abs(out[inside()] - pixels(inp["init"])[inside()]).mean() > 10
+
+
+def test_sdxl_inpaints_with_an_ordinary_checkpoint(inp, session, tmp_path):
+    """tiny-sdxl (4 channels) through StableDiffusionXLInpaintPipeline: the original outside the mask, repainted in."""
+    out = pixels(session.generate(request(inp, tmp_path, model="tiny-sdxl", strength=1.0)).images[0])
+    init = pixels(inp["init"])
+    assert np.array_equal(out[~inside()], init[~inside()])
+    assert np.abs(out[inside()] - init[inside()]).mean() > 10
+
+
+def test_out_of_memory_in_an_inpaint_step_steps_down_and_finishes(inp, tmp_path, monkeypatch):
+    """Simulated OOM (the ladder tests' way): the UNet's forward raises torch.OutOfMemoryError once (at highvram, the
+    GPU ladder run on this CPU); the job finishes one rung down and keeps the init image outside the mask."""
+    from diffusers import UNet2DConditionModel
+
+    forward = UNet2DConditionModel.forward
+    calls = []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(UNet2DConditionModel, "forward", failing)
+    result = Session(preset="highvram").generate(request(inp, tmp_path, strength=1.0))
+    assert [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts][:2] == [
+        ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]
+    out = pixels(result.images[0])
+    assert out.shape[:2] == (SIDE, SIDE)
+    assert np.array_equal(out[~inside()], pixels(inp["init"])[~inside()])
