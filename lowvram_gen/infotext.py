@@ -269,10 +269,10 @@ def _inpaint(key: str, value, fields: dict) -> None:
             raise InvalidRequest("'Mask mode' in the image's parameters", value,
                                  "expected 'Inpaint masked' or 'Inpaint not masked'")
         fields["invert_mask"] = text == "Inpaint not masked"
-    elif key == "Inpaint area":
-        fields["inpaint_area"] = text  # 'Only masked' / 'Whole picture': the request checks it
-    else:
-        fields["masked_content"] = text
+    elif key == "Inpaint area":  # A1111's words as the request's values; anything else: the request names it
+        fields["inpaint_area"] = {"only masked": "masked", "whole picture": "whole"}.get(text.lower(), text)
+    else:  # 'latent noise' -> 'latent-noise'
+        fields["masked_content"] = text.lower().replace(" ", "-")
 
 
 def inpainted(info: "Infotext", ours: dict | None = None) -> bool:

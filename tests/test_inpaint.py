@@ -270,11 +270,8 @@ def test_a1111_infotext_inpaint_fields_read_back():
     info = request_fields(parse_a1111_parameters(text))
     f = info.fields
     assert (f["mask_blur"], f["inpaint_area"], f["mask_padding"], f["masked_content"], f["strength"]) == \
-        (6, "Only masked", 48, "latent noise", 0.5)
+        (6, "masked", 48, "latent-noise", 0.5)
     assert not info.ignored
-    req = GenerationRequest(**{k: v for k, v in f.items() if k not in ("prompt", "negative_prompt")})
-    checked = req._check_inpaint()  # the A1111 words become ours
-    assert (checked.inpaint_area, checked.masked_content) == ("masked", "latent-noise")
 
 
 def test_plan_counts_the_inpainting_unets_extra_inputs(inp, tiny_path):
