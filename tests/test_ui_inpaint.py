@@ -46,3 +46,27 @@ def test_draw_a_mask_with_the_brush_generate_and_only_the_masked_area_changes(pa
     original = np.asarray(Image.open(init).convert("RGB")).astype(int)
     assert np.array_equal(out[~mask], original[~mask])
     assert np.abs(out[mask] - original[mask]).mean() > 10
+
+
+def test_send_to_inpaint_fills_the_inpaint_settings_and_says_the_mask_is_not_in_a_png(tmp_path):
+    """PNG Info's and the galleries' Send to Inpaint: an inpainted PNG's A1111 fields fill the tab's controls (those
+    A1111 leaves out at their off values), and the note says the mask must be drawn again."""
+    from lowvram_gen.ui.sendto import INPAINT, values_for
+
+    png = tmp_path / "inpainted.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=_info("a boat\nSteps: 3, Sampler: Euler, CFG scale: 7, Seed: 9, "
+                                                      "Size: 64x64, Denoising strength: 0.6, Mask blur: 6, "
+                                                      "Inpaint area: Only masked, Masked area padding: 48"))
+    values, said = values_for(INPAINT, str(png))
+    got = dict(zip(INPAINT, values))
+    assert (got["mask_blur"], got["inpaint_area"], got["mask_padding"], got["masked_content"], got["invert_mask"],
+            got["strength"], got["init_image"]) == (6, "masked", 48, "original", False, 0.6, str(png))
+    assert any("mask is not in a PNG" in line for line in said)
+
+
+def _info(text: str):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", text)
+    return info
