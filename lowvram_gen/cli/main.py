@@ -218,10 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(ui)
     ui.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/); the only folder served")
     ui.add_argument("--listen", action="store_true", help="listen on 0.0.0.0 (every interface) instead of 127.0.0.1")
-    ui.add_argument("--port", default=7860, metavar="N", help="a free port, 1-65535 (default 7860)")
+    ui.add_argument("--port", metavar="N", help="a free port, 1-65535 (default 7860; 7861 with --nowebui, as A1111)")
     ui.add_argument("--gradio-auth", metavar="USER:PASS[,USER2:PASS2]", help="require a login")
     ui.add_argument("--share", action="store_true", help="make a public gradio.live link (warns: it is public)")
     ui.add_argument("--queue-size", type=int, default=16, metavar="N", help="most jobs waiting (default 16)")
+    a = ui.add_argument_group("A1111's REST API (/sdapi/v1: the webuiapi client, Krita/Photoshop plugins, ...)")
+    a.add_argument("--api", action="store_true", help="serve A1111's API beside the web UI, on the same queue")
+    a.add_argument("--nowebui", action="store_true", help="serve the API alone, without the web UI (port 7861)")
+    a.add_argument("--api-auth", metavar="USER:PASS[,USER2:PASS2]",
+                   help="HTTP Basic users of the API (default: --gradio-auth's, so a login UI leaves no open API)")
+    a.add_argument("--api-log", action="store_true", help="print one line per API request")
     _add_memory_flags(ui)
 
     from lowvram_gen.batch.command import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
@@ -471,13 +477,15 @@ def cmd_ui(args) -> int:
     from lowvram_gen import outputs
     from lowvram_gen.ui.launch import check_port, launch, listen_host
 
-    port = check_port(args.port, listen_host(args.listen))  # before the session and gradio load
+    default_port = 7861 if args.nowebui else 7860  # A1111's
+    port = check_port(default_port if args.port is None else args.port, listen_host(args.listen))  # before gradio loads
     from lowvram_gen.session import Session
 
     outdir = args.outdir or str(outputs.default_outdir())
     session = Session(**_session_kwargs(args), outdir=outdir)
     launch(session, outdir, args.model, listen=args.listen, port=port, auth=args.gradio_auth, share=args.share,
-           queue_size=args.queue_size)
+           queue_size=args.queue_size, api=args.api, api_auth=args.api_auth, api_log=args.api_log,
+           webui=not args.nowebui)
     return 0
 
 

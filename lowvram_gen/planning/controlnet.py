@@ -99,20 +99,11 @@ def controlnet_profile(config: dict, name: str, file_bytes: int = 0) -> ControlN
 
 @functools.lru_cache(maxsize=16)
 def _profile(config_json: str) -> ControlNetProfile:
-    import torch
-
     config = json.loads(config_json)
     model = memory._instantiate_meta("diffusers", "ControlNetModel", config)
     if model is None:
         raise ValueError("diffusers has no ControlNetModel")
-    blocks, in_blocks = [], 0
-    for child in model.children():
-        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
-            for block in child:
-                n = sum(p.numel() for p in block.parameters())
-                blocks.append(n)
-                in_blocks += n
-    total = sum(p.numel() for p in model.parameters())
+    blocks, in_blocks, total = memory.block_sizes(model)
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     channels = tuple(int(c) for c in config.get("block_out_channels", (320, 640, 1280, 1280)))
     cross = config.get("cross_attention_dim", 1280)

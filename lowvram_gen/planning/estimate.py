@@ -404,19 +404,21 @@ def _as_list(value, n: int) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value] * n
 
 
-def _denoiser_fields(name: str, model) -> dict:
+def block_sizes(model) -> tuple[list[int], int, int]:
+    """The parameter counts of a denoiser's (or ControlNet's) blocks, the units group offload and the budget stream:
+    each block of its ModuleLists/Sequentials, the sum of those, and the model's whole count."""
     import torch
 
+    blocks = [sum(p.numel() for p in block.parameters())
+              for child in model.children() if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))
+              for block in child]
+    return blocks, sum(blocks), sum(p.numel() for p in model.parameters())
+
+
+def _denoiser_fields(name: str, model) -> dict:
     cfg = model.config
     out: dict[str, Any] = {"denoiser": name}
-    blocks, in_blocks = [], 0
-    for child in model.children():
-        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
-            for block in child:
-                n = sum(p.numel() for p in block.parameters())
-                blocks.append(n)
-                in_blocks += n
-    total = sum(p.numel() for p in model.parameters())
+    blocks, in_blocks, total = block_sizes(model)
     out["denoiser_blocks"] = tuple(blocks)
     out["denoiser_unmatched"] = total - in_blocks
     out["residency_blocks"] = tuple(residency.blocks_of(model, bytes_per_element=1))

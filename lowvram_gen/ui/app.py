@@ -18,6 +18,7 @@ import gradio as gr
 from lowvram_gen.session import Session
 from lowvram_gen.ui import remembered
 from lowvram_gen.ui.context import TabContext, UiOptions
+from lowvram_gen.ui.jobs import Registry
 from lowvram_gen.ui.tabs import img2img, inpaint, pnginfo, system, txt2img, upscale, vqgan
 
 TABS = (txt2img, img2img, inpaint, upscale, pnginfo, vqgan, system)  # in this order: System plans txt2img's inputs
@@ -39,12 +40,13 @@ CTRL_ENTER = """() => {
 }"""
 
 
-def build_app(session: Session, options: UiOptions) -> gr.Blocks:
+def build_app(session: Session, options: UiOptions, jobs: Registry | None = None) -> gr.Blocks:
+    """The app; `jobs`: the registry of running jobs, shared with the A1111 API when it is on (a new one without)."""
     with gr.Blocks(title="lowvram-gen") as app:
         gr.Markdown("# lowvram-gen\nStable Diffusion on small GPUs: a preset per job, and out-of-memory "
                     "recovery that finishes the job. The embedded `tiny` model has random weights and makes "
                     "abstract noise: pick a real model for real images.")
-        ctx = TabContext(session=session, options=options, app=app)
+        ctx = TabContext(session=session, options=options, app=app, jobs=jobs if jobs is not None else Registry())
         with gr.Tabs() as ctx.tabs:
             for tab in TABS:
                 tab.build(ctx)

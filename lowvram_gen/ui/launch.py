@@ -12,15 +12,15 @@ from lowvram_gen.errors import InvalidRequest
 LOUD = "!" * 78
 
 
-def parse_auth(text: str | None) -> list[tuple[str, str]] | None:
-    """'user:pass[,user2:pass2]' as A1111's --gradio-auth; a clear error for anything else."""
+def parse_auth(text: str | None, flag: str = "--gradio-auth") -> list[tuple[str, str]] | None:
+    """'user:pass[,user2:pass2]' as A1111's --gradio-auth and --api-auth; a clear error for anything else."""
     if not text:
         return None
     pairs = []
     for item in text.split(","):
         user, sep, password = item.strip().partition(":")
         if not sep or not user or not password:
-            raise InvalidRequest("--gradio-auth", "<hidden>", "use user:password[,user2:password2]")
+            raise InvalidRequest(flag, "<hidden>", "use user:password[,user2:password2]")
         pairs.append((user, password))
     return pairs
 
@@ -55,39 +55,89 @@ def check_port(port: int | str, host: str) -> int:
     return number
 
 
-def exposure_warning(listen: bool, share: bool, auth) -> str | None:
-    if auth or not (listen or share):
+def exposure_warning(listen: bool, share: bool, auth, api: bool = False, api_auth=None,
+                     webui: bool = True) -> str | None:
+    """The loud warning when what is served beyond this machine (--listen, --share) needs no password: the web UI
+    without --gradio-auth, the A1111 API (--api, --nowebui) without --api-auth or --gradio-auth (whose users it
+    takes when --api-auth is not given)."""
+    if not (listen or share):
+        return None
+    open_parts, flags = [], []
+    if webui and not auth:
+        open_parts.append("the web UI")
+        flags.append("--gradio-auth user:password")
+    if api and not (api_auth or auth):
+        open_parts.append("the A1111 API (/sdapi/v1)")
+        flags.append("--api-auth user:password")
+    if not open_parts:
         return None
     where = "a public gradio.live link" if share else "every network interface (0.0.0.0)"
-    return (f"{LOUD}\nWARNING: lowvram-gen is reachable on {where} WITHOUT a password.\n"
-            f"Anyone who can reach it can use your GPU and read your outputs. Add --gradio-auth user:password.\n{LOUD}")
+    verb = "are" if len(open_parts) > 1 else "is"
+    return (f"{LOUD}\nWARNING: {' and '.join(open_parts)} of lowvram-gen {verb} reachable on {where} WITHOUT a "
+            f"password.\nAnyone who can reach it can use your GPU and read your outputs. Add "
+            f"{' and '.join(dict.fromkeys(flags))}.\n{LOUD}")
 
 
 def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7860, auth: str | None = None,
-           share: bool = False, queue_size: int = 16, block: bool = True):
-    """Build and start the app; `block=False` returns the running app (tests, embedding)."""
+           share: bool = False, queue_size: int = 16, block: bool = True, api: bool = False,
+           api_auth: str | None = None, api_log: bool = False, webui: bool = True):
+    """Build and start the app; `block=False` returns the running app (tests, embedding). `api` (--api) serves
+    A1111's REST API beside the UI, on the same session, job registry and queue size; `webui=False`
+    (--nowebui) serves the API alone. The API asks for --api-auth's users, or --gradio-auth's without it."""
     import os
 
-    from lowvram_gen.ui.app import UiOptions, allowed_paths, build_app
+    from lowvram_gen.ui.jobs import Registry
 
     # Gradio notices a closed tab when its heartbeat fails (default every 15 s); the unload event
     # then cancels that tab's job. 2 s keeps a closed tab from holding the GPU for long.
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "2")
     credentials = parse_auth(auth)
-    warning = exposure_warning(listen, share, credentials)
+    api = api or not webui
+    api_credentials = parse_auth(api_auth, "--api-auth") or credentials
+    if share and not webui:
+        raise InvalidRequest("--share", True, "a gradio.live link needs the web UI; leave out --nowebui or --share")
+    warning = exposure_warning(listen, share, credentials, api=api, api_auth=api_credentials, webui=webui)
     if warning:
         print(warning, file=sys.stderr)
     if share:
         print("note: --share makes the app public through a gradio.live tunnel", file=sys.stderr)
-    app = build_app(session, UiOptions(outdir=outdir, model=model, queue_size=queue_size))
+    jobs = Registry()
+    api_context = _api_context(session, jobs, outdir, model, queue_size, api_credentials, api_log) if api else None
+    if not webui:
+        from lowvram_gen.api.serve import ApiServer
+
+        server = ApiServer(api_context, listen_host(listen), port)
+        print(f"* A1111 API (no web UI) on:  {server.local_url}sdapi/v1/", flush=True)
+        if block:
+            server.block_thread()
+        return server
+    from lowvram_gen.ui.app import UiOptions, allowed_paths, build_app
+
+    app = build_app(session, UiOptions(outdir=outdir, model=model, queue_size=queue_size), jobs)
     # quiet: gradio's own lines would tell the user to "set `share=True` in `launch()`", which they cannot do
     app.launch(server_name=listen_host(listen), server_port=port, auth=credentials, share=share,
                allowed_paths=allowed_paths(outdir),
                prevent_thread_lock=True, quiet=True, show_error=False, inbrowser=False)
+    if api_context is not None:
+        from lowvram_gen.api.serve import mount
+
+        mount(app.app, api_context)
     print(started_text(app.local_url, share), flush=True)
+    if api_context is not None:
+        print(f"* A1111 API on:  {app.local_url}sdapi/v1/", flush=True)
     if block:
         app.block_thread()
     return app
+
+
+def _api_context(session, jobs, outdir: str, model: str, queue_size: int, credentials, log_requests: bool):
+    from lowvram_gen import __version__
+    from lowvram_gen.api.routes import ApiContext
+    from lowvram_gen.api.state import ApiState
+
+    return ApiContext(session=session, registry=jobs, state=ApiState(model=model, outdir=outdir),
+                      queue_size=queue_size, credentials=credentials, log_requests=log_requests,
+                      version=f"lowvram-gen {__version__}")
 
 
 def started_text(local_url: str, share: bool) -> str:

@@ -1,0 +1,18 @@
+"""A1111's REST API (`/sdapi/v1/...`) over the same Session, job registry and memory layer as the web UI.
+
+`lowvram-gen ui --api` adds these routes to the app gradio serves (as A1111 adds them to the app its
+launch returns); `--nowebui` serves them alone. The tools people drive A1111 and Forge with (the
+`webuiapi` client, Krita and Photoshop plugins, chat front ends) speak this API.
+
+- `fields`: A1111's JSON body -> one validated `GenerationRequest` (and the warnings for what is not used)
+- `answers`: the answers' shapes: base64 images, `parameters`, the `info` JSON string, A1111's error bodies
+- `listings`: sd-models, samplers, schedulers, loras, embeddings, upscalers; a checkpoint title -> a model
+- `state`: what `/options` reads and sets (the API's model and clip skip)
+- `progress`: `/progress` from the registry's running job
+- `routes`: the FastAPI routes, their HTTP Basic auth and the per-request log
+- `serve`: mounting on gradio's app, or an API-only server (`--nowebui`)
+
+Importing this package (or fields, answers, listings, state, progress) loads neither gradio, FastAPI nor torch;
+`routes` and `serve` load FastAPI (and, through the UI's job registry, gradio), and only `ui.launch` imports them,
+when the API is on.
+"""

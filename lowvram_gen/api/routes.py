@@ -1,0 +1,273 @@
+"""The /sdapi/v1 routes (A1111's names, methods and answers) over one Session and the web UI's job registry.
+
+Every generation goes through `Session.generate` (which holds the GPU lock: one job at a time, whoever sent
+it) in a `ui.jobs.Job` registered in the same `Registry` as the UI's jobs, so the UI says "waiting for the
+GPU" while an API job runs and A1111's global /interrupt reaches a UI job as well as an API one. The routes
+are plain functions: FastAPI runs them in its thread pool, so /progress and /interrupt answer while a job
+runs. At most `queue_size` API jobs run or wait at once (the UI's --queue-size); past that a job is answered
+503, as the UI answers "queue is full".
+
+With credentials (--api-auth, or --gradio-auth's when --api-auth is not given) every route asks for HTTP
+Basic auth: anonymous or wrong answers 401, in A1111's error body. `log_requests` (--api-log) says one line
+per request on the console, as A1111's --api-log.
+
+(No `from __future__ import annotations`: FastAPI reads the routes' annotations.)
+"""
+
+import logging
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from secrets import compare_digest
+from typing import Any, Callable
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBasic, HTTPBasicCredentials
+
+from lowvram_gen.api import answers, listings, progress
+from lowvram_gen.api.fields import json_field, map_body, renamed
+from lowvram_gen.api.state import ApiState
+from lowvram_gen.cli.output import ProgressBar
+from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
+from lowvram_gen.ui import console
+from lowvram_gen.ui.jobs import Job, Registry
+
+log = logging.getLogger(__name__)
+PREFIX = "/sdapi/v1"
+
+
+class QueueFull(Exception):
+    """More API jobs than --queue-size run or wait: answered 503."""
+
+
+@dataclass
+class ApiContext:
+    session: Any  # the Session every job runs in
+    registry: Registry  # the web UI's (or, with --nowebui, the API's own)
+    state: ApiState
+    queue_size: int = 16
+    credentials: list[tuple[str, str]] | None = None
+    log_requests: bool = False
+    version: str = ""
+    _waiting: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def authorized(self, given: HTTPBasicCredentials | None) -> bool:
+        if not self.credentials:
+            return True
+        if given is None:
+            return False
+        found = False
+        for user, password in self.credentials:  # every pair compared: the time does not say which user exists
+            found |= compare_digest(given.username.encode(), user.encode()) & compare_digest(
+                given.password.encode(), password.encode())
+        return found
+
+    def take_slot(self) -> None:
+        with self._lock:
+            if self._waiting >= self.queue_size:
+                raise QueueFull(f"the queue is full: {self._waiting} API job(s) run or wait for the GPU "
+                                f"(--queue-size {self.queue_size}); try again later")
+            self._waiting += 1
+
+    def free_slot(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+
+def _answer(exc: BaseException) -> JSONResponse:
+    """An error in A1111's shapes (answers.py): 422 with the validation body for a refused value."""
+    if isinstance(exc, InvalidRequest):
+        exc = renamed(exc)
+        return JSONResponse(answers.validation_error(exc, json_field(exc)), status_code=422)
+    if isinstance(exc, RequestValidationError):
+        return JSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+    if isinstance(exc, HTTPException):
+        return JSONResponse(answers.error_body(exc, detail=exc.detail), status_code=exc.status_code,
+                            headers=exc.headers)
+    if isinstance(exc, QueueFull):
+        return JSONResponse(answers.error_body(exc), status_code=503)
+    if isinstance(exc, LowVramError):
+        console.user_error(str(exc))
+        return JSONResponse(answers.error_body(exc), status_code=answers.status_of(exc))
+    log.exception("API error", exc_info=exc)  # a bug: its traceback on the console
+    return JSONResponse(answers.error_body(exc), status_code=500)
+
+
+def _route_class(ctx: ApiContext) -> type[APIRoute]:
+    class A1111Route(APIRoute):
+        """Answers errors in A1111's shapes and says each request on the console with --api-log."""
+
+        def get_route_handler(self) -> Callable:
+            handler = super().get_route_handler()
+
+            async def route(request: Request):
+                started = time.perf_counter()
+                try:
+                    response = await handler(request)
+                except Exception as exc:  # noqa: BLE001 - every error is answered in A1111's shape
+                    response = _answer(exc)
+                if ctx.log_requests:
+                    client = request.client.host if request.client else "-"
+                    console.say(f"API {request.method} {request.url.path} {response.status_code} {client} "
+                                f"{time.perf_counter() - started:.3f}s")
+                return response
+
+            return route
+
+    return A1111Route
+
+
+def build_router(ctx: ApiContext) -> APIRouter:
+    basic = HTTPBasic(auto_error=False)
+
+    def auth(given: HTTPBasicCredentials | None = Depends(basic)) -> None:
+        if not ctx.authorized(given):
+            raise HTTPException(401, "Incorrect username or password", headers={"WWW-Authenticate": "Basic"})
+
+    router = APIRouter(prefix=PREFIX, route_class=_route_class(ctx), dependencies=[Depends(auth)])
+
+    @router.post("/txt2img")
+    def txt2img(body: dict[str, Any] = Body(...)):
+        return _generate(ctx, body, "txt2img")
+
+    @router.post("/img2img")
+    def img2img(body: dict[str, Any] = Body(...)):
+        return _generate(ctx, body, "img2img")
+
+    @router.get("/progress")
+    def progress_(skip_current_image: bool = False):
+        return progress.progress(ctx.registry.current(), skip_current_image)
+
+    @router.post("/interrupt")
+    def interrupt():
+        job = ctx.registry.current()
+        if job is not None:
+            job.cancel.set()
+        return {}
+
+    @router.post("/skip")
+    def skip():
+        job = ctx.registry.current()
+        if job is not None:
+            job.skip.set()
+
+    @router.get("/options")
+    def get_options():
+        return ctx.state.options()
+
+    @router.post("/options")
+    def set_options(body: dict[str, Any] = Body(...)):
+        try:
+            ctx.state.set_options(body)
+        except InvalidRequest as exc:  # A1111 refuses an unknown checkpoint with its error body
+            return JSONResponse(answers.error_body(exc), status_code=422)
+
+    @router.get("/sd-models")
+    def sd_models():
+        return listings.sd_models(ctx.state.current()[0], ctx.state.models_folder)
+
+    @router.post("/refresh-checkpoints")
+    def refresh_checkpoints():
+        return None  # /sd-models scans the folders at every call
+
+    @router.get("/samplers")
+    def samplers():
+        return listings.samplers()
+
+    @router.get("/schedulers")
+    def schedulers():
+        return listings.schedulers()
+
+    @router.get("/loras")
+    def loras():
+        return listings.loras()
+
+    @router.post("/refresh-loras")
+    def refresh_loras():
+        return None  # /loras scans the folder at every call
+
+    @router.get("/embeddings")
+    def embeddings():
+        return listings.embeddings()
+
+    @router.get("/upscalers")
+    def upscalers():
+        return listings.upscalers()
+
+    @router.get("/latent-upscale-modes")
+    def latent_upscale_modes():
+        return listings.latent_upscale_modes()
+
+    @router.get("/scripts")
+    def scripts():
+        return {"txt2img": [], "img2img": []}
+
+    @router.post("/png-info")
+    def png_info(body: dict[str, Any] = Body(...)):
+        return answers.png_info(body.get("image"))
+
+    return router
+
+
+def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
+    """Map the body, run the job in the registry and answer A1111's images, parameters and info. An interrupted
+    job answers the images it kept, as A1111 answers an interrupted one; the info's warnings say so."""
+    model, clip_skip = ctx.state.current()
+    with tempfile.TemporaryDirectory(prefix="lowvram-gen-api-") as folder:
+        mapped = map_body(body, kind, model, clip_skip, ctx.state.outdir, ctx.state.find_model,
+                          lambda value: answers.image_file(value, "init_images", Path(folder)))
+        request = mapped.request
+        ctx.take_slot()
+        try:
+            job = _run(ctx, request, kind)
+        finally:
+            ctx.free_slot()
+    warnings = list(mapped.warnings)
+    if isinstance(job.error, Cancelled):
+        images, what_ran = job.error.images, str(job.error)
+        warnings.append(f"interrupted: {what_ran}")
+    elif job.error is not None:
+        raise job.error
+    else:
+        images, what_ran = job.result.images, job.result.summary
+        warnings += job.result.warnings
+        ctx.state.keep({name: getattr(request, name) for name in mapped.keep_settings})
+    info = answers.info(request, images, kind, listings.model_entry(request.model)["model_name"], warnings,
+                        what_ran, ctx.version)
+    return {"images": [answers.encoded(p) for p in images] if mapped.send_images else [],
+            "parameters": mapped.parameters, "info": info}
+
+
+def _run(ctx: ApiContext, request, kind: str) -> Job:
+    """Run `request` as a registered job and wait for it to end (its error, if any, is on the job). Its Skip and
+    live previews (every show_progress_every_n_steps, /options) are the job's own, as a UI job's."""
+    key = f"sdapi-{kind}-{uuid.uuid4().hex}"
+    preview_every = ctx.state.preview_every()
+
+    def work(on_step, cancel):
+        return ctx.session.generate(request, on_step=on_step, cancel=cancel, skip=job.skip,
+                                    on_preview=job.on_preview, preview_every=preview_every)
+
+    job = ctx.registry.start(key, Job(work))
+    what = f"API {kind}"
+    since = console.started(what, request.prompt, request.width, request.height, request.steps, request.seed)
+    bar = ProgressBar()
+    try:
+        for event in job.progress(tick=None):
+            if event is not None:
+                bar.update(*event)
+    finally:
+        bar.close()
+        ctx.registry.finish(key, job)
+    if job.error is None or isinstance(job.error, Cancelled):
+        images = job.result.images if job.error is None else job.error.images
+        console.ended(what, since, job.result.summary if job.error is None else str(job.error), images)
+    return job

@@ -1,0 +1,94 @@
+"""What A1111's `/options` reads and sets: the API's model (`sd_model_checkpoint`), clip skip
+(`CLIP_stop_at_last_layers`) and live previews (`show_progress_every_n_steps`, `live_previews_enable`: A1111's
+defaults, every 10 steps), the defaults of later API jobs. The web UI has its own Model box and preview setting;
+they are not changed by these, nor are these by them.
+
+Setting the model checks that it is one of /sd-models' (an unknown one is refused with A1111's error body);
+it loads with the next job, where the planner picks the precision and weight storage it loads at (as every
+job's model loads). The other settings are accepted and ignored, with a line in the log, as the README says.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.request import MAX_CLIP_SKIP, MAX_STEPS, as_int
+
+from lowvram_gen.api import listings
+from lowvram_gen.api.fields import as_bool
+
+log = logging.getLogger(__name__)
+SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable")
+
+
+@dataclass
+class ApiState:
+    model: str  # the spec later API jobs use (--model until POST /options sets another)
+    outdir: str
+    models_folder: str | None = None
+    clip_skip: int = 1
+    preview_steps: int = 10  # show_progress_every_n_steps (0: none), A1111's default
+    previews_on: bool = True  # live_previews_enable
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def find_model(self, name: str) -> str | None:
+        return listings.find_model(name, self.model, self.models_folder)
+
+    def current(self) -> tuple[str, int]:
+        with self._lock:
+            return self.model, self.clip_skip
+
+    def preview_every(self) -> int:
+        """How often (steps) an API job makes a live preview for /progress: 0 for none."""
+        with self._lock:
+            return self.preview_steps if self.previews_on else 0
+
+    def options(self) -> dict:
+        """GET /options: the keys A1111 clients read."""
+        model, clip_skip = self.current()
+        return {
+            "sd_model_checkpoint": listings.title_of(model), "sd_checkpoint_hash": None,
+            "CLIP_stop_at_last_layers": clip_skip, "sd_vae": "Automatic",
+            "samples_save": True, "samples_format": "png", "outdir_samples": self.outdir,
+            "outdir_txt2img_samples": self.outdir, "outdir_img2img_samples": self.outdir, "enable_pnginfo": True,
+            "show_progress_every_n_steps": self.preview_steps, "live_previews_enable": self.previews_on,
+            "sd_checkpoints_limit": 1,
+        }
+
+    def set_options(self, body: Any) -> list[str]:
+        """POST /options: set the model, clip skip and live previews (all checked before any changes); returns the
+        keys ignored."""
+        if not isinstance(body, dict):
+            raise InvalidRequest("options", body, 'send a JSON object of settings, e.g. {"sd_model_checkpoint": "tiny"}')
+        changes = {}
+        if "sd_model_checkpoint" in body:
+            value = body["sd_model_checkpoint"]
+            spec = self.find_model(value) if isinstance(value, str) else None
+            if spec is None:
+                raise InvalidRequest("sd_model_checkpoint", value, "no such model: GET /sdapi/v1/sd-models lists "
+                                                                   "their titles")
+            changes["model"] = spec
+        if "CLIP_stop_at_last_layers" in body:
+            changes["clip_skip"] = as_int("CLIP_stop_at_last_layers", body["CLIP_stop_at_last_layers"], 1,
+                                          MAX_CLIP_SKIP, " (1: off, A1111's meaning)")
+        if "show_progress_every_n_steps" in body:
+            changes["preview_steps"] = as_int("show_progress_every_n_steps", body["show_progress_every_n_steps"], 0,
+                                              MAX_STEPS, " (0: no live previews)")
+        if "live_previews_enable" in body:
+            changes["previews_on"] = as_bool("live_previews_enable", body["live_previews_enable"])
+        self.keep(changes)
+        ignored = sorted(k for k in body if k not in SETTINGS)
+        if ignored:
+            log.warning("POST /sdapi/v1/options: not used (lowvram-gen has no such setting): %s", ", ".join(ignored))
+        return ignored
+
+    def keep(self, changes: dict) -> None:
+        """Set `model`, `clip_skip`, `preview_steps`, `previews_on` for later jobs (POST /options, or override_settings
+        not restored)."""
+        with self._lock:
+            for name, value in changes.items():
+                setattr(self, name, value)
