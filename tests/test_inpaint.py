@@ -353,3 +353,13 @@ def test_out_of_memory_in_an_inpaint_step_steps_down_and_finishes(inp, tmp_path,
     out = pixels(result.images[0])
     assert out.shape[:2] == (SIDE, SIDE)
     assert np.array_equal(out[~inside()], pixels(inp["init"])[~inside()])
+
+
+def test_plan_of_a_single_file_inpainting_model_counts_nine_inputs(inp, tiny_path):
+    """A single-file inpainting checkpoint with its base model's configs (4 channels) is planned with the 9 inputs
+    its own header says."""
+    from lowvram_gen.models.profile import source_profile
+    from lowvram_gen.models.resolve import resolve
+
+    assert source_profile(resolve(str(inp["file"]), str(tiny_path))).unet_in_channels == 9
+    assert source_profile(resolve(str(tiny_path))).unet_in_channels == 4
