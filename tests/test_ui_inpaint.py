@@ -22,7 +22,19 @@ def _stroke(page, dx: int = 60) -> None:
 
 
 @needs_browser
-def test_draw_a_mask_with_the_brush_generate_and_only_the_masked_area_changes(page, server, tmp_path):  # noqa: F811
+def test_draw_a_mask_with_the_brush_generate_and_only_the_masked_area_changes(page, server, tmp_path,  # noqa: F811
+                                                                               monkeypatch):
+    from lowvram_gen.ui.tabs import inpaint
+
+    import threading
+
+    removed, gone = [], threading.Event()  # the drawn mask's file is removed when its job ends: kept here instead
+
+    def forget(path):
+        removed.append(path)
+        gone.set()
+
+    monkeypatch.setattr(inpaint, "forget", forget)
     init = files.init_image(tmp_path / "init.png", side=128)
     page.get_by_role("tab", name="Inpaint").click()
     page.locator("#inp-editor input[type=file]").first.set_input_files(str(init))
@@ -39,6 +51,7 @@ def test_draw_a_mask_with_the_brush_generate_and_only_the_masked_area_changes(pa
     made = sorted(set(server.outdir.rglob("*.png")) - before)
     assert len(made) == 1
     text, ours = read_png_metadata(made[0])
+    assert gone.wait(60) and removed == [ours["request"]["mask"]]
     assert float(parse_a1111_parameters(text)["Denoising strength"]) == 1
     mask = np.asarray(Image.open(ours["request"]["mask"]).convert("L")) > 127  # what the brush drew, as the job read it
     assert 0 < mask.sum() < mask.size / 2 and mask[64].any()  # a stroke across the middle, not the whole image

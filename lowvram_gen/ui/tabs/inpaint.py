@@ -10,6 +10,7 @@ PNG for the request, as an uploaded one is a file already. The width and height 
 annotations.)
 """
 
+import os
 import tempfile
 
 import gradio as gr
@@ -45,6 +46,11 @@ def drawn_mask(editor) -> str | None:
         return f.name
 
 
+def forget(path: str) -> None:
+    """Remove a drawn mask's file once its job has ended."""
+    os.unlink(path)
+
+
 def background(editor) -> str | None:
     """The image the mask is drawn on (the editor's background)."""
     return (editor or {}).get("background") if isinstance(editor, dict) else editor
@@ -61,18 +67,23 @@ def build(ctx: TabContext) -> None:
         if not init:
             yield gr.skip(), gr.skip(), messages.failure("choose an image first", request), gr.skip()
             return
-        mask = uploaded_mask or drawn_mask(editor)
+        drawn = None if uploaded_mask else drawn_mask(editor)
+        mask = uploaded_mask or drawn
         if not mask:
             yield gr.skip(), gr.skip(), messages.failure("draw the mask on the image with the brush (or upload a "
                                                          "mask): nothing to repaint", request), gr.skip()
             return
-        yield from ctx.run_job("inpaint", dict(
-            prompt=prompt, negative_prompt=negative_prompt or "", init_image=init, mask=mask, strength=strength,
-            width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
-            sampler=sampler or DEFAULT, model=model or options.model, mask_blur=mask_blur,
-            invert_mask=bool(invert_mask), masked_content=masked_content or "original",
-            inpaint_area=inpaint_area or "whole", mask_padding=mask_padding), request, progress, preview_every,
-            preview_method)
+        try:
+            yield from ctx.run_job("inpaint", dict(
+                prompt=prompt, negative_prompt=negative_prompt or "", init_image=init, mask=mask, strength=strength,
+                width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
+                sampler=sampler or DEFAULT, model=model or options.model, mask_blur=mask_blur,
+                invert_mask=bool(invert_mask), masked_content=masked_content or "original",
+                inpaint_area=inpaint_area or "whole", mask_padding=mask_padding), request, progress, preview_every,
+                preview_method)
+        finally:
+            if drawn:  # the drawn mask's file lives as long as its job
+                forget(drawn)
 
     with gr.Tab("Inpaint", id="inpaint"):
         with gr.Row():
