@@ -54,3 +54,15 @@ def mask_image(path: Path, box: tuple[int, int, int, int], size: tuple[int, int]
     pixels[y0:y1, x0:x1] = 255
     Image.fromarray(pixels).save(path)
     return path
+
+
+def build_xl(tiny_xl_folder, seed: int = 8):
+    """StableDiffusionXLInpaintPipeline: tiny-sdxl's components and a UNet of its config with in_channels 9."""
+    import torch
+    from diffusers import StableDiffusionXLInpaintPipeline, StableDiffusionXLPipeline, UNet2DConditionModel
+
+    base = StableDiffusionXLPipeline.from_pretrained(str(tiny_xl_folder))
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel.from_config({**dict(base.unet.config), "in_channels": 9})
+    parts = {k: v for k, v in base.components.items() if k != "unet"}
+    return StableDiffusionXLInpaintPipeline(**parts, unet=unet)

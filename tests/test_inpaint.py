@@ -363,3 +363,21 @@ def test_plan_of_a_single_file_inpainting_model_counts_nine_inputs(inp, tiny_pat
 
     assert source_profile(resolve(str(inp["file"]), str(tiny_path))).unet_in_channels == 9
     assert source_profile(resolve(str(tiny_path))).unet_in_channels == 4
+
+
+def test_sdxl_inpainting_model_equals_plain_diffusers(inp, session, tmp_path, tiny_sdxl_path):
+    """A 9-channel SDXL UNet (tiny-sdxl's, in_channels 9) as a folder: our job is diffusers'
+    StableDiffusionXLInpaintPipeline's image inside the mask and the init image outside it, pixel-exact (CPU,
+    float32, the same generator)."""
+    from diffusers import StableDiffusionXLInpaintPipeline
+
+    folder = files.save_folder(files.build_xl(tiny_sdxl_path), tmp_path / "tiny-xl-inpainting")
+    ours = pixels(session.generate(request(inp, tmp_path, model=str(folder), strength=0.8)).images[0])
+    pipe = StableDiffusionXLInpaintPipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe("a boat", image=Image.open(inp["init"]).convert("RGB"), mask_image=Image.open(inp["mask"]).convert("L"),
+               num_inference_steps=STEPS, guidance_scale=CFG, strength=0.8, width=SIDE, height=SIDE,
+               generator=torch.Generator("cpu").manual_seed(SEED)).images[0]
+    m = inside()
+    assert np.array_equal(ours[m], np.asarray(out).astype(int)[m])
+    assert np.array_equal(ours[~m], pixels(inp["init"])[~m])
