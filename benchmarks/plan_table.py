@@ -13,6 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MODELS = (("sd15", 512), ("sdxl", 1024), ("sd3", 1024), ("flux", 1024))
 # with a ControlNet of the known size beside the denoiser (planning/controlnet.py): SD 1.5's 0.72 GB, SDXL's 2.5 GB
 CONTROLNETS = (("sd15", 512, "sd15"), ("sdxl", 1024, "sdxl"))
+# an inpainting checkpoint (sd-1.5-inpainting, SDXL inpainting): its UNet takes 9 input channels (estimate.py's
+# inpaint_input_bytes); with "only masked" the job's size is the crop's, whatever the canvas
+INPAINTING = (("sd15", 512, "inpainting"), ("sdxl", 1024, "inpainting"))
 CARDS = (2, 4, 6, 8, 12, 24)
 
 
@@ -26,11 +29,15 @@ def main() -> int:
     presets = load_presets()
     print("| model, size | " + " | ".join(f"{gib} GB card" for gib in CARDS) + " |")
     print("|---|" + "---|" * len(CARDS))
-    rows = [(arch, side, None) for arch, side in MODELS] + list(CONTROLNETS)
+    rows = [(arch, side, None) for arch, side in MODELS] + list(CONTROLNETS) + list(INPAINTING)
     for arch, side, controlnet in rows:
         cells = []
         profile = profile_builtin(arch)
-        if controlnet:
+        if controlnet == "inpainting":
+            from dataclasses import replace
+
+            profile = replace(profile, unet_in_channels=9)
+        elif controlnet:
             profile = with_controlnets(profile, [controlnet_profile(known_config(controlnet), controlnet)])
         for gib in CARDS:
             result = plan(simulated(f"{gib}GiB"), profile, side, side, 1, presets)
@@ -39,7 +46,8 @@ def main() -> int:
             size = f", made at {row.width} px" if row.capped else ""
             streamed = f", streams {format_size(row.streamed_bytes_per_step)}/step" if row.streamed_bytes_per_step else ""
             cells.append(f"`{row.name}`{size}{streamed}, ~{row.est_seconds_per_step:.1f} s/step{note}")
-        label = f"{arch} {side} px" + (f" + {controlnet} ControlNet" if controlnet else "")
+        label = f"{arch} {side} px" + (" inpainting (9-channel UNet)" if controlnet == "inpainting"
+                                       else f" + {controlnet} ControlNet" if controlnet else "")
         print(f"| {label} | " + " | ".join(cells) + " |")
     return 0
 

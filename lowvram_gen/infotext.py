@@ -50,6 +50,8 @@ class Infotext:
     notes: list[str] = field(default_factory=list)
     # lenient reading only: the fields whose value could not be used, each with why ("Sampler 'Adam': use ...")
     unusable: list[str] = field(default_factory=list)
+    # A1111's inpaint fields (or our JSON's mask) were there: a rerun needs the init image and the mask again
+    inpainted: bool = False
 
 
 def _int(key: str, value: str) -> int:
@@ -245,8 +247,39 @@ def _read(key: str, value, params: dict, ours: dict | None, fields: dict, ignore
         if mode is not None and fields.setdefault("control_mode", mode) != mode:
             notes.append(f"{key}: control mode {mode!r} differs from the first unit's; one control mode applies "
                          f"to every unit here ({fields['control_mode']!r})")
+    elif key in INPAINT_KEYS:
+        _inpaint(key, value, fields)
     elif key not in INFORMATIONAL:
         ignored.append(key)
+
+
+# A1111's inpaint fields (its img2img > Inpaint); the mask itself is not in a PNG
+INPAINT_KEYS = ("Mask blur", "Mask mode", "Inpaint area", "Masked area padding", "Only masked padding, pixels",
+                "Masked content")
+
+
+def _inpaint(key: str, value, fields: dict) -> None:
+    text = str(value).strip()
+    if key == "Mask blur":
+        fields["mask_blur"] = _int(key, text)
+    elif key in ("Masked area padding", "Only masked padding, pixels"):  # A1111 1.6+'s name, and the older one
+        fields["mask_padding"] = _int(key, text)
+    elif key == "Mask mode":
+        if text not in ("Inpaint masked", "Inpaint not masked"):
+            raise InvalidRequest("'Mask mode' in the image's parameters", value,
+                                 "expected 'Inpaint masked' or 'Inpaint not masked'")
+        fields["invert_mask"] = text == "Inpaint not masked"
+    elif key == "Inpaint area":  # A1111's words as the request's values; anything else: the request names it
+        fields["inpaint_area"] = {"only masked": "masked", "whole picture": "whole"}.get(text.lower(), text)
+    else:  # 'latent noise' -> 'latent-noise'
+        fields["masked_content"] = text.lower().replace(" ", "-")
+
+
+def inpainted(info: "Infotext", ours: dict | None = None) -> bool:
+    """Whether the image was inpainted: A1111's inpaint fields, or our JSON's request with a mask."""
+    request = (ours or {}).get("request") or {}
+    return bool(request.get("mask")) or any(k in info.fields for k in ("mask_blur", "mask_padding", "invert_mask",
+                                                                        "inpaint_area", "masked_content"))
 
 
 class NoParameters(InvalidRequest):
@@ -275,7 +308,11 @@ def read_infotext(path: str | Path) -> tuple[str, dict | None]:
 def from_png(path: str | Path, lenient: bool = False) -> Infotext:
     """The request fields of an image's parameters (`read_infotext`, then `request_fields`)."""
     text, ours = read_infotext(path)
-    return request_fields(parse_a1111_parameters(text), ours, lenient)
+    info = request_fields(parse_a1111_parameters(text), ours, lenient)
+    info.inpainted = inpainted(info, ours)
+    if info.inpainted and "mask_blur" not in info.fields:  # A1111 writes Mask blur only above 0
+        info.fields["mask_blur"] = 0
+    return info
 
 
 def local_model(spec: str, models_folder: str | Path | None = None) -> str | None:

@@ -169,6 +169,16 @@ class GenerationRequest:
     # preprocessor (control/units.py), and one control mode for all: balanced | controlnet (guess mode)
     controlnets: tuple[ControlNetUnit, ...] = ()
     control_mode: str = "balanced"
+    # inpainting (A1111's img2img > Inpaint; needs init_image): white in the mask is repainted (invert_mask: black is);
+    # the mask blurred by mask_blur px; inpaint_area "whole" (the picture) or "masked" (A1111's "Only masked": the
+    # mask's box grown by mask_padding px, generated at width x height and pasted back); masked_content what the
+    # masked area starts from: original | fill | latent-noise | latent-nothing (lowvram_gen/inpaint)
+    mask: str | None = None
+    mask_blur: int = 4
+    inpaint_area: str = "whole"
+    mask_padding: int = 32
+    masked_content: str = "original"
+    invert_mask: bool = False
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -206,7 +216,40 @@ class GenerationRequest:
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),
             control_mode=check_control_mode(self.control_mode),
-        )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize()
+        )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize() \
+            ._check_inpaint()
+
+    def _check_inpaint(self) -> "GenerationRequest":
+        """The mask and its options (inpaint/): a readable image beside an init image, with something to repaint."""
+        from lowvram_gen.inpaint.masks import AREAS, CONTENTS, MAX_BLUR, MAX_PADDING
+
+        # A1111's words, and its API's numbers (inpaint_full_res 0/1, inpainting_fill 0-3: fill, original, ...)
+        area = _choice("inpaint area", self.inpaint_area, AREAS,
+                       {"whole picture": "whole", "only masked": "masked", "0": "whole", "1": "masked",
+                        "false": "whole", "true": "masked", False: "whole", True: "masked", 0: "whole", 1: "masked"})
+        content = _choice("masked content", self.masked_content, CONTENTS,
+                          {**{c.replace("-", " "): c for c in CONTENTS},
+                           **{str(i): c for i, c in enumerate(("fill", "original", "latent-noise", "latent-nothing"))},
+                           **dict(enumerate(("fill", "original", "latent-noise", "latent-nothing")))})
+        checked = dataclasses.replace(
+            self, mask_blur=as_int("mask blur", self.mask_blur, 0, MAX_BLUR),
+            inpaint_area=area, mask_padding=as_int("mask padding", self.mask_padding, 0, MAX_PADDING),
+            masked_content=content, invert_mask=as_bool("invert mask", self.invert_mask))
+        if not self.mask:
+            return dataclasses.replace(checked, mask=None)
+        if not self.init_image:
+            raise InvalidRequest("mask", self.mask, "a mask goes with an init image (--init IMAGE): the image to "
+                                                    "repaint")
+        if self.hires:
+            raise InvalidRequest("hires fix", "on", "hires fix with inpainting is not built yet (A1111's img2img has "
+                                 "none either): inpaint, then upscale or hires the result")
+        if self.controlnets:
+            raise InvalidRequest("controlnet", self.controlnets[0].model, "ControlNet with inpainting is not built "
+                                 "yet: inpaint without --controlnet")
+        path = check_image_path("mask", self.mask)
+        check_mask_pixels(path, checked.invert_mask)
+        return dataclasses.replace(checked, mask=path)
+
 
     def _check_seed_resize(self) -> "GenerationRequest":
         w, h = self.seed_resize_from_w, self.seed_resize_from_h
@@ -458,6 +501,43 @@ def check_image_path(field_name: str, value: Any) -> str:
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
         raise InvalidRequest(field_name, str(value), unreadable_image(exc)) from None
     return str(path)
+
+
+def check_mask_pixels(path: str, invert: bool) -> None:
+    """A mask with nothing to repaint (all black, or all white inverted) is refused: the job would change nothing."""
+    from PIL import Image
+
+    from lowvram_gen.inpaint.masks import read
+
+    try:
+        mask = read(path, invert)
+    except (OSError, Image.DecompressionBombError) as exc:
+        raise InvalidRequest("mask", path, unreadable_image(exc)) from None
+    if mask.getbbox() is None:
+        raise InvalidRequest("mask", path, "nothing to repaint: the mask is all black" + (
+            " once inverted (--invert-mask repaints its black part)" if invert else
+            " (white is repainted; --invert-mask repaints the black part)"))
+
+
+def as_bool(field_name: str, value: Any) -> bool:
+    """True/False from a bool, 0/1 or their text (true/false, yes/no, on/off) as forms and CSV cells give them."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    raise InvalidRequest(field_name, value, "true or false")
+
+
+def _choice(field_name: str, value: Any, allowed: tuple[str, ...], aliases: dict[str, str]) -> str:
+    """One of `allowed`, any case, or an alias (A1111's words for it); a clear error otherwise."""
+    text = value.strip().lower() if isinstance(value, str) else value
+    if isinstance(text, (str, int)):  # bool is an int: True/False as 1/0
+        text = aliases.get(text, text)
+    if text not in allowed:
+        raise InvalidRequest(field_name, value, "one of " + ", ".join(allowed))
+    return text
 
 
 def unreadable_image(exc: BaseException) -> str:

@@ -150,6 +150,40 @@ def test_webuiapi_img2img_from_a_data_url_and_from_raw_base64(server, api):
     assert raw.status_code == 200 and json.loads(raw.json()["info"])["seed"] == 7
 
 
+def test_webuiapi_inpaints_with_a_mask_and_a1111s_inpaint_fields(server, api):
+    """img2img with a mask (issue 20): A1111's mask, mask_blur, inpainting_fill, inpaint_full_res and its padding,
+    inpainting_mask_invert become the request's inpaint fields; outside the mask the init image stays."""
+    import numpy as np
+    from PIL import Image
+
+    init = api.txt2img(prompt="init", seed=5, steps=2, width=64, height=64).image
+    mask = Image.new("L", (64, 64))
+    mask.paste(255, (16, 16, 48, 40))
+    result = api.img2img(images=[init], mask_image=mask, prompt="a boat", seed=6, steps=2, width=64, height=64,
+                         denoising_strength=1.0, mask_blur=0, inpainting_fill=1, inpaint_full_res=False)
+    out, before = np.asarray(result.image.convert("RGB")).astype(int), np.asarray(init.convert("RGB")).astype(int)
+    inside = np.asarray(mask) > 0
+    assert np.array_equal(out[~inside], before[~inside]) and np.abs(out[inside] - before[inside]).mean() > 10
+    text = result.info["infotexts"][0]
+    assert "Denoising strength: 1" in text and "Inpaint area" not in text and "Masked content" not in text
+    masked = api.img2img(images=[init], mask_image=mask, prompt="a boat", seed=6, steps=2, width=64, height=64,
+                         mask_blur=2, inpainting_fill=2, inpaint_full_res=True, inpaint_full_res_padding=8,
+                         inpainting_mask_invert=1)
+    for field in ("Mask blur: 2", "Mask mode: Inpaint not masked", "Inpaint area: Only masked",
+                  "Masked area padding: 8", "Masked content: latent noise"):
+        assert field in masked.info["infotexts"][0]
+    black = Image.new("L", (64, 64))
+    refused = _post(server, "img2img", {"init_images": [_b64(init)], "mask": _b64(black), "prompt": "x"})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "mask"]
+    assert "nothing to repaint" in refused.json()["detail"][0]["msg"]
+
+
+def _b64(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 def test_interrupt_stops_the_running_api_job_and_progress_follows_it(server, api, slow_jobs):
     thread, box = _in_thread(lambda: api.txt2img(prompt="slow", seed=3, steps=20, width=64, height=64))
     assert slow_jobs.blocked.wait(120)
@@ -319,8 +353,8 @@ def test_a_bad_value_is_422_in_fastapis_validation_shape_with_our_message(server
 
 
 def test_what_would_change_the_image_is_refused_by_name(server):
-    mask = _post(server, "img2img", {"init_images": ["AAAA"], "mask": "AAAA", "prompt": "x"})
-    assert mask.status_code == 422 and "inpainting is not supported yet" in mask.json()["detail"][0]["msg"]
+    mask = _post(server, "img2img", {"init_images": ["AAAA"], "latent_mask": "AAAA", "prompt": "x"})
+    assert mask.status_code == 422 and "latent mask apart from the mask" in mask.json()["detail"][0]["msg"]
     script = _post(server, "txt2img", {"prompt": "x", "script_name": "x/y/z plot"}).json()["detail"][0]
     assert script["loc"] == ["body", "script_name"]
     cn = _post(server, "txt2img", {"prompt": "x", "alwayson_scripts": {"ControlNet": {"args": []}}})

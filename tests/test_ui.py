@@ -668,7 +668,7 @@ def test_every_tab_is_built_by_one_signature():
     from lowvram_gen.ui.app import TABS
 
     names = [t.__name__.rsplit(".", 1)[1] for t in TABS]
-    assert names == ["txt2img", "img2img", "upscale", "pnginfo", "vqgan", "system"]
+    assert names == ["txt2img", "img2img", "inpaint", "upscale", "pnginfo", "vqgan", "system"]
     for tab in TABS:
         assert str(inspect.signature(tab.build)) == "(ctx: lowvram_gen.ui.context.TabContext) -> None"
 
@@ -971,7 +971,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     """gradio shows neither the error nor the warning of an event run with queue=False (checked in Chromium:
     the toast never comes). Only these handlers stay unqueued, each for a reason: a string edit of the
     prompt, the gallery's selected index, Interrupt, Skip and the page's restore (they must get through a full
-    queue), ♻ last seed, the init image's size (it catches what Pillow raises), the System tab's 3 s timer, the Extra
+    queue), ♻ last seed, the init image's size (img2img's and the Inpaint editor's: it catches what Pillow raises), the System tab's 3 s timer, the Extra
     seed checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), the live preview's
     show, refresh and hide (they set visibility, or read the job's latest preview), a ControlNet unit's canny thresholds
     shown for canny only (visibility), and the remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
@@ -985,7 +985,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("pickers", "build.<locals>.add_lora"), ("pickers", "build.<locals>.add_embedding"),
         ("sendto", "gallery_buttons.<locals>.remember"), ("sendto", "gallery_buttons.<locals>.<lambda>"),
         ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("txt2img", "build.<locals>.<lambda>"),
-        ("img2img", "size_from"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
+        ("img2img", "size_from"), ("inpaint", "build.<locals>.editor_size"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
         ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
         ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end"),

@@ -5,11 +5,11 @@ sampler_index, send_images, save_images, script_name, alwayson_scripts...), with
 a field is left out: steps 50, sampler Euler, denoising strength 0.75. Each field is one of:
 
 - mapped onto a request field (prompt, seed, sampler_name + scheduler, enable_hr and the hr_* fields, init_images,
-  override_settings...);
+  mask and the inpaint fields, override_settings...);
 - one of A1111's that has no effect here at its neutral value (restore_faces false, eta 1, s_noise 1, mask
   blur without a mask...): accepted silently at that value, named in a warning at any other;
-- refused with the reason, where ignoring it would make another image than asked (an inpainting mask, a
-  script, an extension's alwayson_scripts);
+- refused with the reason, where ignoring it would make another image than asked (a latent mask apart from the
+  mask, a script, an extension's alwayson_scripts);
 - unknown: ignored, and named in a warning.
 
 A bad value is the request's `InvalidRequest` renamed to the JSON field (`invalid cfg_scale: 31; a number from
@@ -80,7 +80,7 @@ NEUTRAL: dict[str, tuple[tuple, str]] = {
     "image_cfg_scale": (ANY, ""),  # instruct-pix2pix models only, as in A1111
     "initial_noise_multiplier": ((None, 1), "the init image's noise is not scaled"),
     "resize_mode": ((None, 0), "the init image is resized to width x height (resize_mode 0, A1111's Just resize)"),
-    # inpainting's settings: without a mask they do nothing in A1111 either (a mask is refused)
+    # inpainting's settings: mapped with a mask (_inpaint); without one they do nothing in A1111 either
     **{name: (ANY, "") for name in ("mask_blur", "mask_blur_x", "mask_blur_y", "mask_round", "inpainting_fill",
                                     "inpaint_full_res", "inpaint_full_res_padding", "inpainting_mask_invert")},
 }
@@ -96,7 +96,9 @@ JSON_NAMES: dict[str, str] = {
     "variation seed": "subseed", "variation seed strength": "subseed_strength",
     "seed resize from": "seed_resize_from_w", "seed resize from width": "seed_resize_from_w",
     "seed resize from height": "seed_resize_from_h", "model": "override_settings.sd_model_checkpoint",
-    "batch count": "n_iter",
+    "batch count": "n_iter", "mask": "mask", "mask blur": "mask_blur", "inpaint area": "inpaint_full_res",
+    "mask padding": "inpaint_full_res_padding", "masked content": "inpainting_fill",
+    "invert mask": "inpainting_mask_invert",
 }
 # what a job refuses in the prompt: the message keeps its name (`invalid LoRA: ...`), the 422's loc says the field
 IN_PROMPT = {"LoRA": "prompt", "loras": "prompt", "embedding": "prompt"}
@@ -201,10 +203,9 @@ def _off_below_1(value: Any) -> Any:
 
 
 def _refuse_what_would_change_the_image(got: dict) -> None:
-    for name in ("mask", "latent_mask"):
-        if got.get(name):
-            raise InvalidRequest(name, "<image>", "inpainting is not supported yet: send img2img without a mask "
-                                                  "(the whole image is redrawn at denoising_strength)")
+    if got.get("latent_mask"):
+        raise InvalidRequest("latent_mask", "<image>", "a latent mask apart from the mask is not supported: send "
+                                                       "the mask alone")
     if got["script_name"]:
         raise InvalidRequest("script_name", got["script_name"], "lowvram-gen has no scripts (GET /sdapi/v1/scripts "
                                                                 "lists none): leave script_name out")
@@ -265,4 +266,23 @@ def _img2img(got: dict, warnings: list[str], init_image: Callable[[Any], str] | 
         warnings.append(f"init_images has {len(images)} images: only the first is used")
     if init_image is None:
         raise ValueError("img2img needs init_image to store the image")
-    return dict(init_image=init_image(images[0]), strength=got["denoising_strength"])
+    fields = dict(init_image=init_image(images[0]), strength=got["denoising_strength"])
+    if got["mask"]:
+        fields.update(_inpaint(got, warnings, init_image))
+    return fields
+
+
+def _inpaint(got: dict, warnings: list[str], init_image: Callable[..., str]) -> dict:
+    """A1111's inpaint fields as the request's (its API's defaults: mask blur 4, inpainting_fill 0 = fill, only
+    masked with padding 0): mask_blur (else mask_blur_x), inpainting_fill 0-3, inpaint_full_res, its padding,
+    inpainting_mask_invert; the mask stored as the init image is."""
+    blur_x, blur_y = got["mask_blur_x"], got["mask_blur_y"]
+    blur = got["mask_blur"] if got["mask_blur"] is not None else blur_x
+    if got["mask_blur"] is None and blur_x != blur_y:
+        warnings.append(f"mask_blur_y {blur_y!r} is not used: the mask is blurred the same both ways (mask_blur_x)")
+    if got["mask_round"] not in (True, None):
+        warnings.append("mask_round false is not used: the mask is rounded to black and white")
+    invert = got["inpainting_mask_invert"]
+    return dict(mask=init_image(got["mask"], "mask"), mask_blur=blur, masked_content=got["inpainting_fill"],
+                inpaint_area=got["inpaint_full_res"], mask_padding=got["inpaint_full_res_padding"],
+                invert_mask=invert)

@@ -223,7 +223,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
     model, clip_skip = ctx.state.current()
     with tempfile.TemporaryDirectory(prefix="lowvram-gen-api-") as folder:
         mapped = map_body(body, kind, model, clip_skip, ctx.state.outdir, ctx.state.find_model,
-                          lambda value: answers.image_file(value, "init_images", Path(folder)))
+                          lambda value, name="init_images": answers.image_file(value, name, Path(folder)))
         request = mapped.request
         ctx.take_slot()
         try:

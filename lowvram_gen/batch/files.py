@@ -50,7 +50,9 @@ ALIASES = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_si
            "hr_scale": "hires_scale", "hr_upscaler": "hires_upscaler", "hr_second_pass_steps": "hires_steps",
            "hr_resize_x": "hires_resize_w", "hr_resize_y": "hires_resize_h", "hr_sampler_name": "hires_sampler",
            "hr_scheduler": "hires_schedule_type", "hr_cfg": "hires_cfg", "hr_prompt": "hires_prompt",
-           "hr_negative_prompt": "hires_negative"}
+           "hr_negative_prompt": "hires_negative", "inpainting_fill": "masked_content",
+           "inpaint_full_res": "inpaint_area", "inpaint_full_res_padding": "mask_padding",
+           "inpainting_mask_invert": "invert_mask"}
 # seed_resize_from and hires_resize: "WxH", both sides at once (GenerationRequest.from_mapping)
 REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest)) | {"seed_resize_from",
                                                                                       "hires_resize"}
@@ -169,6 +171,9 @@ def request_hash(engine: str, request) -> str:
         data.pop("controlnets", None)
     if data.get("control_mode") == "balanced":
         data.pop("control_mode", None)
+    if data.get("mask") is None:  # inpainting, added later: a job without a mask keeps its hash
+        for name in ("mask", "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask"):
+            data.pop(name, None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -157,6 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
     i2i.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
     _add_generation_args(i2i)
 
+    inp = sub.add_parser("inpaint", help="repaint the masked part of an image (A1111's img2img > Inpaint)",
+                         description="Repaint where the mask is white (--invert-mask: black); everything outside the "
+                                     "mask (and its blur) stays the init image's. Every img2img flag works here too.")
+    inp.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to repaint")
+    inp.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
+    from lowvram_gen.cli.inpaint import add_inpaint_args  # no heavy imports
+
+    add_inpaint_args(inp)
+    _add_generation_args(inp)
+
     up = sub.add_parser("upscale", help="upscale an image (Lanczos, Nearest, an ESRGAN-family model, sd-x4)")
     up.add_argument("image", help="the image to upscale (PNG, JPEG, WebP)")
     up.add_argument("--scale", default=2, metavar="X", help="factor, 1-8 (default 2)")
@@ -254,7 +264,8 @@ def _session_kwargs(args) -> dict:
 REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "batch_count",
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
-                 "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative")
+                 "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
+                 "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
@@ -274,6 +285,9 @@ def _request_fields(args) -> tuple[dict, list[str]]:
 
         read = from_png(args.from_png)
         fields = read.fields
+        if read.inpainted and not getattr(args, "mask", None):
+            raise InvalidRequest("--from-png", args.from_png, "that image was inpainted and its mask is not in a "
+                                 "PNG: rerun it with `lowvram-gen inpaint --from-png FILE --init IMAGE --mask MASK`")
         for note in read.notes:
             say("note", note)
         if read.ignored:
@@ -487,7 +501,7 @@ def cmd_vqgan(args) -> int:
     return run_vqgan_command(args, _session_kwargs(args))
 
 
-COMMANDS = {"generate": cmd_generate, "img2img": cmd_generate, "upscale": cmd_upscale, "plan": cmd_plan, "doctor": cmd_doctor, "batch": cmd_batch, "ui": cmd_ui,
+COMMANDS = {"generate": cmd_generate, "img2img": cmd_generate, "inpaint": cmd_generate, "upscale": cmd_upscale, "plan": cmd_plan, "doctor": cmd_doctor, "batch": cmd_batch, "ui": cmd_ui,
             "vqgan": cmd_vqgan}
 
 

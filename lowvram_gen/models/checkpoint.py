@@ -15,6 +15,7 @@ Why this module exists instead of a bare `from_single_file` call:
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -305,6 +306,41 @@ _MODEL_TYPES = {SD: ("v1", "v2"), SDXL: ("xl_base", "playground-v2-5"), SD3: ("s
 _COMPONENTS = {SD: ("unet", "vae", "text_encoder", "tokenizer", "scheduler"),
                SDXL: ("unet", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler")}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+INPAINT_CHANNELS = 9  # an inpainting UNet's inputs: latents 4, mask 1, the masked image's latents 4
+
+
+def with_unet_inputs(folder: Path, in_channels: int) -> Path:
+    """`folder`, or where its UNet config says another in_channels (an inpainting checkpoint loaded with its base
+    model's configs, as A1111 users have them): a copy of its configs and tokenizers (no weights) in lowvram-gen's
+    models folder with the UNet's in_channels set, made once."""
+    import hashlib
+    import shutil
+
+    from lowvram_gen.paths import models_dir, writable_folder
+
+    unet_config = folder / "unet" / "config.json"
+    if not unet_config.is_file():
+        return folder
+    config = json.loads(unet_config.read_text())
+    if int(config.get("in_channels", 4)) == in_channels:
+        return folder
+    tag = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
+    target = models_dir() / "configs" / f"{folder.name}-{tag}-in{in_channels}"
+    if (target / "model_index.json").is_file():
+        return target
+    writable_folder(target.parent, "the models folder of LOWVRAM_GEN_HOME")
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.ckpt", "*.pt", "*.pth",
+                                                               "*.gguf", "*.onnx", "*.msgpack"))
+    (tmp / "unet" / "config.json").write_text(json.dumps({**config, "in_channels": in_channels}, indent=2))
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _family(class_name: str) -> str:
@@ -642,11 +678,13 @@ def load_single_file(path, config: str | None, torch_dtype, quantize: str = "non
         shapes = {k: tuple(v.shape) for k, v in state.items()}
     cls_name = gguf_file.pipeline_class(gguf, p) if gguf else detect_pipeline_class(shapes)
     in_channels = shapes.get(UNET + "input_blocks.0.0.weight", (0, 4))[1]
-    if cls_name in (SD, SDXL) and in_channels != 4:
-        raise ModelLoadError(f"{p.name} is an inpainting or instruct model (its UNet takes {in_channels} input "
-                             "channels); only text-to-image checkpoints (4 channels) are supported")
+    if cls_name in (SD, SDXL) and in_channels not in (4, INPAINT_CHANNELS):
+        raise ModelLoadError(f"{p.name} is an instruct or depth model (its UNet takes {in_channels} input channels); "
+                             "text-to-image (4 channels) and inpainting (9) checkpoints are supported")
     meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
     folder = _resolve_config(config, meta, cls_name, p, weights=gguf is not None)
+    if cls_name in (SD, SDXL):  # an inpainting file with its base model's configs: their UNet with 9 inputs
+        folder = with_unet_inputs(folder, int(in_channels))
     index = _check_config(folder, cls_name, p)
     if cls_name in (SD, SDXL) or (gguf and cls_name == FLUX):
         denoiser = ("unet",) if cls_name in (SD, SDXL) else ("transformer",)

@@ -37,4 +37,20 @@ def source_profile(source: ModelSource, family: str | None = None) -> memory.Mod
     if gguf:
         quantized, stored = gguf_file.stored_sizes(source.path)
         profile = replace(profile, denoiser_quantized=quantized, denoiser_quantized_bytes=stored)
+    elif source.kind == "single_file" and profile.unet_channels:
+        profile = replace(profile, unet_in_channels=_file_unet_inputs(Path(source.path), profile.unet_in_channels))
     return profile
+
+
+def _file_unet_inputs(path: Path, default: int) -> int:
+    """The UNet's input channels as a .safetensors checkpoint stores them (9: an inpainting model, whatever its
+    config folder says), read from its header; `default` for other files (a pickle is not opened for this)."""
+    if path.suffix.lower() != ".safetensors":
+        return default
+    from lowvram_gen.models.checkpoint import _safetensors_header
+
+    try:
+        shape = _safetensors_header(path).get("model.diffusion_model.input_blocks.0.0.weight", {}).get("shape")
+    except Exception:  # noqa: BLE001 - an unreadable file is the loader's to refuse, with its own words
+        return default
+    return int(shape[1]) if shape and len(shape) == 4 else default

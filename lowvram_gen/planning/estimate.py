@@ -194,6 +194,9 @@ class ModelProfile:
     controlnet_peak: float = 0.0
     controlnet_units: int = 0
     controlnets: tuple[str, ...] = ()
+    # the UNet's input channels: 4, or 9 for an inpainting UNet (the mask and the masked image's latents beside
+    # the latents: inpaint_input_bytes)
+    unet_in_channels: int = 4
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -443,6 +446,7 @@ def _denoiser_fields(name: str, model) -> dict:
             unet_upcast_attention=bool(cfg.get("upcast_attention") or False),
             cross_attention_dim=int(max(_as_list(cfg.get("cross_attention_dim", 768), n))),
             latent_channels=int(cfg.get("in_channels", 4)),
+            unet_in_channels=int(cfg.get("in_channels", 4)),
         )
     else:
         heads = int(cfg.get("num_attention_heads", 0) or 0)
@@ -687,6 +691,7 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
         for working, scores in _sliced_attention_terms(profile, hw):
             act = max(act, coef * working * hw * n * dtype_bytes
                       + _fit()["slicing"] * scores * _score_bytes(profile, dtype_bytes))
+    act += inpaint_input_bytes(profile, hw, n, dtype_bytes)
     if profile.controlnet_units:  # planning/controlnet.py: its residuals beside the UNet's step, or its own forward
         held = coef * profile.controlnet_held * hw * n * dtype_bytes
         summed = held if profile.controlnet_units > 1 else 0.0  # the residuals of the units before it
@@ -694,6 +699,13 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
         images = profile.controlnet_units * 3 * hw * sf * sf * n * dtype_bytes  # the control images, whole pass
         act = max(act + held, own) + images
     return int(act)
+
+
+def inpaint_input_bytes(profile: ModelProfile, hw: int, n: float, dtype_bytes: int) -> int:
+    """An inpainting UNet's inputs beyond the latents (in_channels 9: the mask and the masked image's latents),
+    counted twice: held for the whole pass, and again in the step's concatenated input. 0 for a 4-channel UNet."""
+    extra = profile.unet_in_channels - 4 if profile.unet_channels else 0
+    return int(2 * max(0, extra) * hw * n * dtype_bytes)
 
 
 def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images: int, dtype_bytes: int,

@@ -46,10 +46,17 @@ TXT2IMG = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
 IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
            "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED,
            *controlnet.SENT_KEYS)
+INPAINT = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
+           "batch_size", "sampler", "model", "mask_blur", "invert_mask", "masked_content", "inpaint_area",
+           "mask_padding")
 UPSCALE = ("image",)
-KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "upscale": UPSCALE}
-LABELS = {"txt2img": "txt2img", "img2img": "img2img", "upscale": "Upscale"}
-NOTE_IDS = {"txt2img": "txt2img-sent", "img2img": "img2img-sent"}  # the tabs whose controls a PNG fills
+KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "inpaint": INPAINT, "upscale": UPSCALE}
+LABELS = {"txt2img": "txt2img", "img2img": "img2img", "inpaint": "Inpaint", "upscale": "Upscale"}
+# the tabs whose controls a PNG fills
+NOTE_IDS = {"txt2img": "txt2img-sent", "img2img": "img2img-sent", "inpaint": "inpaint-sent"}
+# A1111's inpaint settings where its PNG does not write them (Mask blur only above 0, and so on)
+INPAINT_OFF = (("mask_blur", 0), ("invert_mask", False), ("masked_content", "original"), ("inpaint_area", "whole"),
+               ("mask_padding", 32))
 
 
 def note(tab: str) -> gr.Markdown:
@@ -102,7 +109,17 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
                     fields["model"] = found
             if read.ignored:
                 said.append("not used (no such setting here): " + ", ".join(read.ignored))
-            said += unit_fields(fields)
+            if read.inpainted and "mask_blur" in keys:  # an inpainted image's settings, those it left out too
+                for name, off in INPAINT_OFF:
+                    fields.setdefault(name, off)
+                said.append("the mask is not in a PNG: draw it again on the image, or upload it")
+            elif read.inpainted:
+                said.append("not used: its inpaint settings (send it to Inpaint for them; the mask is not in a PNG)")
+            if controlnet.key(0, "enabled") in keys:
+                said += unit_fields(fields)
+            elif fields.get("controlnets"):  # the Inpaint tab: inpainting with ControlNet is not built yet
+                said.append(f"not used: {len(fields['controlnets'])} ControlNet unit(s) (inpainting with ControlNet "
+                            "is not built yet)")
             said += read.notes
     fields["init_image"] = fields["image"] = path
     return [fields.get(key, gr.update()) for key in keys], said

@@ -21,6 +21,7 @@ from lowvram_gen.engines.sd import controlnet
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.runner import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
+from lowvram_gen.inpaint.masks import size_note as mask_size_note
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.networks import job as networks
@@ -92,6 +93,9 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
         warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
     for w in warnings:
         log.info(w)
+    if request.mask:
+        resized = mask_size_note(request)
+        warnings += [resized] if resized else []
     fields = {**controlnet.infotext_fields(pipe, request), **nets.fields}  # A1111 writes ControlNet units first
     return Prepared(texts, fields, warnings, schedule_warning is None, hires_warning is None)
 
@@ -244,6 +248,8 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
         fields["Seed resize from"] = "%dx%d" % request.seed_resize_from
     if request.init_image:
         fields["Denoising strength"] = request.strength
+    if request.mask:
+        fields.update(inpaint_fields(request))
     if request.hires:
         fields["Denoising strength"] = request.hires_denoise
     clip_skip = request.clip_skip if clip_skip is None else clip_skip
@@ -256,6 +262,23 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
         fields["Quantize"] = quantize
     if generated_size != request.output_size():
         fields["Generated size"] = "%dx%d" % generated_size
+    return fields
+
+
+def inpaint_fields(request: GenerationRequest) -> dict:
+    """A1111's inpaint fields, where and how its img2img writes them: `Mask mode: Inpaint not masked` when inverted,
+    `Mask blur` above 0, `Inpaint area: Only masked` with `Masked area padding`, `Masked content` for all but
+    original (A1111's default, which it does not write)."""
+    fields: dict = {}
+    if request.invert_mask:
+        fields["Mask mode"] = "Inpaint not masked"
+    if request.mask_blur > 0:
+        fields["Mask blur"] = request.mask_blur
+    if request.inpaint_area == "masked":
+        fields["Inpaint area"] = "Only masked"
+        fields["Masked area padding"] = request.mask_padding
+    if request.masked_content != "original":
+        fields["Masked content"] = request.masked_content.replace("-", " ")
     return fields
 
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from lowvram_gen.engines.sd import controlnet
+from lowvram_gen.engines.sd import controlnet, inpaint
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
@@ -54,6 +54,8 @@ class Pass:
     # A1111's variation seeds, one per image (the request's subseed+i); None: none (strength 0)
     subseeds: "list[int] | None" = None
     cfg_scale: float | None = None  # None: the request's (a hires second pass: its hires CFG scale)
+    # inpainting: the mask (PIL L, the pass's size; white is repainted), with `init` the images to repaint
+    mask: object = None
 
     @property
     def num_steps(self) -> int:
@@ -182,6 +184,7 @@ def check_request(pipe, request) -> None:
     """What this pipeline cannot do with `request` (a GenerationRequest), as a clear error before any
     step runs: sides off its grid, or a hires fix it cannot run."""
     name = type(pipe).__name__
+    inpaint.check(pipe, request)
     multiple = size_multiple(pipe)
     for field, value in (("width", request.width), ("height", request.height)):
         if value % multiple:
@@ -553,11 +556,17 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         else:
             # diffusers runs int(steps * strength) steps; at least one, or the result is empty
             kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
-            i2i = control[0] if control is not None else img2img_pipe(pipe)
+            content = contextlib.nullcontext()
+            if step.mask is not None:  # inpainting: diffusers' inpaint pipeline, the mask beside the init
+                i2i = inpaint.inpaint_pipe(pipe)
+                kwargs["mask_image"] = [step.mask] * n
+                content = inpaint.masked_content(i2i, request.masked_content, [step.mask], step.seeds, device)
+            else:
+                i2i = control[0] if control is not None else img2img_pipe(pipe)
             if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
                 # SD3, Flux, ...: without a size they resize the init image to the model's native size
                 kwargs.update(width=step.width, height=step.height)
-            with _variation_noise(i2i, step, device), \
+            with _variation_noise(i2i, step, device), content, \
                     _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=step.strength, **kwargs)
     except _Stopped:

@@ -22,6 +22,7 @@ from lowvram_gen.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.errors import BadOutput, Cancelled
+from lowvram_gen.inpaint.area import area_for
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.loading import (LoadedModel, drop_text_encoders, load_text_encoders, reload_components,
@@ -120,6 +121,7 @@ class Runner:
     def _forget_img2img(self) -> None:
         """The img2img pipeline made over the components holds them too (pipeline.img2img_pipe): made again."""
         self.model.pipe.__dict__.pop("_lowvram_img2img", None)
+        self.model.pipe.__dict__.pop("_lowvram_inpaint", None)  # and the inpaint one (engines/sd/inpaint.py)
 
     def reapply(self) -> None:
         """Apply the current settings again (after LoRAs or embeddings were loaded with hooks lifted)."""
@@ -185,6 +187,7 @@ class _Job:
         self.per_pass = min(self.per_batch, ladder.preset.max_batch)
         self.lowered = 0  # resolution halvings so far
         self.init = _init_image(request)
+        self.area = area_for(request, self.init) if self.init is not None else None  # inpainting: the mask's
 
     def where(self, size: tuple[int, int] | None = None) -> dict:
         width, height = size or self.size
@@ -235,6 +238,8 @@ class _Job:
             if size != target and images:
                 self.runner.place_resident(False)
                 images = upscale_images(images, target, self.ladder.preset.upscaler, self.device, ladder=self.ladder)
+            if self.area is not None:  # inpainting: the original kept outside the mask, the crop pasted back
+                images = self.area.finish(images)
             on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw, indices, stopped))
             pending = [i for i in pending if i not in indices]
             if stopped == sd.INTERRUPT:
@@ -253,6 +258,10 @@ class _Job:
     def _first_pass(self, seeds: list[int]) -> sd.Pass:
         if self.init is None:
             return sd.Pass(self.request, seeds, *self.size, texts=self.texts, embeds=self.embeds)
+        if self.area is not None:  # inpainting: the init and mask at this pass's size (the crop, for only masked)
+            init, mask = self.area.for_pass(self.size)
+            return sd.Pass(self.request, seeds, *self.size, init=[init] * len(seeds), strength=self.request.strength,
+                           texts=self.texts, embeds=self.embeds, mask=mask)
         resized = self.init if self.init.size == self.size else self.init.resize(self.size)
         return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength,
                        texts=self.texts, embeds=self.embeds)

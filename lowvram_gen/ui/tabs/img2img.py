@@ -97,7 +97,7 @@ def build(ctx: TabContext) -> None:
                 preview = live.image("i2i-")
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
                                      interactive=False, elem_id="i2i-gallery")
-                sendto.gallery_buttons(ctx, gallery, ("upscale",), prefix="img2img")
+                sendto.gallery_buttons(ctx, gallery, ("inpaint", "upscale"), prefix="img2img")
                 info = gr.Textbox(label="Image parameters", lines=4, interactive=False)
                 summary = gr.Textbox(label="What ran", lines=2, interactive=False)
                 last_seed = gr.Number(visible=False, precision=0)

@@ -1,5 +1,5 @@
 """The PNG Info tab (A1111's): drop a PNG, read the parameters it was made with (A1111's `parameters` text,
-and our JSON chunk when lowvram-gen made it), and send them to txt2img or img2img, which fill their
+and our JSON chunk when lowvram-gen made it), and send them to txt2img, img2img or Inpaint, which fill their
 controls the way `generate --from-png` reads a PNG (lowvram_gen/infotext.py, ui/sendto.py).
 
 The image comes as the uploaded file itself (image_mode=None: Gradio converts nothing, so the text
@@ -45,8 +45,9 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     to_txt2img = gr.Button("Send to txt2img", elem_id="pnginfo-to-txt2img")
                     to_img2img = gr.Button("Send to img2img", elem_id="pnginfo-to-img2img")
+                    to_inpaint = gr.Button("Send to Inpaint", elem_id="pnginfo-to-inpaint")
                 with gr.Accordion("lowvram-gen's own record (JSON)", open=False):
                     ours = gr.Code(language="json", interactive=False, elem_id="pnginfo-json")
     image.change(show, [image], [parameters, ours, status], api_visibility="private")  # queued: its errors are shown
-    for button, tab in ((to_txt2img, "txt2img"), (to_img2img, "img2img")):
+    for button, tab in ((to_txt2img, "txt2img"), (to_img2img, "img2img"), (to_inpaint, "inpaint")):
         ctx.later(lambda button=button, tab=tab: sendto.wire_send(ctx, button, tab, [image], to_send))

@@ -138,7 +138,7 @@ def build(ctx: TabContext) -> None:
                 preview = live.image("")
                 gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
                                      interactive=False, elem_id="gallery")
-                sendto.gallery_buttons(ctx, gallery, ("img2img", "upscale"), prefix="txt2img")
+                sendto.gallery_buttons(ctx, gallery, ("img2img", "inpaint", "upscale"), prefix="txt2img")
                 info = gr.Textbox(label="Image parameters", lines=4, interactive=False, elem_id="info")
                 summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="summary")
                 # this browser's last seed: the browser holds it, so no other client can see or change it

@@ -1,0 +1,78 @@
+"""Where an inpaint pass works and how its images go back: A1111's "Whole picture" and "Only masked".
+
+Whole picture: the init image and the mask resized to the pass's size; the result keeps the (resized) init image
+outside the blurred mask, the overlay mask doubled as A1111's is, so the repainted area reaches the mask's edge.
+Only masked: the mask's box grown by the padding and to the job's aspect ratio is cut from the init image and
+resized to the pass's size (the denoiser sees that size, never the canvas); the result is resized back into the
+box of the init image at its own size, and keeps the original outside the blurred mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lowvram_gen.inpaint import masks
+
+
+@dataclass
+class Area:
+    """One job's inpaint geometry: its init image at its own size (the canvas) and mask (masks.Prepared)."""
+
+    init: object  # PIL RGB, the canvas
+    prepared: masks.Prepared
+    only_masked: bool
+    padding: int
+    content: str  # masks.CONTENTS
+    size: tuple[int, int]  # the job's size (request width x height)
+
+    @property
+    def box(self) -> tuple[int, int, int, int] | None:
+        """Only masked: the box of the canvas that is repainted (None for the whole picture)."""
+        if not self.only_masked:
+            return None
+        box = masks.crop_box(self.prepared.soft, self.padding)
+        return masks.to_aspect(box, *self.size, self.init.size) if box is not None else None
+
+    def for_pass(self, size: tuple[int, int]) -> tuple[object, object]:
+        """(init image, mask) at the pass's size: whole, or the box cut and resized; masked content "fill" paints
+        the masked area of the init first."""
+        from PIL import Image
+
+        init, mask = self.init, self.prepared.soft
+        box = self.box
+        if box is not None:
+            init, mask = init.crop(box), mask.crop(box)
+        if init.size != size:
+            init, mask = init.resize(size), mask.resize(size, Image.BILINEAR)  # init: as img2img resizes it
+        if self.content == "fill":
+            init = masks.fill(init, mask)
+        return init, mask
+
+    def finish(self, images: list) -> list:
+        """The generated images (at the job's size) with the original kept outside the blurred mask."""
+        from PIL import Image
+
+        box = self.box
+        if box is None:
+            base = self.init if self.init.size == self.size else self.init.resize(self.size)
+            soft = self.prepared.soft if self.prepared.soft.size == self.size else \
+                self.prepared.soft.resize(self.size, Image.BILINEAR)
+            overlay = soft.point(lambda v: min(255, v * 2))  # A1111's whole-picture overlay mask, doubled
+            return [masks.overlay(im if im.size == self.size else im.resize(self.size, Image.LANCZOS), base, overlay)
+                    for im in images]
+        x0, y0, x1, y1 = box
+        out = []
+        for im in images:
+            pasted = self.init.copy()
+            pasted.paste(im.convert("RGB").resize((x1 - x0, y1 - y0), Image.LANCZOS), (x0, y0))
+            out.append(masks.overlay(pasted, self.init, self.prepared.soft))
+        return out
+
+
+def area_for(request, init) -> Area | None:
+    """The request's inpaint geometry for its init image (None without a mask)."""
+    if not request.mask:
+        return None
+    prepared = masks.prepare(request.mask, init.size, request.invert_mask, request.mask_blur)
+    return Area(init, prepared, request.inpaint_area == "masked", request.mask_padding, request.masked_content,
+                (request.width, request.height))

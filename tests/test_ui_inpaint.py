@@ -1,0 +1,85 @@
+"""The Inpaint tab in a real headless Chromium (Debian's, driven by Playwright; the fixtures are tests/test_ui.py's):
+draw a mask with the brush on the image, generate, and the masked area changed while the rest did not."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+import inpaint_files as files  # tests/inpaint_files.py
+from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from test_ui import _set_slider, browser, needs_browser, page, server  # noqa: F401 (fixtures)
+
+
+def _stroke(page, dx: int = 60) -> None:
+    """A horizontal brush stroke through the middle of the editor's canvas (the image is centred on it)."""
+    box = page.locator("#inp-editor canvas").first.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x - dx, y)
+    page.mouse.down()
+    page.mouse.move(x + dx, y, steps=12)
+    page.mouse.up()
+
+
+@needs_browser
+def test_draw_a_mask_with_the_brush_generate_and_only_the_masked_area_changes(page, server, tmp_path,  # noqa: F811
+                                                                               monkeypatch):
+    from lowvram_gen.ui.tabs import inpaint
+
+    import threading
+
+    removed, gone = [], threading.Event()  # the drawn mask's file is removed when its job ends: kept here instead
+
+    def forget(path):
+        removed.append(path)
+        gone.set()
+
+    monkeypatch.setattr(inpaint, "forget", forget)
+    init = files.init_image(tmp_path / "init.png", side=128)
+    page.get_by_role("tab", name="Inpaint").click()
+    page.locator("#inp-editor input[type=file]").first.set_input_files(str(init))
+    page.locator("#inp-editor canvas").first.wait_for(timeout=120_000)
+    page.wait_for_function("() => document.querySelector('#inp-width input').value === '128'", timeout=120_000)
+    _stroke(page, dx=40)
+    page.locator("#inp-prompt textarea").fill("a red line")
+    _set_slider(page, "inp-steps", 2)
+    _set_slider(page, "inp-strength", 1)
+    _set_slider(page, "inp-mask-blur", 0)
+    before = set(server.outdir.rglob("*.png"))
+    page.click("#inp-generate")
+    page.locator("#inp-gallery img").first.wait_for(timeout=120_000)
+    made = sorted(set(server.outdir.rglob("*.png")) - before)
+    assert len(made) == 1
+    text, ours = read_png_metadata(made[0])
+    assert gone.wait(60) and removed == [ours["request"]["mask"]]
+    assert float(parse_a1111_parameters(text)["Denoising strength"]) == 1
+    mask = np.asarray(Image.open(ours["request"]["mask"]).convert("L")) > 127  # what the brush drew, as the job read it
+    assert 0 < mask.sum() < mask.size / 2 and mask[64].any()  # a stroke across the middle, not the whole image
+    out = np.asarray(Image.open(made[0]).convert("RGB")).astype(int)
+    original = np.asarray(Image.open(init).convert("RGB")).astype(int)
+    assert np.array_equal(out[~mask], original[~mask])
+    assert np.abs(out[mask] - original[mask]).mean() > 10
+
+
+def test_send_to_inpaint_fills_the_inpaint_settings_and_says_the_mask_is_not_in_a_png(tmp_path):
+    """PNG Info's and the galleries' Send to Inpaint: an inpainted PNG's A1111 fields fill the tab's controls (those
+    A1111 leaves out at their off values), and the note says the mask must be drawn again."""
+    from lowvram_gen.ui.sendto import INPAINT, values_for
+
+    png = tmp_path / "inpainted.png"
+    Image.new("RGB", (64, 64)).save(png, pnginfo=_info("a boat\nSteps: 3, Sampler: Euler, CFG scale: 7, Seed: 9, "
+                                                      "Size: 64x64, Denoising strength: 0.6, Mask blur: 6, "
+                                                      "Inpaint area: Only masked, Masked area padding: 48"))
+    values, said = values_for(INPAINT, str(png))
+    got = dict(zip(INPAINT, values))
+    assert (got["mask_blur"], got["inpaint_area"], got["mask_padding"], got["masked_content"], got["invert_mask"],
+            got["strength"], got["init_image"]) == (6, "masked", 48, "original", False, 0.6, str(png))
+    assert any("mask is not in a PNG" in line for line in said)
+
+
+def _info(text: str):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", text)
+    return info
