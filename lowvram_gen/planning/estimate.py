@@ -416,6 +416,8 @@ def block_sizes(model) -> tuple[list[int], int, int]:
 
 
 def _denoiser_fields(name: str, model) -> dict:
+    import torch
+
     cfg = model.config
     out: dict[str, Any] = {"denoiser": name}
     blocks, in_blocks, total = block_sizes(model)
