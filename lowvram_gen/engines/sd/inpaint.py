@@ -43,13 +43,9 @@ def inpaint_pipe(pipe):
     """The inpaint pipeline over the same components (no copy, no reload), kept on `pipe`."""
     from diffusers import AutoPipelineForInpainting
 
-    made = getattr(pipe, "_lowvram_inpaint", None)
-    if made is None:
-        made = AutoPipelineForInpainting.from_pipe(pipe)
-        made.set_progress_bar_config(disable=True)
-        pipe._lowvram_inpaint = made
-    made.scheduler = pipe.scheduler  # the sampler chosen for this job
-    return made
+    from lowvram_gen.engines.sd.pipeline import kept_pipe  # pipeline imports this module
+
+    return kept_pipe(pipe, AutoPipelineForInpainting, "_lowvram_inpaint")
 
 
 @contextlib.contextmanager

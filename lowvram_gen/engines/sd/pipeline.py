@@ -415,17 +415,23 @@ def _variation_noise(pipe, step: Pass, device: str):
         yield
 
 
+def kept_pipe(pipe, auto, attr: str):
+    """diffusers' pipeline of another task (`auto`: an AutoPipelineFor... class) over the same components (no copy,
+    no reload), made once and kept on `pipe` as `attr` (the runner drops it when the components change)."""
+    made = getattr(pipe, attr, None)
+    if made is None:
+        made = auto.from_pipe(pipe)
+        made.set_progress_bar_config(disable=True)
+        setattr(pipe, attr, made)
+    made.scheduler = pipe.scheduler  # follow the sampler chosen for this job
+    return made
+
+
 def img2img_pipe(pipe):
-    """The image-to-image pipeline over the same components (no copy, no reload), kept on `pipe`."""
+    """The image-to-image pipeline over the same components, kept on `pipe`."""
     from diffusers import AutoPipelineForImage2Image
 
-    i2i = getattr(pipe, "_lowvram_img2img", None)
-    if i2i is None:
-        i2i = AutoPipelineForImage2Image.from_pipe(pipe)
-        i2i.set_progress_bar_config(disable=True)
-        pipe._lowvram_img2img = i2i
-    i2i.scheduler = pipe.scheduler  # follow the sampler chosen for this job
-    return i2i
+    return kept_pipe(pipe, AutoPipelineForImage2Image, "_lowvram_img2img")
 
 
 def encode(pipe, images, device: str):
