@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 
+from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
 
 INPAINT_CHANNELS = 9  # latents 4 + mask 1 + masked image latents 4
@@ -42,8 +43,6 @@ def check(pipe, request) -> None:
 def inpaint_pipe(pipe):
     """The inpaint pipeline over the same components (no copy, no reload), kept on `pipe`."""
     from diffusers import AutoPipelineForInpainting
-
-    from lowvram_gen.engines.sd.pipeline import kept_pipe  # pipeline imports this module
 
     return kept_pipe(pipe, AutoPipelineForInpainting, "_lowvram_inpaint")
 

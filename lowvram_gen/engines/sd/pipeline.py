@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen.engines.sd import controlnet, inpaint
+from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
@@ -413,18 +414,6 @@ def _variation_noise(pipe, step: Pass, device: str):
 
     with _patched(scheduler, "add_noise", noised):
         yield
-
-
-def kept_pipe(pipe, auto, attr: str):
-    """diffusers' pipeline of another task (`auto`: an AutoPipelineFor... class) over the same components (no copy,
-    no reload), made once and kept on `pipe` as `attr` (the runner drops it when the components change)."""
-    made = getattr(pipe, attr, None)
-    if made is None:
-        made = auto.from_pipe(pipe)
-        made.set_progress_bar_config(disable=True)
-        setattr(pipe, attr, made)
-    made.scheduler = pipe.scheduler  # follow the sampler chosen for this job
-    return made
 
 
 def img2img_pipe(pipe):
