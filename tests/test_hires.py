@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from a1111_png import rerun_with_no_unused_note  # tests/a1111_png.py
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.engines.sd import pipeline as sd_pipeline
@@ -311,16 +312,7 @@ A1111_TEXT = ("a fox\nNegative prompt: fog\nSteps: 2, Sampler: Euler, Schedule t
 
 
 def test_from_png_of_an_a1111_image_with_every_hires_field_uses_them_all(tmp_path, capsys):
-    from PIL.PngImagePlugin import PngInfo
-
-    info = PngInfo()
-    info.add_text("parameters", A1111_TEXT)
-    png = tmp_path / "a1111.png"
-    Image.new("RGB", (128, 96)).save(png, pnginfo=info)
-    assert main(["generate", "--from-png", str(png), "--outdir", str(tmp_path / "out"), "--json"]) == 0
-    captured = capsys.readouterr()
-    out = json.loads(captured.out)
-    assert "not used" not in captured.err and not any("not used" in w for w in out["warnings"]), captured.err
+    out = rerun_with_no_unused_note(A1111_TEXT, (128, 96), tmp_path, capsys)
     assert (out["width"], out["height"]) == (128, 96) and Image.open(out["images"][0]).size == (128, 96)
     original, rerun = parse_a1111_parameters(A1111_TEXT), params_of(out["images"][0])
     for key in ("Hires sampler", "Hires prompt", "Hires negative prompt", "Hires CFG Scale", "Hires schedule type",

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from a1111_png import rerun_with_no_unused_note  # tests/a1111_png.py
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.errors import InvalidRequest
@@ -324,16 +325,7 @@ A1111_ROUND_TWO = (
 
 
 def test_from_png_of_an_a1111_image_with_round_twos_fields_uses_them_all_and_writes_them_back(tmp_path, capsys):
-    from PIL.PngImagePlugin import PngInfo
-
-    info = PngInfo()
-    info.add_text("parameters", A1111_ROUND_TWO)
-    png = tmp_path / "a1111.png"
-    Image.new("RGB", (1024, 1024)).save(png, pnginfo=info)
-    assert main(["generate", "--from-png", str(png), "--outdir", str(tmp_path / "out"), "--json"]) == 0
-    captured = capsys.readouterr()
-    out = json.loads(captured.out)
-    assert "not used" not in captured.err and not any("not used" in w for w in out["warnings"]), captured.err
+    out = rerun_with_no_unused_note(A1111_ROUND_TWO, (1024, 1024), tmp_path, capsys)
     assert (out["sampler"], out["schedule_type"]) == ("DPM++ SDE", "karras")
     assert Image.open(out["images"][0]).size == (1024, 1024)
     ours = parse_a1111_parameters(read_png_metadata(out["images"][0])[0])
