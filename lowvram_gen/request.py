@@ -527,7 +527,7 @@ def as_bool(field_name: str, value: Any) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
         return value.strip().lower() in ("1", "true", "yes", "on")
-    raise InvalidRequest(field_name, value, "true or false")
+    raise InvalidRequest(field_name, value, "use true or false")
 
 
 def _choice(field_name: str, value: Any, allowed: tuple[str, ...], aliases: dict[str, str]) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.request import GenerationRequest
+from lowvram_gen.request import GenerationRequest, as_bool
 
 ANY = object()  # a field accepted at any value: it has no effect here whatever it says
 
@@ -128,17 +128,6 @@ def json_field(exc: InvalidRequest) -> str | None:
     name = IN_PROMPT.get(exc.field, exc.field)
     known = name in JSON_NAMES.values() or name in TXT2IMG_DEFAULTS or name in IMG2IMG_DEFAULTS or name == "image"
     return name if known or name.startswith("override_settings.") else None
-
-
-def as_bool(name: str, value: Any) -> bool:
-    """A JSON boolean (or 0/1, "true"/"false" as pydantic takes them); anything else is a clear error."""
-    if isinstance(value, bool):
-        return value
-    if value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise InvalidRequest(name, value, "use true or false")
 
 
 def _neutral(value: Any, allowed) -> bool:

@@ -19,7 +19,7 @@ from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_CLIP_SKIP, MAX_STEPS, as_int
 
 from lowvram_gen.api import listings
-from lowvram_gen.api.fields import as_bool
+from lowvram_gen.request import as_bool
 
 log = logging.getLogger(__name__)
 SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable")

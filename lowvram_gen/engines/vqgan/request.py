@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.request import MAX_BATCH, MAX_SEED, as_float, as_int, as_side, clean_prompt
+from lowvram_gen.request import MAX_BATCH, MAX_SEED, as_bool, as_float, as_int, as_side, clean_prompt
 
 # Caps: they bound what a typo can cost; presets cap the size further (and upscale afterwards).
 MAX_ITERATIONS = 10_000  # nerdyrodent's default is 500; long runs are 1000-3000
@@ -140,14 +140,6 @@ def _choice(field_name: str, value: Any, allowed: tuple[str, ...]) -> str:
     raise InvalidRequest(field_name, value, "use one of " + ", ".join(allowed))
 
 
-def _bool(field_name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    if value in (0, 1):
-        return bool(value)
-    raise InvalidRequest(field_name, value, "use true or false")
 
 
 def _spec(field_name: str, value: Any) -> str:
@@ -230,7 +222,7 @@ class VqganRequest:
             vqgan=_spec("vqgan", self.vqgan),
             vqgan_config=_spec("vqgan config", self.vqgan_config) if self.vqgan_config else None,
             clip=_spec("clip", self.clip),
-            video=_bool("video", self.video),
+            video=as_bool("video", self.video),
             preset=self.preset or None,
         )
 
