@@ -428,7 +428,9 @@ def _denoiser_fields(name: str, model) -> dict:
     try:
         model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
         out["fp8_kept"] = sum(p.numel() for p in model.parameters() if p.dtype != torch.float8_e4m3fn)
-    except Exception:  # not a diffusers ModelMixin, or casting unsupported: keep everything in compute dtype
+    # not a diffusers ModelMixin (no such method), or casting unsupported: everything kept in compute dtype. Not a
+    # bare Exception: a mistake here (a NameError) once read as "all kept" and went unseen
+    except (AttributeError, NotImplementedError, RuntimeError, TypeError, ValueError):
         out["fp8_kept"] = total
     out["quant_kept"] = sdnq_kept(model)
     if name == "unet" and "block_out_channels" in cfg:
