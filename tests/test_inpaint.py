@@ -355,6 +355,65 @@ def test_out_of_memory_in_an_inpaint_step_steps_down_and_finishes(inp, tmp_path,
     assert np.array_equal(out[~inside()], pixels(inp["init"])[~inside()])
 
 
+def test_out_of_memory_on_a_big_canvas_goes_on_as_only_masked_before_any_cheaper_preset(inp, tmp_path, monkeypatch):
+    """Simulated OOM (the ladder tests' way): a card on which a 1024 px step does not fit and a 512 px one does (the
+    UNet's forward raises torch.OutOfMemoryError on latents above 64x64). A whole-picture inpaint of a 1024 px canvas
+    with a small mask goes on as only masked, the mask's box at the tiny model's native 512 px, at the same preset;
+    the image keeps the canvas's size and every pixel outside the mask, and its PNG says Only masked."""
+    from diffusers import UNet2DConditionModel
+
+    side, box = 1024, (100, 120, 220, 200)
+    canvas = files.init_image(tmp_path / "canvas.png", side=side)
+    mask = files.mask_image(tmp_path / "canvas-mask.png", box, size=(side, side))
+    forward, seen = UNet2DConditionModel.forward, []
+
+    def small_card(self, sample, *args, **kwargs):
+        seen.append(tuple(sample.shape[-2:]))
+        if max(sample.shape[-2:]) > 64:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated: above 512 px)")
+        return forward(self, sample, *args, **kwargs)
+
+    monkeypatch.setattr(UNet2DConditionModel, "forward", small_card)
+    result = Session(preset="highvram").generate(request(inp, tmp_path, init_image=str(canvas), mask=str(mask),
+                                                         width=side, height=side, steps=2, strength=1.0))
+    steps = [(a["preset"], a["stage"], a["outcome"], a["width"]) for a in result.attempts]
+    assert steps[:2] == [("highvram", "denoise", "oom", side), ("highvram", "denoise", "ok", 512)]
+    assert seen[0] == (128, 128) and set(seen[1:]) == {(64, 64)}
+    out = pixels(result.images[0])
+    assert out.shape[:2] == (side, side)
+    m = inside(box, side)
+    assert np.array_equal(out[~m], pixels(canvas)[~m])
+    assert np.abs(out[m] - pixels(canvas)[m]).mean() > 10
+    params = parse_a1111_parameters(read_png_metadata(result.images[0])[0])
+    assert params["Inpaint area"] == "Only masked" and "Generated size" not in params
+    assert params["Size"] == f"{side}x{side}"
+
+
+def test_the_only_masked_step_is_taken_only_where_it_saves_memory(tmp_path):
+    """masked_rung: the box at the whole picture's scale, its shorter side at least the model's native side (or the
+    pass's); None for a box near the canvas's size and for a job that is only masked already."""
+    from lowvram_gen.inpaint.area import Area
+    from lowvram_gen.inpaint.masks import Prepared
+
+    canvas = Image.new("RGB", (2048, 1024))
+
+    def area(box, only_masked=False):
+        mask = Image.new("L", canvas.size)
+        mask.paste(255, box)
+        return Area(canvas, Prepared(mask, mask, None), only_masked, 32, "original", (2048, 1024))
+
+    small = area((1000, 500, 1100, 560))
+    rung = small.masked_rung((2048, 1024), 8, 512)
+    assert rung is not None and rung[1] == (1024, 512) and rung[0].only_masked and rung[0].out_size == (2048, 1024)
+    # the pass already capped to 1024x512: the box at that scale, floored to the pass's shorter side (512)
+    assert small.masked_rung((1024, 512), 8, 1024) is None
+    big = area((0, 0, 1800, 1000))
+    assert big.masked_rung((2048, 1024), 8, 512) is None
+    assert area((1000, 500, 1100, 560), only_masked=True).masked_rung((2048, 1024), 8, 512) is None
+    # a native side of 256 lets the box be smaller: 164x82 at scale 1 grows to 512x256
+    assert small.masked_rung((2048, 1024), 8, 256)[1] == (512, 256)
+
+
 def test_plan_of_a_single_file_inpainting_model_counts_nine_inputs(inp, tiny_path):
     """A single-file inpainting checkpoint with its base model's configs (4 channels) is planned with the 9 inputs
     its own header says."""

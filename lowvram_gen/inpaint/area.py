@@ -5,11 +5,15 @@ outside the blurred mask, the overlay mask doubled as A1111's is, so the repaint
 Only masked: the mask's box grown by the padding and to the job's aspect ratio is cut from the init image and
 resized to the pass's size (the denoiser sees that size, never the canvas); the result is resized back into the
 box of the init image at its own size, and keeps the original outside the blurred mask.
+
+The ladder's first step on a big canvas (`masked_rung`): a whole-picture job that ran out of memory goes on as only
+masked, the mask's box denoised at the scale the whole picture had (never below the model's native side), so the
+memory follows the box, not the canvas; the image keeps the whole picture's size.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lowvram_gen.inpaint import masks
 
@@ -24,6 +28,10 @@ class Area:
     padding: int
     content: str  # masks.CONTENTS
     size: tuple[int, int]  # the job's size (request width x height)
+    out_size: tuple[int, int] | None = None  # masked_rung: the size the whole picture's images had
+
+    # a step down must save at least this much: a box nearly the canvas's costs what the whole picture did
+    RUNG_MOST_PIXELS = 0.75
 
     @property
     def box(self) -> tuple[int, int, int, int] | None:
@@ -48,6 +56,25 @@ class Area:
             init = masks.fill(init, mask)
         return init, mask
 
+    def masked_rung(self, size: tuple[int, int], multiple: int, native: int) -> tuple["Area", tuple[int, int]] | None:
+        """The ladder's only-masked step for this whole-picture job now at pass size `size`: (the only-masked area,
+        its pass size), or None where it saves too little (an only-masked job already, a mask box near the canvas).
+        The pass size is the box at the whole picture's scale, its shorter side at least min(`native`, the pass's),
+        sides in `multiple`s."""
+        if self.only_masked:
+            return None
+        box = masks.crop_box(self.prepared.soft, self.padding)
+        if box is None:
+            return None
+        x0, y0, x1, y1 = masks.to_aspect(box, *size, self.init.size)
+        scale = size[0] / self.init.size[0]  # the whole-picture pass's pixels per canvas pixel
+        w, h = (x1 - x0) * scale, (y1 - y0) * scale
+        grow = max(1.0, min(native, *size) / min(w, h))  # a model makes poor pictures below its native size
+        sides = [min(side, max(multiple, round(v * grow / multiple) * multiple)) for v, side in zip((w, h), size)]
+        if sides[0] * sides[1] > self.RUNG_MOST_PIXELS * size[0] * size[1]:
+            return None
+        return replace(self, only_masked=True, out_size=self.size), (sides[0], sides[1])
+
     def finish(self, images: list) -> list:
         """The generated images (at the job's size) with the original kept outside the blurred mask."""
         from PIL import Image
@@ -65,7 +92,8 @@ class Area:
         for im in images:
             pasted = self.init.copy()
             pasted.paste(im.convert("RGB").resize((x1 - x0, y1 - y0), Image.LANCZOS), (x0, y0))
-            out.append(masks.overlay(pasted, self.init, self.prepared.soft))
+            done = masks.overlay(pasted, self.init, self.prepared.soft)
+            out.append(done if self.out_size in (None, done.size) else done.resize(self.out_size, Image.LANCZOS))
         return out
 
 

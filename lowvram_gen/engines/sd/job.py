@@ -197,14 +197,18 @@ class _Saver:
     def save(self, done: ChunkDone) -> None:
         request = self.request
         self.generated_size = done.generated_size
-        self.upscaled = self.upscaled or done.generated_size != request.output_size()
+        # the ladder's only-masked box is pasted into the canvas at its own scale: nothing was upscaled
+        self.upscaled = self.upscaled or (done.generated_size != request.output_size() and not done.only_masked)
         quantize = self.ladder.preset.memory.quantize  # the preset that made this pass
         self.quantized.add(quantize)
         if done.stopped:
             self.stopped[done.stopped] = self.stopped.get(done.stopped, 0) + len(done.images)
         indices = done.indices or range(len(self.images), len(self.images) + len(done.images))
+        made = done.generated_size
+        if done.only_masked:  # the ladder's only-masked step: the PNG says what ran, as A1111 writes only masked
+            request, made = replace(request, inpaint_area="masked"), request.output_size()
         for image, seed, flagged, index in zip(done.images, done.seeds, done.nsfw, indices):
-            fields = a1111_fields(request, self.sampler, seed, done.preset, done.generated_size, quantize,
+            fields = a1111_fields(request, self.sampler, seed, done.preset, made, quantize,
                                   self.clip_skip, subseed=request.subseed_for(index),
                                   hires_sampler=self.hires_sampler)
             fields.update(self.network_fields)

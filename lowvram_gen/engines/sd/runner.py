@@ -51,6 +51,7 @@ class ChunkDone:
     nsfw: list[bool]
     indices: list[int] | None = None  # each image's place in the job (batch count x batch size), for its subseed
     stopped: str | None = None  # sd.INTERRUPT / sd.SKIP: the pass was stopped early and decoded as it was
+    only_masked: bool = False  # inpainting: the ladder turned the whole-picture job into an only-masked one
 
 
 class Runner:
@@ -226,6 +227,8 @@ class _Job:
             timed = {"seconds_per_step": round(out.seconds_per_step, 4)} if out.seconds_per_step else {}
             self.ladder.record("denoise", "ok", started, **self.where(), extra=timed)
             size, target = self.size, self.request.output_size()
+            if self.area is not None and self.area.out_size is not None:
+                target = size  # the ladder's only-masked box: pasted back into the canvas as it was made
             stopped, at = out.stopped, out.stopped_at
             if self.request.hires and (stopped or self._stop_asked()):
                 # stopped in (or right after) the first pass: kept as it is, no hires pass, as in A1111
@@ -240,7 +243,8 @@ class _Job:
                 images = upscale_images(images, target, self.ladder.preset.upscaler, self.device, ladder=self.ladder)
             if self.area is not None:  # inpainting: the original kept outside the mask, the crop pasted back
                 images = self.area.finish(images)
-            on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw, indices, stopped))
+            on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw, indices, stopped,
+                               only_masked=self.area is not None and self.area.out_size is not None))
             pending = [i for i in pending if i not in indices]
             if stopped == sd.INTERRUPT:
                 raise Cancelled(f"cancelled at step {at[0]} of {at[1]}" if at else "cancelled before the hires pass")
@@ -267,7 +271,14 @@ class _Job:
                        texts=self.texts, embeds=self.embeds)
 
     def _step_down(self) -> None:
-        """After a denoise out-of-memory: fewer images per pass, the next preset, then fewer pixels."""
+        """After a denoise out-of-memory: an inpaint job on a big canvas goes on as only masked (inpaint/area.py),
+        then fewer images per pass, the next preset, then fewer pixels."""
+        rung = self.area.masked_rung(self.size, self.multiple, self._native_side()) if self.area is not None else None
+        if rung is not None:
+            self.area, self.size = rung
+            self.ladder.went_down(f"only masked, {self.size[0]}x{self.size[1]} around the mask, "
+                                  f"{self.ladder.preset_name}")
+            return
         if self.per_pass > 1:
             self.per_pass = math.ceil(self.per_pass / 2)
         elif self.ladder.step_preset():
@@ -279,6 +290,10 @@ class _Job:
         else:
             raise self.ladder.exhausted(ADVICE)
         self.ladder.went_down(f"{self.ladder.preset_name}, batch {self.per_pass}, {self.size[0]}x{self.size[1]}")
+
+    def _native_side(self) -> int:
+        """The side the denoiser was trained at (SD 1.x 512, SDXL 1024): its sample size in latents, in pixels."""
+        return int(self.pipe.unet.config.sample_size) * int(self.pipe.vae_scale_factor)
 
     def _decode(self, latents, size: tuple[int, int], safety_check: bool = True) -> tuple[list, list[bool]]:
         """Decode; on out-of-memory tiled, then cheaper presets; NaN/black half output again in float32."""
