@@ -62,7 +62,11 @@ class Processes:
             return list(part)
 
     def close(self) -> None:
+        """Every process reaches here before any tears its process group down: a process that destroyed its group
+        and exited while another still read from it was seen to end the set with gloo's 'terminate called without
+        an active exception' (the other's connection thread)."""
         if self.world > 1 and hasattr(self.state, "destroy_process_group"):
+            self.state.wait_for_everyone()
             self.state.destroy_process_group()
 
 
