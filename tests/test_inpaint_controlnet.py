@@ -161,6 +161,18 @@ def test_outside_the_blurred_mask_stays_the_init_image(made, session, tmp_path):
     assert np.abs(out[inside()] - init[inside()]).mean() > 10
 
 
+def test_masked_content_changes_what_the_controlnet_inpaint_pipeline_starts_from(made, session, tmp_path):
+    """Latent noise / latent nothing replace the init latents inside the mask in diffusers' ControlNet inpaint
+    pipeline too (its prepare_latents encodes the init image as the plain inpaint pipeline's does): each makes another
+    image inside the mask than original, the same outside it."""
+    out = {c: pixels(session.generate(request(made, tmp_path / c, masked_content=c, strength=0.6)).images[0])
+           for c in ("original", "latent-noise", "latent-nothing")}
+    m = inside()
+    for content in ("latent-noise", "latent-nothing"):
+        assert not np.array_equal(out[content][m], out["original"][m])
+        assert np.array_equal(out[content][~m], out["original"][~m])
+
+
 def test_only_masked_cuts_the_control_image_with_the_init_images_crop(made, session, tmp_path, monkeypatch):
     """Only masked on a 128 px canvas, a 64 px job, a control image of another size (96 px): the ControlNet reads the
     control image resized to the canvas, cut with the init image's crop box and resized to the job's size (A1111's
