@@ -243,9 +243,6 @@ class GenerationRequest:
         if self.hires:
             raise InvalidRequest("hires fix", "on", "hires fix with inpainting is not built yet (A1111's img2img has "
                                  "none either): inpaint, then upscale or hires the result")
-        if self.controlnets:
-            raise InvalidRequest("controlnet", self.controlnets[0].model, "ControlNet with inpainting is not built "
-                                 "yet: inpaint without --controlnet")
         path = check_image_path("mask", self.mask)
         check_mask_pixels(path, checked.invert_mask)
         return dataclasses.replace(checked, mask=path)

@@ -196,9 +196,10 @@ def test_png_info_fills_the_units_fields_and_says_to_upload_the_image(page, tmp_
         timeout=30_000)
 
 
-def test_both_tabs_wire_the_units_for_send_to_and_remembering(tmp_path, monkeypatch):
-    """The unit controls are registered under their KEYS in both tabs (what Send to fills and the browser remembers),
-    start at the extension's defaults, and the model list is the CLI's models/ControlNet discovery."""
+def test_every_tab_wires_the_units_for_send_to_and_remembering(tmp_path, monkeypatch):
+    """The unit controls are registered under their KEYS in txt2img, img2img and Inpaint (what Send to fills and the
+    browser remembers), start at the extension's defaults, and the model list is the CLI's models/ControlNet
+    discovery."""
     from lowvram_gen.session import Session
     from lowvram_gen.ui import remembered
     from lowvram_gen.ui.app import UiOptions, build_app
@@ -212,7 +213,7 @@ def test_both_tabs_wire_the_units_for_send_to_and_remembering(tmp_path, monkeypa
     real = remembered.wire
     monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs: wired.update(controls) or real(app, controls, jobs))
     build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
-    for tab in ("txt2img", "img2img"):
+    for tab in ("txt2img", "img2img", "inpaint"):
         assert set(KEYS) <= set(wired[tab])
         unit = {k: wired[tab][k] for k in KEYS}
         assert (unit["cn0_enabled"].value, unit["cn0_weight"].value, unit["cn0_guidance_end"].value,

@@ -4,6 +4,12 @@ The image is resized to the job's width x height (A1111's "Just Resize", with Pi
 one diffusers' image processor would use) and the preprocessor runs at that size (A1111's "Pixel Perfect"):
 `none` passes the image as the map; `canny` is control/canny.py. Maps are cached by file, size and settings,
 so the passes and retries of a job compute each once.
+
+Inpainting's "Only masked" (`crop`): the map follows the init image's crop, as A1111's extension does it for
+`inpaint_full_res` (scripts/controlnet.py: the control image resized to the mask's size with the unit's resize
+mode, cut with the init image's crop region, resized to the job's size, then preprocessed): the image is resized
+to the canvas (the init image's size, Just Resize), cut with the same box as the init image, resized to the pass's
+size, and its preprocessor runs there.
 """
 
 from __future__ import annotations
@@ -12,18 +18,28 @@ import functools
 from pathlib import Path
 
 
-def control_map(path: str, width: int, height: int, preprocessor: str = "none", low: int = 100, high: int = 200):
-    """The control map (PIL RGB, width x height) of the image at `path`."""
+def control_map(path: str, width: int, height: int, preprocessor: str = "none", low: int = 100, high: int = 200,
+                crop: tuple | None = None):
+    """The control map (PIL RGB, width x height) of the image at `path`. `crop`: ((canvas width, height), (x0, y0,
+    x1, y1)) for inpainting's only masked: the image at the canvas's size cut with that box first (see the module
+    doc)."""
     stat = Path(path).stat()
-    return _cached(str(path), stat.st_mtime_ns, stat.st_size, width, height, preprocessor, low, high).copy()
+    crop = None if crop is None else (tuple(crop[0]), tuple(crop[1]))
+    return _cached(str(path), stat.st_mtime_ns, stat.st_size, width, height, preprocessor, low, high, crop).copy()
 
 
 @functools.lru_cache(maxsize=8)
-def _cached(path: str, _mtime: int, _size: int, width: int, height: int, preprocessor: str, low: int, high: int):
+def _cached(path: str, _mtime: int, _size: int, width: int, height: int, preprocessor: str, low: int, high: int,
+            crop: tuple | None = None):
     from PIL import Image
 
     with Image.open(path) as im:
         image = im.convert("RGB")
+    if crop is not None:
+        canvas, box = crop
+        if image.size != canvas:
+            image = image.resize(canvas, Image.LANCZOS)
+        image = image.crop(box)
     if image.size != (width, height):
         image = image.resize((width, height), Image.LANCZOS)
     if preprocessor == "canny":

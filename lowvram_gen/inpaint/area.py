@@ -41,6 +41,13 @@ class Area:
         box = masks.crop_box(self.prepared.soft, self.padding)
         return masks.to_aspect(box, *self.size, self.init.size) if box is not None else None
 
+    @property
+    def control_crop(self) -> tuple | None:
+        """Only masked: ((canvas width, height), box), what a ControlNet unit's image is cut with (resized to the
+        canvas first), as A1111's extension cuts it with the init image's crop; None for the whole picture."""
+        box = self.box
+        return None if box is None else (tuple(self.init.size), tuple(box))
+
     def for_pass(self, size: tuple[int, int]) -> tuple[object, object]:
         """(init image, mask) at the pass's size: whole, or the box cut and resized; masked content "fill" paints
         the masked area of the init first."""

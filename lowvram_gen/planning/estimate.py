@@ -695,11 +695,14 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
         for working, scores in _sliced_attention_terms(profile, hw):
             act = max(act, coef * working * hw * n * dtype_bytes
                       + _fit()["slicing"] * scores * _score_bytes(profile, dtype_bytes))
-    act += inpaint_input_bytes(profile, hw, n, dtype_bytes)
+    inpaint = inpaint_input_bytes(profile, hw, n, dtype_bytes)
+    act += inpaint
     if profile.controlnet_units:  # planning/controlnet.py: its residuals beside the UNet's step, or its own forward
         held = coef * profile.controlnet_held * hw * n * dtype_bytes
         summed = held if profile.controlnet_units > 1 else 0.0  # the residuals of the units before it
-        own = coef * profile.controlnet_peak * hw * n * dtype_bytes + summed
+        # an inpainting UNet's mask and masked-image latents are held while the ControlNet runs too (half of
+        # inpaint_input_bytes: the other half is the UNet step's concatenated input)
+        own = coef * profile.controlnet_peak * hw * n * dtype_bytes + summed + inpaint / 2
         images = profile.controlnet_units * 3 * hw * sf * sf * n * dtype_bytes  # the control images, whole pass
         act = max(act + held, own) + images
     return int(act)

@@ -48,7 +48,7 @@ IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "heig
            *controlnet.SENT_KEYS)
 INPAINT = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
            "batch_size", "sampler", "model", "mask_blur", "invert_mask", "masked_content", "inpaint_area",
-           "mask_padding")
+           "mask_padding", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED, *controlnet.SENT_KEYS)
 UPSCALE = ("image",)
 KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "inpaint": INPAINT, "upscale": UPSCALE}
 LABELS = {"txt2img": "txt2img", "img2img": "img2img", "inpaint": "Inpaint", "upscale": "Upscale"}
@@ -117,9 +117,6 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
                 said.append("not used: its inpaint settings (send it to Inpaint for them; the mask is not in a PNG)")
             if controlnet.key(0, "enabled") in keys:
                 said += unit_fields(fields)
-            elif fields.get("controlnets"):  # the Inpaint tab: inpainting with ControlNet is not built yet
-                said.append(f"not used: {len(fields['controlnets'])} ControlNet unit(s) (inpainting with ControlNet "
-                            "is not built yet)")
             said += read.notes
     fields["init_image"] = fields["image"] = path
     return [fields.get(key, gr.update()) for key in keys], said

@@ -7,11 +7,13 @@ UNet (engines/sd/apply.py: cast, quantized, placed, offloaded, streamed, split u
 the ladder re-applies to them without a reload.
 
 `for_pass` gives a denoise pass its pipeline and arguments: diffusers' ControlNet pipeline for the pass
-(`StableDiffusionControlNetPipeline`, its Img2Img, and the SDXL ones) made over the loaded pipeline's
+(`StableDiffusionControlNetPipeline`, its Img2Img and Inpaint, and the SDXL ones) made over the loaded pipeline's
 components with the auto-pipelines' `from_pipe`, as engines/sd/pipeline.img2img_pipe makes the img2img one (no
 weights copied, cast or read), with `controlnet_conditioning_scale`, `control_guidance_start/end`, `guess_mode`
 and the control maps at the pass's size (control/preprocess.py): hires fix's second pass gets the control image
-resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both").
+resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both"); an inpaint
+pass with "Only masked" gets it cut with the init image's crop box first (Pass.control_crop), as the extension
+does for `inpaint_full_res`.
 """
 
 from __future__ import annotations
@@ -94,19 +96,20 @@ def _unhook(module) -> None:
                 registry.remove_hook(name, recurse=False)
 
 
-def control_pipe(pipe, img2img: bool, controlnet):
+def control_pipe(pipe, img2img: bool, controlnet, inpaint: bool = False):
     """diffusers' ControlNet pipeline over the loaded pipeline's components (StableDiffusionControlNetPipeline, its
-    Img2Img, the SDXL ones), as pipeline.img2img_pipe makes the img2img one: the auto-pipelines' `from_pipe`, which
-    picks the ControlNet class when given a `controlnet`. Not DiffusionPipeline.from_pipe: it casts every shared
-    model to its `dtype` argument, float32 when not given (diffusers 0.42), which would undo the memory settings
-    (fp16 weights doubled in place, sdnq's int8 refused)."""
-    from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
+    Img2Img, with `inpaint` its Inpaint, the SDXL ones), as pipeline.img2img_pipe makes the img2img one: the
+    auto-pipelines' `from_pipe`, which picks the ControlNet class when given a `controlnet`. Not
+    DiffusionPipeline.from_pipe: it casts every shared model to its `dtype` argument, float32 when not given
+    (diffusers 0.42), which would undo the memory settings (fp16 weights doubled in place, sdnq's int8 refused)."""
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting, AutoPipelineForText2Image
 
     from lowvram_gen.prompting.encode import family
 
     if family(pipe) is None:
         raise InvalidRequest("controlnet", type(pipe).__name__, "ControlNet needs an SD 1.x/2.x or SDXL pipeline")
-    auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
+    auto = AutoPipelineForInpainting if inpaint else AutoPipelineForImage2Image if img2img else \
+        AutoPipelineForText2Image
     made = auto.from_pipe(pipe, controlnet=controlnet)
     made.set_progress_bar_config(disable=True)
     return made
@@ -122,9 +125,10 @@ def for_pass(pipe, step) -> tuple[object, dict] | None:
         return None
     modules = unit_modules(pipe, len(units))
     img2img = step.init is not None
-    control = control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules)
+    control = control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules, inpaint=step.mask is not None)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
-    maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high) for u in units]
+    maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high,
+                        crop=step.control_crop) for u in units]
     one = len(units) == 1
     kwargs = {"image" if not img2img else "control_image": maps[0] if one else maps,
               "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units],

@@ -57,6 +57,9 @@ class Pass:
     cfg_scale: float | None = None  # None: the request's (a hires second pass: its hires CFG scale)
     # inpainting: the mask (PIL L, the pass's size; white is repainted), with `init` the images to repaint
     mask: object = None
+    # inpainting's only masked: ((canvas width, height), crop box) the ControlNet units' images are cut with, as the
+    # init image was (control/preprocess.py); None: the control images whole
+    control_crop: tuple | None = None
 
     @property
     def num_steps(self) -> int:
@@ -552,8 +555,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             # diffusers runs int(steps * strength) steps; at least one, or the result is empty
             kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
             content = contextlib.nullcontext()
-            if step.mask is not None:  # inpainting: diffusers' inpaint pipeline, the mask beside the init
-                i2i = inpaint.inpaint_pipe(pipe)
+            if step.mask is not None:  # inpainting: diffusers' inpaint pipeline (its ControlNet one), the mask too
+                i2i = control[0] if control is not None else inpaint.inpaint_pipe(pipe)
                 kwargs["mask_image"] = [step.mask] * n
                 content = inpaint.masked_content(i2i, request.masked_content, [step.mask], step.seeds, device)
             else:

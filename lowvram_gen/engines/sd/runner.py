@@ -265,7 +265,7 @@ class _Job:
         if self.area is not None:  # inpainting: the init and mask at this pass's size (the crop, for only masked)
             init, mask = self.area.for_pass(self.size)
             return sd.Pass(self.request, seeds, *self.size, init=[init] * len(seeds), strength=self.request.strength,
-                           texts=self.texts, embeds=self.embeds, mask=mask)
+                           texts=self.texts, embeds=self.embeds, mask=mask, control_crop=self.area.control_crop)
         resized = self.init if self.init.size == self.size else self.init.resize(self.size)
         return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength,
                        texts=self.texts, embeds=self.embeds)

@@ -1,7 +1,11 @@
 """The Inpaint tab (A1111's img2img > Inpaint): an image editor whose brush draws the mask on the image (the eraser
 takes strokes back), or an uploaded mask that overrides the drawing, A1111's inpaint options (Mask blur, Mask mode,
-Masked content, Inpaint area, Only masked padding) and img2img's main controls. It shares txt2img's job runner
-(queue, progress, Interrupt, Skip, live preview) and goes through the same request fields as the CLI's `inpaint`.
+Masked content, Inpaint area, Only masked padding) and img2img's controls (Batch count, Clip skip, the Extra seed
+options, Schedule type, Quantize and the ControlNet accordion included, from the same builders: ui/widgets.py,
+ui/controlnet.py). It shares txt2img's job runner (queue, progress, Interrupt, Skip, live preview) and goes through
+the same request fields as the CLI's `inpaint`. The inputs added after the first version come last in the Generate
+event's inputs (the quantize, schedule type, clip skip, Extra seed and batch count, then the ControlNet units), so
+an older positional API call keeps working.
 
 The drawn mask is every layer's opaque pixels (masks.binary reads an RGBA layer's alpha), written to a temporary
 PNG for the request, as an uploaded one is a file already. The width and height follow the image.
@@ -17,12 +21,14 @@ import gradio as gr
 
 from lowvram_gen.inpaint.masks import MAX_BLUR, MAX_PADDING
 from lowvram_gen.models.discover import model_choices
-from lowvram_gen.request import MAX_BATCH, MAX_CFG, MAX_STEPS
+from lowvram_gen.request import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
-from lowvram_gen.ui import live, messages, sendto
+from lowvram_gen.schedules import AUTOMATIC
+from lowvram_gen.ui import controlnet, live, messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.tabs.img2img import size_from
-from lowvram_gen.ui.widgets import ImagePath, Number, Slider
+from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
+                                    quantize_field, seed_extras)
 
 AREAS = [("Whole picture", "whole"), ("Only masked", "masked")]
 CONTENTS = [("fill", "fill"), ("original", "original"), ("latent noise", "latent-noise"),
@@ -62,7 +68,9 @@ def build(ctx: TabContext) -> None:
     def inpaint(editor, prompt, negative_prompt=None, strength=0.75, width=512, height=512, steps=20,
                 cfg_scale=7.0, seed=-1, batch_size=1, sampler=DEFAULT, model=None, mask_blur=4, invert_mask=False,
                 masked_content="original", inpaint_area="whole", mask_padding=32, uploaded_mask=None,
-                preview_every=0, preview_method="auto", request: gr.Request = None, progress=gr.Progress()):
+                preview_every=0, preview_method="auto", quantize=AS_PRESET, schedule_type=AUTOMATIC, clip_skip=1,
+                subseed=-1, subseed_strength=0.0, seed_resize_from_w=0, seed_resize_from_h=0, batch_count=1, *units,
+                request: gr.Request = None, progress=gr.Progress()):
         init = background(editor)
         if not init:
             yield gr.skip(), gr.skip(), messages.failure("choose an image first", request), gr.skip()
@@ -79,8 +87,11 @@ def build(ctx: TabContext) -> None:
                 width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
                 sampler=sampler or DEFAULT, model=model or options.model, mask_blur=mask_blur,
                 invert_mask=bool(invert_mask), masked_content=masked_content or "original",
-                inpaint_area=inpaint_area or "whole", mask_padding=mask_padding), request, progress, preview_every,
-                preview_method)
+                inpaint_area=inpaint_area or "whole", mask_padding=mask_padding, quantize=quantize_field(quantize),
+                schedule_type=schedule_type or AUTOMATIC, clip_skip=1 if clip_skip is None else clip_skip,
+                batch_count=1 if batch_count is None else batch_count,
+                **extra_seed_fields(subseed, subseed_strength, seed_resize_from_w, seed_resize_from_h),
+                **controlnet.request_fields(units)), request, progress, preview_every, preview_method)
         finally:
             if drawn:  # the drawn mask's file lives as long as its job
                 forget(drawn)
@@ -108,15 +119,27 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     width = Number("Width", 512, elem_id="inp-width")
                     height = Number("Height", 512, elem_id="inp-height")
+                    batch_count = Slider(1, MAX_BATCH_COUNT, value=1, step=1, label="Batch count",
+                                         elem_id="inp-batch-count")
                     batch = Slider(1, MAX_BATCH, value=1, step=1, label="Batch size")
                 with gr.Row():
                     steps = Slider(1, MAX_STEPS, value=20, step=1, label="Steps", elem_id="inp-steps")
                     cfg = Slider(0, MAX_CFG, value=7, step=0.5, label="CFG scale")
+                    clip_skip = Slider(1, MAX_CLIP_SKIP, value=1, step=1, label="Clip skip (1: off)",
+                                       elem_id="inp-clip-skip")
+                with gr.Row():
                     seed = Number("Seed (-1: random)", -1, elem_id="inp-seed")
+                    extra = gr.Checkbox(False, label="Extra", elem_id="inp-seed-extra")
                     sampler = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULT, label="Sampler",
                                           elem_id="inp-sampler")
-                model = gr.Dropdown(model_choices(options.models_folder), value=options.model, allow_custom_value=True,
-                                    label="Model", elem_id="inp-model")
+                    schedule_type = ScheduleType("inp-schedule-type")
+                extras = seed_extras(extra, prefix="inp-")
+                with gr.Row():
+                    model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
+                                        allow_custom_value=True, label="Model", elem_id="inp-model")
+                    pickers.model_refresh(model, options.models_folder, "inp-model-refresh")
+                    quantize = Quantize(AS_PRESET, "inp-quantize")
+                units = controlnet.build("inp-", width, height)
                 go, stop, skip = live.buttons("inp-", "inp-generate")
                 preview_every, preview_method = live.settings("inp-")
             with gr.Column(scale=2):
@@ -130,8 +153,9 @@ def build(ctx: TabContext) -> None:
     ctx.sent_notes["inpaint"] = sent
     ctx.controls["inpaint"] = dict(zip(sendto.INPAINT, [editor, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, blur, invert, content, area,
-                                                        padding]),
-                                   preview_every=preview_every, preview_method=preview_method)
+                                                        padding, quantize, schedule_type, clip_skip, extra, *extras]),
+                                   **units, batch_count=batch_count, preview_every=preview_every,
+                                   preview_method=preview_method)
 
     def editor_size(value):
         return size_from(background(value))
@@ -139,7 +163,9 @@ def build(ctx: TabContext) -> None:
     editor.upload(editor_size, [editor], [width, height], queue=False, api_visibility="private")
     live.shown_while_running(ctx, go, preview_every, preview_method, preview)  # before Generate: it runs first
     ctx.generate_events["inpaint"] = go.click(
-        inpaint, [editor, prompt, negative, strength, width, height, steps, cfg, seed, batch, sampler, model, blur,
-                  invert, content, area, padding, uploaded, preview_every, preview_method],
+        controlnet.appended(inpaint), [editor, prompt, negative, strength, width, height, steps, cfg, seed, batch,
+                                       sampler, model, blur, invert, content, area, padding, uploaded, preview_every,
+                                       preview_method, quantize, schedule_type, clip_skip, *extras, batch_count,
+                                       *units.values()],
         [gallery, info, summary, last_seed], api_name="inpaint", concurrency_id=GPU, concurrency_limit=1)
     live.wire(ctx, ctx.generate_events["inpaint"], stop, skip, summary, preview)
