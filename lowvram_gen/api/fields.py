@@ -102,12 +102,14 @@ JSON_NAMES: dict[str, str] = {
     "seed resize from height": "seed_resize_from_h", "model": "override_settings.sd_model_checkpoint",
     "batch count": "n_iter", "mask": "mask", "mask blur": "mask_blur", "inpaint area": "inpaint_full_res",
     "mask padding": "inpaint_full_res_padding", "masked content": "inpainting_fill",
-    "invert mask": "inpainting_mask_invert", "control mode": "alwayson_scripts.controlnet", "controlnets":
-    "alwayson_scripts.controlnet", "control_mode": "alwayson_scripts.controlnet",
-    "alwayson_scripts controlnet": "alwayson_scripts.controlnet",
+    "invert mask": "inpainting_mask_invert",
 }
 # what a job refuses in the prompt: the message keeps its name (`invalid LoRA: ...`), the 422's loc says the field
 IN_PROMPT = {"LoRA": "prompt", "loras": "prompt", "embedding": "prompt"}
+# the same for what the request or the job refuses of the ControlNet units as a whole (their control mode, their
+# count, a ControlNet for another model family, ControlNet with a mask)
+OF_THE_UNITS = {name: "alwayson_scripts.controlnet" for name in (
+    "control mode", "control_mode", "controlnets", "alwayson_scripts controlnet", "controlnet", "ControlNet")}
 
 
 @dataclass
@@ -134,7 +136,7 @@ def json_field(exc: InvalidRequest) -> str | None:
     unit = unit_field(exc)
     if unit is not None:
         return unit
-    name = IN_PROMPT.get(exc.field, exc.field)
+    name = IN_PROMPT.get(exc.field) or OF_THE_UNITS.get(exc.field, exc.field)
     known = name in JSON_NAMES.values() or name in TXT2IMG_DEFAULTS or name in IMG2IMG_DEFAULTS or name == "image"
     return name if known or name.startswith(("override_settings.", "alwayson_scripts")) else None
 
