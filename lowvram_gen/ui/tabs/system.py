@@ -50,7 +50,7 @@ def free_memory_text(session, device_text) -> str:
     return f"{device_text()}\n\n**Freed**: {what}; {format_size(freed)} of {memory} given back."
 
 
-def with_units(job: GenerationRequest, units) -> GenerationRequest:
+def with_unit_models(job: GenerationRequest, units) -> GenerationRequest:
     """`job` (validated) with txt2img's enabled ControlNet units, each checked as a job checks it but without its
     control image: the plan counts a unit's model, not its image, so a unit waiting for its image is counted too."""
     from lowvram_gen.control.units import check_units
@@ -110,7 +110,7 @@ def build(ctx: TabContext) -> None:
             job = GenerationRequest(prompt=prompt, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
                                     seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
                                     model=model or options.model, quantize=quantize_field(quantize)).validated()
-            job = with_units(job, controlnet.request_fields(units)["controlnets"])
+            job = with_unit_models(job, controlnet.request_fields(units)["controlnets"])
             result = session.plan(job)
         except LowVramError as exc:
             raise messages.error(exc, request) from None
