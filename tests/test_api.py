@@ -357,8 +357,8 @@ def test_what_would_change_the_image_is_refused_by_name(server):
     assert mask.status_code == 422 and "latent mask apart from the mask" in mask.json()["detail"][0]["msg"]
     script = _post(server, "txt2img", {"prompt": "x", "script_name": "x/y/z plot"}).json()["detail"][0]
     assert script["loc"] == ["body", "script_name"]
-    cn = _post(server, "txt2img", {"prompt": "x", "alwayson_scripts": {"ControlNet": {"args": []}}})
-    assert cn.status_code == 422 and "'ControlNet'" in cn.json()["detail"][0]["msg"]
+    other = _post(server, "txt2img", {"prompt": "x", "alwayson_scripts": {"ADetailer": {"args": []}}})
+    assert other.status_code == 422 and "'ADetailer'" in other.json()["detail"][0]["msg"]  # ControlNet's: its test
     bad = _post(server, "img2img", {"init_images": ["not base64!"], "prompt": "x"}).json()["detail"][0]
     assert bad["loc"] == ["body", "init_images"] and "not base64" in bad["msg"]
 

@@ -562,7 +562,7 @@ def test_batch_lines_take_units_with_our_keys_the_extensions_and_its_api_shape(c
     lines = [{**base, "controlnets": [ours], "control_mode": "controlnet"},
              {**base, "controlnets": [theirs, off]},
              {**base, "alwayson_scripts": {"controlnet": {"args": [theirs]}}},
-             {**base, "controlnets": [{**theirs, "resize_mode": "Crop and Resize"}]},
+             {**base, "width": 2 * SIDE, "controlnets": [{**theirs, "resize_mode": "Crop and Resize"}]},
              {**base, "controlnets": [theirs, {**theirs, "control_mode": 0}]}]
     file = tmp_path / "cn.jsonl"
     file.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
@@ -570,7 +570,9 @@ def test_batch_lines_take_units_with_our_keys_the_extensions_and_its_api_shape(c
     unit = ControlNetUnit(model, image, 0.7, 0.0, 0.8, "canny", 50, 150)
     assert [(j.request.controlnets, j.request.control_mode) for j in jobs.jobs] == [((unit,), "controlnet")] * 3
     assert [b.line for b in jobs.bad] == [4, 5]
-    assert "Just Resize only" in jobs.bad[0].error and "one control mode for every unit" in jobs.bad[1].error
+    # Crop and Resize would crop a square image for a 2:1 job (of the job's aspect it makes the Just Resize map)
+    assert "Resize and Fill only for a control image of the job's aspect ratio: the image is 64x64, the job 128x64" \
+        in jobs.bad[0].error and "one control mode for every unit" in jobs.bad[1].error
 
     file.write_text(json.dumps(lines[1]) + "\n")
     out = tmp_path / "out"

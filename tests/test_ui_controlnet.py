@@ -219,3 +219,32 @@ def test_every_tab_wires_the_units_for_send_to_and_remembering(tmp_path, monkeyp
         assert (unit["cn0_enabled"].value, unit["cn0_weight"].value, unit["cn0_guidance_end"].value,
                 unit["cn0_preprocessor"].value, unit["control_mode"].value) == (False, 1, 1, "none", "balanced")
         assert [c[0] for c in unit["cn1_model"].choices] == ["control_v11p_sd15_canny"]
+
+
+def test_the_system_tabs_estimate_counts_txt2imgs_enabled_units_and_names_them(tmp_path, models, monkeypatch):
+    """The System tab's Estimate plans txt2img's inputs and, last, its unit controls (as Generate takes them): an
+    enabled unit's ControlNet joins the plan (its weights in every candidate's estimate, as `plan --controlnet`
+    counts them) and the plan says which, even before the unit has its image; a disabled one is not counted."""
+    from lowvram_gen.session import Session
+    from lowvram_gen.ui.app import UiOptions, build_app
+    from lowvram_gen.ui.controlnet import key
+    from lowvram_gen.ui.widgets import AS_PRESET
+
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(models))
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
+    plan_table = next(f.fn for f in app.fns.values() if getattr(f.fn, "__name__", "") == "plan_table")
+    job = ("a boat", "", 512, 512, 20, 7, -1, 1, "default", "tiny", AS_PRESET)
+
+    def estimates(**units):
+        rows, text = plan_table(*job, **units)
+        return {row[0]: row[1] for row in rows}, text
+
+    plain, plain_text = estimates()
+    off, _ = estimates(**{key(0, "enabled"): False, key(0, "model"): "tiny-cn"})
+    counted, text = estimates(**{key(0, "enabled"): True, key(0, "model"): "tiny-cn"})
+    assert off == plain and "ControlNet" not in plain_text
+    assert "**ControlNet** counted with the denoiser: `tiny-cn`" in text and "streamed a step" in text
+    assert set(counted) == set(plain) and all(counted[name] != plain[name] for name in plain if name != "cpu")
+    with_image, _ = estimates(**{key(0, "enabled"): True, key(0, "model"): "tiny-cn",
+                                 key(0, "image"): str(models / "control.png")})
+    assert with_image == counted

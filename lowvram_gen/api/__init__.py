@@ -9,10 +9,11 @@ launch returns); `--nowebui` serves them alone. The tools people drive A1111 and
 - `listings`: sd-models, samplers, schedulers, loras, embeddings, upscalers; a checkpoint title -> a model
 - `state`: what `/options` reads and sets (the API's model and clip skip)
 - `progress`: `/progress` from the registry's running job
+- `controlnet`: the ControlNet extension's routes (/controlnet/model_list, module_list, version, detect)
 - `routes`: the FastAPI routes, their HTTP Basic auth and the per-request log
 - `serve`: mounting on gradio's app, or an API-only server (`--nowebui`)
 
-Importing this package (or fields, answers, listings, state, progress) loads neither gradio, FastAPI nor torch;
-`routes` and `serve` load FastAPI (and, through the UI's job registry, gradio), and only `ui.launch` imports them,
-when the API is on.
+Importing this package (or fields, answers, listings, state, progress, controlnet) loads neither gradio, FastAPI
+nor torch; `routes` and `serve` load FastAPI (and, through the UI's job registry, gradio), and only `ui.launch`
+imports them, when the API is on.
 """

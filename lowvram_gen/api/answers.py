@@ -54,7 +54,7 @@ def image_file(value: Any, field: str, folder: Path) -> str:
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
         raise InvalidRequest(field, _shown(value), unreadable_image(exc)) from None
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{field}-{time.monotonic_ns()}{suffix}"
+    path = folder / f"{re.sub(r'[^A-Za-z0-9_]+', '-', field)}-{time.monotonic_ns()}{suffix}"
     path.write_bytes(data)
     return str(path)
 
@@ -145,7 +145,7 @@ def a1111_parameters(text: str) -> dict:
 def validation_error(exc: InvalidRequest, field: str | None) -> dict:
     """FastAPI's (and so A1111's) 422 body for one refused value of JSON `field` (None: of the body), with our
     message."""
-    loc = ["body", *field.split(".")] if field else ["body"]
+    loc = ["body", *(int(p) if p.isdigit() else p for p in field.split("."))] if field else ["body"]
     value = exc.value if isinstance(exc.value, (str, int, float, bool, type(None))) else repr(exc.value)
     return {"detail": [{"type": "value_error", "loc": loc, "msg": str(exc), "input": value}]}
 

@@ -9,7 +9,9 @@ a field is left out: steps 50, sampler Euler, denoising strength 0.75. Each fiel
 - one of A1111's that has no effect here at its neutral value (restore_faces false, eta 1, s_noise 1, mask
   blur without a mask...): accepted silently at that value, named in a warning at any other;
 - refused with the reason, where ignoring it would make another image than asked (a latent mask apart from the
-  mask, a script, an extension's alwayson_scripts);
+  mask, a script, an always-on script other than ControlNet's);
+- `alwayson_scripts: {"controlnet": {"args": [unit, ...]}}`: A1111's ControlNet extension's units (its field names,
+  base64 images), read by the batch lines' parser (control/api.py) into the request's `controlnets`;
 - unknown: ignored, and named in a warning.
 
 A bad value is the request's `InvalidRequest` renamed to the JSON field (`invalid cfg_scale: 31; a number from
@@ -19,9 +21,11 @@ A bad value is the request's `InvalidRequest` renamed to the JSON field (`invali
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lowvram_gen.control.api import SCRIPT_NAMES, with_units
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import GenerationRequest, as_bool
 
@@ -102,6 +106,10 @@ JSON_NAMES: dict[str, str] = {
 }
 # what a job refuses in the prompt: the message keeps its name (`invalid LoRA: ...`), the 422's loc says the field
 IN_PROMPT = {"LoRA": "prompt", "loras": "prompt", "embedding": "prompt"}
+# the same for what the request or the job refuses of the ControlNet units as a whole (their control mode, their
+# count, a ControlNet for another model family, ControlNet with a mask)
+OF_THE_UNITS = {name: "alwayson_scripts.controlnet" for name in (
+    "control mode", "control_mode", "controlnets", "alwayson_scripts controlnet", "controlnet", "ControlNet")}
 
 
 @dataclass
@@ -125,9 +133,12 @@ def renamed(exc: InvalidRequest) -> InvalidRequest:
 
 def json_field(exc: InvalidRequest) -> str | None:
     """The JSON field (dotted inside override_settings) a refused value came from; None when it is not one."""
-    name = IN_PROMPT.get(exc.field, exc.field)
+    unit = unit_field(exc)
+    if unit is not None:
+        return unit
+    name = IN_PROMPT.get(exc.field) or OF_THE_UNITS.get(exc.field, exc.field)
     known = name in JSON_NAMES.values() or name in TXT2IMG_DEFAULTS or name in IMG2IMG_DEFAULTS or name == "image"
-    return name if known or name.startswith("override_settings.") else None
+    return name if known or name.startswith(("override_settings.", "alwayson_scripts")) else None
 
 
 def _neutral(value: Any, allowed) -> bool:
@@ -176,10 +187,12 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
                             "second pass at the same size)")
     else:
         fields.update(_img2img(got, warnings, init_image))
+    fields.update(_controlnet(got, fields, init_image))
     try:
         request = GenerationRequest(**fields).validated()
     except InvalidRequest as exc:
         raise renamed(exc) from None
+    _check_controlnet_models(request)
     parameters = dict(got)
     if kind == "img2img" and not as_bool("include_init_images", got["include_init_images"]):
         parameters["init_images"] = parameters["mask"] = None  # as A1111 echoes them
@@ -199,10 +212,14 @@ def _refuse_what_would_change_the_image(got: dict) -> None:
         raise InvalidRequest("script_name", got["script_name"], "lowvram-gen has no scripts (GET /sdapi/v1/scripts "
                                                                 "lists none): leave script_name out")
     scripts = got["alwayson_scripts"]
-    if scripts not in (None, {}):
-        names = ", ".join(map(repr, scripts)) if isinstance(scripts, dict) else repr(scripts)
-        raise InvalidRequest("alwayson_scripts", names, "lowvram-gen has no extensions or always-on scripts "
-                                                        "(GET /sdapi/v1/scripts lists none): leave it out or {}")
+    if not isinstance(scripts, dict):
+        raise InvalidRequest("alwayson_scripts", repr(scripts), 'send a JSON object: {"controlnet": {"args": '
+                                                                "[unit, ...]}} or {}")
+    others = [name for name in scripts if name not in SCRIPT_NAMES]
+    if others:
+        raise InvalidRequest("alwayson_scripts", ", ".join(map(repr, others)),
+                             "lowvram-gen has no always-on scripts but ControlNet's (\"controlnet\": {\"args\": "
+                             "[unit, ...]}): leave the others out")
 
 
 def _override_settings(got: dict, model: str, clip_skip: int, find_model,
@@ -275,3 +292,51 @@ def _inpaint(got: dict, warnings: list[str], init_image: Callable[..., str]) -> 
     return dict(mask=init_image(got["mask"], "mask"), mask_blur=blur, masked_content=got["inpainting_fill"],
                 inpaint_area=got["inpaint_full_res"], mask_padding=got["inpaint_full_res_padding"],
                 invert_mask=invert)
+
+
+def _controlnet(got: dict, fields: dict, init_image: Callable[..., str] | None) -> dict:
+    """The request's `controlnets` and `control_mode` from alwayson_scripts' ControlNet units (control/api.py: the
+    extension's unit fields, disabled units left out), each unit's base64 image stored as the init image is."""
+    scripts = {k: v for k, v in got["alwayson_scripts"].items() if k in SCRIPT_NAMES}
+    if not scripts:
+        return {}
+    if len(scripts) > 1:
+        raise InvalidRequest("alwayson_scripts", ", ".join(map(repr, scripts)), "give the ControlNet units once")
+    if init_image is None:
+        raise ValueError("ControlNet units need init_image to store their images")
+    out = with_units({"alwayson_scripts": scripts, "width": fields["width"], "height": fields["height"]},
+                     image=lambda field, value: init_image(value, field))
+    return {k: out[k] for k in ("controlnets", "control_mode") if k in out and out[k]}
+
+
+def _check_controlnet_models(request: GenerationRequest) -> None:
+    """Each unit's model found (models/ControlNet by name, as /controlnet/model_list lists them, a folder, a file or
+    a hub id) before the job queues, so a 422 names the unit whose model is not there."""
+    if not request.controlnets:
+        return
+    from lowvram_gen.models.controlnet import resolve_controlnet
+
+    for i, unit in enumerate(request.controlnets):
+        try:
+            resolve_controlnet(unit.model)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"ControlNet unit {i} model", unit.model,
+                                 f"{exc.allowed}; GET /controlnet/model_list lists the models") from None
+
+
+# the unit's field as its errors name it (control/units.py, control/api.py) -> the extension's JSON key
+UNIT_KEYS = {"image": "image", "control image": "image", "model": "model", "weight": "weight",
+             "guidance start": "guidance_start", "guidance end": "guidance_end", "preprocessor": "module",
+             "canny low threshold": "threshold_a", "canny high threshold": "threshold_b", "resize_mode": "resize_mode",
+             "mask": "mask", "hr_option": "hr_option"}
+_UNIT = re.compile(r"^ControlNet unit (\d+)(?: (.+))?$")
+
+
+def unit_field(exc: InvalidRequest) -> str | None:
+    """`alwayson_scripts.controlnet.args.N.key` for a refused value of ControlNet unit N (None: not a unit's)."""
+    match = _UNIT.match(exc.field)
+    if match is None:
+        return None
+    what = match.group(2) or ""
+    key = exc.value if what == "field" and isinstance(exc.value, str) else UNIT_KEYS.get(what)
+    return f"alwayson_scripts.controlnet.args.{match.group(1)}" + (f".{key}" if key else "")

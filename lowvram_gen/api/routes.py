@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
 
-from lowvram_gen.api import answers, listings, progress
+from lowvram_gen.api import answers, controlnet, listings, progress
 from lowvram_gen.api.fields import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.cli.output import ProgressBar
@@ -125,14 +125,18 @@ def _route_class(ctx: ApiContext) -> type[APIRoute]:
     return A1111Route
 
 
-def build_router(ctx: ApiContext) -> APIRouter:
+def _auth(ctx: ApiContext) -> Callable:
     basic = HTTPBasic(auto_error=False)
 
     def auth(given: HTTPBasicCredentials | None = Depends(basic)) -> None:
         if not ctx.authorized(given):
             raise HTTPException(401, "Incorrect username or password", headers={"WWW-Authenticate": "Basic"})
 
-    router = APIRouter(prefix=PREFIX, route_class=_route_class(ctx), dependencies=[Depends(auth)])
+    return auth
+
+
+def build_router(ctx: ApiContext) -> APIRouter:
+    router = APIRouter(prefix=PREFIX, route_class=_route_class(ctx), dependencies=[Depends(_auth(ctx))])
 
     @router.post("/txt2img")
     def txt2img(body: dict[str, Any] = Body(...)):
@@ -213,6 +217,33 @@ def build_router(ctx: ApiContext) -> APIRouter:
     @router.post("/png-info")
     def png_info(body: dict[str, Any] = Body(...)):
         return answers.png_info(body.get("image"))
+
+    return router
+
+
+def build_controlnet_router(ctx: ApiContext) -> APIRouter:
+    """The ControlNet extension's own routes (api/controlnet.py), with the same auth, error shapes and log."""
+    router = APIRouter(prefix="/controlnet", route_class=_route_class(ctx), dependencies=[Depends(_auth(ctx))])
+
+    @router.get("/version")
+    def version():
+        return controlnet.version()
+
+    @router.get("/model_list")
+    def model_list(update: bool = True):
+        return controlnet.model_list()  # scanned at every call, `update` or not
+
+    @router.get("/module_list")
+    def module_list(alias_names: bool = False):
+        return controlnet.module_list()  # no aliases: the names are the ones the units take
+
+    @router.post("/detect")
+    def detect(body: dict[str, Any] = Body(...)):
+        try:
+            return controlnet.detect(body)
+        except InvalidRequest as exc:  # the field named is the body's own key
+            return JSONResponse(answers.validation_error(exc, None if exc.field == "body" else exc.field),
+                                status_code=422)
 
     return router
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 import threading
 import time
 
-from lowvram_gen.api.routes import ApiContext, build_router
+from lowvram_gen.api.routes import ApiContext, build_controlnet_router, build_router
 
 START_TIMEOUT_S = 30.0
 
 
 def mount(app, ctx: ApiContext) -> None:
-    """Add the /sdapi/v1 routes to `app` (a FastAPI app: gradio's, once launched)."""
+    """Add the /sdapi/v1 routes and the ControlNet extension's /controlnet ones to `app` (a FastAPI app: gradio's,
+    once launched)."""
     app.include_router(build_router(ctx))
+    app.include_router(build_controlnet_router(ctx))
 
 
 class ApiServer:

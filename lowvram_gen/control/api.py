@@ -1,37 +1,56 @@
-"""ControlNet units as a batch line (or any mapping of request fields) gives them, A1111's API shape included.
+"""ControlNet units as a batch line or A1111's REST API (or any mapping of request fields) gives them, in A1111's
+sd-webui-controlnet API shape too: one parser for both.
 
 `controlnets` is a list of unit objects. Besides the request's own unit fields (control/units.py ControlNetUnit:
 model, image, weight, guidance_start, guidance_end, preprocessor, canny_low, canny_high), a unit takes the names
-of A1111's sd-webui-controlnet API (its ControlNetUnit's JSON): `module` (the preprocessor), `input_image`
-(the image: a path here, never base64 data), `threshold_a`/`threshold_b` (canny's thresholds), `enabled` (false:
-the unit is left out), `control_mode` (per unit there, one per job here: the units must agree; its integer form
-0/1/2 too), and `resize_mode` (Just Resize only, the one run here), `pixel_perfect`, `processor_res`, `low_vram`
-and `save_detected_map`, accepted and not used (the preprocessor always runs at the job's size, as Pixel Perfect
-does; the map is not saved). The whole A1111 API request shape works too:
-`"alwayson_scripts": {"controlnet": {"args": [unit, ...]}}`.
+of A1111's sd-webui-controlnet API (its ControlNetUnit's JSON):
+- `module` (the preprocessor), `input_image` (the image), `threshold_a`/`threshold_b` (canny's thresholds; -1,
+  the extension's "unset", is the default), `guidance` (its old name of guidance_end), `enabled` (false: the unit
+  is left out);
+- `control_mode`: per unit there, one per job here (the units must agree); its labels and integer form 0/1/2 too;
+- `resize_mode`: Just Resize (0, or 3, its latent variant) is what runs (the control image resized to the job's
+  size). Crop and Resize (1) and Resize and Fill (2) are taken for an image of the job's aspect ratio, where
+  the three make the same map; for another aspect they are refused (they would crop or pad it);
+- `mask` (empty only: a unit's own mask is not supported) and `hr_option` (Both only: the hires pass gets the
+  map too);
+- `pixel_perfect`, `processor_res`, `low_vram`/`lowvram` and `save_detected_map`: accepted and not used (the
+  preprocessor always runs at the job's size, as Pixel Perfect does; the map is not saved);
+- a model as the extension lists it, `name [hash]`, or `None` (no model: refused as a missing one).
+The whole A1111 API request shape works too: `"alwayson_scripts": {"controlnet": {"args": [unit, ...]}}`.
+
+A batch line's image is a path; the REST API gives `image=` a function that stores a base64 image as a file
+(api/answers.py image_file), called with the field the error should name (`ControlNet unit 0 image`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from lowvram_gen.errors import InvalidRequest
 
-RENAMED = {"module": "preprocessor", "input_image": "image", "threshold_a": "canny_low", "threshold_b": "canny_high"}
-NOT_USED = frozenset({"pixel_perfect", "processor_res", "low_vram", "save_detected_map"})
-JUST_RESIZE = ("Just Resize", "0", "ResizeMode.RESIZE", "just_resize")
+RENAMED = {"module": "preprocessor", "input_image": "image", "threshold_a": "canny_low", "threshold_b": "canny_high",
+           "guidance": "guidance_end"}
+NOT_USED = frozenset({"pixel_perfect", "processor_res", "low_vram", "lowvram", "save_detected_map"})
+JUST_RESIZE = ("Just Resize", "0", "3", "ResizeMode.RESIZE", "just_resize", "Just Resize (Latent upscale)")
+SAME_AT_THE_JOBS_ASPECT = {  # the extension's other resize modes (and their aliases): Crop and Resize, Resize and Fill
+    "1": max, "Crop and Resize": max, "ResizeMode.INNER_FIT": max, "Inner Fit (Scale to Fit)": max,
+    "Scale to Fit (Inner Fit)": max, "2": min, "Resize and Fill": min, "ResizeMode.OUTER_FIT": min,
+    "Outer Fit (Shrink to Fit)": min, "Envelope (Outer Fit)": min}
+BOTH = ("Both", "HiResFixOption.BOTH", "0")
 MODES = {"0": "balanced", "1": "prompt", "2": "controlnet"}  # the extension API's integer control modes
 _HASH = re.compile(r"\s*\[[0-9a-fA-F]{8,10}\]\s*$")  # the extension lists model files as `name [hash]`
+SCRIPT_NAMES = ("controlnet", "ControlNet")
 
 
-def with_units(fields: Mapping[str, Any]) -> dict:
+def with_units(fields: Mapping[str, Any], image: Callable[[str, Any], str] | None = None) -> dict:
     """`fields` with `controlnets` (and A1111's `alwayson_scripts`) as the request's unit mappings and
-    `control_mode`; other fields as they are."""
+    `control_mode`; other fields as they are. `image(field, value)`: a unit's image value -> a path (None: the
+    value is a path already); `width`/`height` in `fields` (else the request's defaults) are the job's size."""
     out = dict(fields)
     scripts = out.pop("alwayson_scripts", None)
     if scripts is not None:
-        if not isinstance(scripts, Mapping) or set(scripts) - {"controlnet", "ControlNet"}:
+        if not isinstance(scripts, Mapping) or set(scripts) - set(SCRIPT_NAMES):
             raise InvalidRequest("alwayson_scripts", scripts, 'only {"controlnet": {"args": [unit, ...]}} (A1111\'s '
                                                               "ControlNet extension) runs here")
         script = next(iter(scripts.values()), None)
@@ -52,22 +71,34 @@ def with_units(fields: Mapping[str, Any]) -> dict:
         unit = dict(unit)
         if unit.pop("enabled", True) in (False, "false", "False", 0):
             continue
+        where = f"ControlNet unit {i}"
         mode = unit.pop("control_mode", None)
         if mode is not None:
             modes.add(MODES.get(str(mode), mode))
         resize = unit.pop("resize_mode", None)
-        if resize is not None and str(resize) not in JUST_RESIZE:
-            raise InvalidRequest(f"ControlNet unit {i} resize_mode", resize, "Just Resize only (the control image "
-                                                                             "is resized to the job's size)")
+        if unit.pop("mask", None) not in (None, ""):
+            raise InvalidRequest(f"{where} mask", "<image>", "a unit's own mask is not supported: leave it out")
+        hr_option = unit.pop("hr_option", None)
+        if hr_option is not None and str(hr_option) not in BOTH:
+            raise InvalidRequest(f"{where} hr_option", hr_option, "Both only (the hires pass gets the map too)")
         for name in NOT_USED:
             unit.pop(name, None)
         for theirs, ours in RENAMED.items():
             if theirs in unit:
                 if ours in unit:
-                    raise InvalidRequest(f"ControlNet unit {i} field", theirs, f"give {ours!r} or {theirs!r}, not both")
+                    raise InvalidRequest(f"{where} field", theirs, f"give {ours!r} or {theirs!r}, not both")
                 unit[ours] = unit.pop(theirs)
+        for threshold in ("canny_low", "canny_high"):
+            if unit.get(threshold) in (-1, -1.0, "-1"):  # the extension's "unset": the preprocessor's default
+                del unit[threshold]
         if isinstance(unit.get("model"), str):
             unit["model"] = _HASH.sub("", unit["model"])
+            if unit["model"].strip() == "None":  # the extension's "no model"
+                unit["model"] = ""
+        if image is not None:
+            unit["image"] = image(f"{where} image", unit.get("image"))
+        if resize is not None and str(resize) not in JUST_RESIZE:
+            _check_resize(where, resize, unit.get("image"), fields)
         converted.append(unit)
     out["controlnets"] = converted
     if modes:
@@ -76,3 +107,42 @@ def with_units(fields: Mapping[str, Any]) -> dict:
                                  "one control mode for every unit of a job (diffusers has one per call)")
         out["control_mode"] = modes.pop()
     return out
+
+
+def _check_resize(where: str, resize: Any, path: Any, fields: Mapping[str, Any]) -> None:
+    """Crop and Resize or Resize and Fill, taken where it makes the Just Resize map: the image scaled by the larger
+    (crop) or smaller (fill) of the job's side ratios is the job's size, nothing cropped or padded."""
+    from lowvram_gen.request import GenerationRequest
+
+    allowed = ("Just Resize (the control image is resized to the job's size); Crop and Resize and Resize and Fill "
+               "only for a control image of the job's aspect ratio")
+    pick = SAME_AT_THE_JOBS_ASPECT.get(str(resize))
+    if pick is None:
+        raise InvalidRequest(f"{where} resize_mode", resize, allowed)
+    size = _image_size(path)
+    if size is None:
+        return  # no image, or not one: the request's check of the image says so
+    defaults = GenerationRequest.__dataclass_fields__
+    try:
+        width = int(fields.get("width") or defaults["width"].default)
+        height = int(fields.get("height") or defaults["height"].default)
+    except (TypeError, ValueError):
+        return  # the request's check of the size says what is wrong
+    w, h = size
+    k = pick(width / w, height / h)
+    if (round(w * k), round(h * k)) != (width, height):
+        raise InvalidRequest(f"{where} resize_mode", resize,
+                             f"{allowed}: the image is {w}x{h}, the job {width}x{height} (resize or crop the image "
+                             "to the job's aspect, or send Just Resize)")
+
+
+def _image_size(path: Any) -> tuple[int, int] | None:
+    if not isinstance(path, str) or not path.strip():
+        return None
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except Exception:  # noqa: BLE001 - not readable: the request's image check names the problem
+        return None

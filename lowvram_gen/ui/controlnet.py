@@ -135,7 +135,8 @@ def request_fields(values) -> dict:
 
 def appended(handler):
     """`handler(*its inputs, *controlnet, request=, progress=)` as gradio calls a Generate event: the handler's own
-    positional inputs, then one per KEYS, then gr.Request and gr.Progress."""
+    positional inputs, then one per KEYS, then gr.Request and gr.Progress. A handler that is not a generator (the
+    System tab's Estimate) is called without `progress`."""
     params = [p for p in inspect.signature(handler).parameters.values()
               if p.kind is p.POSITIONAL_OR_KEYWORD]
     defaults = {"enabled": False, "preprocessor": "none", "canny_low": CANNY_DEFAULTS[0],
@@ -147,11 +148,21 @@ def appended(handler):
                                  annotation=gr.Request),
                inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress())]
 
-    def event(*args, **kwargs):
+    def split(args, kwargs):
         named = dict(zip([p.name for p in params] + list(KEYS) + ["request", "progress"], args), **kwargs)
         own = [named.get(p.name, p.default) for p in params]
-        unit_values = [named.get(k, o.default) for k, o in zip(KEYS, ours)]
-        yield from handler(*own, *unit_values, request=named.get("request"), progress=named.get("progress"))
+        return [*own, *(named.get(k, o.default) for k, o in zip(KEYS, ours))], named
+
+    if inspect.isgeneratorfunction(handler):
+        def event(*args, **kwargs):
+            values, named = split(args, kwargs)
+            yield from handler(*values, request=named.get("request"), progress=named.get("progress"))
+    else:
+        special = special[:1]
+
+        def event(*args, **kwargs):
+            values, named = split(args, kwargs)
+            return handler(*values, request=named.get("request"))
 
     event.__signature__ = inspect.Signature(params + ours + special)
     event.__annotations__ = {"request": gr.Request}

@@ -1,10 +1,12 @@
 """The System tab: the device and what is loaded, the VRAM budget and reserve, free VRAM, the plan for the
-current txt2img request (every preset's estimate, the cpu preset's too when the CPU runs it), the presets,
+current txt2img request (every preset's estimate, the cpu preset's too when the CPU runs it; its enabled ControlNet
+units counted, as `plan --controlnet` counts them), the presets,
 and the remembered out-of-memory failures of this machine's GPU (never the CPU's: those were simulated).
 
 Everything here goes through Session methods; the sliders show the session's values on every page load.
 """
 
+import dataclasses
 import html
 import math
 
@@ -15,7 +17,7 @@ from lowvram_gen.device import GiB, format_size
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT
-from lowvram_gen.ui import messages
+from lowvram_gen.ui import controlnet, messages
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import AS_PRESET, quantize_field
 
@@ -46,6 +48,28 @@ def free_memory_text(session, device_text) -> str:
     memory = "VRAM" if kind != "cpu" else "system RAM"
     what = f"unloaded `{html.escape(loaded)}`" if loaded else "no model was loaded"
     return f"{device_text()}\n\n**Freed**: {what}; {format_size(freed)} of {memory} given back."
+
+
+def with_unit_models(job: GenerationRequest, units) -> GenerationRequest:
+    """`job` (validated) with txt2img's enabled ControlNet units, each checked as a job checks it but without its
+    control image: the plan counts a unit's model, not its image, so a unit waiting for its image is counted too."""
+    from lowvram_gen.control.units import check_units
+    from lowvram_gen.request import check_image_path
+
+    return dataclasses.replace(job, controlnets=check_units(units, check_image_path, image_required=False))
+
+
+def controlnet_text(job: GenerationRequest, chosen) -> str:
+    """What the plan counted of the units' ControlNets (as `plan --controlnet` says it): their weights as the chosen
+    candidate stores them, on the GPU for the whole denoise, and streamed each step."""
+    if not job.controlnets or chosen is None:
+        return ""
+    b = chosen.breakdown
+    names = ", ".join(dict.fromkeys(f"`{html.escape(u.model)}`" for u in job.controlnets))
+    return (f"\n\n**ControlNet** counted with the denoiser: {names}: "
+            f"{format_size(b.get('controlnet_bytes', 0))} as {html.escape(chosen.name)} stores them "
+            f"({format_size(b.get('controlnet_resident_bytes', 0))} on the device while it denoises, "
+            f"{format_size(b.get('controlnet_streamed_bytes_per_step', 0))} streamed a step).")
 
 
 def failures_table() -> list[list]:
@@ -81,11 +105,12 @@ def build(ctx: TabContext) -> None:
         return device_text()
 
     def plan_table(prompt, negative_prompt, width, height, steps, cfg_scale, seed, batch_size, sampler, model,
-                   quantize=AS_PRESET, request: gr.Request = None):
+                   quantize=AS_PRESET, *units, request: gr.Request = None):
         try:
             job = GenerationRequest(prompt=prompt, width=width, height=height, steps=steps, cfg_scale=cfg_scale,
                                     seed=seed, batch_size=batch_size, sampler=sampler or DEFAULT,
                                     model=model or options.model, quantize=quantize_field(quantize)).validated()
+            job = with_unit_models(job, controlnet.request_fields(units)["controlnets"])
             result = session.plan(job)
         except LowVramError as exc:
             raise messages.error(exc, request) from None
@@ -96,9 +121,10 @@ def build(ctx: TabContext) -> None:
                  "yes" if e.fits else "no", format_size(e.host_peak_bytes), "yes" if e.fits_host else "no",
                  f"{e.est_seconds_per_step:.3g}", _timing(e.timing), f"{e.width}x{e.height}", e.batch,
                  e.skipped_reason] for e in ordered]
+        counted = controlnet_text(job, next((e for e in result.estimates if e.name == chosen), None))
         if result.refusal:
-            return rows, f"Would not run: {html.escape(messages.for_ui(result.refusal))}"
-        return rows, f"Would run: **{result.preset.name}** ({html.escape(messages.for_ui(result.reason))})"
+            return rows, f"Would not run: {html.escape(messages.for_ui(result.refusal))}{counted}"
+        return rows, f"Would run: **{result.preset.name}** ({html.escape(messages.for_ui(result.reason))}){counted}"
 
     def presets_table():
         rows = []
@@ -128,7 +154,7 @@ def build(ctx: TabContext) -> None:
             reserve = gr.Slider(0, max(RESERVE_MAX_GIB, reserve_gib), value=reserve_gib, step=0.1,
                                 label="Reserve for other programs, GiB", elem_id="reserve", **gpu_only)
         free = gr.Button("Free memory (unload the model)", elem_id="free")  # VRAM and RAM: one label, any machine
-        gr.Markdown("### Plan for the current txt2img request")
+        gr.Markdown("### Plan for the current txt2img request (with its enabled ControlNet units)")
         plan_btn = gr.Button("Estimate", elem_id="estimate")
         plan_md = gr.Markdown(elem_id="plan")
         plan_df = gr.Dataframe(headers=["preset", "VRAM estimate", "fits VRAM", "RAM estimate", "fits RAM", "s/step",
@@ -150,8 +176,10 @@ def build(ctx: TabContext) -> None:
             event(set_memory, [budget, reserve], [device_md], api_visibility="private", trigger_mode="always_last",
                   show_progress="hidden")
     free.click(free_vram, None, [device_md], concurrency_id=GPU, concurrency_limit=1, api_visibility="private")
-    plan_btn.click(plan_table, [*ctx.txt2img_inputs, ctx.controls["txt2img"]["quantize"]], [plan_df, plan_md],
-                   api_visibility="private")
+    # the ControlNet units last (ui/controlnet.py appended), after the older inputs
+    plan_btn.click(controlnet.appended(plan_table), [*ctx.txt2img_inputs, ctx.controls["txt2img"]["quantize"],
+                                                     *(ctx.controls["txt2img"][k] for k in controlnet.KEYS)],
+                   [plan_df, plan_md], api_visibility="private")
     forget.click(forget_failures, None, [failures_df], api_visibility="private")
     ctx.app.load(lambda: (device_text(), *limits(), *presets_table(), failures_table()), None,
                  [device_md, budget, reserve, presets_df, forced_md, failures_df], api_visibility="private")
