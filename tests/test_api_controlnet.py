@@ -114,6 +114,29 @@ def test_img2img_takes_a_data_url_input_image_and_the_extensions_labels_and_skip
         assert "Denoising strength: 0.6" in text
 
 
+def test_img2img_with_a_mask_and_a_unit_inpaints_with_controlnet(server, models, tmp_path):
+    """A1111's inpaint body (mask, inpainting_fill, inpaint_full_res) with a ControlNet unit: the unit is in the
+    infotext beside the inpaint fields, and the pixels outside the mask stay the init image's."""
+    init = np.zeros((SIDE, SIDE, 3), dtype=np.uint8)
+    init[:, :, 0] = np.linspace(0, 255, SIDE, dtype=np.uint8)
+    Image.fromarray(init).save(tmp_path / "init.png")
+    mask = np.zeros((SIDE, SIDE), dtype=np.uint8)
+    mask[8:40, 8:40] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    unit = {"image": _b64(models / "control.png"), "module": "canny", "model": "tiny-cn", "weight": 0.9}
+    answer = _post(server, "img2img", {**_job(), "init_images": [_b64(tmp_path / "init.png")],
+                                       "mask": _b64(tmp_path / "mask.png"), "mask_blur": 0, "inpainting_fill": 1,
+                                       "inpaint_full_res": False, "denoising_strength": 1.0,
+                                       "alwayson_scripts": {"controlnet": {"args": [unit]}}})
+    assert answer.status_code == 200, answer.text[:600]
+    text = json.loads(answer.json()["info"])["infotexts"][0]
+    assert 'ControlNet 0: "Module: canny, Model: tiny-cn, Weight: 0.9' in text and "Denoising strength: 1," in text
+    out = _pixels(Image.open(io.BytesIO(base64.b64decode(answer.json()["images"][0]))))
+    outside = mask == 0
+    assert np.array_equal(out[outside], init.astype(int)[outside])
+    assert np.abs(out[~outside] - init.astype(int)[~outside]).mean() > 5
+
+
 def _refused(server, args, route="txt2img", **more) -> dict:
     body = {**_job(), **more, "alwayson_scripts": {"ControlNet": {"args": args}}}
     if route == "img2img":
