@@ -20,7 +20,10 @@ def _filled(make, seed: int, scale: float = 0.05) -> dict:
     one by one takes seconds; a repeated pool of 1 M is as good for a test and costs a copy)."""
     import torch
 
-    with torch.device("meta"):
+    import warnings
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # timm: "Mapping deprecated model name vit_base_resnet50_384"
         net = make()
     pool = torch.randn(1 << 20, generator=torch.Generator().manual_seed(seed)) * scale
     twice, size = torch.cat([pool, pool]), pool.numel()

@@ -173,7 +173,10 @@ def _midas(paths: dict):
     from controlnet_aux.midas import MidasDetector
     from controlnet_aux.midas.midas.dpt_depth import DPTDepthModel
 
-    with torch.device("meta"):
+    import warnings
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # timm: "Mapping deprecated model name vit_base_resnet50_384"
         net = DPTDepthModel(path=None, backbone="vitb_rn50_384", non_negative=True)
     try:
         net.load_state_dict(_weights(next(iter(paths.values()))), assign=True)
