@@ -31,6 +31,7 @@ from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata  # noq
 
 import controlnet_files  # noqa: E402  (tests/controlnet_files.py)
 import preprocessor_files  # noqa: E402  (tests/preprocessor_files.py)
+from test_ui import _fill_job, browser, needs_browser, page, server  # noqa: E402,F401  (the browser tests' fixtures)
 
 W, H = 96, 64
 
@@ -272,3 +273,24 @@ def test_the_readme_lists_every_module():
     section = readme[readme.index("## ControlNet"):readme.index("## Memory: presets")]
     for name in detectors.NAMES:
         assert f"`{name}`" in section, name
+
+
+@needs_browser
+def test_in_the_browser_a_lineart_unit_previews_its_map(here, page):
+    """The accordion's dropdown in a real headless Chromium (tests/test_ui.py's fixtures): lineart_realistic picked,
+    Preview shows the job's map at the tab's size."""
+    import urllib.request
+
+    _fill_job(page, "lines steer", 64, 64, 2)
+    page.locator("#controlnet").get_by_text("ControlNet", exact=True).first.click()  # open the accordion
+    page.locator("#cn0-image input[type=file]").set_input_files(str(here["image"]))
+    page.locator("#cn0-image img").first.wait_for(timeout=30_000)
+    page.locator("#cn0-preprocessor input").first.click()
+    page.get_by_role("option", name="lineart_realistic", exact=True).click()
+    page.click("#cn0-preview-button")
+    page.wait_for_function("() => { const img = document.querySelector('#cn0-preview img');"
+                           " return img !== null && img.complete && img.naturalWidth > 0; }", timeout=60_000)
+    src = page.locator("#cn0-preview img").first.get_attribute("src")
+    with urllib.request.urlopen(src) as answer:
+        shown = np.asarray(Image.open(answer).convert("RGB"))
+    assert np.array_equal(shown, np.asarray(control_map(str(here["image"]), 64, 64, "lineart_realistic")))
