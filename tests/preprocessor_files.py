@@ -3,9 +3,9 @@
 Each network is controlnet_aux's own model class (the one its detectors load), its tensors filled with seeded
 random values and saved in half precision (the loaders read either) under the exact file name the loaders look
 for: `annotator/downloads/<module folder>/<file>` of a webui folder, as A1111's sd-webui-controlnet downloads
-them. Each network is built on the meta device and filled tensor by tensor: initialising
-MiDaS' DPT-Hybrid (123 M weights) for real takes seconds. OpenPose's files drop their first key part, as the original .pth files do (controlnet_aux's
-`util.transfer` puts it back).
+them. Each network is built on the meta device and filled tensor by tensor: initialising MiDaS' DPT-Hybrid
+(123 M weights) for real takes seconds. OpenPose's body and hand files drop their first key part, as the original
+.pth files do (controlnet_aux's `util.transfer` puts it back).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ A1111_DOWNLOADS = Path("extensions") / "sd-webui-controlnet" / "annotator" / "do
 
 
 def _filled(make, seed: int, scale: float = 0.05) -> dict:
-    """The tensors of the network `make()` builds (on the meta device: no memory, no initialisation) filled from one seeded pool of random numbers, repeated (drawing 123 M normal numbers
-    one by one takes seconds; a repeated pool of 1 M is as good for a test and costs a copy)."""
-    import torch
-
+    """The tensors of the network `make()` builds (on the meta device: no memory, no initialisation), filled from
+    one seeded pool of random numbers, repeated (drawing 123 M normal numbers takes seconds; a repeated pool of 1 M
+    is as good for a test and costs a copy)."""
     import warnings
+
+    import torch
 
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # timm: "Mapping deprecated model name vit_base_resnet50_384"
