@@ -94,7 +94,7 @@ def test_flag_units_and_their_ranges_are_checked_before_anything_loads(cn):
                            control_mode="ControlNet is more important").validated()
     assert ok.control_mode == "controlnet" and ok.controlnets[0].weight == 2.0
     bad = [(dict(weight=2.5), "weight"), (dict(guidance_start=0.6, guidance_end=0.5), "guidance start"),
-           (dict(guidance_end=1.5), "guidance end"), (dict(preprocessor="depth_midas"), "need a model of their own"),
+           (dict(guidance_end=1.5), "guidance end"), (dict(preprocessor="depth_zoe"), "not built here"),
            (dict(preprocessor="sobel"), "use one of none, canny"), (dict(canny_low=220), "high threshold"),
            (dict(image=None), "needs a control image")]
     for change, words in bad:

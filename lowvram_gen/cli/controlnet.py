@@ -14,9 +14,13 @@ def add_controlnet_args(p: argparse.ArgumentParser) -> None:
                         "Repeatable: several units")
     g.add_argument("--control-image", action="append", default=[], metavar="IMAGE",
                    help="the control image of each --controlnet, in order")
-    g.add_argument("--preprocessor", action="append", default=[], metavar="none|canny[:LOW:HIGH]",
+    g.add_argument("--preprocessor", action="append", default=[], metavar="none|canny[:LOW:HIGH]|MODULE",
                    help="what each unit's image goes through first, in order (default none: the image is the map; "
-                        "canny: edges, thresholds 100:200 as A1111's)")
+                        "canny: edges, thresholds 100:200 as A1111's). A1111's model-based modules (pip install "
+                        "'lowvram-gen[preprocessors]', weights from A1111's annotator downloads, "
+                        "models/ControlNetPreprocessor or the Hugging Face cache): depth_midas (depth), openpose, "
+                        "openpose_hand, openpose_face, openpose_faceonly, openpose_full, lineart_realistic "
+                        "(lineart), lineart_coarse, lineart_anime, lineart_standard")
     g.add_argument("--control-mode", metavar="balanced|controlnet",
                    help="balanced (default) or controlnet (A1111's 'ControlNet is more important': diffusers' guess "
                         "mode); A1111's 'My prompt is more important' has no diffusers equivalent")

@@ -2,7 +2,8 @@
 
 The image is resized to the job's width x height (A1111's "Just Resize", with Pillow's Lanczos filter, the
 one diffusers' image processor would use) and the preprocessor runs at that size (A1111's "Pixel Perfect"):
-`none` passes the image as the map; `canny` is control/canny.py. Maps are cached by file, size and settings,
+`none` passes the image as the map; `canny` is control/canny.py; the model-based ones (depth_midas, openpose,
+lineart, ...) are control/detectors.py. Maps are cached by file, size and settings,
 so the passes and retries of a job compute each once.
 
 Inpainting's "Only masked" (`crop`): the map follows the init image's crop, as A1111's extension does it for
@@ -46,4 +47,8 @@ def _cached(path: str, _mtime: int, _size: int, width: int, height: int, preproc
         from lowvram_gen.control.canny import canny
 
         return canny(image, low, high)
+    if preprocessor != "none":
+        from lowvram_gen.control.detectors import run
+
+        return run(preprocessor, image)
     return image

@@ -32,11 +32,12 @@ from lowvram_gen.errors import InvalidRequest
 MAX_UNITS = 4  # A1111's default number of ControlNet units is 3; more is a typo's cost, not a card's
 MAX_WEIGHT = 2.0  # A1111's "Control Weight" slider maximum
 PREPROCESSORS = ("none", "canny")  # need no model: always there
-# A1111's model-based preprocessors (controlnet_aux's detectors): named so the refusal can say what they are
-MODEL_PREPROCESSORS = ("depth", "depth_midas", "depth_leres", "depth_zoe", "depth_anything", "openpose",
-                       "openpose_full", "dw_openpose_full", "lineart", "lineart_realistic", "lineart_anime",
-                       "softedge_hed", "softedge_pidinet", "mlsd", "normal_bae", "seg_ofade20k", "scribble_hed",
-                       "tile_resample", "shuffle", "mediapipe_face", "inpaint_only", "reference_only")
+# A1111's other preprocessors, not built here: named so the refusal can say so (the built model-based ones are
+# control/detectors.py NAMES, run through controlnet_aux when it is installed)
+NOT_BUILT = ("depth_leres", "depth_leres++", "depth_zoe", "depth_anything", "depth_anything_v2", "dw_openpose_full",
+             "normal_bae", "normal_midas", "softedge_hed", "softedge_hedsafe", "softedge_pidinet", "softedge_pidisafe",
+             "scribble_hed", "scribble_pidinet", "scribble_xdog", "mlsd", "seg_ofade20k", "seg_ofcoco", "seg_ufade20k",
+             "tile_resample", "shuffle", "mediapipe_face", "inpaint_only", "reference_only", "lineart_anime_denoise")
 CANNY_DEFAULTS = (100, 200)  # the extension's canny "Low/High Threshold" slider defaults (range 1-255)
 CONTROL_MODES = {"balanced": "Balanced", "prompt": "My prompt is more important",
                  "controlnet": "ControlNet is more important"}
@@ -107,15 +108,20 @@ def _whole(field: str, value: Any, lo: int, hi: int) -> int:
 
 
 def check_preprocessor(field: str, value: Any) -> str:
-    """'none' or 'canny'; a model-based preprocessor (depth, openpose, ...) is refused saying so."""
+    """'none', 'canny', or A1111's name of a model-based one (control/detectors.py) once it can run here: its
+    library installed and its weight files found, said in one sentence otherwise (before anything loads)."""
+    from lowvram_gen.control import detectors
+
     name = str(value or "none").strip().lower()
     if name in PREPROCESSORS:
         return name
-    if name in MODEL_PREPROCESSORS or name.split("_")[0] in {m.split("_")[0] for m in MODEL_PREPROCESSORS}:
-        raise InvalidRequest(field, value, "preprocessors that need a model of their own (depth, openpose, lineart, "
-                                           "...) are not built yet: give a ready-made control map with "
-                                           "preprocessor none, or use canny")
-    raise InvalidRequest(field, value, f"use one of {', '.join(PREPROCESSORS)}")
+    if detectors.canonical(name) is not None:
+        return detectors.check(field, name)
+    allowed = f"use one of {', '.join(PREPROCESSORS + detectors.NAMES)}"
+    if name in NOT_BUILT or name.split("_")[0] in {m.split("_")[0] for m in NOT_BUILT}:
+        raise InvalidRequest(field, value, f"not built here; {allowed} (or make the map elsewhere and pass it with "
+                                           "none)")
+    raise InvalidRequest(field, value, allowed)
 
 
 def check_control_mode(value: Any) -> str:
@@ -236,6 +242,8 @@ def unit_text(unit: ControlNetUnit, model_label: str, control_mode: str, process
     if unit.preprocessor == "canny":
         fields.update({"Processor Res": str(processor_res), "Threshold A": str(unit.canny_low),
                        "Threshold B": str(unit.canny_high)})
+    elif unit.preprocessor != "none":  # a model-based one: its resolution, no thresholds shown
+        fields["Processor Res"] = str(processor_res)
     fields.update({"Guidance Start": _shown(unit.guidance_start), "Guidance End": _shown(unit.guidance_end),
                    "Pixel Perfect": "True", "Control Mode": CONTROL_MODES[control_mode], "Hr Option": "Both",
                    "Save Detected Map": "False"})

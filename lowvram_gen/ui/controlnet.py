@@ -1,6 +1,8 @@
 """The ControlNet accordion of txt2img and img2img: units as A1111's sd-webui-controlnet shows them.
 
-Each unit: Enable, the control image, the preprocessor (none, canny with its two thresholds, shown for canny only),
+Each unit: Enable, the control image, the preprocessor (none, canny with its two thresholds, shown for canny only, and
+the model-based ones of control/detectors.py: depth_midas, openpose..., lineart..., listed whether or not
+controlnet_aux and their weights are here: Preview and Generate say in one sentence what is missing),
 Preview (the preprocessed map at the tab's width x height, as the job computes it: control/preprocess.py), the
 model (the names in models/ControlNet, as the CLI finds them: models/controlnet.py `available()`, with Refresh; a
 folder, file or hub id can be typed), the weight and the guidance start/end; then one control mode for all units
@@ -23,6 +25,7 @@ import inspect
 
 import gradio as gr
 
+from lowvram_gen.control.detectors import NAMES
 from lowvram_gen.control.units import CANNY_DEFAULTS, CONTROL_MODES, MAX_WEIGHT, PREPROCESSORS, check_control_mode
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.ui import messages
@@ -93,7 +96,7 @@ def _unit(ids: str, i: int, width, height) -> dict:
         image = ImagePath("Control image", elem_id=f"{ids}image")
         shown = gr.Image(label="Preprocessor preview", interactive=False, format="png", elem_id=f"{ids}preview")
     with gr.Row():
-        preprocessor = gr.Dropdown(list(PREPROCESSORS), value="none", label="Preprocessor",
+        preprocessor = gr.Dropdown(list(PREPROCESSORS + NAMES), value="none", label="Preprocessor",
                                    elem_id=f"{ids}preprocessor")
         preprocessor.preprocess = _as_sent
         go = gr.Button("Preview", size="sm", scale=0, min_width=80, elem_id=f"{ids}preview-button")

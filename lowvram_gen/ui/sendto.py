@@ -28,7 +28,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from lowvram_gen.control.units import PREPROCESSORS
+from lowvram_gen.control.units import check_preprocessor
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.infotext import NoParameters, from_png, local_model
 from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER
@@ -136,9 +136,10 @@ def unit_fields(fields: dict) -> list[str]:
             continue
         for name in controlnet.FIELDS[2:]:
             fields[controlnet.key(i, name)] = getattr(unit, name)
-        if str(unit.preprocessor).lower() not in PREPROCESSORS:
-            said.append(f"not used: ControlNet Unit {i} preprocessor {unit.preprocessor!r} (not built here: make the "
-                        "map elsewhere and use none)")
+        try:  # a model-based one needs controlnet_aux and its weights here
+            fields[controlnet.key(i, "preprocessor")] = check_preprocessor("preprocessor", unit.preprocessor)
+        except LowVramError as exc:
+            said.append(f"not used: ControlNet Unit {i} preprocessor {unit.preprocessor!r} ({exc}): none instead")
             fields[controlnet.key(i, "preprocessor")] = "none"
         said.append(f"ControlNet Unit {i}: its control image is not in the PNG: upload one")
     if len(units) > controlnet.UNITS:
