@@ -5,7 +5,8 @@ answers them (its scripts/api.py), from our ControlNet models and preprocessors:
 - `GET /controlnet/model_list`: "None" and the models in models/ControlNet (models/controlnet.py `available()`, the
   names a job finds them by), a file as `name [hash]` (A1111's short hash, as the extension lists it), a diffusers
   folder by its name; scanned at every call (its `update` is always true here).
-- `GET /controlnet/module_list`: the preprocessors that run here (none, canny) and their sliders.
+- `GET /controlnet/module_list`: the preprocessors a unit takes here (none, canny and the model-based ones of
+  control/detectors.py) and their sliders.
 - `POST /controlnet/detect`: a preprocessor run on base64 images at `controlnet_processor_res` (the shorter side
   of the map; the extension's default 512), the maps answered base64.
 
@@ -44,13 +45,20 @@ def model_list() -> dict:
 
 
 def module_list() -> dict:
-    """The preprocessors a unit's `module` takes here, with the extension's detail shape (canny's two sliders)."""
+    """The preprocessors a unit's `module` takes here, with the extension's detail shape (canny's two sliders; the
+    model-based ones' resolution slider). A model-based one is listed whether or not its weights are here: a unit
+    naming one whose files are missing is refused saying which and where they were looked for."""
+    from lowvram_gen.control import detectors
+
     low, high = CANNY_DEFAULTS
     sliders = {"none": [], "canny": [
         {"name": "Canny Low Threshold", "value": low, "min": 1, "max": 255, "step": 1},
         {"name": "Canny High Threshold", "value": high, "min": 1, "max": 255, "step": 1}]}
-    return {"module_list": list(PREPROCESSORS),
-            "module_detail": {name: {"model_free": True, "sliders": sliders[name]} for name in PREPROCESSORS}}
+    resolution = [{"name": "Preprocessor Resolution", "value": DEFAULT_RES, "min": MIN_RES, "max": MAX_RES}]
+    detail = {name: {"model_free": True, "sliders": sliders[name]} for name in PREPROCESSORS}
+    detail.update({name: {"model_free": not detectors.MODULES[name].files, "sliders": resolution}
+                   for name in detectors.NAMES})
+    return {"module_list": list(detail), "module_detail": detail}
 
 
 def _number(body: dict, name: str, default: int, lo: int, hi: int, unset: tuple = (None, -1, -1.0)) -> int:
@@ -74,7 +82,7 @@ def detect(body: Any) -> dict:
     if not isinstance(images, list) or not images:
         raise InvalidRequest("controlnet_input_images", images, "send a list of base64 images")
     if body.get("controlnet_masks"):
-        raise InvalidRequest("controlnet_masks", "<images>", "none and canny take no mask: leave it out")
+        raise InvalidRequest("controlnet_masks", "<images>", "no preprocessor here takes a mask: leave it out")
     res = _number(body, "controlnet_processor_res", DEFAULT_RES, MIN_RES, MAX_RES)
     low = _number(body, "controlnet_threshold_a", CANNY_DEFAULTS[0], 1, 255)
     high = _number(body, "controlnet_threshold_b", CANNY_DEFAULTS[1], 1, 255)
