@@ -1,0 +1,190 @@
+"""control-LoRA files (issue 20): Stability AI's ControlNets stored as a LoRA over the base model's UNet.
+
+The tests write a tiny control-LoRA in SAI's layout (`write_control_lora`) for a tiny SDXL model whose UNet has 2
+layers per block (`xl2`): diffusers' converter reads the original layout with 2 layers per block, as SD 1.x and
+SDXL have, and the embedded tiny models have 1. A job with it must equal diffusers' own recipe
+(examples/research_projects/control_lora): ControlNetModel.from_unet + load_lora_adapter, then the SDXL ControlNet
+pipeline, with the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lowvram_gen import GenerationRequest
+from lowvram_gen.cli.main import main
+from lowvram_gen.control.units import ControlNetUnit
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.models import controlnet as models
+from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.session import Session
+
+import controlnet_files  # tests/controlnet_files.py
+
+STEPS, SIDE, SEED, CFG, RANK = 3, 64, 5, 7.0, 2
+# the original-layout layers SAI stores as up/down pairs (diffusers' CONTROL_LORA_TO_DIFFUSERS names them after
+# conversion): attention and feed-forward projections, the resnets' convolutions and time projection, the
+# downsamplers, conv_in and the time/label embeddings
+LORA_LAYERS = (".to_q", ".to_k", ".to_v", ".to_out.0", ".ff.net.0.proj", ".ff.net.2", ".proj_in", ".proj_out",
+               ".in_layers.2", ".out_layers.3", ".emb_layers.1", ".skip_connection", ".op", "time_embed.0",
+               "time_embed.2", "label_emb.0.0", "label_emb.0.2", "input_blocks.0.0")
+WHOLE = ("input_hint_block.", "zero_convs.", "middle_block_out.")  # what the UNet has no copy of
+
+
+def write_control_lora(unet, path: Path, seed: int = 0) -> Path:
+    """A control-LoRA for `unet` in SAI's layout, seeded random values: the `lora_controlnet` marker, an up/down
+    pair for each LoRA layer (plus its bias), the rest (norms, the hint block, the zero convolutions) whole."""
+    from safetensors.torch import save_file
+
+    cn = controlnet_files.build(unet, seed=seed)
+    ldm = {k[len("control_model."):]: v for k, v in controlnet_files.to_ldm(cn).items()}
+    rng = torch.Generator().manual_seed(seed)
+    out = {"lora_controlnet": torch.zeros(1)}
+    for key, value in sorted(ldm.items()):
+        layer, _, leaf = key.rpartition(".")
+        if leaf == "weight" and layer.endswith(LORA_LAYERS) and not layer.startswith(WHOLE):
+            conv = value.ndim == 4
+            out[f"{layer}.up"] = torch.randn((value.shape[0], RANK) + ((1, 1) if conv else ()), generator=rng) * 0.1
+            out[f"{layer}.down"] = torch.randn((RANK, *value.shape[1:]), generator=rng) * 0.1
+        else:
+            out[key] = value + torch.randn(value.shape, generator=rng) * 0.01
+    save_file({k: v.contiguous() for k, v in out.items()}, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def xl2(tmp_path_factory, tiny_sdxl_path):
+    """The tiny SDXL model with a UNet of 2 layers per block, a control-LoRA for it, the full ControlNet the same
+    UNet makes (from_unet, for the plan), and a control image."""
+    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+
+    root = tmp_path_factory.mktemp("control-lora")
+    pipe = StableDiffusionXLPipeline.from_pretrained(tiny_sdxl_path)
+    torch.manual_seed(11)
+    unet = UNet2DConditionModel.from_config({**pipe.unet.config, "layers_per_block": 2})
+    pipe.register_modules(unet=unet)
+    pipe.save_pretrained(root / "tiny-sdxl-2", safe_serialization=True)
+    rng = np.random.RandomState(0)
+    image = np.zeros((SIDE, SIDE, 3), dtype=np.uint8)
+    image[16:48, 16:48] = 255
+    image = np.clip(image.astype(int) + rng.randint(-20, 20, image.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(image).save(root / "control.png")
+    return {"model": root / "tiny-sdxl-2", "unet": unet,
+            "file": write_control_lora(unet, root / "control-lora-tiny-rank2.safetensors", seed=4),
+            "full": controlnet_files.save_folder(controlnet_files.build(unet), root / "tiny-xl2-cn"),
+            "image": root / "control.png"}
+
+
+def pixels(path):
+    return np.asarray(Image.open(path).convert("RGB")).astype(int)
+
+
+def request(tmp_path, *units, **fields):
+    base = dict(prompt="a boat", width=SIDE, height=SIDE, steps=STEPS, seed=SEED, cfg_scale=CFG, outdir=str(tmp_path))
+    return GenerationRequest(**{**base, **fields}, controlnets=tuple(units))
+
+
+def diffusers_recipe(model: Path, control_lora: Path, image: Path) -> np.ndarray:
+    """Plain diffusers, as its control-LoRA example does it: from_unet, load_lora_adapter, the SDXL pipeline."""
+    from diffusers import ControlNetModel, StableDiffusionXLControlNetPipeline, UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(model, subfolder="unet")
+    controlnet = ControlNetModel.from_unet(unet)
+    controlnet.load_lora_adapter(str(control_lora), prefix=None, controlnet_config=controlnet.config)
+    pipe = StableDiffusionXLControlNetPipeline.from_pretrained(str(model), unet=unet, controlnet=controlnet)
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe("a boat", image=Image.open(image), num_inference_steps=STEPS, width=SIDE, height=SIDE,
+               guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED))
+    return np.asarray(out.images[0].convert("RGB")).astype(int)
+
+
+def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_controlnet(xl2, tmp_path):
+    from diffusers import ControlNetModel
+
+    source = models.resolve_controlnet(str(xl2["file"]))
+    assert source.kind == "control_lora"
+    session = Session(device="cpu")
+    ours = session.generate(request(tmp_path, ControlNetUnit(str(xl2["file"]), str(xl2["image"])),
+                                    model=str(xl2["model"])))
+    plain = diffusers_recipe(xl2["model"], xl2["file"], xl2["image"])
+    assert np.array_equal(pixels(ours.images[0]), plain)
+    # fused and unloaded: an ordinary ControlNetModel for the memory layer, no PEFT layer left, the UNet untouched
+    kept = session.model.pipe.controlnet0
+    assert type(kept) is ControlNetModel and not getattr(kept, "peft_config", None)
+    assert not [n for n, m in kept.named_modules() if type(m).__module__.startswith("peft.")]
+    assert torch.equal(session.model.pipe.unet.conv_in.weight, xl2["unet"].conv_in.weight)
+    # and it changes the image: without the unit the pixels differ
+    without = session.generate(request(tmp_path, model=str(xl2["model"])))
+    assert not np.array_equal(pixels(without.images[0]), plain)
+
+
+def test_a_control_lora_for_another_base_is_refused_in_one_sentence_before_loading(xl2, tmp_path, capsys,
+                                                                                    monkeypatch):
+    import lowvram_gen.models.controlnet as cn_mod
+
+    monkeypatch.setattr(cn_mod, "control_lora_from_unet", lambda *a, **k: pytest.fail("nothing may load"))
+    session = Session(device="cpu")
+    unit = ControlNetUnit(str(xl2["file"]), str(xl2["image"]))
+    with pytest.raises(InvalidRequest, match="made for a 64-wide .* and the model 'tiny' is a 32-wide"):
+        session.generate(request(tmp_path, unit))  # an SDXL control-LoRA on the SD 1.x model
+    with pytest.raises(InvalidRequest, match="2 layers per block .* the model 'tiny-sdxl' has 1"):
+        session.generate(request(tmp_path, unit, model="tiny-sdxl"))  # same widths, a UNet the converter cannot read
+    assert session.model is None
+    code = main(["generate", "a boat", "--controlnet", str(xl2["file"]), "--control-image", str(xl2["image"]),
+                 "--outdir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and len(err.splitlines()) == 1 and "made for a 64-wide" in err
+
+
+def test_by_name_in_models_controlnet_with_its_infotext_read_back_by_from_png(xl2, tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "models" / "ControlNet"
+    folder.mkdir(parents=True)
+    copy = folder / xl2["file"].name
+    copy.write_bytes(xl2["file"].read_bytes())
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    name = copy.stem
+    assert models.resolve_controlnet(name).kind == "control_lora" and name in models.available()
+    args = ["--control-image", str(xl2["image"]), "--model", str(xl2["model"]), "--steps", str(STEPS), "--width",
+            str(SIDE), "--height", str(SIDE), "--seed", "3", "--outdir", str(tmp_path), "--json"]
+    assert main(["generate", "a boat", "--controlnet", f"{name}:0.8", *args]) == 0
+    first = json.loads(capsys.readouterr().out)["images"][0]
+    text = parse_a1111_parameters(read_png_metadata(first)[0])["ControlNet 0"]
+    assert text.startswith(f"Module: none, Model: {name} [{models.short_hash(copy)}], Weight: 0.8, ")
+    assert main(["generate", "--from-png", first, "--control-image", str(xl2["image"]), "--outdir", str(tmp_path),
+                 "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)["images"][0]
+    assert np.array_equal(pixels(first), pixels(again))
+    unit = read_png_metadata(again)[1]["request"]["controlnets"][0]
+    assert (unit["model"], unit["weight"]) == (name, 0.8)
+
+
+def plan_json(capsys, *args):
+    assert main(["plan", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_counts_the_controlnet_a_control_lora_becomes_from_its_header(xl2, capsys, monkeypatch):
+    """The ControlNet from_unet makes of the base UNet: the same weights and activations as that full ControlNet
+    saved as a folder, found from the file's header alone (no weight read, nothing built)."""
+    from diffusers import ControlNetModel
+
+    import safetensors.torch
+
+    monkeypatch.setattr(safetensors.torch, "load_file", lambda *a, **k: pytest.fail("planning read weights"))
+    common = ["--vram", "4GiB", "--model", str(xl2["model"]), "--width", "512", "--height", "512"]
+    lora = plan_json(capsys, *common, "--controlnet", str(xl2["file"]))
+    full = plan_json(capsys, *common, "--controlnet", str(xl2["full"]))
+    params = sum(p.numel() for p in ControlNetModel.from_unet(xl2["unet"]).parameters())
+    rows = {p["name"].split("@")[0]: p["breakdown"] for p in full["presets"]}
+    assert len(lora["presets"]) == len(full["presets"])
+    for row in lora["presets"]:
+        b, f = row["breakdown"], rows[row["name"].split("@")[0]]
+        assert b["controlnet_bytes"] == f["controlnet_bytes"] > 0 and b["unet_bytes"] == f["unet_bytes"]
+    highvram = next(p for p in lora["presets"] if p["name"] == "highvram")["breakdown"]
+    assert highvram["controlnet_bytes"] == params * 2  # highvram stores it in float16
