@@ -104,7 +104,16 @@ def diffusers_recipe(model: Path, control_lora: Path, image: Path) -> np.ndarray
     return np.asarray(out.images[0].convert("RGB")).astype(int)
 
 
-def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_controlnet(xl2, tmp_path):
+@pytest.fixture(scope="module")
+def plain(xl2):
+    import warnings
+
+    with warnings.catch_warnings():  # peft: the hint block's conv_in is given whole, as the file means it
+        warnings.filterwarnings("ignore", "While injecting the PEFT adapters")
+        return diffusers_recipe(xl2["model"], xl2["file"], xl2["image"])
+
+
+def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_controlnet(xl2, plain, tmp_path):
     from diffusers import ControlNetModel
 
     source = models.resolve_controlnet(str(xl2["file"]))
@@ -112,7 +121,6 @@ def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_cont
     session = Session(device="cpu")
     ours = session.generate(request(tmp_path, ControlNetUnit(str(xl2["file"]), str(xl2["image"])),
                                     model=str(xl2["model"])))
-    plain = diffusers_recipe(xl2["model"], xl2["file"], xl2["image"])
     assert np.array_equal(pixels(ours.images[0]), plain)
     # fused and unloaded: an ordinary ControlNetModel for the memory layer, no PEFT layer left, the UNet untouched
     kept = session.model.pipe.controlnet0
@@ -122,6 +130,41 @@ def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_cont
     # and it changes the image: without the unit the pixels differ
     without = session.generate(request(tmp_path, model=str(xl2["model"])))
     assert not np.array_equal(pixels(without.images[0]), plain)
+
+
+def test_it_streams_and_quantizes_as_any_controlnet_and_comes_back_from_int8_rebuilt_on_the_restored_unet(
+        xl2, plain, tmp_path):
+    """lowvram streams its blocks (group offload) with the same pixels; with int8 it is made from the quantized UNet
+    (dequantized as sdnq's forward does) and quantized with it; back at full precision both are read again, the UNet
+    first, and the image is the recipe's again."""
+    from diffusers.hooks.group_offloading import _is_group_offload_enabled
+
+    from lowvram_gen.models.quantize import kinds
+
+    unit = ControlNetUnit(str(xl2["file"]), str(xl2["image"]))
+    streamed = Session(preset="lowvram")
+    result = streamed.generate(request(tmp_path, unit, model=str(xl2["model"])))
+    assert _is_group_offload_enabled(streamed.model.pipe.controlnet0)
+    assert np.array_equal(pixels(result.images[0]), plain)
+    session = Session(device="cpu")
+    small = session.generate(request(tmp_path, unit, model=str(xl2["model"]), quantize="int8"))
+    assert {"unet": "int8", "controlnet0": "int8"}.items() <= kinds(session.model.pipe).items()
+    assert np.isfinite(pixels(small.images[0])).all() and not np.array_equal(pixels(small.images[0]), plain)
+    again = session.generate(request(tmp_path, unit, model=str(xl2["model"])))
+    assert kinds(session.model.pipe) == {}
+    assert np.array_equal(pixels(again.images[0]), plain)
+
+
+def test_a_gguf_unet_is_refused_in_one_sentence(xl2):
+    from lowvram_gen.models.gguf_file import GGUF_BITS
+
+    class Unet:  # all the check reads of a UNet loaded from a GGUF file
+        pass
+
+    unet = Unet()
+    setattr(unet, GGUF_BITS, 4)
+    with pytest.raises(models.ModelLoadError, match="built from the model's UNet, and this one is a GGUF file's"):
+        models.control_lora_from_unet(models.resolve_controlnet(str(xl2["file"])), unet, "float32")
 
 
 def test_a_control_lora_for_another_base_is_refused_in_one_sentence_before_loading(xl2, tmp_path, capsys,

@@ -442,11 +442,29 @@ def control_lora_profile(profile, config: dict, base, model: str):
 def _unet_weights(unet, dtype) -> dict:
     """Copies of the UNet's weights that ControlNetModel.from_unet takes (conv_in, the embeddings, the down path,
     the mid block) on the CPU at `dtype`: a LoRA the job put on the UNet as a PEFT layer left out (its base layer
-    taken), fp8/half storage read as stored. Copies: fusing the control-LoRA writes into them."""
+    taken), fp8/half storage read as stored, an int8/int4 layer (sdnq) dequantized as its forward does, the UNet's
+    own layer left quantized. Copies: fusing the control-LoRA writes into them."""
+    import torch
+
+    quantized = {name: m for name, m in unet.named_modules() if hasattr(m, "sdnq_dequantizer")}
     out = {}
-    for key, value in unet.state_dict().items():
-        if key.startswith(_UNET_PARTS) and ".lora_" not in key:
-            out[key.replace(".base_layer.", ".")] = value.detach().to(device="cpu", dtype=dtype, copy=True)
+    with torch.no_grad():
+        for key, value in unet.state_dict().items():
+            layer = key.rpartition(".")[0]
+            if key.startswith(_UNET_PARTS) and ".lora_" not in key and layer not in quantized:
+                out[key.replace(".base_layer.", ".")] = value.detach().to(device="cpu", dtype=dtype, copy=True)
+        if quantized:
+            from sdnq.utils import get_sdnq_params
+
+            for name, m in quantized.items():
+                if not name.startswith(_UNET_PARTS):
+                    continue
+                weight = m.sdnq_dequantizer(**get_sdnq_params(m), skip_quantized_matmul=m.sdnq_dequantizer.
+                                            use_quantized_matmul)
+                out[f"{name}.weight".replace(".base_layer.", ".")] = weight.to(device="cpu", dtype=dtype, copy=True)
+                if getattr(m, "bias", None) is not None:
+                    out[f"{name}.bias".replace(".base_layer.", ".")] = m.bias.detach().to(device="cpu", dtype=dtype,
+                                                                                          copy=True)
     return out
 
 
@@ -460,15 +478,13 @@ def control_lora_from_unet(source: ControlNetSource, unet, dtype: str, quantize:
 
     from lowvram_gen.models.checkpoint import check_safetensors
     from lowvram_gen.models.gguf_file import gguf_bits
-    from lowvram_gen.models.quantize import kind_of, quantize_module
+    from lowvram_gen.models.quantize import quantize_module
     from lowvram_gen.models.quiet import libraries_silenced
     from lowvram_gen.planning.controlnet import from_unet_config
 
-    stored = kind_of(unet) or (f"GGUF ({gguf_bits(unet)}-bit)" if gguf_bits(unet) is not None else None)
-    if stored is not None:
-        raise ModelLoadError(f"the control-LoRA {source.spec} is built from the model's UNet, which is quantized "
-                             f"({stored}) here and no longer has the weights it adds to: run it without --quantize, "
-                             "on a model loaded unquantized")
+    if gguf_bits(unet) is not None:
+        raise ModelLoadError(f"the control-LoRA {source.spec} is built from the model's UNet, and this one is a GGUF "
+                             "file's: use the model's .safetensors or diffusers folder")
     torch_dtype = getattr(torch, dtype)
     try:
         check_safetensors(source.path)
