@@ -58,27 +58,37 @@ def write_control_lora(unet, path: Path, seed: int = 0) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def xl2(tmp_path_factory, tiny_sdxl_path):
-    """The tiny SDXL model with a UNet of 2 layers per block, a control-LoRA for it, the full ControlNet the same
-    UNet makes (from_unet, for the plan), and a control image."""
-    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
-
-    root = tmp_path_factory.mktemp("control-lora")
-    pipe = StableDiffusionXLPipeline.from_pretrained(tiny_sdxl_path)
-    torch.manual_seed(11)
-    unet = UNet2DConditionModel.from_config({**pipe.unet.config, "layers_per_block": 2})
-    pipe.register_modules(unet=unet)
-    pipe.save_pretrained(root / "tiny-sdxl-2", safe_serialization=True)
+def control_image(path: Path) -> Path:
     rng = np.random.RandomState(0)
     image = np.zeros((SIDE, SIDE, 3), dtype=np.uint8)
     image[16:48, 16:48] = 255
     image = np.clip(image.astype(int) + rng.randint(-20, 20, image.shape), 0, 255).astype(np.uint8)
-    Image.fromarray(image).save(root / "control.png")
-    return {"model": root / "tiny-sdxl-2", "unet": unet,
+    Image.fromarray(image).save(path)
+    return path
+
+
+def two_layer_model(tiny: Path, folder: Path, seed: int):
+    """The tiny model `tiny` with a seeded UNet of 2 layers per block, saved at `folder`; (folder, its UNet)."""
+    from diffusers import DiffusionPipeline, UNet2DConditionModel
+
+    pipe = DiffusionPipeline.from_pretrained(tiny)
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel.from_config({**pipe.unet.config, "layers_per_block": 2})
+    pipe.register_modules(unet=unet)
+    pipe.save_pretrained(folder, safe_serialization=True)
+    return folder, unet
+
+
+@pytest.fixture(scope="module")
+def xl2(tmp_path_factory, tiny_sdxl_path):
+    """The tiny SDXL model with a UNet of 2 layers per block, a control-LoRA for it, the full ControlNet the same
+    UNet makes (from_unet, for the plan), and a control image."""
+    root = tmp_path_factory.mktemp("control-lora")
+    model, unet = two_layer_model(tiny_sdxl_path, root / "tiny-sdxl-2", 11)
+    return {"model": model, "unet": unet,
             "file": write_control_lora(unet, root / "control-lora-tiny-rank2.safetensors", seed=4),
             "full": controlnet_files.save_folder(controlnet_files.build(unet), root / "tiny-xl2-cn"),
-            "image": root / "control.png"}
+            "image": control_image(root / "control.png")}
 
 
 def pixels(path):
@@ -90,14 +100,20 @@ def request(tmp_path, *units, **fields):
     return GenerationRequest(**{**base, **fields}, controlnets=tuple(units))
 
 
-def diffusers_recipe(model: Path, control_lora: Path, image: Path) -> np.ndarray:
-    """Plain diffusers, as its control-LoRA example does it: from_unet, load_lora_adapter, the SDXL pipeline."""
-    from diffusers import ControlNetModel, StableDiffusionXLControlNetPipeline, UNet2DConditionModel
+def diffusers_recipe(model: Path, control_lora: Path, image: Path, xl: bool = True) -> np.ndarray:
+    """Plain diffusers, as its control-LoRA example does it: from_unet, load_lora_adapter, the ControlNet pipeline."""
+    import warnings
+
+    import diffusers
+    from diffusers import ControlNetModel, UNet2DConditionModel
 
     unet = UNet2DConditionModel.from_pretrained(model, subfolder="unet")
     controlnet = ControlNetModel.from_unet(unet)
-    controlnet.load_lora_adapter(str(control_lora), prefix=None, controlnet_config=controlnet.config)
-    pipe = StableDiffusionXLControlNetPipeline.from_pretrained(str(model), unet=unet, controlnet=controlnet)
+    with warnings.catch_warnings():  # peft: the hint block's conv_in is given whole, as the file means it
+        warnings.filterwarnings("ignore", "While injecting the PEFT adapters")
+        controlnet.load_lora_adapter(str(control_lora), prefix=None, controlnet_config=controlnet.config)
+    cls = diffusers.StableDiffusionXLControlNetPipeline if xl else diffusers.StableDiffusionControlNetPipeline
+    pipe = cls.from_pretrained(str(model), unet=unet, controlnet=controlnet)
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a boat", image=Image.open(image), num_inference_steps=STEPS, width=SIDE, height=SIDE,
                guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED))
@@ -106,11 +122,7 @@ def diffusers_recipe(model: Path, control_lora: Path, image: Path) -> np.ndarray
 
 @pytest.fixture(scope="module")
 def plain(xl2):
-    import warnings
-
-    with warnings.catch_warnings():  # peft: the hint block's conv_in is given whole, as the file means it
-        warnings.filterwarnings("ignore", "While injecting the PEFT adapters")
-        return diffusers_recipe(xl2["model"], xl2["file"], xl2["image"])
+    return diffusers_recipe(xl2["model"], xl2["file"], xl2["image"])
 
 
 def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_controlnet(xl2, plain, tmp_path):
@@ -130,6 +142,15 @@ def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_cont
     # and it changes the image: without the unit the pixels differ
     without = session.generate(request(tmp_path, model=str(xl2["model"])))
     assert not np.array_equal(pixels(without.images[0]), plain)
+
+
+def test_an_sd15_control_lora_on_an_sd15_model_equals_the_recipe_too(tmp_path, tiny_path):
+    """SD 1.5 control-LoRAs (comfyanonymous' control_lora_rank128_v11p_sd15_*) go through the same converter."""
+    model, unet = two_layer_model(tiny_path, tmp_path / "tiny-2", 12)
+    file = write_control_lora(unet, tmp_path / "control_lora_rank2_tiny_sd15.safetensors", seed=5)
+    image = control_image(tmp_path / "control.png")
+    ours = Session(device="cpu").generate(request(tmp_path, ControlNetUnit(str(file), str(image)), model=str(model)))
+    assert np.array_equal(pixels(ours.images[0]), diffusers_recipe(model, file, image, xl=False))
 
 
 def test_it_streams_and_quantizes_as_any_controlnet_and_comes_back_from_int8_rebuilt_on_the_restored_unet(
