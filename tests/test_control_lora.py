@@ -137,6 +137,7 @@ def test_a_control_lora_job_equals_diffusers_recipe_and_keeps_a_plain_fused_cont
     # fused and unloaded: an ordinary ControlNetModel for the memory layer, no PEFT layer left, the UNet untouched
     kept = session.model.pipe.controlnet0
     assert type(kept) is ControlNetModel and not getattr(kept, "peft_config", None)
+    assert not kept._hf_peft_config_loaded
     assert not [n for n, m in kept.named_modules() if type(m).__module__.startswith("peft.")]
     assert torch.equal(session.model.pipe.unet.conv_in.weight, xl2["unet"].conv_in.weight)
     # and it changes the image: without the unit the pixels differ
@@ -174,6 +175,11 @@ def test_it_streams_and_quantizes_as_any_controlnet_and_comes_back_from_int8_reb
     again = session.generate(request(tmp_path, unit, model=str(xl2["model"])))
     assert kinds(session.model.pipe) == {}
     assert np.array_equal(pixels(again.images[0]), plain)
+    # first met on a UNet an earlier int8 job left quantized: made from it, then again from the UNet read back
+    earlier = Session(device="cpu")
+    earlier.generate(request(tmp_path, model=str(xl2["model"]), quantize="int8", steps=1))
+    later = earlier.generate(request(tmp_path, unit, model=str(xl2["model"])))
+    assert np.array_equal(pixels(later.images[0]), plain)
 
 
 def test_a_gguf_unet_is_refused_in_one_sentence(xl2):

@@ -337,7 +337,7 @@ def kept(pipe, source: ControlNetSource, base_unet_config: dict, dtype: str, qua
     if key not in cache:
         log.info("loading the ControlNet %s", source.spec)
         if source.kind == "control_lora":
-            cache[key] = control_lora_from_unet(source, pipe.unet, dtype, quantize, quantize_on)
+            cache[key] = _control_lora(pipe, source, dtype, quantize, quantize_on)
         else:
             cache[key] = load_controlnet(source, base_unet_config, dtype, quantize, quantize_on)
     return cache[key]
@@ -348,7 +348,7 @@ def reload(pipe, module, dtype: str, quantize: str = "none", quantize_on: str | 
     quantization that the next settings want back), replacing it in the pipeline's keep."""
     source = module._lowvram_source
     if source.kind == "control_lora":  # from the UNet, which models/loading.reload_components restores first
-        fresh = control_lora_from_unet(source, pipe.unet, dtype, quantize, quantize_on)
+        fresh = _control_lora(pipe, source, dtype, quantize, quantize_on)
     else:
         fresh = load_controlnet(source, dict(pipe.unet.config), dtype, quantize, quantize_on)
     cache = pipe.__dict__.setdefault(_CACHE, {})
@@ -517,3 +517,28 @@ def control_lora_from_unet(source: ControlNetSource, unet, dtype: str, quantize:
     module.eval()
     module._lowvram_source = source
     return module
+
+
+def _control_lora(pipe, source: ControlNetSource, dtype: str, quantize: str, quantize_on: str | None):
+    """The control-LoRA's ControlNet made of `pipe`'s UNet, carrying the precision that UNet has lost (`_unet_floor`)
+    as the floor engines/sd/apply.py keeps per component: when a later job wants it back, the ControlNet is made
+    again after the UNet is read back (models/loading.reload_components), not kept with what it inherited."""
+    module = control_lora_from_unet(source, pipe.unet, dtype, quantize, quantize_on)
+    floor = _unet_floor(pipe)
+    if floor is not None:
+        module._lowvram_floor = floor
+    return module
+
+
+def _unet_floor(pipe) -> int | None:
+    """The bits of precision the loaded UNet's weights have lost to an earlier job's settings, None when none: int8
+    or int4 (sdnq), or the floor engines/sd/apply.py records on the pipeline (`_lowvram_state`) for a cast. fp8
+    storage counts as half precision: kept across jobs (settings.fp8_storage), an 8 would remake the ControlNet at
+    every job from the same fp8 weights."""
+    from lowvram_gen.models.quantize import kind_of
+
+    kind = kind_of(pipe.unet)
+    if kind is not None:
+        return 4 if kind == "int4" else 8
+    floor = ((vars(pipe).get("_lowvram_state") or {}).get("floor") or {}).get("unet")
+    return None if floor is None or floor >= 32 else max(int(floor), 16)
