@@ -182,6 +182,23 @@ def test_it_streams_and_quantizes_as_any_controlnet_and_comes_back_from_int8_reb
     assert np.array_equal(pixels(later.images[0]), plain)
 
 
+def test_a_lora_the_job_put_on_the_unet_is_not_made_part_of_the_controlnet(xl2):
+    """The job's LoRAs are PEFT adapters on the UNet (networks/lora.py, never fused): the ControlNet is made of their
+    base layers, so a later job without them does not keep them in its ControlNet."""
+    import copy
+
+    from peft import LoraConfig
+
+    unet = copy.deepcopy(xl2["unet"])
+    unet.add_adapter(LoraConfig(r=2, target_modules=["to_q", "conv1"], init_lora_weights=False), "style")
+    assert any(".base_layer." in k for k in unet.state_dict())
+    source = models.resolve_controlnet(str(xl2["file"]))
+    with_lora = models.control_lora_from_unet(source, unet, "float32")
+    plain = models.control_lora_from_unet(source, xl2["unet"], "float32")
+    assert with_lora.state_dict().keys() == plain.state_dict().keys()
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in with_lora.state_dict().items())
+
+
 def test_a_gguf_unet_is_refused_in_one_sentence(xl2):
     from lowvram_gen.models.gguf_file import GGUF_BITS
 
