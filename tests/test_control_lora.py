@@ -20,7 +20,7 @@ from PIL import Image
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.control.units import ControlNetUnit
-from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.models import controlnet as models
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
@@ -154,32 +154,52 @@ def test_an_sd15_control_lora_on_an_sd15_model_equals_the_recipe_too(tmp_path, t
     assert np.array_equal(pixels(ours.images[0]), diffusers_recipe(model, file, image, xl=False))
 
 
-def test_it_streams_and_quantizes_as_any_controlnet_and_comes_back_from_int8_rebuilt_on_the_restored_unet(
-        xl2, plain, tmp_path):
-    """lowvram streams its blocks (group offload) with the same pixels; with int8 it is made from the quantized UNet
-    (dequantized as sdnq's forward does) and quantized with it; back at full precision both are read again, the UNet
-    first, and the image is the recipe's again."""
+def test_under_lowvram_its_blocks_stream_with_the_recipes_pixels(xl2, plain, tmp_path):
     from diffusers.hooks.group_offloading import _is_group_offload_enabled
 
+    session = Session(preset="lowvram")  # the GPU ladder's rung, run on this CPU
+    result = session.generate(request(tmp_path, ControlNetUnit(str(xl2["file"]), str(xl2["image"])),
+                                      model=str(xl2["model"])))
+    assert _is_group_offload_enabled(session.model.pipe.controlnet0)
+    assert np.array_equal(pixels(result.images[0]), plain)
+
+
+def test_int8_quantizes_it_with_the_unet_and_full_precision_makes_it_again_from_the_unet_read_back(
+        xl2, plain, tmp_path):
+    """With int8 it is made from the quantized UNet and quantized with it; back at full precision both are read
+    again, the UNet first, and the image is the recipe's again. First met on a UNet an earlier int8 job left
+    quantized (a copy of the file: not kept yet), it is made from it, then again from the UNet read back."""
     from lowvram_gen.models.quantize import kinds
 
     unit = ControlNetUnit(str(xl2["file"]), str(xl2["image"]))
-    streamed = Session(preset="lowvram")
-    result = streamed.generate(request(tmp_path, unit, model=str(xl2["model"])))
-    assert _is_group_offload_enabled(streamed.model.pipe.controlnet0)
-    assert np.array_equal(pixels(result.images[0]), plain)
     session = Session(device="cpu")
     small = session.generate(request(tmp_path, unit, model=str(xl2["model"]), quantize="int8"))
     assert {"unet": "int8", "controlnet0": "int8"}.items() <= kinds(session.model.pipe).items()
-    assert np.isfinite(pixels(small.images[0])).all() and not np.array_equal(pixels(small.images[0]), plain)
+    assert not np.array_equal(pixels(small.images[0]), plain)
     again = session.generate(request(tmp_path, unit, model=str(xl2["model"])))
     assert kinds(session.model.pipe) == {}
     assert np.array_equal(pixels(again.images[0]), plain)
-    # first met on a UNet an earlier int8 job left quantized: made from it, then again from the UNet read back
-    earlier = Session(device="cpu")
-    earlier.generate(request(tmp_path, model=str(xl2["model"]), quantize="int8", steps=1))
-    later = earlier.generate(request(tmp_path, unit, model=str(xl2["model"])))
+    session.generate(request(tmp_path, model=str(xl2["model"]), quantize="int8", steps=1))
+    copy = tmp_path / "control-lora-copy.safetensors"
+    copy.write_bytes(xl2["file"].read_bytes())
+    later = session.generate(request(tmp_path, ControlNetUnit(str(copy), str(xl2["image"])), model=str(xl2["model"])))
     assert np.array_equal(pixels(later.images[0]), plain)
+
+
+def test_made_from_an_int8_unet_it_is_the_full_precision_one_within_int8s_rounding(xl2):
+    import copy
+
+    from lowvram_gen.models.quantize import quantize_module
+
+    unet = copy.deepcopy(xl2["unet"])
+    quantize_module(unet, "int8")
+    source = models.resolve_controlnet(str(xl2["file"]))
+    full = models.control_lora_from_unet(source, xl2["unet"], "float32").state_dict()
+    made = models.control_lora_from_unet(source, unet, "float32").state_dict()
+    layers = [n for n, m in unet.named_modules() if hasattr(m, "sdnq_dequantizer") and n.startswith("down_blocks")]
+    assert layers and any(not torch.equal(made[f"{n}.weight"], full[f"{n}.weight"]) for n in layers)  # int8's rounding
+    for key, value in full.items():
+        assert torch.allclose(made[key], value, atol=0.02 * float(value.abs().max()) + 1e-6), key
 
 
 def test_a_lora_the_job_put_on_the_unet_is_not_made_part_of_the_controlnet(xl2):
@@ -199,6 +219,16 @@ def test_a_lora_the_job_put_on_the_unet_is_not_made_part_of_the_controlnet(xl2):
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in with_lora.state_dict().items())
 
 
+def test_a_control_lora_in_a_pickle_is_refused_in_one_sentence(xl2, tmp_path):
+    from safetensors.torch import load_file
+
+    path = tmp_path / "control-lora-tiny.pth"
+    torch.save(load_file(str(xl2["file"])), str(path))
+    with pytest.raises(ModelLoadError, match="is a control-LoRA in a pickle file: control-LoRAs are read as "
+                                             ".safetensors"):
+        models.config_of(models.resolve_controlnet(str(path)))
+
+
 def test_a_gguf_unet_is_refused_in_one_sentence(xl2):
     from lowvram_gen.models.gguf_file import GGUF_BITS
 
@@ -207,7 +237,7 @@ def test_a_gguf_unet_is_refused_in_one_sentence(xl2):
 
     unet = Unet()
     setattr(unet, GGUF_BITS, 4)
-    with pytest.raises(models.ModelLoadError, match="built from the model's UNet, and this one is a GGUF file's"):
+    with pytest.raises(ModelLoadError, match="built from the model's UNet, and this one is a GGUF file's"):
         models.control_lora_from_unet(models.resolve_controlnet(str(xl2["file"])), unet, "float32")
 
 

@@ -510,7 +510,6 @@ def control_lora_from_unet(source: ControlNetSource, unet, dtype: str, quantize:
     if left:
         raise ModelLoadError(f"the control-LoRA {source.spec} left PEFT layers after fusing ({left[0]}): "
                              "this diffusers/peft version is not supported for control-LoRAs")
-    module.to(dtype=torch_dtype)
     if quantize != "none":
         quantize_module(module, quantize, quantize_on)
     _check_finite(module, source)
