@@ -49,7 +49,8 @@ def to_ldm(cn) -> dict:
     lpb = cn.config.layers_per_block
     fixed = {"conv_in": "input_blocks.0.0", "time_embedding.linear_1": "time_embed.0",
              "time_embedding.linear_2": "time_embed.2", "controlnet_cond_embedding.conv_in": "input_hint_block.0",
-             "controlnet_cond_embedding.conv_out": "input_hint_block.14", "controlnet_mid_block": "middle_block_out.0"}
+             "controlnet_cond_embedding.conv_out": "input_hint_block.14", "controlnet_mid_block": "middle_block_out.0",
+             "add_embedding.linear_1": "label_emb.0.0", "add_embedding.linear_2": "label_emb.0.2"}  # SDXL's
     out = {}
     for key, value in cn.state_dict().items():
         parts = key.split(".")

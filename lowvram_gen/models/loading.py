@@ -142,12 +142,17 @@ def reload_components(model: LoadedModel, names: list[str], dtype: str, quantize
     (models/controlnet.py)."""
     from lowvram_gen.models import controlnet
 
-    for name in [n for n in names if controlnet.SLOT.fullmatch(n)]:
+    slots = [n for n in names if controlnet.SLOT.fullmatch(n)]
+    names = [n for n in names if not controlnet.SLOT.fullmatch(n)]
+    if names:
+        _reload_own_components(model, names, dtype, quantize, quantize_on)
+    for name in slots:  # after the UNet: a control-LoRA's ControlNet is made from the restored one
         fresh = controlnet.reload(model.pipe, getattr(model.pipe, name), dtype, quantize, quantize_on)
         setattr(model.pipe, name, fresh)
-    names = [n for n in names if not controlnet.SLOT.fullmatch(n)]
-    if not names:
-        return
+
+
+def _reload_own_components(model: LoadedModel, names: list[str], dtype: str, quantize: str,
+                           quantize_on: str | None) -> None:
     if model.source.kind == "single_file":
         import torch
 
