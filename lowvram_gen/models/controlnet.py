@@ -32,6 +32,7 @@ from pathlib import Path
 
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.models.attached import SLOT, attached  # noqa: F401 (the slots the job's ControlNets take)
+from lowvram_gen.models import transformer_controlnet as transformer
 from lowvram_gen.networks import files
 
 log = logging.getLogger(__name__)
@@ -238,7 +239,11 @@ def config_of(source: ControlNetSource) -> dict:
             return json.loads((source.path / "config.json").read_text())
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"could not read the ControlNet config {source.path / 'config.json'}: {exc}") from exc
-    config = shape_config(file_shapes(source.path), str(source.path))
+    shapes = file_shapes(source.path)
+    family = transformer.family_of_shapes(shapes)  # SD3/Flux (models/transformer_controlnet.py)
+    if family is not None:
+        return transformer.shape_config(shapes, family, str(source.path))
+    config = shape_config(shapes, str(source.path))
     # for counting on the meta device: heads and norm groups change no parameter count; any that fit will do
     return {**config, "attention_head_dim": 1, "norm_num_groups": 1,
             "addition_time_embed_dim": 8 if config.get("addition_embed_type") else None}
@@ -274,7 +279,10 @@ def load_controlnet(source: ControlNetSource, base_unet_config: dict, dtype: str
     quiet_hub_bars()
     torch_dtype = getattr(torch, dtype)
     try:
-        if source.kind == "folder":
+        config = transformer_config(source)
+        if config is not None:  # SD3/Flux: `base_unet_config` is the base transformer's
+            module = transformer.load(source, config, base_unet_config, dtype, quantize, quantize_on)
+        elif source.kind == "folder":
             kwargs = {"quantization_config": sdnq_config(quantize, quantize_on)} if quantize != "none" else {}
             module = ControlNetModel.from_pretrained(str(source.path), torch_dtype=torch_dtype, **kwargs)
         elif source.kind == "file":
@@ -334,13 +342,33 @@ def reload(pipe, module, dtype: str, quantize: str = "none", quantize_on: str | 
     """A fresh copy of the kept ControlNet `module` from its files (its precision lost to a cast or a
     quantization that the next settings want back), replacing it in the pipeline's keep."""
     source = module._lowvram_source
-    fresh = load_controlnet(source, dict(pipe.unet.config), dtype, quantize, quantize_on)
+    fresh = load_controlnet(source, base_config(pipe), dtype, quantize, quantize_on)
     cache = pipe.__dict__.setdefault(_CACHE, {})
     for key, value in list(cache.items()):
         if value is module:
             cache[key] = fresh
     log.info("reloading the ControlNet %s from disk to restore its precision", source.spec)
     return fresh
+
+
+def base_config(pipe) -> dict:
+    """The config of the pipeline's denoiser, what a single file's ControlNet config is completed from: the UNet's
+    (SD/SDXL) or the transformer's (SD3/Flux)."""
+    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    return dict(denoiser.config) if denoiser is not None else {}
+
+
+def transformer_config(source: ControlNetSource) -> dict | None:
+    """The config of an SD3/Flux ControlNet `source` (a folder's config.json, or one a .safetensors' header gives), or
+    None for an SD/SDXL one (a .pth is read as one: SD3/Flux ControlNets are loaded from .safetensors only)."""
+    if source.kind == "folder":
+        config = config_of(source)
+        return config if transformer.family_of_config(config) else None
+    if source.kind == "file" and source.path.suffix.lower() == ".safetensors":
+        shapes = file_shapes(source.path)
+        family = transformer.family_of_shapes(shapes)
+        return transformer.shape_config(shapes, family, str(source.path)) if family else None
+    return None
 
 
 def plan_profiles(specs: list[str], base, model: str, known_sizes: bool = False) -> list:
