@@ -139,6 +139,12 @@ def test_a_wrong_family_is_refused_before_the_model_loads(tf, tmp_path, tiny_pat
                                 controlnets=(ControlNetUnit(str(tf[net]), str(tf["image"])),))
         with pytest.raises(InvalidRequest, match=words):
             session.generate(req)
+    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.planning.controlnet import check_matches, controlnet_profile
+
+    wider = {**models.config_of(models.resolve_controlnet(str(tf["sd3_cn"]))), "num_attention_heads": 4}
+    with pytest.raises(InvalidRequest, match="made for a 32-wide SD3 transformer and the model 'm''s is 16 wide"):
+        check_matches(memory.profile_from_folder(tf["sd3"]), controlnet_profile(wider, "wide"), "m")
     code = main(["generate", "a boat", "--model", "tiny-sdxl", "--controlnet", str(tf["flux_cn"]), "--control-image",
                  str(tf["image"]), "--outdir", str(tmp_path)])
     err = capsys.readouterr().err.strip()
@@ -235,7 +241,8 @@ def test_weight_zero_is_no_controlnet_for_sd3_and_for_flux_is_diffusers_weight_z
         zero = session.generate(request(tf, family, ControlNetUnit(str(tf[f"{family}_cn"]), str(tf["image"]),
                                                                    weight=0), outdir=tmp_path))
         assert np.array_equal(pixels(none.images[0]), pixels(zero.images[0])) == (family == "sd3")
-    plain = reference(tf, "flux", tf["flux_cn"], control_image=Image.open(tf["image"]), controlnet_conditioning_scale=0.0)
+    plain = reference(tf, "flux", tf["flux_cn"], control_image=Image.open(tf["image"]),
+                      controlnet_conditioning_scale=0.0)
     assert np.array_equal(pixels(zero.images[0]), plain)
 
 
@@ -349,3 +356,17 @@ def test_plan_counts_the_controlnet_weights_and_activations(family, tf, capsys):
             assert b["controlnet_streamed_bytes_per_step"] == b["controlnet_bytes"]
     code = main(["plan", "--model", "flux", "--controlnet", str(tf["sd3_cn"])])
     assert code == 2 and "it is a ControlNet for SD3 and the model 'flux' is Flux" in capsys.readouterr().err
+
+
+def test_plan_knows_the_sizes_diffusers_from_transformer_makes(capsys):
+    """`plan --model flux --controlnet flux`: FluxControlNetModel.from_transformer's default (4 double and 10 single
+    blocks) of FLUX.1-dev, 2.95 B weights, counted as stored; the SD3 one on Flux is refused."""
+    out = plan_json(capsys, "--vram", "12GiB", "--model", "flux", "--controlnet", "flux", "--preset", "lowvram")
+    b = next(p for p in out["presets"] if p["name"] == "lowvram")["breakdown"]
+    assert out["controlnets"] == ["flux"] and 2.9e9 * 2 < b["controlnet_bytes"] < 3.0e9 * 2  # 16-bit weights
+    assert b["controlnet_streamed_bytes_per_step"] == b["controlnet_bytes"]
+    sd3 = plan_json(capsys, "--vram", "12GiB", "--model", "sd3", "--controlnet", "sd3", "--preset", "highvram")
+    assert 1.0e9 * 2 < next(p for p in sd3["presets"] if p["name"] == "highvram")["breakdown"]["controlnet_bytes"] \
+        < 1.1e9 * 2
+    assert main(["plan", "--model", "flux", "--controlnet", "sd3"]) == 2
+    assert "it is a ControlNet for SD3 and the model 'flux' is Flux" in capsys.readouterr().err

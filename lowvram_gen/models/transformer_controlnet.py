@@ -39,8 +39,8 @@ def family_of_config(config: dict) -> str | None:
 
 
 def family_of_shapes(shapes: dict) -> str | None:
-    """'sd3' | 'flux' when a single file's tensors are a transformer ControlNet's in diffusers' layout; None for an SD/SDXL
-    ControlNet. Another layout of a transformer ControlNet is refused here, naming it."""
+    """'sd3' | 'flux' when a single file's tensors are a transformer ControlNet's in diffusers' layout; None for an
+    SD/SDXL ControlNet. Another layout of a transformer ControlNet is refused here, naming it."""
     if any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight" for k in shapes):
         return "flux"
     if "pos_embed_input.proj.weight" in shapes:
@@ -91,7 +91,7 @@ def _sd3_config(shapes: dict) -> dict:
         "caption_projection_dim": int(context[0]) if context else int(inner),
         "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
         "extra_conditioning_channels": int(cond_in - in_channels),
-        "dual_attention_layers": sorted(i for i in range(layers) if f"transformer_blocks.{i}.attn2.to_q.weight" in shapes),
+        "dual_attention_layers": [i for i in range(layers) if f"transformer_blocks.{i}.attn2.to_q.weight" in shapes],
         "qk_norm": None, "use_pos_embed": has_pos, "force_zeros_for_pooled_projection": context is not None,
     }
     if any(k.endswith("attn.norm_q.weight") for k in shapes):

@@ -21,7 +21,8 @@ A ControlNet's profile comes from its config alone (a folder's config.json, or o
 shapes give: models/controlnet.py), instantiated on the meta device; the known sizes (`sd15`, `sdxl`) are
 the ControlNets diffusers' `ControlNetModel.from_unet` makes of those UNets, which is what the published
 ones are (lllyasviel/control_v11p_sd15_*: 361 M weights, 0.72 GB in fp16; diffusers/controlnet-*-sdxl-1.0:
-1.25 B, 2.5 GB). No torch at import; nothing from the engines.
+1.25 B, 2.5 GB). SD3 and Flux ControlNets (a few transformer blocks beside the transformer) are counted the same
+way, their activations from their width (see "SD3 and Flux" below). No torch at import; nothing from the engines.
 """
 
 from __future__ import annotations
@@ -81,10 +82,30 @@ def known_config(name: str) -> dict | None:
     """The ControlNet config diffusers' from_unet makes of a built-in base model's UNet (`sd15`, `sdxl`, ... and
     their aliases), or None for another name."""
     key = memory.ALIASES.get(str(name).strip().lower())
+    if key is not None and (memory.CONFIGS / key / "transformer" / "config.json").is_file():
+        return from_transformer_config(json.loads((memory.CONFIGS / key / "transformer" / "config.json").read_text()))
     if key is None or not (memory.CONFIGS / key / "unet" / "config.json").is_file():
         return None
     unet = json.loads((memory.CONFIGS / key / "unet" / "config.json").read_text())
     return from_unet_config(unet)
+
+
+# what diffusers' from_transformer makes of a transformer by default (SD3: 12 blocks; Flux: 4 double and 10 single
+# blocks at 24 heads of 128), the plain ControlNet (SD3's default adds the inpainting one's extra input channel)
+FROM_TRANSFORMER = {"SD3Transformer2DModel": ("SD3ControlNetModel", {"num_layers": 12,
+                                                                     "extra_conditioning_channels": 0}),
+                    "FluxTransformer2DModel": ("FluxControlNetModel", {"num_layers": 4, "num_single_layers": 10,
+                                                                       "attention_head_dim": 128,
+                                                                       "num_attention_heads": 24})}
+
+
+def from_transformer_config(transformer: dict) -> dict | None:
+    """The SD3/Flux ControlNet config diffusers' from_transformer makes of a transformer config with its defaults."""
+    made = FROM_TRANSFORMER.get(str(transformer.get("_class_name")))
+    if made is None:
+        return None
+    config = {k: v for k, v in transformer.items() if not k.startswith("_")}
+    return {**config, **made[1], "_class_name": made[0]}
 
 
 def from_unet_config(unet: dict) -> dict:
@@ -255,9 +276,9 @@ def check_transformer_match(profile: memory.ModelProfile, cn: ControlNetProfile,
                                                     f"model {model!r} is {_label(base, profile)}: use a ControlNet "
                                                     "made for that model's family")
     if cn.hidden != profile.transformer_hidden:
-        raise InvalidRequest("controlnet", cn.name, f"it is made for a {_label(base)} transformer {cn.hidden} wide and "
-                                                    f"the model {model!r} is {profile.transformer_hidden} wide (another "
-                                                    f"{_label(base)} model): use a ControlNet made for that model")
+        raise InvalidRequest("controlnet", cn.name, f"it is made for a {cn.hidden}-wide {_label(base)} transformer "
+                                                    f"and the model {model!r}'s is {profile.transformer_hidden} wide "
+                                                    f"(another {_label(base)} model): use a ControlNet made for it")
     if cn.union:
         raise InvalidRequest("controlnet", cn.name, "it is a Flux union ControlNet, which needs a control type per "
                                                     "unit: not built here; use a single-type Flux ControlNet")

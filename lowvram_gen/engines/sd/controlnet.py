@@ -11,7 +11,8 @@ the ladder re-applies to them without a reload.
 components with the auto-pipelines' `from_pipe`, as engines/sd/pipeline.img2img_pipe makes the img2img one (no
 weights copied, cast or read), with `controlnet_conditioning_scale`, `control_guidance_start/end`, `guess_mode`
 and the control maps at the pass's size (control/preprocess.py): hires fix's second pass gets the control image
-resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both").
+resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both"). SD3 and Flux
+pipelines get diffusers' SD3/Flux ControlNet pipelines the same way (`transformer_pass`, at the end).
 """
 
 from __future__ import annotations
