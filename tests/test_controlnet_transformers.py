@@ -126,6 +126,41 @@ def test_a_single_files_config_from_its_shapes_is_the_folders(family, tf):
     assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
 
 
+def test_found_by_name_in_models_controlnet_and_as_a_hub_id_from_the_cache(tf, tmp_path, monkeypatch):
+    import shutil
+
+    import huggingface_hub.constants as hf_constants
+
+    folder = tmp_path / "models" / "ControlNet"
+    folder.mkdir(parents=True)
+    shutil.copy(tf["sd3_file"], folder / "sd3_canny.safetensors")
+    shutil.copytree(tf["flux_cn"], folder / "flux-canny")
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    for name, kind, cls in (("sd3_canny", "file", "SD3ControlNetModel"),
+                            ("flux-canny", "folder", "FluxControlNetModel")):
+        source = models.resolve_controlnet(name)
+        assert source.kind == kind and models.config_of(source)["_class_name"] == cls
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--lowvram-test--flux-cn" / "snapshots" / ("0" * 40)
+    shutil.copytree(tf["flux_cn"], snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    source = models.resolve_controlnet("lowvram-test/flux-cn")
+    assert source.path == snapshot.resolve()
+    assert models.transformer_config(source)["_class_name"] == "FluxControlNetModel"
+    from safetensors.torch import save_file
+
+    from lowvram_gen.errors import ModelLoadError
+
+    xlabs = tmp_path / "flux-canny-controlnet-v3.safetensors"  # XLabs' own layout, not diffusers'
+    save_file({"double_blocks.0.img_attn.qkv.weight": torch.zeros(3, 1), "controlnet_blocks.0.weight": torch.zeros(1)},
+              str(xlabs))
+    with pytest.raises(ModelLoadError, match="another key layout than diffusers'.*give the diffusers version"):
+        models.config_of(models.resolve_controlnet(str(xlabs)))
+
+
 def test_a_wrong_family_is_refused_before_the_model_loads(tf, tmp_path, tiny_path, capsys, monkeypatch):
     import lowvram_gen.session as session_mod
 
