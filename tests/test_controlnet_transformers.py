@@ -126,6 +126,46 @@ def test_a_single_files_config_from_its_shapes_is_the_folders(family, tf):
     assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
 
 
+@pytest.mark.parametrize("cls,fields", [
+    ("FluxControlNetModel", dict(conditioning_embedding_channels=3, num_mode=4, guidance_embeds=False)),  # XLabs'
+    ("SD3ControlNetModel", dict(qk_norm="rms_norm", dual_attention_layers=(0,), pos_embed_max_size=16)),  # SD3.5's
+    ("SD3ControlNetModel", dict(joint_attention_dim=None, use_pos_embed=False, force_zeros_for_pooled_projection=False,
+                                caption_projection_dim=16)),  # SD3.5 Large's: the transformer's pos_embed, no text
+], ids=["flux-xlabs-union", "sd3.5-qk-norm-dual", "sd3.5-large"])
+def test_the_other_kinds_configs_come_from_their_shapes(cls, fields, tmp_path):
+    """The variants diffusers' classes have (XLabs' conditioning embedding and a union's mode embedder; SD3.5's q/k
+    norm, dual attention, and its Large ControlNets without a context embedder or position table of their own): a
+    file's header gives the config each was built with."""
+    import diffusers
+    from safetensors.torch import save_file
+
+    base = dict(num_layers=2, attention_head_dim=8, num_attention_heads=2, pooled_projection_dim=24)
+    if cls == "FluxControlNetModel":
+        base.update(num_single_layers=1, in_channels=64, joint_attention_dim=32, axes_dims_rope=(2, 2, 4))
+    else:
+        base.update(in_channels=16, joint_attention_dim=40, caption_projection_dim=16)
+    torch.manual_seed(0)
+    model = getattr(diffusers, cls)(**{**base, **fields})
+    path = tmp_path / "cn.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    derived = models.config_of(models.resolve_controlnet(str(path)))
+    # without a q/k norm SD3's head width is not in the shapes: the base transformer's, completed at load
+    unseen = () if fields.get("qk_norm") or cls.startswith("Flux") else ("attention_head_dim", "num_attention_heads")
+    for key, value in derived.items():
+        if not key.startswith("_") and key not in unseen:
+            made = model.config[key]
+            assert (list(made) if isinstance(made, tuple) else made) == value, key
+    if fields.get("num_mode"):  # a union ControlNet wants a control type per unit: refused before it loads
+        from dataclasses import replace
+
+        from lowvram_gen.planning import estimate as memory
+        from lowvram_gen.planning.controlnet import check_matches, controlnet_profile
+
+        flux = replace(memory.profile_builtin("flux"), transformer_hidden=16)
+        with pytest.raises(InvalidRequest, match="Flux union ControlNet, which needs a control type"):
+            check_matches(flux, controlnet_profile(derived, "union"), "flux")
+
+
 def test_found_by_name_in_models_controlnet_and_as_a_hub_id_from_the_cache(tf, tmp_path, monkeypatch):
     import shutil
 
@@ -246,6 +286,21 @@ def test_flux_img2img_and_two_units_equal_plain_diffusers(tf, tmp_path):
         control, control_map(str(tf["image"]), SIDE, SIDE, "canny")], controlnet_conditioning_scale=[0.7, 1.0],
         control_guidance_start=[0.0, 0.0], control_guidance_end=[0.8, 1.0])
     assert np.array_equal(pixels(two.images[0]), plain)
+
+
+def test_two_sd3_units_of_one_model_equal_plain_diffusers_multi_controlnet(tf, tmp_path):
+    """diffusers' SD3MultiControlNetModel over the one loaded ControlNet, a unit each with its own map and weight."""
+    from lowvram_gen.control.preprocess import control_map
+
+    session = Session(device="cpu")
+    units = (ControlNetUnit(str(tf["sd3_cn"]), str(tf["image"]), 0.6),
+             ControlNetUnit(str(tf["sd3_file"]), str(tf["image"]), 1.2, 0.5, 1.0, preprocessor="canny"))
+    ours = session.generate(request(tf, "sd3", *units, outdir=tmp_path))
+    assert list(models.attached(session.model.pipe)) == ["controlnet0", "controlnet1"]  # a folder and a file: two
+    plain = reference(tf, "sd3", tf["sd3_cn"], tf["sd3_cn"], control_image=[
+        Image.open(tf["image"]), control_map(str(tf["image"]), SIDE, SIDE, "canny")],
+        controlnet_conditioning_scale=[0.6, 1.2], control_guidance_start=[0.0, 0.5], control_guidance_end=[1.0, 1.0])
+    assert np.array_equal(pixels(ours.images[0]), plain)
 
 
 def test_flux_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(tf, tmp_path, monkeypatch):
