@@ -340,6 +340,32 @@ def test_weight_zero_is_no_controlnet_for_sd3_and_for_flux_is_diffusers_weight_z
 
 
 @pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_the_controlnet_pipeline_shares_the_weights_as_they_are(family, tf):
+    """The pass's ControlNet pipeline is made over the loaded components (from_pipe) without copying or casting them:
+    float16 weights stay float16 (DiffusionPipeline.from_pipe would cast them all to float32 in place)."""
+    from lowvram_gen.engines.sd import pipeline as sd
+    from lowvram_gen.engines.sd.controlnet import for_pass, use_controlnets
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+
+    pipe = load(resolve(tf[family]), "float16").pipe
+    source = models.resolve_controlnet(str(tf[f"{family}_file"]))
+    net = models.kept(pipe, source, models.base_config(pipe), "float16")
+    use_controlnets(pipe, [net])
+    req = GenerationRequest(prompt="x", model=tf[family], controlnets=(
+        ControlNetUnit(str(source.path), str(tf["image"]), 0.5, 0.2),)).validated()
+    names = {"sd3": ["StableDiffusion3ControlNetPipeline"],
+             "flux": ["FluxControlNetPipeline", "FluxControlNetImg2ImgPipeline"]}[family]
+    for name, init in zip(names, (None, [Image.open(tf["image"])])):
+        control, kwargs = for_pass(pipe, sd.Pass(req, [1], SIDE, SIDE, init=init))
+        assert type(control).__name__ == name
+        assert control.transformer is pipe.transformer and control.controlnet is net and control.vae is pipe.vae
+        assert {pipe.transformer.dtype, net.dtype, pipe.vae.dtype} == {torch.float16}
+        assert kwargs["control_image"].size == (SIDE, SIDE)
+        assert (kwargs["controlnet_conditioning_scale"], kwargs["control_guidance_start"]) == (0.5, 0.2)
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
 def test_out_of_memory_in_a_controlnet_step_steps_down_without_reloading_it(family, tf, tmp_path, monkeypatch):
     """Simulated out-of-memory: the ControlNet's forward raises torch.OutOfMemoryError once (at highvram, the GPU
     ladder run on this CPU); the job finishes one rung down with the same ControlNet, not loaded again."""
@@ -460,3 +486,7 @@ def test_plan_knows_the_sizes_diffusers_from_transformer_makes(capsys):
         < 1.1e9 * 2
     assert main(["plan", "--model", "flux", "--controlnet", "sd3"]) == 2
     assert "it is a ControlNet for SD3 and the model 'flux' is Flux" in capsys.readouterr().err
+    assert main(["plan", "--model", "flux", "--controlnet", "sd15"]) == 2  # a UNet's ControlNet on a transformer
+    assert "it is a ControlNet for SD 1.x and the model 'flux' is Flux" in capsys.readouterr().err
+    assert main(["plan", "--model", "sdxl", "--controlnet", "flux"]) == 2
+    assert "it is a ControlNet for Flux and the model 'sdxl' is SDXL" in capsys.readouterr().err

@@ -107,7 +107,8 @@ def control_pipe(pipe, img2img: bool, controlnet):
     from lowvram_gen.prompting.encode import family
 
     if family(pipe) is None:
-        raise InvalidRequest("controlnet", type(pipe).__name__, "ControlNet needs an SD 1.x/2.x or SDXL pipeline")
+        raise InvalidRequest("controlnet", type(pipe).__name__,
+                             "ControlNet needs an SD 1.x/2.x, SDXL, SD3 or Flux text-to-image pipeline")
     auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
     made = auto.from_pipe(pipe, controlnet=controlnet)
     made.set_progress_bar_config(disable=True)
