@@ -199,6 +199,14 @@ def test_found_by_name_in_models_controlnet_and_as_a_hub_id_from_the_cache(tf, t
               str(xlabs))
     with pytest.raises(ModelLoadError, match="another key layout than diffusers'.*give the diffusers version"):
         models.config_of(models.resolve_controlnet(str(xlabs)))
+    from safetensors.torch import load_file
+
+    pth = tmp_path / "flux_cn.pth"  # a pickle of one: counted for the plan, refused at load saying what to give
+    torch.save(load_file(str(tf["flux_file"])), str(pth))
+    source = models.resolve_controlnet(str(pth))
+    assert models.config_of(source)["_class_name"] == "FluxControlNetModel"
+    with pytest.raises(ModelLoadError, match="is read from a .safetensors file .*not a .pth one"):
+        models.load_controlnet(source, {}, "float32")
 
 
 def test_a_wrong_family_is_refused_before_the_model_loads(tf, tmp_path, tiny_path, capsys, monkeypatch):

@@ -298,6 +298,8 @@ def load_controlnet(source: ControlNetSource, base_unet_config: dict, dtype: str
             else:
                 state = load_pickle_weights_only(path)
             shapes = {k: tuple(v.shape) for k, v in state.items()}
+            if transformer.family_of_shapes(shapes):  # an SD3/Flux ControlNet in a pickle (transformer_config)
+                raise transformer.not_safetensors(source.spec, path)
             config = {**from_unet_config(base_unet_config), **shape_config(shapes, str(path))}
             with tempfile.TemporaryDirectory(prefix="lowvram-controlnet-") as folder, libraries_silenced():
                 (Path(folder) / "config.json").write_text(json.dumps(config))
@@ -363,7 +365,8 @@ def base_config(pipe) -> dict:
 
 def transformer_config(source: ControlNetSource) -> dict | None:
     """The config of an SD3/Flux ControlNet `source` (a folder's config.json, or one a .safetensors' header gives), or
-    None for an SD/SDXL one (a .pth is read as one: SD3/Flux ControlNets are loaded from .safetensors only)."""
+    None for an SD/SDXL one. A pickle is not unpickled here for it: the SD load reads it, and refuses one that holds
+    an SD3/Flux ControlNet (those load from .safetensors only)."""
     if source.kind == "folder":
         config = config_of(source)
         return config if transformer.family_of_config(config) else None

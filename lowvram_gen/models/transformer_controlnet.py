@@ -139,6 +139,11 @@ def with_base(config: dict, base: dict) -> dict:
     return out
 
 
+def not_safetensors(spec: str, path: Path) -> ModelLoadError:
+    return ModelLoadError(f"{spec}: an SD3/Flux ControlNet is read from a .safetensors file (or a diffusers folder), "
+                          f"not a {path.suffix} one")
+
+
 def load(source, config: dict, base: dict, dtype: str, quantize: str = "none", quantize_on: str | None = None):
     """The SD3/Flux ControlNet of `source` (models/controlnet.ControlNetSource) on the CPU at `dtype`, int8/int4 while
     loading with `quantize`. `config`: its config (a folder's, or a file's derived one); `base`: the base
@@ -160,8 +165,7 @@ def load(source, config: dict, base: dict, dtype: str, quantize: str = "none", q
         return cls.from_pretrained(str(source.path), **kwargs)
     path = Path(source.path)
     if path.suffix.lower() != ".safetensors":
-        raise ModelLoadError(f"{source.spec}: an SD3/Flux ControlNet is read from a .safetensors file (or a diffusers "
-                             f"folder), not a {path.suffix} one")
+        raise not_safetensors(source.spec, path)
     check_safetensors(path)
     with tempfile.TemporaryDirectory(prefix="lowvram-controlnet-") as folder, libraries_silenced():
         (Path(folder) / "config.json").write_text(json.dumps(with_base(config, base)))
