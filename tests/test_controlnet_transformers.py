@@ -209,7 +209,7 @@ def test_found_by_name_in_models_controlnet_and_as_a_hub_id_from_the_cache(tf, t
         models.load_controlnet(source, {}, "float32")
 
 
-def test_a_wrong_family_is_refused_before_the_model_loads(tf, tmp_path, tiny_path, capsys, monkeypatch):
+def test_a_wrong_family_is_refused_before_the_model_loads(tf, tmp_path, capsys, monkeypatch):
     import lowvram_gen.session as session_mod
 
     monkeypatch.setattr(session_mod, "load", lambda *a, **k: pytest.fail("nothing may load"))
