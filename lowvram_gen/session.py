@@ -39,7 +39,7 @@ from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.planning import speed
-from lowvram_gen.planning.controlnet import with_controlnets
+from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
@@ -136,8 +136,9 @@ class Session:
         (planning/controlnet.py), each refused here, before any weight is read, when it is for another family."""
         profile = source_profile(source, model.family if model else None)
         if request is not None and request.controlnets:
-            profile = with_controlnets(profile, plan_profiles([u.model for u in request.controlnets], profile,
-                                                              request.model), len(request.controlnets))
+            cns = plan_profiles([u.model for u in request.controlnets], profile, request.model)
+            check_job(cns, request.init_image is not None, bool(request.hires), request.control_mode == "controlnet")
+            profile = with_controlnets(profile, cns, len(request.controlnets))
         return profile
 
     def plan(self, request: GenerationRequest, device: DeviceInfo | None = None,

@@ -7,7 +7,7 @@ import argparse
 
 
 def add_controlnet_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("ControlNet (A1111's sd-webui-controlnet; SD 1.x/2.x and SDXL)")
+    g = p.add_argument_group("ControlNet (A1111's sd-webui-controlnet; SD 1.x/2.x, SDXL, SD3 and Flux)")
     g.add_argument("--controlnet", action="append", default=[], metavar="MODEL[:WEIGHT[:START[:END]]]",
                    help="a ControlNet: a name in models/ControlNet, a diffusers folder, a hub id or a "
                         ".safetensors/.pth file; weight 0-2 (default 1), guidance start/end 0-1 (default 0 and 1). "
@@ -52,7 +52,8 @@ def controlnet_fields(args, fields: dict) -> dict:
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--controlnet", action="append", default=[], metavar="SPEC",
                    help="count a ControlNet beside the denoiser (repeatable): a file, folder, hub id or name in "
-                        "models/ControlNet, or a known size: sd15 (0.72 GB in fp16), sdxl (2.5 GB)")
+                        "models/ControlNet, or a known size: sd15 (0.72 GB in fp16), sdxl (2.5 GB), sd3 (1.06 B "
+                        "weights) and flux (2.95 B: what diffusers' from_transformer makes by default)")
 
 
 def plan_profile(args, profile):

@@ -18,6 +18,9 @@ family check (planning/controlnet.py) need no weights. What shapes do not show (
 time embedding settings) is the base model's UNet's, taken at load as diffusers' ControlNetModel.from_unet
 takes it, so diffusers' `from_single_file` needs no config from the hub.
 
+SD3 and Flux ControlNets (SD3ControlNetModel, FluxControlNetModel) are found the same ways; their configs and loading
+are models/transformer_controlnet.py's (`transformer_config`), completed from the base transformer's config.
+
 Loading (`load_controlnet`): at the dtype the pipeline's first preset loads it at, int8/int4 while loading
 when that preset quantizes (sdnq, the UNet's lever); its weights checked finite. A control-LoRA (below) is
 built from the base pipeline's UNet instead. Kept per base pipeline
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.models.attached import SLOT, attached  # noqa: F401 (the slots the job's ControlNets take)
+from lowvram_gen.models import transformer_controlnet as transformer
 from lowvram_gen.networks import files
 
 log = logging.getLogger(__name__)
@@ -248,6 +252,9 @@ def config_of(source: ControlNetSource) -> dict:
     shapes = file_shapes(source.path)
     if source.kind == "control_lora":
         shapes = control_lora_shapes(shapes)
+    family = transformer.family_of_shapes(shapes)  # SD3/Flux (models/transformer_controlnet.py)
+    if family is not None:
+        return transformer.shape_config(shapes, family, str(source.path))
     config = shape_config(shapes, str(source.path))
     # for counting on the meta device: heads and norm groups change no parameter count; any that fit will do
     return {**config, "attention_head_dim": 1, "norm_num_groups": 1,
@@ -284,7 +291,10 @@ def load_controlnet(source: ControlNetSource, base_unet_config: dict, dtype: str
     quiet_hub_bars()
     torch_dtype = getattr(torch, dtype)
     try:
-        if source.kind == "folder":
+        config = transformer_config(source)
+        if config is not None:  # SD3/Flux: `base_unet_config` is the base transformer's
+            module = transformer.load(source, config, base_unet_config, dtype, quantize, quantize_on)
+        elif source.kind == "folder":
             kwargs = {"quantization_config": sdnq_config(quantize, quantize_on)} if quantize != "none" else {}
             module = ControlNetModel.from_pretrained(str(source.path), torch_dtype=torch_dtype, **kwargs)
         elif source.kind == "file":
@@ -297,6 +307,8 @@ def load_controlnet(source: ControlNetSource, base_unet_config: dict, dtype: str
             else:
                 state = load_pickle_weights_only(path)
             shapes = {k: tuple(v.shape) for k, v in state.items()}
+            if transformer.family_of_shapes(shapes):  # an SD3/Flux ControlNet in a pickle (transformer_config)
+                raise transformer.not_safetensors(source.spec, path)
             config = {**from_unet_config(base_unet_config), **shape_config(shapes, str(path))}
             with tempfile.TemporaryDirectory(prefix="lowvram-controlnet-") as folder, libraries_silenced():
                 (Path(folder) / "config.json").write_text(json.dumps(config))
@@ -350,13 +362,34 @@ def reload(pipe, module, dtype: str, quantize: str = "none", quantize_on: str | 
     if source.kind == "control_lora":  # from the UNet, which models/loading.reload_components restores first
         fresh = _control_lora(pipe, source, dtype, quantize, quantize_on)
     else:
-        fresh = load_controlnet(source, dict(pipe.unet.config), dtype, quantize, quantize_on)
+        fresh = load_controlnet(source, base_config(pipe), dtype, quantize, quantize_on)
     cache = pipe.__dict__.setdefault(_CACHE, {})
     for key, value in list(cache.items()):
         if value is module:
             cache[key] = fresh
     log.info("reloading the ControlNet %s from disk to restore its precision", source.spec)
     return fresh
+
+
+def base_config(pipe) -> dict:
+    """The config of the pipeline's denoiser, what a single file's ControlNet config is completed from: the UNet's
+    (SD/SDXL) or the transformer's (SD3/Flux)."""
+    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    return dict(denoiser.config) if denoiser is not None else {}
+
+
+def transformer_config(source: ControlNetSource) -> dict | None:
+    """The config of an SD3/Flux ControlNet `source` (a folder's config.json, or one a .safetensors' header gives), or
+    None for an SD/SDXL one. A pickle is not unpickled here for it: the SD load reads it, and refuses one that holds
+    an SD3/Flux ControlNet (those load from .safetensors only)."""
+    if source.kind == "folder":
+        config = config_of(source)
+        return config if transformer.family_of_config(config) else None
+    if source.kind == "file" and source.path.suffix.lower() == ".safetensors":
+        shapes = file_shapes(source.path)
+        family = transformer.family_of_shapes(shapes)
+        return transformer.shape_config(shapes, family, str(source.path)) if family else None
+    return None
 
 
 def plan_profiles(specs: list[str], base, model: str, known_sizes: bool = False) -> list:

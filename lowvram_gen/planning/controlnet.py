@@ -21,7 +21,8 @@ A ControlNet's profile comes from its config alone (a folder's config.json, or o
 shapes give: models/controlnet.py), instantiated on the meta device; the known sizes (`sd15`, `sdxl`) are
 the ControlNets diffusers' `ControlNetModel.from_unet` makes of those UNets, which is what the published
 ones are (lllyasviel/control_v11p_sd15_*: 361 M weights, 0.72 GB in fp16; diffusers/controlnet-*-sdxl-1.0:
-1.25 B, 2.5 GB). No torch at import; nothing from the engines.
+1.25 B, 2.5 GB). SD3 and Flux ControlNets (a few transformer blocks beside the transformer) are counted the same
+way, their activations from their width (see "SD3 and Flux" below). No torch at import; nothing from the engines.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class ControlNetProfile:
     held: float  # elements per latent pixel per image held while the UNet runs: its residuals
     peak: float  # elements per latent pixel per image at the peak of its own forward
     file_bytes: int = 0
+    family: str = "sd"  # "sd" (a UNet's: SD 1.x/2.x, SDXL), "sd3" or "flux" (a transformer's)
+    hidden: int = 0  # a transformer ControlNet's width (its forward's working set is estimated from it); 0 for "sd"
+    union: bool = False  # a Flux union ControlNet (a control type per unit: not built)
 
     def as_dict(self) -> dict:
         return {"name": self.name, "params": self.params, "cross_attention_dim": self.cross_attention_dim,
@@ -78,10 +82,30 @@ def known_config(name: str) -> dict | None:
     """The ControlNet config diffusers' from_unet makes of a built-in base model's UNet (`sd15`, `sdxl`, ... and
     their aliases), or None for another name."""
     key = memory.ALIASES.get(str(name).strip().lower())
+    if key is not None and (memory.CONFIGS / key / "transformer" / "config.json").is_file():
+        return from_transformer_config(json.loads((memory.CONFIGS / key / "transformer" / "config.json").read_text()))
     if key is None or not (memory.CONFIGS / key / "unet" / "config.json").is_file():
         return None
     unet = json.loads((memory.CONFIGS / key / "unet" / "config.json").read_text())
     return from_unet_config(unet)
+
+
+# what diffusers' from_transformer makes of a transformer by default (SD3: 12 blocks; Flux: 4 double and 10 single
+# blocks at 24 heads of 128), the plain ControlNet (SD3's default adds the inpainting one's extra input channel)
+FROM_TRANSFORMER = {"SD3Transformer2DModel": ("SD3ControlNetModel", {"num_layers": 12,
+                                                                     "extra_conditioning_channels": 0}),
+                    "FluxTransformer2DModel": ("FluxControlNetModel", {"num_layers": 4, "num_single_layers": 10,
+                                                                       "attention_head_dim": 128,
+                                                                       "num_attention_heads": 24})}
+
+
+def from_transformer_config(transformer: dict) -> dict | None:
+    """The SD3/Flux ControlNet config diffusers' from_transformer makes of a transformer config with its defaults."""
+    made = FROM_TRANSFORMER.get(str(transformer.get("_class_name")))
+    if made is None:
+        return None
+    config = {k: v for k, v in transformer.items() if not k.startswith("_")}
+    return {**config, **made[1], "_class_name": made[0]}
 
 
 def from_unet_config(unet: dict) -> dict:
@@ -100,6 +124,8 @@ def controlnet_profile(config: dict, name: str, file_bytes: int = 0) -> ControlN
 @functools.lru_cache(maxsize=16)
 def _profile(config_json: str) -> ControlNetProfile:
     config = json.loads(config_json)
+    if config.get("_class_name") in TRANSFORMER_CLASSES:
+        return _transformer_profile(config)
     model = memory._instantiate_meta("diffusers", "ControlNetModel", config)
     if model is None:
         raise ValueError("diffusers has no ControlNetModel")
@@ -142,11 +168,10 @@ def family_label(cross_attention_dim: int) -> str:
 def check_matches(profile: memory.ModelProfile, cn: ControlNetProfile, model: str) -> None:
     """A ControlNet must be made for the base model: its residuals are added to the UNet's skip connections and
     it reads the same text embeddings, so its block widths and cross-attention width must be the UNet's. One
-    sentence naming both otherwise (exit 2), before any weight is read."""
-    if profile.denoiser != "unet" or not profile.unet_channels:
-        raise InvalidRequest("controlnet", cn.name, f"ControlNet needs an SD 1.x/2.x or SDXL model (a UNet); "
-                                                    f"{model!r} has a transformer denoiser (SD3/Flux ControlNets are "
-                                                    "not built yet)")
+    sentence naming both otherwise (exit 2), before any weight is read. SD3/Flux: `check_transformer_match`."""
+    if cn.family != "sd" or profile.denoiser != "unet" or not profile.unet_channels:
+        check_transformer_match(profile, cn, model)
+        return
     if cn.cross_attention_dim != profile.cross_attention_dim or tuple(cn.channels) != tuple(profile.unet_channels):
         def shape(cross, channels):
             return f"{family_label(cross)} (cross-attention {cross}, blocks {'/'.join(map(str, channels))})"
@@ -184,4 +209,98 @@ def with_controlnets(profile: memory.ModelProfile, cns: list[ControlNetProfile],
         controlnet_params=sum(c.params for c in cns), controlnet_quant_kept=sum(c.quant_kept for c in cns),
         controlnet_held=max(c.held for c in cns),
         controlnet_peak=max(c.peak for c in cns), controlnet_units=units or len(cns),
-        controlnets=tuple(c.name for c in cns))
+        controlnets=tuple(c.name for c in cns), controlnet_hidden=max(c.hidden for c in cns))
+
+
+# ------------------------------------------------------------------------------------------ SD3 and Flux
+# A transformer ControlNet (diffusers' SD3ControlNetModel, FluxControlNetModel) is a few of the transformer's own
+# blocks run over the same token stream, plus the control image's tokens added to its input; each block's output,
+# through a zero-initialised linear layer, is added to the hidden states of the transformer's blocks. So:
+# - its residuals: one image-token stream (tokens x its width) per block (Flux: its double and single blocks), held
+#   while the transformer runs (`held`, elements per latent pixel: one token covers 2x2 latent pixels in both, SD3's
+#   patch 2 and Flux's 2x2 packing);
+# - its own forward: the transformer's working set at its width over the same tokens (estimate.unet_activation_bytes
+#   takes it from `hidden` and the base's token count, with the transformer's fitted coefficient), and at its end its
+#   block outputs, their projections and the scaled copies (three residual streams) at once;
+# - the control image goes through the VAE's encoder inside the pipeline's call (SD3's, InstantX's Flux ones), or
+#   XLabs' conditioning embedding (Flux): counted with the control images, as the SD path counts them.
+TRANSFORMER_CLASSES = {"SD3ControlNetModel": "sd3", "FluxControlNetModel": "flux"}
+TRANSFORMER_LABELS = {"sd3": "SD3", "flux": "Flux"}
+_DENOISER_FAMILIES = {"SD3Transformer2DModel": "sd3", "FluxTransformer2DModel": "flux"}
+
+
+def _transformer_profile(config: dict) -> ControlNetProfile:
+    family = TRANSFORMER_CLASSES[config["_class_name"]]
+    model = memory._instantiate_meta("diffusers", config["_class_name"], config)
+    if model is None:
+        raise ValueError(f"diffusers has no {config['_class_name']}")
+    blocks, in_blocks, total = memory.block_sizes(model)
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    hidden = int(config.get("num_attention_heads", 1)) * int(config.get("attention_head_dim", 1))
+    residuals = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0) or 0)
+    if family == "sd3":
+        latent_per_token = int(config.get("patch_size", 2)) ** 2
+    else:  # Flux: 16-channel latents packed 2x2 into its input channels, patch 1 on top
+        latent_per_token = max(1, int(config.get("in_channels", 64)) // 16) * int(config.get("patch_size", 1)) ** 2
+    return ControlNetProfile(name="", params=total, cross_attention_dim=int(config.get("joint_attention_dim") or 0),
+                             channels=(), blocks=tuple(blocks), unmatched=total - in_blocks,
+                             residency_blocks=tuple(residency.blocks_of(model, bytes_per_element=1)),
+                             residency_fixed=residency.fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
+                             quant_kept=memory.sdnq_kept(model), held=residuals * hidden / latent_per_token, peak=0.0,
+                             family=family, hidden=hidden, union=config.get("num_mode") is not None)
+
+
+def base_family(profile: memory.ModelProfile) -> str | None:
+    """'sd' (a UNet), 'sd3', 'flux', or None (another transformer: PixArt, ...), from the base model's profile."""
+    if profile.denoiser == "unet" and profile.unet_channels:
+        return "sd"
+    if profile.denoiser_class:
+        return _DENOISER_FAMILIES.get(profile.denoiser_class)
+    return profile.arch if profile.arch in TRANSFORMER_LABELS else None
+
+
+def _label(family: str | None, profile: memory.ModelProfile | None = None, cn: ControlNetProfile | None = None) -> str:
+    if family in TRANSFORMER_LABELS:
+        return TRANSFORMER_LABELS[family]
+    if family == "sd":
+        return family_label(cn.cross_attention_dim if cn is not None else profile.cross_attention_dim)
+    return "a transformer model without a diffusers ControlNet pipeline"
+
+
+def check_transformer_match(profile: memory.ModelProfile, cn: ControlNetProfile, model: str) -> None:
+    """An SD3 ControlNet goes with an SD3 model and a Flux one with a Flux model, at the transformer's width (its
+    residuals are added to the transformer's hidden states); one sentence naming both otherwise (exit 2)."""
+    base = base_family(profile)
+    if cn.family != base:
+        raise InvalidRequest("controlnet", cn.name, f"it is a ControlNet for {_label(cn.family, cn=cn)} and the "
+                                                    f"model {model!r} is {_label(base, profile)}: use a ControlNet "
+                                                    "made for that model's family")
+    if cn.hidden != profile.transformer_hidden:
+        raise InvalidRequest("controlnet", cn.name, f"it is made for a {cn.hidden}-wide {_label(base)} transformer "
+                                                    f"and the model {model!r}'s is {profile.transformer_hidden} wide "
+                                                    f"(another {_label(base)} model): use a ControlNet made for it")
+    if cn.union:
+        raise InvalidRequest("controlnet", cn.name, "it is a Flux union ControlNet, which needs a control type per "
+                                                    "unit: not built here; use a single-type Flux ControlNet")
+
+
+def transformer_refusal(family: str, img2img: bool, guess_mode: bool) -> str | None:
+    """Why diffusers has no pipeline for an SD3/Flux ControlNet job of this kind (None: it has): SD3's has no img2img
+    (hires fix's second pass is one), neither has a guess mode (A1111's 'ControlNet is more important')."""
+    label = TRANSFORMER_LABELS[family]
+    if guess_mode:
+        return (f"control mode 'controlnet' (diffusers' guess mode) is not in diffusers' {label} ControlNet pipeline: "
+                "use balanced")
+    if family == "sd3" and img2img:
+        return ("diffusers has no SD3 ControlNet img2img pipeline (hires fix's second pass is img2img too): run SD3 "
+                "ControlNets in txt2img without hires fix")
+    return None
+
+
+def check_job(cns: list[ControlNetProfile], img2img: bool, hires: bool, guess_mode: bool) -> None:
+    """`transformer_refusal` for the job's SD3/Flux ControlNets, before anything loads (one sentence, exit 2)."""
+    for cn in cns:
+        if cn.family in TRANSFORMER_LABELS:
+            why = transformer_refusal(cn.family, img2img or hires, guess_mode)
+            if why:
+                raise InvalidRequest("controlnet", cn.name, why)

@@ -194,6 +194,10 @@ class ModelProfile:
     controlnet_peak: float = 0.0
     controlnet_units: int = 0
     controlnets: tuple[str, ...] = ()
+    # an SD3/Flux ControlNet's width (0: a UNet's): its own forward is a transformer's over the same tokens
+    controlnet_hidden: int = 0
+    # the denoiser's class (SD3Transformer2DModel, FluxTransformer2DModel, ...): which family's ControlNets fit it
+    denoiser_class: str = ""
     # the UNet's input channels: 4, or 9 for an inpainting UNet (the mask and the masked image's latents beside
     # the latents: inpaint_input_bytes)
     unet_in_channels: int = 4
@@ -419,7 +423,7 @@ def _denoiser_fields(name: str, model) -> dict:
     import torch
 
     cfg = model.config
-    out: dict[str, Any] = {"denoiser": name}
+    out: dict[str, Any] = {"denoiser": name, "denoiser_class": type(model).__name__}
     blocks, in_blocks, total = block_sizes(model)
     out["denoiser_blocks"] = tuple(blocks)
     out["denoiser_unmatched"] = total - in_blocks
@@ -697,7 +701,14 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
                       + _fit()["slicing"] * scores * _score_bytes(profile, dtype_bytes))
     inpaint = inpaint_input_bytes(profile, hw, n, dtype_bytes)
     act += inpaint
-    if profile.controlnet_units:  # planning/controlnet.py: its residuals beside the UNet's step, or its own forward
+    if profile.controlnet_units and profile.controlnet_hidden:  # an SD3/Flux ControlNet (planning/controlnet.py)
+        held = profile.controlnet_held * hw * n * dtype_bytes  # its residual streams, as they are (no working set)
+        summed = held if profile.controlnet_units > 1 else 0.0
+        working = coef * transformer_tokens(profile, hw) * profile.controlnet_hidden * n * dtype_bytes
+        own = max(working + held, 3 * held) + summed
+        images = profile.controlnet_units * 3 * hw * sf * sf * n * dtype_bytes
+        act = max(act + held, own) + images
+    elif profile.controlnet_units:  # planning/controlnet.py: its residuals beside the UNet's step, or its own forward
         held = coef * profile.controlnet_held * hw * n * dtype_bytes
         summed = held if profile.controlnet_units > 1 else 0.0  # the residuals of the units before it
         # an inpainting UNet's mask and masked-image latents are held while the ControlNet runs too (half of

@@ -14,10 +14,12 @@ and the control maps at the pass's size (control/preprocess.py): hires fix's sec
 resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both"); an inpaint
 pass with "Only masked" gets it cut with the init image's crop box first (Pass.control_crop), as the extension
 does for `inpaint_full_res`.
+SD3 and Flux pipelines get diffusers' SD3/Flux ControlNet pipelines the same way (`transformer_pass`, at the end).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from lowvram_gen.errors import InvalidRequest
@@ -36,7 +38,7 @@ def attach_for(pipe, request, dtype: str, quantize: str = "none", quantize_on: s
     """Load (or reuse) the request's ControlNets at `dtype` (`quantize`: int8/int4 while loading, as the pipeline's
     first preset says) and put them on `pipe`, each model once (two units may share one: A1111 users run two canny
     units with two images); True when the set on the pipeline changed (its memory settings must go on again)."""
-    base = dict(pipe.unet.config) if getattr(pipe, "unet", None) is not None else {}
+    base = models.base_config(pipe)  # the UNet's or the transformer's: what a single file's config is completed from
     modules = [models.kept(pipe, s, base, dtype, quantize, quantize_on) for s in sources(request)]
     distinct = list({id(m): m for m in modules}.values())
     changed = use_controlnets(pipe, distinct)
@@ -107,7 +109,8 @@ def control_pipe(pipe, img2img: bool, controlnet, inpaint: bool = False):
     from lowvram_gen.prompting.encode import family
 
     if family(pipe) is None:
-        raise InvalidRequest("controlnet", type(pipe).__name__, "ControlNet needs an SD 1.x/2.x or SDXL pipeline")
+        raise InvalidRequest("controlnet", type(pipe).__name__,
+                             "ControlNet needs an SD 1.x/2.x, SDXL, SD3 or Flux text-to-image pipeline")
     auto = AutoPipelineForInpainting if inpaint else AutoPipelineForImage2Image if img2img else \
         AutoPipelineForText2Image
     made = auto.from_pipe(pipe, controlnet=controlnet)
@@ -124,6 +127,8 @@ def for_pass(pipe, step) -> tuple[object, dict] | None:
     if not units:
         return None
     modules = unit_modules(pipe, len(units))
+    if transformer_family(pipe) is not None:
+        return transformer_pass(pipe, step, modules)
     img2img = step.init is not None
     control = control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules, inpaint=step.mask is not None)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
@@ -149,3 +154,78 @@ def infotext_fields(pipe, request) -> dict:
         label = source.label if source is not None else unit.model
         fields[f"ControlNet {i}"] = unit_text(unit, label, request.control_mode, min(request.width, request.height))
     return fields
+
+
+# ------------------------------------------------------------------------------------------ SD3 and Flux
+# diffusers' StableDiffusion3ControlNetPipeline, FluxControlNetPipeline and FluxControlNetImg2ImgPipeline, made over
+# the loaded pipeline by the same auto-pipelines' `from_pipe` (no weight copied, cast or read). They take the control
+# map as `control_image` in txt2img too, have no guess mode, and SD3's has no img2img: planning/controlnet.py's
+# `transformer_refusal` says so, before the model loads (session) and here. Several units: diffusers'
+# SD3MultiControlNetModel / FluxMultiControlNetModel, which the pipelines make of a list.
+
+_NEGATIVE = ("negative_prompt", "negative_prompt_2", "negative_prompt_embeds", "negative_pooled_prompt_embeds")
+
+
+def transformer_family(pipe) -> str | None:
+    """'sd3' or 'flux' for the SD3/Flux text-to-image pipelines the ControlNet ones are made from, else None."""
+    name = type(pipe).__name__
+    if name in ("StableDiffusion3Pipeline", "StableDiffusion3Img2ImgPipeline"):
+        return "sd3"
+    if name in ("FluxPipeline", "FluxImg2ImgPipeline"):
+        return "flux"
+    return None
+
+
+def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
+    """(diffusers' SD3/Flux ControlNet pipeline, its control arguments) for a denoise pass (see for_pass)."""
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
+
+    from lowvram_gen.control.preprocess import control_map
+    from lowvram_gen.planning.controlnet import transformer_refusal
+
+    units = step.request.controlnets
+    img2img = step.init is not None
+    family = transformer_family(pipe)
+    why = transformer_refusal(family, img2img, step.request.control_mode == "controlnet")
+    if why:
+        raise InvalidRequest("controlnet", units[0].model, why)
+    if family == "flux" and len({getattr(m, "input_hint_block", None) is None for m in modules}) > 1:
+        # FluxMultiControlNetModel reads the control images one way for all, as its first ControlNet wants them
+        raise InvalidRequest("controlnet", units[1].model, "Flux ControlNets of the two kinds (XLabs', with a "
+                             "conditioning embedding, and InstantX's, on VAE latents) cannot run together in diffusers")
+    auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
+    control = auto.from_pipe(pipe, controlnet=modules[0] if len(modules) == 1 else modules)
+    control.set_progress_bar_config(disable=True)
+    control.scheduler = pipe.scheduler  # the sampler chosen for this job
+    maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high) for u in units]
+    one = len(units) == 1
+    kwargs = {"control_image": maps[0] if one else maps,
+              "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units],
+              "control_guidance_start": units[0].guidance_start if one else [u.guidance_start for u in units],
+              "control_guidance_end": units[0].guidance_end if one else [u.guidance_end for u in units]}
+    return control, kwargs
+
+
+def fit_call(control, kwargs: dict) -> dict:
+    """`kwargs` without the negative-prompt arguments a ControlNet pipeline does not take (FluxControlNetImg2ImgPipeline
+    has none: Flux ignores a negative prompt without true CFG, as engines/sd/job.py warns)."""
+    import inspect
+
+    accepted = inspect.signature(type(control).__call__).parameters
+    return {k: v for k, v in kwargs.items() if k in accepted or k not in _NEGATIVE}
+
+
+@contextlib.contextmanager
+def seeded(control, seeds: list[int], device: str):
+    """SD3's ControlNet pipeline encodes the control image with the VAE and samples those latents from torch's global
+    random state, not from the call's generators: seeded from the pass's first seed here (and that state restored
+    after), so a seed gives the same image each time, as every other pipeline does. Others: nothing."""
+    import torch
+
+    if not type(control).__name__.startswith("StableDiffusion3ControlNet"):
+        yield
+        return
+    kind = torch.device(device).type
+    with torch.random.fork_rng(devices=[] if kind == "cpu" else None, device_type=kind if kind != "cpu" else "cuda"):
+        torch.manual_seed(seeds[0])
+        yield

@@ -543,12 +543,12 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     )
     control = controlnet.for_pass(pipe, step)  # (its ControlNet pipeline, the control arguments) or None
     if control is not None:
-        kwargs.update(control[1])
+        kwargs = controlnet.fit_call(control[0], {**kwargs, **control[1]})
     watched = preview is not None or cancel is not None or skip is not None
     try:
         if step.init is None:
             txt2img = control[0] if control is not None else pipe
-            with _variation_noise(txt2img, step, device), \
+            with _variation_noise(txt2img, step, device), controlnet.seeded(txt2img, step.seeds, device), \
                     _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = txt2img(width=step.width, height=step.height, **kwargs)
         else:

@@ -1,0 +1,173 @@
+"""SD3 and Flux ControlNets (diffusers' SD3ControlNetModel, FluxControlNetModel): their family, a single file's config,
+and loading. models/controlnet.py finds them as it finds any ControlNet (by name in models/ControlNet, a folder, a
+hub id, a file) and hands them here when their config or tensors say they are one of these.
+
+Config of a single file (`shape_config`), in diffusers' key layout only (a `.safetensors` as diffusers saves it; the
+original layouts, XLabs' `double_blocks` or Stability's, are refused saying so): from the tensors' shapes, read from
+the header without the weights, as the SD/SDXL path does:
+- SD3: the width (`pos_embed_input`), the input channels and any extra conditioning channels, the text and pooled
+  widths (`context_embedder`, `time_text_embed`), the block count, dual-attention blocks (`attn2`), q/k norm
+  (`norm_q`: its width is the head width), the position table (`pos_embed.pos_embed`: its side). Published ones in
+  this layout are InstantX's (a context embedder: `force_zeros_for_pooled_projection` true, as their configs say)
+  and Stability's SD3.5 ones (no context embedder, no pos_embed: they take the transformer's; false).
+- Flux: the width, input channels, text and pooled widths, the double and single block counts, the guidance
+  embedder, XLabs' conditioning embedding (`input_hint_block`) and a union ControlNet's mode embedder.
+What shapes do not show (the head count where no norm gives the head width, Flux's rotary axes, SD3's sample size)
+is the base transformer's, taken at load (`base` config), as the SD path takes the UNet's.
+
+Loading (`load`): a folder with the class its config names, a single file through a temporary folder holding the
+derived config.json and a link to the file, so both go through `from_pretrained`: the dtype, and int8/int4 while
+loading (sdnq's config, the transformer's lever), as a folder is. No torch or diffusers at import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from lowvram_gen.errors import ModelLoadError
+
+CLASSES = {"SD3ControlNetModel": "sd3", "FluxControlNetModel": "flux"}
+LABELS = {"sd3": "SD3", "flux": "Flux"}
+
+
+def family_of_config(config: dict) -> str | None:
+    """'sd3' | 'flux' for a transformer ControlNet's config, None for an SD/SDXL one."""
+    return CLASSES.get(str(config.get("_class_name", "")))
+
+
+def family_of_shapes(shapes: dict) -> str | None:
+    """'sd3' | 'flux' when a single file's tensors are a transformer ControlNet's in diffusers' layout; None for an
+    SD/SDXL ControlNet. Another layout of a transformer ControlNet is refused here, naming it."""
+    if any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight" for k in shapes):
+        return "flux"
+    if "pos_embed_input.proj.weight" in shapes:
+        return "sd3"
+    if any(k.startswith(("double_blocks.", "single_blocks.", "controlnet_blocks.")) for k in shapes) \
+            and "controlnet_cond_embedding.conv_in.weight" not in shapes:
+        raise ModelLoadError("this looks like an SD3/Flux ControlNet in another key layout than diffusers' (XLabs' "
+                             "double_blocks or Stability's original one): only diffusers' layout is read; give the "
+                             "diffusers version of it (a folder with config.json, or its .safetensors)")
+    return None
+
+
+def _count(shapes: dict, pattern: str) -> int:
+    rx = re.compile(pattern)
+    return len({m.group(1) for k in shapes for m in [rx.match(k)] if m})
+
+
+def shape_config(shapes: dict, family: str, where: str = "the file") -> dict:
+    """The config fields a transformer ControlNet's tensors give (see the module doc)."""
+    try:
+        return _sd3_config(shapes) if family == "sd3" else _flux_config(shapes)
+    except KeyError as exc:
+        raise ModelLoadError(f"{where}: its tensors are not laid out as diffusers' {LABELS[family]} ControlNets are "
+                             f"(no {exc})") from None
+
+
+def _head_dim(shapes: dict, inner: int, default: int) -> tuple[int, int]:
+    """(heads, head width): the q norm's width where there is one, else `default` (the base's, or 64)."""
+    norm = next((v for k, v in sorted(shapes.items()) if k.endswith("attn.norm_q.weight")), None)
+    head = int(norm[0]) if norm else int(default)
+    if inner % head:
+        head = math.gcd(inner, head)
+    return inner // head, head
+
+
+def _sd3_config(shapes: dict) -> dict:
+    inner, cond_in = shapes["pos_embed_input.proj.weight"][:2]
+    patch = shapes["pos_embed_input.proj.weight"][2]
+    has_pos = "pos_embed.proj.weight" in shapes
+    in_channels = shapes["pos_embed.proj.weight"][1] if has_pos else 16
+    layers = _count(shapes, r"transformer_blocks\.(\d+)\.")
+    context = shapes.get("context_embedder.weight")
+    heads, head = _head_dim(shapes, inner, 64)
+    config = {
+        "_class_name": "SD3ControlNetModel", "patch_size": int(patch), "in_channels": int(in_channels),
+        "num_layers": layers, "attention_head_dim": head, "num_attention_heads": heads,
+        "joint_attention_dim": int(context[1]) if context else None,
+        "caption_projection_dim": int(context[0]) if context else int(inner),
+        "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
+        "extra_conditioning_channels": int(cond_in - in_channels),
+        "dual_attention_layers": [i for i in range(layers) if f"transformer_blocks.{i}.attn2.to_q.weight" in shapes],
+        "qk_norm": None, "use_pos_embed": has_pos, "force_zeros_for_pooled_projection": context is not None,
+    }
+    if any(k.endswith("attn.norm_q.weight") for k in shapes):
+        config["qk_norm"] = "layer_norm" if any(k.endswith("attn.norm_q.bias") for k in shapes) else "rms_norm"
+    if "pos_embed.pos_embed" in shapes:
+        config["pos_embed_max_size"] = math.isqrt(int(shapes["pos_embed.pos_embed"][1]))
+    return config
+
+
+def _flux_config(shapes: dict) -> dict:
+    inner, in_channels = shapes["x_embedder.weight"]
+    heads, head = _head_dim(shapes, inner, 128)
+    hint = shapes.get("input_hint_block.conv_in.weight")
+    mode = shapes.get("controlnet_mode_embedder.weight")
+    return {
+        "_class_name": "FluxControlNetModel", "patch_size": 1, "in_channels": int(in_channels),
+        "num_layers": _count(shapes, r"transformer_blocks\.(\d+)\."),
+        "num_single_layers": _count(shapes, r"single_transformer_blocks\.(\d+)\."),
+        "attention_head_dim": head, "num_attention_heads": heads,
+        "joint_attention_dim": int(shapes["context_embedder.weight"][1]),
+        "pooled_projection_dim": int(shapes["time_text_embed.text_embedder.linear_1.weight"][1]),
+        "guidance_embeds": any(k.startswith("time_text_embed.guidance_embedder.") for k in shapes),
+        "num_mode": int(mode[0]) if mode else None,
+        "conditioning_embedding_channels": int(hint[1]) if hint else None,
+    }
+
+
+def with_base(config: dict, base: dict) -> dict:
+    """A derived config completed from the base transformer's (`base`: its config), where the shapes did not say."""
+    out = dict(config)
+    inner = out["num_attention_heads"] * out["attention_head_dim"]
+    head = int(base.get("attention_head_dim") or 0)
+    # SD3 without q/k norm: the head width is not in its shapes (Flux's always is: its norm_q)
+    if out["_class_name"] == "SD3ControlNetModel" and not out.get("qk_norm") and head and inner % head == 0:
+        out.update(attention_head_dim=head, num_attention_heads=inner // head)
+    if out["_class_name"] == "FluxControlNetModel":
+        axes = base.get("axes_dims_rope")
+        if axes and sum(axes) == out["attention_head_dim"]:
+            out["axes_dims_rope"] = list(axes)
+        out["patch_size"] = int(base.get("patch_size", 1) or 1)
+    else:
+        for key in ("sample_size", "pos_embed_max_size", "out_channels"):
+            if key in base and key not in out:
+                out[key] = base[key]
+    return out
+
+
+def not_safetensors(spec: str, path: Path) -> ModelLoadError:
+    return ModelLoadError(f"{spec}: an SD3/Flux ControlNet is read from a .safetensors file (or a diffusers folder), "
+                          f"not a {path.suffix} one")
+
+
+def load(source, config: dict, base: dict, dtype: str, quantize: str = "none", quantize_on: str | None = None):
+    """The SD3/Flux ControlNet of `source` (models/controlnet.ControlNetSource) on the CPU at `dtype`, int8/int4 while
+    loading with `quantize`. `config`: its config (a folder's, or a file's derived one); `base`: the base
+    transformer's config."""
+    import tempfile
+
+    import diffusers
+    import torch
+
+    from lowvram_gen.models.checkpoint import check_safetensors
+    from lowvram_gen.models.quantize import sdnq_config
+    from lowvram_gen.models.quiet import libraries_silenced
+
+    cls = getattr(diffusers, config["_class_name"])
+    kwargs = {"torch_dtype": getattr(torch, dtype)}
+    if quantize != "none":
+        kwargs["quantization_config"] = sdnq_config(quantize, quantize_on)
+    if source.kind == "folder":
+        return cls.from_pretrained(str(source.path), **kwargs)
+    path = Path(source.path)
+    if path.suffix.lower() != ".safetensors":
+        raise not_safetensors(source.spec, path)
+    check_safetensors(path)
+    with tempfile.TemporaryDirectory(prefix="lowvram-controlnet-") as folder, libraries_silenced():
+        (Path(folder) / "config.json").write_text(json.dumps(with_base(config, base)))
+        (Path(folder) / "diffusion_pytorch_model.safetensors").symlink_to(path)
+        return cls.from_pretrained(folder, **kwargs)
