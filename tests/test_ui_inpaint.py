@@ -14,13 +14,26 @@ from test_ui import _fill_number, _set_slider, browser, needs_browser, page, ser
 
 
 def _stroke(page, dx: int = 60) -> None:
-    """A horizontal brush stroke through the middle of the editor's canvas (the image is centred on it)."""
+    """A horizontal brush stroke through the middle of the editor's canvas (the image is centred on it), with the
+    Brush picked first as a user picks it (an upload leaves the editor on its brush or on its crop tool, depending on
+    which of gradio's two upload paths took the file)."""
+    page.locator("#inp-editor").get_by_role("button", name="Brush").first.click()
     box = page.locator("#inp-editor canvas").first.bounding_box()
     x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
     page.mouse.move(x - dx, y)
     page.mouse.down()
     page.mouse.move(x + dx, y, steps=12)
     page.mouse.up()
+
+
+def _upload_into_editor(page, path) -> None:
+    """The file given to the editor's upload input once its canvas is there, and the editor showing it (its "Upload
+    an image" prompt gone). Given before the canvas is up, gradio's ImageEditor throws ("reading 'reset_layers'" of
+    its not-yet-made editor) and then ignores every later upload: on a loaded machine the tab's other controls were
+    there well before the canvas."""
+    page.locator("#inp-editor canvas").first.wait_for(timeout=120_000)
+    page.locator("#inp-editor input[type=file]").first.set_input_files(str(path))
+    page.locator("#inp-editor").get_by_text("Upload an image").wait_for(state="hidden", timeout=120_000)
 
 
 @needs_browser
@@ -42,12 +55,14 @@ def test_draw_a_mask_with_the_brush_generate_and_only_the_masked_area_changes(pa
     # the img2img tab's extras and ControlNet accordion are there too (their values: the API test below)
     for elem_id in ("inp-controlnet", "inp-batch-count", "inp-clip-skip", "inp-seed-extra", "inp-quantize"):
         page.locator(f"#{elem_id}").first.wait_for(timeout=30_000)
-    page.locator("#inp-editor input[type=file]").first.set_input_files(str(init))
-    page.locator("#inp-editor canvas").first.wait_for(timeout=120_000)
-    # the upload sets the size from the image (editor_size), but on a loaded machine that event was seen never to reach
-    # the server (the tab's listeners not attached yet): the size is set here, as a user would, to the image's own
-    _fill_number(page, "inp-width", 128)
-    _fill_number(page, "inp-height", 128)
+    _upload_into_editor(page, init)
+    # the upload sets the size from the image (editor_size), and the 📐 button sets it again after a change
+    width_is = "document.querySelector('#inp-width input').value == '128' && " \
+               "document.querySelector('#inp-height input').value == '128'"
+    page.wait_for_function(width_is, timeout=60_000)
+    _fill_number(page, "inp-width", 64)
+    page.click("#inp-size-from-image")
+    page.wait_for_function(width_is, timeout=60_000)
     _stroke(page, dx=40)
     page.locator("#inp-prompt textarea").fill("a red line")
     _set_slider(page, "inp-steps", 2)

@@ -119,6 +119,9 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     width = Number("Width", 512, elem_id="inp-width")
                     height = Number("Height", 512, elem_id="inp-height")
+                    # A1111's 📐: the size of the image being edited again, after Width/Height were changed (an
+                    # upload sets them by itself)
+                    size_button = gr.Button("\U0001F4D0", elem_id="inp-size-from-image", scale=0, min_width=40)
                     batch_count = Slider(1, MAX_BATCH_COUNT, value=1, step=1, label="Batch count",
                                          elem_id="inp-batch-count")
                     batch = Slider(1, MAX_BATCH, value=1, step=1, label="Batch size")
@@ -161,6 +164,7 @@ def build(ctx: TabContext) -> None:
         return size_from(background(value))
 
     editor.upload(editor_size, [editor], [width, height], queue=False, api_visibility="private")
+    size_button.click(editor_size, [editor], [width, height], queue=False, api_visibility="private")
     live.shown_while_running(ctx, go, preview_every, preview_method, preview)  # before Generate: it runs first
     ctx.generate_events["inpaint"] = go.click(
         controlnet.appended(inpaint), [editor, prompt, negative, strength, width, height, steps, cfg, seed, batch,
