@@ -84,3 +84,35 @@ def save_ldm_pth(cn, path: Path) -> Path:
 
     torch.save(to_ldm(cn), str(path))
     return path
+
+
+def in_hub_cache(folder: Path, repo: str, cache: Path, monkeypatch) -> Path:
+    """`folder` as the snapshot of `repo` in a Hugging Face cache at `cache` (refs/main pointing at it), that cache
+    made huggingface_hub's, offline; the snapshot's path."""
+    import shutil
+
+    import huggingface_hub.constants as hf_constants
+
+    snapshot = cache / ("models--" + repo.replace("/", "--")) / "snapshots" / ("0" * 40)
+    shutil.copytree(folder, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    return snapshot
+
+
+def out_of_memory_once(net) -> list:
+    """Simulated OOM (the ladder tests' way): `net`'s next forward raises torch.OutOfMemoryError, once; the list
+    it returns gets an item when it has."""
+    import torch
+
+    failed: list = []
+
+    def once(module, args, kwargs):
+        if not failed:
+            failed.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    net.register_forward_pre_hook(once, with_kwargs=True)
+    return failed

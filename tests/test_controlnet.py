@@ -144,17 +144,7 @@ def test_a_missing_model_and_a_wrong_family_are_refused_before_the_model_loads(c
 
 
 def test_a_hub_id_loads_from_the_cache_and_one_not_there_says_how_to_get_it(cn, tmp_path, monkeypatch, capsys):
-    import shutil
-
-    import huggingface_hub.constants as hf_constants
-
-    cache = tmp_path / "hub"
-    snapshot = cache / "models--lowvram-test--tiny-cn" / "snapshots" / ("0" * 40)
-    shutil.copytree(cn["sd"], snapshot)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    snapshot = files.in_hub_cache(cn["sd"], "lowvram-test/tiny-cn", tmp_path / "hub", monkeypatch)
     source = models.resolve_controlnet("lowvram-test/tiny-cn")
     assert (source.kind, source.label, source.path) == ("folder", "lowvram-test/tiny-cn", snapshot.resolve())
     code = main(["generate", "a boat", "--controlnet", "lowvram-test/not-here", "--control-image", str(cn["image"]),
@@ -272,14 +262,7 @@ def test_out_of_memory_in_a_controlnet_step_steps_down_without_reloading_it(cn, 
     session.generate(request(tmp_path, unit, steps=1))
     net = session.model.pipe.controlnet0
     weight = net.conv_in.weight
-    failed = []
-
-    def once(module, args, kwargs):
-        if not failed:
-            failed.append(1)
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-
-    net.register_forward_pre_hook(once, with_kwargs=True)
+    failed = files.out_of_memory_once(net)
     result = session.generate(request(tmp_path, unit))
     assert [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts][:2] == [
         ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]

@@ -19,6 +19,8 @@ import torch
 from PIL import Image
 from tiny_transformers import build_tiny_flux, build_tiny_sd3, pixels
 
+import controlnet_files as files  # tests/controlnet_files.py
+
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.control.units import ControlNetUnit
@@ -169,8 +171,6 @@ def test_the_other_kinds_configs_come_from_their_shapes(cls, fields, tmp_path):
 def test_found_by_name_in_models_controlnet_and_as_a_hub_id_from_the_cache(tf, tmp_path, monkeypatch):
     import shutil
 
-    import huggingface_hub.constants as hf_constants
-
     folder = tmp_path / "models" / "ControlNet"
     folder.mkdir(parents=True)
     shutil.copy(tf["sd3_file"], folder / "sd3_canny.safetensors")
@@ -180,13 +180,7 @@ def test_found_by_name_in_models_controlnet_and_as_a_hub_id_from_the_cache(tf, t
                             ("flux-canny", "folder", "FluxControlNetModel")):
         source = models.resolve_controlnet(name)
         assert source.kind == kind and models.config_of(source)["_class_name"] == cls
-    cache = tmp_path / "hub"
-    snapshot = cache / "models--lowvram-test--flux-cn" / "snapshots" / ("0" * 40)
-    shutil.copytree(tf["flux_cn"], snapshot)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    snapshot = files.in_hub_cache(tf["flux_cn"], "lowvram-test/flux-cn", tmp_path / "hub", monkeypatch)
     source = models.resolve_controlnet("lowvram-test/flux-cn")
     assert source.path == snapshot.resolve()
     assert models.transformer_config(source)["_class_name"] == "FluxControlNetModel"
@@ -385,14 +379,7 @@ def test_out_of_memory_in_a_controlnet_step_steps_down_without_reloading_it(fami
     session.generate(request(tf, family, unit, steps=1, outdir=tmp_path))
     net = session.model.pipe.controlnet0
     weight = next(net.parameters())
-    failed = []
-
-    def once(module, args, kwargs):
-        if not failed:
-            failed.append(1)
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-
-    net.register_forward_pre_hook(once, with_kwargs=True)
+    failed = files.out_of_memory_once(net)
     result = session.generate(request(tf, family, unit, outdir=tmp_path))
     assert [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts][:2] == [
         ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]

@@ -225,14 +225,7 @@ def test_out_of_memory_in_a_controlnet_inpaint_step_steps_down_without_reloading
     session.generate(request(made, tmp_path, unit, model=str(made["inpainting"]), steps=1))
     net = session.model.pipe.controlnet0
     weight = net.conv_in.weight
-    failed = []
-
-    def once(module, args, kwargs):
-        if not failed:
-            failed.append(1)
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-
-    net.register_forward_pre_hook(once, with_kwargs=True)
+    failed = cn_files.out_of_memory_once(net)
     result = session.generate(request(made, tmp_path, unit, model=str(made["inpainting"]), strength=1.0))
     assert [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts][:2] == [
         ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]

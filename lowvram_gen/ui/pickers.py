@@ -43,6 +43,19 @@ def model_refresh(model: gr.Dropdown, models_folder, elem_id: str) -> None:
                   api_visibility="private", show_progress="hidden")
 
 
+def model_row(options, prefix: str, label: str = "Model") -> tuple[gr.Dropdown, gr.Dropdown]:
+    """A row with the Model box, its Refresh and the Quantize choice (txt2img, img2img, Inpaint): (model, quantize),
+    elem_ids `{prefix}model`, `{prefix}model-refresh`, `{prefix}quantize`."""
+    from lowvram_gen.ui.widgets import AS_PRESET, Quantize
+
+    with gr.Row():
+        model = gr.Dropdown(model_choices(options.models_folder), value=options.model, allow_custom_value=True,
+                            label=label, elem_id=f"{prefix}model")
+        model_refresh(model, options.models_folder, f"{prefix}model-refresh")
+        quantize = Quantize(AS_PRESET, f"{prefix}quantize")
+    return model, quantize
+
+
 def build(prompt: gr.Textbox, prefix: str) -> None:
     """A row with the two pickers and their Refresh; call inside the tab's layout."""
     with gr.Row():

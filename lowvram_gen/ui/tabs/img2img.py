@@ -11,13 +11,12 @@ annotations.)
 
 import gradio as gr
 
-from lowvram_gen.models.discover import model_choices
 from lowvram_gen.request import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.ui import controlnet, live, messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.schedules import AUTOMATIC
-from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
+from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, ScheduleType, Slider, extra_seed_fields,
                                     quantize_field, seed_extras)
 
 
@@ -84,11 +83,7 @@ def build(ctx: TabContext) -> None:
                                           label="Sampler", elem_id="i2i-sampler")
                     schedule_type = ScheduleType("i2i-schedule-type")
                 extras = seed_extras(extra, prefix="i2i-")
-                with gr.Row():
-                    model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
-                                        allow_custom_value=True, label="Model", elem_id="i2i-model")
-                    pickers.model_refresh(model, options.models_folder, "i2i-model-refresh")
-                    quantize = Quantize(AS_PRESET, "i2i-quantize")
+                model, quantize = pickers.model_row(options, "i2i-")
                 pickers.build(prompt, prefix="i2i-")
                 units = controlnet.build("i2i-", width, height)
                 go, stop, skip = live.buttons("i2i-", "i2i-generate")

@@ -20,14 +20,13 @@ import tempfile
 import gradio as gr
 
 from lowvram_gen.inpaint.masks import MAX_BLUR, MAX_PADDING
-from lowvram_gen.models.discover import model_choices
 from lowvram_gen.request import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import AUTOMATIC
 from lowvram_gen.ui import controlnet, live, messages, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.tabs.img2img import size_from
-from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
+from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, ScheduleType, Slider, extra_seed_fields,
                                     quantize_field, seed_extras)
 
 AREAS = [("Whole picture", "whole"), ("Only masked", "masked")]
@@ -137,11 +136,7 @@ def build(ctx: TabContext) -> None:
                                           elem_id="inp-sampler")
                     schedule_type = ScheduleType("inp-schedule-type")
                 extras = seed_extras(extra, prefix="inp-")
-                with gr.Row():
-                    model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
-                                        allow_custom_value=True, label="Model", elem_id="inp-model")
-                    pickers.model_refresh(model, options.models_folder, "inp-model-refresh")
-                    quantize = Quantize(AS_PRESET, "inp-quantize")
+                model, quantize = pickers.model_row(options, "inp-")
                 units = controlnet.build("inp-", width, height)
                 go, stop, skip = live.buttons("inp-", "inp-generate")
                 preview_every, preview_method = live.settings("inp-")

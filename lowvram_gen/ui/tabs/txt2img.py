@@ -14,14 +14,13 @@ annotations.)
 
 import gradio as gr
 
-from lowvram_gen.models.discover import model_choices
 from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS,
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
 from lowvram_gen.ui import controlnet, live, pickers, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
-from lowvram_gen.ui.widgets import (AS_PRESET, Number, Quantize, ScheduleType, Slider, extra_seed_fields,
+from lowvram_gen.ui.widgets import (AS_PRESET, Number, ScheduleType, Slider, extra_seed_fields,
                                     quantize_field, seed_extras, upscaler_choices)
 
 DEFAULTS = GenerationRequest()
@@ -91,12 +90,7 @@ def build(ctx: TabContext) -> None:
                                           label="Sampler", elem_id="sampler")
                     schedule_type = ScheduleType("schedule-type")
                 extras = seed_extras(extra, prefix="")
-                with gr.Row():
-                    model = gr.Dropdown(model_choices(options.models_folder), value=options.model,
-                                        allow_custom_value=True, label="Model (or type a hub id / path)",
-                                        elem_id="model")
-                    pickers.model_refresh(model, options.models_folder, "model-refresh")
-                    quantize = Quantize(AS_PRESET, "quantize")
+                model, quantize = pickers.model_row(options, "", "Model (or type a hub id / path)")
                 pickers.build(prompt, prefix="")
                 with gr.Accordion("Hires fix (a second pass at a larger size)", open=False):
                     with gr.Row():
