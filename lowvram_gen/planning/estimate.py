@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -390,7 +391,10 @@ def _instantiate_meta(library: str, class_name: str, cfg: dict):
         cls = getattr(diffusers, class_name, None)
         if cls is None or not hasattr(cls, "from_config"):
             return None
-        with init_empty_weights(include_buffers=True):
+        # diffusers' own deprecations inside its classes (FluxControlNetModel imports FluxPosEmbed from where it
+        # warns) are not the user's to read on every `plan`
+        with init_empty_weights(include_buffers=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
             return cls.from_config(cfg)
     if library == "transformers":
         import transformers
