@@ -11,8 +11,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODELS = (("sd15", 512), ("sdxl", 1024), ("sd3", 1024), ("flux", 1024))
-# with a ControlNet of the known size beside the denoiser (planning/controlnet.py): SD 1.5's 0.72 GB, SDXL's 2.5 GB
-CONTROLNETS = (("sd15", 512, "sd15"), ("sdxl", 1024, "sdxl"))
+# with a ControlNet of the known size beside the denoiser (planning/controlnet.py): SD 1.5's 0.72 GB, SDXL's 2.5 GB,
+# SD3's and Flux's as diffusers' from_transformer makes them by default
+CONTROLNETS = (("sd15", 512, "sd15"), ("sdxl", 1024, "sdxl"), ("sd3", 1024, "sd3"), ("flux", 1024, "flux"))
 # an inpainting checkpoint (sd-1.5-inpainting, SDXL inpainting): its UNet takes 9 input channels (estimate.py's
 # inpaint_input_bytes); with "only masked" the job's size is the crop's, whatever the canvas
 INPAINTING = (("sd15", 512, "inpainting"), ("sdxl", 1024, "inpainting"))
