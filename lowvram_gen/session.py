@@ -137,7 +137,7 @@ class Session:
         profile = source_profile(source, model.family if model else None)
         if request is not None and request.controlnets:
             cns = plan_profiles([u.model for u in request.controlnets], profile, request.model)
-            check_job(cns, request.init_image is not None, bool(request.hires), request.control_mode == "controlnet")
+            check_job(cns, request.init_image is not None, bool(request.hires), request.control_mode)
             profile = with_controlnets(profile, cns, len(request.controlnets))
         return profile
 

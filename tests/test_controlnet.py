@@ -101,8 +101,8 @@ def test_flag_units_and_their_ranges_are_checked_before_anything_loads(cn):
         unit = ControlNetUnit(**{"model": "m", "image": str(cn["image"]), **change})
         with pytest.raises(InvalidRequest, match=words):
             GenerationRequest(prompt="x", controlnets=(unit,)).validated()
-    with pytest.raises(InvalidRequest, match="no diffusers equivalent"):
-        GenerationRequest(prompt="x", control_mode="prompt").validated()
+    with pytest.raises(InvalidRequest, match="use balanced, prompt or controlnet"):
+        GenerationRequest(prompt="x", control_mode="guess").validated()
     # from a JSON line or a form: the unit's fields as a mapping
     mapped = GenerationRequest.from_mapping({"prompt": "x", "controlnets": [{"model": "m", "image": str(cn["image"]),
                                                                             "weight": "0.5"}]})
@@ -174,6 +174,36 @@ def test_img2img_with_controlnet_mode_equals_plain_diffusers(cn, tmp_path, tiny_
     control = Image.open(cn["image"])
     plain = reference(tiny_path, cn["sd"], image=control, control_image=control, strength=0.5, guess_mode=True, steps=4)
     assert np.array_equal(pixels(ours.images[0]), plain)
+
+
+def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn, tmp_path, tiny_path):
+    """A1111's "My prompt is more important": the ControlNet's outputs (down residuals, then the mid block's) times
+    0.825 ** (12 - i), zipped from the first, on both CFG halves. The reference is plain diffusers' balanced
+    pipeline with those factors put on its ControlNet's output here; a balanced job after it is balanced again."""
+    session = Session(device="cpu")
+    unit = ControlNetUnit(str(cn["sd"]), str(cn["image"]))
+    balanced = pixels(session.generate(request(tmp_path / "b", unit)).images[0])
+    prompt = session.generate(request(tmp_path / "p", unit, control_mode="My prompt is more important"))
+    assert 'Control Mode: My prompt is more important' in read_png_metadata(prompt.images[0])[0]
+    from diffusers import ControlNetModel
+
+    factors = [0.825 ** float(12 - i) for i in range(13)]
+    forward = ControlNetModel.forward
+
+    def soft(self, *args, **kwargs):
+        down, mid = forward(self, *args, **kwargs)
+        outs = [r * f for r, f in zip([*down, mid], factors)]
+        return tuple(outs[:-1]), outs[-1]
+
+    ControlNetModel.forward = soft
+    try:
+        plain = reference(tiny_path, cn["sd"], image=Image.open(cn["image"]))
+    finally:
+        ControlNetModel.forward = forward
+    assert np.array_equal(pixels(prompt.images[0]), plain)
+    assert not np.array_equal(plain, balanced)
+    again = pixels(session.generate(request(tmp_path / "b2", unit)).images[0])
+    assert np.array_equal(again, balanced)
 
 
 def test_weight_zero_equals_no_controlnet_and_two_units_run(cn, tmp_path, tiny_path):
@@ -470,8 +500,7 @@ def test_an_a1111_controlnet_field_reads_as_a_unit():
                                 notes)
     assert unit == ControlNetUnit("control_v11p_sd15_canny", None, 1.0, 0.0, 1.0, "canny", 100, 200)
     assert mode == "prompt" and "runs as Just Resize" in notes[0]
-    with pytest.raises(InvalidRequest, match="no diffusers equivalent"):  # refused when it would run, with the fix
-        GenerationRequest(prompt="x", control_mode=mode).validated()
+    assert GenerationRequest(prompt="x", control_mode=mode).validated().control_mode == "prompt"
 
 
 # ------------------------------------------------------------------------------------------ hires fix

@@ -229,7 +229,8 @@ def test_a_wrong_family_is_refused_before_the_model_loads(tf, tmp_path, capsys, 
 
 
 def test_what_diffusers_has_no_pipeline_for_is_refused_before_the_model_loads(tf, tmp_path, monkeypatch):
-    """SD3's ControlNet pipeline has no img2img (so no hires fix), neither family has a guess mode."""
+    """SD3's ControlNet pipeline has no img2img (so no hires fix), neither family has a guess mode or A1111's soft
+    injection."""
     import lowvram_gen.session as session_mod
 
     monkeypatch.setattr(session_mod, "load", lambda *a, **k: pytest.fail("nothing may load"))
@@ -240,7 +241,8 @@ def test_what_diffusers_has_no_pipeline_for_is_refused_before_the_model_loads(tf
             ("sd3", sd3, dict(init_image=str(tf["image"])), "no SD3 ControlNet img2img pipeline"),
             ("sd3", sd3, dict(hires_scale=2, hires_upscaler="Lanczos"), "hires fix's second pass is img2img"),
             ("flux", flux, dict(control_mode="controlnet"), "not in diffusers' Flux ControlNet pipeline: use balanced"),
-            ("sd3", sd3, dict(control_mode="controlnet"), "not in diffusers' SD3 ControlNet pipeline")]:
+            ("sd3", sd3, dict(control_mode="controlnet"), "not in diffusers' SD3 ControlNet pipeline"),
+            ("flux", flux, dict(control_mode="prompt"), "control mode 'prompt' is not in diffusers' Flux ControlNet")]:
         with pytest.raises(InvalidRequest, match=words):
             session.generate(request(tf, family, unit, outdir=tmp_path, **fields))
 

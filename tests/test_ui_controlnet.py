@@ -152,7 +152,7 @@ def test_remembered_unit_values_are_checked_as_the_request_checks_them():
     assert remembered.valid("cn0_weight", 1.5, box) and not remembered.valid("cn0_weight", 3, box)
     assert remembered.valid("cn1_preprocessor", "canny", box) and not remembered.valid("cn1_preprocessor", "depth_zoe", box)
     assert remembered.valid("cn0_canny_low", 220, box) and not remembered.valid("cn0_canny_high", 256, box)
-    assert remembered.valid("control_mode", "controlnet", box) and not remembered.valid("control_mode", "prompt", box)
+    assert remembered.valid("control_mode", "prompt", box) and not remembered.valid("control_mode", "guess", box)
     assert "cn0_image" in remembered.NOT_REMEMBERED and "cn0_enabled" in remembered.NOT_REMEMBERED
 
 

@@ -21,9 +21,10 @@ def add_controlnet_args(p: argparse.ArgumentParser) -> None:
                         "models/ControlNetPreprocessor or the Hugging Face cache): depth_midas (depth), openpose, "
                         "openpose_hand, openpose_face, openpose_faceonly, openpose_full, lineart_realistic "
                         "(lineart), lineart_coarse, lineart_anime, lineart_standard")
-    g.add_argument("--control-mode", metavar="balanced|controlnet",
-                   help="balanced (default) or controlnet (A1111's 'ControlNet is more important': diffusers' guess "
-                        "mode); A1111's 'My prompt is more important' has no diffusers equivalent")
+    g.add_argument("--control-mode", metavar="balanced|prompt|controlnet",
+                   help="balanced (default), prompt (A1111's 'My prompt is more important': the residuals scaled "
+                        "down the layers) or controlnet (A1111's 'ControlNet is more important': diffusers' guess "
+                        "mode); SD 1.x/2.x and SDXL ControlNets")
 
 
 def controlnet_fields(args, fields: dict) -> dict:

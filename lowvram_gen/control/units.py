@@ -12,7 +12,8 @@ Control modes, as A1111's extension means them (scripts/enums.py ControlMode, ap
   residuals scaled by 0.825^(12-i): diffusers' `guess_mode=True` (which scales by 10^(-1+i/12), the same
   factors to three digits, and runs the ControlNet on the conditional half only).
 - "prompt" ("My prompt is more important"): those scaled residuals on both halves. diffusers has no
-  such mode (its `guess_mode` is the other one), so it is refused with what to use instead.
+  such mode (its `guess_mode` is the other one): engines/sd/controlnet.soften scales the residuals with a forward
+  hook on each ControlNet, the pipeline runs as balanced.
 
 The PNG text (`ControlNet 0: "Module: canny, Model: ..., Weight: 1, ..."`) is the extension's own
 (scripts/infotext.py serialize_unit: the unit's fields in its order, `Field Name: value`, hidden slider
@@ -125,17 +126,13 @@ def check_preprocessor(field: str, value: Any) -> str:
 
 
 def check_control_mode(value: Any) -> str:
-    """balanced | controlnet (also A1111's labels); 'prompt' is refused: diffusers has no such mode."""
+    """balanced | prompt | controlnet (also A1111's labels)."""
     text = str(value if value is not None else "balanced").strip()
     by_label = {label.lower(): key for key, label in CONTROL_MODES.items()}
     key = text.lower() if text.lower() in CONTROL_MODES else by_label.get(text.lower())
     if key is None:
         raise InvalidRequest("control mode", value, "use balanced, prompt or controlnet (A1111's Balanced, "
                                                     "My prompt is more important, ControlNet is more important)")
-    if key == "prompt":
-        raise InvalidRequest("control mode", value, "A1111's 'My prompt is more important' has no diffusers "
-                                                    "equivalent (its guess mode is 'ControlNet is more important'): "
-                                                    "use balanced, or controlnet")
     return key
 
 

@@ -284,23 +284,24 @@ def check_transformer_match(profile: memory.ModelProfile, cn: ControlNetProfile,
                                                     "unit: not built here; use a single-type Flux ControlNet")
 
 
-def transformer_refusal(family: str, img2img: bool, guess_mode: bool) -> str | None:
+def transformer_refusal(family: str, img2img: bool, control_mode: str) -> str | None:
     """Why diffusers has no pipeline for an SD3/Flux ControlNet job of this kind (None: it has): SD3's has no img2img
-    (hires fix's second pass is one), neither has a guess mode (A1111's 'ControlNet is more important')."""
+    (hires fix's second pass is one), neither has a guess mode (A1111's 'ControlNet is more important') nor the
+    residuals of a UNet's ControlNet that A1111's 'My prompt is more important' scales."""
     label = TRANSFORMER_LABELS[family]
-    if guess_mode:
-        return (f"control mode 'controlnet' (diffusers' guess mode) is not in diffusers' {label} ControlNet pipeline: "
-                "use balanced")
+    if control_mode != "balanced":
+        return (f"control mode {control_mode!r} is not in diffusers' {label} ControlNet pipeline: use balanced (A1111's "
+                "other modes act on a UNet ControlNet's residuals)")
     if family == "sd3" and img2img:
         return ("diffusers has no SD3 ControlNet img2img pipeline (hires fix's second pass is img2img too): run SD3 "
                 "ControlNets in txt2img without hires fix")
     return None
 
 
-def check_job(cns: list[ControlNetProfile], img2img: bool, hires: bool, guess_mode: bool) -> None:
+def check_job(cns: list[ControlNetProfile], img2img: bool, hires: bool, control_mode: str) -> None:
     """`transformer_refusal` for the job's SD3/Flux ControlNets, before anything loads (one sentence, exit 2)."""
     for cn in cns:
         if cn.family in TRANSFORMER_LABELS:
-            why = transformer_refusal(cn.family, img2img or hires, guess_mode)
+            why = transformer_refusal(cn.family, img2img or hires, control_mode)
             if why:
                 raise InvalidRequest("controlnet", cn.name, why)

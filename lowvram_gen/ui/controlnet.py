@@ -36,7 +36,7 @@ UNITS = 2  # units shown (A1111's default is 3; the request takes up to MAX_UNIT
 FIELDS = ("enabled", "image", "preprocessor", "canny_low", "canny_high", "model", "weight", "guidance_start",
           "guidance_end")
 NOT_REMEMBERED = ("enabled", "image")
-MODE_CHOICES = [(CONTROL_MODES[key], key) for key in ("balanced", "controlnet")]  # "prompt": no diffusers mode
+MODE_CHOICES = [(CONTROL_MODES[key], key) for key in ("balanced", "prompt", "controlnet")]
 
 
 def key(index: int, name: str) -> str:

@@ -140,7 +140,33 @@ def for_pass(pipe, step) -> tuple[object, dict] | None:
               "control_guidance_start": units[0].guidance_start if one else [u.guidance_start for u in units],
               "control_guidance_end": units[0].guidance_end if one else [u.guidance_end for u in units],
               "guess_mode": step.request.control_mode == "controlnet"}
+    soften(modules, step.request.control_mode == "prompt")
     return control, kwargs
+
+
+SOFT_BASE = 0.825  # A1111's extension (hook.py): ControlNet output i of 13 (12 down residuals, the mid) x 0.825**(12-i)
+
+
+def soften(modules: list, on: bool) -> None:
+    """A1111's "My prompt is more important" (soft injection) for this pass: each ControlNet's residuals scaled by
+    SOFT_BASE**(12 - i) in output order, the mid block's last (an SDXL ControlNet's 10 outputs take the first 10
+    factors, as the extension's zip gives them), on both halves of the CFG batch: diffusers' guess mode scales the
+    conditional half alone. A forward hook put on each module once, acting only in a pass that asks for it."""
+    for module in modules:
+        module._lowvram_soft = on
+        if on and not getattr(module, "_lowvram_soft_hook", None):
+            module._lowvram_soft_hook = module.register_forward_hook(_soft_residuals)
+
+
+def _soft_residuals(module, _args, output):
+    if not getattr(module, "_lowvram_soft", False):
+        return output
+    down, mid = (output.down_block_res_samples, output.mid_block_res_sample) if hasattr(output, "mid_block_res_sample") \
+        else output
+    scaled = [r * SOFT_BASE ** float(12 - i) for i, r in enumerate([*down, mid])]
+    down, mid = tuple(scaled[:-1]), scaled[-1]
+    return type(output)(down_block_res_samples=down, mid_block_res_sample=mid) \
+        if hasattr(output, "mid_block_res_sample") else (down, mid)
 
 
 def infotext_fields(pipe, request) -> dict:
@@ -186,7 +212,7 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
     units = step.request.controlnets
     img2img = step.init is not None
     family = transformer_family(pipe)
-    why = transformer_refusal(family, img2img, step.request.control_mode == "controlnet")
+    why = transformer_refusal(family, img2img, step.request.control_mode)
     if why:
         raise InvalidRequest("controlnet", units[0].model, why)
     if family == "flux" and len({getattr(m, "input_hint_block", None) is None for m in modules}) > 1:
