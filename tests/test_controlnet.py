@@ -7,6 +7,7 @@ simulated as the ladder tests do it: a forward pre-hook on the ControlNet raises
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -176,15 +177,10 @@ def test_img2img_with_controlnet_mode_equals_plain_diffusers(cn, tmp_path, tiny_
     assert np.array_equal(pixels(ours.images[0]), plain)
 
 
-def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn, tmp_path, tiny_path):
-    """A1111's "My prompt is more important": the ControlNet's outputs (down residuals, then the mid block's) times
-    0.825 ** (12 - i), zipped from the first, on both CFG halves. The reference is plain diffusers' balanced
-    pipeline with those factors put on its ControlNet's output here; a balanced job after it is balanced again."""
-    session = Session(device="cpu")
-    unit = ControlNetUnit(str(cn["sd"]), str(cn["image"]))
-    balanced = pixels(session.generate(request(tmp_path / "b", unit)).images[0])
-    prompt = session.generate(request(tmp_path / "p", unit, control_mode="My prompt is more important"))
-    assert 'Control Mode: My prompt is more important' in read_png_metadata(prompt.images[0])[0]
+@contextlib.contextmanager
+def _soft_forward():
+    """Plain diffusers' ControlNets with sd-webui-controlnet's soft weights on their outputs (down residuals, then the
+    mid block's), written here from the extension's rule: output i times 0.825 ** (12 - i), zipped from the first."""
     from diffusers import ControlNetModel
 
     factors = [0.825 ** float(12 - i) for i in range(13)]
@@ -197,9 +193,22 @@ def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn
 
     ControlNetModel.forward = soft
     try:
-        plain = reference(tiny_path, cn["sd"], image=Image.open(cn["image"]))
+        yield
     finally:
         ControlNetModel.forward = forward
+
+
+def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn, tmp_path, tiny_path):
+    """A1111's "My prompt is more important": the ControlNet's outputs (down residuals, then the mid block's) times
+    0.825 ** (12 - i), zipped from the first, on both CFG halves. The reference is plain diffusers' balanced
+    pipeline with those factors put on its ControlNet's output here; a balanced job after it is balanced again."""
+    session = Session(device="cpu")
+    unit = ControlNetUnit(str(cn["sd"]), str(cn["image"]))
+    balanced = pixels(session.generate(request(tmp_path / "b", unit)).images[0])
+    prompt = session.generate(request(tmp_path / "p", unit, control_mode="My prompt is more important"))
+    assert 'Control Mode: My prompt is more important' in read_png_metadata(prompt.images[0])[0]
+    with _soft_forward():
+        plain = reference(tiny_path, cn["sd"], image=Image.open(cn["image"]))
     assert np.array_equal(pixels(prompt.images[0]), plain)
     assert not np.array_equal(plain, balanced)
     again = pixels(session.generate(request(tmp_path / "b2", unit)).images[0])
@@ -512,7 +521,8 @@ def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upsca
     """As A1111's extension (its "Hr Option: Both"): the first pass gets the control map at the job's size, the hires
     pass the control image resized to the hires size (its preprocessor run there). With a pixel upscaler the
     result equals diffusers' ControlNet txt2img pipeline, its image upscaled (Lanczos), then diffusers' ControlNet
-    img2img pipeline on it with the map at the hires size."""
+    img2img pipeline on it with the map at the hires size and the extension's soft weights on the ControlNet's
+    residuals (it scales them in every hires pass: _soft_forward)."""
     from lowvram_gen.engines.sd import controlnet as engine
 
     calls = []
@@ -547,9 +557,11 @@ def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upsca
               width=SIDE, height=SIDE, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED)).images[0]
     i2i = diffusers.StableDiffusionControlNetImg2ImgPipeline.from_pipe(txt)
     i2i.set_progress_bar_config(disable=True)
-    high = i2i("a boat", image=low.resize((2 * SIDE, 2 * SIDE), Image.LANCZOS), control_image=second, strength=0.5,
-               num_inference_steps=STEPS, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED),
-               controlnet_conditioning_scale=1.0).images[0]  # the unit's weight (the img2img pipeline's default: 0.8)
+    with _soft_forward():
+        high = i2i("a boat", image=low.resize((2 * SIDE, 2 * SIDE), Image.LANCZOS), control_image=second,
+                   strength=0.5, num_inference_steps=STEPS, guidance_scale=CFG,
+                   generator=torch.Generator().manual_seed(SEED),
+                   controlnet_conditioning_scale=1.0).images[0]  # the unit's weight (the img2img pipeline's: 0.8)
     assert np.array_equal(pixels(ours.images[0]), np.asarray(high.convert("RGB")).astype(int))
 
 

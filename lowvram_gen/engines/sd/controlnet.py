@@ -140,7 +140,9 @@ def for_pass(pipe, step) -> tuple[object, dict] | None:
               "control_guidance_start": units[0].guidance_start if one else [u.guidance_start for u in units],
               "control_guidance_end": units[0].guidance_end if one else [u.guidance_end for u in units],
               "guess_mode": step.request.control_mode == "controlnet"}
-    soften(modules, step.request.control_mode == "prompt")
+    # A1111's extension scales the residuals in hires fix's second pass whatever the mode ("use the soft weights with
+    # high-res fix can significantly reduce artifacts"); in guess mode diffusers' own scaling stands for them
+    soften(modules, step.request.control_mode == "prompt" or (step.hires and step.request.control_mode == "balanced"))
     return control, kwargs
 
 
@@ -148,7 +150,8 @@ SOFT_BASE = 0.825  # A1111's extension (hook.py): ControlNet output i of 13 (12 
 
 
 def soften(modules: list, on: bool) -> None:
-    """A1111's "My prompt is more important" (soft injection) for this pass: each ControlNet's residuals scaled by
+    """A1111's "My prompt is more important" (soft injection), and any hires fix second pass, for this pass: each
+    ControlNet's residuals scaled by
     SOFT_BASE**(12 - i) in output order, the mid block's last (an SDXL ControlNet's 10 outputs take the first 10
     factors, as the extension's zip gives them), on both halves of the CFG batch: diffusers' guess mode scales the
     conditional half alone. A forward hook put on each module once, acting only in a pass that asks for it."""

@@ -348,7 +348,7 @@ class _Job:
                 second = sd.Pass(request, first.seeds, *target, init=init, strength=request.hires_denoise,
                                  steps=request.hires_steps or request.steps, texts=texts, embeds=self.hires_embeds,
                                  subseeds=first.subseeds,  # A1111's hires pass draws its noise the same way
-                                 cfg_scale=request.hires_cfg_scale)
+                                 cfg_scale=request.hires_cfg_scale, hires=True)
                 started = time.perf_counter()
                 ok, result = self.ladder.attempt("hires", lambda: self._denoise(second), lambda: self.where(target))
                 if ok:
