@@ -21,6 +21,7 @@ from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.control.units import ControlNetUnit
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
+from lowvram_gen.models import control_lora
 from lowvram_gen.models import controlnet as models
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
@@ -96,7 +97,10 @@ def pixels(path):
 
 
 def request(tmp_path, *units, **fields):
-    base = dict(prompt="a boat", width=SIDE, height=SIDE, steps=STEPS, seed=SEED, cfg_scale=CFG, outdir=str(tmp_path))
+    # full precision unless a test asks for int8: the planner may otherwise pick cpu+int8 by this machine's learned
+    # timings (an int8 job just measured fast), and the comparisons with diffusers' recipe are at full precision
+    base = dict(prompt="a boat", width=SIDE, height=SIDE, steps=STEPS, seed=SEED, cfg_scale=CFG, outdir=str(tmp_path),
+                quantize="none")
     return GenerationRequest(**{**base, **fields}, controlnets=tuple(units))
 
 
@@ -194,8 +198,8 @@ def test_made_from_an_int8_unet_it_is_the_full_precision_one_within_int8s_roundi
     unet = copy.deepcopy(xl2["unet"])
     quantize_module(unet, "int8")
     source = models.resolve_controlnet(str(xl2["file"]))
-    full = models.control_lora_from_unet(source, xl2["unet"], "float32").state_dict()
-    made = models.control_lora_from_unet(source, unet, "float32").state_dict()
+    full = control_lora.control_lora_from_unet(source, xl2["unet"], "float32").state_dict()
+    made = control_lora.control_lora_from_unet(source, unet, "float32").state_dict()
     layers = [n for n, m in unet.named_modules() if hasattr(m, "sdnq_dequantizer") and n.startswith("down_blocks")]
     assert layers and any(not torch.equal(made[f"{n}.weight"], full[f"{n}.weight"]) for n in layers)  # int8's rounding
     for key, value in full.items():
@@ -213,8 +217,8 @@ def test_a_lora_the_job_put_on_the_unet_is_not_made_part_of_the_controlnet(xl2):
     unet.add_adapter(LoraConfig(r=2, target_modules=["to_q", "conv1"], init_lora_weights=False), "style")
     assert any(".base_layer." in k for k in unet.state_dict())
     source = models.resolve_controlnet(str(xl2["file"]))
-    with_lora = models.control_lora_from_unet(source, unet, "float32")
-    plain = models.control_lora_from_unet(source, xl2["unet"], "float32")
+    with_lora = control_lora.control_lora_from_unet(source, unet, "float32")
+    plain = control_lora.control_lora_from_unet(source, xl2["unet"], "float32")
     assert with_lora.state_dict().keys() == plain.state_dict().keys()
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in with_lora.state_dict().items())
 
@@ -238,14 +242,12 @@ def test_a_gguf_unet_is_refused_in_one_sentence(xl2):
     unet = Unet()
     setattr(unet, GGUF_BITS, 4)
     with pytest.raises(ModelLoadError, match="built from the model's UNet, and this one is a GGUF file's"):
-        models.control_lora_from_unet(models.resolve_controlnet(str(xl2["file"])), unet, "float32")
+        control_lora.control_lora_from_unet(models.resolve_controlnet(str(xl2["file"])), unet, "float32")
 
 
 def test_a_control_lora_for_another_base_is_refused_in_one_sentence_before_loading(xl2, tmp_path, capsys,
                                                                                     monkeypatch):
-    import lowvram_gen.models.controlnet as cn_mod
-
-    monkeypatch.setattr(cn_mod, "control_lora_from_unet", lambda *a, **k: pytest.fail("nothing may load"))
+    monkeypatch.setattr(control_lora, "control_lora_from_unet", lambda *a, **k: pytest.fail("nothing may load"))
     session = Session(device="cpu")
     unit = ControlNetUnit(str(xl2["file"]), str(xl2["image"]))
     with pytest.raises(InvalidRequest, match="made for a 64-wide .* and the model 'tiny' is a 32-wide"):
