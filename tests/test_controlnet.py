@@ -215,6 +215,35 @@ def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn
     assert np.array_equal(again, balanced)
 
 
+def test_lora_and_embeddings_still_apply_with_a_controlnet(cn, tmp_path, monkeypatch):
+    """A prompt's <lora:...> and an embedding's word act in a ControlNet job as without one, and the ControlNet still
+    acts with them: each of the three changes the image, and the PNG names the LoRA, the embedding and the unit."""
+    from safetensors.torch import save_file
+
+    from lora_files import kohya_state, save
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+
+    models_dir = tmp_path / "models"
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(models_dir))
+    save(kohya_state(load(resolve("tiny"), "float32").pipe, seed=0), models_dir / "Lora" / "cnlora.safetensors")
+    (models_dir / "embeddings").mkdir(parents=True)
+    vec = torch.randn(1, 32, generator=torch.Generator().manual_seed(0)) * 2
+    save_file({"emb_params": vec}, str(models_dir / "embeddings" / "cnemb.safetensors"))
+    session = Session(device="cpu")
+    unit = ControlNetUnit(str(cn["sd"]), str(cn["image"]))
+
+    def made(prompt, *units):
+        result = session.generate(request(tmp_path / str(len(prompt)) / str(len(units)), *units, prompt=prompt))
+        return pixels(result.images[0]), read_png_metadata(result.images[0])[0]
+
+    both, text = made("a cnemb boat <lora:cnlora:1>", unit)
+    assert "Lora hashes: \"cnlora: " in text and "TI hashes: \"cnemb: " in text and 'ControlNet 0: "Module: none' in text
+    assert not np.array_equal(both, made("a cnemb boat <lora:cnlora:1>")[0])  # the ControlNet acts
+    assert not np.array_equal(both, made("a cnemb boat", unit)[0])  # the LoRA acts
+    assert not np.array_equal(both, made("a boat <lora:cnlora:1>", unit)[0])  # the embedding acts
+
+
 def test_weight_zero_equals_no_controlnet_and_two_units_run(cn, tmp_path, tiny_path):
     session = Session(device="cpu")
     none = session.generate(request(tmp_path))
