@@ -54,6 +54,19 @@ def request(inp, tmp_path, **fields):
     return GenerationRequest(**{**base, **fields}).validated()
 
 
+def _out_of_memory_once(monkeypatch, cls, name: str) -> None:
+    """Simulated OOM (the ladder tests' way): `cls.name` raises torch.OutOfMemoryError on its first call, then runs."""
+    real, calls = getattr(cls, name), []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, failing)
+
+
 def inside(mask_box=BOX, side=SIDE):
     x0, y0, x1, y1 = mask_box
     m = np.zeros((side, side), dtype=bool)
@@ -220,16 +233,7 @@ def test_out_of_memory_in_an_inpaint_decode_recovers(inp, session, tmp_path, mon
     from diffusers import AutoencoderKL
 
     clean = pixels(session.generate(request(inp, tmp_path / "clean")).images[0])
-    decode = AutoencoderKL.decode
-    calls = []
-
-    def failing(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return decode(self, *args, **kwargs)
-
-    monkeypatch.setattr(AutoencoderKL, "decode", failing)
+    _out_of_memory_once(monkeypatch, AutoencoderKL, "decode")
     result = session.generate(request(inp, tmp_path / "oom"))
     stages = [(a["stage"], a["outcome"]) for a in result.attempts]
     assert ("decode", "oom") in stages and stages[-1] == ("decode", "ok")
@@ -337,16 +341,7 @@ def test_out_of_memory_in_an_inpaint_step_steps_down_and_finishes(inp, tmp_path,
     GPU ladder run on this CPU); the job finishes one rung down and keeps the init image outside the mask."""
     from diffusers import UNet2DConditionModel
 
-    forward = UNet2DConditionModel.forward
-    calls = []
-
-    def failing(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(UNet2DConditionModel, "forward", failing)
+    _out_of_memory_once(monkeypatch, UNet2DConditionModel, "forward")
     result = Session(preset="highvram").generate(request(inp, tmp_path, strength=1.0))
     assert [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts][:2] == [
         ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]

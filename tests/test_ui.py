@@ -75,6 +75,20 @@ def page(browser, server):
     context.close()
 
 
+def _generate_and_match(page, server, original, seed: int) -> None:
+    """Generate on the txt2img tab (filled from `original`'s PNG info): one new image of `seed`, with `original`'s
+    parameters and pixels."""
+    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+
+    page.click("#generate")
+    page.wait_for_function(f"() => document.querySelector('#info textarea').value.includes('Seed: {seed}')",
+                           timeout=120_000)
+    made = list(server.outdir.rglob(f"*-{seed}-*.png"))
+    assert len(made) == 1
+    assert parse_a1111_parameters(read_png_metadata(made[0])[0]) == parse_a1111_parameters(read_png_metadata(original)[0])
+    assert (_pixels(made[0]) == _pixels(original)).all()
+
+
 def _fill_number(page, elem_id: str, value) -> None:
     box = page.locator(f"#{elem_id} input").first
     box.fill(str(value))
@@ -709,7 +723,6 @@ def _drop_on_png_info(page, png, shows: str) -> None:
 @needs_browser
 def test_a_png_dropped_on_png_info_fills_txt2img_and_regenerates_the_same_image(page, server, tmp_path):
     from lowvram_gen import GenerationRequest
-    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 
     original = server.session.generate(GenerationRequest(
         prompt="a lighthouse, <b>dusk</b>", negative_prompt="fog", width=64, height=72, steps=2, seed=4242,
@@ -720,13 +733,7 @@ def test_a_png_dropped_on_png_info_fills_txt2img_and_regenerates_the_same_image(
     assert page.locator("#negative textarea").input_value() == "fog"
     assert page.locator("#width input").first.input_value() == "64"
     assert page.locator("#steps input[type=number]").first.input_value() == "2"
-    page.click("#generate")
-    page.wait_for_function("() => document.querySelector('#info textarea').value.includes('Seed: 4242')",
-                           timeout=120_000)
-    made = [p for p in server.outdir.rglob("*-4242-*.png")]
-    assert len(made) == 1
-    assert parse_a1111_parameters(read_png_metadata(made[0])[0]) == parse_a1111_parameters(read_png_metadata(original)[0])
-    assert (_pixels(made[0]) == _pixels(original)).all()
+    _generate_and_match(page, server, original, 4242)
 
 
 @needs_browser
@@ -1294,7 +1301,6 @@ def test_png_info_fills_the_hires_controls_and_regenerates_the_same_hires_image(
     """A PNG made with Hires resize, its own sampler, schedule type, CFG and prompts, sent from PNG Info to txt2img
     and generated again in the browser: the same parameters, the same pixels."""
     from lowvram_gen import GenerationRequest
-    from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 
     original = server.session.generate(GenerationRequest(
         prompt="a lighthouse", negative_prompt="fog", width=64, height=64, steps=2, seed=5151, sampler="Euler",
@@ -1304,10 +1310,4 @@ def test_png_info_fills_the_hires_controls_and_regenerates_the_same_hires_image(
     _drop_on_png_info(page, original, "Seed: 5151")
     page.click("#pnginfo-to-txt2img")
     _value_is(page, "#prompt textarea", "a lighthouse")
-    page.click("#generate")
-    page.wait_for_function("() => document.querySelector('#info textarea').value.includes('Seed: 5151')",
-                           timeout=120_000)
-    made = [p for p in server.outdir.rglob("*-5151-*.png")]
-    assert len(made) == 1
-    assert parse_a1111_parameters(read_png_metadata(made[0])[0]) == parse_a1111_parameters(read_png_metadata(original)[0])
-    assert (_pixels(made[0]) == _pixels(original)).all()
+    _generate_and_match(page, server, original, 5151)

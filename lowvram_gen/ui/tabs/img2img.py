@@ -13,7 +13,7 @@ import gradio as gr
 
 from lowvram_gen.request import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
-from lowvram_gen.ui import controlnet, live, messages, pickers, sendto
+from lowvram_gen.ui import controlnet, live, messages, pickers, results, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.schedules import AUTOMATIC
 from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, ScheduleType, Slider, extra_seed_fields,
@@ -89,13 +89,8 @@ def build(ctx: TabContext) -> None:
                 go, stop, skip = live.buttons("i2i-", "i2i-generate")
                 preview_every, preview_method = live.settings("i2i-")
             with gr.Column(scale=2):
-                preview = live.image("i2i-")
-                gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
-                                     interactive=False, elem_id="i2i-gallery")
-                sendto.gallery_buttons(ctx, gallery, ("inpaint", "upscale"), prefix="img2img")
-                info = gr.Textbox(label="Image parameters", lines=4, interactive=False)
-                summary = gr.Textbox(label="What ran", lines=2, interactive=False)
-                last_seed = gr.Number(visible=False, precision=0)
+                preview, gallery, info, summary, last_seed = results.column(ctx, "i2i-", "img2img",
+                    ("inpaint", "upscale"))
     ctx.sent_notes["img2img"] = sent
     ctx.controls["img2img"] = dict(zip(sendto.IMG2IMG, [init, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, quantize, schedule_type,

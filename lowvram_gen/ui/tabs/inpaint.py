@@ -23,7 +23,7 @@ from lowvram_gen.inpaint.masks import MAX_BLUR, MAX_PADDING
 from lowvram_gen.request import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_STEPS
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import AUTOMATIC
-from lowvram_gen.ui import controlnet, live, messages, pickers, sendto
+from lowvram_gen.ui import controlnet, live, messages, pickers, results, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.tabs.img2img import size_from
 from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, ScheduleType, Slider, extra_seed_fields,
@@ -141,13 +141,8 @@ def build(ctx: TabContext) -> None:
                 go, stop, skip = live.buttons("inp-", "inp-generate")
                 preview_every, preview_method = live.settings("inp-")
             with gr.Column(scale=2):
-                preview = live.image("inp-")
-                gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
-                                     interactive=False, elem_id="inp-gallery")
-                sendto.gallery_buttons(ctx, gallery, ("inpaint", "upscale"), prefix="inpaint")
-                info = gr.Textbox(label="Image parameters", lines=4, interactive=False)
-                summary = gr.Textbox(label="What ran", lines=2, interactive=False)
-                last_seed = gr.Number(visible=False, precision=0)
+                preview, gallery, info, summary, last_seed = results.column(ctx, "inp-", "inpaint",
+                    ("inpaint", "upscale"))
     ctx.sent_notes["inpaint"] = sent
     ctx.controls["inpaint"] = dict(zip(sendto.INPAINT, [editor, prompt, negative, strength, width, height, steps, cfg,
                                                         seed, batch, sampler, model, blur, invert, content, area,

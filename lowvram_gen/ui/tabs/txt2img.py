@@ -18,7 +18,7 @@ from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_S
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
-from lowvram_gen.ui import controlnet, live, pickers, sendto
+from lowvram_gen.ui import controlnet, live, pickers, results, sendto
 from lowvram_gen.ui.context import GPU, TabContext, image_info
 from lowvram_gen.ui.widgets import (AS_PRESET, Number, ScheduleType, Slider, extra_seed_fields,
                                     quantize_field, seed_extras, upscaler_choices)
@@ -129,14 +129,8 @@ def build(ctx: TabContext) -> None:
                 go, stop, skip = live.buttons("", "generate")
                 preview_every, preview_method = live.settings("")
             with gr.Column(scale=2):
-                preview = live.image("")
-                gallery = gr.Gallery(label="Results", columns=2, format="png", object_fit="contain",
-                                     interactive=False, elem_id="gallery")
-                sendto.gallery_buttons(ctx, gallery, ("img2img", "inpaint", "upscale"), prefix="txt2img")
-                info = gr.Textbox(label="Image parameters", lines=4, interactive=False, elem_id="info")
-                summary = gr.Textbox(label="What ran", lines=2, interactive=False, elem_id="summary")
-                # this browser's last seed: the browser holds it, so no other client can see or change it
-                last_seed = gr.Number(visible=False, precision=0, elem_id="last-seed")
+                preview, gallery, info, summary, last_seed = results.column(ctx, "", "txt2img",
+                    ("img2img", "inpaint", "upscale"))
     ctx.sent_notes["txt2img"] = sent
     ctx.txt2img_inputs[:] = [prompt, negative, width, height, steps, cfg, seed, batch, sampler, model]
     hires_more = [hires_resize_w, hires_resize_h, hires_sampler, hires_schedule_type, hires_cfg, hires_prompt,
