@@ -55,7 +55,7 @@ def job(pipe, arch, steps):
 def bench(arch, steps):
     import torch
 
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.engines.sd.apply import apply_settings
     from lowvram_gen.engines.sd.traffic import count_onloads
     from lowvram_gen.planning.residency import blocks_of

@@ -27,7 +27,7 @@ def main() -> None:
 
     import torch
 
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import gpu_ladder, load_presets

@@ -133,7 +133,7 @@ def run_job(pipe, arch: str, steps: int) -> None:
 def measure(pipe, arch: str, steps: int, settings=None) -> tuple[list[int], object]:
     """Bytes onloaded into the denoiser during each of its forwards, with `settings` applied (None:
     diffusers' enable_model_cpu_offload)."""
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.engines.sd.apply import apply_settings, denoiser_name
     from lowvram_gen.engines.sd.traffic import count_onloads
     from lowvram_gen.settings import MemorySettings
@@ -215,7 +215,7 @@ def bench_plans(arch: str, steps: int) -> list[dict]:
     MiB), applied and measured: the plan's streamed bytes a step against what the hooks move."""
     from dataclasses import replace
 
-    from lowvram_gen.device import simulated
+    from lowvram_gen.hardware.device import simulated
     from lowvram_gen.planning.estimate import profile_builtin
     from lowvram_gen.planning.planner import plan
     from lowvram_gen.presets import load_presets

@@ -69,7 +69,7 @@ def worker(job: dict) -> dict:
     import torch
 
     from lowvram_gen.planning import vqgan as memory_vqgan
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.engines.vqgan.loop import Knobs, VqganLoop
     from lowvram_gen.engines.vqgan.request import VqganRequest
     from lowvram_gen.ladder import Ladder

@@ -61,7 +61,7 @@ def _variant(base, mode: str):
 def measure(size: int, repeats: int, modes: tuple[str, ...]) -> dict:
     import torch
 
-    from lowvram_gen.device import NATIVE_BF16_FLAGS
+    from lowvram_gen.hardware.device import NATIVE_BF16_FLAGS
 
     base = _unet()
     g = torch.Generator().manual_seed(0)

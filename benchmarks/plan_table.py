@@ -21,7 +21,7 @@ CARDS = (2, 4, 6, 8, 12, 24)
 
 
 def main() -> int:
-    from lowvram_gen.device import format_size, simulated
+    from lowvram_gen.hardware.device import format_size, simulated
     from lowvram_gen.planning.controlnet import controlnet_profile, known_config, with_controlnets
     from lowvram_gen.planning.estimate import profile_builtin
     from lowvram_gen.planning.planner import plan

@@ -38,7 +38,7 @@ def _save(records: list[dict]) -> None:
 def on_cpu(device: str) -> bool:
     """Whether `device` (a probed device's name) is this machine's CPU. Out of memory there is system RAM or
     simulated (tests, benchmarks), never a GPU's: it is not remembered, and not shown as a GPU failure."""
-    from lowvram_gen.device import _cpu_name
+    from lowvram_gen.hardware.device import _cpu_name
 
     return device == _cpu_name()
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 from lowvram_gen import failures, outputs
 from lowvram_gen import preview as previews
-from lowvram_gen.device import DEFAULT_RESERVE, DeviceInfo, probe
+from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job

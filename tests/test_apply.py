@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lowvram_gen.engines.sd import apply as apply_mod
-from lowvram_gen.device import fake, probe
+from lowvram_gen.hardware.device import fake, probe
 from lowvram_gen.models.loading import load
 from lowvram_gen.models.resolve import resolve
 from lowvram_gen.presets import load_presets

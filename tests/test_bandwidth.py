@@ -1,4 +1,4 @@
-"""Host-to-device bandwidth: measured by doctor (lowvram_gen/bandwidth.py), stored, used by the planner.
+"""Host-to-device bandwidth: measured by doctor (lowvram_gen/hardware/bandwidth.py), stored, used by the planner.
 
 Without a GPU the measurement runs through the same functions with a copy whose time the test sets,
 so the arithmetic (warm-up dropped, median, bytes / seconds) is checked exactly; a CUDA test measures
@@ -13,10 +13,10 @@ from datetime import date
 
 import pytest
 
-from lowvram_gen import bandwidth
+from lowvram_gen.hardware import bandwidth
 from lowvram_gen.cli.doctor import _format_bus, measure_bus
 from lowvram_gen.cli.main import main
-from lowvram_gen.device import MiB, fake
+from lowvram_gen.hardware.device import MiB, fake
 from lowvram_gen.planning import bus
 from lowvram_gen.planning.estimate import profile_builtin
 from lowvram_gen.planning.planner import ASSUMED_STEPS, plan

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowvram_gen.device import GiB, fake, probe
+from lowvram_gen.hardware.device import GiB, fake, probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.traffic import count_onloads
 from lowvram_gen.errors import PresetError

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lowvram_gen.cli.main import build_parser, main
-from lowvram_gen.device import GiB, MiB
+from lowvram_gen.hardware.device import GiB, MiB
 
 ROOT = Path(__file__).resolve().parent.parent
 

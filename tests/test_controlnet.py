@@ -20,7 +20,7 @@ from PIL import Image
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.control.units import ControlNetUnit, parse_controlnet_flag, unit_from_text
-from lowvram_gen.device import fake, probe
+from lowvram_gen.hardware.device import fake, probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.models import controlnet as models

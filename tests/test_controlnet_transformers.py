@@ -24,7 +24,7 @@ import controlnet_files as files  # tests/controlnet_files.py
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.control.units import ControlNetUnit
-from lowvram_gen.device import probe
+from lowvram_gen.hardware.device import probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.models import controlnet as models

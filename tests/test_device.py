@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lowvram_gen.device import GiB, MiB, fake, parse_size, probe
+from lowvram_gen.hardware.device import GiB, MiB, fake, parse_size, probe
 from lowvram_gen.errors import InvalidRequest
 
 
@@ -39,7 +39,7 @@ def test_cpu_probe():
 
 
 def test_allocator_config_is_set_before_cuda_unless_the_user_chose_one():
-    code = "import os; from lowvram_gen.device import probe; probe('cpu'); print(os.environ['PYTORCH_CUDA_ALLOC_CONF'])"
+    code = "import os; from lowvram_gen.hardware.device import probe; probe('cpu'); print(os.environ['PYTORCH_CUDA_ALLOC_CONF'])"
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "expandable_segments:True"

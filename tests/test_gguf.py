@@ -26,7 +26,7 @@ gguf = pytest.importorskip("gguf")
 import gguf_files  # noqa: E402
 import procmaps  # noqa: E402
 from lowvram_gen.cli.main import main  # noqa: E402
-from lowvram_gen.device import probe  # noqa: E402
+from lowvram_gen.hardware.device import probe  # noqa: E402
 from lowvram_gen.engines.sd import apply as apply_mod  # noqa: E402
 from lowvram_gen.errors import ModelLoadError  # noqa: E402
 from lowvram_gen.models.checkpoint import load_single_file  # noqa: E402

@@ -199,7 +199,7 @@ def test_q4_is_further_from_fp32_than_q8(files, flux_folder, reference):
 def test_bfloat16_with_offload_keeps_the_file_blocks(files, flux_folder):
     """The memory layer casts what is float (norms, biases) and leaves the quantized blocks as stored; they
     are dequantized to bfloat16 per layer, also when the transformer is moved on and off the device."""
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.engines.sd import apply as apply_mod
     from lowvram_gen.settings import MemorySettings
 

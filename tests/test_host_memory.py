@@ -17,8 +17,8 @@ import pytest
 
 import procmaps
 
-from lowvram_gen import device as device_mod
-from lowvram_gen.hostmem import HostMemory, probe_host, simulated_host
+from lowvram_gen.hardware import device as device_mod
+from lowvram_gen.hardware.hostmem import HostMemory, probe_host, simulated_host
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning.planner import plan
@@ -560,7 +560,7 @@ def test_loading_runs_with_glibc_handing_freed_memory_back_and_trims_after(tiny_
     """glibc keeps freed heap blocks (its mmap threshold grows as big blocks are freed), so a load that
     converts tensor by tensor ratchets up: the real-size SDXL int8 load kept 14.0 GiB of 3.4 GiB of weights.
     The load sets a small fixed mmap threshold, and afterwards glibc's upper bound and a trim."""
-    from lowvram_gen import hostmem
+    from lowvram_gen.hardware import hostmem
     from lowvram_gen.models import loading
     from lowvram_gen.models.resolve import resolve
 
@@ -588,7 +588,7 @@ def test_the_real_glibc_is_found_on_linux():
 
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.skip("not a glibc system")
-    from lowvram_gen import hostmem
+    from lowvram_gen.hardware import hostmem
 
     libc = hostmem._glibc()
     assert libc is not None and libc.mallopt(-3, hostmem.RUN_MMAP_THRESHOLD) == 1

@@ -14,7 +14,7 @@ import torch
 
 from leaks import live_tensors  # tests/leaks.py
 from lowvram_gen import failures
-from lowvram_gen.device import probe
+from lowvram_gen.hardware.device import probe
 from lowvram_gen.errors import OutOfMemoryEverywhere
 from lowvram_gen.models.loading import load
 from lowvram_gen.models.resolve import resolve
@@ -188,7 +188,7 @@ def test_session_reports_attempts_in_result_metadata_and_forgets_cpu_failures(tm
 
 
 def test_session_remembers_out_of_memory_on_a_gpu_only():
-    from lowvram_gen.device import fake
+    from lowvram_gen.hardware.device import fake
     from lowvram_gen.ladder import Ladder
     from lowvram_gen.session import Session
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lowvram_gen.engines.sd import apply as apply_mod
-from lowvram_gen.device import probe
+from lowvram_gen.hardware.device import probe
 from lowvram_gen.errors import InvalidRequest, ModelLoadError, UnsafeCheckpoint
 from lowvram_gen.models.loading import load, reload_components
 from lowvram_gen.models.resolve import resolve

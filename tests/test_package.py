@@ -12,7 +12,7 @@ def _run(code: str) -> str:
 
 def test_import_has_no_heavy_side_effects():
     out = _run("import sys, lowvram_gen, lowvram_gen.cli.main, lowvram_gen.request, lowvram_gen.presets, "
-               "lowvram_gen.device, lowvram_gen.outputs, lowvram_gen.planning.planner; "
+               "lowvram_gen.hardware.device, lowvram_gen.outputs, lowvram_gen.planning.planner; "
                "print(sorted(m for m in ('torch', 'gradio', 'diffusers', 'transformers') if m in sys.modules))")
     assert out.strip() == "[]"
 

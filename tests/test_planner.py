@@ -8,7 +8,7 @@ import pytest
 
 from lowvram_gen import failures
 from lowvram_gen.cli.main import main
-from lowvram_gen.device import GiB, fake, probe
+from lowvram_gen.hardware.device import GiB, fake, probe
 from lowvram_gen.planning.estimate import profile_builtin
 from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import find_preset, load_presets

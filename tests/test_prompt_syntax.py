@@ -420,7 +420,7 @@ def test_img2img_twins_are_handled(sd, sdxl):
 
 def test_encoding_under_group_offload_gives_the_same_embeddings(tiny_path):
     from lowvram_gen.engines.sd import apply as apply_mod
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.settings import MemorySettings

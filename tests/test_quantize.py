@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sdnq")
 
-from lowvram_gen.device import probe  # noqa: E402
+from lowvram_gen.hardware.device import probe  # noqa: E402
 from lowvram_gen.engines.sd import apply as apply_mod  # noqa: E402
 from lowvram_gen.models.quantize import quantize_module  # noqa: E402
 from lowvram_gen.errors import ModelLoadError  # noqa: E402

@@ -21,7 +21,7 @@ import procmaps  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-from lowvram_gen.device import probe  # noqa: E402
+from lowvram_gen.hardware.device import probe  # noqa: E402
 from lowvram_gen.engines.sd import apply as apply_mod  # noqa: E402
 from lowvram_gen.models.loading import load, reload_components  # noqa: E402
 from lowvram_gen.models.quantize import kinds, quantize_module, targets  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 
 from lowvram_gen import failures
 from lowvram_gen.cli.main import main
-from lowvram_gen.device import probe
+from lowvram_gen.hardware.device import probe
 from lowvram_gen.errors import UnwritableFolder
 from lowvram_gen.paths import writable_folder
 from test_batch import FakeSession, records, run, write

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import pytest
 
-from lowvram_gen import device as device_mod
+from lowvram_gen.hardware import device as device_mod
 from lowvram_gen.errors import PresetError
-from lowvram_gen.hostmem import simulated_host
+from lowvram_gen.hardware.hostmem import simulated_host
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning.planner import DISK_BYTES_PER_S, plan

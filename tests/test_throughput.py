@@ -1,4 +1,4 @@
-"""doctor's compute measurement (lowvram_gen/throughput.py): half-precision matmul FLOP/s and the int8/int4
+"""doctor's compute measurement (lowvram_gen/hardware/throughput.py): half-precision matmul FLOP/s and the int8/int4
 slowdown of a GPU, stored beside its bus and used by the planner. The CUDA timing needs a GPU; these tests run
 the same code on the CPU with timers of their own."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from lowvram_gen import throughput
+from lowvram_gen.hardware import throughput
 from lowvram_gen.cli.doctor import _format_bus, measure_bus
-from lowvram_gen.device import MiB, fake
+from lowvram_gen.hardware.device import MiB, fake
 from lowvram_gen.planning import bus, timing
 from lowvram_gen.planning.estimate import profile_builtin
 from lowvram_gen.planning.planner import plan

@@ -345,7 +345,7 @@ def test_what_a_transformer_pipeline_cannot_do_is_a_clear_error(family, tmp_path
 
 
 def test_sd3_out_of_memory_in_the_pipelines_own_decode_retries_the_chunk_at_the_next_preset(sd3):
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import gpu_ladder, load_presets
@@ -374,7 +374,7 @@ def test_sd3_out_of_memory_in_the_pipelines_own_decode_retries_the_chunk_at_the_
 
 def test_sd3_capped_size_keeps_sides_the_transformer_takes(sd3):
     """A preset's pixel cap shrinks the job; SD3 needs multiples of 16 where SD takes multiples of 8."""
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import find_preset
@@ -493,7 +493,7 @@ def test_flux_budget_offload_takes_the_resident_part_off_the_device_before_its_o
     """Flux decodes inside its own pipeline call, so the runner cannot step in between: the denoise's
     after-last-step hook moves the budget split's resident part off the device, and the in-call VAE
     decode runs without it (what planning/estimate.py plans); the next job's steps have it back."""
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.engines.sd.runner import Runner
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve

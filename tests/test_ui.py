@@ -612,7 +612,7 @@ def test_system_tab_on_a_cpu_estimates_the_cpu_preset(page, server):
 def test_system_tab_sliders_on_a_cpu_are_shown_disabled_with_the_session_values(page, server):
     """On a CPU the VRAM budget and reserve mean nothing: the sliders say so and cannot be dragged, yet they
     still show the values in force (set from the command line or the API) whenever the page loads."""
-    from lowvram_gen.device import GiB
+    from lowvram_gen.hardware.device import GiB
 
     saved = server.session.vram_limits()
     try:
@@ -650,7 +650,7 @@ def test_free_memory_says_what_it_unloaded_and_what_came_back(monkeypatch):
             self.loaded = None
 
     rss = itertools.cycle([900 * 2**20, 300 * 2**20])
-    monkeypatch.setattr("lowvram_gen.hostmem.process_rss", lambda: next(rss))
+    monkeypatch.setattr("lowvram_gen.hardware.hostmem.process_rss", lambda: next(rss))
     session = FakeSession()
     text = system.free_memory_text(session, lambda: "device line")
     assert text.startswith("device line") and "unloaded `tiny`" in text and "600 MiB of system RAM" in text
@@ -661,7 +661,7 @@ def test_failures_on_the_cpu_are_neither_remembered_nor_shown():
     import json
 
     from lowvram_gen import failures
-    from lowvram_gen.device import probe
+    from lowvram_gen.hardware.device import probe
     from lowvram_gen.ui.tabs.system import failures_table
 
     cpu = probe("cpu").name

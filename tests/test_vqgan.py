@@ -20,7 +20,7 @@ from PIL import Image
 
 from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.cli.main import main
-from lowvram_gen.device import fake, probe
+from lowvram_gen.hardware.device import fake, probe
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.engines.vqgan.request import VqganRequest, parse_prompts, split_prompt
 from lowvram_gen.errors import Cancelled, InvalidRequest, ModelLoadError, OutOfMemoryEverywhere, UnsafeCheckpoint

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from lowvram_gen.batch import manifest as bm
-from lowvram_gen.device import set_alloc_conf
+from lowvram_gen.hardware.device import set_alloc_conf
 from lowvram_gen.errors import (BadOutput, Cancelled, InvalidRequest, ModelLoadError, NotEnoughRam,
                                 OutOfMemoryEverywhere, OutputError, PresetError, UnwritableFolder)
 

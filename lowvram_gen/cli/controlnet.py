@@ -72,7 +72,7 @@ def plan_lines(profile, chosen) -> list[str]:
     """What `plan` says of the ControlNets it counted: their weights, and where the chosen candidate keeps them."""
     if not profile.controlnet_units or chosen is None:
         return []
-    from lowvram_gen.device import format_size
+    from lowvram_gen.hardware.device import format_size
 
     b = chosen.breakdown
     return [f"controlnet: {', '.join(profile.controlnets)}: {profile.controlnet_params / 1e6:.0f} M weights, "

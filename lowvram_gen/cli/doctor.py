@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 
 from lowvram_gen import failures
-from lowvram_gen.device import DEFAULT_RESERVE, format_size, probe
+from lowvram_gen.hardware.device import DEFAULT_RESERVE, format_size, probe
 from lowvram_gen.planning import bus
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning.planner import plan
@@ -42,7 +42,7 @@ def measure_bus(dev, measure: bool = True, timed_copy=None, timed_compute=None) 
     """The host-to-device bandwidth and the card's compute (half-precision matmul FLOP/s, the int8/int4
     slowdown): measured now on CUDA and stored for the planner (planning/bus.py), and the figures the planner
     uses for this device after that. `timed_copy`, `timed_compute`: see bandwidth.measure, throughput.measure."""
-    from lowvram_gen import bandwidth, throughput
+    from lowvram_gen.hardware import bandwidth, throughput
 
     out = {"measured": None, "stored_in": None, "note": "", "compute": None}
     nbytes = min(bandwidth.COPY_BYTES, dev.usable_bytes // 4)  # room for the copy beside whatever else runs

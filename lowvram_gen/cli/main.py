@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _session_kwargs(args) -> dict:
     """What every command gives its Session; a wrong --preset or size fails here, before torch loads."""
-    from lowvram_gen.device import DEFAULT_RESERVE, parse_size
+    from lowvram_gen.hardware.device import DEFAULT_RESERVE, parse_size
     from lowvram_gen.presets import find_preset
 
     preset = next((name for name in MEMORY_FLAGS if getattr(args, name, False)), None) or getattr(args, "preset", None)
@@ -368,7 +368,7 @@ def cmd_plan(args) -> int:
         from lowvram_gen.cli.vqgan import plan_vqgan_command
 
         return plan_vqgan_command(args, _session_kwargs(args))
-    from lowvram_gen import device as device_mod
+    from lowvram_gen.hardware import device as device_mod
     from lowvram_gen.planning import estimate as memory
     from lowvram_gen.planning.planner import plan
     from lowvram_gen.presets import find_preset, load_presets
@@ -381,7 +381,7 @@ def cmd_plan(args) -> int:
     kwargs = _session_kwargs(args)
     from dataclasses import replace
 
-    from lowvram_gen.hostmem import probe_host, simulated_host
+    from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 
     host = simulated_host(args.ram) if args.ram else probe_host(kwargs["ram_budget"])
     if args.vram:

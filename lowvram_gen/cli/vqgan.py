@@ -120,7 +120,7 @@ def add_vqgan_plan_args(p: argparse.ArgumentParser) -> None:
 
 def plan_vqgan_command(args, session_kwargs: dict) -> int:
     """`plan --engine vqgan`: every preset's VQGAN-CLIP estimate (--model defaults to vqgan_imagenet_f16_16384)."""
-    from lowvram_gen import device as device_mod
+    from lowvram_gen.hardware import device as device_mod
     from lowvram_gen.planning import estimate as memory
     from lowvram_gen.planning import vqgan as memory_vqgan
     from lowvram_gen.presets import find_preset, load_presets

@@ -11,7 +11,7 @@ from typing import Any
 
 from lowvram_gen.models.quantize import check_scales, is_target, sdnq_config
 from lowvram_gen.errors import ModelLoadError
-from lowvram_gen.hostmem import returning_freed_memory
+from lowvram_gen.hardware.hostmem import returning_freed_memory
 from lowvram_gen.models.checkpoint import check_finite, load_components, load_single_file
 from lowvram_gen.models.folders import absent_components
 from lowvram_gen.models.quiet import quiet_hub_bars

@@ -2,7 +2,7 @@
 
 Streamed candidates (budget, lowvram, novram) spend much of a step copying weights over the bus, so
 their estimated seconds per step is only as good as this number. `lowvram-gen doctor` measures it on
-CUDA (lowvram_gen/bandwidth.py: pinned host memory, which is what diffusers' group offloading copies
+CUDA (lowvram_gen/hardware/bandwidth.py: pinned host memory, which is what diffusers' group offloading copies
 from when it prefetches on a stream) and stores it here, in `$LOWVRAM_GEN_HOME/bus.json`, one record
 per GPU name (a machine with two different cards keeps both). A GPU without a record gets the stated
 assumption of planning/timing.py (PCIe 4.0 x16); so does a simulated card (`plan --vram`).
@@ -46,7 +46,7 @@ class Bus:
     measured: bool = False
     warning: str = ""  # why a stored measurement was not used
     pageable: float | None = None  # measured pageable bytes/s; None: PAGEABLE_RATIO of bytes_per_s
-    # doctor's compute measurements of this GPU (lowvram_gen/throughput.py), None: timing.py's assumptions
+    # doctor's compute measurements of this GPU (lowvram_gen/hardware/throughput.py), None: timing.py's assumptions
     half_flops: float | None = None  # half-precision matmul FLOP/s
     slowdown: dict | None = None  # {"int8": x, "int4": y}: a quantized layer's time over a 16-bit one's
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from lowvram_gen.device import DeviceInfo, format_size
+from lowvram_gen.hardware.device import DeviceInfo, format_size
 from lowvram_gen.planning import bus as bus_mod
 from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning import speed, timing

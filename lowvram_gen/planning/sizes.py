@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from lowvram_gen.device import DeviceInfo
+from lowvram_gen.hardware.device import DeviceInfo
 
 MIN_SIDE = 64  # px: one 8x8 latent; the ladder never goes below it
 

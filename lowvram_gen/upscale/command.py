@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from lowvram_gen import outputs
-from lowvram_gen.device import probe
+from lowvram_gen.hardware.device import probe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.request import MAX_SIDE, as_float, check_image_path

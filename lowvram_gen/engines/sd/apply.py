@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from lowvram_gen.device import GiB, DeviceInfo
+from lowvram_gen.hardware.device import GiB, DeviceInfo
 from lowvram_gen.models.attached import attached
 from lowvram_gen.models.gguf_file import follow_dtype, gguf_bits
 from lowvram_gen.planning import residency

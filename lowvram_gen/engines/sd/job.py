@@ -16,7 +16,7 @@ from typing import Callable
 
 from lowvram_gen import outputs
 from lowvram_gen import preview as previews
-from lowvram_gen.device import DeviceInfo
+from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import controlnet
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.runner import ChunkDone, Runner

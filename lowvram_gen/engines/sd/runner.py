@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from lowvram_gen.device import DeviceInfo
+from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.errors import BadOutput, Cancelled

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from lowvram_gen.device import DeviceInfo
+from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.errors import BadOutput, Cancelled
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.presets import Preset

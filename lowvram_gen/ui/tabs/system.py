@@ -13,7 +13,7 @@ import math
 import gradio as gr
 
 from lowvram_gen import failures
-from lowvram_gen.device import GiB, format_size
+from lowvram_gen.hardware.device import GiB, format_size
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT
@@ -36,7 +36,7 @@ def _timing(timing: dict) -> str:
 
 def free_memory_text(session, device_text) -> str:
     """Unload every model; say which, and how much memory came back (VRAM on a GPU, system RAM on a CPU)."""
-    from lowvram_gen import hostmem
+    from lowvram_gen.hardware import hostmem
     from lowvram_gen.oom import allocated_bytes
 
     kind = session.device().kind

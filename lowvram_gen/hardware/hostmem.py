@@ -49,7 +49,7 @@ class HostMemory:
         return max(0, usable)
 
     def describe(self) -> str:
-        from lowvram_gen.units import format_size
+        from lowvram_gen.hardware.bytesize import format_size
 
         if self.simulated:
             return f"{format_size(self.usable_bytes)} (simulated)"
@@ -197,7 +197,7 @@ def probe_host(budget_bytes: int | None = None, root: str | Path = "/") -> HostM
 
 def simulated_host(size: str) -> HostMemory:
     """`plan --ram SIZE`: a machine with exactly that much RAM free for the job."""
-    from lowvram_gen.units import parse_size
+    from lowvram_gen.hardware.bytesize import parse_size
 
     n = parse_size(size, "--ram")
     return HostMemory(total_bytes=n, available_bytes=n, simulated=True)

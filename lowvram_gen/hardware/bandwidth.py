@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lowvram_gen.device import MiB
+from lowvram_gen.hardware.device import MiB
 
 COPY_BYTES = 256 * MiB
 MIN_COPY_BYTES = 32 * MiB  # below this a copy is latency-bound: it would understate the bus

@@ -11,8 +11,8 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
-from lowvram_gen.hostmem import HostMemory, probe_host
-from lowvram_gen.units import GiB, MiB, format_size, parse_size  # noqa: F401  (callers import them from here)
+from lowvram_gen.hardware.hostmem import HostMemory, probe_host
+from lowvram_gen.hardware.bytesize import GiB, MiB, format_size, parse_size  # noqa: F401  (callers import them from here)
 
 log = logging.getLogger(__name__)
 
