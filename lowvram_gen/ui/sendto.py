@@ -38,17 +38,16 @@ from lowvram_gen.ui.widgets import AS_PRESET
 
 # A1111's Extra seed options: the checkbox that shows them, then the request's fields
 EXTRA_SEED = ("seed_extra", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h")
-# the controls a send fills, per tab id (their order is the order of the event's outputs)
-TXT2IMG = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
-           "model", "hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "quantize", "schedule_type",
-           "clip_skip", *EXTRA_SEED, "hires_resize_w", "hires_resize_h", "hires_sampler", "hires_schedule_type",
-           "hires_cfg", "hires_prompt", "hires_negative", *controlnet.SENT_KEYS)
-IMG2IMG = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
-           "batch_size", "sampler", "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED,
-           *controlnet.SENT_KEYS)
-INPAINT = ("init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps", "cfg_scale", "seed",
-           "batch_size", "sampler", "model", "mask_blur", "invert_mask", "masked_content", "inpaint_area",
-           "mask_padding", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED, *controlnet.SENT_KEYS)
+# the controls a send fills, per tab id (their order is the order of the event's outputs): the ones every SD tab has
+# (ui/form.py builds them), then each tab's own
+SD_FORM = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
+           "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED)
+HIRES = ("hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "hires_resize_w", "hires_resize_h",
+         "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative")
+INPAINT_SETTINGS = ("mask_blur", "invert_mask", "masked_content", "inpaint_area", "mask_padding")
+TXT2IMG = (*SD_FORM, *HIRES, *controlnet.SENT_KEYS)
+IMG2IMG = ("init_image", "strength", *SD_FORM, *controlnet.SENT_KEYS)
+INPAINT = ("init_image", "strength", *SD_FORM, *INPAINT_SETTINGS, *controlnet.SENT_KEYS)
 UPSCALE = ("image",)
 KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "inpaint": INPAINT, "upscale": UPSCALE}
 LABELS = {"txt2img": "txt2img", "img2img": "img2img", "inpaint": "Inpaint", "upscale": "Upscale"}

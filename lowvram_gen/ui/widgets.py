@@ -46,11 +46,11 @@ def Quantize(value: str, elem_id: str) -> gr.Dropdown:
     return dropdown
 
 
-def ScheduleType(elem_id: str) -> gr.Dropdown:
+def ScheduleType(elem_id: str, value: str = AUTOMATIC) -> gr.Dropdown:
     """The "Schedule type" box beside the Sampler (A1111 1.9+'s; the CLI's --schedule-type): A1111's names shown, the
     request's values sent (an API client's own value reaches our validation). A type the sampler does not have in
     diffusers runs the sampler's own schedule, and the job's summary says so."""
-    dropdown = gr.Dropdown([(label, key) for key, (label, _) in SCHEDULE_TYPES.items()], value=AUTOMATIC,
+    dropdown = gr.Dropdown([(label, key) for key, (label, _) in SCHEDULE_TYPES.items()], value=value,
                            label="Schedule type", elem_id=elem_id)
     dropdown.preprocess = _as_sent
     return dropdown
@@ -87,29 +87,25 @@ def upscaler_choices(hires: bool = False) -> list[str]:
     return available(hires=hires)
 
 
-def seed_extras(extra: gr.Checkbox, prefix: str) -> tuple:
+def seed_extras(extra: gr.Checkbox, prefix: str, defaults) -> tuple:
     """A1111's "Extra" seed options, in a row that the `extra` checkbox shows: Variation seed, Variation strength,
-    Resize seed from width/height (0: off). Unticking it turns them off (strength and sizes back to 0), so what is
-    hidden never changes the image. Returns (subseed, subseed strength, resize-from width, resize-from height)."""
+    Resize seed from width/height (0: off), starting at `defaults`' (a GenerationRequest's). Unticking it turns them
+    off (strength and sizes back to the defaults, 0), so what is hidden never changes the image. Returns (subseed,
+    subseed strength, resize-from width, resize-from height)."""
+    off = (defaults.subseed_strength, defaults.seed_resize_from_w, defaults.seed_resize_from_h)
     with gr.Row(visible=False, elem_id=f"{prefix}seed-extras") as row:
-        subseed = Number("Variation seed (-1: random)", -1, elem_id=f"{prefix}subseed")
-        strength = Slider(0, 1, value=0, step=0.01, label="Variation strength (0: off)",
+        subseed = Number("Variation seed (-1: random)", defaults.subseed, elem_id=f"{prefix}subseed")
+        strength = Slider(0, 1, value=off[0], step=0.01, label="Variation strength (0: off)",
                           elem_id=f"{prefix}subseed-strength")
-        resize_w = Slider(0, 2048, value=0, step=8, label="Resize seed from width (0: off)",
+        resize_w = Slider(0, 2048, value=off[1], step=8, label="Resize seed from width (0: off)",
                           elem_id=f"{prefix}seed-resize-w")
-        resize_h = Slider(0, 2048, value=0, step=8, label="Resize seed from height (0: off)",
+        resize_h = Slider(0, 2048, value=off[2], step=8, label="Resize seed from height (0: off)",
                           elem_id=f"{prefix}seed-resize-h")
 
     def toggle(on):
         if on:
             return gr.Row(visible=True), gr.update(), gr.update(), gr.update()
-        return gr.Row(visible=False), 0, 0, 0
+        return gr.Row(visible=False), *off
 
     extra.change(toggle, [extra], [row, strength, resize_w, resize_h], queue=False, api_visibility="private")
     return subseed, strength, resize_w, resize_h
-
-
-def extra_seed_fields(subseed, strength, resize_w, resize_h) -> dict:
-    """The request's variation seed fields from the Extra controls (None from an API client: the default)."""
-    return dict(subseed=-1 if subseed is None else subseed, subseed_strength=strength or 0,
-                seed_resize_from_w=resize_w or 0, seed_resize_from_h=resize_h or 0)
