@@ -1,9 +1,9 @@
 """A1111's REST API (`lowvram-gen ui --api`) driven by a real A1111 client, the `webuiapi` package, and by plain
 HTTP where webuiapi has no call (the error bodies, unknown fields).
 
-The server runs in-process on a free port with the embedded tiny model, as test_ui.py's does. A job made slow
-waits in its step hook on the job's own cancel event (bounded), so an interrupt arrives while it runs: no
-sleep decides an outcome.
+The server runs in-process on a free port with the embedded tiny model, as the web UI tests' does (tests/servers.py;
+the fixtures are tests/api_helpers.py's). A job made slow waits in its step hook on the job's own cancel event
+(bounded), so an interrupt arrives while it runs: no sleep decides an outcome.
 """
 
 from __future__ import annotations
@@ -11,57 +11,17 @@ from __future__ import annotations
 import base64
 import io
 import json
-import socket
 import threading
-from pathlib import Path
 
 import pytest
 import requests
 
 from lowvram_gen.outputs import read_png_metadata
 from lowvram_gen.session import Session
+from api_helpers import _post, api, server  # noqa: F401 (api, server: fixtures)
+from servers import Server, _free_port
 
 webuiapi = pytest.importorskip("webuiapi", reason="the test extra's webuiapi is not installed: pip install -e .[test]")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`lowvram-gen ui --api` (or --nowebui with `webui=False`) in this process."""
-
-    def __init__(self, tmp: Path, **flags):
-        from lowvram_gen.ui.launch import launch
-
-        self.outdir = tmp / "outputs"
-        self.outdir.mkdir(parents=True, exist_ok=True)
-        self.session = Session(outdir=str(self.outdir))
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.api_url = f"{self.url}sdapi/v1"
-        self.app = launch(self.session, str(self.outdir), "tiny", port=self.port, block=False,
-                          **{"api": True, **flags})
-
-    def client(self, user: str | None = None, password: str | None = None):
-        return webuiapi.WebUIApi(port=self.port, username=user, password=password)
-
-    def close(self):
-        self.app.close()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("api"))
-    yield srv
-    srv.close()
-
-
-@pytest.fixture()
-def api(server):
-    return server.client()
 
 
 class Slow:
@@ -111,10 +71,6 @@ def _in_thread(call):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
-
-
-def _post(server, route: str, body: dict, **kw) -> requests.Response:
-    return requests.post(f"{server.api_url}/{route}", json=body, timeout=300, **kw)
 
 
 # -- the issue's done-when ------------------------------------------------------------------------------------
@@ -429,7 +385,7 @@ def test_png_info_reads_our_parameters_in_a1111s_shape(server, api):
 
 
 def test_api_auth_refuses_anonymous_calls_and_accepts_its_users(tmp_path):
-    srv = Server(tmp_path, api_auth="alice:wonderland,bob:builder")
+    srv = Server(tmp_path, api=True, api_auth="alice:wonderland,bob:builder")
     try:
         anonymous = requests.get(f"{srv.api_url}/sd-models", timeout=30)
         assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Basic"
@@ -446,7 +402,7 @@ def test_api_auth_refuses_anonymous_calls_and_accepts_its_users(tmp_path):
 
 
 def test_gradio_auth_alone_closes_the_api_too(tmp_path):
-    srv = Server(tmp_path, auth="carol:secret")
+    srv = Server(tmp_path, api=True, auth="carol:secret")
     try:
         assert requests.get(f"{srv.api_url}/options", timeout=30).status_code == 401
         assert requests.post(f"{srv.api_url}/interrupt", timeout=30).status_code == 401
@@ -476,7 +432,7 @@ def test_share_needs_the_web_ui(tmp_path):
 
 
 def test_nowebui_serves_the_api_alone_with_a_queue_limit_and_a_request_log(tmp_path, capsys):
-    srv = Server(tmp_path, webui=False, queue_size=1, api_log=True)
+    srv = Server(tmp_path, api=True, webui=False, queue_size=1, api_log=True)
     held, release = threading.Event(), threading.Event()
     real = srv.session.generate
 

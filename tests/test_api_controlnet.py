@@ -5,7 +5,7 @@ extension's own routes its clients call (/controlnet/model_list, module_list, ve
 
 The ControlNets are tiny ones made from the tiny model's UNet (tests/controlnet_files.py), kept in a
 models/ControlNet folder as a user keeps them (a diffusers folder and a single .safetensors); the server runs in
-this process (tests/test_api.py's), so $LOWVRAM_GEN_MODELS set here is the one it scans.
+this process (tests/api_helpers.py's), so $LOWVRAM_GEN_MODELS set here is the one it scans.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import controlnet_files as files  # tests/controlnet_files.py
 from lowvram_gen.control.units import ControlNetUnit
 from lowvram_gen.outputs import read_png_metadata
 from lowvram_gen.request import GenerationRequest
-from test_api import _post, api, server  # noqa: F401 (fixtures)
+from api_helpers import _post, api, server  # noqa: F401 (fixtures)
 
 webuiapi = pytest.importorskip("webuiapi", reason="the test extra's webuiapi is not installed: pip install -e .[test]")
 

@@ -31,7 +31,7 @@ from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata  # noq
 
 import controlnet_files  # noqa: E402  (tests/controlnet_files.py)
 import preprocessor_files  # noqa: E402  (tests/preprocessor_files.py)
-from test_ui import _fill_job, browser, needs_browser, page, server  # noqa: E402,F401  (the browser tests' fixtures)
+from ui_helpers import _fill_job, browser, needs_browser, page, server  # noqa: E402,F401  (the browser tests' fixtures)
 
 W, H = 96, 64
 
@@ -277,7 +277,7 @@ def test_the_readme_lists_every_module():
 
 @needs_browser
 def test_in_the_browser_a_lineart_unit_previews_its_map(here, page):
-    """The accordion's dropdown in a real headless Chromium (tests/test_ui.py's fixtures): lineart_realistic picked,
+    """The accordion's dropdown in a real headless Chromium (tests/ui_helpers.py's fixtures): lineart_realistic picked,
     Preview shows the job's map at the tab's size."""
     import urllib.request
 

@@ -194,7 +194,7 @@ def test_an_api_client_gets_our_sentence_for_a_bomb(tmp_path):
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError
 
-    from test_ui import Server
+    from servers import Server
 
     srv = Server(tmp_path)
     try:

@@ -2,13 +2,12 @@
 
 Chromium is Debian's (`apt-get install chromium`; ./test.sh installs it when run as root) driven
 by Playwright for Python with no browser download. Without it the browser tests skip, saying why.
+The server, the browser and the page's steps are tests/ui_helpers.py's (and servers.py's).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import socket
 import threading
 import time
 import urllib.request
@@ -17,62 +16,9 @@ from pathlib import Path
 import pytest
 
 from lowvram_gen.session import Session
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, tmp: Path, auth: str | None = None, queue_size: int = 16):
-        from lowvram_gen.ui.launch import launch
-
-        self.outdir = tmp / "outputs"
-        self.outdir.mkdir(parents=True, exist_ok=True)
-        self.session = Session(outdir=str(self.outdir))
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.app = launch(self.session, str(self.outdir), "tiny", port=self.port, auth=auth, queue_size=queue_size,
-                          block=False)
-
-    def close(self):
-        self.app.close()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("ui"))
-    yield srv
-    srv.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if CHROMIUM is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
-        yield b
-        b.close()
-
-
-@pytest.fixture()
-def page(browser, server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = context.new_page()
-    pg.goto(server.url)
-    pg.wait_for_selector("#prompt textarea", timeout=30_000)
-    yield pg
-    context.close()
+from servers import Server, _free_port
+from ui_helpers import (_drop_on_png_info, _fill_job, _fill_number, _gallery_image, _set_slider,  # noqa: F401
+                        _value_is, browser, needs_browser, page, server)  # (browser, page, server: fixtures)
 
 
 def _generate_and_match(page, server, original, seed: int) -> None:
@@ -87,35 +33,6 @@ def _generate_and_match(page, server, original, seed: int) -> None:
     assert len(made) == 1
     assert parse_a1111_parameters(read_png_metadata(made[0])[0]) == parse_a1111_parameters(read_png_metadata(original)[0])
     assert (_pixels(made[0]) == _pixels(original)).all()
-
-
-def _fill_number(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input").first
-    box.fill(str(value))
-    box.press("Tab")
-
-
-def _set_slider(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input[type=number]").first
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def _fill_job(page, prompt: str, width: int, height: int, steps: int) -> None:
-    page.locator("#prompt textarea").fill(prompt)
-    _fill_number(page, "width", width)
-    _fill_number(page, "height", height)
-    _set_slider(page, "steps", steps)
-
-
-def _gallery_image(page):
-    """The gallery's first image once its file has loaded: the element is there before (naturalWidth 0 on a
-    busy machine)."""
-    image = page.locator("#gallery img").first
-    image.wait_for(timeout=120_000)
-    page.wait_for_function("() => { const img = document.querySelector('#gallery img');"
-                           " return img !== null && img.complete && img.naturalWidth > 0; }", timeout=120_000)
-    return image
 
 
 @needs_browser
@@ -705,19 +622,6 @@ def _pixels(path):
     from PIL import Image
 
     return np.asarray(Image.open(path).convert("RGB"))
-
-
-def _value_is(page, selector: str, expected: str) -> None:
-    page.wait_for_function("([s, v]) => document.querySelector(s) && document.querySelector(s).value === v",
-                           arg=[selector, expected], timeout=30_000)
-
-
-def _drop_on_png_info(page, png, shows: str) -> None:
-    """Open PNG Info, drop `png` on it and wait until its parameters show `shows`."""
-    page.get_by_role("tab", name="PNG Info").click()
-    page.locator("#pnginfo-image input[type=file]").set_input_files(str(png))
-    page.wait_for_function("(s) => document.querySelector('#pnginfo-parameters textarea').value.includes(s)",
-                           arg=shows, timeout=30_000)
 
 
 @needs_browser

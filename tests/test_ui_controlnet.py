@@ -1,4 +1,4 @@
-"""The web UI's ControlNet units (issue 20): in a real headless Chromium (tests/test_ui.py's fixtures), through the
+"""The web UI's ControlNet units (issue 20): in a real headless Chromium (tests/ui_helpers.py's fixtures), through the
 API's positional order, in Send to and in the browser's remembered values.
 
 The ControlNet is a tiny one made from the tiny model's UNet (tests/controlnet_files.py), put in a models/ControlNet
@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 import controlnet_files as files  # tests/controlnet_files.py
-from test_ui import _fill_job, _gallery_image, browser, needs_browser, page, server  # noqa: F401
+from ui_helpers import _fill_job, _gallery_image, browser, needs_browser, page, server  # noqa: F401
 
 SIDE = 64
 
@@ -174,7 +174,7 @@ def test_img2img_takes_the_units_last_too(server, models):
 def test_png_info_fills_the_units_fields_and_says_to_upload_the_image(page, tmp_path):
     from PIL.PngImagePlugin import PngInfo
 
-    from test_ui import _drop_on_png_info, _value_is
+    from ui_helpers import _drop_on_png_info, _value_is
 
     info = PngInfo()
     info.add_text("parameters", 'a boat\nSteps: 2, Sampler: Euler, CFG scale: 7, Seed: 1, Size: 64x64, '

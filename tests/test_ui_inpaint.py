@@ -1,4 +1,4 @@
-"""The Inpaint tab in a real headless Chromium (Debian's, driven by Playwright; the fixtures are tests/test_ui.py's):
+"""The Inpaint tab in a real headless Chromium (Debian's, driven by Playwright; the fixtures are tests/ui_helpers.py's):
 draw a mask with the brush on the image, generate, and the masked area changed while the rest did not. Through the
 API's positional order (gradio_client): the inputs added later (Quantize, Schedule type, Clip skip, the Extra seed
 options, Batch count, the ControlNet units) come last and reach the request."""
@@ -10,7 +10,7 @@ from PIL import Image
 
 import inpaint_files as files  # tests/inpaint_files.py
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
-from test_ui import _fill_number, _set_slider, browser, needs_browser, page, server  # noqa: F401 (fixtures)
+from ui_helpers import _fill_number, _set_slider, browser, needs_browser, page, server  # noqa: F401 (fixtures)
 
 
 def _stroke(page, dx: int = 60) -> None:

@@ -1,4 +1,4 @@
-"""A1111's job controls in the web UI, in a real headless Chromium (tests/test_ui.py's fixtures): Batch count,
+"""A1111's job controls in the web UI, in a real headless Chromium (tests/ui_helpers.py's fixtures): Batch count,
 Skip, Interrupt that keeps the running image, and the live preview updating while a job runs.
 
 A job that must still be running when the test clicks is held by a hook around Session.generate that waits for
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from lowvram_gen.ui.jobs import Job, Registry
-from test_ui import _fill_job, _gallery_image, _set_slider, browser, needs_browser, page, server  # noqa: F401
+from ui_helpers import _fill_job, _gallery_image, _set_slider, browser, needs_browser, page, server  # noqa: F401
 
 
 def _gallery_count(page, n: int) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from lowvram_gen.ui import remembered
-from test_ui import Server, _fill_job, _gallery_image, browser, needs_browser  # noqa: F401 (browser: the fixture)
+from servers import Server
+from ui_helpers import _fill_job, _gallery_image, browser, needs_browser  # noqa: F401 (browser: the fixture)
 
 
 def _component(app, elem_id):
