@@ -41,7 +41,9 @@ class SdForm:
     def __init__(self, ctx: TabContext, tab: str, prefix: str, unnamed: tuple[str, ...] = ()):
         self.ctx, self.tab, self.prefix, self.unnamed = ctx, tab, prefix, unnamed
         self.controls: dict[str, Any] = {}
-        self.reuse = self.size_button = None
+        self.units: dict[str, Any] = {}  # the ControlNet units' controls (also in `controls`)
+        # set by the parts as they are built: the sent note, ♻ last seed, 📐, the buttons, the results column
+        self.sent = self.reuse = self.size_button = self.go = self.stop = self.skip = self.out = None
 
     def _id(self, name: str) -> str | None:
         return None if name in self.unnamed else f"{self.prefix}{name}"
