@@ -338,7 +338,8 @@ def cmd_generate(args) -> int:
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 
-    from lowvram_gen.cli.output import ProgressBar, print_result
+    from lowvram_gen.cli.output import print_result
+    from lowvram_gen.jobs.console import ProgressBar
 
     session = Session(**kwargs)
     bar = ProgressBar("step")
@@ -475,7 +476,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_ui(args) -> int:
     from lowvram_gen import outputs
-    from lowvram_gen.ui.launch import check_port, launch, listen_host
+    from lowvram_gen.server import check_port, launch, listen_host
 
     default_port = 7861 if args.nowebui else 7860  # A1111's
     port = check_port(default_port if args.port is None else args.port, listen_host(args.listen))  # before gradio loads

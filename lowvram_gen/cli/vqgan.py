@@ -11,7 +11,8 @@ import signal
 import sys
 import threading
 
-from lowvram_gen.cli.output import ProgressBar, print_result
+from lowvram_gen.cli.output import print_result
+from lowvram_gen.jobs.console import ProgressBar
 from lowvram_gen.engines.vqgan.request import AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS
 
 EPILOG = f"""\
