@@ -1,7 +1,8 @@
 """A session: one device, one loaded model at a time, one job at a time. The Python API's core.
 
 The CLI, the web UI and the batch script call its methods (`generate`, `generate_vqgan`,
-`upscale`, `plan`, `free`, ...) and nothing else: the session is the sole owner of the device
+`upscale`, `plan`, `free`, ...) and nothing else (`lowvram-gen plan` too: the plan it prints is the one `generate`
+makes, on the probed device or a simulated one, from the models' configs without loading a weight): the session is the sole owner of the device
 settings, the presets, the loaded Stable Diffusion model, the VQGAN/CLIP pair and the lock that
 keeps one job on the GPU. Each method goes down the layers once: validate -> probe -> plan ->
 load -> the engine's job (which saves the images) -> remember what ran out of memory.
@@ -16,11 +17,12 @@ import dataclasses
 import logging
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from lowvram_gen import failures, outputs
 from lowvram_gen import preview as previews
-from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe
+from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
+from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
@@ -38,7 +40,9 @@ from lowvram_gen.networks.job import request_uses_networks
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
+from lowvram_gen.planning import estimate
 from lowvram_gen.planning import speed
+from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
@@ -74,11 +78,18 @@ class Session:
         self._device: DeviceInfo | None = None
 
     # -- device, presets, models -----------------------------------------------------------------
-    def device(self) -> DeviceInfo:
-        """Probed per job: free memory changes as other programs come and go."""
-        self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget,
-                             ram_budget_bytes=self.ram_budget)
-        return self._device
+    def device(self, vram: str | None = None, ram: str | None = None) -> DeviceInfo:
+        """Probed per job: free memory changes as other programs come and go. `vram`, `ram` (plan --vram, --ram): a
+        simulated card, a simulated machine with that much free, in place of what is probed; for a plan only."""
+        if not vram and not ram:
+            self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget,
+                                 ram_budget_bytes=self.ram_budget)
+            return self._device
+        if vram:
+            found = simulated(vram, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget)
+        else:
+            found = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget)
+        return dataclasses.replace(found, host=simulated_host(ram) if ram else probe_host(self.ram_budget))
 
     def presets(self, quantize: str | None = None) -> dict[str, Preset]:
         return {name: self._flagged(p, quantize) for name, p in load_presets(self.presets_dir).items()}
@@ -141,19 +152,41 @@ class Session:
             profile = with_controlnets(profile, cns, len(request.controlnets))
         return profile
 
+    def model_profile(self, spec: str, config: str | None = None,
+                      controlnets: Sequence[str] = ()) -> tuple[estimate.ModelProfile, bool]:
+        """What `lowvram-gen plan` estimates a model by, from its configs only (no weight is read): a built-in name
+        ('sd15', 'sdxl', ...) by the configs shipped with the package, nothing downloaded; anything else as resolved.
+        `controlnets` (plan --controlnet) are counted with its denoiser, a known size such as 'sd15' too. Also
+        whether it is a diffusers folder (not a single file): its text encoders can be read again per job."""
+        if str(spec).strip().lower() in estimate.ALIASES:  # known offline: no download, no weights
+            profile, folder = estimate.profile_builtin(spec), True
+        else:
+            source = resolve(spec, config)
+            profile, folder = source_profile(source), source.kind != "single_file"
+        if controlnets:
+            profile = with_controlnets(profile, plan_profiles(list(controlnets), profile, spec, known_sizes=True),
+                                       len(controlnets))
+        return profile, folder
+
     def plan(self, request: GenerationRequest, device: DeviceInfo | None = None,
-             source: ModelSource | None = None) -> Plan:
+             source: ModelSource | None = None,
+             profile: tuple[estimate.ModelProfile, bool] | None = None) -> Plan:
+        """The plan `generate` runs `request` by: the presets (this session's folder, --xformers, the request's
+        --quantize), the forced preset, and the presets that ran out of memory for a job like it on this device.
+        `profile`: (profile, is a folder) of `model_profile`, for `lowvram-gen plan`, which loads no model."""
         device = device or self.device()
-        source = source or resolve(request.model, request.config)
-        model = self.model if self.model and self.model.source == source else None
+        if profile is None:
+            source = source or resolve(request.model, request.config)
+            model = self.model if self.model and self.model.source == source else None
+            profile = self.profile_for(source, model, request), source.kind != "single_file"
+        found, folder = profile
         width, height = request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
-        return plan(device, self.profile_for(source, model, request), width, height, request.batch_size,
+        return plan(device, found, width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
                     quantize_forced=request.quantize is not None, model=request.model,
-                    reloadable=source.kind != "single_file" and not request_uses_networks(request),
-                    single_file=source.kind == "single_file")
+                    reloadable=folder and not request_uses_networks(request), single_file=not folder)
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it
@@ -229,10 +262,16 @@ class Session:
         self.vqgan = vqgan_job.load_models(request, self.vqgan)
         return self.vqgan
 
-    def plan_vqgan(self, request, device: DeviceInfo | None = None):
+    def plan_vqgan(self, request, device: DeviceInfo | None = None, profile=None):
+        """The plan `generate_vqgan` runs `request` by. `profile` (`lowvram-gen plan --engine vqgan`): the
+        planning.vqgan profile of its models' specs, so no model loads; without it the models load (and stay)."""
         device = device or self.device()
         failed = failures.failed_presets(device.name, vqgan_job.failure_key(request), request.width * request.height,
                                          request.cutn)
+        if profile is not None:
+            return memory_vqgan.plan_vqgan(device, profile, request.width, request.height, request.cutn,
+                                           self.presets(), self.forced_preset(request.preset), failed,
+                                           len(request.augments), bool(request.init_image))
         return vqgan_job.plan(request, self.vqgan_models(request), device, self.presets(),
                         self.forced_preset(request.preset), failed)
 
