@@ -1,11 +1,14 @@
 """A session: one device, one loaded model at a time, one job at a time. The Python API's core.
 
 The CLI, the web UI and the batch script call its methods (`generate`, `generate_vqgan`,
-`upscale`, `plan`, `free`, ...) and nothing else (`lowvram-gen plan` too: the plan it prints is the one `generate`
-makes, on the probed device or a simulated one, from the models' configs without loading a weight): the session is the sole owner of the device
+`upscale`, `plan`, `free`, ...) and nothing else: the session is the sole owner of the device
 settings, the presets, the loaded Stable Diffusion model, the VQGAN/CLIP pair and the lock that
 keeps one job on the GPU. Each method goes down the layers once: validate -> probe -> plan ->
 load -> the engine's job (which saves the images) -> remember what ran out of memory.
+
+`lowvram-gen plan` asks it too, so the plan it prints is the one `generate` makes with the same flags (presets
+folder, forced preset, --xformers, remembered failures), on the probed device or a simulated one, from the models'
+configs without reading a weight.
 
 A model switch loads the new model before dropping the old one, so a broken checkpoint leaves the
 loaded model usable.
@@ -17,7 +20,7 @@ import dataclasses
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from lowvram_gen import failures, outputs
 from lowvram_gen import preview as previews
@@ -27,7 +30,6 @@ from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.runner import Runner
-from lowvram_gen.engines.vqgan import job as vqgan_job
 from lowvram_gen.errors import Cancelled, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
@@ -50,6 +52,9 @@ from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.upscale.command import run_upscale
 from lowvram_gen.upscale.upscalers import forget_models
+
+if TYPE_CHECKING:
+    from lowvram_gen.engines.vqgan.job import VqganModels
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int], None]
@@ -74,7 +79,7 @@ class Session:
         self.lock = threading.RLock()  # one GPU, one job at a time
         self.model: LoadedModel | None = None  # the Stable Diffusion model
         self.runner: Runner | None = None  # over `model`, keeps what is applied to it
-        self.vqgan: vqgan_job.VqganModels | None = None  # the VQGAN/CLIP pair
+        self.vqgan: VqganModels | None = None  # the VQGAN/CLIP pair
         self._device: DeviceInfo | None = None
 
     # -- device, presets, models -----------------------------------------------------------------
@@ -259,20 +264,20 @@ class Session:
     def vqgan_models(self, request):
         """The VQGAN/CLIP pair for `request` (an engines.vqgan.request.VqganRequest), loaded once and
         kept in RAM between jobs; a changed half of the pair is loaded before the old one is dropped."""
-        self.vqgan = vqgan_job.load_models(request, self.vqgan)
+        self.vqgan = _vqgan_job().load_models(request, self.vqgan)
         return self.vqgan
 
     def plan_vqgan(self, request, device: DeviceInfo | None = None, profile=None):
         """The plan `generate_vqgan` runs `request` by. `profile` (`lowvram-gen plan --engine vqgan`): the
         planning.vqgan profile of its models' specs, so no model loads; without it the models load (and stay)."""
         device = device or self.device()
-        failed = failures.failed_presets(device.name, vqgan_job.failure_key(request), request.width * request.height,
+        failed = failures.failed_presets(device.name, _vqgan_job().failure_key(request), request.width * request.height,
                                          request.cutn)
         if profile is not None:
             return memory_vqgan.plan_vqgan(device, profile, request.width, request.height, request.cutn,
                                            self.presets(), self.forced_preset(request.preset), failed,
                                            len(request.augments), bool(request.init_image))
-        return vqgan_job.plan(request, self.vqgan_models(request), device, self.presets(),
+        return _vqgan_job().plan(request, self.vqgan_models(request), device, self.presets(),
                         self.forced_preset(request.preset), failed)
 
     def generate_vqgan(self, request, on_step: ProgressFn | None = None, cancel: threading.Event | None = None,
@@ -293,10 +298,11 @@ class Session:
                 the_plan = self.plan_vqgan(request, device)
             ladder = Ladder(presets or the_plan.ladder, device.kind)
             try:
-                return vqgan_job.run_job(request, models, ladder, device, outdir, on_step, cancel,
+                return _vqgan_job().run_job(request, models, ladder, device, outdir, on_step, cancel,
                                    on_image, ops)
             finally:
-                self._remember(device, vqgan_job.failure_key(request), ladder, size_of=lambda a: a.extra.get("cutn", a.batch))
+                self._remember(device, _vqgan_job().failure_key(request), ladder,
+                               size_of=lambda a: a.extra.get("cutn", a.batch))
 
     # -- upscaling -------------------------------------------------------------------------------------
     def upscale(self, image: str, scale, upscaler: str = "lanczos", outdir: str | None = None) -> dict:
@@ -320,6 +326,14 @@ class Session:
         if reserve_bytes < 0 or (budget_bytes is not None and budget_bytes < 0):
             raise ValueError(f"negative VRAM limits: budget {budget_bytes}, reserve {reserve_bytes}")
         self.vram_budget, self.reserve_vram = (budget_bytes or None), int(reserve_bytes)
+
+
+def _vqgan_job():
+    """engines/vqgan/job.py, imported when a VQGAN-CLIP job or plan needs it: it loads torch, which a Stable
+    Diffusion plan on a simulated card (`lowvram-gen plan --vram 4GB`) does not need and answered without."""
+    from lowvram_gen.engines.vqgan import job
+
+    return job
 
 
 _default: Session | None = None
