@@ -60,7 +60,7 @@ class Job:
     def _run(self) -> None:
         try:
             self.result = self._work(self._on_step, self.cancel)
-        except BaseException as exc:  # noqa: BLE001 - handed to the UI thread, which reports it
+        except BaseException as exc:  # noqa: BLE001 - handed to the front end's thread, which reports it
             self.error = exc
         finally:
             self.done.set()
@@ -74,7 +74,7 @@ class Job:
             return str(self.error)
         if self.error is None and self.result is not None:
             return "\n".join([self.result.summary, *self.result.warnings])
-        return None  # still running, or an error the job reports as a gr.Error
+        return None  # still running, or an error the front end reports as such (jobs.run raises it)
 
     def progress(self, tick: float | None = TICK_S) -> Iterator:
         """Yield each event of the job ((step, total), or what the work put) until it ends, and None every
