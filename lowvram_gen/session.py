@@ -6,6 +6,10 @@ settings, the presets, the loaded Stable Diffusion model, the VQGAN/CLIP pair an
 keeps one job on the GPU. Each method goes down the layers once: validate -> probe -> plan ->
 load -> the engine's job (which saves the images) -> remember what ran out of memory.
 
+`lowvram-gen plan` asks it too, so the plan it prints is the one `generate` makes with the same flags (presets
+folder, forced preset, --xformers, remembered failures), on the probed device or a simulated one, from the models'
+configs without reading a weight.
+
 A model switch loads the new model before dropping the old one, so a broken checkpoint leaves the
 loaded model usable.
 """
@@ -16,16 +20,16 @@ import dataclasses
 import logging
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from lowvram_gen import failures, outputs
 from lowvram_gen import preview as previews
-from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe
+from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
+from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.runner import Runner
-from lowvram_gen.engines.vqgan import job as vqgan_job
 from lowvram_gen.errors import Cancelled, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
@@ -38,7 +42,9 @@ from lowvram_gen.networks.job import request_uses_networks
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
+from lowvram_gen.planning import estimate
 from lowvram_gen.planning import speed
+from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
@@ -46,6 +52,9 @@ from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.upscale.command import run_upscale
 from lowvram_gen.upscale.upscalers import forget_models
+
+if TYPE_CHECKING:
+    from lowvram_gen.engines.vqgan.job import VqganModels
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int], None]
@@ -70,15 +79,22 @@ class Session:
         self.lock = threading.RLock()  # one GPU, one job at a time
         self.model: LoadedModel | None = None  # the Stable Diffusion model
         self.runner: Runner | None = None  # over `model`, keeps what is applied to it
-        self.vqgan: vqgan_job.VqganModels | None = None  # the VQGAN/CLIP pair
+        self.vqgan: VqganModels | None = None  # the VQGAN/CLIP pair
         self._device: DeviceInfo | None = None
 
     # -- device, presets, models -----------------------------------------------------------------
-    def device(self) -> DeviceInfo:
-        """Probed per job: free memory changes as other programs come and go."""
-        self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget,
-                             ram_budget_bytes=self.ram_budget)
-        return self._device
+    def device(self, vram: str | None = None, ram: str | None = None) -> DeviceInfo:
+        """Probed per job: free memory changes as other programs come and go. `vram`, `ram` (plan --vram, --ram): a
+        simulated card, a simulated machine with that much free, in place of what is probed; for a plan only."""
+        if not vram and not ram:
+            self._device = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget,
+                                 ram_budget_bytes=self.ram_budget)
+            return self._device
+        if vram:
+            found = simulated(vram, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget)
+        else:
+            found = probe(self.device_pref, reserve_bytes=self.reserve_vram, budget_bytes=self.vram_budget)
+        return dataclasses.replace(found, host=simulated_host(ram) if ram else probe_host(self.ram_budget))
 
     def presets(self, quantize: str | None = None) -> dict[str, Preset]:
         return {name: self._flagged(p, quantize) for name, p in load_presets(self.presets_dir).items()}
@@ -141,19 +157,41 @@ class Session:
             profile = with_controlnets(profile, cns, len(request.controlnets))
         return profile
 
+    def model_profile(self, spec: str, config: str | None = None,
+                      controlnets: Sequence[str] = ()) -> tuple[estimate.ModelProfile, bool]:
+        """What `lowvram-gen plan` estimates a model by, from its configs only (no weight is read): a built-in name
+        ('sd15', 'sdxl', ...) by the configs shipped with the package, nothing downloaded; anything else as resolved.
+        `controlnets` (plan --controlnet) are counted with its denoiser, a known size such as 'sd15' too. Also
+        whether it is a diffusers folder (not a single file): its text encoders can be read again per job."""
+        if str(spec).strip().lower() in estimate.ALIASES:  # known offline: no download, no weights
+            profile, folder = estimate.profile_builtin(spec), True
+        else:
+            source = resolve(spec, config)
+            profile, folder = source_profile(source), source.kind != "single_file"
+        if controlnets:
+            profile = with_controlnets(profile, plan_profiles(list(controlnets), profile, spec, known_sizes=True),
+                                       len(controlnets))
+        return profile, folder
+
     def plan(self, request: GenerationRequest, device: DeviceInfo | None = None,
-             source: ModelSource | None = None) -> Plan:
+             source: ModelSource | None = None,
+             profile: tuple[estimate.ModelProfile, bool] | None = None) -> Plan:
+        """The plan `generate` runs `request` by: the presets (this session's folder, --xformers, the request's
+        --quantize), the forced preset, and the presets that ran out of memory for a job like it on this device.
+        `profile`: (profile, is a folder) of `model_profile`, for `lowvram-gen plan`, which loads no model."""
         device = device or self.device()
-        source = source or resolve(request.model, request.config)
-        model = self.model if self.model and self.model.source == source else None
+        if profile is None:
+            source = source or resolve(request.model, request.config)
+            model = self.model if self.model and self.model.source == source else None
+            profile = self.profile_for(source, model, request), source.kind != "single_file"
+        found, folder = profile
         width, height = request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
-        return plan(device, self.profile_for(source, model, request), width, height, request.batch_size,
+        return plan(device, found, width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
                     quantize_forced=request.quantize is not None, model=request.model,
-                    reloadable=source.kind != "single_file" and not request_uses_networks(request),
-                    single_file=source.kind == "single_file")
+                    reloadable=folder and not request_uses_networks(request), single_file=not folder)
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it
@@ -226,14 +264,20 @@ class Session:
     def vqgan_models(self, request):
         """The VQGAN/CLIP pair for `request` (an engines.vqgan.request.VqganRequest), loaded once and
         kept in RAM between jobs; a changed half of the pair is loaded before the old one is dropped."""
-        self.vqgan = vqgan_job.load_models(request, self.vqgan)
+        self.vqgan = _vqgan_job().load_models(request, self.vqgan)
         return self.vqgan
 
-    def plan_vqgan(self, request, device: DeviceInfo | None = None):
+    def plan_vqgan(self, request, device: DeviceInfo | None = None, profile=None):
+        """The plan `generate_vqgan` runs `request` by. `profile` (`lowvram-gen plan --engine vqgan`): the
+        planning.vqgan profile of its models' specs, so no model loads; without it the models load (and stay)."""
         device = device or self.device()
-        failed = failures.failed_presets(device.name, vqgan_job.failure_key(request), request.width * request.height,
+        failed = failures.failed_presets(device.name, _vqgan_job().failure_key(request), request.width * request.height,
                                          request.cutn)
-        return vqgan_job.plan(request, self.vqgan_models(request), device, self.presets(),
+        if profile is not None:
+            return memory_vqgan.plan_vqgan(device, profile, request.width, request.height, request.cutn,
+                                           self.presets(), self.forced_preset(request.preset), failed,
+                                           len(request.augments), bool(request.init_image))
+        return _vqgan_job().plan(request, self.vqgan_models(request), device, self.presets(),
                         self.forced_preset(request.preset), failed)
 
     def generate_vqgan(self, request, on_step: ProgressFn | None = None, cancel: threading.Event | None = None,
@@ -254,10 +298,11 @@ class Session:
                 the_plan = self.plan_vqgan(request, device)
             ladder = Ladder(presets or the_plan.ladder, device.kind)
             try:
-                return vqgan_job.run_job(request, models, ladder, device, outdir, on_step, cancel,
+                return _vqgan_job().run_job(request, models, ladder, device, outdir, on_step, cancel,
                                    on_image, ops)
             finally:
-                self._remember(device, vqgan_job.failure_key(request), ladder, size_of=lambda a: a.extra.get("cutn", a.batch))
+                self._remember(device, _vqgan_job().failure_key(request), ladder,
+                               size_of=lambda a: a.extra.get("cutn", a.batch))
 
     # -- upscaling -------------------------------------------------------------------------------------
     def upscale(self, image: str, scale, upscaler: str = "lanczos", outdir: str | None = None) -> dict:
@@ -281,6 +326,14 @@ class Session:
         if reserve_bytes < 0 or (budget_bytes is not None and budget_bytes < 0):
             raise ValueError(f"negative VRAM limits: budget {budget_bytes}, reserve {reserve_bytes}")
         self.vram_budget, self.reserve_vram = (budget_bytes or None), int(reserve_bytes)
+
+
+def _vqgan_job():
+    """engines/vqgan/job.py, imported when a VQGAN-CLIP job or plan needs it: it loads torch, which a Stable
+    Diffusion plan on a simulated card (`lowvram-gen plan --vram 4GB`) does not need and answered without."""
+    from lowvram_gen.engines.vqgan import job
+
+    return job
 
 
 _default: Session | None = None

@@ -79,7 +79,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     from lowvram_gen.session import Session
-    from lowvram_gen.ui.launch import launch
+    from lowvram_gen.server import launch
     from lowvram_gen.ui.layout import signature, tabs
 
     outdir = work / "outputs"

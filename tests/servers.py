@@ -23,11 +23,11 @@ def _free_port() -> int:
 
 
 class Server:
-    """`launch()` of ui/launch.py in this process, not blocking; `flags`: its keywords (auth, queue_size, api,
+    """`launch()` of lowvram_gen/server.py in this process, not blocking; `flags`: its keywords (auth, queue_size, api,
     api_auth, api_log, webui)."""
 
     def __init__(self, tmp: Path, **flags):
-        from lowvram_gen.ui.launch import launch
+        from lowvram_gen.server import launch
 
         self.outdir = tmp / "outputs"
         self.outdir.mkdir(parents=True, exist_ok=True)

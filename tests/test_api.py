@@ -412,7 +412,7 @@ def test_gradio_auth_alone_closes_the_api_too(tmp_path):
 
 
 def test_listen_without_auth_warns_about_the_api_too():
-    from lowvram_gen.ui.launch import exposure_warning
+    from lowvram_gen.server import exposure_warning
 
     both = exposure_warning(True, False, None, api=True)
     assert "the web UI and the A1111 API (/sdapi/v1) of lowvram-gen are reachable" in both and "--api-auth" in both
@@ -425,7 +425,7 @@ def test_listen_without_auth_warns_about_the_api_too():
 
 def test_share_needs_the_web_ui(tmp_path):
     from lowvram_gen.errors import InvalidRequest
-    from lowvram_gen.ui.launch import launch
+    from lowvram_gen.server import launch
 
     with pytest.raises(InvalidRequest, match="a gradio.live link needs the web UI"):
         launch(Session(outdir=str(tmp_path)), str(tmp_path), "tiny", share=True, webui=False, block=False)
@@ -467,7 +467,7 @@ def test_a_bad_api_auth_is_a_clear_error_before_the_server_starts(capsys, tmp_pa
 
 def test_the_ui_command_passes_the_api_flags_and_nowebui_takes_a1111s_port(monkeypatch, tmp_path):
     from lowvram_gen.cli.main import main
-    from lowvram_gen.ui import launch as launch_module
+    from lowvram_gen import server as launch_module
 
     launched = []
     monkeypatch.setattr(launch_module, "check_port", lambda port, host: int(port))

@@ -37,7 +37,7 @@ def cli_env(**extra) -> dict:
 @pytest.fixture
 def no_gradio(monkeypatch):
     """The error cases must end before the UI is built or served."""
-    import lowvram_gen.ui.launch as launch_mod
+    import lowvram_gen.server as launch_mod
 
     def must_not_start(*args, **kwargs):
         raise AssertionError("gradio was started")
@@ -65,7 +65,7 @@ def test_a_busy_port_is_named_before_gradio_starts(capsys, no_gradio):
 
 def test_a_free_port_is_passed_to_the_ui(monkeypatch):
     import lowvram_gen.session as session_mod
-    import lowvram_gen.ui.launch as launch_mod
+    import lowvram_gen.server as launch_mod
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from lowvram_gen.cli.output import ProgressBar
+from lowvram_gen.jobs.console import ProgressBar
 
 
 def test_the_first_tick_of_the_progress_bar_claims_no_rate(monkeypatch):

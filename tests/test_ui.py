@@ -178,7 +178,7 @@ def test_closing_the_tab_mid_run_stops_the_job_and_the_next_one_runs(browser, se
 def test_cancel_answers_what_the_stopped_job_says_so_a_late_answer_cannot_overwrite_it():
     """The Cancel button's answer and the job's own last output race to the browser: they must agree."""
     from lowvram_gen.errors import Cancelled
-    from lowvram_gen.ui.jobs import Job, Registry
+    from lowvram_gen.jobs.registry import Job, Registry
 
     def work(on_step, cancel):
         for i in range(1, 1000):
@@ -353,7 +353,7 @@ def test_file_routes_serve_only_the_output_folder(server, tmp_path):
 
 
 def test_listen_or_share_without_auth_warns_loudly():
-    from lowvram_gen.ui.launch import exposure_warning, parse_auth
+    from lowvram_gen.server import exposure_warning, parse_auth
 
     assert "WITHOUT a password" in exposure_warning(True, False, None)
     assert "gradio.live" in exposure_warning(False, True, None)
@@ -1068,7 +1068,7 @@ def test_the_progress_says_waiting_for_the_gpu_only_when_another_client_runs_a_j
     """Rough edge 9: a job that loads a model with nothing else queued said 'waiting for the GPU'."""
     import threading
 
-    from lowvram_gen.ui.jobs import Job, Registry
+    from lowvram_gen.jobs.registry import Job, Registry
 
     jobs, release = Registry(), threading.Event()
     assert not jobs.others_running("alice")  # nothing runs: the progress says 'starting'

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from lowvram_gen.ui.jobs import Job, Registry
+from lowvram_gen.jobs.registry import Job, Registry
 from ui_helpers import _fill_job, _gallery_image, _set_slider, browser, needs_browser, page, server  # noqa: F401
 
 

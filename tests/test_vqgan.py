@@ -611,7 +611,7 @@ def test_web_ui_tab_streams_previews_and_reports_what_ran(session, tmp_path):
 
     from gradio_client import Client
 
-    from lowvram_gen.ui.launch import launch
+    from lowvram_gen.server import launch
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -14,6 +14,6 @@ launch returns); `--nowebui` serves them alone. The tools people drive A1111 and
 - `serve`: mounting on gradio's app, or an API-only server (`--nowebui`)
 
 Importing this package (or fields, answers, listings, state, progress, controlnet) loads neither gradio, FastAPI
-nor torch; `routes` and `serve` load FastAPI (and, through the UI's job registry, gradio), and only `ui.launch`
-imports them, when the API is on.
+nor torch; `routes` and `serve` load FastAPI, and only the server launcher (lowvram_gen/server.py) imports them, when
+the API is on. Jobs run through `lowvram_gen.jobs`, as the web UI's do; nothing here imports the UI or the CLI.
 """

@@ -17,7 +17,7 @@ IDLE_STATE = {"skipped": False, "interrupted": False, "stopping_generation": Fal
 
 
 def progress(job, skip_current_image: bool = False) -> dict:
-    """The answer for the running `job` (a ui.jobs.Job; None: nothing runs)."""
+    """The answer for the running `job` (a jobs.registry.Job; None: nothing runs)."""
     if job is None:
         return {"progress": 0.0, "eta_relative": 0.0, "state": dict(IDLE_STATE), "current_image": None,
                 "textinfo": None}

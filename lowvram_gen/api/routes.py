@@ -1,8 +1,8 @@
 """The /sdapi/v1 routes (A1111's names, methods and answers) over one Session and the web UI's job registry.
 
 Every generation goes through `Session.generate` (which holds the GPU lock: one job at a time, whoever sent
-it) in a `ui.jobs.Job` registered in the same `Registry` as the UI's jobs, so the UI says "waiting for the
-GPU" while an API job runs and A1111's global /interrupt reaches a UI job as well as an API one. The routes
+it) in a `jobs.registry.Job` run by `jobs.run` in the same `Registry` as the UI's jobs, so the UI says "waiting for
+the GPU" while an API job runs and A1111's global /interrupt reaches a UI job as well as an API one. The routes
 are plain functions: FastAPI runs them in its thread pool, so /progress and /interrupt answer while a job
 runs. At most `queue_size` API jobs run or wait at once (the UI's --queue-size); past that a job is answered
 503, as the UI answers "queue is full".
@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from secrets import compare_digest
@@ -34,10 +35,10 @@ from fastapi.security import HTTPBasic, HTTPBasicCredentials
 from lowvram_gen.api import answers, controlnet, listings, progress
 from lowvram_gen.api.fields import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
-from lowvram_gen.cli.output import ProgressBar
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
-from lowvram_gen.ui import console
-from lowvram_gen.ui.jobs import Job, Registry
+from lowvram_gen.jobs import console
+from lowvram_gen.jobs.registry import Job, Registry
+from lowvram_gen.jobs.run import run
 
 log = logging.getLogger(__name__)
 PREFIX = "/sdapi/v1"
@@ -258,15 +259,13 @@ def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
         request = mapped.request
         ctx.take_slot()
         try:
-            job = _run(ctx, request, kind)
+            job = _run(ctx, request, kind)  # a failed job raises its error: answered by _answer
         finally:
             ctx.free_slot()
     warnings = list(mapped.warnings)
     if isinstance(job.error, Cancelled):
         images, what_ran = job.error.images, str(job.error)
         warnings.append(f"interrupted: {what_ran}")
-    elif job.error is not None:
-        raise job.error
     else:
         images, what_ran = job.result.images, job.result.summary
         warnings += job.result.warnings
@@ -278,8 +277,9 @@ def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
 
 
 def _run(ctx: ApiContext, request, kind: str) -> Job:
-    """Run `request` as a registered job and wait for it to end (its error, if any, is on the job). Its Skip and
-    live previews (every show_progress_every_n_steps, /options) are the job's own, as a UI job's."""
+    """Run `request` as a registered job and wait for it to end: done, or cancelled (its Cancelled error on the job);
+    a job that failed raises its error. Its Skip and live previews (every show_progress_every_n_steps, /options) are
+    the job's own, as a UI job's."""
     key = f"sdapi-{kind}-{uuid.uuid4().hex}"
     preview_every = ctx.state.preview_every()
 
@@ -287,18 +287,8 @@ def _run(ctx: ApiContext, request, kind: str) -> Job:
         return ctx.session.generate(request, on_step=on_step, cancel=cancel, skip=job.skip,
                                     on_preview=job.on_preview, preview_every=preview_every)
 
-    job = ctx.registry.start(key, Job(work))
-    what = f"API {kind}"
-    since = console.started(what, request.prompt, request.width, request.height, request.steps, request.seed)
-    bar = ProgressBar()
-    try:
-        for event in job.progress(tick=None):
-            if event is not None:
-                bar.update(*event)
-    finally:
-        bar.close()
-        ctx.registry.finish(key, job)
-    if job.error is None or isinstance(job.error, Cancelled):
-        images = job.result.images if job.error is None else job.error.images
-        console.ended(what, since, job.result.summary if job.error is None else str(job.error), images)
+    job = Job(work)
+    with closing(run(ctx.registry, key, job, f"API {kind}", request, tick=None)) as events:
+        for _ in events:
+            pass
     return job

@@ -57,17 +57,6 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                         "weights) and flux (2.95 B: what diffusers' from_transformer makes by default)")
 
 
-def plan_profile(args, profile):
-    """`profile` with `plan --controlnet`'s ControlNets counted as part of its denoiser (refused for another family)."""
-    if not getattr(args, "controlnet", None):
-        return profile
-    from lowvram_gen.models.controlnet import plan_profiles
-    from lowvram_gen.planning.controlnet import with_controlnets
-
-    return with_controlnets(profile, plan_profiles(args.controlnet, profile, args.model, known_sizes=True),
-                            len(args.controlnet))
-
-
 def plan_lines(profile, chosen) -> list[str]:
     """What `plan` says of the ControlNets it counted: their weights, and where the chosen candidate keeps them."""
     if not profile.controlnet_units or chosen is None:

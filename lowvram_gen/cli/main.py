@@ -338,7 +338,8 @@ def cmd_generate(args) -> int:
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 
-    from lowvram_gen.cli.output import ProgressBar, print_result
+    from lowvram_gen.cli.output import print_result
+    from lowvram_gen.jobs.console import ProgressBar
 
     session = Session(**kwargs)
     bar = ProgressBar("step")
@@ -369,49 +370,28 @@ def cmd_plan(args) -> int:
 
         return plan_vqgan_command(args, _session_kwargs(args))
     from lowvram_gen.hardware import device as device_mod
-    from lowvram_gen.planning import estimate as memory
-    from lowvram_gen.planning.planner import plan
-    from lowvram_gen.presets import find_preset, load_presets
-    from lowvram_gen.request import MAX_BATCH, MAX_STEPS, as_int, as_side
+    from lowvram_gen.planning.estimate import native_side
+    from lowvram_gen.request import MAX_BATCH, MAX_STEPS, GenerationRequest, as_int, as_side, check_quantize
 
     width, height = (as_side(name, value) if value is not None else None
                      for name, value in (("width", args.width), ("height", args.height)))
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
     steps = as_int("steps", args.steps, 1, MAX_STEPS)
     kwargs = _session_kwargs(args)
-    from dataclasses import replace
+    from lowvram_gen.session import Session
 
-    from lowvram_gen.hardware.hostmem import probe_host, simulated_host
+    # the Session that `generate` with these flags would make: its presets, forced preset, --xformers and the
+    # remembered failures are the plan's, so `plan` prints the plan `generate` runs
+    session = Session(**kwargs)
+    dev = session.device(vram=args.vram, ram=args.ram)
+    host = dev.host
+    profile, folder = session.model_profile(args.model, args.config, getattr(args, "controlnet", None) or ())
+    width, height = width or native_side(profile), height or native_side(profile)
+    from lowvram_gen.cli.controlnet import plan_lines
 
-    host = simulated_host(args.ram) if args.ram else probe_host(kwargs["ram_budget"])
-    if args.vram:
-        dev = device_mod.simulated(args.vram, reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
-    else:
-        dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
-    dev = replace(dev, host=host)
-    reloadable = True  # the built-in profiles are the published diffusers folders
-    if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
-        profile = memory.profile_builtin(args.model)
-    else:
-        from lowvram_gen.models.profile import source_profile
-        from lowvram_gen.models.resolve import resolve
-
-        source = resolve(args.model, args.config)
-        profile, reloadable = source_profile(source), source.kind != "single_file"
-    width, height = width or memory.native_side(profile), height or memory.native_side(profile)
-    from lowvram_gen.cli.controlnet import plan_lines, plan_profile
-
-    profile = plan_profile(args, profile)
-    from lowvram_gen.request import check_quantize
-
-    quantize = check_quantize(args.quantize)
-    forced = find_preset(kwargs["preset"]) if kwargs["preset"] else (find_preset("cpu") if kwargs["device"] else None)
-    if forced is not None:
-        forced = replace(forced, memory=forced.memory.with_quantize(quantize))
-    presets = {name: replace(p, memory=p.memory.with_quantize(quantize)) for name, p in load_presets().items()}
-    result = plan(dev, profile, width, height, batch, presets, forced, steps=steps,
-                  quantize_forced=quantize is not None, model=args.model, reloadable=reloadable,
-                  single_file=not reloadable)
+    request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,
+                                steps=steps, quantize=check_quantize(args.quantize))
+    result = session.plan(request, dev, profile=(profile, folder))
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
                           "batch": batch, "controlnets": list(profile.controlnets), **result.as_dict()}))
@@ -475,7 +455,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_ui(args) -> int:
     from lowvram_gen import outputs
-    from lowvram_gen.ui.launch import check_port, launch, listen_host
+    from lowvram_gen.server import check_port, launch, listen_host
 
     default_port = 7861 if args.nowebui else 7860  # A1111's
     port = check_port(default_port if args.port is None else args.port, listen_host(args.listen))  # before gradio loads

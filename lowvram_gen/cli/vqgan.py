@@ -11,7 +11,8 @@ import signal
 import sys
 import threading
 
-from lowvram_gen.cli.output import ProgressBar, print_result
+from lowvram_gen.cli.output import print_result
+from lowvram_gen.jobs.console import ProgressBar
 from lowvram_gen.engines.vqgan.request import AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS
 
 EPILOG = f"""\
@@ -120,31 +121,30 @@ def add_vqgan_plan_args(p: argparse.ArgumentParser) -> None:
 
 def plan_vqgan_command(args, session_kwargs: dict) -> int:
     """`plan --engine vqgan`: every preset's VQGAN-CLIP estimate (--model defaults to vqgan_imagenet_f16_16384)."""
+    from lowvram_gen.engines.vqgan.request import VqganRequest
     from lowvram_gen.hardware import device as device_mod
     from lowvram_gen.planning import estimate as memory
     from lowvram_gen.planning import vqgan as memory_vqgan
-    from lowvram_gen.presets import find_preset, load_presets
     from lowvram_gen.request import as_int, as_side
 
     width, height = (as_side(name, 512 if value is None else value, multiple=16)
                      for name, value in (("width", args.width), ("height", args.height)))
     cutn = as_int("cutn", args.cutn, 1, MAX_CUTN)
     vqgan = memory_vqgan.DEFAULT_VQGAN if args.model in memory.BUILTIN_NAMES else args.model
-    if args.vram:
-        dev = device_mod.simulated(args.vram, reserve_bytes=session_kwargs["reserve_vram"],
-                                   budget_bytes=session_kwargs["vram_budget"])
-    else:
-        dev = device_mod.probe(session_kwargs["device"], reserve_bytes=session_kwargs["reserve_vram"],
-                               budget_bytes=session_kwargs["vram_budget"])
+    from lowvram_gen.session import Session
+
+    # the Session `lowvram-gen vqgan` with these flags would make: its presets, forced preset, --xformers and the
+    # remembered failures are the plan's; the models are counted from their specs, not loaded
+    session = Session(**session_kwargs)
+    dev = session.device(vram=args.vram)
     try:
         profile = memory_vqgan.profile_from_specs(vqgan, args.clip)
     except ValueError as exc:
         from lowvram_gen.errors import InvalidRequest
 
         raise InvalidRequest("model", vqgan, str(exc)) from None
-    preset = session_kwargs["preset"]
-    forced = find_preset(preset) if preset else (find_preset("cpu") if session_kwargs["device"] else None)
-    result = memory_vqgan.plan_vqgan(dev, profile, width, height, cutn, load_presets(), forced)
+    result = session.plan_vqgan(VqganRequest(vqgan=vqgan, clip=args.clip, width=width, height=height, cutn=cutn),
+                                dev, profile=profile)
     if args.json:
         print(json.dumps({"engine": "vqgan", "device": dev.as_dict(), "model": vqgan, "clip": args.clip,
                           "profile": profile.as_dict(), "width": width, "height": height, "cutn": cutn,
@@ -154,7 +154,7 @@ def plan_vqgan_command(args, session_kwargs: dict) -> int:
     print(f"device: {dev.name}; usable {gib(dev.usable_bytes)} (free {gib(dev.free_bytes)}, "
           f"reserve {gib(dev.reserve_bytes)})")
     print(f"job: VQGAN-CLIP {vqgan} + {args.clip}, {width}x{height}, {cutn} cutouts")
-    presets = load_presets()
+    presets = session.presets()
     for e in result.estimates:
         mark = "->" if e.name == result.preset.name else "  "
         knobs = presets[e.name].vqgan if e.name in presets else None

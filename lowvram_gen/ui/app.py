@@ -18,7 +18,7 @@ import gradio as gr
 from lowvram_gen.session import Session
 from lowvram_gen.ui import remembered
 from lowvram_gen.ui.context import TabContext, UiOptions
-from lowvram_gen.ui.jobs import Registry
+from lowvram_gen.jobs.registry import Registry
 from lowvram_gen.ui.tabs import img2img, inpaint, pnginfo, system, txt2img, upscale, vqgan
 
 TABS = (txt2img, img2img, inpaint, upscale, pnginfo, vqgan, system)  # in this order: System plans txt2img's inputs

@@ -14,19 +14,20 @@ annotations in the tabs.)
 """
 
 import uuid
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from lowvram_gen.cli.output import ProgressBar
 from lowvram_gen.errors import Cancelled, LowVramError
+from lowvram_gen.jobs.registry import Job, Registry
+from lowvram_gen.jobs.run import run
 from lowvram_gen.outputs import read_png_metadata
 from lowvram_gen.preview import check_method
 from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.session import Session
-from lowvram_gen.ui import console, messages
-from lowvram_gen.ui.jobs import Job, Registry
+from lowvram_gen.ui import messages
 
 GPU = "gpu"  # the one concurrency group of every action that uses the GPU
 
@@ -82,15 +83,16 @@ class TabContext:
     def run_job(self, what: str, fields: dict, request, progress, preview_every=0,
                 preview_method="auto") -> Iterator[tuple]:
         """Validate, queue behind the GPU, stream per-step progress; yield (images, info, summary, last seed).
-        The job's Skip event and its live previews (every `preview_every` steps, by `preview_method`) are the
-        job's own (ui/jobs.py); the tab shows the previews (ui/live.py).
+        The job runs through jobs.run (registered, queued behind the GPU, on the console); its Skip event and its
+        live previews (every `preview_every` steps, by `preview_method`) are the job's own (jobs/registry.py); the
+        tab shows the previews (ui/live.py).
 
         A generator: while the job runs it yields "no change" to every output at each step and every
         jobs.TICK_S, so gradio can close it there (an API client's cancel, a dropped connection): the job then
         stops at the next step. A cancelled job yields the images it kept and the seed of the first of them;
         with none kept the browser's last seed stays as it is (gr.update()). A refused or failed job says why in
         the summary and leaves the gallery, parameters and seed as they were (messages.failure). The console
-        says when the job (`what`: its tab) starts and ends, with a tqdm bar of its steps (ui/console.py).
+        says when the job (`what`: its tab) starts and ends, with a tqdm bar of its steps (jobs/console.py).
         """
         try:
             job_request = GenerationRequest(outdir=self.options.outdir, **fields).validated()
@@ -100,41 +102,31 @@ class TabContext:
             yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
             return
         client = client_key(request)
-        waiting = "waiting for the GPU (another job runs)" if self.jobs.others_running(client) else "starting"
 
         def work(on_step, cancel):
             return self.session.generate(job_request, on_step=on_step, cancel=cancel, skip=job.skip,
                                          on_preview=job.on_preview, preview_every=preview_every,
                                          preview_method=preview_method)
 
-        job = self.jobs.start(client, Job(work))
-        progress(0, desc=waiting)
-        since = console.started(what, job_request.prompt, job_request.width, job_request.height, job_request.steps,
-                                job_request.seed)
-        bar = ProgressBar()
+        job = Job(work)
         try:
-            for event in job.progress():
-                if event is not None:
-                    progress(event, desc="denoising", unit="steps")
-                    bar.update(*event)
-                yield (gr.skip(),) * 4
-        finally:
-            bar.close()
-            self.jobs.finish(client, job)
+            with closing(run(self.jobs, client, job, what, job_request,
+                             on_queued=lambda waiting: progress(0, desc=waiting))) as events:
+                for event in events:
+                    if event is not None:
+                        progress(event, desc="denoising", unit="steps")
+                    yield (gr.skip(),) * 4
+        except LowVramError as exc:  # the job failed with a user error: "What ran" says why
+            yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
+            return
+        summary = messages.for_ui(job.summary())
         if isinstance(job.error, Cancelled):
             kept = job.error.images
-            console.ended(what, since, job.summary(), kept)
             seed = image_seed(kept[0]) if kept else None
-            yield kept, (image_info(kept[0]) if kept else ""), job.summary(), (gr.update() if seed is None else seed)
+            yield kept, (image_info(kept[0]) if kept else ""), summary, (gr.update() if seed is None else seed)
             return
-        if isinstance(job.error, LowVramError):
-            yield gr.skip(), gr.skip(), messages.failure(job.error, request), gr.skip()
-            return
-        if job.error is not None:
-            raise job.error
         result = job.result
-        console.ended(what, since, result.summary, result.images)
-        yield result.images, image_info(result.images[0]), job.summary(), result.seeds[0]
+        yield result.images, image_info(result.images[0]), summary, result.seeds[0]
 
     def skip(self, request: gr.Request) -> None:
         """The Skip button of txt2img and img2img: this browser's running batch stops at the next step (kept)."""
@@ -144,7 +136,7 @@ class TabContext:
         """The Interrupt button of txt2img and img2img: stop this browser's job at the next step, keeping the image
         of the pass it stopped."""
         answer = self.jobs.answer_cancel(client_key(request), "cancelling at the next step…")
-        return gr.update() if answer is None else answer  # None: the summary already says how it ended
+        return gr.update() if answer is None else messages.for_ui(answer)  # None: the summary already says how it ended
 
     def disconnected(self, request: gr.Request):
         """The tab was closed or lost its connection: stop its job at the next step."""

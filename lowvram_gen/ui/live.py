@@ -4,7 +4,7 @@ Settings, in each tab beside its buttons: "Live preview every N steps" (0: off; 
 10) and the method (lowvram_gen/preview.py: auto, approx, taesd, off), remembered per browser like the other
 controls (ui/remembered.py checks them with `SETTINGS`).
 
-While this browser's job runs, an image above the gallery shows the job's latest preview (ui/jobs.py
+While this browser's job runs, an image above the gallery shows the job's latest preview (jobs/registry.py
 Job.preview): Generate shows it and starts a timer that ticks every REFRESH_S, each tick sends the newest preview
 (nothing when there is none newer), and the end of the job hides it and stops the timer. The Generate event's
 outputs stay as they were (gallery, parameters, what ran, seed), so an API client's results keep their places;

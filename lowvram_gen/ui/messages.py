@@ -9,7 +9,7 @@ gr.Error's message is HTML in the browser's toast, and plain text to an API clie
 `error()` escapes it only when the request comes from the browser app (Gradio's JS app sends
 `x-gradio-user: app`; gradio_client sends `api`).
 
-A user error is said on the server's console in one line (ui/console.py), never as a traceback: gradio prints
+A user error is said on the server's console in one line (jobs/console.py), never as a traceback: gradio prints
 one for a gr.Error unless it is raised with `print_exception=False`. A failed job tells the browser in its
 output panel (`failure()`): a gr.Error would put "Error" badges over the gallery and the parameters.
 """
@@ -21,7 +21,7 @@ import re
 
 import gradio as gr
 
-from lowvram_gen.ui import console
+from lowvram_gen.jobs import console
 
 RESTART = "restart the web UI with `lowvram-gen ui {flag}`"
 CLI_ONLY = "the CLI's {flag} (the web UI has {what})"

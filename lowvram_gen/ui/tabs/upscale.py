@@ -8,7 +8,8 @@ from pathlib import Path
 import gradio as gr
 
 from lowvram_gen.errors import LowVramError
-from lowvram_gen.ui import console, messages
+from lowvram_gen.jobs import console
+from lowvram_gen.ui import messages
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import ImagePath, upscaler_choices
 from lowvram_gen.upscale.command import MAX_SCALE

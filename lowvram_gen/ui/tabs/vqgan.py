@@ -7,15 +7,17 @@ why in "What ran" and leaves the preview as it was (ui/messages.py); the console
 annotations.)
 """
 
+from contextlib import closing
+
 import gradio as gr
 
 from lowvram_gen.engines.vqgan.request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_INIT_WEIGHT,
                                      MAX_ITERATIONS, OPTIMIZERS, VqganRequest)
 from lowvram_gen.errors import Cancelled, LowVramError
-from lowvram_gen.cli.output import ProgressBar
-from lowvram_gen.ui import console, messages
+from lowvram_gen.jobs.registry import Job
+from lowvram_gen.jobs.run import run as run_job
+from lowvram_gen.ui import messages
 from lowvram_gen.ui.context import GPU, TabContext, client_key, image_info
-from lowvram_gen.ui.jobs import Job
 from lowvram_gen.ui.widgets import ImagePath, Number
 
 DEFAULTS = VqganRequest()
@@ -57,41 +59,31 @@ def build(ctx: TabContext) -> None:
             return session.generate_vqgan(job_request, on_step=on_step, cancel=cancel,
                                   on_image=lambda path, iteration, final: job.events.put(("image", path, iteration)))
 
-        waiting = "waiting for the GPU (another job runs)" if jobs.others_running(key) else "starting"
-        job = jobs.start(key, Job(work))
-        progress(0, desc=waiting)
-        since = console.started("vqgan", job_request.prompt, job_request.width, job_request.height,
-                                job_request.iterations, job_request.seed, unit="iterations")
-        bar = ProgressBar("it")
+        job = Job(work)
         try:
-            for event in job.progress():
-                if event is None:  # a tick: a yield where gradio can close this generator (a cancel)
-                    yield (gr.skip(),) * 4
-                elif event[0] == "image":
-                    yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}", gr.update()
-                else:
-                    progress(event, desc="iterations", unit="it")
-                    bar.update(*event)
-        finally:
-            bar.close()
-            jobs.finish(key, job)
+            with closing(run_job(jobs, key, job, "vqgan", job_request, steps=job_request.iterations, unit="iterations",
+                                 bar_unit="it", on_queued=lambda waiting: progress(0, desc=waiting))) as events:
+                for event in events:
+                    if event is None:  # a tick: a yield where gradio can close this generator (a cancel)
+                        yield (gr.skip(),) * 4
+                    elif event[0] == "image":
+                        yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}", gr.update()
+                    else:
+                        progress(event, desc="iterations", unit="it")
+        except LowVramError as exc:  # the job failed with a user error: "What ran" says why
+            yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
+            return
+        summary = messages.for_ui(job.summary())
         if isinstance(job.error, Cancelled):
             kept = job.error.images
-            console.ended("vqgan", since, job.summary(), kept)
-            yield (kept[0] if kept else None), (image_info(kept[0]) if kept else ""), job.summary(), None
+            yield (kept[0] if kept else None), (image_info(kept[0]) if kept else ""), summary, None
             return
-        if isinstance(job.error, LowVramError):
-            yield gr.skip(), gr.skip(), messages.failure(job.error, request), gr.skip()
-            return
-        if job.error is not None:
-            raise job.error
         result = job.result
-        console.ended("vqgan", since, result.summary, result.images)
-        yield result.images[0], image_info(result.images[0]), job.summary(), _playable(result.videos)
+        yield result.images[0], image_info(result.images[0]), summary, _playable(result.videos)
 
     def cancel(request: gr.Request):
         answer = jobs.answer_cancel(_key(request), "cancelling at the next iteration…")
-        return gr.update() if answer is None else answer  # None: the summary already says how it ended
+        return gr.update() if answer is None else messages.for_ui(answer)  # None: the summary already says how it ended
 
     def disconnected(request: gr.Request):
         jobs.cancel(_key(request))

@@ -1,4 +1,10 @@
-"""`lowvram-gen ui`: A1111-style launch flags to a running Gradio app."""
+"""`lowvram-gen ui`: A1111-style launch flags to a running server: the Gradio web UI, A1111's REST API beside it
+(--api) or the API alone (--nowebui), on one Session and one job registry (lowvram_gen/jobs).
+
+The launcher sits above both front ends it serves: the UI (lowvram_gen/ui) and the API (lowvram_gen/api) never import
+each other, and this module is the one place that puts them on the same server. It imports neither at import time:
+`check_port` and the auth checks run before gradio or FastAPI load (the job registry is plain Python).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import socket
 import sys
 
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.jobs.registry import Registry
 
 LOUD = "!" * 78
 
@@ -84,10 +91,6 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     """Build and start the app; `block=False` returns the running app (tests, embedding). `api` (--api) serves
     A1111's REST API beside the UI, on the same session, job registry and queue size; `webui=False`
     (--nowebui) serves the API alone. The API asks for --api-auth's users, or --gradio-auth's without it."""
-    import os
-
-    from lowvram_gen.ui.jobs import Registry
-
     # Gradio notices a closed tab when its heartbeat fails (default every 15 s); the unload event
     # then cancels that tab's job. 2 s keeps a closed tab from holding the GPU for long.
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "2")

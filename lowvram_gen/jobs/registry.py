@@ -1,12 +1,12 @@
-"""Run a session job in a worker thread and stream its progress to a Gradio generator.
+"""A job (one request run in a worker thread) and the registry of the running jobs of every front end in a process.
 
-Gradio closes the generator when the user presses Cancel, the browser goes away, or an API client
-cancels its job (gradio_client's `job.cancel()` posts /cancel, which closes the event's iterator); the
-`finally` then sets the job's cancel event, and generation stops at the next denoising step. Gradio can
-close a generator only between two of its yields, so `progress()` yields a tick (None) every TICK_S even
-when no step has ended (a job waiting for the GPU, loading a model), and the handlers yield on every
-tick. The session's lock keeps one job on the GPU at a time, so a job queued behind a cancelled one
-simply waits.
+A front end (a web UI tab, the REST API) runs a job through `jobs.run.run`, which streams the job's events: each
+(step, total), what the work put on `events`, and a tick (None) every TICK_S when nothing came. Gradio closes a
+handler's generator when the user presses Cancel, the browser goes away, or an API client cancels its job
+(gradio_client's `job.cancel()` posts /cancel, which closes the event's iterator), and can close it only between two
+of its yields: the ticks give it those, even while a job waits for the GPU or loads a model. Closing the stream sets
+the job's cancel event, and generation stops at the next denoising step. The session's lock keeps one job on the
+GPU at a time, so a job queued behind a cancelled one simply waits.
 
 The Interrupt button (A1111's; it was Cancel) waits (briefly) for the job to stop before it answers, so its answer
 and the job's own last output say the same thing whichever reaches the browser first. Skip sets the job's `skip`:
@@ -26,7 +26,6 @@ import time
 from typing import Callable, Iterator
 
 from lowvram_gen.errors import Cancelled
-from lowvram_gen.ui.messages import for_ui
 
 
 CANCEL_WAIT_S = 10.0  # how long Cancel waits for the job to stop before it answers "cancelling…"
@@ -61,20 +60,21 @@ class Job:
     def _run(self) -> None:
         try:
             self.result = self._work(self._on_step, self.cancel)
-        except BaseException as exc:  # noqa: BLE001 - handed to the UI thread, which reports it
+        except BaseException as exc:  # noqa: BLE001 - handed to the front end's thread, which reports it
             self.error = exc
         finally:
             self.done.set()
             self.events.put(None)
 
     def summary(self) -> str | None:
-        """The "what ran" text of a finished job, shared by its own output and Cancel's answer. It goes to a
-        Textbox, which shows text (never HTML): not escaped. CLI flags in it are named as the UI's controls."""
+        """The "what ran" text of a finished job, shared by its own output and Cancel's answer, as the Python API
+        says it (CLI flags; the web UI names its controls instead: ui/messages.for_ui). Not escaped: a Textbox
+        shows text, never HTML."""
         if isinstance(self.error, Cancelled):
-            return for_ui(str(self.error))
+            return str(self.error)
         if self.error is None and self.result is not None:
-            return for_ui("\n".join([self.result.summary, *self.result.warnings]))
-        return None  # still running, or an error the job reports as a gr.Error
+            return "\n".join([self.result.summary, *self.result.warnings])
+        return None  # still running, or an error the front end reports as such (jobs.run raises it)
 
     def progress(self, tick: float | None = TICK_S) -> Iterator:
         """Yield each event of the job ((step, total), or what the work put) until it ends, and None every

@@ -1,6 +1,6 @@
-"""What the server's console says while the UI runs, as A1111's does: one line when a job starts, its steps on
-the CLI's tqdm bar (cli/output.py, drawn by the job's handler), one line when it ends, and one line for an
-ordinary user error (a refused request, a job that failed with one of our errors).
+"""What the console says while a job runs, as A1111's does: one line when a job of the web server starts, its steps on
+a tqdm bar (`ProgressBar`, also the CLI's), one line when it ends, and one line for an ordinary user error (a refused
+request, a job that failed with one of our errors).
 
 A user error is shown to the user in the browser; the console gets its one line, not a traceback
 (ui/messages.py raises such errors with gradio's `print_exception=False`). A bug (any other exception) still
@@ -44,3 +44,27 @@ def user_error(text: str) -> None:
     """An ordinary user error, on one line (the browser shows it whole)."""
     say("error: " + " ".join(str(text).split()))
 
+
+
+class ProgressBar:
+    """A tqdm bar on stderr that follows (step, total) callbacks across the chunks of a job."""
+
+    def __init__(self, unit: str = "step"):
+        self.unit = unit
+        self.bar = None
+
+    def update(self, step: int, total: int) -> None:
+        """The first callback of a chunk (step 1 has just ended) starts a bar at that step: its rate is
+        measured from there on, not 1 step over the microseconds since the bar was made."""
+        from tqdm import tqdm
+
+        if self.bar is None or step == 1:
+            self.close()
+            self.bar = tqdm(total=total, initial=step, unit=self.unit, file=sys.stderr, leave=False)
+        elif step > self.bar.n:
+            self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,63 @@
+"""Running a registered job: the one way the web UI's tabs, the VQGAN tab and the REST API run a job.
+
+`run` registers the job under its client's key (so Interrupt, Skip, /interrupt, /skip, /progress and a closed tab
+reach it), says on the console when it starts, streams its events with the console's tqdm bar following its steps,
+unregisters it when it ends or its stream is closed (which cancels it), and says how it ended. The job waits for
+the GPU in the Session's lock (its work calls a Session method), so `on_queued` is told whether it starts now or
+waits behind another client's job.
+
+What the caller shows is decided by how the job ended: `job.result` (done) or a Cancelled `job.error` (kept images)
+after the stream ends; any other error is raised from the stream's end, a LowVramError for the caller to show as a
+user error (the UI's "What ran", the API's error body), anything else a bug with its traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from lowvram_gen.errors import Cancelled
+from lowvram_gen.jobs import console
+from lowvram_gen.jobs.registry import TICK_S, Job, Registry
+
+WAITING = "waiting for the GPU (another job runs)"
+STARTING = "starting"
+
+
+def is_step(event) -> bool:
+    """Whether an event of the stream is a step (step, total), not a tick (None) or what the work put."""
+    return isinstance(event, tuple) and len(event) == 2 and all(isinstance(n, int) for n in event)
+
+
+def run(registry: Registry, key: str, job: Job, what: str, request, *, steps: int | None = None,
+        unit: str = "steps", bar_unit: str = "step", tick: float | None = TICK_S,
+        on_queued: Callable[[str], None] | None = None) -> Iterator:
+    """Run `job` (its work calls the Session) registered as `key`'s and yield its events: (step, total) after each
+    step, what the work put on `job.events`, and None every `tick` seconds without one (None: no ticks).
+
+    The console says "`what` started" with the request's prompt, size, `steps` (the request's own by default; in
+    `unit`) and seed, draws a bar of the steps (in `bar_unit`), and says "`what` ended" with the summary and the
+    files of a job that finished or was cancelled. A job that failed raises its error when the stream ends.
+    Close the stream (contextlib.closing) when the caller stops early: that cancels the job at its next step."""
+    waiting = WAITING if registry.others_running(key) else STARTING
+    registry.start(key, job)
+    if on_queued is not None:
+        on_queued(waiting)
+    since = console.started(what, request.prompt, request.width, request.height,
+                            request.steps if steps is None else steps, request.seed, unit=unit)
+    bar = console.ProgressBar(bar_unit)
+    events = job.progress(tick)
+    try:
+        for event in events:
+            if is_step(event):
+                bar.update(*event)
+            yield event
+    finally:
+        events.close()  # closed before the job ended (this stream was closed): the job is cancelled
+        bar.close()
+        registry.finish(key, job)
+    if isinstance(job.error, Cancelled):
+        console.ended(what, since, str(job.error), job.error.images)
+    elif job.error is not None:
+        raise job.error
+    else:
+        console.ended(what, since, job.result.summary, job.result.images)
