@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from lowvram_gen.a1111.upscaler_names import check_upscaler, latent_mode  # names only: no upscaler loading
 from lowvram_gen.control.units import ControlNetUnit, check_control_mode, check_units
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
@@ -21,7 +22,6 @@ from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
 from lowvram_gen.samplers import check_installed, split_sampler  # light: tables of names, no torch
 from lowvram_gen.schedules import AUTOMATIC, check_schedule_type, label
-from lowvram_gen.upscale.upscalers import check_upscaler, latent_mode
 
 SAME_SAMPLER = "Use same sampler"  # A1111's Hires sampler choice for the first pass's own (the request's "")
 SAME_SCHEDULER = "Use same scheduler"  # and its Hires schedule type's

@@ -24,7 +24,7 @@ from lowvram_gen.hires import HiresGeometry, geometry
 from lowvram_gen.infotext import from_png, request_fields
 from lowvram_gen.outputs import _PARAM, parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
-from lowvram_gen.upscale.upscalers import available, check_upscaler
+from lowvram_gen.a1111.upscaler_names import available, check_upscaler
 
 
 @pytest.fixture(scope="module")
