@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from lowvram_gen.a1111.fields import BY_NAME, request_name
+from lowvram_gen.a1111.upscaler_names import check_upscaler, latent_mode  # names only: no upscaler loading
 from lowvram_gen.control.units import ControlNetUnit, check_control_mode, check_units
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
@@ -21,7 +23,6 @@ from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
 from lowvram_gen.samplers import check_installed, split_sampler  # light: tables of names, no torch
 from lowvram_gen.schedules import AUTOMATIC, check_schedule_type, label
-from lowvram_gen.upscale.upscalers import check_upscaler, latent_mode
 
 SAME_SAMPLER = "Use same sampler"  # A1111's Hires sampler choice for the first pass's own (the request's "")
 SAME_SCHEDULER = "Use same scheduler"  # and its Hires schedule type's
@@ -223,14 +224,9 @@ class GenerationRequest:
         """The mask and its options (inpaint/): a readable image beside an init image, with something to repaint."""
         from lowvram_gen.inpaint.masks import AREAS, CONTENTS, MAX_BLUR, MAX_PADDING
 
-        # A1111's words, and its API's numbers (inpaint_full_res 0/1, inpainting_fill 0-3: fill, original, ...)
-        area = _choice("inpaint area", self.inpaint_area, AREAS,
-                       {"whole picture": "whole", "only masked": "masked", "0": "whole", "1": "masked",
-                        "false": "whole", "true": "masked", False: "whole", True: "masked", 0: "whole", 1: "masked"})
-        content = _choice("masked content", self.masked_content, CONTENTS,
-                          {**{c.replace("-", " "): c for c in CONTENTS},
-                           **{str(i): c for i, c in enumerate(("fill", "original", "latent-noise", "latent-nothing"))},
-                           **dict(enumerate(("fill", "original", "latent-noise", "latent-nothing")))})
+        # A1111's words, and its API's numbers (a1111/fields.py: the inpaint area 0/1, masked content 0-3)
+        area = _choice("inpaint area", self.inpaint_area, AREAS, BY_NAME["inpaint_area"].choices())
+        content = _choice("masked content", self.masked_content, CONTENTS, BY_NAME["masked_content"].choices())
         checked = dataclasses.replace(
             self, mask_blur=as_int("mask blur", self.mask_blur, 0, MAX_BLUR),
             inpaint_area=area, mask_padding=as_int("mask padding", self.mask_padding, 0, MAX_PADDING),
@@ -400,10 +396,9 @@ class GenerationRequest:
         if "hires_resize" in data:  # "WxH" (a side 0: from the other), as --hires-resize and A1111's infotext
             data = dict(data)
             data["hires_resize_w"], data["hires_resize_h"] = parse_size("hires resize", data.pop("hires_resize"))
-        aliases = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size"}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
-            name = aliases.get(key, key)
+            name = request_name(key)  # A1111's names too (a1111/fields.py: hr_scale, inpainting_fill...)
             if name not in names:
                 raise InvalidRequest("field", key, "allowed fields: " + ", ".join(sorted(names - {"extra"})))
             kwargs[name] = value

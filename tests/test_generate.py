@@ -122,7 +122,7 @@ def test_every_a1111_sampler_runs(tmp_path):
 def test_the_samplers_issue_19_found_missing_run(tmp_path, name):
     """Issue 19: these A1111 samplers were refused; diffusers has them. Each makes a finite image, and its PNG names it
     as A1111 does and reads back to it."""
-    from lowvram_gen.infotext import from_png
+    from lowvram_gen.a1111.infotext import from_png
 
     result = Session().generate(GenerationRequest(prompt="x", width=64, height=64, steps=2, seed=3, sampler=name,
                                                   outdir=str(tmp_path)))

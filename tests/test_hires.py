@@ -21,10 +21,10 @@ from lowvram_gen.cli.main import main
 from lowvram_gen.engines.sd import pipeline as sd_pipeline
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
-from lowvram_gen.infotext import from_png, request_fields
+from lowvram_gen.a1111.infotext import from_png, request_fields
 from lowvram_gen.outputs import _PARAM, parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
-from lowvram_gen.upscale.upscalers import available, check_upscaler
+from lowvram_gen.a1111.upscaler_names import available, check_upscaler
 
 
 @pytest.fixture(scope="module")

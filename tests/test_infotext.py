@@ -1,4 +1,4 @@
-"""A PNG's parameters back into a request (infotext.py), and `generate --from-png`: the same image again."""
+"""A PNG's parameters back into a request (a1111/infotext.py), and `generate --from-png`: the same image again."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from a1111_png import rerun_with_no_unused_note  # tests/a1111_png.py
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.infotext import from_png, request_fields
+from lowvram_gen.a1111.infotext import from_png, request_fields
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
@@ -160,7 +160,7 @@ def test_from_png_notes_are_in_the_json_warnings_too(tmp_path, capsys, command):
 
 def test_clip_skip_is_written_as_a1111_writes_it_only_above_1():
     """A1111's order (after Denoising strength, before the hires fields) and only when it is on; our text reads back."""
-    from lowvram_gen.engines.sd.job import a1111_fields
+    from lowvram_gen.a1111.infotext import a1111_fields
 
     def fields(**kw):
         request = GenerationRequest(prompt="x", seed=1, **kw).validated()

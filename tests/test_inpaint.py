@@ -267,7 +267,7 @@ def test_infotext_is_written_and_read_back_with_the_mask_given_again(inp, tmp_pa
 
 
 def test_a1111_infotext_inpaint_fields_read_back():
-    from lowvram_gen.infotext import request_fields
+    from lowvram_gen.a1111.infotext import request_fields
 
     text = ("a cat\nSteps: 20, Sampler: Euler a, CFG scale: 7, Seed: 1, Size: 512x512, Denoising strength: 0.5, "
             "Mask blur: 6, Inpaint area: Only masked, Masked area padding: 48, Masked content: latent noise")

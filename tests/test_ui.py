@@ -1042,7 +1042,7 @@ def test_launch_prints_its_url_without_gradios_share_true_hint(tmp_path):
 def test_sd_x4_is_offered_only_where_its_model_is_here(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    from lowvram_gen.upscale.upscalers import SD_X4_REPO, check_upscaler
+    from lowvram_gen.a1111.upscaler_names import SD_X4_REPO, check_upscaler
     from lowvram_gen.ui.widgets import upscaler_choices
 
     monkeypatch.delenv("LOWVRAM_GEN_SD_X4", raising=False)

@@ -14,7 +14,7 @@ from PIL import Image
 from lowvram_gen import GenerationRequest
 from lowvram_gen.batch.files import expand, read_entries, request_hash
 from lowvram_gen.cli.main import main
-from lowvram_gen.infotext import from_png, request_fields
+from lowvram_gen.a1111.infotext import from_png, request_fields
 from lowvram_gen.outputs import a1111_parameters, parse_a1111_parameters, read_png_metadata, save_png
 from lowvram_gen.session import Session
 

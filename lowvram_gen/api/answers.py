@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lowvram_gen.a1111.fields import BY_NAME, api_key, label
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 
@@ -77,26 +78,28 @@ def info(request, images: list[str], kind: str, model_name: str, warnings: list[
         texts.append(text or "")
         fields = parse_a1111_parameters(text or "")
         seed = (ours or {}).get("seed")
-        seeds.append(seed if isinstance(seed, int) else _int(fields.get("Seed"), request.seed))
-        subseeds.append(_int(fields.get("Variation seed"), request.subseed_for(i) if request.subseed >= 0 else -1))
+        seeds.append(seed if isinstance(seed, int) else _int(fields.get(label("seed")), request.seed))
+        subseeds.append(_int(fields.get(label("subseed")), request.subseed_for(i) if request.subseed >= 0 else -1))
     first = parse_a1111_parameters(texts[0]) if texts else {}
-    standard = {"prompt", "negative_prompt", "Steps", "Sampler", "CFG scale", "Seed", "Size", "Model"}
+    standard = {"prompt", "negative_prompt", *map(label, ("steps", "sampler", "cfg_scale", "seed", "width", "model"))}
     count = len(images)
+    key = api_key  # A1111's answer names the request's fields as its body does
     answer = {
-        "prompt": request.prompt, "all_prompts": [request.prompt] * count,
-        "negative_prompt": request.negative_prompt, "all_negative_prompts": [request.negative_prompt] * count,
-        "seed": seeds[0] if seeds else request.seed, "all_seeds": seeds,
-        "subseed": subseeds[0] if subseeds else request.subseed, "all_subseeds": subseeds,
-        "subseed_strength": request.subseed_strength, "width": request.width, "height": request.height,
-        "sampler_name": first.get("Sampler", request.sampler), "scheduler": first.get("Schedule type"),
-        "cfg_scale": request.cfg_scale, "steps": request.steps, "batch_size": request.batch_size,
-        "restore_faces": False, "face_restoration_model": None, "sd_model_name": model_name, "sd_model_hash": None,
-        "sd_vae_name": None, "sd_vae_hash": None, "seed_resize_from_w": request.seed_resize_from_w or -1,
-        "seed_resize_from_h": request.seed_resize_from_h or -1,
-        "denoising_strength": request.strength if kind == "img2img" else (
-            request.hires_denoise if request.hires else None),
+        key("prompt"): request.prompt, "all_prompts": [request.prompt] * count,
+        key("negative_prompt"): request.negative_prompt, "all_negative_prompts": [request.negative_prompt] * count,
+        key("seed"): seeds[0] if seeds else request.seed, "all_seeds": seeds,
+        key("subseed"): subseeds[0] if subseeds else request.subseed, "all_subseeds": subseeds,
+        key("subseed_strength"): request.subseed_strength, key("width"): request.width, key("height"): request.height,
+        key("sampler"): first.get(label("sampler"), request.sampler),
+        key("schedule_type"): first.get(label("schedule_type")),
+        key("cfg_scale"): request.cfg_scale, key("steps"): request.steps, key("batch_size"): request.batch_size,
+        BY_NAME["restore_faces"].api: False, "face_restoration_model": None, "sd_model_name": model_name,
+        "sd_model_hash": None, "sd_vae_name": None, "sd_vae_hash": None,
+        key("seed_resize_from_w"): request.seed_resize_from_w or -1,
+        key("seed_resize_from_h"): request.seed_resize_from_h or -1,
+        key("strength"): request.strength if kind == "img2img" else (request.hires_denoise if request.hires else None),
         "extra_generation_params": {k: v for k, v in first.items() if k not in standard},
-        "index_of_first_image": 0, "infotexts": texts, "styles": [],
+        "index_of_first_image": 0, "infotexts": texts, BY_NAME["styles"].api: [],
         "job_timestamp": timestamp or time.strftime("%Y%m%d%H%M%S"), "clip_skip": request.clip_skip,
         "is_using_inpainting_conditioning": False, "version": version,
         "warnings": warnings, "what_ran": what_ran,

@@ -10,7 +10,8 @@ answers them (its scripts/api.py), from our ControlNet models and preprocessors:
 - `POST /controlnet/detect`: a preprocessor run on base64 images at `controlnet_processor_res` (the shorter side
   of the map; the extension's default 512), the maps answered base64.
 
-The units themselves come with a txt2img/img2img body's `alwayson_scripts` (api/fields.py, control/api.py).
+The units themselves come with a txt2img/img2img body's `alwayson_scripts` (a1111/api_body.py,
+a1111/controlnet_units.py).
 No FastAPI here: routes.py serves these.
 """
 

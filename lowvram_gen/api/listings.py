@@ -1,6 +1,6 @@
 """What the API lists, in A1111's entry shapes, from the same sources as the web UI's pickers:
 models (models/discover.py: the UI's Model box), samplers and schedule types (samplers.py, schedules.py),
-LoRAs and embeddings (networks/: the UI's LoRA and embedding pickers), upscalers (upscale/upscalers.py).
+LoRAs and embeddings (networks/: the UI's LoRA and embedding pickers), upscalers (a1111/upscaler_names.py).
 
 Each call scans anew (the UI's Refresh buttons do the same), so a file dropped into models/ shows up at the
 next call; A1111's refresh routes are answered, with nothing cached to drop.
@@ -122,7 +122,7 @@ def _embedding_item(shape: int, vectors: int) -> dict:
 def upscalers() -> list[dict]:
     """A1111's /upscalers: the upscalers an image takes (Lanczos, Nearest, ESRGAN-family files, sd-x4 when it is
     here), in A1111's spelling; a hires pass also takes the latent modes (/latent-upscale-modes) and None."""
-    from lowvram_gen.upscale.upscalers import PIXEL, SD_X4, SD_X4_REPO, available, model_path
+    from lowvram_gen.a1111.upscaler_names import PIXEL, SD_X4, SD_X4_REPO, available, model_path
 
     out = []
     for name in available():
@@ -135,6 +135,6 @@ def upscalers() -> list[dict]:
 
 def latent_upscale_modes() -> list[dict]:
     """A1111's /latent-upscale-modes: the latent hires upscalers (Latent, Latent (bicubic), ...)."""
-    from lowvram_gen.upscale.upscalers import LATENT_MODES
+    from lowvram_gen.a1111.upscaler_names import LATENT_MODES
 
     return [{"name": name} for name in LATENT_MODES]

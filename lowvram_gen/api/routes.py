@@ -33,7 +33,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
 
 from lowvram_gen.api import answers, controlnet, listings, progress
-from lowvram_gen.api.fields import json_field, map_body, renamed
+from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
 from lowvram_gen.jobs import console

@@ -11,7 +11,7 @@ Formats:
   starting with ``--`` holds A1111 "prompts from file" options, split with shlex:
   ``--prompt "a cat" --negative_prompt "blurry" --steps 30 --seed 5 --sampler_name "DPM++ 2M Karras"``.
 * ``.jsonl``: one JSON object per line with request fields, plus ``engine`` (``sd`` or ``vqgan``)
-  and ``repeat``; ``controlnets`` is a list of unit objects (control/api.py: A1111's extension keys too, and its
+  and ``repeat``; ``controlnets`` is a list of unit objects (a1111/controlnet_units.py: A1111's extension keys too, and its
   API's ``alwayson_scripts``).
 * ``.csv``: a header row of request fields; empty cells take the command line's value.
 
@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lowvram_gen.control.api import with_units
+from lowvram_gen.a1111.controlnet_units import with_units
+from lowvram_gen.a1111.fields import ALIASES as A1111_ALIASES
+from lowvram_gen.a1111.fields import BATCH_ONLY, BY_NAME, NOT_BUILT, line_fields
 from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.networks.names import Names
@@ -44,27 +46,19 @@ from lowvram_gen.schedules import AUTOMATIC, label
 FORMATS = {".txt": "txt", ".prompts": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 MAX_REPEAT = 10_000  # per line; bounds what a typo can queue
 
-# Field aliases accepted in every format (A1111 option names included; the hr_* ones are its API's txt2img fields)
-ALIASES = {"negative": "negative_prompt", "cfg": "cfg_scale", "batch": "batch_size", "n": "batch_size",
-           "sampler_name": "sampler", "n_iter": "repeat", "scheduler": "schedule_type",
-           "hr_scale": "hires_scale", "hr_upscaler": "hires_upscaler", "hr_second_pass_steps": "hires_steps",
-           "hr_resize_x": "hires_resize_w", "hr_resize_y": "hires_resize_h", "hr_sampler_name": "hires_sampler",
-           "hr_scheduler": "hires_schedule_type", "hr_cfg": "hires_cfg", "hr_prompt": "hires_prompt",
-           "hr_negative_prompt": "hires_negative", "inpainting_fill": "masked_content",
-           "inpaint_full_res": "inpaint_area", "inpaint_full_res_padding": "mask_padding",
-           "inpainting_mask_invert": "invert_mask"}
+# Field aliases accepted in every format: A1111's names (a1111/fields.py: its options and API fields)
+ALIASES = {**A1111_ALIASES, **BATCH_ONLY}
 # seed_resize_from and hires_resize: "WxH", both sides at once (GenerationRequest.from_mapping)
 REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest)) | {"seed_resize_from",
                                                                                       "hires_resize"}
 # options of a .txt line that take every word up to the next --option, as A1111 reads --prompt
-PROMPT_OPTIONS = ("prompt", "negative_prompt", "negative", "hires_prompt", "hires_negative", "hr_prompt",
-                  "hr_negative_prompt")
+PROMPT_OPTIONS = tuple(name for f in ("prompt", "negative_prompt", "hires_prompt", "hires_negative")
+                       for name in (f, *BY_NAME[f].aliases))
 BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
-# A1111 options that only concern A1111's own saving: accepted and ignored, with a warning.
-A1111_IGNORED = frozenset({"prompt_for_display", "do_not_save_grid", "do_not_save_samples", "outpath_samples",
-                           "outpath_grids"})
-# A1111 options that would change the image and that we cannot honour: the line is refused.
-A1111_UNSUPPORTED = frozenset({"styles", "sampler_index", "restore_faces", "tiling"})
+# what a line may name: the request's fields, the batch's, their aliases, and A1111's that are not built here
+# (a1111/fields.py NOT_BUILT: accepted with a warning, or refused, by each one's policy)
+LINE_NAMES = (REQUEST_FIELDS | BATCH_FIELDS | set(ALIASES) | set(NOT_BUILT)) - {"extra", "outdir"}
+SHOWN_NAMES = sorted(LINE_NAMES - set(NOT_BUILT))  # what an unknown name's error lists
 
 
 class BatchError(LowVramError):
@@ -280,18 +274,16 @@ def parse_options(text: str) -> tuple[dict, list[str]]:
             pos += 1
         if not values:
             raise ValueError(f"option --{name} needs a value")
-        if name in A1111_IGNORED:
-            warnings.append(f"--{name} is A1111's own and is ignored")
-            continue
-        if name in A1111_UNSUPPORTED:
-            raise ValueError(f"A1111 option --{name} is not supported by lowvram-gen")
-        canonical = ALIASES.get(name, name)
-        if canonical not in REQUEST_FIELDS | BATCH_FIELDS or canonical == "extra":
-            allowed = sorted((REQUEST_FIELDS | BATCH_FIELDS | set(ALIASES)) - {"extra", "outdir"})
-            raise ValueError(f"unknown option --{name}; allowed: " + ", ".join("--" + a for a in allowed))
-        if canonical in fields:
-            raise ValueError(f"option --{name} is given twice")
-        fields[canonical] = " ".join(values)
+        if name not in LINE_NAMES and name != "outdir":
+            raise ValueError(f"unknown option --{name}; allowed: " + ", ".join("--" + a for a in SHOWN_NAMES))
+        try:
+            canonical = line_fields({name: " ".join(values)}, warnings)  # A1111's not built: warned or refused
+        except InvalidRequest as exc:
+            raise ValueError(str(exc)) from None
+        for key, value in canonical.items():
+            if key in fields:
+                raise ValueError(f"option --{name} is given twice")
+            fields[key] = value
     return fields, warnings
 
 
@@ -344,11 +336,10 @@ def _read_csv(lines) -> list[Entry]:
             continue
         if header is None:
             header = [_header_name(c) for c in row]
-            allowed = (REQUEST_FIELDS | BATCH_FIELDS | set(ALIASES)) - {"extra", "outdir"}
-            bad = [h for h in header if h not in allowed]
+            bad = [h for h in header if h not in LINE_NAMES]
             if bad or len(set(header)) != len(header):
                 why = f"unknown column(s) {', '.join(map(repr, bad))}" if bad else "a column is named twice"
-                raise BatchError(f"CSV header on line {start}: {why}; columns may be: {', '.join(sorted(allowed))}")
+                raise BatchError(f"CSV header on line {start}: {why}; columns may be: {', '.join(SHOWN_NAMES)}")
             continue
         if len(row) > len(header):
             entries.append(Entry(start, error=f"{len(row)} cells but the header has {len(header)} columns"))
@@ -362,14 +353,10 @@ def _read_csv(lines) -> list[Entry]:
 # ---------------------------------------------------------------------------------- expanding
 
 
-def normalise_fields(fields: dict) -> dict:
-    out: dict = {}
-    for key, value in fields.items():
-        name = ALIASES.get(key, key)
-        if name in out:
-            raise InvalidRequest("field", key, f"{name!r} is given twice on this line")
-        out[name] = value
-    return out
+def normalise_fields(fields: dict, warnings: list[str] | None = None) -> dict:
+    """A line's fields by the request's names (a1111/fields.py line_fields: aliases, and A1111's fields that are not
+    built here warned about in `warnings` or refused, by their policy)."""
+    return line_fields(fields, [] if warnings is None else warnings)
 
 
 def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: int | None = None) -> JobList:
@@ -390,7 +377,9 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
                 counter += repeat * default_batch
             continue
         try:
-            fields = normalise_fields(entry.fields or {})
+            said: list[str] = []
+            fields = normalise_fields(entry.fields or {}, said)
+            warnings.extend(f"line {entry.line}: {w}" for w in said)
             engine = fields.pop("engine", "sd")
             if not isinstance(engine, str) or engine.strip().lower() not in ENGINES:
                 raise InvalidRequest("engine", engine, "use 'sd' (Stable Diffusion) or 'vqgan' (VQGAN-CLIP)")

@@ -269,7 +269,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
-    """The request's fields: --from-png's values (infotext.py), then every flag given on the command line; and
+    """The request's fields: --from-png's values (a1111/infotext.py), then every flag given on the command line; and
     what was said about the PNG on stderr (said before the model loads; `--json` repeats it in `warnings`)."""
     from lowvram_gen.errors import InvalidRequest
 
@@ -281,7 +281,7 @@ def _request_fields(args) -> tuple[dict, list[str]]:
         said.append(text)
 
     if args.from_png:
-        from lowvram_gen.infotext import from_png, local_model
+        from lowvram_gen.a1111.infotext import from_png, local_model
 
         read = from_png(args.from_png)
         fields = read.fields

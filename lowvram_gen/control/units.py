@@ -18,7 +18,8 @@ Control modes, as A1111's extension means them (scripts/enums.py ControlMode, ap
 The PNG text (`ControlNet 0: "Module: canny, Model: ..., Weight: 1, ..."`) is the extension's own
 (scripts/infotext.py serialize_unit: the unit's fields in its order, `Field Name: value`, hidden slider
 values left out), so A1111's PNG Info and Civitai read it; `unit_from_text` reads it back, the control
-image excepted: a PNG does not hold it.
+image excepted: a PNG does not hold it. The `ControlNet N` labels are a1111/fields.py's (a1111/infotext.py writes
+and reads them); the extension's API units are a1111/controlnet_units.py's.
 """
 
 from __future__ import annotations
@@ -247,7 +248,6 @@ def unit_text(unit: ControlNetUnit, model_label: str, control_mode: str, process
     return ", ".join(f"{k}: {v}" for k, v in fields.items())
 
 
-UNIT_KEY = re.compile(r"ControlNet (\d+)")
 _HASH = re.compile(r"\s*\[[0-9a-fA-F]{8,10}\]\s*$")  # the extension lists files as `name [hash]`
 
 

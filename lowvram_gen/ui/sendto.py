@@ -30,7 +30,7 @@ import gradio as gr
 
 from lowvram_gen.control.units import check_preprocessor
 from lowvram_gen.errors import LowVramError
-from lowvram_gen.infotext import NoParameters, from_png, local_model
+from lowvram_gen.a1111.infotext import NoParameters, from_png, local_model
 from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER
 from lowvram_gen.schedules import AUTOMATIC
 from lowvram_gen.ui import controlnet, messages

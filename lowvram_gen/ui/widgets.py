@@ -10,7 +10,7 @@ import gradio as gr
 
 from lowvram_gen.schedules import AUTOMATIC, SCHEDULE_TYPES
 from lowvram_gen.settings import QUANTIZE
-from lowvram_gen.upscale.upscalers import available
+from lowvram_gen.a1111.upscaler_names import available
 
 AS_PRESET = "as the preset says"  # the Quantize choice that leaves the weights' storage to the preset (quantize=None)
 QUANTIZE_CHOICES = [AS_PRESET, *QUANTIZE]

@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 from lowvram_gen import outputs
+from lowvram_gen.a1111.upscaler_names import check_upscaler, model_path
 from lowvram_gen.hardware.device import probe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.request import MAX_SIDE, as_float, check_image_path
-from lowvram_gen.upscale.upscalers import UpscaleReport, check_upscaler, model_path, upscale_images
+from lowvram_gen.upscale.upscalers import UpscaleReport, upscale_images
 
 MAX_SCALE = 8.0
 

@@ -173,16 +173,15 @@ def _soft_residuals(module, _args, output):
 
 
 def infotext_fields(pipe, request) -> dict:
-    """`ControlNet N` fields of the PNG text, as A1111's extension writes them (control/units.py)."""
-    from lowvram_gen.control.units import unit_text
+    """`ControlNet N` fields of the PNG text, each unit's model named as it was found (a1111/infotext.py)."""
+    from lowvram_gen.a1111.infotext import controlnet_fields
 
     modules = unit_modules(pipe, len(request.controlnets)) if request.controlnets else []
-    fields = {}
+    labels = []
     for i, unit in enumerate(request.controlnets):
         source = getattr(modules[i], "_lowvram_source", None)
-        label = source.label if source is not None else unit.model
-        fields[f"ControlNet {i}"] = unit_text(unit, label, request.control_mode, min(request.width, request.height))
-    return fields
+        labels.append(source.label if source is not None else unit.model)
+    return controlnet_fields(request, labels)
 
 
 # ------------------------------------------------------------------------------------------ SD3 and Flux

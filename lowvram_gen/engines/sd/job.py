@@ -2,7 +2,7 @@
 
 The session has already probed the device, planned the presets, loaded the model and built the
 ladder; this module checks what the pipeline can do with the request, sets the sampler, runs the
-runner and saves each finished pass (A1111 `parameters` text plus our JSON), and returns the result.
+runner and saves each finished pass (A1111 `parameters` text, a1111/infotext.py, plus our JSON), and returns the result.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Callable
 
 from lowvram_gen import outputs
 from lowvram_gen import preview as previews
+from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import controlnet
 from lowvram_gen.engines.sd import pipeline as sd
@@ -212,8 +213,8 @@ class _Saver:
                                   self.clip_skip, subseed=request.subseed_for(index),
                                   hires_sampler=self.hires_sampler)
             fields.update(self.network_fields)
-            if flagged:  # a black square says why in any PNG-info viewer, not only in our JSON chunk
-                fields["Safety checker"] = "blacked out"
+            if flagged:
+                fields.update(safety_field())
             meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,
                     "attempts": [a.as_dict() for a in self.ladder.attempts], "model_path": str(self.source.path),
                     "generated_size": list(done.generated_size), "device": self.device.name,
@@ -224,92 +225,6 @@ class _Saver:
             params = outputs.a1111_parameters(request.prompt, request.negative_prompt, fields)
             self.images.append(str(outputs.save_png(image, path, params, meta)))
             self.nsfw.append(flagged)
-
-
-def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | None], seed: int, preset: str,
-                 generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None,
-                 subseed: int | None = None, hires_sampler: tuple[str, str | None] | None = None) -> dict:
-    """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did. `sampler`:
-    the A1111 sampler name, or (name, schedule type label or None) written as A1111 1.9+ writes them
-    (`Sampler: DPM++ 2M, Schedule type: Karras`). `clip_skip`: the one the encoders used (default: the
-    request's); written only above 1, as A1111 does. `subseed`: this image's variation seed (default the
-    request's), written with its strength only when the strength is above 0, and `Seed resize from` only when set,
-    where A1111 writes them (after Size, before Denoising strength). `hires_sampler`: hires fix's own (name, schedule
-    type label or None), None where the second pass ran the first pass's; with the other hires fields in A1111
-    1.10's order (its extra_generation_params, Forge's `Hires CFG Scale` where Forge puts it), each only where A1111
-    writes it: the sampler, schedule type, prompts and CFG scale only where they differ from the first pass's,
-    `Hires upscale` or `Hires resize`, `Hires steps` only when set."""
-    sampler, schedule = sampler if isinstance(sampler, tuple) else (sampler, None)
-    fields = {"Steps": request.steps, "Sampler": sampler}
-    if schedule:
-        fields["Schedule type"] = schedule
-    fields.update({"CFG scale": request.cfg_scale, "Seed": seed, "Size": f"{request.width}x{request.height}",
-                   "Model": request.model})
-    if request.subseed_strength > 0:
-        fields["Variation seed"] = request.subseed if subseed is None else subseed
-        fields["Variation seed strength"] = request.subseed_strength
-    if request.seed_resize_from is not None:
-        fields["Seed resize from"] = "%dx%d" % request.seed_resize_from
-    if request.init_image:
-        fields["Denoising strength"] = request.strength
-    if request.mask:
-        fields.update(inpaint_fields(request))
-    if request.hires:
-        fields["Denoising strength"] = request.hires_denoise
-    clip_skip = request.clip_skip if clip_skip is None else clip_skip
-    if clip_skip > 1:
-        fields["Clip skip"] = clip_skip
-    if request.hires:
-        fields.update(hires_fields(request, (sampler, schedule), hires_sampler))
-    fields["Lowvram preset"] = preset
-    if quantize != "none":  # the weights that made the image were int8/int4
-        fields["Quantize"] = quantize
-    if generated_size != request.output_size():
-        fields["Generated size"] = "%dx%d" % generated_size
-    return fields
-
-
-def inpaint_fields(request: GenerationRequest) -> dict:
-    """A1111's inpaint fields, where and how its img2img writes them: `Mask mode: Inpaint not masked` when inverted,
-    `Mask blur` above 0, `Inpaint area: Only masked` with `Masked area padding`, `Masked content` for all but
-    original (A1111's default, which it does not write)."""
-    fields: dict = {}
-    if request.invert_mask:
-        fields["Mask mode"] = "Inpaint not masked"
-    if request.mask_blur > 0:
-        fields["Mask blur"] = request.mask_blur
-    if request.inpaint_area == "masked":
-        fields["Inpaint area"] = "Only masked"
-        fields["Masked area padding"] = request.mask_padding
-    if request.masked_content != "original":
-        fields["Masked content"] = request.masked_content.replace("-", " ")
-    return fields
-
-
-def hires_fields(request: GenerationRequest, first: tuple[str, str | None],
-                 hires_sampler: tuple[str, str | None] | None) -> dict:
-    """A1111's hires fields of a hires request (see `a1111_fields`); `first`: the first pass's (sampler, schedule)."""
-    fields: dict = {}
-    name, schedule = hires_sampler or first
-    if name != first[0]:
-        fields["Hires sampler"] = name
-    prompt, negative = request.hires_texts
-    if prompt != request.prompt:
-        fields["Hires prompt"] = prompt
-    if negative != request.negative_prompt:
-        fields["Hires negative prompt"] = negative
-    if request.hires_cfg_scale != request.cfg_scale:
-        fields["Hires CFG Scale"] = request.hires_cfg_scale
-    if schedule != first[1]:  # the plain schedule after a first pass with another: A1111's Automatic says it
-        fields["Hires schedule type"] = schedule or "Automatic"
-    if request.hires_resize:
-        fields["Hires resize"] = "%dx%d" % request.hires_resize
-    else:
-        fields["Hires upscale"] = request.hires_scale
-    if request.hires_steps:
-        fields["Hires steps"] = request.hires_steps
-    fields["Hires upscaler"] = request.hires_upscaler
-    return fields
 
 
 def _request_dict(request: GenerationRequest) -> dict:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lowvram_gen import outputs
+from lowvram_gen.a1111.fields import VQGAN_ENGINE
+from lowvram_gen.a1111.infotext import vqgan_fields
 from lowvram_gen.engines.vqgan.loop import VqganLoop
 from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.engines.vqgan.video import write_progress_video
@@ -137,21 +139,16 @@ class _Saver:
 
     def _texts(self, seed: int, iteration: int, loop, final: bool, note: str) -> tuple[str, dict]:
         r = self.request
-        fields = {"Steps": r.iterations, "Sampler": r.optimizer, "Seed": seed, "Size": f"{r.width}x{r.height}",
-                  "Model": r.vqgan, "CLIP": r.clip, "Engine": "VQGAN-CLIP", "Cutouts": loop.cutn,
-                  "Cut power": r.cut_pow, "Learning rate": r.lr, "Lowvram preset": loop.preset.name}
-        if r.image_prompts:
-            fields["Image prompts"] = " | ".join(r.image_prompts)
-        if r.init_image:
-            fields["Init image"] = Path(r.init_image).name
-        if r.init_weight:
-            fields["Init weight"] = r.init_weight
-        if r.init_noise != "none" and not r.init_image:
-            fields["Init noise"] = r.init_noise
-        if self.size != (r.width, r.height):
-            fields["Generated size"] = "%dx%d" % self.size
-        if not final or note:
-            fields["Iteration"] = iteration
+        fields = vqgan_fields({
+            "iterations": r.iterations, "optimizer": r.optimizer, "seed": seed, "size": f"{r.width}x{r.height}",
+            "vqgan": r.vqgan, "clip": r.clip, "engine": VQGAN_ENGINE, "cutn": loop.cutn, "cut_pow": r.cut_pow,
+            "lr": r.lr, "preset": loop.preset.name,
+            "image_prompts": " | ".join(r.image_prompts) if r.image_prompts else None,
+            "init_image": Path(r.init_image).name if r.init_image else None,
+            "init_weight": r.init_weight or None,
+            "init_noise": r.init_noise if r.init_noise != "none" and not r.init_image else None,
+            "generated_size": "%dx%d" % self.size if self.size != (r.width, r.height) else None,
+            "iteration": iteration if not final or note else None})
         request = dataclasses.asdict(r)
         request.pop("outdir", None)
         meta = {"engine": "vqgan", "request": request, "seed": seed, "preset": loop.preset.name,

@@ -1,6 +1,6 @@
 """The PNG Info tab (A1111's): drop a PNG, read the parameters it was made with (A1111's `parameters` text,
 and our JSON chunk when lowvram-gen made it), and send them to txt2img, img2img or Inpaint, which fill their
-controls the way `generate --from-png` reads a PNG (lowvram_gen/infotext.py, ui/sendto.py).
+controls the way `generate --from-png` reads a PNG (lowvram_gen/a1111/infotext.py, ui/sendto.py).
 
 The image comes as the uploaded file itself (image_mode=None: Gradio converts nothing, so the text
 chunks are still there). A PNG without parameters says so; sending it is refused with the same words.
@@ -11,7 +11,7 @@ import json
 import gradio as gr
 
 from lowvram_gen.errors import LowVramError
-from lowvram_gen.infotext import read_infotext
+from lowvram_gen.a1111.infotext import read_infotext
 from lowvram_gen.ui import messages, sendto
 from lowvram_gen.ui.context import TabContext
 from lowvram_gen.ui.widgets import ImagePath

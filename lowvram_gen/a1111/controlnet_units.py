@@ -19,7 +19,8 @@ of A1111's sd-webui-controlnet API (its ControlNetUnit's JSON):
 The whole A1111 API request shape works too: `"alwayson_scripts": {"controlnet": {"args": [unit, ...]}}`.
 
 A batch line's image is a path; the REST API gives `image=` a function that stores a base64 image as a file
-(api/answers.py image_file), called with the field the error should name (`ControlNet unit 0 image`).
+(api/answers.py image_file), called with the field the error should name (`ControlNet unit 0 image`), and
+`unit_field` names the extension's JSON key of a refused unit value (a 422's loc).
 """
 
 from __future__ import annotations
@@ -146,3 +147,21 @@ def _image_size(path: Any) -> tuple[int, int] | None:
             return im.size
     except Exception:  # noqa: BLE001 - not readable: the request's image check names the problem
         return None
+
+
+# the unit's field as its errors name it (control/units.py, this module) -> the extension's JSON key
+UNIT_KEYS = {"image": "image", "control image": "image", "model": "model", "weight": "weight",
+             "guidance start": "guidance_start", "guidance end": "guidance_end", "preprocessor": "module",
+             "canny low threshold": "threshold_a", "canny high threshold": "threshold_b", "resize_mode": "resize_mode",
+             "mask": "mask", "hr_option": "hr_option"}
+_UNIT = re.compile(r"^ControlNet unit (\d+)(?: (.+))?$")
+
+
+def unit_field(exc: InvalidRequest) -> str | None:
+    """`alwayson_scripts.controlnet.args.N.key` for a refused value of ControlNet unit N (None: not a unit's)."""
+    match = _UNIT.match(exc.field)
+    if match is None:
+        return None
+    what = match.group(2) or ""
+    key = exc.value if what == "field" and isinstance(exc.value, str) else UNIT_KEYS.get(what)
+    return f"alwayson_scripts.controlnet.args.{match.group(1)}" + (f".{key}" if key else "")

@@ -1,0 +1,245 @@
+"""A1111's txt2img/img2img JSON body -> one `GenerationRequest` (validated once, as every front end's is).
+
+The body's fields are A1111's (its `StableDiffusionProcessingTxt2Img`/`Img2Img` and the API's own:
+sampler_index, send_images, save_images, script_name, alwayson_scripts...), with A1111's API defaults where
+a field is left out: steps 50, sampler Euler, denoising strength 0.75. Each field is one of:
+
+- mapped onto a request field (prompt, seed, sampler_name + scheduler, enable_hr and the hr_* fields, init_images,
+  mask and the inpaint fields, override_settings...);
+- one of A1111's that has no effect here at its neutral value (restore_faces false, eta 1, s_noise 1, mask
+  blur without a mask...): accepted silently at that value, named in a warning at any other;
+- refused with the reason, where ignoring it would make another image than asked (a latent mask apart from the
+  mask, a script, an always-on script other than ControlNet's);
+- `alwayson_scripts: {"controlnet": {"args": [unit, ...]}}`: A1111's ControlNet extension's units (its field names,
+  base64 images), read by the batch lines' parser (a1111/controlnet_units.py) into the request's `controlnets`;
+- unknown: ignored, and named in a warning.
+
+A bad value is the request's `InvalidRequest` renamed to the JSON field (`invalid cfg_scale: 31; a number from
+0 to 30`), which the routes answer 422 with FastAPI's validation shape, as A1111 answers a value its model refuses.
+
+Which key is which field, its default and its policy are a1111/fields.py's table; this module applies them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lowvram_gen.a1111.controlnet_units import SCRIPT_NAMES, unit_field, with_units
+from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.request import GenerationRequest, as_bool
+
+# A1111's API defaults of the fields it echoes in `parameters` (its processing classes' and its API model's)
+_BODY = [f for f in FIELDS if f.api and "." not in f.api]
+TXT2IMG_DEFAULTS: dict[str, Any] = {f.api: f.default for f in _BODY if f.body in (BOTH, TXT2IMG)}
+IMG2IMG_DEFAULTS: dict[str, Any] = {f.api: f.default for f in _BODY if f.body in (BOTH, IMG2IMG)}
+# the request's field names (its InvalidRequest's) -> the JSON field that set them
+JSON_NAMES: dict[str, str] = {said: f.api for f in FIELDS if f.request and f.api
+                              for said in (f.said or (f.name.replace("_", " "),))}
+_SETTINGS = {f.api.partition(".")[2]: f for f in FIELDS if f.api and f.api.startswith("override_settings.")}
+# what a job refuses in the prompt: the message keeps its name (`invalid LoRA: ...`), the 422's loc says the field
+IN_PROMPT = {"LoRA": "prompt", "loras": "prompt", "embedding": "prompt"}
+# the same for what the request or the job refuses of the ControlNet units as a whole (their control mode, their
+# count, a ControlNet for another model family, ControlNet with a mask)
+OF_THE_UNITS = {name: "alwayson_scripts.controlnet" for name in (
+    "control mode", "control_mode", "controlnets", "alwayson_scripts controlnet", "controlnet", "ControlNet")}
+
+
+@dataclass
+class Mapped:
+    """A body as a request, and what the answer needs of it."""
+
+    request: GenerationRequest
+    warnings: list[str] = field(default_factory=list)
+    parameters: dict = field(default_factory=dict)  # the body as A1111 echoes it (its defaults filled in)
+    send_images: bool = True
+    # the request fields override_settings set that stay for later jobs (override_settings_restore_afterwards
+    # false): "model", "clip_skip"
+    keep_settings: tuple[str, ...] = ()
+
+
+def renamed(exc: InvalidRequest) -> InvalidRequest:
+    """`exc` naming the JSON field instead of the request's (`invalid cfg_scale: ...`)."""
+    name = JSON_NAMES.get(exc.field, exc.field)
+    return exc if name == exc.field else InvalidRequest(name, exc.value, exc.allowed)
+
+
+def json_field(exc: InvalidRequest) -> str | None:
+    """The JSON field (dotted inside override_settings) a refused value came from; None when it is not one."""
+    unit = unit_field(exc)
+    if unit is not None:
+        return unit
+    name = IN_PROMPT.get(exc.field) or OF_THE_UNITS.get(exc.field, exc.field)
+    known = name in JSON_NAMES.values() or name in TXT2IMG_DEFAULTS or name in IMG2IMG_DEFAULTS or name == "image"
+    return name if known or name.startswith(("override_settings.", "alwayson_scripts")) else None
+
+
+def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
+             find_model: Callable[[str], str | None], init_image: Callable[[Any], str] | None = None) -> Mapped:
+    """The request of a txt2img (`kind`) or img2img body. `model` and `clip_skip`: the API's current ones (what
+    override_settings may change for this job); `find_model`: a checkpoint title -> model spec (None: unknown);
+    `init_image`: a base64 image -> the path of a file holding it (img2img)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("body", body, "send a JSON object of A1111's fields")
+    defaults = TXT2IMG_DEFAULTS if kind == "txt2img" else IMG2IMG_DEFAULTS
+    given = dict(body)
+    # null is the default, as A1111's optional fields take it
+    echo = {**defaults, **{k: v for k, v in given.items() if k in defaults and v is not None}}
+    warnings = [f"unknown field {name!r} ignored" for name in given if name not in defaults]
+    specs = [f for f in _BODY if f.api in defaults]
+    got = {f.name: echo[f.api] for f in specs}  # by our names: the request's, A1111's own for its own fields
+    for spec in specs:
+        if spec.policy == REFUSED and not spec.neutral_value(got[spec.name]):
+            raise spec.refusal(got[spec.name])
+    _check_scripts(got)
+    warnings += [f.warning(given[f.api]) for f in specs
+                 if f.policy == WARNED and f.api in given and not f.neutral_value(given[f.api])]
+    settings, keep = _override_settings(got, model, clip_skip, find_model, warnings)
+    fields = {f.name: _value(f, got) for f in specs if f.request and not f.when and f.name != "init_image"}
+    fields.update(model=settings["model"], clip_skip=settings["clip_skip"], outdir=outdir, extra={"api": kind})
+    if kind == "txt2img":
+        fields.update(_hires(specs, got))
+        if fields.get("hires_scale") == 1 and not (got["hires_resize_w"] or got["hires_resize_h"]):
+            warnings.append(f"enable_hr with {api_key('hires_scale')} 1 and no {api_key('hires_resize_w')}/"
+                            f"{api_key('hires_resize_h')} makes no hires pass here (A1111 runs its second pass at "
+                            "the same size)")
+    else:
+        fields.update(_img2img(specs, got, warnings, init_image))
+    fields.update(_controlnet(got, fields, init_image))
+    try:
+        request = GenerationRequest(**fields).validated()
+    except InvalidRequest as exc:
+        raise renamed(exc) from None
+    _check_controlnet_models(request)
+    parameters = dict(echo)
+    if kind == "img2img" and not as_bool("include_init_images", got["include_init_images"]):
+        parameters[api_key("init_image")] = parameters[api_key("mask")] = None  # as A1111 echoes them
+    return Mapped(request, warnings, parameters, as_bool("send_images", got["send_images"]), keep)
+
+
+def _value(spec: Field, got: dict) -> Any:
+    """The request value of `spec` from the body: its `empty` where A1111's value is empty, after an alias that is
+    A1111's own older key (sampler_index, read where sampler_name is not given); the seed-resize sides 0 or -1 (its
+    default) off."""
+    value = got[spec.name]
+    if spec.empty is not None and not value:
+        value = next((got[alias] for alias in spec.aliases if got.get(alias)), None) or spec.empty
+    if spec.name in ("seed_resize_from_w", "seed_resize_from_h"):
+        value = _off_below_1(value)
+    return value
+
+
+def _off_below_1(value: Any) -> Any:
+    """A1111's seed-resize sides: 0 or -1 (its default) is off."""
+    return 0 if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1 else value
+
+
+def _check_scripts(got: dict) -> None:
+    """alwayson_scripts: ControlNet's alone, as an object."""
+    scripts = got["alwayson_scripts"]
+    if not isinstance(scripts, dict):
+        raise InvalidRequest("alwayson_scripts", repr(scripts), 'send a JSON object: {"controlnet": {"args": '
+                                                                "[unit, ...]}} or {}")
+    others = [name for name in scripts if name not in SCRIPT_NAMES]
+    if others:
+        raise InvalidRequest("alwayson_scripts", ", ".join(map(repr, others)),
+                             "lowvram-gen has no always-on scripts but ControlNet's (\"controlnet\": {\"args\": "
+                             "[unit, ...]}): leave the others out")
+
+
+def _override_settings(got: dict, model: str, clip_skip: int, find_model,
+                       warnings: list[str]) -> tuple[dict, tuple[str, ...]]:
+    """The job's model and clip skip (override_settings over the API's), and the ones to keep for later jobs
+    (override_settings_restore_afterwards false)."""
+    settings = got["override_settings"] or {}
+    model_key = api_key("model").partition(".")[2]
+    if not isinstance(settings, dict):
+        raise InvalidRequest("override_settings", settings, "send a JSON object of settings, e.g. "
+                                                            f'{{"{model_key}": "tiny"}}')
+    out = {"model": model, "clip_skip": clip_skip}
+    for key, value in settings.items():
+        spec = _SETTINGS.get(key)
+        if spec is None:
+            warnings.append(f"override_settings.{key} is not used: lowvram-gen has no such setting")
+        elif spec.name == "model":
+            found = find_model(value) if isinstance(value, str) else None
+            if found is None:
+                raise InvalidRequest(spec.api, value, "no such model: GET /sdapi/v1/sd-models lists their titles")
+            out["model"] = found
+        else:
+            out[spec.name] = value
+    restore = as_bool("override_settings_restore_afterwards", got["override_settings_restore_afterwards"])
+    keep = () if restore else tuple(spec.name for key, spec in _SETTINGS.items() if key in settings)
+    return out, keep
+
+
+def _hires(specs: list[Field], got: dict) -> dict:
+    """hires fix's request fields, with enable_hr (A1111 ignores the hr_* fields without it): the scale, or the
+    resize sides (a side 0: from the other), the upscaler (A1111's names: Latent and its modes, None, Lanczos,
+    Nearest, a model), the second pass's steps, denoising strength, and its own sampler, schedule type, CFG, prompt
+    and negative prompt (empty or A1111's "Use same ...": the first pass's)."""
+    if not as_bool("enable_hr", got["enable_hr"]):
+        return {}
+    return {f.name: _value(f, got) for f in specs if f.when == "hires"}
+
+
+def _img2img(specs: list[Field], got: dict, warnings: list[str], init_image: Callable[[Any], str] | None) -> dict:
+    images, key = got["init_image"], api_key("init_image")
+    if not isinstance(images, list) or not images:
+        raise InvalidRequest(key, images, "send a list with one base64 image (PNG or JPEG; a data: URL works too)")
+    if len(images) > 1:
+        warnings.append(f"{key} has {len(images)} images: only the first is used")
+    if init_image is None:
+        raise ValueError("img2img needs init_image to store the image")
+    fields = dict(init_image=init_image(images[0]))
+    if got["mask"]:
+        fields.update(_inpaint(specs, got, warnings, init_image))
+    return fields
+
+
+def _inpaint(specs: list[Field], got: dict, warnings: list[str], init_image: Callable[..., str]) -> dict:
+    """A1111's inpaint fields as the request's (its API's defaults: mask blur 4, masked content 0 = fill, only
+    masked with padding 0): the mask blur (else mask_blur_x), masked content 0-3, the inpaint area, its padding,
+    the mask's inversion; the mask stored as the init image is."""
+    fields = {f.name: got[f.name] for f in specs if f.when == "inpaint"}
+    blur_x, blur_y = got["mask_blur_x"], got["mask_blur_y"]
+    if got["mask_blur"] is None:
+        fields["mask_blur"] = blur_x
+        if blur_x != blur_y:
+            warnings.append(f"mask_blur_y {blur_y!r} is not used: the mask is blurred the same both ways "
+                            "(mask_blur_x)")
+    if got["mask_round"] not in (True, None):
+        warnings.append("mask_round false is not used: the mask is rounded to black and white")
+    fields["mask"] = init_image(got["mask"], "mask")
+    return fields
+
+
+def _controlnet(got: dict, fields: dict, init_image: Callable[..., str] | None) -> dict:
+    """The request's `controlnets` and `control_mode` from alwayson_scripts' ControlNet units (a1111/controlnet_units.py: the
+    extension's unit fields, disabled units left out), each unit's base64 image stored as the init image is."""
+    scripts = {k: v for k, v in got["alwayson_scripts"].items() if k in SCRIPT_NAMES}
+    if not scripts:
+        return {}
+    if len(scripts) > 1:
+        raise InvalidRequest("alwayson_scripts", ", ".join(map(repr, scripts)), "give the ControlNet units once")
+    if init_image is None:
+        raise ValueError("ControlNet units need init_image to store their images")
+    out = with_units({"alwayson_scripts": scripts, "width": fields["width"], "height": fields["height"]},
+                     image=lambda field, value: init_image(value, field))
+    return {k: out[k] for k in ("controlnets", "control_mode") if k in out and out[k]}
+
+
+def _check_controlnet_models(request: GenerationRequest) -> None:
+    """Each unit's model found (models/ControlNet by name, as /controlnet/model_list lists them, a folder, a file or
+    a hub id) before the job queues, so a 422 names the unit whose model is not there."""
+    if not request.controlnets:
+        return
+    from lowvram_gen.models.controlnet import resolve_controlnet
+
+    for i, unit in enumerate(request.controlnets):
+        try:
+            resolve_controlnet(unit.model)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"ControlNet unit {i} model", unit.model,
+                                 f"{exc.allowed}; GET /controlnet/model_list lists the models") from None
