@@ -155,7 +155,9 @@ def test_an_sd15_control_lora_on_an_sd15_model_equals_the_recipe_too(tmp_path, t
     file = write_control_lora(unet, tmp_path / "control_lora_rank2_tiny_sd15.safetensors", seed=5)
     image = control_image(tmp_path / "control.png")
     ours = Session(device="cpu").generate(request(tmp_path, ControlNetUnit(str(file), str(image)), model=str(model)))
-    assert np.array_equal(pixels(ours.images[0]), diffusers_recipe(model, file, image, xl=False))
+    # within one 8-bit level: we fuse the LoRA into the ControlNet's weights, the recipe keeps PEFT's layers
+    # (W x + B A x), which rounds another way on some CPUs (a Xeon with torch 2.14.1: one value in 12,288)
+    assert np.abs(pixels(ours.images[0]) - diffusers_recipe(model, file, image, xl=False)).max() <= 1
 
 
 def test_under_lowvram_its_blocks_stream_with_the_recipes_pixels(xl2, plain, tmp_path):

@@ -81,8 +81,10 @@ def test_batch_count_seeds_advance_over_every_batch_as_a1111s(tmp_path, denoised
     assert [fields(p)["Seed"] for p in result.images] == [str(s) for s in result.seeds]
     assert "Batch count" not in read_png_metadata(result.images[0])[0]  # A1111 does not write it either
     one_batch = Session().generate(job(tmp_path / "one", batch_size=6, seed=4294967294, outdir=str(tmp_path / "one")))
+    # within one 8-bit level: torch's CPU kernels may sum a batch of 2 and one of 6 in another order (seen on a Xeon
+    # with torch 2.14.1: one value in 12,288 one level off); another seed's image differs everywhere
     for a, b in zip(result.images, one_batch.images):
-        assert np.array_equal(pixels(a), pixels(b))
+        assert np.abs(pixels(a).astype(int) - pixels(b).astype(int)).max() <= 1
 
 
 def test_batch_count_with_a_variation_seed_keeps_the_seed_and_counts_the_subseed_up(tmp_path):
