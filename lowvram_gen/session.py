@@ -30,7 +30,7 @@ from lowvram_gen.errors import Cancelled, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.attached import attached
-from lowvram_gen.models.controlnet import plan_profiles
+from lowvram_gen.planning.controlnet import plan_profiles
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve

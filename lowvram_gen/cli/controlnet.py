@@ -61,7 +61,7 @@ def plan_profile(args, profile):
     """`profile` with `plan --controlnet`'s ControlNets counted as part of its denoiser (refused for another family)."""
     if not getattr(args, "controlnet", None):
         return profile
-    from lowvram_gen.models.controlnet import plan_profiles
+    from lowvram_gen.planning.controlnet import plan_profiles
     from lowvram_gen.planning.controlnet import with_controlnets
 
     return with_controlnets(profile, plan_profiles(args.controlnet, profile, args.model, known_sizes=True),

@@ -369,7 +369,7 @@ def cmd_plan(args) -> int:
 
         return plan_vqgan_command(args, _session_kwargs(args))
     from lowvram_gen.hardware import device as device_mod
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as memory
     from lowvram_gen.planning.planner import plan
     from lowvram_gen.presets import find_preset, load_presets
     from lowvram_gen.request import MAX_BATCH, MAX_STEPS, as_int, as_side
@@ -390,7 +390,7 @@ def cmd_plan(args) -> int:
         dev = device_mod.probe(kwargs["device"], reserve_bytes=kwargs["reserve_vram"], budget_bytes=kwargs["vram_budget"])
     dev = replace(dev, host=host)
     reloadable = True  # the built-in profiles are the published diffusers folders
-    if str(args.model).strip().lower() in memory.ALIASES:  # known offline: no download, no weights
+    if memory.is_builtin(args.model):  # known offline: no download, no weights
         profile = memory.profile_builtin(args.model)
     else:
         from lowvram_gen.models.profile import source_profile

@@ -121,7 +121,7 @@ def add_vqgan_plan_args(p: argparse.ArgumentParser) -> None:
 def plan_vqgan_command(args, session_kwargs: dict) -> int:
     """`plan --engine vqgan`: every preset's VQGAN-CLIP estimate (--model defaults to vqgan_imagenet_f16_16384)."""
     from lowvram_gen.hardware import device as device_mod
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as memory
     from lowvram_gen.planning import vqgan as memory_vqgan
     from lowvram_gen.presets import find_preset, load_presets
     from lowvram_gen.request import as_int, as_side
@@ -129,7 +129,7 @@ def plan_vqgan_command(args, session_kwargs: dict) -> int:
     width, height = (as_side(name, 512 if value is None else value, multiple=16)
                      for name, value in (("width", args.width), ("height", args.height)))
     cutn = as_int("cutn", args.cutn, 1, MAX_CUTN)
-    vqgan = memory_vqgan.DEFAULT_VQGAN if args.model in memory.BUILTIN_NAMES else args.model
+    vqgan = memory_vqgan.DEFAULT_VQGAN if memory.is_builtin(args.model) else args.model
     if args.vram:
         dev = device_mod.simulated(args.vram, reserve_bytes=session_kwargs["reserve_vram"],
                                    budget_bytes=session_kwargs["vram_budget"])

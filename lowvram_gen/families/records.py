@@ -96,7 +96,7 @@ SDXL = Family(
         components=("unet", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler"),
         quantize_on_load="unet", checkpoint_match=keys.sdxl_file, gguf_match=keys.sdxl_unet, gguf_layout="ldm-unet",
         architecture_check="file", inpaint_unet=True,
-        text_encoder_prefixes={"text_encoder": (keys.CLIP_XL,), "text_encoder_2": ("conditioner.embedders.1.",)}),
+        text_encoder_prefixes={"text_encoder": (keys.CLIP_XL,), "text_encoder_2": (keys.OPENCLIP_XL,)}),
     builtin="sdxl", hub_id="stabilityai/stable-diffusion-xl-base-1.0",
     aliases=("sdxl", "sd-xl", "sdxl-base", "stabilityai/stable-diffusion-xl-base-1.0"),
     native_side=1024, vae_force_upcast=True, controlnet=_UNET_CONTROLNET,

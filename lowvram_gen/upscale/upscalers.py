@@ -19,7 +19,7 @@ from pathlib import Path
 
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.ladder import Ladder
-from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
+from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only
 
 log = logging.getLogger(__name__)
 # A1111's latent upscalers: name -> (torch.nn.functional.interpolate mode, antialias)
