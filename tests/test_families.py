@@ -181,3 +181,116 @@ def test_families_import_nothing_heavy_and_nothing_above_it():
             text = source.read_text()
             for layer in ("planning", "engines", "session", "models", "ui", "api", "cli", "batch", "control"):
                 assert f"lowvram_gen.{layer}" not in text, (source.name, layer)
+
+
+# ------------------------------------------------------------------------------------- a new family: a record
+
+
+def _tiny_chroma(folder):
+    """A tiny ChromaPipeline folder (seeded random weights), a pipeline class no shipped record claims: a Flux-like
+    transformer over 2x2-packed 16-channel latents with one T5 encoder, classic CFG run as two forwards."""
+    import torch
+    from diffusers import ChromaPipeline, ChromaTransformer2DModel, FlowMatchEulerDiscreteScheduler
+    from tiny_transformers import T5_DIM, t5_tokenizer, vae_16_channels
+    from transformers import T5Config, T5EncoderModel
+
+    tokenizer = t5_tokenizer()
+    torch.manual_seed(0)
+    transformer = ChromaTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=T5_DIM, axes_dims_rope=(4, 6, 6), approximator_num_channels=8,
+        approximator_hidden_dim=32, approximator_layers=1)
+    torch.manual_seed(3)
+    t5 = T5EncoderModel(T5Config(
+        vocab_size=len(tokenizer), d_model=T5_DIM, d_kv=16, d_ff=64, num_layers=1, num_heads=2,
+        relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
+        decoder_start_token_id=0))
+    pipe = ChromaPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae_16_channels(0.3611, 0.1159),
+                          text_encoder=t5, tokenizer=tokenizer, transformer=transformer)
+    pipe.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def chroma(tmp_path_factory):
+    return _tiny_chroma(tmp_path_factory.mktemp("tiny-chroma"))
+
+
+def _chroma_record(seen: list) -> Family:
+    """The fake family: what a new family's author writes. Its transformer reader notes each config it reads, so
+    the test sees the planner read the folder's shapes through the record."""
+
+    def shape(config):
+        seen.append(dict(config))
+        return config["num_attention_heads"] * config["attention_head_dim"], 1  # patch 1 on 2x2-packed latents
+
+    return Family(
+        key="test-chroma", group="test-chroma", name="Chroma", tasks={"txt2img": "ChromaPipeline"},
+        denoiser="transformer", denoiser_classes=("ChromaTransformer2DModel",), transformer_shape=shape,
+        t5_tokens=512, joint_tokens=512, cfg_batch=False, native_side=1024,
+        call=families.Call(Guidance.CFG), lora="diffusers", latent_format=None)
+
+
+def test_a_new_family_is_a_record_the_planner_loader_and_request_checks_use(chroma, tmp_path):
+    """The issue's test: a record for a pipeline class no shipped record knows (Chroma), registered in the test and
+    nowhere else, and resolve, the profile the planner estimates from, the plan, the loader and the request checks
+    take it with no other change; without it the folder is the generic record's (what the code did before)."""
+    import dataclasses
+
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.engines.sd.pipeline import check_request
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.hardware.device import simulated
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.profile import native_side, profile_from_folder, source_profile
+    from lowvram_gen.models.resolve import resolve
+    from lowvram_gen.planning.estimate import estimate
+    from lowvram_gen.planning.planner import plan
+    from lowvram_gen.presets import find_preset, load_presets
+
+    source = resolve(str(chroma))
+    assert source.kind == "folder"
+    generic = profile_from_folder(chroma)  # no record: the generic one's guesses
+    assert generic.joint_text_tokens == families.DEFAULT_T5_TOKENS and generic.cfg_batch
+    seen: list = []
+    with families.registered(_chroma_record(seen)) as record:
+        assert families.by_pipeline("ChromaPipeline") is record
+        profile = source_profile(source)  # the planner's profile of the resolved model
+        assert profile is profile_from_folder(chroma) and profile is not generic  # read anew with the record
+        assert [c["_class_name"] for c in seen] == ["ChromaTransformer2DModel"]  # the shapes came through the record
+        assert profile.transformer_hidden == 32 and profile.transformer_patch == 2  # 1 x the pipeline's 2x2 packing
+        assert profile.text_tokens == (512,) and profile.joint_text_tokens == 512 and not profile.cfg_batch
+        assert profile.denoiser == "transformer" and profile.denoiser_class == "ChromaTransformer2DModel"
+        # the estimate follows: more text tokens in the stream, and CFG runs no doubled batch
+        memory = find_preset("highvram").memory
+        ours = estimate(profile, 256, 256, 1, memory)
+        assert ours.unet_bytes < estimate(dataclasses.replace(profile, cfg_batch=True), 256, 256, 1, memory).unet_bytes
+        assert ours.unet_bytes > estimate(dataclasses.replace(profile, joint_text_tokens=256, cfg_batch=False), 256,
+                                          256, 1, memory).unet_bytes
+        assert native_side(profile) == 512  # not a built-in: plan's default side stays the generic one
+        result = plan(simulated("4GiB"), profile, 256, 256, 1, load_presets())
+        assert result.preset is not None and result.estimates
+
+        # the loader: the pipeline loads, and its family is the record's
+        model = load(source)
+        assert type(model.pipe).__name__ == "ChromaPipeline" and model.family == "test-chroma"
+        assert families.of_pipe(model.pipe) is record
+        # the request checks: its grid (2x2-packed latents: multiples of 16), and no inpainting (not among its tasks)
+        check_request(model.pipe, GenerationRequest(prompt="x", model=str(chroma), width=64, height=64))
+        with pytest.raises(InvalidRequest) as err:
+            check_request(model.pipe, GenerationRequest(prompt="x", model=str(chroma), width=72, height=64))
+        assert "multiples of 16" in str(err.value)
+        assert not record.has_task("inpaint")
+    assert families.by_pipeline("ChromaPipeline").is_generic
+    assert profile_from_folder(chroma) == generic  # gone with the record
+
+
+def test_models_import_nothing_from_planning():
+    """One direction between the two: planning/ imports models/ (profiles, blocks, counts), never the reverse,
+    not even inside a function."""
+    import pathlib
+
+    import lowvram_gen.models
+
+    for source in pathlib.Path(lowvram_gen.models.__path__[0]).glob("*.py"):
+        assert "lowvram_gen.planning" not in source.read_text(), source.name

@@ -186,8 +186,8 @@ def profile_from_folder(path) -> ModelProfile:
     """Profile of a local diffusers folder (model_index.json + <component>/config.json).
 
     Parameters are counted by instantiating each component from its config on the meta device: no
-    weight file is read and no memory is allocated. Cached on the resolved path and the configs'
-    modification times.
+    weight file is read and no memory is allocated. Cached on the resolved path, the configs' modification
+    times and the registered family records (a record registered later reads the folder anew).
     """
     p = Path(path).expanduser().resolve()
     index = p / "model_index.json"
@@ -195,11 +195,11 @@ def profile_from_folder(path) -> ModelProfile:
         raise ValueError(f"{p} is not a diffusers folder: it has no model_index.json")
     stamps = tuple(sorted((str(f.relative_to(p)), f.stat().st_mtime_ns)
                           for f in [index, *p.glob("*/config.json")]))
-    return _profile_cached(str(p), stamps)
+    return _profile_cached(str(p), stamps, tuple(f.key for f in families.all_families()))
 
 
 @functools.lru_cache(maxsize=32)
-def _profile_cached(path: str, stamps: tuple) -> ModelProfile:
+def _profile_cached(path: str, stamps: tuple, records: tuple) -> ModelProfile:
     profile = _profile_for_dir(path, arch="custom")
     files = weight_file_bytes(Path(path), profile.params)
     return replace(_with_matched_arch(profile), file_bytes=files,
