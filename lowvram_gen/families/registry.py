@@ -56,10 +56,7 @@ def by_key(key: str) -> Family:
 
 def find_pipeline(class_name: str) -> Family | None:
     """The record that claims the pipeline class `class_name` (exact name), or None."""
-    for record in _registry:
-        if class_name in record.tasks.values() or class_name in record.other_pipelines:
-            return record
-    return None
+    return _first(lambda r: class_name in r.tasks.values() or class_name in r.other_pipelines)
 
 
 def by_pipeline(class_name: str) -> Family:
@@ -112,46 +109,35 @@ def aliases() -> dict[str, str]:
     return out
 
 
+def _first(claims) -> Family | None:
+    """The first registered record for which `claims(record)` is true (None: none)."""
+    return next((record for record in _registry if claims(record)), None)
+
+
 def by_checkpoint(shapes: Mapping[str, tuple]) -> Family | None:
     """The record whose whole original-layout file these {key: shape} are (None: no record's)."""
-    for record in _registry:
-        match = record.single_file and record.single_file.checkpoint_match
-        if match and match(shapes):
-            return record
-    return None
+    return _first(lambda r: bool(r.single_file and r.single_file.checkpoint_match
+                                 and r.single_file.checkpoint_match(shapes)))
 
 
 def by_gguf(shapes: Mapping[str, tuple]) -> Family | None:
     """The record whose denoiser a GGUF file holds, from its {key: shape} (UNet prefix added); None: no record's."""
-    for record in _registry:
-        match = record.single_file and record.single_file.gguf_match
-        if match and match(shapes):
-            return record
-    return None
+    return _first(lambda r: bool(r.single_file and r.single_file.gguf_match and r.single_file.gguf_match(shapes)))
 
 
 def by_single_file_pipeline(class_name: str) -> Family | None:
     """The record whose single files build the pipeline `class_name` (the first: SD 1.5 for SD 1.x/2.x)."""
-    for record in _registry:
-        if record.single_file and record.single_file.pipeline == class_name:
-            return record
-    return None
+    return _first(lambda r: bool(r.single_file and r.single_file.pipeline == class_name))
 
 
 def by_denoiser_class(class_name: str) -> Family | None:
     """The first record whose denoiser is of class `class_name` (None: no record's)."""
-    for record in _registry:
-        if class_name in record.denoiser_classes:
-            return record
-    return None
+    return _first(lambda r: class_name in r.denoiser_classes)
 
 
 def by_controlnet_class(class_name: str) -> Family | None:
     """The first record whose ControlNets are of class `class_name`."""
-    for record in _registry:
-        if record.controlnet and record.controlnet.model_class == class_name:
-            return record
-    return None
+    return _first(lambda r: bool(r.controlnet and r.controlnet.model_class == class_name))
 
 
 def controlnet_kinds() -> dict[str, Family]:
@@ -165,10 +151,7 @@ def controlnet_kinds() -> dict[str, Family]:
 
 def by_unet_cross_attention(width: int) -> Family | None:
     """The UNet family of a cross-attention width (768 SD 1.x, 1024 SD 2.x, 2048 SDXL)."""
-    for record in _registry:
-        if record.unet_cross_attention and record.unet_cross_attention == int(width):
-            return record
-    return None
+    return _first(lambda r: bool(r.unet_cross_attention) and r.unet_cross_attention == int(width))
 
 
 def family_name(class_name: str) -> str:
