@@ -58,7 +58,7 @@ def bench(arch, steps):
     from lowvram_gen.hardware.device import probe
     from lowvram_gen.engines.sd.apply import apply_settings
     from lowvram_gen.engines.sd.traffic import count_onloads
-    from lowvram_gen.planning.residency import blocks_of
+    from lowvram_gen.models.blocks import blocks_of
     from lowvram_gen.settings import MemorySettings
 
     pipe = build_pipeline(arch, build_denoiser(arch))

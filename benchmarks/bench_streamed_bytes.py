@@ -155,8 +155,10 @@ def measure(pipe, arch: str, steps: int, settings=None) -> tuple[list[int], obje
 def bench_arch(arch: str, steps: int) -> dict:
     import torch
 
-    from lowvram_gen.planning.estimate import estimate, profile_builtin
-    from lowvram_gen.planning.residency import blocks_of, fit, fixed_bytes, module_bytes, split
+    from lowvram_gen.models.profile import profile_builtin
+    from lowvram_gen.planning.estimate import estimate
+    from lowvram_gen.models.blocks import blocks_of, fixed_bytes, module_bytes
+from lowvram_gen.planning.residency import fit, split
     from lowvram_gen.settings import MemorySettings
 
     started = time.perf_counter()
@@ -216,7 +218,7 @@ def bench_plans(arch: str, steps: int) -> list[dict]:
     from dataclasses import replace
 
     from lowvram_gen.hardware.device import simulated
-    from lowvram_gen.planning.estimate import profile_builtin
+    from lowvram_gen.models.profile import profile_builtin
     from lowvram_gen.planning.planner import plan
     from lowvram_gen.presets import load_presets
 

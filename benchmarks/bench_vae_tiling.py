@@ -82,8 +82,9 @@ def estimated_bytes(side: int, tile: int | None) -> int | None:
     try:
         sys.path.insert(0, str(ROOT))
         from lowvram_gen.planning import estimate as memory
+        from lowvram_gen.models import profile as profiles
 
-        profile = memory.profile_builtin(ARCH)
+        profile = profiles.profile_builtin(ARCH)
         return int(memory.vae_activation_bytes(profile, side, side, 1, 2, tiling=tile is not None, tile_px=tile))
     except Exception:  # noqa: BLE001  (the estimate is a guard and a comparison, not the measurement)
         return None

@@ -419,23 +419,24 @@ def measure(only: str | None, redo: bool, timeout: int) -> None:
 
 def fit() -> None:
     sys.path.insert(0, str(ROOT))
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen import families
+    from lowvram_gen.models import profile as profiles
     from lowvram_gen.planning import fit as memory_fit
 
     with locked():
         data = load()
         # Built-in profiles: counted once here on the meta device, so profile_builtin() needs no torch.
-        data["profiles"] = {k: memory._profile_for_dir(str(CONFIGS / k), arch=k).as_dict()
-                            for k in memory.BUILTIN_NAMES}
+        data["profiles"] = {k: profiles._profile_for_dir(str(CONFIGS / k), arch=k).as_dict()
+                            for k in families.builtin_names()}
         data["published"] = PUBLISHED
         order = [j[0] for j in JOBS]
         data["measurements"] = sorted(data.get("measurements", []),
                                       key=lambda m: order.index(m["id"]) if m["id"] in order else len(order))
         save(data)
-        memory.reload_calibration()
+        profiles.reload_calibration()
         data["fit"] = memory_fit.fit_coefficients(data.get("measurements", []))
         save(data)
-        memory.reload_calibration()
+        profiles.reload_calibration()
     for row in memory_fit.calibration_report():
         print(f"{row['id']:28s} measured {row['measured_mib']:8.0f} MiB  estimated {row['estimated_mib']:8.0f} MiB"
               f"  {row['error_pct']:+6.1f} %")
@@ -446,7 +447,7 @@ def fit() -> None:
 
 def markdown() -> None:
     sys.path.insert(0, str(ROOT))
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as profiles
     from lowvram_gen.planning import fit as memory_fit
 
     meas = {m["id"]: m for m in load().get("measurements", [])}
@@ -465,7 +466,7 @@ def markdown() -> None:
     for row in rows:
         m = meas[row["id"]]
         if m["component"] == "transformer":
-            prof = memory.profile_builtin(m["arch"])
+            prof = profiles.profile_builtin(m["arch"])
             image = (m["height"] // 8 // prof.transformer_patch) * (m["width"] // 8 // prof.transformer_patch)
             layers = m["options"]["layers"]
             blocks = " + ".join(str(layers[k]) for k in ("num_layers", "num_single_layers") if k in layers)

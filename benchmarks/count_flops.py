@@ -66,10 +66,10 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"command": "python benchmarks/count_flops.py", "rows": rows}, indent=1) + "\n")
     data = json.loads(CALIBRATION.read_text())
-    from lowvram_gen.planning.estimate import NATIVE_SIDE
+    from lowvram_gen import families
 
     # the coefficient at the native size: what plans are made at; the other size shows the drift
-    data["flops"] = {r["arch"]: round(r["coefficient"], 5) for r in rows if r["side"] == NATIVE_SIDE[r["arch"]]}
+    data["flops"] = {r["arch"]: round(r["coefficient"], 5) for r in rows if r["side"] == families.by_arch(r["arch"]).native_side}
     data["flops"]["custom"] = round(sum(data["flops"].values()) / len(data["flops"]), 5)
     CALIBRATION.write_text(json.dumps(data, indent=1) + "\n")
     return 0

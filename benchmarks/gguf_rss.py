@@ -50,7 +50,7 @@ def build(path: Path) -> Path:
 def worker(way: str, path: str) -> dict:
     import torch
 
-    from lowvram_gen.models import checkpoint_keys as ck
+    from lowvram_gen import families
     from lowvram_gen.models import gguf_file
     from peak_rss import status
 
@@ -61,7 +61,7 @@ def worker(way: str, path: str) -> dict:
     keys = ("VmRSS", "RssAnon", "RssFile")
     before = status(keys)
     header = gguf_file.read_header(path)
-    _, unet = gguf_file.load_denoiser(path, header, ck.SD, CONFIGS, torch.float32)
+    _, unet = gguf_file.load_denoiser(path, header, families.SD15, CONFIGS, torch.float32)
     loaded = status(keys)
     with torch.inference_mode():
         g = torch.Generator().manual_seed(0)

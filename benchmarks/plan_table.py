@@ -22,8 +22,9 @@ CARDS = (2, 4, 6, 8, 12, 24)
 
 def main() -> int:
     from lowvram_gen.hardware.device import format_size, simulated
-    from lowvram_gen.planning.controlnet import controlnet_profile, known_config, with_controlnets
-    from lowvram_gen.planning.estimate import profile_builtin
+    from lowvram_gen.models.controlnet_config import known_config
+    from lowvram_gen.models.profile import profile_builtin
+    from lowvram_gen.planning.controlnet import controlnet_profile, with_controlnets
     from lowvram_gen.planning.planner import plan
     from lowvram_gen.presets import load_presets
 

@@ -270,12 +270,12 @@ def _from_file(path: Path):
     if path.suffix.lower() == ".safetensors":
         from safetensors.torch import load_file
 
-        from lowvram_gen.models.checkpoint import check_safetensors
+        from lowvram_gen.models.safe_files import check_safetensors
 
         check_safetensors(path)  # a renamed pickle is refused, never unpickled
         state = load_file(str(path), device="cpu")
     else:
-        from lowvram_gen.models.checkpoint import load_pickle_weights_only
+        from lowvram_gen.models.safe_files import load_pickle_weights_only
 
         state = load_pickle_weights_only(path)
     try:

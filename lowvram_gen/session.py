@@ -34,15 +34,15 @@ from lowvram_gen.errors import Cancelled, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.attached import attached
-from lowvram_gen.models.controlnet import plan_profiles
+from lowvram_gen.planning.controlnet import plan_profiles
 from lowvram_gen.models.loading import LoadedModel, load
+from lowvram_gen.models import profile as profiles
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.networks.job import request_uses_networks
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
-from lowvram_gen.planning import estimate
 from lowvram_gen.planning import speed
 from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
@@ -158,13 +158,13 @@ class Session:
         return profile
 
     def model_profile(self, spec: str, config: str | None = None,
-                      controlnets: Sequence[str] = ()) -> tuple[estimate.ModelProfile, bool]:
+                      controlnets: Sequence[str] = ()) -> tuple[profiles.ModelProfile, bool]:
         """What `lowvram-gen plan` estimates a model by, from its configs only (no weight is read): a built-in name
         ('sd15', 'sdxl', ...) by the configs shipped with the package, nothing downloaded; anything else as resolved.
         `controlnets` (plan --controlnet) are counted with its denoiser, a known size such as 'sd15' too. Also
         whether it is a diffusers folder (not a single file): its text encoders can be read again per job."""
-        if str(spec).strip().lower() in estimate.ALIASES:  # known offline: no download, no weights
-            profile, folder = estimate.profile_builtin(spec), True
+        if profiles.is_builtin(spec):  # known offline: no download, no weights
+            profile, folder = profiles.profile_builtin(spec), True
         else:
             source = resolve(spec, config)
             profile, folder = source_profile(source), source.kind != "single_file"
@@ -175,7 +175,7 @@ class Session:
 
     def plan(self, request: GenerationRequest, device: DeviceInfo | None = None,
              source: ModelSource | None = None,
-             profile: tuple[estimate.ModelProfile, bool] | None = None) -> Plan:
+             profile: tuple[profiles.ModelProfile, bool] | None = None) -> Plan:
         """The plan `generate` runs `request` by: the presets (this session's folder, --xformers, the request's
         --quantize), the forced preset, and the presets that ran out of memory for a job like it on this device.
         `profile`: (profile, is a folder) of `model_profile`, for `lowvram-gen plan`, which loads no model."""

@@ -176,11 +176,11 @@ def test_pinned_streaming_pins_only_the_denoiser(model, monkeypatch):
 
 
 def test_the_host_estimate_counts_a_pinned_copy_of_the_streamed_denoiser_only():
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as profiles
     from lowvram_gen.planning import host as host_mod
     from lowvram_gen.settings import MemorySettings
 
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     s = MemorySettings(dtype="bfloat16", offload="group")
     pinned = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=True)
     assert pinned.pinned_bytes == host_mod.kept_bytes(flux, s)["transformer"]

@@ -13,12 +13,12 @@ from datetime import date
 
 import pytest
 
-from lowvram_gen.hardware import bandwidth
 from lowvram_gen.cli.doctor import _format_bus, measure_bus
 from lowvram_gen.cli.main import main
+from lowvram_gen.hardware import bandwidth
 from lowvram_gen.hardware.device import MiB, fake
+from lowvram_gen.models.profile import profile_builtin
 from lowvram_gen.planning import bus
-from lowvram_gen.planning.estimate import profile_builtin
 from lowvram_gen.planning.planner import ASSUMED_STEPS, plan
 from lowvram_gen.planning.timing import BUS_BYTES_PER_S
 from lowvram_gen.presets import load_presets

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from lowvram_gen.hardware.device import GiB, fake, probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.traffic import count_onloads
 from lowvram_gen.errors import PresetError
+from lowvram_gen.hardware.device import GiB, fake, probe
+from lowvram_gen.models.blocks import blocks_of, fixed_bytes, module_bytes
 from lowvram_gen.models.loading import load
 from lowvram_gen.models.resolve import resolve
-from lowvram_gen.planning.residency import blocks_of, fit, fixed_bytes, module_bytes, split
+from lowvram_gen.planning.residency import fit, split
 from lowvram_gen.presets import load_preset_file, load_presets
 from lowvram_gen.settings import MemorySettings
 

@@ -25,12 +25,11 @@ import ldm_layout  # noqa: E402
 from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint  # noqa: E402
 from lowvram_gen.models.checkpoint import (  # noqa: E402
     check_finite,
-    check_safetensors,
     checkpoint_keys,
     detect_pipeline_class,
-    load_pickle_weights_only,
     load_single_file,
 )
+from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only  # noqa: E402
 
 SD_REPO = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 SDXL_REPO = "stabilityai/stable-diffusion-xl-base-1.0"

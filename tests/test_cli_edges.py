@@ -168,13 +168,15 @@ def test_the_short_names_plan_takes_resolve_to_their_hub_ids(alias, hub_id):
 
 
 def test_every_short_name_of_plan_has_a_hub_id():
-    from lowvram_gen.models.resolve import HUB_IDS
-    from lowvram_gen.planning.estimate import ALIASES, BUILTIN_NAMES
+    from lowvram_gen import families
+    from lowvram_gen.models.resolve import alias_hub_id
 
-    assert set(HUB_IDS) == set(BUILTIN_NAMES)
-    hub_ids_in_aliases = {name: key for name, key in ALIASES.items() if "/" in name}
-    for key, hub_id in HUB_IDS.items():
+    hub_ids = {f.builtin: f.hub_id for f in families.builtin_families()}
+    assert all(hub_ids.values()) and set(hub_ids) == set(families.builtin_names())
+    hub_ids_in_aliases = {name: key for name, key in families.aliases().items() if "/" in name}
+    for key, hub_id in hub_ids.items():
         assert hub_ids_in_aliases[hub_id.lower()] == key  # plan knows the id generate loads
+        assert alias_hub_id(key) == hub_id
 
 
 def test_generate_with_a_short_name_offline_says_what_to_download(capsys):

@@ -20,9 +20,9 @@ from PIL import Image
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.control.units import ControlNetUnit, parse_controlnet_flag, unit_from_text
-from lowvram_gen.hardware.device import fake, probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.hardware.device import fake, probe
 from lowvram_gen.models import controlnet as models
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
@@ -390,7 +390,7 @@ def test_the_controlnet_pipeline_shares_the_weights_as_they_are(cn, tiny_path):
 def test_offload_presets_put_their_hooks_on_the_controlnet_and_give_the_same_result(attached, cn):
     from diffusers.hooks.group_offloading import _is_group_offload_enabled
 
-    from lowvram_gen.planning import residency
+    from lowvram_gen.models.blocks import blocks_of
 
     pipe, net = attached
     reference = _latents(pipe, cn)
@@ -407,7 +407,7 @@ def test_offload_presets_put_their_hooks_on_the_controlnet_and_give_the_same_res
         assert not hasattr(net, "_hf_hook") and _is_group_offload_enabled(net)  # streamed as the UNet is
         assert torch.allclose(_latents(pipe, cn), reference, atol=1e-5)
     # budget: half the UNet's and the ControlNet's blocks resident, the rest streamed, run for real on this CPU
-    total = sum(b for _, m in apply_mod._stepped(pipe) for _, b in residency.blocks_of(m))
+    total = sum(b for _, m in apply_mod._stepped(pipe) for _, b in blocks_of(m))
     applied = apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload="budget",
                                                             resident_bytes=total // 2), probe("cpu"))
     streamed = [n.split(":", 1)[1] for n in applied.residency.streamed if n.startswith("controlnet0:")]
@@ -430,12 +430,12 @@ def test_quantize_takes_the_controlnet_with_the_unet(attached, cn):
 def test_budget_splits_the_controlnet_with_the_unet_as_the_planner_counts_it(attached, cn, tiny_path):
     """apply's split of the loaded UNet and ControlNet is the planner's, block for block (names and sizes), so the
     plan's resident bytes are what runs; with a small budget some of the ControlNet's blocks stream."""
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as profiles
     from lowvram_gen.planning.controlnet import controlnet_profile, with_controlnets
 
     pipe, net = attached
     source = models.resolve_controlnet(str(cn["sd"]))
-    profile = with_controlnets(memory.profile_from_folder(tiny_path),
+    profile = with_controlnets(profiles.profile_from_folder(tiny_path),
                                [controlnet_profile(models.config_of(source), "tiny-cn")])
     planned = [(n, c * 4) for n, c in profile.residency_blocks]  # float32: 4 bytes an element
     total = sum(b for _, b in planned)

@@ -24,9 +24,9 @@ import controlnet_files as files  # tests/controlnet_files.py
 from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.control.units import ControlNetUnit
-from lowvram_gen.hardware.device import probe
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.hardware.device import probe
 from lowvram_gen.models import controlnet as models
 from lowvram_gen.outputs import read_png_metadata
 from lowvram_gen.session import Session
@@ -160,10 +160,10 @@ def test_the_other_kinds_configs_come_from_their_shapes(cls, fields, tmp_path):
     if fields.get("num_mode"):  # a union ControlNet wants a control type per unit: refused before it loads
         from dataclasses import replace
 
-        from lowvram_gen.planning import estimate as memory
+        from lowvram_gen.models import profile as profiles
         from lowvram_gen.planning.controlnet import check_matches, controlnet_profile
 
-        flux = replace(memory.profile_builtin("flux"), transformer_hidden=16)
+        flux = replace(profiles.profile_builtin("flux"), transformer_hidden=16)
         with pytest.raises(InvalidRequest, match="Flux union ControlNet, which needs a control type"):
             check_matches(flux, controlnet_profile(derived, "union"), "flux")
 
@@ -216,12 +216,12 @@ def test_a_wrong_family_is_refused_before_the_model_loads(tf, tmp_path, capsys, 
                                 controlnets=(ControlNetUnit(str(tf[net]), str(tf["image"])),))
         with pytest.raises(InvalidRequest, match=words):
             session.generate(req)
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as profiles
     from lowvram_gen.planning.controlnet import check_matches, controlnet_profile
 
     wider = {**models.config_of(models.resolve_controlnet(str(tf["sd3_cn"]))), "num_attention_heads": 4}
     with pytest.raises(InvalidRequest, match="made for a 32-wide SD3 transformer and the model 'm''s is 16 wide"):
-        check_matches(memory.profile_from_folder(tf["sd3"]), controlnet_profile(wider, "wide"), "m")
+        check_matches(profiles.profile_from_folder(tf["sd3"]), controlnet_profile(wider, "wide"), "m")
     code = main(["generate", "a boat", "--model", "tiny-sdxl", "--controlnet", str(tf["flux_cn"]), "--control-image",
                  str(tf["image"]), "--outdir", str(tmp_path)])
     err = capsys.readouterr().err.strip()
@@ -399,7 +399,7 @@ def test_offload_quantize_and_budget_take_the_controlnet_with_the_transformer(fa
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.quantize import kinds
     from lowvram_gen.models.resolve import resolve
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as profiles
     from lowvram_gen.planning.controlnet import controlnet_profile, with_controlnets
 
     model = load(resolve(tf[family]), "float32")
@@ -424,7 +424,7 @@ def test_offload_quantize_and_budget_take_the_controlnet_with_the_transformer(fa
         apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload=offload), probe("cpu"))
         assert not hasattr(net, "_hf_hook") and _is_group_offload_enabled(net)
         assert np.abs(images() - reference).max() <= 1
-    profile = with_controlnets(memory.profile_from_folder(tf[family]),
+    profile = with_controlnets(profiles.profile_from_folder(tf[family]),
                                [controlnet_profile(models.config_of(source), "cn")])
     planned = [(n, c * 4) for n, c in profile.residency_blocks]  # float32: 4 bytes an element
     total = sum(b for _, b in planned)

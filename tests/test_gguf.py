@@ -26,9 +26,9 @@ gguf = pytest.importorskip("gguf")
 import gguf_files  # noqa: E402
 import procmaps  # noqa: E402
 from lowvram_gen.cli.main import main  # noqa: E402
-from lowvram_gen.hardware.device import probe  # noqa: E402
 from lowvram_gen.engines.sd import apply as apply_mod  # noqa: E402
 from lowvram_gen.errors import ModelLoadError  # noqa: E402
+from lowvram_gen.hardware.device import probe  # noqa: E402
 from lowvram_gen.models.checkpoint import load_single_file  # noqa: E402
 from lowvram_gen.models.discover import model_choices  # noqa: E402
 from lowvram_gen.models.loading import load  # noqa: E402
@@ -156,11 +156,11 @@ def test_the_header_is_read_once_per_file_version(files, tmp_path):
      "StableDiffusion3Pipeline", "sd3"),
 ])
 def test_architecture_from_the_keys(tmp_path, keys, cls_name, arch):
-    from lowvram_gen.models.gguf_file import builtin_arch, pipeline_class, read_header
+    from lowvram_gen.models.gguf_file import builtin_arch, family_of, read_header
 
     path = tmp_path / "x.gguf"
     gguf_files.write_gguf(path, {k: torch.ones(4) for k in keys}, Q.Q8_0)
-    assert pipeline_class(read_header(path), path) == cls_name
+    assert family_of(read_header(path), path).single_file.pipeline == cls_name
     assert builtin_arch(path) == arch
 
 
@@ -296,7 +296,7 @@ def test_blocks_of_a_gguf_unet_count_the_stored_bytes(files, tiny_path, referenc
     its other tensors at float32, which is what group offloading moves."""
     from diffusers.quantizers.gguf.utils import GGUFParameter
 
-    from lowvram_gen.planning.residency import blocks_of, fixed_bytes, module_bytes
+    from lowvram_gen.models.blocks import blocks_of, fixed_bytes, module_bytes
 
     for qtype in ("Q8_0", "Q4_0"):
         unet = _load(files[qtype], tiny_path).unet
@@ -324,7 +324,8 @@ def test_budget_offload_of_a_gguf_unet_gives_the_same_pixels_and_moves_the_split
     dequantizes them with the same kernels), and what the hooks onload during each UNet forward is
     exactly the split's `streamed_bytes_per_step`, at the blocks' stored (quantized) size."""
     from lowvram_gen.engines.sd.traffic import count_onloads
-    from lowvram_gen.planning.residency import blocks_of, split
+    from lowvram_gen.models.blocks import blocks_of
+    from lowvram_gen.planning.residency import split
 
     pipe = _load(files["Q8_0"], tiny_path)
     before = _quantized(pipe.unet)
@@ -355,7 +356,7 @@ def test_the_plans_streamed_bytes_for_a_gguf_unet_are_within_10_percent_of_what_
     (the dequantize scratch of the largest layer is counted once, not spread over the blocks)."""
     from lowvram_gen.models.profile import source_profile
     from lowvram_gen.planning.estimate import estimate
-    from lowvram_gen.planning.residency import blocks_of
+    from lowvram_gen.models.blocks import blocks_of
 
     source = resolve(str(files[qtype]), str(tiny_path))
     profile = source_profile(source)
@@ -371,7 +372,7 @@ def test_the_plans_streamed_bytes_for_a_gguf_unet_are_within_10_percent_of_what_
 def test_resident_to_moves_the_gguf_blocks_of_the_resident_part(files, tiny_path):
     """The runner's move of the resident part around the VAE decode, onto "meta" where it shows: the
     resident GGUF weights go (still GGUFParameter, same type), the streamed blocks stay on the host."""
-    from lowvram_gen.planning.residency import blocks_of
+    from lowvram_gen.models.blocks import blocks_of
 
     pipe = _load(files["Q8_0"], tiny_path)
     before = _quantized(pipe.unet)

@@ -144,11 +144,11 @@ def test_at_flux1_width_the_conversion_is_diffusers_own():
 
 
 def test_header_types_and_architecture(files):
-    from lowvram_gen.models import checkpoint_keys as ck
-    from lowvram_gen.models.gguf_file import builtin_arch, pipeline_class, read_header
+    from lowvram_gen import families
+    from lowvram_gen.models.gguf_file import builtin_arch, family_of, read_header
 
     header = read_header(files["Q8_0"])
-    assert header.architecture == "flux" and pipeline_class(header, files["Q8_0"]) == ck.FLUX
+    assert header.architecture == "flux" and family_of(header, files["Q8_0"]) is families.FLUX1
     assert builtin_arch(files["Q8_0"]) == "flux"
     types = {k: t.name for k, t in files["Q8_0_types"].items()}
     assert header.types == types and set(types.values()) == {"Q8_0", "F32"}

@@ -17,13 +17,15 @@ import pytest
 
 import procmaps
 
+from lowvram_gen.errors import PresetError
 from lowvram_gen.hardware import device as device_mod
 from lowvram_gen.hardware.hostmem import HostMemory, probe_host, simulated_host
+from lowvram_gen.models import counting
+from lowvram_gen.models import profile as profiles
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import load_presets
-from lowvram_gen.errors import PresetError
 from lowvram_gen.settings import MemorySettings
 
 GiB = 1024**3
@@ -108,7 +110,7 @@ def test_the_real_probe_reads_this_machine():
 
 
 def test_host_estimate_counts_float32_weights_twice_the_fp16_ones_and_int8_at_a_byte():
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     f32 = host_mod.host_estimate(sdxl, MemorySettings(dtype="float32"), "cpu", 512, 512, 1)
     i8 = host_mod.host_estimate(sdxl, MemorySettings(dtype="float32", quantize="int8"), "cpu", 512, 512, 1)
     params = sum(sdxl.params.values())
@@ -125,8 +127,8 @@ def test_a_quantized_t5_keeps_its_float32_wo_layers_at_the_load_dtype():
     t5 = T5EncoderModel(T5Config(vocab_size=64, d_model=64, d_kv=16, d_ff=256, num_layers=2, num_heads=4,
                                  feed_forward_proj="gated-gelu"))
     wo = sum(b.layer[1].DenseReluDense.wo.weight.numel() for b in t5.encoder.block)
-    assert memory.text_quant_kept(t5) == memory.sdnq_kept(t5) - t5.shared.weight.numel() + wo  # embedding once
-    flux = memory.profile_builtin("flux")
+    assert counting.text_quant_kept(t5) == counting.sdnq_kept(t5) - t5.shared.weight.numel() + wo  # embedding once
+    flux = profiles.profile_builtin("flux")
     kept = flux.text_quant_kept["text_encoder_2"]
     assert 1.0e9 < kept < 1.2e9  # 24 x 10240 x 4096 wo weights, the 32128 x 4096 embedding, norms
     i8 = host_mod.kept_bytes(flux, MemorySettings(dtype="float32", quantize="int8"))["text_encoder_2"]
@@ -138,7 +140,7 @@ def test_a_quantized_t5_keeps_its_float32_wo_layers_at_the_load_dtype():
 
 
 def test_a_component_loaded_at_its_file_dtype_stays_mapped_and_a_gpu_job_holds_one_at_a_time():
-    sd15 = memory.profile_builtin("sd15")  # published checkpoints: 2 bytes a weight
+    sd15 = profiles.profile_builtin("sd15")  # published checkpoints: 2 bytes a weight
     assert host_mod.mapped(sd15, MemorySettings(dtype="float16"), "unet")
     assert not host_mod.mapped(sd15, MemorySettings(dtype="float32"), "unet")
     assert not host_mod.mapped(sd15, MemorySettings(dtype="float16", quantize="int8"), "unet")
@@ -147,7 +149,7 @@ def test_a_component_loaded_at_its_file_dtype_stays_mapped_and_a_gpu_job_holds_o
 
 
 def test_pinned_copies_double_the_denoiser_group_offload_streams_from_ram():
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     s = MemorySettings(dtype="bfloat16", offload="group")
     pinned = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=True)
     plain = host_mod.host_estimate(flux, s, "cuda", 1024, 1024, 1, pinned=False)
@@ -168,7 +170,7 @@ def _cpu(ram: str):
                                            ("8GiB", "cpu+half+te-reload"), ("6GiB", "cpu+int8"),
                                            ("5GiB", "cpu+int8+te-reload"), ("4GiB", "cpu+int4+te-reload")])
 def test_on_a_cpu_the_planner_picks_the_fastest_candidate_whose_host_peak_fits(ram, expected):
-    result = plan(_cpu(ram), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets())
+    result = plan(_cpu(ram), profiles.profile_builtin("sdxl"), 512, 512, 1, load_presets())
     assert result.preset.name == expected and not result.refusal
     chosen = next(e for e in result.estimates if e.name == expected)
     assert chosen.fits_host and chosen.host_peak_bytes <= simulated_host(ram).usable_bytes
@@ -177,14 +179,14 @@ def test_on_a_cpu_the_planner_picks_the_fastest_candidate_whose_host_peak_fits(r
 
 
 def test_nothing_fits_the_ram_gives_one_sentence_with_what_it_needs_what_there_is_and_what_would_fit():
-    result = plan(_cpu("2GiB"), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets())
+    result = plan(_cpu("2GiB"), profiles.profile_builtin("sdxl"), 512, 512, 1, load_presets())
     assert result.refusal.startswith("SDXL at 512x512 needs about ")
     assert "this machine has 2.0 GiB (simulated)" in result.refusal
     assert "\n" not in result.refusal and result.refusal.count(";") == 2
 
 
 def test_a_forced_quantize_none_that_does_not_fit_names_the_quantization_that_would():
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     assert plan(_cpu("12GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True).preset.name == "cpu+half"
     # 8 GiB hold its 16-bit weights with the text encoders reloaded per job (cpu+half+te-reload); 7 GiB do not
     assert plan(_cpu("8GiB"), sdxl, 512, 512, 1, load_presets(), quantize_forced=True).preset.name == \
@@ -200,14 +202,14 @@ def test_a_forced_quantize_none_that_does_not_fit_names_the_quantization_that_wo
 def test_cpu_flag_runs_on_the_cpu_with_the_weights_the_ram_allows():
     from lowvram_gen.presets import find_preset
 
-    result = plan(_cpu("12GiB"), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets(),
+    result = plan(_cpu("12GiB"), profiles.profile_builtin("sdxl"), 512, 512, 1, load_presets(),
                   forced=find_preset("cpu"))
     assert result.preset.name == "cpu+half" and result.reason.startswith("forced by the user: cpu")
 
 
 def test_gpu_plan_for_flux_with_16_gib_of_ram_picks_a_candidate_under_it():
     dev = replace(device_mod.simulated("8GiB"), host=simulated_host("16GiB"))
-    result = plan(dev, memory.profile_builtin("flux"), 1024, 1024, 1, load_presets())
+    result = plan(dev, profiles.profile_builtin("flux"), 1024, 1024, 1, load_presets())
     chosen = next(e for e in result.estimates if e.name == result.preset.name)
     assert not result.refusal and chosen.fits and chosen.fits_host
     assert chosen.host_peak_bytes < 16 * GiB
@@ -219,7 +221,7 @@ def test_gpu_plan_for_flux_with_16_gib_of_ram_picks_a_candidate_under_it():
 def test_unknown_ram_changes_nothing():
     dev = device_mod.simulated("8GiB")
     assert dev.host is None
-    result = plan(dev, memory.profile_builtin("flux"), 1024, 1024, 1, load_presets())
+    result = plan(dev, profiles.profile_builtin("flux"), 1024, 1024, 1, load_presets())
     assert not result.refusal and all(e.fits_host for e in result.estimates)
 
 
@@ -366,8 +368,8 @@ def test_a_preset_with_paged_weights_runs_as_written_from_the_files_pages(tiny_f
 
 
 def test_half_files_are_what_a_folder_stores():
-    assert host_mod.half_files(memory.profile_builtin("sdxl"))  # the published checkpoints
-    sd15 = memory.profile_builtin("sd15")
+    assert host_mod.half_files(profiles.profile_builtin("sdxl"))  # the published checkpoints
+    sd15 = profiles.profile_builtin("sd15")
     fp32 = replace(sd15, file_bytes={"unet": sd15.params["unet"] * 4})
     assert not host_mod.half_files(fp32)
     assert host_mod.kept_bytes(sd15, MemorySettings(dtype="float32", half_storage=True))["unet"] == sd15.params["unet"] * 2
@@ -411,7 +413,7 @@ def test_lowvram_gen_cpu_bf16_overrides_the_flags(tmp_path, monkeypatch, caplog,
 
 
 def test_a_cpu_with_native_bfloat16_computes_in_it_and_one_without_never_does():
-    sd15 = memory.profile_builtin("sd15")
+    sd15 = profiles.profile_builtin("sd15")
     with_bf16 = replace(_cpu("32GiB"), bf16=True)
     result = plan(with_bf16, sd15, 512, 512, 1, load_presets())
     assert result.preset.name == "cpu+bf16" and result.preset.memory.dtype == "bfloat16"
@@ -425,7 +427,7 @@ def test_a_single_file_quantizes_its_unet_as_it_loads_but_not_its_text_encoders_
     from_pretrained for sdnq to hook into, load whole at the dtype and are quantized after. Its load peak: the
     UNet at its int8 bytes plus sdnq's scratch (its largest layer in float32, thrice), the text encoder and
     the VAE at float32. Below the whole float32 pipeline, above the folder's (whose text encoder is int8 too)."""
-    sd15 = memory.profile_builtin("sd15")
+    sd15 = profiles.profile_builtin("sd15")
     s = MemorySettings(dtype="float32", quantize="int8")
     folder = host_mod.host_estimate(sd15, s, "cpu", 256, 256, 1)
     single = host_mod.host_estimate(sd15, s, "cpu", 256, 256, 1, single_file=True)
@@ -447,7 +449,7 @@ def test_a_single_file_quantizes_its_unet_as_it_loads_but_not_its_text_encoders_
 def test_a_single_files_flux_transformer_loads_whole_before_it_is_quantized():
     """SD3 / Flux single files keep the post-load way (models/checkpoint.DENOISERS: diffusers' converters assume
     the real widths, so no tiny file tests the while-loading path): the transformer is whole at the dtype too."""
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     s = MemorySettings(dtype="bfloat16", quantize="int8")
     single = host_mod.host_estimate(flux, s, "cpu", 512, 512, 1, single_file=True)
     full = sum(host_mod.kept_bytes(flux, MemorySettings(dtype="bfloat16")).values())
@@ -460,7 +462,7 @@ def test_a_single_files_flux_transformer_loads_whole_before_it_is_quantized():
 def test_paged_weights_leave_the_peak_and_show_in_an_unlimited_runs_rss():
     """settings.paged_weights: what stays in the files' pages (the mapped components, less a text encoder's
     embeddings, which half storage casts to float32) is out of the must-fit peak, and in the RSS."""
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     s = MemorySettings(dtype="float32", half_storage=True)
     kept = host_mod.host_estimate(sdxl, s, "cpu", 512, 512, 1)
     paged = host_mod.host_estimate(sdxl, replace(s, paged_weights=True, pin_memory=False), "cpu", 512, 512, 1)
@@ -477,14 +479,14 @@ def test_paged_weights_leave_the_peak_and_show_in_an_unlimited_runs_rss():
 def test_a_folders_profile_knows_its_files_16_bit_dtype(tiny_fp16, tiny_path):
     """Which 16-bit dtype a folder stores decides whether a bfloat16 load keeps it mapped (float16 files are
     converted): read from the denoiser's safetensors header; float32 files and config-only folders say ''."""
-    assert memory.profile_from_folder(tiny_fp16).file_dtype == "float16"
-    assert host_mod.can_page(memory.profile_from_folder(tiny_fp16), MemorySettings(dtype="float16"))
-    assert not host_mod.can_page(memory.profile_from_folder(tiny_fp16), MemorySettings(dtype="bfloat16"))
-    assert memory.profile_from_folder(memory.CONFIGS / "sdxl").file_dtype == ""
+    assert profiles.profile_from_folder(tiny_fp16).file_dtype == "float16"
+    assert host_mod.can_page(profiles.profile_from_folder(tiny_fp16), MemorySettings(dtype="float16"))
+    assert not host_mod.can_page(profiles.profile_from_folder(tiny_fp16), MemorySettings(dtype="bfloat16"))
+    assert profiles.profile_from_folder(profiles.CONFIGS / "sdxl").file_dtype == ""
 
 
 def test_only_weights_loaded_at_their_files_dtype_can_stay_in_the_files():
-    sdxl, flux = memory.profile_builtin("sdxl"), memory.profile_builtin("flux")  # float16 and bfloat16 files
+    sdxl, flux = profiles.profile_builtin("sdxl"), profiles.profile_builtin("flux")  # float16 and bfloat16 files
     assert host_mod.can_page(sdxl, MemorySettings(dtype="float32", half_storage=True))
     assert host_mod.can_page(sdxl, MemorySettings(dtype="float16"))
     assert not host_mod.can_page(sdxl, MemorySettings(dtype="bfloat16"))  # converted as it loads
@@ -499,7 +501,7 @@ def test_only_weights_loaded_at_their_files_dtype_can_stay_in_the_files():
 def test_on_a_cpu_the_last_rung_leaves_the_weights_in_their_files_and_only_when_nothing_else_fits():
     from lowvram_gen.planning.planner import DISK_BYTES_PER_S
 
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     result = plan(_cpu("3GiB"), sdxl, 512, 512, 1, load_presets())
     assert result.preset.name == "cpu+half+disk" and not result.refusal
     assert result.preset.memory.paged_weights and not result.preset.memory.pin_memory
@@ -515,7 +517,7 @@ def test_on_a_cpu_the_last_rung_leaves_the_weights_in_their_files_and_only_when_
 
 
 def test_on_a_gpu_the_last_rung_streams_from_the_files_without_pinned_copies():
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     dev = replace(device_mod.simulated("4GiB"), host=simulated_host("3GiB"))
     result = plan(dev, sdxl, 1024, 1024, 1, load_presets())
     assert not result.refusal and "+disk" in result.preset.name
@@ -538,7 +540,7 @@ def test_paged_weights_need_pinning_off():
 def test_a_forced_streaming_preset_drops_its_pinned_copies_when_they_do_not_fit():
     from lowvram_gen.presets import find_preset
 
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     lowvram = find_preset("lowvram").memory
     kept = host_mod.host_estimate(flux, lowvram.with_quantize("int4"), "cuda", 1024, 1024, 1, pinned=False)
     pinned = host_mod.host_estimate(flux, lowvram.with_quantize("int4"), "cuda", 1024, 1024, 1, pinned=True)
@@ -620,16 +622,16 @@ def test_a_t5_loaded_in_float16_keeps_its_wo_in_float32_and_the_estimates_count_
     loaded = T5EncoderModel.from_pretrained(tmp_path / "t5", torch_dtype=getattr(torch, dtype))
     held = sum(p.numel() * p.element_size() for p in {id(p): p for p in loaded.parameters()}.values())
     meta = T5EncoderModel(T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4))
-    profile = memory.ModelProfile(arch="custom", params={"text_encoder_2": sum(p.numel() for p in meta.parameters())},
-                                  text_fp32_kept={"text_encoder_2": memory.text_fp32_kept(meta)})
-    assert memory.text_fp32_kept(meta) == 2 * 64 * 32  # the two layers' wo
+    profile = profiles.ModelProfile(arch="custom", params={"text_encoder_2": sum(p.numel() for p in meta.parameters())},
+                                  text_fp32_kept={"text_encoder_2": counting.text_fp32_kept(meta)})
+    assert counting.text_fp32_kept(meta) == 2 * 64 * 32  # the two layers' wo
     assert memory.text_encoder_bytes(profile, "text_encoder_2", dtype) == held
     if dtype == "float16":
         assert held > profile.params["text_encoder_2"] * 2  # the float32 wo is there
 
 
 def test_the_flux_profile_counts_t5s_float32_wo_in_a_float16_plan():
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     t5 = flux.params["text_encoder_2"]
     assert flux.text_fp32_kept["text_encoder_2"] == 24 * 10240 * 4096
     assert memory.text_encoder_bytes(flux, "text_encoder_2", "float16") == (t5 - 24 * 10240 * 4096) * 2 + 24 * 10240 * 4096 * 4

@@ -282,8 +282,9 @@ def test_plan_counts_the_inpainting_unets_extra_inputs(inp, tiny_path):
     """The 9-channel UNet's step counts its mask and masked-image latents (held, and in the concatenated input)
     beyond the 4-channel model's, at the job's size."""
     from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as profiles
 
-    nine, four = memory.profile_from_folder(inp["folder"]), memory.profile_from_folder(tiny_path)
+    nine, four = profiles.profile_from_folder(inp["folder"]), profiles.profile_from_folder(tiny_path)
     assert nine.unet_in_channels == 9 and four.unet_in_channels == 4
     hw = (512 // 8) * (512 // 8)
     kind, _ = memory._denoiser_elements(nine, hw)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from lowvram_gen import families
+from lowvram_gen.models import profile as profiles
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.planning import fit as memory_fit
 from lowvram_gen.settings import MemorySettings
@@ -36,15 +38,15 @@ def settings_grid():
 
 
 def test_builtin_parameter_counts():
-    sd15 = memory.profile_builtin("sd15")
+    sd15 = profiles.profile_builtin("sd15")
     assert sd15.params["unet"] == 859_520_964  # ~859.5M
     assert sd15.params["vae"] == 83_653_863  # ~83.7M
     assert sd15.params["text_encoder"] == 123_060_480  # ~123.1M
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     assert sdxl.params["unet"] == 2_567_463_684  # ~2.567B
     assert sdxl.params["text_encoder_2"] == 694_659_840
     assert sdxl.params["vae"] == 83_653_863
-    sd21 = memory.profile_builtin("sd21")
+    sd21 = profiles.profile_builtin("sd21")
     assert sd21.params["unet"] == 865_910_724
     assert sd21.params["text_encoder"] == 340_387_840
     assert sd21.unet_upcast_attention and not sd15.unet_upcast_attention
@@ -56,11 +58,11 @@ def test_builtin_parameter_counts():
 def test_builtin_transformer_parameter_counts():
     """SD3-medium and FLUX.1-dev from the shipped configs: the published sizes (SD3-medium's MMDiT ~2.03B
     with T5-XXL's encoder ~4.76B; Flux's transformer ~11.9B with its 16-channel VAE ~84M)."""
-    sd3 = memory.profile_builtin("sd3")
+    sd3 = profiles.profile_builtin("sd3")
     assert sd3.denoiser == "transformer"
     assert sd3.params == {"transformer": 2_028_328_000, "vae": 83_819_683, "text_encoder": 123_650_304,
                           "text_encoder_2": 694_659_840, "text_encoder_3": 4_762_310_656}
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     assert flux.denoiser == "transformer"
     assert flux.params == {"transformer": 11_901_408_320, "vae": 83_819_683, "text_encoder": 123_060_480,
                            "text_encoder_2": 4_762_310_656}
@@ -80,36 +82,37 @@ def test_builtin_transformer_parameter_counts():
 
 
 def test_pipeline_families_follow_the_installed_diffusers():
-    """PIPELINE_FAMILIES' T5 prompt lengths are the max_sequence_length defaults of the pipelines' __call__."""
+    """The family records' T5 prompt lengths are the max_sequence_length defaults of the pipelines' __call__, and
+    a folder's profile takes its pipeline's (an img2img class is its family's; SDXL has no T5)."""
     import inspect
 
     diffusers = pytest.importorskip("diffusers")
-    for family, pipeline in (("StableDiffusion3", "StableDiffusion3Pipeline"), ("Flux", "FluxPipeline"),
-                             ("PixArtSigma", "PixArtSigmaPipeline"), ("PixArtAlpha", "PixArtAlphaPipeline")):
+    for key, pipeline in (("sd3", "StableDiffusion3Pipeline"), ("flux", "FluxPipeline"),
+                          ("pixart-sigma", "PixArtSigmaPipeline"), ("pixart-alpha", "PixArtAlphaPipeline")):
         default = inspect.signature(getattr(diffusers, pipeline).__call__).parameters["max_sequence_length"].default
-        assert memory.PIPELINE_FAMILIES[family]["t5"] == default, pipeline
-        assert memory._pipeline_family(pipeline) is memory.PIPELINE_FAMILIES[family]
-    assert memory._pipeline_family("FluxImg2ImgPipeline")["cfg_batch"] is False
-    assert memory._pipeline_family("StableDiffusionXLPipeline") == {}
+        assert families.by_key(key).t5_tokens == default, pipeline
+        assert families.by_pipeline(pipeline) is families.by_key(key)
+    assert families.by_pipeline("FluxImg2ImgPipeline").cfg_batch is False
+    assert families.by_pipeline("StableDiffusionXLPipeline").t5_tokens is None
 
 
 @pytest.mark.parametrize("alias,key", [("sd1.5", "sd15"), ("SD2.1", "sd21"), ("sdxl", "sdxl"), ("sd15", "sd15"),
                                        ("SD3-medium", "sd3"), ("black-forest-labs/FLUX.1-dev", "flux")])
 def test_builtin_aliases(alias, key):
-    assert memory.profile_builtin(alias).arch == key
+    assert profiles.profile_builtin(alias).arch == key
 
 
 def test_unknown_builtin_lists_the_names():
     with pytest.raises(ValueError) as err:
-        memory.profile_builtin("sd3-large")
+        profiles.profile_builtin("sd3-large")
     assert "sd3-large" in str(err.value)
-    for name in memory.BUILTIN_NAMES:
+    for name in families.builtin_names():
         assert name in str(err.value)
 
 
 def test_profile_from_folder_rejects_a_folder_without_model_index(tmp_path):
     with pytest.raises(ValueError, match="model_index.json"):
-        memory.profile_from_folder(tmp_path)
+        profiles.profile_from_folder(tmp_path)
 
 
 def test_shipped_configs_are_the_published_architectures():
@@ -117,10 +120,10 @@ def test_shipped_configs_are_the_published_architectures():
                         "sdxl": ["unet", "vae", "text_encoder", "text_encoder_2"],
                         "sd3": ["transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"],
                         "flux": ["transformer", "vae", "text_encoder", "text_encoder_2"]}.items():
-        index = json.loads((memory.CONFIGS / name / "model_index.json").read_text())
+        index = json.loads((profiles.CONFIGS / name / "model_index.json").read_text())
         for part in parts:
             assert part in index
-            json.loads((memory.CONFIGS / name / part / "config.json").read_text())
+            json.loads((profiles.CONFIGS / name / part / "config.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +162,7 @@ def tiny_folder(tmp_path_factory):
 
 def test_profile_from_folder_counts_match_the_real_models(tiny_folder):
     root, counts = tiny_folder
-    profile = memory.profile_from_folder(root)
+    profile = profiles.profile_from_folder(root)
     assert profile.arch == "custom"
     assert profile.params == counts
     assert profile.unet_channels == (32, 64) and profile.unet_attention == (False, True)
@@ -169,7 +172,7 @@ def test_profile_from_folder_counts_match_the_real_models(tiny_folder):
     assert profile.denoiser_unmatched + sum(profile.denoiser_blocks) == counts["unet"]
     assert 0 < profile.fp8_kept < counts["unet"]
     # cached: the same object comes back while the configs are unchanged
-    assert memory.profile_from_folder(root) is profile
+    assert profiles.profile_from_folder(root) is profile
     est = memory.estimate(profile, 256, 256, 1, HALF)
     assert est.total_bytes > est.weights_bytes > 0
 
@@ -177,10 +180,10 @@ def test_profile_from_folder_counts_match_the_real_models(tiny_folder):
 def test_a_folder_with_a_builtin_architecture_gets_its_calibration(tmp_path):
     pytest.importorskip("torch")
     folder = tmp_path / "my-sd15-finetune"
-    shutil.copytree(memory.CONFIGS / "sd15", folder)
-    profile = memory.profile_from_folder(folder)
+    shutil.copytree(profiles.CONFIGS / "sd15", folder)
+    profile = profiles.profile_from_folder(folder)
     assert profile.arch == "sd15"
-    assert profile == memory.profile_builtin("sd15")  # the stored profile is what the configs give
+    assert profile == profiles.profile_builtin("sd15")  # the stored profile is what the configs give
 
 
 def test_folders_with_the_transformer_architectures_get_theirs(tmp_path):
@@ -189,16 +192,17 @@ def test_folders_with_the_transformer_architectures_get_theirs(tmp_path):
     pytest.importorskip("torch")
     for name in ("sd3", "flux"):
         folder = tmp_path / f"my-{name}-finetune"
-        shutil.copytree(memory.CONFIGS / name, folder)
-        profile = memory.profile_from_folder(folder)
+        shutil.copytree(profiles.CONFIGS / name, folder)
+        profile = profiles.profile_from_folder(folder)
         assert profile.arch == name
-        assert profile == memory.profile_builtin(name)
-    other = replace(memory.profile_builtin("flux"), arch="custom", params={"transformer": 1, "vae": 1})
-    assert memory._with_matched_arch(other).arch == "custom"
+        assert profile == profiles.profile_builtin(name)
+    other = replace(profiles.profile_builtin("flux"), arch="custom", params={"transformer": 1, "vae": 1})
+    assert profiles._with_matched_arch(other).arch == "custom"
 
 
 def test_no_torch_at_import_time():
-    code = "import sys, lowvram_gen.planning.estimate as m; m.profile_builtin('sdxl'); print('torch' in sys.modules)"
+    code = ("import sys, lowvram_gen.planning.estimate, lowvram_gen.models.profile as m; m.profile_builtin('sdxl'); "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
@@ -208,7 +212,7 @@ def test_no_torch_at_import_time():
 
 
 def test_estimate_fields():
-    est = memory.estimate(memory.profile_builtin("sd15"), 512, 512, 1, HALF)
+    est = memory.estimate(profiles.profile_builtin("sd15"), 512, 512, 1, HALF)
     d = est.as_dict()
     for key in ("total_bytes", "weights_bytes", "unet_bytes", "vae_bytes", "overhead_bytes"):
         assert isinstance(d[key], int) and d[key] > 0
@@ -220,12 +224,12 @@ def test_estimate_fields():
 @pytest.mark.parametrize("bad", [(0, 512, 1), (512, -8, 1), (512, 512, 0)])
 def test_estimate_rejects_nonsense(bad):
     with pytest.raises(ValueError):
-        memory.estimate(memory.profile_builtin("sd15"), *bad, HALF)
+        memory.estimate(profiles.profile_builtin("sd15"), *bad, HALF)
 
 
-@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+@pytest.mark.parametrize("name", families.builtin_names())
 def test_monotone_in_pixels_and_batch(name):
-    profile = memory.profile_builtin(name)
+    profile = profiles.profile_builtin(name)
     for s in settings_grid():
         totals = [memory.estimate(profile, w, h, 1, s).total_bytes for w, h in SIZES]
         assert totals == sorted(totals), s
@@ -249,10 +253,10 @@ CHEAPER = [
 ]
 
 
-@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+@pytest.mark.parametrize("name", families.builtin_names())
 @pytest.mark.parametrize("key,dearer,cheaper", CHEAPER)
 def test_each_cheaper_setting_never_raises_the_estimate(name, key, dearer, cheaper):
-    profile = memory.profile_builtin(name)
+    profile = profiles.profile_builtin(name)
     for s in settings_grid():
         if getattr(s, key) != dearer:
             continue
@@ -265,9 +269,9 @@ def test_each_cheaper_setting_never_raises_the_estimate(name, key, dearer, cheap
             assert b <= a, (s, key, cheaper, w, h, batch)
 
 
-@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+@pytest.mark.parametrize("name", families.builtin_names())
 def test_offload_order(name):
-    profile = memory.profile_builtin(name)
+    profile = profiles.profile_builtin(name)
     for dtype, fp8, (w, h), batch in itertools.product(("float16", "float32"), (False, True),
                                                        [(512, 512), (1024, 1024)], (1, 2)):
         if fp8 and dtype == "float32":
@@ -280,14 +284,14 @@ def test_offload_order(name):
 
 
 def test_sequential_offload_keeps_about_two_layers():
-    profile = memory.profile_builtin("sd15")
+    profile = profiles.profile_builtin("sd15")
     est = memory.estimate(profile, 512, 512, 1, MemorySettings(offload="sequential"))
     assert est.weights_bytes <= 2 * max(profile.largest_layer.values()) * 2
 
 
-@pytest.mark.parametrize("name", memory.BUILTIN_NAMES)
+@pytest.mark.parametrize("name", families.builtin_names())
 def test_fp8_lowers_the_weights(name):
-    profile = memory.profile_builtin(name)
+    profile = profiles.profile_builtin(name)
     for off in OFFLOADS[:3]:
         a = memory.estimate(profile, 1024, 1024, 1, MemorySettings(offload=off, vae_tiling=True))
         b = memory.estimate(profile, 1024, 1024, 1, MemorySettings(offload=off, vae_tiling=True, fp8_storage=True))
@@ -302,7 +306,7 @@ def test_fp8_lowers_the_weights(name):
 
 
 def test_vae_tiling_bounds_the_decode_of_big_images():
-    profile = memory.profile_builtin("sd15")
+    profile = profiles.profile_builtin("sd15")
     plain = memory.estimate(profile, 2048, 2048, 1, HALF)
     tiled = memory.estimate(profile, 2048, 2048, 1, replace(HALF, vae_tiling=True))
     assert tiled.vae_bytes < plain.vae_bytes / 4
@@ -312,14 +316,14 @@ def test_vae_tiling_bounds_the_decode_of_big_images():
 
 
 def test_sdxl_float16_decodes_in_float32():
-    profile = memory.profile_builtin("sdxl")
+    profile = profiles.profile_builtin("sdxl")
     fp16 = memory.estimate(profile, 1024, 1024, 1, MemorySettings(dtype="float16"))
     bf16 = memory.estimate(profile, 1024, 1024, 1, MemorySettings(dtype="bfloat16"))
     assert fp16.vae_bytes == 2 * bf16.vae_bytes
 
 
 def test_transformer_activations_count_the_text_tokens():
-    sd3 = memory.profile_builtin("sd3")
+    sd3 = profiles.profile_builtin("sd3")
     no_text = replace(sd3, joint_text_tokens=0)
     for side in (512, 1024):
         with_text = memory.unet_activation_bytes(sd3, side, side, 2, 2)
@@ -330,7 +334,7 @@ def test_transformer_activations_count_the_text_tokens():
 
 
 def test_flux_runs_no_cfg_batch():
-    flux, sd3 = memory.profile_builtin("flux"), memory.profile_builtin("sd3")
+    flux, sd3 = profiles.profile_builtin("flux"), profiles.profile_builtin("sd3")
     for s in (HALF, MemorySettings(dtype="bfloat16", offload="sequential", fp8_storage=True)):
         assert memory.estimate(flux, 1024, 1024, 1, s, cfg=True) == memory.estimate(flux, 1024, 1024, 1, s, cfg=False)
         a = memory.estimate(sd3, 1024, 1024, 1, s, cfg=True).unet_bytes
@@ -338,7 +342,7 @@ def test_flux_runs_no_cfg_batch():
 
 
 def test_attention_slicing_costs_more_than_sdpa():
-    profile = memory.profile_builtin("sd15")
+    profile = profiles.profile_builtin("sd15")
     sdpa = memory.estimate(profile, 768, 768, 1, HALF)
     sliced = memory.estimate(profile, 768, 768, 1, replace(HALF, attention="slicing"))
     xf = memory.estimate(profile, 768, 768, 1, replace(HALF, attention="xformers"))
@@ -353,15 +357,15 @@ def test_calibration_points_within_15_percent():
     assert len(rows) >= 8, "run benchmarks/calibrate_memory.py"
     bad = [r for r in rows if abs(r["error_pct"]) > 15]
     assert not bad, bad
-    archs = {m["arch"] for m in memory._calibration()["measurements"] if m["component"] == "unet"}
+    archs = {m["arch"] for m in profiles.calibration()["measurements"] if m["component"] == "unet"}
     assert archs == {"sd15", "sd21", "sdxl"}
-    archs = {m["arch"] for m in memory._calibration()["measurements"] if m["component"] == "transformer"}
+    archs = {m["arch"] for m in profiles.calibration()["measurements"] if m["component"] == "transformer"}
     assert archs == {"sd3", "flux"}
 
 
 def test_transformer_peak_does_not_depend_on_depth():
     """The transformer points are measured with 2 blocks (Flux 1 + 1); 4 blocks (2 + 2) peak the same."""
-    meas = {m["id"]: m for m in memory._calibration()["measurements"]}
+    meas = {m["id"]: m for m in profiles.calibration()["measurements"]}
     for deep, shallow in (("transformer-sd3-1024-b2-4layers", "transformer-sd3-1024-b2"),
                           ("transformer-flux-768-b1-4layers", "transformer-flux-768-b1")):
         assert meas[deep]["params"] > 1.5 * meas[shallow]["params"]

@@ -9,7 +9,7 @@ import pytest
 from lowvram_gen import failures
 from lowvram_gen.cli.main import main
 from lowvram_gen.hardware.device import GiB, fake, probe
-from lowvram_gen.planning.estimate import profile_builtin
+from lowvram_gen.models.profile import profile_builtin
 from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import find_preset, load_presets
 
@@ -245,7 +245,8 @@ def test_the_plans_streamed_bytes_are_the_split_of_the_real_sdxl_unets_blocks():
     from diffusers import UNet2DConditionModel
 
     import lowvram_gen
-    from lowvram_gen.planning.residency import blocks_of, split
+    from lowvram_gen.models.blocks import blocks_of
+    from lowvram_gen.planning.residency import split
 
     result = plan(fake(4), profile_builtin("sdxl"), 1024, 1024, 1, load_presets())
     memory = result.preset.memory

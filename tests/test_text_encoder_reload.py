@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-from lowvram_gen.hardware import device as device_mod
 from lowvram_gen.errors import PresetError
+from lowvram_gen.hardware import device as device_mod
 from lowvram_gen.hardware.hostmem import simulated_host
-from lowvram_gen.planning import estimate as memory
+from lowvram_gen.models import profile as profiles
 from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning.planner import DISK_BYTES_PER_S, plan
 from lowvram_gen.presets import load_presets, parse_preset
@@ -52,7 +52,7 @@ def test_the_setting_is_kept_by_default_and_validated_in_preset_files():
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 def test_the_encode_phase_holds_the_encoders_beside_the_rest_and_the_run_phase_is_without_them(quantize):
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     kept = MemorySettings(dtype="bfloat16", offload="none", quantize=quantize)
     reloaded = replace(kept, text_encoders="reloaded")
     a = host_mod.host_estimate(flux, kept, "cuda", 1024, 1024, 1)
@@ -70,7 +70,7 @@ def test_the_encode_phase_holds_the_encoders_beside_the_rest_and_the_run_phase_i
 
 
 def test_on_a_cpu_the_run_phase_drops_the_encoders_and_the_encode_phase_has_no_activations():
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     kept = MemorySettings(dtype="float32")
     a = host_mod.host_estimate(sdxl, kept, "cpu", 512, 512, 1)
     b = host_mod.host_estimate(sdxl, replace(kept, text_encoders="reloaded"), "cpu", 512, 512, 1)
@@ -84,7 +84,7 @@ def test_on_a_cpu_the_run_phase_drops_the_encoders_and_the_encode_phase_has_no_a
 
 
 def test_the_planner_picks_te_reload_only_where_the_plain_candidate_does_not_fit_the_ram():
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     result = plan(_cpu("16GiB"), flux, 1024, 1024, 1, load_presets())
     assert result.preset.name == "cpu+int4+te-reload" and not result.refusal
     assert result.preset.memory.text_encoders == "reloaded"
@@ -103,20 +103,20 @@ def test_the_planner_picks_te_reload_only_where_the_plain_candidate_does_not_fit
 
 
 def test_without_it_the_same_job_is_refused():
-    flux = memory.profile_builtin("flux")
+    flux = profiles.profile_builtin("flux")
     result = plan(_cpu("16GiB"), flux, 1024, 1024, 1, load_presets(), reloadable=False)
     assert result.refusal and "te-reload" not in result.refusal
     assert not any("te-reload" in e.name for e in result.estimates)
 
 
 def test_a_single_file_checkpoint_gets_no_te_reload_candidate():
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     result = plan(_cpu("8GiB"), sdxl, 512, 512, 1, load_presets(), reloadable=False)
     assert result.preset.name == "cpu+int8" and not any("te-reload" in e.name for e in result.estimates)
 
 
 def test_the_step_estimate_adds_the_encoders_read_from_disk_spread_over_the_steps():
-    sdxl = memory.profile_builtin("sdxl")
+    sdxl = profiles.profile_builtin("sdxl")
     result = plan(_cpu("8GiB"), sdxl, 512, 512, 1, load_presets(), steps=10)
     rows = {e.name: e for e in result.estimates}
     reload_s = host_mod.encoder_file_bytes(sdxl) / DISK_BYTES_PER_S / 10
@@ -128,9 +128,9 @@ def test_the_step_estimate_adds_the_encoders_read_from_disk_spread_over_the_step
 def test_a_forced_preset_that_does_not_fit_reloads_its_encoders_when_that_fits():
     from lowvram_gen.presets import find_preset
 
-    result = plan(_cpu("8GiB"), memory.profile_builtin("sdxl"), 512, 512, 1, load_presets(), forced=find_preset("cpu"))
+    result = plan(_cpu("8GiB"), profiles.profile_builtin("sdxl"), 512, 512, 1, load_presets(), forced=find_preset("cpu"))
     assert result.preset.name == "cpu+half+te-reload" and not result.refusal
-    gpu = plan(_flux_gpu("24GiB", "16GiB"), memory.profile_builtin("flux"), 1024, 1024, 1, load_presets(),
+    gpu = plan(_flux_gpu("24GiB", "16GiB"), profiles.profile_builtin("flux"), 1024, 1024, 1, load_presets(),
                forced=find_preset("highvram"), quantize_forced=True)
     assert gpu.preset.memory.text_encoders == "reloaded" or gpu.refusal
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from lowvram_gen.hardware import throughput
 from lowvram_gen.cli.doctor import _format_bus, measure_bus
+from lowvram_gen.hardware import throughput
 from lowvram_gen.hardware.device import MiB, fake
+from lowvram_gen.models.profile import profile_builtin
 from lowvram_gen.planning import bus, timing
-from lowvram_gen.planning.estimate import profile_builtin
 from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import load_presets
 

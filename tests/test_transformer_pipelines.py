@@ -34,7 +34,7 @@ class Family:
     name: str
     pipeline: str  # the diffusers class, as the error messages name it
     img2img: str  # the image-to-image pipeline hires fix builds over the same components
-    profile: dict  # the fields memory.profile_from_folder must read from the folder
+    profile: dict  # the fields profiles.profile_from_folder must read from the folder
     cfg_scale: float  # the requests' CFG scale (Flux: its guidance)
     ignored_negative_prompt: str  # the warning where the pipeline ignores a negative prompt ("": it uses it)
     cli_size: tuple[int, int]  # generate --json end to end: width, height ...
@@ -247,7 +247,8 @@ def test_out_of_memory_at_the_first_preset_finishes_the_same_job_at_the_next(fam
 
 
 def test_plan_json_reads_the_folder_as_its_family_and_estimates_every_preset(family, capsys):
-    from lowvram_gen.planning.estimate import estimate, profile_from_folder
+    from lowvram_gen.models.profile import profile_from_folder
+    from lowvram_gen.planning.estimate import estimate
     from lowvram_gen.presets import find_preset
 
     profile = profile_from_folder(family.folder)

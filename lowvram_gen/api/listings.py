@@ -90,7 +90,7 @@ def loras() -> list[dict]:
 def _metadata(path: Path) -> dict:
     if path.suffix.lower() != ".safetensors":
         return {}
-    from lowvram_gen.models.checkpoint import _safetensors_header
+    from lowvram_gen.models.safe_files import safetensors_header as _safetensors_header
 
     try:
         meta = _safetensors_header(path).get("__metadata__")

@@ -7,7 +7,7 @@ import platform
 from lowvram_gen import failures
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, format_size, probe
 from lowvram_gen.planning import bus
-from lowvram_gen.planning import estimate as memory
+from lowvram_gen.models import profile as memory
 from lowvram_gen.planning.planner import plan
 from lowvram_gen.presets import find_preset, load_presets
 

@@ -370,7 +370,7 @@ def cmd_plan(args) -> int:
 
         return plan_vqgan_command(args, _session_kwargs(args))
     from lowvram_gen.hardware import device as device_mod
-    from lowvram_gen.planning.estimate import native_side
+    from lowvram_gen.models.profile import native_side
     from lowvram_gen.request import MAX_BATCH, MAX_STEPS, GenerationRequest, as_int, as_side, check_quantize
 
     width, height = (as_side(name, value) if value is not None else None

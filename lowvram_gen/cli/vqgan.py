@@ -123,14 +123,14 @@ def plan_vqgan_command(args, session_kwargs: dict) -> int:
     """`plan --engine vqgan`: every preset's VQGAN-CLIP estimate (--model defaults to vqgan_imagenet_f16_16384)."""
     from lowvram_gen.engines.vqgan.request import VqganRequest
     from lowvram_gen.hardware import device as device_mod
-    from lowvram_gen.planning import estimate as memory
+    from lowvram_gen.models import profile as memory
     from lowvram_gen.planning import vqgan as memory_vqgan
     from lowvram_gen.request import as_int, as_side
 
     width, height = (as_side(name, 512 if value is None else value, multiple=16)
                      for name, value in (("width", args.width), ("height", args.height)))
     cutn = as_int("cutn", args.cutn, 1, MAX_CUTN)
-    vqgan = memory_vqgan.DEFAULT_VQGAN if args.model in memory.BUILTIN_NAMES else args.model
+    vqgan = memory_vqgan.DEFAULT_VQGAN if memory.is_builtin(args.model) else args.model
     from lowvram_gen.session import Session
 
     # the Session `lowvram-gen vqgan` with these flags would make: its presets, forced preset, --xformers and the

@@ -1,29 +1,13 @@
-"""What the keys of an original-layout checkpoint say it is: the pipeline classes, diffusers' marker keys
-for SD3 and Flux, and a guess at a file that is none of them. Shared by checkpoint.py (safetensors and
-pickles) and gguf_file.py (GGUF denoisers), so that neither imports the other.
+"""A guess at what a file is when its keys are no model's we load (a LoRA, diffusers-layout weights, a VAE or an
+embedding on its own), for the refusal's words. Shared by checkpoint.py (safetensors and pickles) and gguf_file.py
+(GGUF denoisers), so that neither imports the other; which keys make which family is the family records' business
+(lowvram_gen/families/keys.py).
 """
 
 from __future__ import annotations
 
-SD, SDXL, SD3, FLUX = "StableDiffusionPipeline", "StableDiffusionXLPipeline", "StableDiffusion3Pipeline", "FluxPipeline"
 
-
-def _diffusers_markers() -> dict[str, list[str]]:
-    """SD3 / Flux marker keys, taken from diffusers so they follow its releases."""
-    try:
-        from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES as names
-    except ImportError:  # pragma: no cover - diffusers is a dependency
-        names = {}
-
-    def get(name):
-        v = names.get(name, [])
-        return [v] if isinstance(v, str) else list(v)
-
-    return {"sd3": get("sd3") + get("sd35_large"), "flux": get("flux"),
-            "not_flux1": get("flux2") + get("flux3") + get("chroma")}
-
-
-def _layout_hint(keys: list[str]) -> str:
+def layout_hint(keys: list[str]) -> str:
     """A short guess at what the file is, for the error message."""
     if any("lora" in k.lower() for k in keys[:2000]):
         return " (it looks like a LoRA: it needs a base model and is not a model on its own)"

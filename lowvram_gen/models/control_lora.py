@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
+from lowvram_gen.models.controlnet_config import from_unet_config
+from lowvram_gen.models.safe_files import check_safetensors, safetensors_header
 
 CONTROL_LORA_KEY = "lora_controlnet"
 _UNET_PARTS = ("conv_in.", "time_embedding.", "class_embedding.", "add_embedding.", "down_blocks.", "mid_block.")
@@ -27,10 +29,8 @@ def is_control_lora_file(path: Path) -> bool:
     """A .safetensors whose header has the `lora_controlnet` key (no weights read)."""
     if path.suffix.lower() != ".safetensors":
         return False
-    from lowvram_gen.models.checkpoint import _safetensors_header
-
     try:
-        return CONTROL_LORA_KEY in _safetensors_header(path)
+        return CONTROL_LORA_KEY in safetensors_header(path)
     except (OSError, ValueError):
         return False  # loading it as a ControlNet file says what is wrong with it
 
@@ -105,11 +105,9 @@ def control_lora_from_unet(source, unet, dtype: str, quantize: str = "none", qua
     from accelerate import init_empty_weights
     from diffusers import ControlNetModel
 
-    from lowvram_gen.models.checkpoint import check_safetensors
     from lowvram_gen.models.gguf_file import gguf_bits
     from lowvram_gen.models.quantize import quantize_module
     from lowvram_gen.models.quiet import libraries_silenced
-    from lowvram_gen.planning.controlnet import from_unet_config
 
     if gguf_bits(unet) is not None:
         raise ModelLoadError(f"the control-LoRA {source.spec} is built from the model's UNet, and this one is a GGUF "

@@ -40,6 +40,9 @@ from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.models.attached import SLOT, attached  # noqa: F401 (the slots the job's ControlNets take)
 from lowvram_gen.models import control_lora
 from lowvram_gen.models import transformer_controlnet as transformer
+from lowvram_gen.models.controlnet_config import from_unet_config, known_config
+from lowvram_gen.models.profile import weight_file_bytes
+from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only, safetensors_header
 from lowvram_gen.networks import files
 
 log = logging.getLogger(__name__)
@@ -104,8 +107,6 @@ def short_hash(path: Path) -> str:
 
 def resolve_controlnet(spec: str, known_sizes: bool = False) -> ControlNetSource:
     """The ControlNet `spec` names (see the module doc); `known_sizes`: also `sd15`, `sdxl`... (for `plan`)."""
-    from lowvram_gen.planning.controlnet import known_config
-
     text = str(spec).strip()
     path = Path(text).expanduser()
     if path.is_dir():
@@ -164,10 +165,9 @@ def _hub(repo: str) -> ControlNetSource:
 def file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """{tensor name: shape} of a single file: a safetensors header (no weights read), or a pickle unpickled
     weights-only."""
-    from lowvram_gen.models.checkpoint import _safetensors_header, load_pickle_weights_only
 
     if path.suffix.lower() == ".safetensors":
-        return {k: tuple(v["shape"]) for k, v in _safetensors_header(path).items() if k != "__metadata__"}
+        return {k: tuple(v["shape"]) for k, v in safetensors_header(path).items() if k != "__metadata__"}
     return {k: tuple(v.shape) for k, v in load_pickle_weights_only(path).items()}
 
 
@@ -241,8 +241,6 @@ def shape_config(shapes: dict[str, tuple[int, ...]], where: str = "the file") ->
 
 def config_of(source: ControlNetSource) -> dict:
     """The ControlNetModel config of `source` as far as the plan needs it (parameter counts and shapes)."""
-    from lowvram_gen.planning.controlnet import known_config
-
     if source.kind == "builtin":
         return known_config(source.spec)
     if source.kind == "folder":
@@ -267,8 +265,6 @@ def file_bytes(source: ControlNetSource) -> int:
     if source.kind == "file":
         return source.path.stat().st_size
     if source.kind == "folder":
-        from lowvram_gen.planning.estimate import weight_file_bytes
-
         return weight_file_bytes(source.path.parent, [source.path.name]).get(source.path.name, 0)
     return 0
 
@@ -284,10 +280,8 @@ def load_controlnet(source: ControlNetSource, base_unet_config: dict, dtype: str
     import torch
     from diffusers import ControlNetModel
 
-    from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
     from lowvram_gen.models.quantize import check_scales, from_single_file, sdnq_config
     from lowvram_gen.models.quiet import libraries_silenced, quiet_hub_bars
-    from lowvram_gen.planning.controlnet import from_unet_config
 
     quiet_hub_bars()
     torch_dtype = getattr(torch, dtype)
@@ -398,21 +392,3 @@ def transformer_config(source: ControlNetSource) -> dict | None:
         family = transformer.family_of_shapes(shapes)
         return transformer.shape_config(shapes, family, str(source.path)) if family else None
     return None
-
-
-def plan_profiles(specs: list[str], base, model: str, known_sizes: bool = False) -> list:
-    """The planning profiles (planning/controlnet.py) of the ControlNets `specs`, each model once, each checked
-    against the base model's profile `base` (one sentence, exit 2, for a ControlNet of another family): configs
-    only, no weights."""
-    from lowvram_gen.planning.controlnet import check_matches, controlnet_profile
-
-    out = {}
-    for spec in specs:
-        source = resolve_controlnet(spec, known_sizes)
-        if source.key not in out:  # two units of one model: its weights once (engines/sd/controlnet.attach_for)
-            config = config_of(source)
-            out[source.key] = controlnet_profile(config, spec, file_bytes(source))
-            check_matches(base, out[source.key], model)
-            if source.kind == "control_lora":
-                out[source.key] = control_lora.control_lora_profile(out[source.key], config, base, model)
-    return list(out.values())

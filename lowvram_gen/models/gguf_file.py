@@ -4,7 +4,8 @@ Such a file holds only the denoiser, in the original key layout (LDM `input_bloc
 and SDXL UNets, BFL `double_blocks.*` for FLUX.1, `joint_blocks.*` for SD3), usually without the
 `model.diffusion_model.` prefix. The VAE, text encoders, tokenizers and scheduler come from a diffusers
 folder of the same base model (`--config`, or the base model in the HF cache), as for any single file
-(checkpoint.load_single_file is the one route; this module is its GGUF part).
+(checkpoint.load_single_file is the one route; this module is its GGUF part). Which family a file's denoiser
+is, its class and how its keys become diffusers' are the family record's (`SingleFile.gguf_match`, `gguf_layout`).
 
 The header is read with the `gguf` package (memory-mapped: no tensor data is read); the weights are
 mapped from the file (`mapped_checkpoint`: diffusers' own reader copies them) and built by diffusers' own
@@ -21,10 +22,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from lowvram_gen import families
 from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.families.keys import UNET
+from lowvram_gen.models.checkpoint_keys import layout_hint
 
 GGUF_SUFFIX = ".gguf"
-UNET = "model.diffusion_model."
 # Attribute set on a denoiser loaded from a GGUF file: the widest plain float type the file stores
 # (32 for F32, 16 for F16). Precision above that was never in the file, so the memory layer never
 # reloads the denoiser to get it back (engines/sd/apply.needs_reload).
@@ -131,20 +134,11 @@ def checkpoint_shapes(header: GgufHeader) -> dict[str, tuple[int, ...]]:
     return {(UNET + k if unet and not k.startswith(UNET) else k): v for k, v in shapes.items()}
 
 
-def pipeline_class(header: GgufHeader, path) -> str:
-    """The pipeline class of the denoiser a GGUF holds; a clear refusal for anything else."""
-    from lowvram_gen.models import checkpoint_keys as ck
-
-    shapes = checkpoint_shapes(header)
-    keys = set(shapes)
-    markers = ck._diffusers_markers()
-    if keys & set(markers["sd3"]):
-        return ck.SD3
-    if keys & set(markers["flux"]) and not keys & set(markers["not_flux1"]):
-        return ck.FLUX
-    if any(k.startswith(UNET + "input_blocks.") for k in keys) and any(k.startswith(UNET + "output_blocks.") for k in keys):
-        # SDXL's UNet alone has the "text_time" addition embedding (label_emb); SD 1.x/2.x's has none
-        return ck.SDXL if UNET + "label_emb.0.0.weight" in keys else ck.SD
+def family_of(header: GgufHeader, path) -> families.Family:
+    """The family record of the denoiser a GGUF holds; a clear refusal for anything else."""
+    found = families.by_gguf(checkpoint_shapes(header))
+    if found is not None:
+        return found
     name = Path(path).name
     what = _not_a_denoiser(list(header.shapes), header.architecture)
     shown = ", ".join(repr(k) for k in list(header.shapes)[:4])
@@ -159,8 +153,6 @@ def pipeline_class(header: GgufHeader, path) -> str:
 
 def _not_a_denoiser(keys: list[str], arch: str | None) -> str:
     """A short guess at what else the file holds, for the error message."""
-    from lowvram_gen.models.checkpoint_keys import _layout_hint
-
     top = {k.split(".", 1)[0] for k in keys}
     if (arch or "").lower().startswith(("t5", "clip", "umt5")) or top & {"enc", "text_model", "shared"} or \
             any(k.startswith(("encoder.block.", "transformer.resblocks.", "cond_stage_model.")) for k in keys):
@@ -170,30 +162,27 @@ def _not_a_denoiser(keys: list[str], arch: str | None) -> str:
         return " (it looks like a VAE: the VAE comes from the --config folder)"
     if "token_embd" in top or any(k.startswith("blk.") for k in keys):
         return f" (it looks like a language model{f' ({arch})' if arch else ''}, not an image model)"
-    return _layout_hint(keys)
+    return layout_hint(keys)
 
 
-def load_denoiser(path, header: GgufHeader, cls_name: str, folder: Path, torch_dtype):
+def load_denoiser(path, header: GgufHeader, family: families.Family, folder: Path, torch_dtype):
     """The UNet or transformer of `path`, its weights kept GGUF-quantized (compute in `torch_dtype`)."""
     import diffusers
     from diffusers import GGUFQuantizationConfig
     from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
-
-    from lowvram_gen.models import checkpoint_keys as ck
 
     supported = {t.name for t in SUPPORTED_GGUF_QUANT_TYPES} | set(_PLAIN)
     odd = sorted({t for t in header.types.values() if t not in supported})
     if odd:
         raise ModelLoadError(f"{Path(path).name} uses the GGUF type(s) {', '.join(odd)}, which diffusers cannot "
                              f"dequantize; supported: {', '.join(sorted(supported))}")
-    name, model_cls = {ck.SD: ("unet", "UNet2DConditionModel"), ck.SDXL: ("unet", "UNet2DConditionModel"),
-                       ck.SD3: ("transformer", "SD3Transformer2DModel"),
-                       ck.FLUX: ("transformer", "FluxTransformer2DModel")}[cls_name]
+    name, model_cls = family.denoiser, family.denoiser_classes[0]
+    layout = family.single_file.gguf_layout if family.single_file else ""
     state = mapped_checkpoint(path)
     check_finite_blocks(state, path)
-    if name == "unet":
+    if layout == "ldm-unet":
         state = {(UNET + k if not k.startswith(UNET) else k): v for k, v in state.items()}
-    elif cls_name == ck.FLUX:  # converted here: diffusers' converter assumes FLUX.1's width (flux_checkpoint)
+    elif layout == "bfl-flux1":  # converted here: diffusers' converter assumes FLUX.1's width (flux_checkpoint)
         model_class = getattr(diffusers, model_cls)
         state = flux_checkpoint(state, model_class.load_config(str(folder), subfolder=name, local_files_only=True))
     model = getattr(diffusers, model_cls).from_single_file(
@@ -300,14 +289,14 @@ def flux_checkpoint(state: dict, config) -> dict:
     return {**converted, **split}
 
 
-def load_pipeline(path, header: GgufHeader, cls_name: str, folder: Path, torch_dtype):
+def load_pipeline(path, header: GgufHeader, family: families.Family, folder: Path, torch_dtype):
     """The pipeline of `folder` with the GGUF denoiser of `path` in place of its own."""
     import diffusers
 
     from lowvram_gen.models.folders import absent_components
 
-    name, model = load_denoiser(path, header, cls_name, folder, torch_dtype)
-    return getattr(diffusers, cls_name).from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True,
+    name, model = load_denoiser(path, header, family, folder, torch_dtype)
+    return getattr(diffusers, family.single_file.pipeline).from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True,
                                                         **{**absent_components(folder), name: model})
 
 
@@ -340,12 +329,10 @@ def stored_sizes(path) -> tuple[int, int]:
 
 
 def builtin_arch(path) -> str:
-    """The built-in architecture (planning/estimate.py) of a GGUF denoiser, for a plan without --config."""
-    from lowvram_gen.models import checkpoint_keys as ck
-
-    header = read_header(path)
-    cls_name = pipeline_class(header, path)
-    if cls_name == ck.SD:  # SD 2.x: 1024-wide cross-attention (diffusers' own "v2" marker)
-        key = UNET + "input_blocks.2.1.transformer_blocks.0.attn2.to_k.weight"
-        return "sd21" if checkpoint_shapes(header).get(key, (0,))[-1] == 1024 else "sd15"
-    return {ck.SDXL: "sdxl", ck.SD3: "sd3", ck.FLUX: "flux"}[cls_name]
+    """The built-in architecture (models/profile.py profile_builtin) of a GGUF denoiser, for a plan without
+    --config: its family's (SD 2.x told from SD 1.x by its 1024-wide cross-attention, in the records)."""
+    family = family_of(read_header(path), path)
+    if not family.builtin:
+        raise ModelLoadError(f"{Path(path).name}: a GGUF {family.name} denoiser needs --config (a diffusers folder of "
+                             "its base model) to be planned")
+    return family.builtin

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lowvram_gen.models.quantize import check_scales, is_target, sdnq_config
+from lowvram_gen import families
 from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.models.quantize import check_scales, is_target, sdnq_config
 from lowvram_gen.hardware.hostmem import returning_freed_memory
 from lowvram_gen.models.checkpoint import check_finite, load_components, load_single_file
 from lowvram_gen.models.folders import absent_components
@@ -28,13 +29,10 @@ class LoadedModel:
 
     @property
     def family(self) -> str:
-        """'sdxl', 'sd' or the pipeline class name, for metadata and the estimator."""
-        name = type(self.pipe).__name__
-        if name.startswith("StableDiffusionXL"):
-            return "sdxl"
-        if name.startswith("StableDiffusion") and not name.startswith("StableDiffusion3"):
-            return "sd"
-        return name
+        """The pipeline's family group ('sd', 'sdxl', 'sd3', 'flux' ...: lowvram_gen/families), or its class name
+        where no record claims it; for metadata and the estimator."""
+        record = families.of_pipe(self.pipe)
+        return type(self.pipe).__name__ if record.is_generic else record.group
 
     @property
     def name(self) -> str:

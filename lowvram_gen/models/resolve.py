@@ -6,20 +6,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowvram_gen import families
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.models.tiny import TINY_MODELS, ensure_tiny
 
 SINGLE_FILE_SUFFIXES = (".safetensors", ".gguf", ".ckpt", ".pt", ".pth", ".bin")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# The hub id of each architecture `plan` knows offline: its short names (planning/estimate.py ALIASES:
-# sd15, sd1.5, sdxl, flux-dev, ...) load these, so `generate --model sd15` takes what `plan` takes.
-HUB_IDS = {
-    "sd15": "stable-diffusion-v1-5/stable-diffusion-v1-5",
-    "sd21": "stabilityai/stable-diffusion-2-1",
-    "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
-    "sd3": "stabilityai/stable-diffusion-3-medium-diffusers",
-    "flux": "black-forest-labs/FLUX.1-dev",
-}
+# The hub id of each architecture `plan` knows offline is its family record's (`Family.hub_id`): its short names
+# (sd15, sd1.5, sdxl, flux-dev, ...: the record's aliases) load it, so `generate --model sd15` takes what `plan` takes.
 
 
 @dataclass(frozen=True)
@@ -66,10 +60,8 @@ def resolve(spec: str, config: str | None = None) -> ModelSource:
 def alias_hub_id(spec: str) -> str | None:
     """The hub id behind a short name such as 'sd15' or 'sdxl'; None for anything else (a hub id stays
     as given: a user with runwayml/stable-diffusion-v1-5 in the cache keeps loading that)."""
-    from lowvram_gen.planning.estimate import ALIASES  # plain data; no torch
-
-    key = None if "/" in spec else ALIASES.get(spec.strip().lower())
-    return HUB_IDS[key] if key else None
+    family = None if "/" in spec else families.by_name(spec)
+    return family.hub_id if family is not None else None
 
 
 def _download(repo_id: str, alias: str | None = None) -> str:

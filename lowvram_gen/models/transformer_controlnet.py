@@ -27,24 +27,29 @@ import math
 import re
 from pathlib import Path
 
+from lowvram_gen import families
 from lowvram_gen.errors import ModelLoadError
+from lowvram_gen.models.safe_files import check_safetensors
 
-CLASSES = {"SD3ControlNetModel": "sd3", "FluxControlNetModel": "flux"}
-LABELS = {"sd3": "SD3", "flux": "Flux"}
+
+def _transformer_kinds() -> dict[str, families.ControlNetFacts]:
+    """Transformer ControlNet kind ('sd3', 'flux') -> its family's ControlNet facts (the records')."""
+    return {kind: f.controlnet for kind, f in families.controlnet_kinds().items() if f.denoiser == "transformer"}
 
 
 def family_of_config(config: dict) -> str | None:
-    """'sd3' | 'flux' for a transformer ControlNet's config, None for an SD/SDXL one."""
-    return CLASSES.get(str(config.get("_class_name", "")))
+    """The kind ('sd3' | 'flux') of a transformer ControlNet's config, None for an SD/SDXL one."""
+    name = str(config.get("_class_name", ""))
+    return next((kind for kind, facts in _transformer_kinds().items() if facts.model_class == name), None)
 
 
 def family_of_shapes(shapes: dict) -> str | None:
-    """'sd3' | 'flux' when a single file's tensors are a transformer ControlNet's in diffusers' layout; None for an
-    SD/SDXL ControlNet. Another layout of a transformer ControlNet is refused here, naming it."""
-    if any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight" for k in shapes):
-        return "flux"
-    if "pos_embed_input.proj.weight" in shapes:
-        return "sd3"
+    """The kind ('sd3' | 'flux') when a single file's tensors are a transformer ControlNet's in diffusers' layout (the
+    records' `file_match`); None for an SD/SDXL ControlNet. Another layout of a transformer ControlNet is refused
+    here, naming it."""
+    for kind, facts in _transformer_kinds().items():
+        if facts.file_match is not None and facts.file_match(shapes):
+            return kind
     if any(k.startswith(("double_blocks.", "single_blocks.", "controlnet_blocks.")) for k in shapes) \
             and "controlnet_cond_embedding.conv_in.weight" not in shapes:
         raise ModelLoadError("this looks like an SD3/Flux ControlNet in another key layout than diffusers' (XLabs' "
@@ -60,10 +65,11 @@ def _count(shapes: dict, pattern: str) -> int:
 
 def shape_config(shapes: dict, family: str, where: str = "the file") -> dict:
     """The config fields a transformer ControlNet's tensors give (see the module doc)."""
+    facts = _transformer_kinds()[family]
     try:
-        return _sd3_config(shapes) if family == "sd3" else _flux_config(shapes)
+        return _READERS[facts.model_class](shapes)
     except KeyError as exc:
-        raise ModelLoadError(f"{where}: its tensors are not laid out as diffusers' {LABELS[family]} ControlNets are "
+        raise ModelLoadError(f"{where}: its tensors are not laid out as diffusers' {facts.label} ControlNets are "
                              f"(no {exc})") from None
 
 
@@ -119,6 +125,10 @@ def _flux_config(shapes: dict) -> dict:
     }
 
 
+# the config reader of each diffusers transformer ControlNet class (the records' ControlNetFacts.model_class)
+_READERS = {"SD3ControlNetModel": _sd3_config, "FluxControlNetModel": _flux_config}
+
+
 def with_base(config: dict, base: dict) -> dict:
     """A derived config completed from the base transformer's (`base`: its config), where the shapes did not say."""
     out = dict(config)
@@ -153,7 +163,6 @@ def load(source, config: dict, base: dict, dtype: str, quantize: str = "none", q
     import diffusers
     import torch
 
-    from lowvram_gen.models.checkpoint import check_safetensors
     from lowvram_gen.models.quantize import sdnq_config
     from lowvram_gen.models.quiet import libraries_silenced
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
-from lowvram_gen.models.checkpoint import check_finite, check_safetensors, load_pickle_weights_only
+from lowvram_gen.models.checkpoint import check_finite
+from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only
 from lowvram_gen.models.quiet import quiet_hub_bars
 from lowvram_gen.models.resolve import hub_problem
 from lowvram_gen.models.tiny import _tokenizer

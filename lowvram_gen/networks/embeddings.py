@@ -80,7 +80,7 @@ def read_embedding(path: Path) -> dict[str, object]:
     """{'clip_l' | 'clip_g' | 'any': tensor [vectors, dim]} from an embedding file, read safely."""
     import torch
 
-    from lowvram_gen.models.checkpoint import check_safetensors, unpickle_weights_only
+    from lowvram_gen.models.safe_files import check_safetensors, unpickle_weights_only
 
     if path.suffix.lower() == ".safetensors":
         check_safetensors(path)

@@ -67,9 +67,9 @@ def lora_hash(path) -> str:
     or of the whole file for pickles; a kohya `sshs_model_hash` in the metadata wins, as in A1111."""
     p = Path(path)
     if p.suffix.lower() == ".safetensors":
-        from lowvram_gen.models.checkpoint import _safetensors_header
+        from lowvram_gen.models.safe_files import safetensors_header
 
-        meta = _safetensors_header(p).get("__metadata__") or {}
+        meta = safetensors_header(p).get("__metadata__") or {}
         stored = meta.get("sshs_model_hash") if isinstance(meta, dict) else None
         if isinstance(stored, str) and re.fullmatch(r"[0-9a-fA-F]{12,64}", stored):
             return stored[:12].lower()
@@ -79,7 +79,7 @@ def lora_hash(path) -> str:
 
 def read_lora_file(path: Path) -> dict:
     """The tensors of a LoRA file, read safely: safetensors headers checked, pickles weights-only."""
-    from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
+    from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only
 
     if path.suffix.lower() == ".safetensors":
         check_safetensors(path)

@@ -31,19 +31,16 @@ import functools
 import json
 from dataclasses import dataclass, replace
 
+from lowvram_gen import families
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.models import control_lora
+from lowvram_gen.models import controlnet as controlnet_files
+from lowvram_gen.models.blocks import block_sizes, blocks_of, fixed_bytes
+from lowvram_gen.models.counting import instantiate_meta, sdnq_kept
+from lowvram_gen.models.profile import ModelProfile
 from lowvram_gen.planning import estimate as memory
-from lowvram_gen.planning import residency
 
 PREFIX = memory.controlnet_prefix  # block names of the i-th ControlNet in a residency split: controlnet0:<block path>
-# ControlNetModel's config keys that diffusers' from_unet copies from the UNet's config
-FROM_UNET = ("in_channels", "flip_sin_to_cos", "freq_shift", "down_block_types", "only_cross_attention",
-             "block_out_channels", "layers_per_block", "downsample_padding", "mid_block_scale_factor", "act_fn",
-             "norm_num_groups", "norm_eps", "cross_attention_dim", "attention_head_dim", "num_attention_heads",
-             "use_linear_projection", "class_embed_type", "num_class_embeds", "upcast_attention",
-             "resnet_time_scale_shift", "projection_class_embeddings_input_dim", "mid_block_type",
-             "transformer_layers_per_block", "encoder_hid_dim", "encoder_hid_dim_type", "addition_embed_type",
-             "addition_time_embed_dim")
 PIXELS_PER_LATENT = 64  # an SD/SDXL VAE's 8x8 pixels: the conditioning embedding runs at the image's resolution
 GEGLU_FF = 3 + 8 * 2  # a transformer block's working set per channel (estimate.unet_feature's)
 
@@ -62,7 +59,7 @@ class ControlNetProfile:
     channels: tuple[int, ...]
     blocks: tuple[int, ...]  # group offload's block groups (elements of its top-level ModuleLists)
     unmatched: int  # what group offload keeps in its one remaining group
-    residency_blocks: tuple[tuple[str, int], ...]  # budget's streamable blocks, as residency.blocks_of names them
+    residency_blocks: tuple[tuple[str, int], ...]  # budget's streamable blocks, as models.blocks.blocks_of names them
     residency_fixed: int
     largest_layer: int
     quant_kept: int  # what sdnq leaves unquantized (estimate.sdnq_kept)
@@ -78,44 +75,6 @@ class ControlNetProfile:
                 "channels": list(self.channels), "file_bytes": self.file_bytes}
 
 
-def known_config(name: str) -> dict | None:
-    """The ControlNet config diffusers' from_unet makes of a built-in base model's UNet (`sd15`, `sdxl`, ... and
-    their aliases), or None for another name."""
-    key = memory.ALIASES.get(str(name).strip().lower())
-    if key is not None and (memory.CONFIGS / key / "transformer" / "config.json").is_file():
-        return from_transformer_config(json.loads((memory.CONFIGS / key / "transformer" / "config.json").read_text()))
-    if key is None or not (memory.CONFIGS / key / "unet" / "config.json").is_file():
-        return None
-    unet = json.loads((memory.CONFIGS / key / "unet" / "config.json").read_text())
-    return from_unet_config(unet)
-
-
-# what diffusers' from_transformer makes of a transformer by default (SD3: 12 blocks; Flux: 4 double and 10 single
-# blocks at 24 heads of 128), the plain ControlNet (SD3's default adds the inpainting one's extra input channel)
-FROM_TRANSFORMER = {"SD3Transformer2DModel": ("SD3ControlNetModel", {"num_layers": 12,
-                                                                     "extra_conditioning_channels": 0}),
-                    "FluxTransformer2DModel": ("FluxControlNetModel", {"num_layers": 4, "num_single_layers": 10,
-                                                                       "attention_head_dim": 128,
-                                                                       "num_attention_heads": 24})}
-
-
-def from_transformer_config(transformer: dict) -> dict | None:
-    """The SD3/Flux ControlNet config diffusers' from_transformer makes of a transformer config with its defaults."""
-    made = FROM_TRANSFORMER.get(str(transformer.get("_class_name")))
-    if made is None:
-        return None
-    config = {k: v for k, v in transformer.items() if not k.startswith("_")}
-    return {**config, **made[1], "_class_name": made[0]}
-
-
-def from_unet_config(unet: dict) -> dict:
-    """ControlNetModel's config for a UNet config, as ControlNetModel.from_unet builds it."""
-    config = {k: unet[k] for k in FROM_UNET if k in unet}
-    config.update(_class_name="ControlNetModel", conditioning_embedding_out_channels=[16, 32, 96, 256],
-                  conditioning_channels=3, controlnet_conditioning_channel_order="rgb")
-    return config
-
-
 def controlnet_profile(config: dict, name: str, file_bytes: int = 0) -> ControlNetProfile:
     """The profile of a ControlNet with `config` (counted on the meta device; cached)."""
     return replace(_profile(json.dumps(config, sort_keys=True)), name=name, file_bytes=int(file_bytes))
@@ -124,12 +83,12 @@ def controlnet_profile(config: dict, name: str, file_bytes: int = 0) -> ControlN
 @functools.lru_cache(maxsize=16)
 def _profile(config_json: str) -> ControlNetProfile:
     config = json.loads(config_json)
-    if config.get("_class_name") in TRANSFORMER_CLASSES:
+    if transformer_kind(config) is not None:
         return _transformer_profile(config)
-    model = memory._instantiate_meta("diffusers", "ControlNetModel", config)
+    model = instantiate_meta("diffusers", "ControlNetModel", config)
     if model is None:
         raise ValueError("diffusers has no ControlNetModel")
-    blocks, in_blocks, total = memory.block_sizes(model)
+    blocks, in_blocks, total = block_sizes(model)
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     channels = tuple(int(c) for c in config.get("block_out_channels", (320, 640, 1280, 1280)))
     cross = config.get("cross_attention_dim", 1280)
@@ -137,9 +96,9 @@ def _profile(config_json: str) -> ControlNetProfile:
     held, peak = _features(config, channels)
     return ControlNetProfile(name="", params=total, cross_attention_dim=cross, channels=channels,
                              blocks=tuple(blocks), unmatched=total - in_blocks,
-                             residency_blocks=tuple(residency.blocks_of(model, bytes_per_element=1)),
-                             residency_fixed=residency.fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
-                             quant_kept=memory.sdnq_kept(model), held=held, peak=peak)
+                             residency_blocks=tuple(blocks_of(model, bytes_per_element=1)),
+                             residency_fixed=fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
+                             quant_kept=sdnq_kept(model), held=held, peak=peak)
 
 
 def _features(config: dict, channels: tuple[int, ...]) -> tuple[float, float]:
@@ -161,15 +120,16 @@ def _features(config: dict, channels: tuple[int, ...]) -> tuple[float, float]:
 
 
 def family_label(cross_attention_dim: int) -> str:
-    return {768: "SD 1.x", 1024: "SD 2.x", 2048: "SDXL"}.get(int(cross_attention_dim),
-                                                           f"a {cross_attention_dim}-wide cross-attention model")
+    """A UNet family by its cross-attention width ('SD 1.x', 'SD 2.x', 'SDXL': the records' version_label)."""
+    family = families.by_unet_cross_attention(int(cross_attention_dim))
+    return family.version_label if family is not None else f"a {cross_attention_dim}-wide cross-attention model"
 
 
-def check_matches(profile: memory.ModelProfile, cn: ControlNetProfile, model: str) -> None:
+def check_matches(profile: ModelProfile, cn: ControlNetProfile, model: str) -> None:
     """A ControlNet must be made for the base model: its residuals are added to the UNet's skip connections and
     it reads the same text embeddings, so its block widths and cross-attention width must be the UNet's. One
     sentence naming both otherwise (exit 2), before any weight is read. SD3/Flux: `check_transformer_match`."""
-    if cn.family != "sd" or profile.denoiser != "unet" or not profile.unet_channels:
+    if is_transformer_kind(cn.family) or profile.denoiser != "unet" or not profile.unet_channels:
         check_transformer_match(profile, cn, model)
         return
     if cn.cross_attention_dim != profile.cross_attention_dim or tuple(cn.channels) != tuple(profile.unet_channels):
@@ -182,8 +142,8 @@ def check_matches(profile: memory.ModelProfile, cn: ControlNetProfile, model: st
                              "that model's family")
 
 
-def with_controlnets(profile: memory.ModelProfile, cns: list[ControlNetProfile],
-                     units: int | None = None) -> memory.ModelProfile:
+def with_controlnets(profile: ModelProfile, cns: list[ControlNetProfile],
+                     units: int | None = None) -> ModelProfile:
     """`profile` with the ControlNets `cns` (each model once) counted as part of its denoiser, run for `units`
     units (default one each; two units may share a model: its weights once, its forward and image twice)."""
     if not cns:
@@ -224,50 +184,65 @@ def with_controlnets(profile: memory.ModelProfile, cns: list[ControlNetProfile],
 #   block outputs, their projections and the scaled copies (three residual streams) at once;
 # - the control image goes through the VAE's encoder inside the pipeline's call (SD3's, InstantX's Flux ones), or
 #   XLabs' conditioning embedding (Flux): counted with the control images, as the SD path counts them.
-TRANSFORMER_CLASSES = {"SD3ControlNetModel": "sd3", "FluxControlNetModel": "flux"}
-TRANSFORMER_LABELS = {"sd3": "SD3", "flux": "Flux"}
-_DENOISER_FAMILIES = {"SD3Transformer2DModel": "sd3", "FluxTransformer2DModel": "flux"}
+# Which ControlNets fit which base, their labels and what diffusers builds for them are the family records'
+# (`Family.controlnet`): a ControlNet's `family` here is its kind ('sd', 'sd3', 'flux'), the records' `kind`.
+
+
+def _kind_family(kind: str | None) -> families.Family | None:
+    return families.controlnet_kinds().get(kind) if kind else None
+
+
+def is_transformer_kind(kind: str | None) -> bool:
+    """The ControlNet kind is a transformer ControlNet's (SD3's, Flux's), not a UNet's."""
+    family = _kind_family(kind)
+    return family is not None and family.denoiser == "transformer"
+
+
+def transformer_kind(config: dict) -> str | None:
+    """The kind of a transformer ControlNet's config ('sd3', 'flux'); None for a UNet's (ControlNetModel)."""
+    family = families.by_controlnet_class(str(config.get("_class_name", "")))
+    return family.controlnet.kind if family is not None and family.denoiser == "transformer" else None
 
 
 def _transformer_profile(config: dict) -> ControlNetProfile:
-    family = TRANSFORMER_CLASSES[config["_class_name"]]
-    model = memory._instantiate_meta("diffusers", config["_class_name"], config)
+    family = transformer_kind(config)
+    model = instantiate_meta("diffusers", config["_class_name"], config)
     if model is None:
         raise ValueError(f"diffusers has no {config['_class_name']}")
-    blocks, in_blocks, total = memory.block_sizes(model)
+    blocks, in_blocks, total = block_sizes(model)
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     hidden = int(config.get("num_attention_heads", 1)) * int(config.get("attention_head_dim", 1))
     residuals = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0) or 0)
-    if family == "sd3":
-        latent_per_token = int(config.get("patch_size", 2)) ** 2
-    else:  # Flux: 16-channel latents packed 2x2 into its input channels, patch 1 on top
-        latent_per_token = max(1, int(config.get("in_channels", 64)) // 16) * int(config.get("patch_size", 1)) ** 2
+    # latent pixels per token of its stream: SD3's patch 2; Flux's 2x2 packing of 16-channel latents, patch 1 on top
+    latent_per_token = _kind_family(family).controlnet.latent_per_token(config)
     return ControlNetProfile(name="", params=total, cross_attention_dim=int(config.get("joint_attention_dim") or 0),
                              channels=(), blocks=tuple(blocks), unmatched=total - in_blocks,
-                             residency_blocks=tuple(residency.blocks_of(model, bytes_per_element=1)),
-                             residency_fixed=residency.fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
-                             quant_kept=memory.sdnq_kept(model), held=residuals * hidden / latent_per_token, peak=0.0,
+                             residency_blocks=tuple(blocks_of(model, bytes_per_element=1)),
+                             residency_fixed=fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
+                             quant_kept=sdnq_kept(model), held=residuals * hidden / latent_per_token, peak=0.0,
                              family=family, hidden=hidden, union=config.get("num_mode") is not None)
 
 
-def base_family(profile: memory.ModelProfile) -> str | None:
-    """'sd' (a UNet), 'sd3', 'flux', or None (another transformer: PixArt, ...), from the base model's profile."""
+def base_family(profile: ModelProfile) -> str | None:
+    """The ControlNet kind that fits the base model ('sd' for a UNet, 'sd3', 'flux'), or None (another transformer:
+    PixArt, ...), from the base model's profile."""
     if profile.denoiser == "unet" and profile.unet_channels:
-        return "sd"
-    if profile.denoiser_class:
-        return _DENOISER_FAMILIES.get(profile.denoiser_class)
-    return profile.arch if profile.arch in TRANSFORMER_LABELS else None
+        unet = next((f for f in families.controlnet_kinds().values() if f.denoiser == "unet"), None)
+        return unet.controlnet.kind if unet is not None else None
+    family = families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else \
+        families.by_arch(profile.arch)
+    return family.controlnet.kind if family is not None and family.controlnet is not None else None
 
 
-def _label(family: str | None, profile: memory.ModelProfile | None = None, cn: ControlNetProfile | None = None) -> str:
-    if family in TRANSFORMER_LABELS:
-        return TRANSFORMER_LABELS[family]
-    if family == "sd":
+def _label(family: str | None, profile: ModelProfile | None = None, cn: ControlNetProfile | None = None) -> str:
+    if is_transformer_kind(family):
+        return _kind_family(family).controlnet.label
+    if _kind_family(family) is not None:
         return family_label(cn.cross_attention_dim if cn is not None else profile.cross_attention_dim)
     return "a transformer model without a diffusers ControlNet pipeline"
 
 
-def check_transformer_match(profile: memory.ModelProfile, cn: ControlNetProfile, model: str) -> None:
+def check_transformer_match(profile: ModelProfile, cn: ControlNetProfile, model: str) -> None:
     """An SD3 ControlNet goes with an SD3 model and a Flux one with a Flux model, at the transformer's width (its
     residuals are added to the transformer's hidden states); one sentence naming both otherwise (exit 2)."""
     base = base_family(profile)
@@ -288,20 +263,37 @@ def transformer_refusal(family: str, img2img: bool, control_mode: str) -> str | 
     """Why diffusers has no pipeline for an SD3/Flux ControlNet job of this kind (None: it has): SD3's has no img2img
     (hires fix's second pass is one), neither has a guess mode (A1111's 'ControlNet is more important') nor the
     residuals of a UNet's ControlNet that A1111's 'My prompt is more important' scales."""
-    label = TRANSFORMER_LABELS[family]
-    if control_mode != "balanced":
+    facts = _kind_family(family).controlnet
+    label = facts.label
+    if control_mode != "balanced" and not facts.guess_mode:
         return (f"control mode {control_mode!r} is not in diffusers' {label} ControlNet pipeline: use balanced (A1111's "
                 "other modes act on a UNet ControlNet's residuals)")
-    if family == "sd3" and img2img:
-        return ("diffusers has no SD3 ControlNet img2img pipeline (hires fix's second pass is img2img too): run SD3 "
-                "ControlNets in txt2img without hires fix")
+    if img2img and not facts.img2img:
+        return (f"diffusers has no {label} ControlNet img2img pipeline (hires fix's second pass is img2img too): run "
+                f"{label} ControlNets in txt2img without hires fix")
     return None
 
 
 def check_job(cns: list[ControlNetProfile], img2img: bool, hires: bool, control_mode: str) -> None:
     """`transformer_refusal` for the job's SD3/Flux ControlNets, before anything loads (one sentence, exit 2)."""
     for cn in cns:
-        if cn.family in TRANSFORMER_LABELS:
+        if is_transformer_kind(cn.family):
             why = transformer_refusal(cn.family, img2img or hires, control_mode)
             if why:
                 raise InvalidRequest("controlnet", cn.name, why)
+
+
+def plan_profiles(specs: list[str], base, model: str, known_sizes: bool = False) -> list:
+    """The planning profiles of the ControlNets `specs` (models/controlnet.py finds and reads them), each model
+    once, each checked against the base model's profile `base` (one sentence, exit 2, for a ControlNet of another
+    family): configs only, no weights."""
+    out = {}
+    for spec in specs:
+        source = controlnet_files.resolve_controlnet(spec, known_sizes)
+        if source.key not in out:  # two units of one model: its weights once (engines/sd/controlnet.attach_for)
+            config = controlnet_files.config_of(source)
+            out[source.key] = controlnet_profile(config, spec, controlnet_files.file_bytes(source))
+            check_matches(base, out[source.key], model)
+            if source.kind == "control_lora":
+                out[source.key] = control_lora.control_lora_profile(out[source.key], config, base, model)
+    return list(out.values())

@@ -1,7 +1,7 @@
 """Fitting the estimator's coefficients to measured activation peaks, and reporting its error.
 
 Used by benchmarks/calibrate_memory.py (which measures and then fits) and by the tests (which check the
-stored fit against the stored measurements); the estimator itself (memory.py) only reads the fit from
+stored fit against the stored measurements); the estimator itself (planning/estimate.py) only reads the fit from
 configs/calibration.json, so none of this runs during a job.
 """
 
@@ -12,10 +12,11 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from lowvram_gen.models.profile import ModelProfile, calibration, profile_builtin
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.settings import MemorySettings
 
-def _measured_feature(m: dict, profile: memory.ModelProfile, per_call: float = 0.0) -> float:
+def _measured_feature(m: dict, profile: ModelProfile, per_call: float = 0.0) -> float:
     """The model's activation bytes for one measurement with coefficient 1 (no slicing term)."""
     b = memory.DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
     sf = profile.vae_scale_factor
@@ -52,7 +53,7 @@ def fit_coefficients(measurements: list[dict]) -> dict:
         per_call = round(sum(ks) / len(ks), 4) if ks else 0.0
         ratios: dict[str, list[float]] = {}
         for m in rows:
-            prof = memory.profile_builtin(m["arch"])
+            prof = profile_builtin(m["arch"])
             ratios.setdefault(m["arch"], []).append(m["activation_bytes"] / _measured_feature(m, prof, per_call))
         table: dict[str, float] = {arch: round(sum(v) / len(v), 4) for arch, v in sorted(ratios.items())}
         table["global"] = round(sum(table.values()) / len(table), 4) if table else 1.0
@@ -61,7 +62,7 @@ def fit_coefficients(measurements: list[dict]) -> dict:
     fit["slicing"] = 1.0
     for m in ok:
         if m.get("options", {}).get("attention") == "slicing" and m["component"] == "unet":
-            prof = memory.profile_builtin(m["arch"])
+            prof = profile_builtin(m["arch"])
             coef = fit["unet"].get(m["arch"], fit["unet"]["global"])
             b = memory.DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
             sf = prof.vae_scale_factor
@@ -76,7 +77,7 @@ def predicted_activation(m: dict) -> int:
     """What the estimator predicts for one calibration measurement ("estimate_as": 'custom' estimates
     it as an architecture that is not built in, i.e. with the global coefficient)."""
     opts = m.get("options", {})
-    prof = memory.profile_builtin(m["arch"])
+    prof = profile_builtin(m["arch"])
     if opts.get("estimate_as"):
         prof = replace(prof, arch=opts["estimate_as"])
     b = memory.DTYPE_BYTES[opts.get("dtype", "bfloat16")]
@@ -90,7 +91,7 @@ def predicted_activation(m: dict) -> int:
 def calibration_report() -> list[dict]:
     """Measured vs estimated activation peak for every stored measurement, and published GPU totals."""
     rows = []
-    for m in memory._calibration().get("measurements", []):
+    for m in calibration().get("measurements", []):
         if "activation_bytes" not in m:
             continue
         est = predicted_activation(m)
@@ -103,9 +104,9 @@ def calibration_report() -> list[dict]:
 def published_report() -> list[dict]:
     """Published GPU max_memory_allocated figures vs this estimator (without the fixed overhead)."""
     rows = []
-    for pub in memory._calibration().get("published", []):
+    for pub in calibration().get("published", []):
         s = MemorySettings(**pub["settings"])
-        prof = replace(memory.profile_builtin(pub["arch"]), **pub.get("profile_overrides", {}))
+        prof = replace(profile_builtin(pub["arch"]), **pub.get("profile_overrides", {}))
         est = memory.estimate(prof, pub["width"], pub["height"], pub["batch"], s, pub.get("cfg", True))
         predicted = est.total_bytes - est.overhead_bytes  # max_memory_allocated has no overhead in it
         rows.append({"id": pub["id"], "published_gib": pub["max_memory_allocated_bytes"] / 1024**3,

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from lowvram_gen import families
+from lowvram_gen.models.profile import ModelProfile
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.settings import MemorySettings
 
@@ -113,7 +115,7 @@ class HostEstimate:
         return {**asdict(self), "rss_peak_bytes": self.rss_peak_bytes}
 
 
-def kept_bytes(profile: memory.ModelProfile, settings: MemorySettings) -> dict[str, int]:
+def kept_bytes(profile: ModelProfile, settings: MemorySettings) -> dict[str, int]:
     """Bytes each component holds once loaded, as `settings` store it (no placement taken into account)."""
     b = memory.DTYPE_BYTES[settings.dtype]
     q = memory.QUANTIZED_BYTES.get(settings.quantize)
@@ -140,7 +142,7 @@ def kept_bytes(profile: memory.ModelProfile, settings: MemorySettings) -> dict[s
     return {k: int(v) for k, v in out.items()}
 
 
-def mapped(profile: memory.ModelProfile, settings: MemorySettings, name: str) -> bool:
+def mapped(profile: ModelProfile, settings: MemorySettings, name: str) -> bool:
     """Whether `name` keeps its weights memory-mapped from its file after loading: it loads at the dtype
     its file stores (diffusers then uses the safetensors mapping as the weights; measured: an fp16 SD
     1.5 folder loaded at float16 adds 0.15 GB of anonymous memory for 2.0 GB of weights) and nothing
@@ -158,12 +160,13 @@ def mapped(profile: memory.ModelProfile, settings: MemorySettings, name: str) ->
     return width != 2 or settings.half_storage or settings.dtype == file_half_dtype(profile)
 
 
-def file_half_dtype(profile: memory.ModelProfile) -> str:
-    """The 16-bit dtype of the model's files: as read from the folder, else the published checkpoints'."""
-    return profile.file_dtype or ("bfloat16" if profile.arch == "flux" else "float16")
+def file_half_dtype(profile: ModelProfile) -> str:
+    """The 16-bit dtype of the model's files: as read from the folder, else the published checkpoints' (the family
+    record's: bfloat16 for FLUX.1, float16 for the others)."""
+    return profile.file_dtype or families.by_arch(profile.arch).file_dtype
 
 
-def paged(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> dict[str, int]:
+def paged(profile: ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> dict[str, int]:
     """The bytes of each component that stay in its file's pages after loading: a mapped component's weights
     (a text encoder's embeddings less, under half storage: they are cast to the compute dtype) and a GGUF
     denoiser's quantized blocks (models/gguf_file.py maps them; measured: benchmarks/gguf_rss.py)."""
@@ -177,19 +180,19 @@ def paged(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str
     return out
 
 
-def can_page(profile: memory.ModelProfile, settings: MemorySettings) -> bool:
+def can_page(profile: ModelProfile, settings: MemorySettings) -> bool:
     """Whether the denoiser's weights stay in its file's pages under `settings` (what paged_weights relies on)."""
     return profile.denoiser in paged(profile, settings, kept_bytes(profile, settings))
 
 
-def half_files(profile: memory.ModelProfile) -> bool:
+def half_files(profile: ModelProfile) -> bool:
     """Whether the model's weight files are 16-bit (what half storage keeps): the published checkpoints
     and folders whose denoiser file holds about 2 bytes a parameter."""
     n = profile.params.get(profile.denoiser, 0)
     return bool(n) and not profile.denoiser_quantized and round(profile_file_bytes(profile, profile.denoiser) / n) == 2
 
 
-def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dict[str, int],
+def _load_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, int],
                single_file: bool = False) -> tuple[int, int]:
     """Components load one after the other; at the worst moment every converted component is loaded
     (mapped ones are not read yet) and the one whose conversion costs most is being loaded: its file's
@@ -200,7 +203,7 @@ def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dic
     A single-file checkpoint with int8/int4 (models/checkpoint.load_single_file): its UNet is quantized as it
     loads, as from a folder, but its text encoders load whole at the dtype (diffusers builds them from the
     file's keys, with no `from_pretrained` for a quantizer to hook into) and are quantized after the load, as
-    is an SD3 / Flux transformer (checkpoint.DENOISERS); every component is read (none stays mapped), and the
+    is an SD3 / Flux transformer (its family's SingleFile.quantize_on_load is None); every component is read (none stays mapped), and the
     scratch is the largest of theirs. A GGUF denoiser is kept as stored (no scratch).
 
     Returns (the bytes that must fit, the file pages on top): the kernel drops clean file pages under
@@ -229,7 +232,7 @@ def _load_peak(profile: memory.ModelProfile, settings: MemorySettings, kept: dic
     return int(sum(kept[n] for n in converted) + whole), int(pages)
 
 
-def _largest_quantized_layer(profile: memory.ModelProfile, name: str) -> int:
+def _largest_quantized_layer(profile: ModelProfile, name: str) -> int:
     """Weights of `name`'s largest layer sdnq quantizes: a text encoder's largest is its token embedding, which
     sdnq leaves alone, so its feed-forward projection is taken (4 x hidden squared: CLIP's is 4x, T5's 2.5x)."""
     if name.startswith("text_encoder"):
@@ -240,7 +243,7 @@ def _largest_quantized_layer(profile: memory.ModelProfile, name: str) -> int:
     return profile.largest_layer.get(name, 0)
 
 
-def profile_file_bytes(profile: memory.ModelProfile, name: str) -> int:
+def profile_file_bytes(profile: ModelProfile, name: str) -> int:
     """The bytes of `name`'s weight file: as measured in the folder, else 2 bytes a parameter (the
     published checkpoints store fp16 or bf16)."""
     stored = getattr(profile, "file_bytes", {}) or {}
@@ -251,7 +254,7 @@ def profile_file_bytes(profile: memory.ModelProfile, name: str) -> int:
     return int(profile.params.get(name, 0) * 2)
 
 
-def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device_kind: str, width: int,
+def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: str, width: int,
                   height: int, batch: int, cfg: bool = True, resident_bytes: int = 0,
                   pinned: bool = False, single_file: bool = False) -> HostEstimate:
     """The host peak of one job (see the module doc). `settings`: the effective ones on this device (the
@@ -310,7 +313,7 @@ def host_estimate(profile: memory.ModelProfile, settings: MemorySettings, device
 
 
 
-def _with_encoders_reloaded(profile: memory.ModelProfile, settings: MemorySettings, device_kind: str, width: int,
+def _with_encoders_reloaded(profile: ModelProfile, settings: MemorySettings, device_kind: str, width: int,
                             height: int, batch: int, cfg: bool, resident_bytes: int, pinned: bool) -> HostEstimate:
     """text_encoders = "reloaded": the load and run phases of the pipeline without its text encoders (it is
     loaded without them, and they have left before the denoiser runs), and the encode phase: the encoders
@@ -334,6 +337,6 @@ def _with_encoders_reloaded(profile: memory.ModelProfile, settings: MemorySettin
                              load_file_pages_bytes=pages)
 
 
-def encoder_file_bytes(profile: memory.ModelProfile) -> int:
+def encoder_file_bytes(profile: ModelProfile) -> int:
     """The bytes of the text encoders' weight files: what text_encoders = "reloaded" reads per job."""
     return sum(profile_file_bytes(profile, n) for n in profile.text_encoders)

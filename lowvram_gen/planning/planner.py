@@ -23,7 +23,9 @@ from lowvram_gen.hardware.device import DeviceInfo, format_size
 from lowvram_gen.planning import bus as bus_mod
 from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning import speed, timing
-from lowvram_gen.planning.estimate import Estimate, _calibration, estimate
+from lowvram_gen import families
+from lowvram_gen.models.profile import calibration
+from lowvram_gen.planning.estimate import Estimate, estimate
 from lowvram_gen.planning.sizes import capped_size, vae_tile_size
 from lowvram_gen.presets import Preset, gpu_ladder
 
@@ -141,7 +143,7 @@ class _Rows:
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
         self.budgets: list[Preset] = []  # budget presets unsized (plan() fills it): the ladder sizes them per rung
-        self.flops_coefficients = _calibration().get("flops", {})
+        self.flops_coefficients = calibration().get("flops", {})
         self.bus = bus_mod.for_device(device.name)  # doctor's measurement of this GPU, else the assumption
         self.learned = speed.Learned(device.name, model, self.record_compute)  # what jobs measured here
 
@@ -452,8 +454,6 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
     return Plan(chosen[0], [chosen[0]], estimates, reason)
 
 
-# How the refusal names a built-in architecture
-LABELS = {"sd15": "SD 1.5", "sd21": "SD 2.1", "sdxl": "SDXL", "sd3": "SD3-medium", "flux": "FLUX.1-dev"}
 GGUF_Q4_BYTES = 4.5 / 8  # bytes a weight of a Q4_K GGUF file (4.5 bits: 4-bit values, scales per block)
 
 
@@ -462,7 +462,7 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
     host = rows.device.host
     have = format_size(host.usable_bytes) + (" (simulated)" if host.simulated else " usable")
     least_p, least = min(tried, key=lambda pr: pr[1].host_peak_bytes)
-    label = LABELS.get(rows.profile.arch, "this model")
+    label = families.by_arch(rows.profile.arch).label or "this model"  # a built-in architecture by its record
     size = f"{least.width}x{least.height}"
     sentence = (f"{label} at {size} needs about {format_size(least.host_peak_bytes)} of system RAM even at "
                 f"{least_p.name}; this machine has {have}")

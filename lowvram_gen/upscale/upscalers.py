@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from lowvram_gen.a1111.upscaler_names import LATENT_MODES, NONE, SD_X4, SD_X4_REPO, builtin, model_path
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.ladder import Ladder
-from lowvram_gen.models.checkpoint import check_safetensors, load_pickle_weights_only
+from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only
 
 log = logging.getLogger(__name__)
 MIN_TILE = 64  # px: below this the overlap is most of the tile

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from lowvram_gen.hardware.device import GiB, DeviceInfo
 from lowvram_gen.models.attached import attached
+from lowvram_gen.models.blocks import blocks_of, fixed_bytes
 from lowvram_gen.models.gguf_file import follow_dtype, gguf_bits
 from lowvram_gen.planning import residency
 from lowvram_gen.planning.sizes import vae_tile_size
@@ -504,7 +505,7 @@ def budget_split(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipeli
     (`residency.fit`); on MPS the same from the probed free memory; on a CPU every block stays (there is
     no device memory to save, and nothing is streamed)."""
     stepped = _stepped(pipe)  # the denoiser's blocks, then its ControlNets' (as planning/controlnet.py lists them)
-    blocks = [(prefix + name, nbytes) for prefix, module in stepped for name, nbytes in residency.blocks_of(module)]
+    blocks = [(prefix + name, nbytes) for prefix, module in stepped for name, nbytes in blocks_of(module)]
     if settings.resident_bytes:
         return residency.split(blocks, settings.resident_bytes)
     if device.kind == "cpu":
@@ -512,7 +513,7 @@ def budget_split(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipeli
     free = ops.free_bytes(device.torch_device) if device.kind == "cuda" else device.free_bytes
     if device.budget_bytes is not None:
         free = min(free, device.budget_bytes)
-    available = free - device.reserve_bytes - BUDGET_MARGIN - sum(residency.fixed_bytes(m) for _, m in stepped)
+    available = free - device.reserve_bytes - BUDGET_MARGIN - sum(fixed_bytes(m) for _, m in stepped)
     return residency.fit(blocks, available)
 
 

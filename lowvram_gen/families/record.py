@@ -1,0 +1,209 @@
+"""The shape of one model family's record (`Family`), and the small enums and sub-records it holds.
+
+A record is plain data plus a few small functions: how the family is recognised (pipeline classes, a
+single file's keys, the denoiser's class), its names (hub id, aliases, labels), the shapes the memory
+planner reads from its configs, its text encoders' token lengths, host-RAM and ControlNet facts, and what
+the execution side needs (latent format for previews, how its call takes CFG and a negative prompt, its
+tasks and their pipeline classes, what clip skip / variation seeds / text-encoder reload / LoRA mean for it).
+The records themselves are in families/records.py; the lookups in families/registry.py. Nothing here
+imports torch, diffusers or anything above models/ at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Mapping
+
+
+class Guidance(str, Enum):
+    """How a family's pipeline call takes the CFG scale (`--cfg`)."""
+
+    CFG = "guidance_scale"  # classic classifier-free guidance: guidance_scale, the denoiser batch doubled
+    TRUE_CFG = "true_cfg_scale"  # CFG named true_cfg_scale (Qwen-Image): two forwards, not a doubled batch
+    DISTILLED = "distilled"  # guidance_scale is an input of a guidance-distilled denoiser (FLUX.1-dev): no CFG
+    NONE = "none"  # the call takes no guidance at all
+
+
+class Task(str, Enum):
+    """What a family's pipelines can do; `Family.tasks` maps each it has to its diffusers pipeline class."""
+
+    TXT2IMG = "txt2img"
+    IMG2IMG = "img2img"
+    INPAINT = "inpaint"
+    CONTROLNET = "controlnet"
+    CONTROLNET_IMG2IMG = "controlnet_img2img"
+    CONTROLNET_INPAINT = "controlnet_inpaint"
+    EDIT = "edit"
+
+
+@dataclass(frozen=True)
+class Call:
+    """How the family's pipeline __call__ takes guidance and a negative prompt."""
+
+    guidance: Guidance = Guidance.CFG
+    # a negative prompt acts as we call the pipeline (False for FLUX.1: only with true CFG, which we never turn on)
+    negative_prompt: bool = True
+    # __call__ has a `negative_prompt` argument at all (FLUX.1 has, for its optional true CFG; Flux.2 and SANA not)
+    takes_negative_prompt: bool = True
+    # __call__ offers an optional true CFG (`true_cfg_scale` > 1 with a negative prompt: FLUX.1)
+    optional_true_cfg: bool = False
+
+    @property
+    def cfg_argument(self) -> str | None:
+        """The __call__ argument `--cfg` goes to (None: the call takes no guidance)."""
+        return {Guidance.CFG: "guidance_scale", Guidance.TRUE_CFG: "true_cfg_scale",
+                Guidance.DISTILLED: "guidance_scale", Guidance.NONE: None}[self.guidance]
+
+
+@dataclass(frozen=True)
+class SingleFile:
+    """How an original-layout single file (A1111 / Civitai / BFL / a GGUF denoiser) of the family is read."""
+
+    pipeline: str  # the diffusers pipeline class `from_single_file` builds
+    # diffusers' model types (single_file_utils.infer_diffusers_model_type) its default config may come from;
+    # the first is the family's default
+    model_types: tuple[str, ...] = ()
+    # the components a config folder must have for the file (models/checkpoint.py _COMPONENTS); () = not checked
+    components: tuple[str, ...] = ()
+    # the denoiser int8/int4 quantize as it loads from the file (None: quantized after the load)
+    quantize_on_load: str | None = None
+    # a whole checkpoint is this family's, from its {key: shape} (None: not recognised from a whole file)
+    checkpoint_match: Callable[[Mapping[str, tuple]], bool] | None = None
+    # a GGUF holding the denoiser alone is this family's, from its {key: shape} with the UNet prefix added
+    # (None: no GGUF route)
+    gguf_match: Callable[[Mapping[str, tuple]], bool] | None = None
+    # how a GGUF denoiser's keys become diffusers': 'ldm-unet' (the UNet prefix added, diffusers' converter),
+    # 'bfl-flux1' (models/gguf_file.flux_checkpoint, for any width), '' (diffusers' converter as they are)
+    gguf_layout: str = ""
+    # the file's whole pipeline is checked against the config folder on the meta device before loading
+    # (models/checkpoint.py _check_architecture): 'file' (a whole file, and a GGUF's denoiser), 'gguf' (a GGUF's
+    # denoiser only) or '' (never)
+    architecture_check: str = ""
+    # a UNet file may be an inpainting one (9 input channels) with its base model's configs
+    inpaint_unet: bool = False
+    # where the file keeps each text encoder's weights (prefixes of its keys)
+    text_encoder_prefixes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ControlNetFacts:
+    """Which ControlNets fit the family and what diffusers has for them."""
+
+    kind: str  # 'sd' (a UNet's ControlNetModel) | 'sd3' | 'flux': a ControlNet fits a base of the same kind
+    model_class: str  # the diffusers ControlNet class
+    label: str = ""  # how a refusal names the kind ('' for 'sd': named by cross-attention width, `version_label`)
+    # what diffusers' from_transformer sets on top of the transformer's config (planning/controlnet.py)
+    from_transformer: Mapping[str, int] = field(default_factory=dict)
+    img2img: bool = True  # diffusers has a ControlNet img2img pipeline (SD3 has none)
+    guess_mode: bool = True  # A1111's control modes (a UNet ControlNet's residual scales)
+    # latent pixels one token of the ControlNet's stream covers, from its config (transformer ControlNets)
+    latent_per_token: Callable[[Mapping], int] | None = None
+    # a single file's {key: shape} is one of these ControlNets in diffusers' layout (transformer ControlNets; the
+    # UNet ones are told apart by their shapes in models/controlnet.py)
+    file_match: Callable[[Mapping[str, tuple]], bool] | None = None
+    # its ControlNet pipeline VAE-encodes the control image sampling from torch's global random state (SD3's), not
+    # from the call's generators: the engine seeds that state from the pass's seed
+    global_rng_control_latents: bool = False
+
+
+def transformer_shape(config: Mapping) -> tuple[int, int]:
+    """(hidden width, spatial patch edge) of a transformer denoiser from its config, the layout most diffusers
+    transformers share: heads x head width (else hidden_size / inner_dim; 1152, PixArt's, when none is given),
+    and `patch_size`, whose spatial part is taken where it is a (t, h, w) triple or an (h, w) pair."""
+    heads = int(config.get("num_attention_heads", 0) or 0)
+    head_dim = int(config.get("attention_head_dim", 0) or 0)
+    hidden = heads * head_dim or int(config.get("hidden_size", 0) or config.get("inner_dim", 0) or 1152)
+    return hidden, spatial_patch(config.get("patch_size", 2))
+
+
+def spatial_patch(patch) -> int:
+    """The spatial edge of a patch size: an int as it is, the last entry of a list ([1, 2, 2] -> 2); 2 when unset."""
+    if isinstance(patch, (list, tuple)):
+        patch = patch[-1] if patch else 2
+    return int(patch or 2)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: everything the code decides by family, in one place (see the module doc)."""
+
+    key: str  # unique: 'sd15', 'sd21', 'sdxl', 'sd3', 'flux', 'pixart-sigma', ...; 'generic' for the fallback
+    # the records that share pipeline classes and loaders ('sd' for SD 1.x and 2.x): prompting's kind, LoadedModel
+    group: str
+    name: str  # the family in messages: 'SD 1.x/2.x', 'SDXL', 'SD3', 'Flux', ...
+    label: str = ""  # the built-in model in the planner's words: 'SD 1.5', 'FLUX.1-dev'
+    version_label: str = ""  # a UNet family by its cross-attention width: 'SD 1.x', 'SD 2.x', 'SDXL'
+
+    # --- recognition
+    tasks: Mapping[str, str] = field(default_factory=dict)  # Task value -> diffusers pipeline class
+    # other pipeline classes of the family (PAG, adapters, instruct-pix2pix ...): recognised, no task of ours
+    other_pipelines: tuple[str, ...] = ()
+    denoiser: str = "unet"  # the component that runs every step: 'unet' | 'transformer'
+    denoiser_classes: tuple[str, ...] = ()  # its diffusers classes
+    unet_cross_attention: int = 0  # a UNet family's cross-attention width (768, 1024, 2048); 0: not a UNet one
+    single_file: SingleFile | None = None
+
+    # --- names
+    builtin: str | None = None  # the shipped config folder (lowvram_gen/configs/<builtin>) `plan` knows offline
+    hub_id: str | None = None  # what the short names load
+    aliases: tuple[str, ...] = ()  # short names and hub ids `plan` and `--model` take for the built-in model
+    native_side: int = 512  # the side it was trained at: `plan`'s default width and height
+
+    # --- shapes and text encoders, for the memory planner
+    # (hidden width, spatial patch edge) of its transformer from the transformer's config
+    transformer_shape: Callable[[Mapping], tuple[int, int]] = transformer_shape
+    # the T5 (non-CLIP) prompt length: the default max_sequence_length of its __call__; None: not known
+    t5_tokens: int | None = None
+    # text tokens its transformer carries beside the image tokens (joint attention); None: its T5 prompts' sum
+    joint_tokens: int | None = None
+    cfg_batch: bool = True  # CFG runs as a doubled denoiser batch
+    vae_force_upcast: bool = False  # the pipeline honours the VAE config's force_upcast (decodes in float32)
+    file_dtype: str = "float16"  # the 16-bit dtype its published checkpoints store (host RAM, half storage)
+    controlnet: ControlNetFacts | None = None
+
+    # --- execution side (engines, preview, prompting)
+    latent_format: str | None = None  # the preview's latent format key (preview.py FORMATS); None: no preview
+    packed_latents: bool = False  # latents are 2x2 patches packed into a sequence (FLUX.1)
+    call: Call = Call()
+    # our A1111 prompt encoding (weights, 75-token chunks) for its txt2img/img2img pipelines: 'sd' | 'sdxl' | None
+    prompt_encoding: str | None = None
+    clip_skip: bool = False  # A1111's clip skip acts (on its CLIP encoders); elsewhere it is refused / ignored
+    variation_seeds: bool = False  # A1111's variation seed and seed resize are made (its noise is a plain tensor)
+    # text encoders reloaded per job (text_encoders = 'reloaded'): how its prompts are encoded apart from the call:
+    # 'a1111' (our own encoding), 'sd3' / 'flux' (the pipeline's encode_prompt with those arguments), None: cannot
+    text_encode_apart: str | None = None
+    # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the
+    # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)
+    lora: str | None = "diffusers"
+    splits_decode: bool = False  # its txt2img call can stop at latents and decode on its own (hires latent upscale)
+
+    @property
+    def pipelines(self) -> tuple[str, ...]:
+        """Every pipeline class that is this family's."""
+        return (*dict.fromkeys(self.tasks.values()), *self.other_pipelines)
+
+    def pipeline_for(self, task: str | Task) -> str | None:
+        """The diffusers pipeline class of `task` (None: the family has no such task)."""
+        return self.tasks.get(Task(task).value)
+
+    def has_task(self, task: str | Task) -> bool:
+        return Task(task).value in self.tasks
+
+    @property
+    def is_generic(self) -> bool:
+        return self.key == GENERIC_KEY
+
+    def joint_text_tokens(self, t5_prompts: list[int]) -> int:
+        """Text tokens carried beside the image tokens by a transformer with joint attention."""
+        return int(self.joint_tokens if self.joint_tokens is not None else sum(t5_prompts))
+
+    def t5_prompt_tokens(self) -> int:
+        """The length its T5 (any non-CLIP) encoder's prompts are padded to."""
+        return int(self.t5_tokens if self.t5_tokens is not None else DEFAULT_T5_TOKENS)
+
+
+GENERIC_KEY = "generic"
+# A T5 encoder in a pipeline no record knows: its prompts are taken as this long, and a transformer with joint
+# attention (a joint_attention_dim in its config) carries them. A guess, not read from anywhere.
+DEFAULT_T5_TOKENS = 256

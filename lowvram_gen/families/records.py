@@ -1,0 +1,200 @@
+"""The model families lowvram-gen knows, one record each (families/record.py says what a record holds), and the
+list of them at the bottom (`FAMILIES`), as ComfyUI's comfy/supported_models.py lists its models.
+
+SD 1.x and 2.x are two records of one group ('sd': the same pipeline classes, loaders and prompt encoding) because
+`plan` knows each as a built-in architecture of its own (sd15, sd21); SD 2.x's eps and v models are the same
+record (the scheduler config says which prediction). The SDXL refiner has no record: a refiner file is refused
+(models/checkpoint.py), and a refiner folder is the SDXL group's img2img pipeline. PixArt Alpha and Sigma are
+recognised for the memory planner (their T5 prompt lengths); they have no built-in configs.
+"""
+
+from __future__ import annotations
+
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, Guidance, SingleFile, Task,
+                                         spatial_patch)
+
+# --------------------------------------------------------------------------------------------- SD 1.x / 2.x
+
+_SD_TASKS = {
+    Task.TXT2IMG.value: "StableDiffusionPipeline",
+    Task.IMG2IMG.value: "StableDiffusionImg2ImgPipeline",
+    Task.INPAINT.value: "StableDiffusionInpaintPipeline",
+    Task.CONTROLNET.value: "StableDiffusionControlNetPipeline",
+    Task.CONTROLNET_IMG2IMG.value: "StableDiffusionControlNetImg2ImgPipeline",
+    Task.CONTROLNET_INPAINT.value: "StableDiffusionControlNetInpaintPipeline",
+}
+_SD_OTHERS = (
+    "StableDiffusionAdapterPipeline", "StableDiffusionAttendAndExcitePipeline", "StableDiffusionControlNetPAGPipeline",
+    "StableDiffusionControlNetPAGInpaintPipeline", "StableDiffusionControlNetXSPipeline",
+    "StableDiffusionDepth2ImgPipeline", "StableDiffusionDiffEditPipeline", "StableDiffusionGLIGENPipeline",
+    "StableDiffusionGLIGENTextImagePipeline", "StableDiffusionImageVariationPipeline",
+    "StableDiffusionInstructPix2PixPipeline", "StableDiffusionLDM3DPipeline", "StableDiffusionLatentUpscalePipeline",
+    "StableDiffusionModelEditingPipeline", "StableDiffusionOnnxPipeline", "StableDiffusionPAGPipeline",
+    "StableDiffusionPAGImg2ImgPipeline", "StableDiffusionPAGInpaintPipeline", "StableDiffusionPanoramaPipeline",
+    "StableDiffusionParadigmsPipeline", "StableDiffusionPix2PixZeroPipeline", "StableDiffusionSAGPipeline",
+    "StableDiffusionUpscalePipeline",
+)
+_SD_FILE = dict(
+    pipeline="StableDiffusionPipeline", model_types=("v1", "v2"),
+    components=("unet", "vae", "text_encoder", "tokenizer", "scheduler"), quantize_on_load="unet",
+    gguf_layout="ldm-unet", architecture_check="file", inpaint_unet=True,
+    text_encoder_prefixes={"text_encoder": (keys.CLIP_SD, keys.OPENCLIP_SD2)},
+)
+_UNET_CONTROLNET = ControlNetFacts(kind="sd", model_class="ControlNetModel")
+# what our A1111 layer does for SD 1.x/2.x and SDXL: its own prompt encoding, clip skip, variation seeds, LoRA keys
+_A1111 = dict(clip_skip=True, variation_seeds=True, text_encode_apart="a1111", lora="a1111", splits_decode=True)
+
+SD15 = Family(
+    key="sd15", group="sd", name="SD 1.x/2.x", label="SD 1.5", version_label="SD 1.x",
+    tasks=_SD_TASKS, other_pipelines=_SD_OTHERS, denoiser="unet", denoiser_classes=("UNet2DConditionModel",),
+    unet_cross_attention=768,
+    # a whole SD 1.x or 2.x file is this record's (one pipeline class; diffusers' model type tells v1 from v2)
+    single_file=SingleFile(**_SD_FILE, checkpoint_match=keys.sd_file,
+                           gguf_match=lambda s: keys.sd_unet(s) and keys.cross_attention_width(s) != 1024),
+    builtin="sd15", hub_id="stable-diffusion-v1-5/stable-diffusion-v1-5",
+    aliases=("sd15", "sd1.5", "sd-1.5", "sd1", "v1-5", "stable-diffusion-v1-5",
+             "stable-diffusion-v1-5/stable-diffusion-v1-5", "runwayml/stable-diffusion-v1-5"),
+    native_side=512, controlnet=_UNET_CONTROLNET,
+    latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="sd", **_A1111,
+)
+
+SD21 = Family(
+    key="sd21", group="sd", name="SD 1.x/2.x", label="SD 2.1", version_label="SD 2.x",
+    tasks=_SD_TASKS, other_pipelines=_SD_OTHERS, denoiser="unet", denoiser_classes=("UNet2DConditionModel",),
+    unet_cross_attention=1024,
+    single_file=SingleFile(**_SD_FILE, checkpoint_match=None,  # whole files: SD15's record (same pipeline)
+                           gguf_match=lambda s: keys.sd_unet(s) and keys.cross_attention_width(s) == 1024),
+    builtin="sd21", hub_id="stabilityai/stable-diffusion-2-1",
+    aliases=("sd21", "sd2.1", "sd-2.1", "sd2", "stabilityai/stable-diffusion-2-1"),
+    native_side=768, controlnet=_UNET_CONTROLNET,
+    latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="sd", **_A1111,
+)
+
+# -------------------------------------------------------------------------------------------------- SDXL
+
+SDXL = Family(
+    key="sdxl", group="sdxl", name="SDXL", label="SDXL", version_label="SDXL",
+    tasks={
+        Task.TXT2IMG.value: "StableDiffusionXLPipeline",
+        Task.IMG2IMG.value: "StableDiffusionXLImg2ImgPipeline",
+        Task.INPAINT.value: "StableDiffusionXLInpaintPipeline",
+        Task.CONTROLNET.value: "StableDiffusionXLControlNetPipeline",
+        Task.CONTROLNET_IMG2IMG.value: "StableDiffusionXLControlNetImg2ImgPipeline",
+        Task.CONTROLNET_INPAINT.value: "StableDiffusionXLControlNetInpaintPipeline",
+    },
+    other_pipelines=(
+        "StableDiffusionXLAdapterPipeline", "StableDiffusionXLControlNetPAGPipeline",
+        "StableDiffusionXLControlNetPAGImg2ImgPipeline", "StableDiffusionXLControlNetUnionPipeline",
+        "StableDiffusionXLControlNetUnionImg2ImgPipeline", "StableDiffusionXLControlNetUnionInpaintPipeline",
+        "StableDiffusionXLControlNetXSPipeline", "StableDiffusionXLInstructPix2PixPipeline",
+        "StableDiffusionXLPAGPipeline", "StableDiffusionXLPAGImg2ImgPipeline", "StableDiffusionXLPAGInpaintPipeline",
+    ),
+    denoiser="unet", denoiser_classes=("UNet2DConditionModel",), unet_cross_attention=2048,
+    single_file=SingleFile(
+        pipeline="StableDiffusionXLPipeline", model_types=("xl_base", "playground-v2-5"),
+        components=("unet", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "scheduler"),
+        quantize_on_load="unet", checkpoint_match=keys.sdxl_file, gguf_match=keys.sdxl_unet, gguf_layout="ldm-unet",
+        architecture_check="file", inpaint_unet=True,
+        text_encoder_prefixes={"text_encoder": (keys.CLIP_XL,), "text_encoder_2": (keys.OPENCLIP_XL,)}),
+    builtin="sdxl", hub_id="stabilityai/stable-diffusion-xl-base-1.0",
+    aliases=("sdxl", "sd-xl", "sdxl-base", "stabilityai/stable-diffusion-xl-base-1.0"),
+    native_side=1024, vae_force_upcast=True, controlnet=_UNET_CONTROLNET,
+    latent_format="sdxl", call=Call(Guidance.CFG), prompt_encoding="sdxl", **_A1111,
+)
+
+# --------------------------------------------------------------------------------------------------- SD3
+
+SD3 = Family(
+    key="sd3", group="sd3", name="SD3", label="SD3-medium",
+    tasks={
+        Task.TXT2IMG.value: "StableDiffusion3Pipeline",
+        Task.IMG2IMG.value: "StableDiffusion3Img2ImgPipeline",
+        Task.CONTROLNET.value: "StableDiffusion3ControlNetPipeline",
+    },
+    other_pipelines=("StableDiffusion3InpaintPipeline", "StableDiffusion3ControlNetInpaintingPipeline",
+                     "StableDiffusion3PAGPipeline", "StableDiffusion3PAGImg2ImgPipeline"),
+    denoiser="transformer", denoiser_classes=("SD3Transformer2DModel",),
+    single_file=SingleFile(pipeline="StableDiffusion3Pipeline", model_types=("sd3", "sd35_medium", "sd35_large"),
+                           checkpoint_match=keys.sd3_file, gguf_match=keys.sd3_file),
+    builtin="sd3", hub_id="stabilityai/stable-diffusion-3-medium-diffusers",
+    aliases=("sd3", "sd3-medium", "stabilityai/stable-diffusion-3-medium-diffusers"),
+    native_side=1024,
+    # its CLIP-L and CLIP-G token embeddings (77) joined with T5's in the stream (MMDiT joint attention)
+    t5_tokens=256, joint_tokens=77 + 256, cfg_batch=True,
+    controlnet=ControlNetFacts(
+        kind="sd3", model_class="SD3ControlNetModel", label="SD3",
+        from_transformer={"num_layers": 12, "extra_conditioning_channels": 0}, img2img=False, guess_mode=False,
+        latent_per_token=lambda c: spatial_patch(c.get("patch_size", 2)) ** 2,
+        file_match=lambda s: "pos_embed_input.proj.weight" in s, global_rng_control_latents=True),
+    latent_format="sd3", call=Call(Guidance.CFG), text_encode_apart="sd3", lora="diffusers",
+)
+
+# ------------------------------------------------------------------------------------------------ FLUX.1
+
+FLUX1 = Family(
+    key="flux", group="flux", name="Flux", label="FLUX.1-dev",
+    tasks={
+        Task.TXT2IMG.value: "FluxPipeline",
+        Task.IMG2IMG.value: "FluxImg2ImgPipeline",
+        Task.CONTROLNET.value: "FluxControlNetPipeline",
+        Task.CONTROLNET_IMG2IMG.value: "FluxControlNetImg2ImgPipeline",
+    },
+    other_pipelines=("FluxInpaintPipeline", "FluxControlNetInpaintPipeline", "FluxFillPipeline", "FluxKontextPipeline",
+                     "FluxKontextInpaintPipeline", "FluxControlPipeline", "FluxControlImg2ImgPipeline",
+                     "FluxControlInpaintPipeline", "FluxPriorReduxPipeline"),
+    denoiser="transformer", denoiser_classes=("FluxTransformer2DModel",),
+    single_file=SingleFile(pipeline="FluxPipeline", model_types=("flux-dev", "flux-schnell"),
+                           checkpoint_match=keys.flux1_file, gguf_match=keys.flux1_file, gguf_layout="bfl-flux1",
+                           architecture_check="gguf"),
+    builtin="flux", hub_id="black-forest-labs/FLUX.1-dev",
+    aliases=("flux", "flux-dev", "flux.1-dev", "flux1-dev", "black-forest-labs/flux.1-dev"),
+    native_side=1024,
+    # T5's tokens only in the stream (CLIP gives a pooled vector). FLUX.1-dev is guidance-distilled (the guidance
+    # scale is an input) and schnell needs no guidance: no CFG batch (its optional true CFG, true_cfg_scale > 1 with
+    # a negative prompt, runs two separate forwards). schnell's model card suggests max_sequence_length=256, but the
+    # pipeline's default (what runs here) is 512
+    t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
+    controlnet=ControlNetFacts(
+        kind="flux", model_class="FluxControlNetModel", label="Flux",
+        from_transformer={"num_layers": 4, "num_single_layers": 10, "attention_head_dim": 128,
+                          "num_attention_heads": 24},
+        img2img=True, guess_mode=False,
+        # 16-channel latents packed 2x2 into its input channels, patch 1 on top
+        latent_per_token=lambda c: max(1, int(c.get("in_channels", 64)) // 16) * spatial_patch(c.get("patch_size", 1)) ** 2,
+        file_match=lambda s: any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight"
+                                 for k in s)),
+    latent_format="flux", packed_latents=True,
+    call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),
+    text_encode_apart="flux", lora="diffusers",
+)
+
+# ------------------------------------------------------------------------------------------------ PixArt
+# Cross-attention transformers over a T5 prompt (the text is not in the image stream); no built-in configs.
+
+PIXART_SIGMA = Family(
+    key="pixart-sigma", group="pixart-sigma", name="PixArt-Sigma",
+    tasks={Task.TXT2IMG.value: "PixArtSigmaPipeline"}, other_pipelines=("PixArtSigmaPAGPipeline",),
+    denoiser="transformer", denoiser_classes=("PixArtTransformer2DModel",),
+    native_side=1024, t5_tokens=300, joint_tokens=0, cfg_batch=True,
+    call=Call(Guidance.CFG), lora=None,
+)
+
+PIXART_ALPHA = Family(
+    key="pixart-alpha", group="pixart-alpha", name="PixArt-Alpha",
+    tasks={Task.TXT2IMG.value: "PixArtAlphaPipeline"},
+    denoiser="transformer", denoiser_classes=("PixArtTransformer2DModel",),
+    native_side=1024, t5_tokens=120, joint_tokens=0, cfg_batch=True,
+    call=Call(Guidance.CFG), lora=None,
+)
+
+# ------------------------------------------------------------------------------------------------ generic
+# A pipeline no record knows: what the code did before there were records. Its denoiser's shapes are read with the
+# common transformer layout, a T5 prompt is taken as DEFAULT_T5_TOKENS long, CFG batches, the call gets
+# guidance_scale and the negative prompt, its LoRA loader (if it has one) is asked, and nothing A1111-specific acts.
+
+GENERIC = Family(key=GENERIC_KEY, group=GENERIC_KEY, name="", call=Call(Guidance.CFG), lora="diffusers")
+
+# Lookup order: the first record that claims a pipeline class or a file wins (SD 1.5 before SD 2.1 for their shared
+# pipeline classes). GENERIC is not in the list: it is what a lookup gives when no record claims the thing.
+FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA)

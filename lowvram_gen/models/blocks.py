@@ -1,0 +1,123 @@
+"""A denoiser's blocks: the units budget offload streams (`blocks_of`, in execution order, with their bytes),
+the part outside them that always stays (`fixed_bytes`), and group offload's groups (`block_sizes`).
+
+What a model is made of, counted on a loaded model or on one built on the meta device from its config (no
+weights): the memory profile (models/profile.py) counts them from configs, engines/sd/apply.py on the loaded
+model, and planning/residency.py splits them under a byte budget, so the plan and what runs agree.
+
+Blocks. Each element of a top-level ModuleList/Sequential is a block (a transformer's
+`transformer_blocks`, Flux's `single_transformer_blocks`). A block (or a top-level child such as the
+UNet's `mid_block`) that holds ModuleLists itself, as diffusers' UNet blocks do (`resnets`,
+`attentions`, `downsamplers`/`upsamplers`), is split into their elements, so the unit of streaming
+is one ResNet or one attention transformer (SDXL's largest, a 10-layer transformer at 1280 channels,
+is 0.6 GB in fp16 instead of a 1.3 GB down block). Execution order inside such a block:
+`resnets[i]` then `attentions[i]` for each i (diffusers' down, mid and up blocks all run that way),
+then the other lists (the samplers) in definition order. Everything that is in no block (conv_in/out,
+the time and text embeddings, the output norm, parameters of the blocks' own) is the fixed part: it
+is always resident and is not counted in `resident_bytes` (`fixed_bytes`).
+"""
+
+from __future__ import annotations
+
+# UNet blocks run resnets[i] then attentions[i]; the other lists of a block (samplers) run after them.
+_INTERLEAVED = ("resnets", "attentions")
+
+
+def _is_list(module) -> bool:
+    import torch
+
+    return isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential))
+
+
+def _units(name: str, module) -> list[tuple[str, object]]:
+    """`module` as streamable units: itself, or the elements of its ModuleLists in execution order. A
+    unit that itself holds one block list (a UNet attention's `transformer_blocks`: SDXL's 10-layer
+    transformers are 0.6 GB each in fp16) is split into those blocks, so two units in flight stay small
+    and the budget is filled to within a block of ~60 MB; what sits around the list (norm, proj_in,
+    proj_out) joins the always-resident fixed part."""
+    lists = [(n, c) for n, c in module.named_children() if _is_list(c)]
+    if not lists:
+        return [(name, module)]
+    by_name = dict(lists)
+    out = []
+    interleaved = [by_name[n] for n in _INTERLEAVED if n in by_name]
+    for i in range(max((len(x) for x in interleaved), default=0)):
+        for list_name in _INTERLEAVED:
+            if list_name in by_name and i < len(by_name[list_name]):
+                out.extend(_inner_blocks(f"{name}.{list_name}.{i}", by_name[list_name][i]))
+    for list_name, child in lists:
+        if list_name not in _INTERLEAVED:
+            for i, m in enumerate(child):
+                out.extend(_inner_blocks(f"{name}.{list_name}.{i}", m))
+    return out
+
+
+def _inner_blocks(name: str, module) -> list[tuple[str, object]]:
+    """`module` whole, or the elements of its one block list when it has exactly one (see `_units`)."""
+    lists = [(n, c) for n, c in module.named_children() if _is_list(c)]
+    if len(lists) == 1 and len(lists[0][1]) > 1:
+        list_name, child = lists[0]
+        return [(f"{name}.{list_name}.{i}", m) for i, m in enumerate(child)]
+    return [(name, module)]
+
+
+def _top_level(module) -> list[tuple[str, object]]:
+    """Children in execution order: definition order, except that diffusers' UNets register `up_blocks`
+    before `mid_block`, which runs between the down and the up blocks."""
+    children = list(module.named_children())
+    names = [n for n, _ in children]
+    if "mid_block" in names and "up_blocks" in names and names.index("mid_block") > names.index("up_blocks"):
+        mid = children.pop(names.index("mid_block"))
+        children.insert(names.index("up_blocks"), mid)
+    return children
+
+
+def block_modules(module) -> list[tuple[str, object]]:
+    """The streamable blocks of a denoiser as (name, submodule), in execution order (see the module doc)."""
+    out = []
+    for name, child in _top_level(module):
+        if _is_list(child):
+            for i, element in enumerate(child):
+                out.extend(_units(f"{name}.{i}", element))
+        elif any(_is_list(c) for c in child.children()):
+            out.extend(_units(name, child))
+    return out
+
+
+def _tensor_bytes(tensors, bytes_per_element: int | None) -> int:
+    total, seen = 0, set()
+    for t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        size = bytes_per_element if bytes_per_element and t.dtype.is_floating_point else t.element_size()
+        total += t.numel() * size
+    return total
+
+
+def module_bytes(module, bytes_per_element: int | None = None) -> int:
+    """Parameter and buffer bytes of `module` (`bytes_per_element`: count floating tensors at that size,
+    e.g. 2 for a float16 plan of a model built in float32 on the meta device)."""
+    return _tensor_bytes([*module.parameters(), *module.buffers()], bytes_per_element)
+
+
+def blocks_of(module, bytes_per_element: int | None = None) -> list[tuple[str, int]]:
+    """[(name, bytes)] of the denoiser's streamable blocks in execution order; works on a meta-device
+    model (bytes from shapes and dtypes). Names are `module.get_submodule` paths."""
+    return [(name, module_bytes(m, bytes_per_element)) for name, m in block_modules(module)]
+
+
+def fixed_bytes(module, bytes_per_element: int | None = None) -> int:
+    """Bytes of the denoiser outside every block: always resident under offload = "budget"."""
+    return module_bytes(module, bytes_per_element) - sum(b for _, b in blocks_of(module, bytes_per_element))
+
+
+def block_sizes(model) -> tuple[list[int], int, int]:
+    """The parameter counts of a denoiser's (or ControlNet's) blocks, the units group offload and the budget stream:
+    each block of its ModuleLists/Sequentials, the sum of those, and the model's whole count."""
+    import torch
+
+    blocks = [sum(p.numel() for p in block.parameters())
+              for child in model.children() if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential))
+              for block in child]
+    return blocks, sum(blocks), sum(p.numel() for p in model.parameters())
