@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from lowvram_gen import families
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.networks.files import models_root
 
@@ -80,13 +81,10 @@ def check_method(value) -> str:
 
 
 def latent_format(pipe) -> str | None:
-    """The latent format of a pipeline (txt2img or img2img), by its diffusers class; None where we have none."""
-    name = type(pipe).__name__
-    for prefix, key in (("StableDiffusionXL", "sdxl"), ("StableDiffusion3", "sd3"), ("Flux", "flux"),
-                        ("StableDiffusion", "sd")):
-        if name.startswith(prefix):
-            return key
-    return None
+    """The latent format of a pipeline (any of its family's), as its family's record says (FORMATS' key); None where
+    we have none (a family no record knows, or one without a format here)."""
+    key = families.of_pipe(pipe).latent_format
+    return key if key in FORMATS else None
 
 
 def renderer(pipe, method: str = "auto", models: Path | None = None) -> tuple[Render | None, str]:
@@ -97,7 +95,8 @@ def renderer(pipe, method: str = "auto", models: Path | None = None) -> tuple[Re
     key = latent_format(pipe)
     if method == "off" or key is None:
         return None, "off"
-    fmt = FORMATS[key]
+    # whether the denoiser holds its latents packed into a sequence is the family's (its record), not the format's
+    fmt = replace(FORMATS[key], packed=families.of_pipe(pipe).packed_latents)
     scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
     if method in ("auto", "taesd"):
         found = find_taesd(fmt, models)

@@ -164,7 +164,7 @@ def a1111_name(scheduler) -> str:
     cls, config = type(scheduler).__name__, scheduler.config
     if cls == "PNDMScheduler" and not config.get("skip_prk_steps", False):
         return cls  # PNDM with its Runge-Kutta warm-up steps is not A1111's PLMS
-    params = inspect.signature(type(scheduler).__init__).parameters
+    params = inspect.signature(type(scheduler).__init__).parameters  # the scheduler class's settings, not a family
     same_class = [(name, extra) for name, (cls_name, extra) in SAMPLERS.items() if cls_name == cls]
     telling = {key for _, extra in same_class for key in extra}  # the keys that tell them apart
     for name, extra in same_class:

@@ -70,6 +70,7 @@ def check_schedule_type(value: object, field: str = "schedule type") -> str:
 
 
 def _takes(cls) -> set[str]:
+    # the settings a scheduler class takes (schedulers are shared by every family): no family decision
     return set(inspect.signature(cls.__init__).parameters) - _IGNORED_KEYS.get(cls.__name__, set())
 
 

@@ -106,6 +106,11 @@ class ControlNetFacts:
     # from the call's generators: the engine seeds that state from the pass's seed
     global_rng_control_latents: bool = False
 
+    # --- execution side (added)
+    # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run
+    # together in one job (False for FLUX.1: FluxMultiControlNetModel reads the control images one way for all)
+    mixes_kinds: bool = True
+
 
 def transformer_shape(config: Mapping) -> tuple[int, int]:
     """(hidden width, spatial patch edge) of a transformer denoiser from its config, the layout most diffusers
@@ -177,6 +182,25 @@ class Family:
     # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)
     lora: str | None = "diffusers"
     splits_decode: bool = False  # its txt2img call can stop at latents and decode on its own (hires latent upscale)
+
+    # --- execution side (added)
+    # tasks whose pipeline __call__ takes no width/height: it keeps the init image's size (SD/SDXL img2img); the
+    # others are given the pass's size, or they resize the init image to the model's native size (SD3, FLUX.1)
+    unsized_tasks: tuple[str, ...] = ()
+    # tasks whose pipeline __call__ takes no negative prompt although its txt2img one does (FLUX.1's ControlNet
+    # img2img); where `call.takes_negative_prompt` is False no task takes one
+    no_negative_prompt_tasks: tuple[str, ...] = ()
+    # its pipelines load textual-inversion embeddings (load_textual_inversion); None: a family no record knows,
+    # whose pipeline object is asked
+    textual_inversion: bool | None = None
+
+    def takes_negative_prompt(self, task: str | Task = Task.TXT2IMG) -> bool:
+        """Whether the pipeline of `task` takes a negative prompt argument at all."""
+        return self.call.takes_negative_prompt and Task(task).value not in self.no_negative_prompt_tasks
+
+    def takes_size(self, task: str | Task) -> bool:
+        """Whether the pipeline of `task` takes width and height."""
+        return Task(task).value not in self.unsized_tasks
 
     @property
     def pipelines(self) -> tuple[str, ...]:

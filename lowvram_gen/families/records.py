@@ -44,6 +44,8 @@ _SD_FILE = dict(
 _UNET_CONTROLNET = ControlNetFacts(kind="sd", model_class="ControlNetModel")
 # what our A1111 layer does for SD 1.x/2.x and SDXL: its own prompt encoding, clip skip, variation seeds, LoRA keys
 _A1111 = dict(clip_skip=True, variation_seeds=True, text_encode_apart="a1111", lora="a1111", splits_decode=True)
+# --- execution side (added): their img2img pipelines keep the init image's size (no width/height argument)
+_UNET_EXEC = dict(unsized_tasks=(Task.IMG2IMG.value,), textual_inversion=True)
 
 SD15 = Family(
     key="sd15", group="sd", name="SD 1.x/2.x", label="SD 1.5", version_label="SD 1.x",
@@ -57,6 +59,7 @@ SD15 = Family(
              "stable-diffusion-v1-5/stable-diffusion-v1-5", "runwayml/stable-diffusion-v1-5"),
     native_side=512, controlnet=_UNET_CONTROLNET,
     latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="sd", **_A1111,
+    **_UNET_EXEC,  # --- execution side (added)
 )
 
 SD21 = Family(
@@ -69,6 +72,7 @@ SD21 = Family(
     aliases=("sd21", "sd2.1", "sd-2.1", "sd2", "stabilityai/stable-diffusion-2-1"),
     native_side=768, controlnet=_UNET_CONTROLNET,
     latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="sd", **_A1111,
+    **_UNET_EXEC,  # --- execution side (added)
 )
 
 # -------------------------------------------------------------------------------------------------- SDXL
@@ -101,6 +105,7 @@ SDXL = Family(
     aliases=("sdxl", "sd-xl", "sdxl-base", "stabilityai/stable-diffusion-xl-base-1.0"),
     native_side=1024, vae_force_upcast=True, controlnet=_UNET_CONTROLNET,
     latent_format="sdxl", call=Call(Guidance.CFG), prompt_encoding="sdxl", **_A1111,
+    **_UNET_EXEC,  # --- execution side (added)
 )
 
 # --------------------------------------------------------------------------------------------------- SD3
@@ -128,6 +133,8 @@ SD3 = Family(
         latent_per_token=lambda c: spatial_patch(c.get("patch_size", 2)) ** 2,
         file_match=lambda s: "pos_embed_input.proj.weight" in s, global_rng_control_latents=True),
     latent_format="sd3", call=Call(Guidance.CFG), text_encode_apart="sd3", lora="diffusers",
+    # --- execution side (added)
+    textual_inversion=False,
 )
 
 # ------------------------------------------------------------------------------------------------ FLUX.1
@@ -163,10 +170,14 @@ FLUX1 = Family(
         # 16-channel latents packed 2x2 into its input channels, patch 1 on top
         latent_per_token=lambda c: max(1, int(c.get("in_channels", 64)) // 16) * spatial_patch(c.get("patch_size", 1)) ** 2,
         file_match=lambda s: any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight"
-                                 for k in s)),
+                                 for k in s),
+        mixes_kinds=False),  # --- execution side (added)
     latent_format="flux", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),
     text_encode_apart="flux", lora="diffusers",
+    # --- execution side (added): its ControlNet img2img pipeline takes no negative prompt; its pipelines carry
+    # diffusers' textual-inversion loader
+    no_negative_prompt_tasks=(Task.CONTROLNET_IMG2IMG.value,), textual_inversion=True,
 )
 
 # ------------------------------------------------------------------------------------------------ PixArt
@@ -178,6 +189,7 @@ PIXART_SIGMA = Family(
     denoiser="transformer", denoiser_classes=("PixArtTransformer2DModel",),
     native_side=1024, t5_tokens=300, joint_tokens=0, cfg_batch=True,
     call=Call(Guidance.CFG), lora=None,
+    textual_inversion=False,  # --- execution side (added)
 )
 
 PIXART_ALPHA = Family(
@@ -186,6 +198,7 @@ PIXART_ALPHA = Family(
     denoiser="transformer", denoiser_classes=("PixArtTransformer2DModel",),
     native_side=1024, t5_tokens=120, joint_tokens=0, cfg_batch=True,
     call=Call(Guidance.CFG), lora=None,
+    textual_inversion=False,  # --- execution side (added)
 )
 
 # ------------------------------------------------------------------------------------------------ generic

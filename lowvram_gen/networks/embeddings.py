@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from lowvram_gen import families
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.networks import files
 from lowvram_gen.networks.hooks import hooks_lifted
@@ -128,6 +129,13 @@ def _plan(pipe, vectors: dict) -> list[tuple[str, str, object]]:
     return [(te, tok, v) for (te, tok), v in zip(encoders, pick)]
 
 
+def takes_embeddings(pipe) -> bool:
+    """Whether the pipeline loads textual-inversion embeddings: its family's record says (`textual_inversion`); a
+    family no record knows is asked whether its pipeline object has diffusers' loader."""
+    said = families.of_pipe(pipe).textual_inversion
+    return hasattr(pipe, "load_textual_inversion") if said is None else said
+
+
 def _describe(vectors: dict) -> str:
     return ", ".join(f"{k}: {tuple(v.shape)}" for k, v in vectors.items())
 
@@ -205,7 +213,7 @@ def load_embeddings_used(pipe, prompt: str, negative: str = "",
     result.prompt, result.negative_prompt = texts
     if not wanted:
         return result
-    if not hasattr(pipe, "load_textual_inversion"):
+    if not takes_embeddings(pipe):
         result.warnings.append(f"{type(pipe).__name__} does not take textual-inversion embeddings: "
                                f"{', '.join(wanted)} ignored")
         return result

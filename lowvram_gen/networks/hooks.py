@@ -38,7 +38,7 @@ def has_offload_hooks(pipe) -> bool:
     from diffusers.hooks.group_offloading import _is_group_offload_enabled
 
     for module in _torch_modules(pipe).values():
-        if hasattr(module, "_hf_hook") or _is_group_offload_enabled(module):
+        if hasattr(module, "_hf_hook") or _is_group_offload_enabled(module):  # the module's hook state
             return True
     return False
 

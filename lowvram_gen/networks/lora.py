@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lowvram_gen import families
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.models.quiet import libraries_silenced
 from lowvram_gen.networks import files
@@ -134,7 +135,7 @@ def _delete(pipe, name: str) -> None:
         module = getattr(pipe, comp, None)
         if module is not None and name in getattr(module, "peft_config", {}):
             delete_adapter_layers(module, name)
-            if hasattr(module, "peft_config"):
+            if hasattr(module, "peft_config"):  # this module's state: peft's adapters on it
                 module.peft_config.pop(name, None)
 
 
@@ -202,6 +203,15 @@ def _first_line(exc: BaseException) -> str:
     return (said[0] if said else type(exc).__name__)[:240]
 
 
+def takes_loras(pipe) -> bool:
+    """Whether the pipeline has a LoRA loader: its family's record says (`lora`); a family no record knows is asked
+    whether its pipeline object has diffusers' loader (the generic record's 'its loader, if it has one')."""
+    record = families.of_pipe(pipe)
+    if record.lora is None:
+        return False
+    return not record.is_generic or hasattr(pipe, "load_lora_weights")
+
+
 def activate_loras(pipe, refs: list[LoraRef], reapply_memory: Callable[[], object] | None = None) -> list[str]:
     """Make exactly `refs` active on `pipe` with their weights for the next job; returns warnings.
 
@@ -215,7 +225,7 @@ def activate_loras(pipe, refs: list[LoraRef], reapply_memory: Callable[[], objec
     loaded: dict[str, _Loaded] = getattr(pipe, _STATE, None) or {}
     if not refs and not loaded:
         return warnings
-    if refs and not hasattr(pipe, "load_lora_weights"):
+    if refs and not takes_loras(pipe):
         raise InvalidRequest("LoRA", refs[0].name, f"{type(pipe).__name__} does not take LoRAs")
     paths = [find_lora(ref.name) for ref in refs]  # every name checked before anything is loaded
     if refs:

@@ -30,12 +30,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowvram_gen.families import Task
+from lowvram_gen.families.execution import task_of
 from lowvram_gen.prompting.chunks import embedding_groups, empty_chunk, token_weights
 from lowvram_gen.prompting.parse import find_unsupported, strip_syntax, uses_syntax
 
 MIN_MEAN_RATIO = 0.25  # see _emphasis: outside [0.25, 4] the mean carries no information
-_SD = {"StableDiffusionPipeline", "StableDiffusionImg2ImgPipeline"}
-_SDXL = {"StableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline"}
 
 
 @dataclass
@@ -54,13 +54,10 @@ class PromptEmbeds:
 
 
 def family(pipe) -> str | None:
-    """'sd', 'sdxl', or None for pipelines whose prompts we do not encode (SD3, Flux, ...)."""
-    names = {cls.__name__ for cls in type(pipe).__mro__}
-    if names & _SDXL:
-        return "sdxl"
-    if names & _SD:
-        return "sd"
-    return None
+    """The record's prompt encoding ('sd', 'sdxl') for its txt2img and img2img pipelines, or None for pipelines
+    whose prompts we do not encode (SD3, Flux, ..., and the family's other pipelines)."""
+    record, task = task_of(pipe)
+    return record.prompt_encoding if task in (Task.TXT2IMG, Task.IMG2IMG) else None
 
 
 def syntax_warnings(prompt: str, negative: str = "") -> list[str]:

@@ -105,7 +105,7 @@ class PipelineOps:
         pipe.remove_all_hooks()  # accelerate hooks of model offload
         pipe.__dict__.pop("_lowvram_controlnet_hooks", None)
         for module in attached(pipe).values():  # not components: remove_all_hooks does not see them
-            if hasattr(module, "_hf_hook"):
+            if hasattr(module, "_hf_hook"):  # this module's state (accelerate hooked it), not a family
                 from accelerate.hooks import remove_hook_from_module
 
                 remove_hook_from_module(module, recurse=True)
@@ -115,13 +115,13 @@ class PipelineOps:
                 if isinstance(registry, HookRegistry):
                     for name in _GROUP_HOOKS:
                         registry.remove_hook(name, recurse=False)
-        if hasattr(pipe, "disable_attention_slicing"):
+        if hasattr(pipe, "disable_attention_slicing"):  # diffusers' API on this class, not a family decision
             pipe.disable_attention_slicing()
         if getattr(pipe, _STATE, {}).get("attention") == "xformers":
             pipe.disable_xformers_memory_efficient_attention()
         vae = getattr(pipe, "vae", None)
         for method in ("disable_slicing", "disable_tiling"):
-            if hasattr(vae, method):
+            if hasattr(vae, method):  # the VAE class's API (its tiling/slicing methods), not a family
                 getattr(vae, method)()
 
     def cast(self, dtype: str, skip: tuple[str, ...] = ()) -> None:
@@ -162,7 +162,7 @@ class PipelineOps:
             if storage == compute:
                 continue
             patterns = getattr(module, "_skip_layerwise_casting_patterns", None) or DEFAULT_SKIP_MODULES_PATTERN
-            if not hasattr(module, "enable_layerwise_casting"):
+            if not hasattr(module, "enable_layerwise_casting"):  # a diffusers ModelMixin or not: the module's API
                 # a transformers text encoder reports its first parameter's dtype (the token embedding's), and
                 # its pipeline casts the prompt embeddings to it: keep the embeddings in the compute dtype
                 patterns = (*patterns, "embed")
@@ -230,7 +230,7 @@ class PipelineOps:
                           offload_type="leaf_level" if by_leaf else "block_level",
                           num_blocks_per_group=None if by_leaf else 1, use_stream=use_stream,
                           low_cpu_mem_usage=use_stream and not (pinned and name in every_step))
-            if hasattr(component, "enable_group_offload"):
+            if hasattr(component, "enable_group_offload"):  # a diffusers ModelMixin or not: the component's API
                 component.enable_group_offload(**kwargs)
             else:
                 apply_group_offloading(module=component, **kwargs)
@@ -306,7 +306,7 @@ class PipelineOps:
     def vae_tiling(self, tile_px: int) -> None:
         vae = self.pipe.vae
         vae.enable_tiling()
-        if hasattr(vae, "tile_sample_min_size"):  # AutoencoderKL: tiles in pixels, and the same in latents
+        if hasattr(vae, "tile_sample_min_size"):  # the VAE class (AutoencoderKL): tiles in pixels, and in latents
             factor = 2 ** (len(vae.config.block_out_channels) - 1)
             vae.tile_sample_min_size = tile_px
             vae.tile_latent_min_size = tile_px // factor

@@ -23,6 +23,8 @@ import contextlib
 import logging
 
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.families import ControlNetFacts, Task
+from lowvram_gen.families.execution import task_of
 from lowvram_gen.models import controlnet as models
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ def _unhook(module) -> None:
 
     from lowvram_gen.engines.sd.apply import _GROUP_HOOKS
 
-    if hasattr(module, "_hf_hook"):
+    if hasattr(module, "_hf_hook"):  # this module's state: accelerate hooked it
         from accelerate.hooks import remove_hook_from_module
 
         remove_hook_from_module(module, recurse=True)
@@ -106,9 +108,9 @@ def control_pipe(pipe, img2img: bool, controlnet, inpaint: bool = False):
     (diffusers 0.42), which would undo the memory settings (fp16 weights doubled in place, sdnq's int8 refused)."""
     from diffusers import AutoPipelineForImage2Image, AutoPipelineForInpainting, AutoPipelineForText2Image
 
-    from lowvram_gen.prompting.encode import family
-
-    if family(pipe) is None:
+    record, task = task_of(pipe)
+    wanted = Task.CONTROLNET_INPAINT if inpaint else Task.CONTROLNET_IMG2IMG if img2img else Task.CONTROLNET
+    if task not in (Task.TXT2IMG, Task.IMG2IMG) or not record.has_task(wanted):
         raise InvalidRequest("controlnet", type(pipe).__name__,
                              "ControlNet needs an SD 1.x/2.x, SDXL, SD3 or Flux text-to-image pipeline")
     auto = AutoPipelineForInpainting if inpaint else AutoPipelineForImage2Image if img2img else \
@@ -127,7 +129,7 @@ def for_pass(pipe, step) -> tuple[object, dict] | None:
     if not units:
         return None
     modules = unit_modules(pipe, len(units))
-    if transformer_family(pipe) is not None:
+    if transformer_controlnet(pipe) is not None:
         return transformer_pass(pipe, step, modules)
     img2img = step.init is not None
     control = control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules, inpaint=step.mask is not None)
@@ -164,6 +166,7 @@ def soften(modules: list, on: bool) -> None:
 def _soft_residuals(module, _args, output):
     if not getattr(module, "_lowvram_soft", False):
         return output
+    # the output object's kind (diffusers' ControlNetOutput, or a plain tuple), not a family
     down, mid = (output.down_block_res_samples, output.mid_block_res_sample) if hasattr(output, "mid_block_res_sample") \
         else output
     scaled = [r * SOFT_BASE ** float(12 - i) for i, r in enumerate([*down, mid])]
@@ -194,14 +197,14 @@ def infotext_fields(pipe, request) -> dict:
 _NEGATIVE = ("negative_prompt", "negative_prompt_2", "negative_prompt_embeds", "negative_pooled_prompt_embeds")
 
 
-def transformer_family(pipe) -> str | None:
-    """'sd3' or 'flux' for the SD3/Flux text-to-image pipelines the ControlNet ones are made from, else None."""
-    name = type(pipe).__name__
-    if name in ("StableDiffusion3Pipeline", "StableDiffusion3Img2ImgPipeline"):
-        return "sd3"
-    if name in ("FluxPipeline", "FluxImg2ImgPipeline"):
-        return "flux"
-    return None
+def transformer_controlnet(pipe) -> ControlNetFacts | None:
+    """The ControlNet facts of a transformer family (SD3, Flux) for its text-to-image and image-to-image pipelines,
+    which the ControlNet ones are made from (the family's record); None for others (a UNet family's go through
+    `control_pipe`)."""
+    record, task = task_of(pipe)
+    if record.controlnet is None or record.denoiser != "transformer" or task not in (Task.TXT2IMG, Task.IMG2IMG):
+        return None
+    return record.controlnet
 
 
 def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
@@ -213,14 +216,15 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
 
     units = step.request.controlnets
     img2img = step.init is not None
-    family = transformer_family(pipe)
-    why = transformer_refusal(family, img2img, step.request.control_mode)
+    facts = transformer_controlnet(pipe)
+    why = transformer_refusal(facts.kind, img2img, step.request.control_mode)
     if why:
         raise InvalidRequest("controlnet", units[0].model, why)
-    if family == "flux" and len({getattr(m, "input_hint_block", None) is None for m in modules}) > 1:
+    if not facts.mixes_kinds and len({getattr(m, "input_hint_block", None) is None for m in modules}) > 1:
         # FluxMultiControlNetModel reads the control images one way for all, as its first ControlNet wants them
-        raise InvalidRequest("controlnet", units[1].model, "Flux ControlNets of the two kinds (XLabs', with a "
-                             "conditioning embedding, and InstantX's, on VAE latents) cannot run together in diffusers")
+        raise InvalidRequest("controlnet", units[1].model, f"{facts.label} ControlNets of the two kinds (XLabs', with "
+                             "a conditioning embedding, and InstantX's, on VAE latents) cannot run together in "
+                             "diffusers")
     auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
     control = auto.from_pipe(pipe, controlnet=modules[0] if len(modules) == 1 else modules)
     control.set_progress_bar_config(disable=True)
@@ -235,22 +239,25 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
 
 
 def fit_call(control, kwargs: dict) -> dict:
-    """`kwargs` without the negative-prompt arguments a ControlNet pipeline does not take (FluxControlNetImg2ImgPipeline
-    has none: Flux ignores a negative prompt without true CFG, as engines/sd/job.py warns)."""
-    import inspect
-
-    accepted = inspect.signature(type(control).__call__).parameters
-    return {k: v for k, v in kwargs.items() if k in accepted or k not in _NEGATIVE}
+    """`kwargs` without the negative-prompt arguments a ControlNet pipeline does not take, as its family's record says
+    (FluxControlNetImg2ImgPipeline has none: Flux ignores a negative prompt without true CFG, as engines/sd/job.py
+    warns)."""
+    record, task = task_of(control)
+    if task is not None and record.takes_negative_prompt(task):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k not in _NEGATIVE}
 
 
 @contextlib.contextmanager
 def seeded(control, seeds: list[int], device: str):
     """SD3's ControlNet pipeline encodes the control image with the VAE and samples those latents from torch's global
-    random state, not from the call's generators: seeded from the pass's first seed here (and that state restored
-    after), so a seed gives the same image each time, as every other pipeline does. Others: nothing."""
+    random state, not from the call's generators (its record's `global_rng_control_latents`): seeded from the pass's
+    first seed here (and that state restored after), so a seed gives the same image each time, as every other
+    pipeline does. Others, and no ControlNet pipeline (None): nothing."""
     import torch
 
-    if not type(control).__name__.startswith("StableDiffusion3ControlNet"):
+    facts = task_of(control)[0].controlnet if control is not None else None
+    if facts is None or not facts.global_rng_control_latents:
         yield
         return
     kind = torch.device(device).type

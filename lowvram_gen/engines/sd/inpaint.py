@@ -15,29 +15,32 @@ from __future__ import annotations
 
 import contextlib
 
+from lowvram_gen import families
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.families import Task
+from lowvram_gen.families.execution import task_of
 
 INPAINT_CHANNELS = 9  # latents 4 + mask 1 + masked image latents 4
 
 
 def is_inpainting_model(pipe) -> bool:
     """Whether the pipeline's UNet is an inpainting one (in_channels 9)."""
-    unet = getattr(pipe, "unet", None)
+    unet = getattr(pipe, "unet", None)  # this object's denoiser and its config: a checkpoint's, not a family's
     return unet is not None and int(unet.config.get("in_channels", 4)) == INPAINT_CHANNELS
 
 
 def check(pipe, request) -> None:
-    """An inpainting model without a mask, or a mask on a pipeline with no inpaint pipeline, is refused before any
-    step runs."""
-    from lowvram_gen.prompting.encode import family
-
+    """An inpainting model without a mask, or a mask on a pipeline whose family has no inpaint pipeline (its record's
+    tasks), is refused before any step runs."""
     if is_inpainting_model(pipe) and not request.mask:
         raise InvalidRequest("model", request.model, "is an inpainting model (its UNet takes 9 input channels): use "
                              "it with inpaint and a mask (lowvram-gen inpaint PROMPT --init IMAGE --mask MASK)")
-    if request.mask and family(pipe) is None:
-        raise InvalidRequest("mask", request.mask, f"inpainting is built for SD 1.x/2.x and SDXL, not "
-                                                   f"{type(pipe).__name__}")
+    record, task = task_of(pipe)
+    if request.mask and (task not in (Task.TXT2IMG, Task.IMG2IMG) or not record.has_task(Task.INPAINT)):
+        names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
+        built = " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))  # 'SD 1.x/2.x and SDXL'
+        raise InvalidRequest("mask", request.mask, f"inpainting is built for {built}, not {type(pipe).__name__}")
 
 
 def inpaint_pipe(pipe):

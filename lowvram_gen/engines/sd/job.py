@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from lowvram_gen import outputs
+from lowvram_gen import families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
@@ -124,7 +124,7 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     sampler = request.sampler if request.sampler != DEFAULT else a1111_name(pipe.scheduler)
     schedule = infotext_schedule(pipe.scheduler, sampler, request.schedule_type, prepared.schedule_applied)
     saver = _Saver(request, (sampler, schedule), ladder, source, device, outdir, prepared.fields, list(plan_notes),
-                   clip_skip=request.clip_skip if family(pipe) is not None else 1,
+                   clip_skip=request.clip_skip if families.of_pipe(pipe).clip_skip else 1,
                    hires_sampler=_hires_sampler(pipe, request, prepared.hires_schedule_applied))
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts, skip=skip,
@@ -169,7 +169,7 @@ def _variation(pipe, request: GenerationRequest) -> tuple[GenerationRequest, str
     their own way), without them and a warning that says so (the PNG does not claim them)."""
     if request.subseed_strength == 0 and request.seed_resize_from is None:
         return request, None
-    if family(pipe) is not None:
+    if families.of_pipe(pipe).variation_seeds:
         return request.with_subseed(), None
     return (replace(request, subseed_strength=0.0, seed_resize_from_w=0, seed_resize_from_h=0),
             f"variation seed and seed resize are not used: {type(pipe).__name__} draws its noise its own way "

@@ -22,9 +22,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from lowvram_gen import families
 from lowvram_gen.engines.sd import controlnet, inpaint
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.families import Task
+from lowvram_gen.families.execution import task_of
 from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT, build_scheduler
@@ -101,13 +104,23 @@ class Texts:
 def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
     """The pipeline call's text arguments for `n` images: A1111-weighted, chunked embeddings for SD and
     SDXL (prompting.encode; a plain prompt gives exactly diffusers' own embeddings), the plain strings
-    with the weighting syntax stripped for pipelines with other text encoders (SD3, Flux, ...)."""
+    with the weighting syntax stripped for pipelines with other text encoders (SD3, Flux, ...). The negative
+    prompt goes only to a call that takes one (the family's record: Flux.2 and SANA have none)."""
     embeds = encode_prompts(pipe, texts.prompt, texts.negative_prompt, n, None, clip_skip=texts.clip_skip, do_cfg=cfg)
     if embeds is not None:
         return embeds.as_kwargs()
     prompt = plain_prompt_for(pipe, texts.prompt)[0]
+    if not families.of_pipe(pipe).call.takes_negative_prompt:
+        return dict(prompt=[prompt] * n)
     negative = plain_prompt_for(pipe, texts.negative_prompt)[0]
     return dict(prompt=[prompt] * n, negative_prompt=[negative] * n if negative else None)
+
+
+def guidance_kwargs(pipe, scale: float) -> dict:
+    """The call's CFG argument with `scale`, as the family's record names it (`guidance_scale`; `true_cfg_scale` for
+    Qwen-Image's CFG); none for a call that takes no guidance."""
+    argument = families.of_pipe(pipe).call.cfg_argument
+    return {argument: scale} if argument else {}
 
 
 def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
@@ -124,17 +137,19 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
     prompt = plain_prompt_for(pipe, texts.prompt)[0]
     negative = plain_prompt_for(pipe, texts.negative_prompt)[0]
     name = type(pipe).__name__
-    length = _call_default(pipe, "max_sequence_length")
+    record = families.of_pipe(pipe)
+    length = record.t5_tokens  # the call's default max_sequence_length, which the call would pass
+    style = record.text_encode_apart
     device = pipe._execution_device
     with torch.no_grad():
-        if name.startswith("Flux"):  # its negative prompt counts only with true CFG, which we never turn on
-            if not ignores_negative_prompt(pipe):
+        if style == "flux":  # its negative prompt counts only with true CFG, which we never turn on
+            if record.call.negative_prompt:
                 raise InvalidRequest("text_encoders", "reloaded", f"{name} with true CFG is not supported with "
                                      "text encoders reloaded per job; use text_encoders = 'kept'")
             embeds, pooled, _ids = pipe.encode_prompt(prompt=[prompt], prompt_2=None, device=device,
                                                       num_images_per_prompt=1, max_sequence_length=length)
             return dict(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
-        if name.startswith("StableDiffusion3"):
+        if style == "sd3":
             out = pipe.encode_prompt(prompt=[prompt], prompt_2=None, prompt_3=None, device=device,
                                      num_images_per_prompt=1, do_classifier_free_guidance=cfg,
                                      negative_prompt=[negative] if negative else None, max_sequence_length=length)
@@ -171,8 +186,10 @@ class Denoised:
 
 
 def splits_decode(pipe) -> bool:
-    """Whether this pipeline's decode can run on its own (SD 1.x/2.x and SDXL)."""
-    return type(pipe).__name__ in ("StableDiffusionPipeline", "StableDiffusionXLPipeline")
+    """Whether this pipeline's decode can run on its own: its family's record says so of its txt2img pipeline
+    (SD 1.x/2.x and SDXL)."""
+    record, task = task_of(pipe)
+    return record.splits_decode and task is Task.TXT2IMG
 
 
 def size_multiple(pipe) -> int:
@@ -214,7 +231,7 @@ def check_request(pipe, request) -> None:
 
 
 def _flow_matching(scheduler) -> bool:
-    name = type(scheduler).__name__
+    name = type(scheduler).__name__  # the scheduler object's kind (any family's folder may hold one), not a family
     return name.startswith("FlowMatch") or scheduler.config.get("prediction_type") == "flow_prediction"
 
 
@@ -228,7 +245,7 @@ def set_sampler(pipe, sampler: str, schedule_type: str = AUTOMATIC) -> str | Non
 
 def _scheduler(pipe, sampler: str, schedule_type: str, field: str) -> tuple:
     """(the scheduler for `sampler` and `schedule_type` built on the model folder's own, a warning or None)."""
-    if not hasattr(pipe, "_lowvram_scheduler"):
+    if not hasattr(pipe, "_lowvram_scheduler"):  # this object's state: its folder's scheduler not kept yet
         pipe._lowvram_scheduler = pipe.scheduler  # the folder's own, kept for 'default'
     base = pipe._lowvram_scheduler
     if sampler != DEFAULT and _flow_matching(base):
@@ -266,7 +283,8 @@ def scheduler_swapped(pipe, scheduler):
 
 
 def _call_default(pipe, name: str):
-    """The default of `name` in the pipeline's __call__, or None where it takes no such argument."""
+    """The default of `name` in the pipeline's __call__, or None where it takes no such argument: read only for a
+    family no record knows (a record says its own, `t5_tokens`)."""
     param = inspect.signature(type(pipe).__call__).parameters.get(name)
     return None if param is None or param.default is inspect.Parameter.empty else param.default
 
@@ -277,9 +295,11 @@ def prompt_token_count(pipe, prompt: str) -> tuple[int, int]:
     the prompt is counted with that tokenizer against that length."""
     if not prompt:
         return 0, 0
-    limit = _call_default(pipe, "max_sequence_length")
+    record = families.of_pipe(pipe)
+    limit = record.t5_tokens if not record.is_generic else _call_default(pipe, "max_sequence_length")
     for name in ("tokenizer_2", "tokenizer_3"):
         tokenizer = getattr(pipe, name, None)
+        # the tokenizer object's kind (a T5 one counts T5 tokens), not the family's
         if limit and tokenizer is not None and type(tokenizer).__name__.startswith("T5"):
             return len(tokenizer(prompt, truncation=False).input_ids), int(limit)
     tokenizer = getattr(pipe, "tokenizer", None)
@@ -289,10 +309,10 @@ def prompt_token_count(pipe, prompt: str) -> tuple[int, int]:
 
 
 def ignores_negative_prompt(pipe) -> bool:
-    """Whether the pipeline, called as we call it, drops a negative prompt: Flux takes one only for its
-    true CFG (true_cfg_scale > 1, default 1.0), which we do not turn on, as a plain diffusers call does not."""
-    scale = _call_default(pipe, "true_cfg_scale")
-    return scale is not None and scale <= 1
+    """Whether the pipeline, called as we call it, drops a negative prompt (its family's record): Flux takes one
+    only for its true CFG (true_cfg_scale > 1, default 1.0), which we do not turn on, as a plain diffusers call
+    does not; Flux.2 and SANA take none."""
+    return not families.of_pipe(pipe).call.negative_prompt
 
 
 def _generators(seeds: list[int], device: str):
@@ -385,7 +405,7 @@ def _variation_noise(pipe, step: Pass, device: str):
 
     if step.init is None:
         original = pipe.prepare_latents
-        signature = inspect.signature(original)
+        signature = inspect.signature(original)  # to bind the call's own arguments by name, not to guess a family
 
         def prepare(*args, **kwargs):
             call = signature.bind(*args, **kwargs).arguments
@@ -441,6 +461,7 @@ def encode(pipe, images, device: str):
 def stops_early(pipe) -> bool:
     """Whether the pipeline can end its denoising loop early and still return its result: diffusers' `interrupt`
     property, which its loop checks at each step (SD, SDXL, SD3, Flux and most pipelines have it)."""
+    # the pipeline class's API (diffusers added `interrupt` class by class), not a family decision
     return isinstance(getattr(type(pipe), "interrupt", None), property)
 
 
@@ -459,7 +480,7 @@ def _estimates(scheduler, into: dict):
     def estimating(*args, **kwargs):
         out = step(*args, **kwargs)
         pred = out[1] if isinstance(out, tuple) and len(out) > 1 else getattr(out, "pred_original_sample", None)
-        into["latents"] = pred if hasattr(pred, "shape") else None
+        into["latents"] = pred if hasattr(pred, "shape") else None  # a tensor, or a step output without one
         return out
 
     with _patched(scheduler, "step", estimating):
@@ -530,14 +551,14 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     texts = step.texts or Texts.of(request)
     text = for_images(step.embeds, n) if step.embeds is not None else text_kwargs(pipe, texts, n,
                                                                                    cfg=step.guidance > 1)
-    if hasattr(pipe.scheduler, "noise_sampler_seed"):
+    if hasattr(pipe.scheduler, "noise_sampler_seed"):  # the scheduler object's kind (DPM++ SDE), not a family
         # DPM++ SDE's Brownian-tree noise: one tree per image, seeded by the image's seed (as A1111 does), so
         # the same seed gives the same image, whatever the batch; unseeded, diffusers seeds it at random
         pipe.scheduler.noise_sampler_seed = list(step.seeds)
     kwargs = dict(
         **text,
         num_inference_steps=step.num_steps,
-        guidance_scale=step.guidance,
+        **guidance_kwargs(pipe, step.guidance),
         generator=_generators(step.seeds, device),
         output_type="latent" if splits_decode(pipe) else "pil",
         callback_on_step_end=step_end,
@@ -549,7 +570,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     try:
         if step.init is None:
             txt2img = control[0] if control is not None else pipe
-            with _variation_noise(txt2img, step, device), controlnet.seeded(txt2img, step.seeds, device), \
+            with _variation_noise(txt2img, step, device), \
+                    controlnet.seeded(control[0] if control is not None else None, step.seeds, device), \
                     _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = txt2img(width=step.width, height=step.height, **kwargs)
         else:
@@ -558,11 +580,13 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             content = contextlib.nullcontext()
             if step.mask is not None:  # inpainting: diffusers' inpaint pipeline (its ControlNet one), the mask too
                 i2i = control[0] if control is not None else inpaint.inpaint_pipe(pipe)
+                task = Task.CONTROLNET_INPAINT if control is not None else Task.INPAINT
                 kwargs["mask_image"] = [step.mask] * n
                 content = inpaint.masked_content(i2i, request.masked_content, [step.mask], step.seeds, device)
             else:
                 i2i = control[0] if control is not None else img2img_pipe(pipe)
-            if {"width", "height"} <= inspect.signature(i2i.__call__).parameters.keys():
+                task = Task.CONTROLNET_IMG2IMG if control is not None else Task.IMG2IMG
+            if families.of_pipe(pipe).takes_size(task):
                 # SD3, Flux, ...: without a size they resize the init image to the model's native size
                 kwargs.update(width=step.width, height=step.height)
             with _variation_noise(i2i, step, device), content, \
@@ -586,7 +610,7 @@ def decode(pipe, latents, upcast: bool = False, safety_check: bool = True):
 
     vae = pipe.vae
     needs_upcast = upcast or (vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False)
-                              and type(pipe).__name__.startswith("StableDiffusionXL"))
+                              and families.of_pipe(pipe).vae_force_upcast)
     original_dtype = vae.dtype
     if needs_upcast:
         vae.to(dtype=torch.float32)
