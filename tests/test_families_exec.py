@@ -22,7 +22,7 @@ from lowvram_gen.families import Call, Family, Guidance, Task
 from lowvram_gen.families.execution import task_of
 from lowvram_gen.networks.embeddings import takes_embeddings
 from lowvram_gen.networks.lora import takes_loras
-from lowvram_gen.prompting.encode import family as prompt_encoding
+from lowvram_gen.prompting.encode import prompt_encoding
 from lowvram_gen.request import GenerationRequest
 
 LCM = "LatentConsistencyModelPipeline"
@@ -80,7 +80,7 @@ def test_the_built_in_families_keep_their_call_and_decode():
         == [True, True, False, False]
     assert [prompt_encoding(_bare(n)) for n in ("StableDiffusionImg2ImgPipeline", "StableDiffusionXLPipeline",
                                                 "StableDiffusionInpaintPipeline", "FluxPipeline")] \
-        == ["sd", "sdxl", None, None]
+        == ["clip", "clip_pair", None, None]
     assert preview.latent_format(_bare("StableDiffusionXLInpaintPipeline")) == "sdxl"
     assert preview.latent_format(_bare("FluxImg2ImgPipeline")) == "flux"
     # a class-name prefix once gave Flux.2 FLUX.1's latent format; no record claims it, so it has none

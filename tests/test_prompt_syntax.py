@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lowvram_gen.prompting.chunks import empty_chunk, token_weights
-from lowvram_gen.prompting.encode import PromptEmbeds, encode_prompts, family, plain_prompt_for
+from lowvram_gen.prompting.encode import PromptEmbeds, encode_prompts, plain_prompt_for, prompt_encoding
 from lowvram_gen.prompting.parse import (BREAK, PromptSyntaxError, find_unsupported, is_break, parse_attention,
                                          strip_syntax, uses_syntax)
 
@@ -401,7 +401,7 @@ class FluxPipeline:
 
 @pytest.mark.parametrize("stub", [StableDiffusion3Pipeline(), FluxPipeline()], ids=["sd3", "flux"])
 def test_other_pipelines_get_none_and_the_plain_text_with_a_warning(stub):
-    assert family(stub) is None and encode_prompts(stub, "a (cat:1.3)", "", 1, "cpu") is None
+    assert prompt_encoding(stub) is None and encode_prompts(stub, "a (cat:1.3)", "", 1, "cpu") is None
     text, warnings = plain_prompt_for(stub, "a (cat:1.3) BREAK [dog]")
     assert text == "a cat dog"
     assert len(warnings) == 1 and type(stub).__name__ in warnings[0] and "ignored" in warnings[0]
@@ -413,8 +413,8 @@ def test_other_pipelines_get_none_and_the_plain_text_with_a_warning(stub):
 def test_img2img_twins_are_handled(sd, sdxl):
     from diffusers import AutoPipelineForImage2Image
 
-    assert family(AutoPipelineForImage2Image.from_pipe(sd)) == "sd"
-    assert family(AutoPipelineForImage2Image.from_pipe(sdxl)) == "sdxl"
+    assert prompt_encoding(AutoPipelineForImage2Image.from_pipe(sd)) == "clip"
+    assert prompt_encoding(AutoPipelineForImage2Image.from_pipe(sdxl)) == "clip_pair"
     assert plain_prompt_for(sd, "(a)") == ("(a)", [])  # SD keeps the syntax: encode_prompts applies it
 
 

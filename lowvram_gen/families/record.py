@@ -105,6 +105,9 @@ class ControlNetFacts:
     # its ControlNet pipeline VAE-encodes the control image sampling from torch's global random state (SD3's), not
     # from the call's generators: the engine seeds that state from the pass's seed
     global_rng_control_latents: bool = False
+    # completes a ControlNet config derived from a file's shapes with what only the base transformer's config says
+    # (models/transformer_controlnet.with_base), in place; None: the sizes the base shares (sample size, ...)
+    from_base: Callable[[dict, Mapping], None] | None = None
 
     # --- execution side (added)
     # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run
@@ -171,12 +174,15 @@ class Family:
     latent_format: str | None = None  # the preview's latent format key (preview.py FORMATS); None: no preview
     packed_latents: bool = False  # latents are 2x2 patches packed into a sequence (FLUX.1)
     call: Call = Call()
-    # our A1111 prompt encoding (weights, 75-token chunks) for its txt2img/img2img pipelines: 'sd' | 'sdxl' | None
+    # our A1111 prompt encoding (weights, 75-token chunks) for its txt2img/img2img pipelines: 'clip' (one CLIP
+    # encoder's hidden states: SD 1.x/2.x) | 'clip_pair' (two CLIP encoders side by side, the second's pooled output:
+    # SDXL) | None (the pipeline encodes its own prompts)
     prompt_encoding: str | None = None
     clip_skip: bool = False  # A1111's clip skip acts (on its CLIP encoders); elsewhere it is refused / ignored
     variation_seeds: bool = False  # A1111's variation seed and seed resize are made (its noise is a plain tensor)
     # text encoders reloaded per job (text_encoders = 'reloaded'): how its prompts are encoded apart from the call:
-    # 'a1111' (our own encoding), 'sd3' / 'flux' (the pipeline's encode_prompt with those arguments), None: cannot
+    # 'a1111' (our own encoding), 'encode_prompt_cfg' (the pipeline's encode_prompt with CFG and a negative prompt:
+    # SD3), 'encode_prompt_pooled' (encode_prompt's embeddings and pooled vector, no negative: FLUX.1), None: cannot
     text_encode_apart: str | None = None
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the
     # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)

@@ -10,6 +10,8 @@ recognised for the memory planner (their T5 prompt lengths); they have no built-
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from lowvram_gen.families import keys
 from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, Guidance, SingleFile, Task,
                                          spatial_patch)
@@ -47,6 +49,25 @@ _A1111 = dict(clip_skip=True, variation_seeds=True, text_encode_apart="a1111", l
 # --- execution side (added): their img2img pipelines keep the init image's size (no width/height argument)
 _UNET_EXEC = dict(unsized_tasks=(Task.IMG2IMG.value,), textual_inversion=True)
 
+def _sd3_controlnet_from_base(config: dict, base: Mapping) -> None:
+    """An SD3 ControlNet without q/k norm does not show its head width in its shapes: the base transformer's."""
+    inner = config["num_attention_heads"] * config["attention_head_dim"]
+    head = int(base.get("attention_head_dim") or 0)
+    if not config.get("qk_norm") and head and inner % head == 0:
+        config.update(attention_head_dim=head, num_attention_heads=inner // head)
+    for key in ("sample_size", "pos_embed_max_size", "out_channels"):  # and the sizes it shares with the base
+        if key in base and key not in config:
+            config[key] = base[key]
+
+
+def _flux_controlnet_from_base(config: dict, base: Mapping) -> None:
+    """A Flux ControlNet's rope axes (where they fit its head width) and patch size are the base transformer's."""
+    axes = base.get("axes_dims_rope")
+    if axes and sum(axes) == config["attention_head_dim"]:
+        config["axes_dims_rope"] = list(axes)
+    config["patch_size"] = int(base.get("patch_size", 1) or 1)
+
+
 SD15 = Family(
     key="sd15", group="sd", name="SD 1.x/2.x", label="SD 1.5", version_label="SD 1.x",
     tasks=_SD_TASKS, other_pipelines=_SD_OTHERS, denoiser="unet", denoiser_classes=("UNet2DConditionModel",),
@@ -58,7 +79,7 @@ SD15 = Family(
     aliases=("sd15", "sd1.5", "sd-1.5", "sd1", "v1-5", "stable-diffusion-v1-5",
              "stable-diffusion-v1-5/stable-diffusion-v1-5", "runwayml/stable-diffusion-v1-5"),
     native_side=512, controlnet=_UNET_CONTROLNET,
-    latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="sd", **_A1111,
+    latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="clip", **_A1111,
     **_UNET_EXEC,  # --- execution side (added)
 )
 
@@ -71,7 +92,7 @@ SD21 = Family(
     builtin="sd21", hub_id="stabilityai/stable-diffusion-2-1",
     aliases=("sd21", "sd2.1", "sd-2.1", "sd2", "stabilityai/stable-diffusion-2-1"),
     native_side=768, controlnet=_UNET_CONTROLNET,
-    latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="sd", **_A1111,
+    latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="clip", **_A1111,
     **_UNET_EXEC,  # --- execution side (added)
 )
 
@@ -104,7 +125,7 @@ SDXL = Family(
     builtin="sdxl", hub_id="stabilityai/stable-diffusion-xl-base-1.0",
     aliases=("sdxl", "sd-xl", "sdxl-base", "stabilityai/stable-diffusion-xl-base-1.0"),
     native_side=1024, vae_force_upcast=True, controlnet=_UNET_CONTROLNET,
-    latent_format="sdxl", call=Call(Guidance.CFG), prompt_encoding="sdxl", **_A1111,
+    latent_format="sdxl", call=Call(Guidance.CFG), prompt_encoding="clip_pair", **_A1111,
     **_UNET_EXEC,  # --- execution side (added)
 )
 
@@ -131,8 +152,9 @@ SD3 = Family(
         kind="sd3", model_class="SD3ControlNetModel", label="SD3",
         from_transformer={"num_layers": 12, "extra_conditioning_channels": 0}, img2img=False, guess_mode=False,
         latent_per_token=lambda c: spatial_patch(c.get("patch_size", 2)) ** 2,
-        file_match=lambda s: "pos_embed_input.proj.weight" in s, global_rng_control_latents=True),
-    latent_format="sd3", call=Call(Guidance.CFG), text_encode_apart="sd3", lora="diffusers",
+        file_match=lambda s: "pos_embed_input.proj.weight" in s, global_rng_control_latents=True,
+        from_base=_sd3_controlnet_from_base),
+    latent_format="sd3", call=Call(Guidance.CFG), text_encode_apart="encode_prompt_cfg", lora="diffusers",
     # --- execution side (added)
     textual_inversion=False,
 )
@@ -171,10 +193,11 @@ FLUX1 = Family(
         latent_per_token=lambda c: max(1, int(c.get("in_channels", 64)) // 16) * spatial_patch(c.get("patch_size", 1)) ** 2,
         file_match=lambda s: any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight"
                                  for k in s),
+        from_base=_flux_controlnet_from_base,
         mixes_kinds=False),  # --- execution side (added)
     latent_format="flux", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),
-    text_encode_apart="flux", lora="diffusers",
+    text_encode_apart="encode_prompt_pooled", lora="diffusers",
     # --- execution side (added): its ControlNet img2img pipeline takes no negative prompt; its pipelines carry
     # diffusers' textual-inversion loader
     no_negative_prompt_tasks=(Task.CONTROLNET_IMG2IMG.value,), textual_inversion=True,

@@ -132,16 +132,10 @@ _READERS = {"SD3ControlNetModel": _sd3_config, "FluxControlNetModel": _flux_conf
 def with_base(config: dict, base: dict) -> dict:
     """A derived config completed from the base transformer's (`base`: its config), where the shapes did not say."""
     out = dict(config)
-    inner = out["num_attention_heads"] * out["attention_head_dim"]
-    head = int(base.get("attention_head_dim") or 0)
-    # SD3 without q/k norm: the head width is not in its shapes (Flux's always is: its norm_q)
-    if out["_class_name"] == "SD3ControlNetModel" and not out.get("qk_norm") and head and inner % head == 0:
-        out.update(attention_head_dim=head, num_attention_heads=inner // head)
-    if out["_class_name"] == "FluxControlNetModel":
-        axes = base.get("axes_dims_rope")
-        if axes and sum(axes) == out["attention_head_dim"]:
-            out["axes_dims_rope"] = list(axes)
-        out["patch_size"] = int(base.get("patch_size", 1) or 1)
+    record = families.by_controlnet_class(out["_class_name"])
+    complete = record.controlnet.from_base if record is not None else None
+    if complete is not None:
+        complete(out, base)
     else:
         for key in ("sample_size", "pos_embed_max_size", "out_channels"):
             if key in base and key not in out:

@@ -12,8 +12,9 @@ Measured with diffusers 0.42.1 / peft 0.21.2 on the tiny models (tests/test_lora
   float8 at rest, so the LoRA's weights are rounded to fp8 and its matmul fails on a CPU
   ("mul_cpu_reduced_float not implemented for Float8_e4m3fn").
 
-So one rule for all presets: take the offload hooks off (`PipelineOps.reset`), change the modules,
-and have the engine re-apply its current preset (`reapply_memory`). Layers stored in fp8 are
+So one rule for all presets: take the offload hooks off (`remove_offload_hooks`, which the engine's
+`PipelineOps.reset` uses too), change the modules, and have the engine re-apply its current preset
+(`reapply_memory`). Layers stored in fp8 are
 lifted to their compute dtype while an adapter is created and put back afterwards; the round trip
 float8 -> bfloat16/float16 -> float8 is exact, so the base weights do not change.
 """
@@ -25,6 +26,9 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
+
+# diffusers' hooks (HookRegistry names) that group offloading puts on a module; its casting hooks stay with the weights
+GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
 
 
 def _torch_modules(pipe) -> dict:
@@ -43,6 +47,32 @@ def has_offload_hooks(pipe) -> bool:
     return False
 
 
+def unhook(module) -> None:
+    """Take the offload hooks off one module (accelerate's model offload, diffusers' group offloading); its
+    layerwise-casting hooks stay with its weights' storage."""
+    from diffusers.hooks import HookRegistry
+
+    if hasattr(module, "_hf_hook"):  # this module's state: accelerate hooked it
+        from accelerate.hooks import remove_hook_from_module
+
+        remove_hook_from_module(module, recurse=True)
+    for sub in module.modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        if isinstance(registry, HookRegistry):
+            for name in GROUP_HOOKS:
+                registry.remove_hook(name, recurse=False)
+
+
+def remove_offload_hooks(pipe) -> None:
+    """Every offload hook off the pipeline: its components' and the job's ControlNets' beside them
+    (models/attached.py: not components, so diffusers' remove_all_hooks does not see them)."""
+    from lowvram_gen.models.attached import attached
+
+    pipe.remove_all_hooks()  # accelerate hooks of model offload
+    for module in {**_torch_modules(pipe), **attached(pipe)}.values():
+        unhook(module)
+
+
 @contextmanager
 def hooks_lifted(pipe, reapply_memory: Callable[[], object] | None) -> Iterator[None]:
     """Offload hooks off while the body changes modules, the preset re-applied after (also on error).
@@ -53,9 +83,7 @@ def hooks_lifted(pipe, reapply_memory: Callable[[], object] | None) -> Iterator[
     if reapply_memory is None or not has_offload_hooks(pipe):
         yield
         return
-    from lowvram_gen.engines.sd.apply import PipelineOps
-
-    PipelineOps(pipe).reset()
+    remove_offload_hooks(pipe)
     try:
         yield
     finally:

@@ -53,8 +53,8 @@ class PromptEmbeds:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
-def family(pipe) -> str | None:
-    """The record's prompt encoding ('sd', 'sdxl') for its txt2img and img2img pipelines, or None for pipelines
+def prompt_encoding(pipe) -> str | None:
+    """The record's prompt encoding ('clip', 'clip_pair') for its txt2img and img2img pipelines, or None for pipelines
     whose prompts we do not encode (SD3, Flux, ..., and the family's other pipelines)."""
     record, task = task_of(pipe)
     return record.prompt_encoding if task in (Task.TXT2IMG, Task.IMG2IMG) else None
@@ -69,7 +69,7 @@ def plain_prompt_for(pipe, text: str) -> tuple[str, list[str]]:
     """The string to pass to a pipeline `encode_prompts` does not handle, and the warnings to show:
     its own text encoders (T5, ...) would read `(word:1.3)` as characters, so the syntax is stripped
     and the user told that weights are ignored. For SD/SDXL the text is returned as typed."""
-    if family(pipe) is not None or not uses_syntax(text or ""):
+    if prompt_encoding(pipe) is not None or not uses_syntax(text or ""):
         return text, []
     plain = strip_syntax(text)
     return plain, [f"{type(pipe).__name__} does not take A1111 weights: brackets, weights, escapes and "
@@ -115,7 +115,7 @@ def layer_for(kind: str, clip_skip: int) -> int:
     diffusers differs (its `clip_skip = c` takes [-(c + 2)], so its `clip_skip=1` moves an SDXL prompt
     one layer off what the A1111 family makes): A1111 (by default) ignores Clip skip on SDXL, which is
     the same image for N = 1 and 2, the "Clip skip: 2" that SDXL anime models' sample images carry."""
-    if kind == "sd":
+    if kind == "clip":
         return -clip_skip
     return -max(clip_skip, 2)
 
@@ -130,7 +130,7 @@ def _final_layer_norm(encoder):
 def check_clip_skip(pipe, clip_skip: int) -> None:
     """InvalidRequest for a clip skip past the first layer of this pipeline's text encoders (only the
     embedded tiny models, with 2 layers, are that shallow: real CLIPs have 12 or more)."""
-    kind = family(pipe)
+    kind = prompt_encoding(pipe)
     if kind is None or clip_skip <= 1:
         return
     for _, encoder in _pairs(pipe, kind):
@@ -149,7 +149,7 @@ def _run(kind: str, encoder, chunk, clip_skip: int, device):
     import torch
 
     ids = torch.tensor([chunk.ids], dtype=torch.long, device=_input_device(encoder, device))
-    if kind == "sd":
+    if kind == "clip":
         mask = None
         if getattr(encoder.config, "use_attention_mask", False):
             mask = torch.tensor([chunk.attention_mask], dtype=torch.long, device=ids.device)
@@ -174,7 +174,7 @@ def _textual_inversion(pipe, tokenizer):
 
 
 def _pairs(pipe, kind: str):
-    if kind == "sd":
+    if kind == "clip":
         return [(pipe.tokenizer, pipe.text_encoder)]
     pairs = [(pipe.tokenizer, pipe.text_encoder), (pipe.tokenizer_2, pipe.text_encoder_2)]
     return [(t, e) for t, e in pairs if t is not None and e is not None]  # the SDXL refiner has only the second
@@ -184,7 +184,7 @@ def prompt_chunks(pipe, text: str, kind: str | None = None) -> list[list]:
     """Per text encoder (SDXL: two), the chunks of `text` it is given (`chunks.token_weights`), with the
     pipeline's textual-inversion embeddings expanded and each multi-vector one kept whole in one chunk."""
     out = []
-    for tok, _ in _pairs(pipe, kind or family(pipe)):
+    for tok, _ in _pairs(pipe, kind or prompt_encoding(pipe)):
         convert = _textual_inversion(pipe, tok)
         out.append(token_weights(tok, text, convert=convert, groups=embedding_groups(tok) if convert else None))
     return out
@@ -218,7 +218,7 @@ def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, d
     `clip_skip`: A1111's "Clip skip" (1: off; see `layer_for`).
     Raises PromptSyntaxError for a prompt A1111 itself refuses (a malformed weight), InvalidRequest
     for a clip skip deeper than the encoders (`check_clip_skip`)."""
-    kind = family(pipe)
+    kind = prompt_encoding(pipe)
     if kind is None:
         return None
     import torch
@@ -231,7 +231,7 @@ def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, d
     with torch.no_grad():
         pos, pooled = _encode(pipe, kind, prompt or "", clip_skip, device)
         neg = neg_pooled = None
-        zero_negative = kind == "sdxl" and not negative and pipe.config.get("force_zeros_for_empty_prompt", False)
+        zero_negative = kind == "clip_pair" and not negative and pipe.config.get("force_zeros_for_empty_prompt", False)
         if do_cfg and not zero_negative:
             neg, neg_pooled = _encode(pipe, kind, negative or "", clip_skip, device)
             if len(neg) != len(pos):  # pad the shorter with empty-prompt chunks: A1111's pad_cond_uncond
@@ -244,7 +244,7 @@ def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, d
         else:
             neg_embeds = torch.cat(neg, dim=1) if neg is not None else None
 
-    encoder = pipe.text_encoder if kind == "sd" else getattr(pipe, "text_encoder_2", None)
+    encoder = pipe.text_encoder if kind == "clip" else getattr(pipe, "text_encoder_2", None)
     encoder = encoder if encoder is not None else pipe.text_encoder
     dtype = encoder.dtype if encoder is not None else pipe.unet.dtype
 

@@ -39,6 +39,7 @@ from lowvram_gen.hardware.device import GiB, DeviceInfo
 from lowvram_gen.models.attached import attached
 from lowvram_gen.models.blocks import blocks_of, fixed_bytes
 from lowvram_gen.models.gguf_file import follow_dtype, gguf_bits
+from lowvram_gen.networks.hooks import remove_offload_hooks
 from lowvram_gen.planning import residency
 from lowvram_gen.planning.sizes import vae_tile_size
 from lowvram_gen.settings import MemorySettings
@@ -46,7 +47,6 @@ from lowvram_gen.settings import MemorySettings
 log = logging.getLogger(__name__)
 
 _STATE = "_lowvram_state"  # attribute on the pipeline: what is applied now
-_GROUP_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading")
 # Bits of precision the weights keep; a request above what they went through needs a reload.
 _PRECISION = {"float32": 32, "float16": 16, "bfloat16": 16, "float8": 8}
 # offload = "budget" with resident_bytes = 0 (no plan sized it) on a GPU: device memory left beside the
@@ -99,22 +99,9 @@ class PipelineOps:
 
     def reset(self) -> None:
         """Undo offload hooks, slicing, tiling and xformers; weights stay where and what they are."""
-        from diffusers.hooks import HookRegistry
-
         pipe = self.pipe
-        pipe.remove_all_hooks()  # accelerate hooks of model offload
+        remove_offload_hooks(pipe)
         pipe.__dict__.pop("_lowvram_controlnet_hooks", None)
-        for module in attached(pipe).values():  # not components: remove_all_hooks does not see them
-            if hasattr(module, "_hf_hook"):  # this module's state (accelerate hooked it), not a family
-                from accelerate.hooks import remove_hook_from_module
-
-                remove_hook_from_module(module, recurse=True)
-        for module in _modules(pipe).values():
-            for sub in module.modules():
-                registry = getattr(sub, "_diffusers_hook", None)
-                if isinstance(registry, HookRegistry):
-                    for name in _GROUP_HOOKS:
-                        registry.remove_hook(name, recurse=False)
         if hasattr(pipe, "disable_attention_slicing"):  # diffusers' API on this class, not a family decision
             pipe.disable_attention_slicing()
         if getattr(pipe, _STATE, {}).get("attention") == "xformers":

@@ -26,6 +26,7 @@ from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import ControlNetFacts, Task
 from lowvram_gen.families.execution import task_of
 from lowvram_gen.models import controlnet as models
+from lowvram_gen.networks.hooks import unhook
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def use_controlnets(pipe, modules: list) -> bool:
         return False
     state = getattr(pipe, "_lowvram_state", None)
     for slot, module in current.items():
-        _unhook(module)
+        unhook(module)
         if state is not None:  # the precision it lost goes with the module (apply.needs_reload reads it)
             module._lowvram_floor = state["floor"].pop(slot, None)
         vars(pipe).pop(slot)
@@ -80,24 +81,6 @@ def use_controlnets(pipe, modules: list) -> bool:
         if state is not None and floor is not None:
             state["floor"][slot] = floor
     return True
-
-
-def _unhook(module) -> None:
-    """Take the offload hooks off a ControlNet leaving the pipeline (accelerate's model offload, diffusers' group
-    offloading); its casting hooks stay with its weights' storage."""
-    from diffusers.hooks import HookRegistry
-
-    from lowvram_gen.engines.sd.apply import _GROUP_HOOKS
-
-    if hasattr(module, "_hf_hook"):  # this module's state: accelerate hooked it
-        from accelerate.hooks import remove_hook_from_module
-
-        remove_hook_from_module(module, recurse=True)
-    for sub in module.modules():
-        registry = getattr(sub, "_diffusers_hook", None)
-        if isinstance(registry, HookRegistry):
-            for name in _GROUP_HOOKS:
-                registry.remove_hook(name, recurse=False)
 
 
 def control_pipe(pipe, img2img: bool, controlnet, inpaint: bool = False):

@@ -26,7 +26,7 @@ from lowvram_gen.inpaint.masks import size_note as mask_size_note
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.networks import job as networks
-from lowvram_gen.prompting.encode import check_clip_skip, family, plain_prompt_for, syntax_warnings
+from lowvram_gen.prompting.encode import check_clip_skip, plain_prompt_for, prompt_encoding, syntax_warnings
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.samplers import DEFAULT, a1111_name, infotext_schedule
@@ -76,7 +76,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     prompts = [("prompt", texts.prompt), ("negative prompt", texts.negative_prompt)]
     if hires:
         prompts += [("hires prompt", hires.prompt), ("hires negative prompt", hires.negative_prompt)]
-    if family(pipe) is not None:  # SD/SDXL: A1111 weights, and long prompts in 75-token chunks
+    if prompt_encoding(pipe) is not None:  # SD/SDXL: A1111 weights, and long prompts in 75-token chunks
         warnings += syntax_warnings(texts.prompt, texts.negative_prompt)
         if hires:
             warnings += [w for w in syntax_warnings(hires.prompt, hires.negative_prompt) if w not in warnings]

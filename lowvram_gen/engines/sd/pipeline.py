@@ -142,14 +142,14 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
     style = record.text_encode_apart
     device = pipe._execution_device
     with torch.no_grad():
-        if style == "flux":  # its negative prompt counts only with true CFG, which we never turn on
+        if style == "encode_prompt_pooled":  # its negative prompt counts only with true CFG, which we never turn on
             if record.call.negative_prompt:
                 raise InvalidRequest("text_encoders", "reloaded", f"{name} with true CFG is not supported with "
                                      "text encoders reloaded per job; use text_encoders = 'kept'")
             embeds, pooled, _ids = pipe.encode_prompt(prompt=[prompt], prompt_2=None, device=device,
                                                       num_images_per_prompt=1, max_sequence_length=length)
             return dict(prompt_embeds=embeds, pooled_prompt_embeds=pooled)
-        if style == "sd3":
+        if style == "encode_prompt_cfg":
             out = pipe.encode_prompt(prompt=[prompt], prompt_2=None, prompt_3=None, device=device,
                                      num_images_per_prompt=1, do_classifier_free_guidance=cfg,
                                      negative_prompt=[negative] if negative else None, max_sequence_length=length)
