@@ -29,7 +29,7 @@ from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
-from lowvram_gen.engines.sd.runner import Runner
+from lowvram_gen.engines.sd.stepdown import Runner
 from lowvram_gen.errors import Cancelled, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype

@@ -118,7 +118,7 @@ def test_fp8_storage_really_stores_float8_and_asks_for_a_reload_to_undo(model):
 
 
 def test_runner_reloads_only_what_lost_precision(model):
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
 
     runner = Runner(model, probe("cpu"))
     runner.use(MemorySettings(dtype="bfloat16", fp8_storage=True))

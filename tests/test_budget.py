@@ -255,7 +255,7 @@ def test_the_resident_part_is_on_the_device_while_the_unet_runs_and_off_it_while
     """Where the runner says the budget split's resident part is, seen from the UNet's forwards and the
     VAE decode of real jobs: on for every step, off for the decode (planning/estimate.py plans the
     decode without it), back on for the next job's steps; the moves go through PipelineOps.resident_to."""
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.presets import gpu_ladder
     from lowvram_gen.request import GenerationRequest
 
@@ -302,7 +302,7 @@ def test_oom_in_the_decode_under_budget_retries_only_the_decode_without_the_resi
     not run again."""
     from dataclasses import replace
 
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.presets import gpu_ladder
     from lowvram_gen.request import GenerationRequest
 
@@ -417,7 +417,7 @@ def test_oom_at_a_budget_preset_steps_down_the_ladder_and_finishes(model):
     the ladder re-applies the next preset to the same weights and finishes."""
     from dataclasses import replace
 
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.presets import gpu_ladder
     from lowvram_gen.request import GenerationRequest
 

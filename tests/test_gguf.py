@@ -265,7 +265,7 @@ def test_reload_only_for_precision_the_file_had(files, tiny_path):
 
 def test_runner_reloads_a_gguf_unet_from_its_file(files, tiny_path, monkeypatch):
     """The UNet from the GGUF file, the rest from the config folder, each on its own: no second pipeline."""
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.models import gguf_file
 
     model = load(resolve(str(files["Q8_0"]), str(tiny_path)), "float32")

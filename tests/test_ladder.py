@@ -20,7 +20,7 @@ from lowvram_gen.models.loading import load
 from lowvram_gen.models.resolve import resolve
 from lowvram_gen.oom import allocated_bytes
 from lowvram_gen.presets import gpu_ladder, load_presets
-from lowvram_gen.engines.sd.runner import Runner
+from lowvram_gen.engines.sd.stepdown import Runner
 from lowvram_gen.request import GenerationRequest
 
 

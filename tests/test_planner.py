@@ -260,7 +260,7 @@ def test_the_plans_streamed_bytes_are_the_split_of_the_real_sdxl_unets_blocks():
 
 
 def test_the_budget_estimate_plans_the_decode_without_the_resident_part_and_counts_its_moves():
-    """The runner takes the resident part off the device for the VAE decode (engines/sd/runner.py), so
+    """The runner takes the resident part off the device for the VAE decode (engines/sd/stepdown.py), so
     the decode's peak does not grow with it, and it moves twice a job (in before the steps, out before
     the decode)."""
     from lowvram_gen.planning.estimate import estimate

@@ -350,7 +350,7 @@ def test_sd3_out_of_memory_in_the_pipelines_own_decode_retries_the_chunk_at_the_
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import gpu_ladder, load_presets
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.request import GenerationRequest
 
     model = load(resolve(sd3.folder), "float32")
@@ -379,7 +379,7 @@ def test_sd3_capped_size_keeps_sides_the_transformer_takes(sd3):
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import find_preset
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.planning.sizes import capped_size
     from lowvram_gen.request import GenerationRequest
 
@@ -495,7 +495,7 @@ def test_flux_budget_offload_takes_the_resident_part_off_the_device_before_its_o
     after-last-step hook moves the budget split's resident part off the device, and the in-call VAE
     decode runs without it (what planning/estimate.py plans); the next job's steps have it back."""
     from lowvram_gen.hardware.device import probe
-    from lowvram_gen.engines.sd.runner import Runner
+    from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
     from lowvram_gen.presets import find_preset

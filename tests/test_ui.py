@@ -449,7 +449,7 @@ def test_messages_name_the_ui_controls_not_the_cli_flags(server):
     from gradio_client import Client
     from gradio_client.exceptions import AppError
 
-    from lowvram_gen.engines.sd.runner import ADVICE
+    from lowvram_gen.engines.sd.stepdown import ADVICE
     from lowvram_gen.ladder import Ladder
 
     real = server.session.generate

@@ -377,7 +377,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                     cn_resident = cn_w - cn_streamed
                 streamed, resident = split.streamed_bytes_per_step, split.resident_bytes
                 # the resident part is on the GPU only while the denoiser runs: moved in before the
-                # denoise and out before the VAE decode (engines/sd/runner.py), so the decode has its room
+                # denoise and out before the VAE decode (engines/sd/stepdown.py), so the decode has its room
                 per_job = sum(te_each) + vae_w_decode + 2 * kept
                 phases = {"text": (kept + group["text"][0], text_act),
                           "unet": (min(kept + split.in_flight_bytes + scratch, den_w), unet_act),

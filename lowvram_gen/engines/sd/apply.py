@@ -53,7 +53,7 @@ _PRECISION = {"float32": 32, "float16": 16, "bfloat16": 16, "float8": 8}
 # resident weights, on top of the device's reserve, for what a job needs besides them: the planner's
 # estimate at the native sizes (SD 1.5 512 px, SDXL and Flux 1024 px, one image) puts the denoiser's
 # activations at 0.14-0.47 GiB, the fixed overhead at 0.375 GiB and a decode in 512 px tiles at
-# 0.5-1.0 GiB (the decode runs with the resident part moved off the device, engines/sd/runner.py, so
+# 0.5-1.0 GiB (the decode runs with the resident part moved off the device, engines/sd/stepdown.py, so
 # this is generous: the planner, which sizes every budget preset it runs, counts it exactly); the two
 # streamed blocks in flight are counted separately (residency.fit).
 BUDGET_MARGIN = 2 * GiB

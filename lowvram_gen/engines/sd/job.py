@@ -1,8 +1,8 @@
 """One Stable Diffusion job, from a validated request to saved PNGs: `run_job()`.
 
-The session has already probed the device, planned the presets, loaded the model and built the
-ladder; this module checks what the pipeline can do with the request, sets the sampler, runs the
-runner and saves each finished pass (A1111 `parameters` text, a1111/infotext.py, plus our JSON), and returns the result.
+The session has already probed the device, planned the presets, loaded the model and built the ladder; this
+module checks what the pipeline can do with the request, sets the sampler, runs the passes (stepdown.py: Runner)
+and saves each finished pass (A1111 `parameters` text, a1111/infotext.py, plus our JSON), and returns the result.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import controlnet
 from lowvram_gen.engines.sd import pipeline as sd
-from lowvram_gen.engines.sd.runner import ChunkDone, Runner
+from lowvram_gen.engines.sd.stepdown import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
 from lowvram_gen.inpaint.masks import size_note as mask_size_note
 from lowvram_gen.ladder import Ladder

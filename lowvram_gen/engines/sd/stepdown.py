@@ -1,4 +1,5 @@
-"""Run one Stable Diffusion job on the loaded pipeline, stepping down the ladder on out-of-memory.
+"""The passes of one Stable Diffusion job on the loaded pipeline, and their steps down the ladder on out-of-memory
+(`Runner`; engines/sd/job.py turns a request into these passes and saves what they make).
 
 Steps down, cheapest first (docs/DESIGN.md): split the batch; the next preset; a lower resolution with
 upscaling afterwards. An out-of-memory in the VAE decode retries only the decode, tiled, with the
