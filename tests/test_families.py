@@ -228,16 +228,17 @@ def _chroma_record(seen: list) -> Family:
         key="test-chroma", group="test-chroma", name="Chroma", tasks={"txt2img": "ChromaPipeline"},
         denoiser="transformer", denoiser_classes=("ChromaTransformer2DModel",), transformer_shape=shape,
         t5_tokens=512, joint_tokens=512, cfg_batch=False, native_side=1024,
-        call=families.Call(Guidance.CFG), lora="diffusers", latent_format=None)
+        call=families.Call(Guidance.CFG), lora="diffusers", latent_format="flux", packed_latents=True)
 
 
 def test_a_new_family_is_a_record_the_planner_loader_and_request_checks_use(chroma, tmp_path):
     """The issue's test: a record for a pipeline class no shipped record knows (Chroma), registered in the test and
-    nowhere else, and resolve, the profile the planner estimates from, the plan, the loader and the request checks
-    take it with no other change; without it the folder is the generic record's (what the code did before)."""
+    nowhere else, and resolve, the profile the planner estimates from, the plan, the loader, the request checks and
+    the live preview take it with no other change; without it the folder is the generic record's (what the code did
+    before). tests/test_families_exec.py shows the pipeline call (CFG, negative prompt) following a record too."""
     import dataclasses
 
-    from lowvram_gen import GenerationRequest
+    from lowvram_gen import GenerationRequest, preview
     from lowvram_gen.engines.sd.pipeline import check_request
     from lowvram_gen.errors import InvalidRequest
     from lowvram_gen.hardware.device import simulated
@@ -281,7 +282,15 @@ def test_a_new_family_is_a_record_the_planner_loader_and_request_checks_use(chro
             check_request(model.pipe, GenerationRequest(prompt="x", model=str(chroma), width=72, height=64))
         assert "multiples of 16" in str(err.value)
         assert not record.has_task("inpaint")
+        # the live preview: the record's latent format (FLUX.1's 16 channels, packed 2x2) draws the step's latents
+        assert preview.latent_format(model.pipe) == "flux"
+        render, _ = preview.renderer(model.pipe, "approx")
+        import torch
+
+        packed = torch.randn(1, (64 // 16) * (64 // 16), 64)  # a 64x64 job's latents as the pipeline packs them
+        assert render(packed, 64, 64).size == (64, 64)
     assert families.by_pipeline("ChromaPipeline").is_generic
+    assert preview.latent_format(model.pipe) is None  # no record, no preview (not another family's format)
     assert profile_from_folder(chroma) == generic  # gone with the record
 
 
