@@ -109,7 +109,7 @@ class ControlNetFacts:
     # (models/transformer_controlnet.with_base), in place; None: the sizes the base shares (sample size, ...)
     from_base: Callable[[dict, Mapping], None] | None = None
 
-    # --- execution side (added)
+  
     # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run
     # together in one job (False for FLUX.1: FluxMultiControlNetModel reads the control images one way for all)
     mixes_kinds: bool = True
@@ -189,7 +189,7 @@ class Family:
     lora: str | None = "diffusers"
     splits_decode: bool = False  # its txt2img call can stop at latents and decode on its own (hires latent upscale)
 
-    # --- execution side (added)
+  
     # tasks whose pipeline __call__ takes no width/height: it keeps the init image's size (SD/SDXL img2img); the
     # others are given the pass's size, or they resize the init image to the model's native size (SD3, FLUX.1)
     unsized_tasks: tuple[str, ...] = ()

@@ -46,7 +46,7 @@ _SD_FILE = dict(
 _UNET_CONTROLNET = ControlNetFacts(kind="sd", model_class="ControlNetModel")
 # what our A1111 layer does for SD 1.x/2.x and SDXL: its own prompt encoding, clip skip, variation seeds, LoRA keys
 _A1111 = dict(clip_skip=True, variation_seeds=True, text_encode_apart="a1111", lora="a1111", splits_decode=True)
-# --- execution side (added): their img2img pipelines keep the init image's size (no width/height argument)
+# their img2img pipelines keep the init image's size (no width/height argument)
 _UNET_EXEC = dict(unsized_tasks=(Task.IMG2IMG.value,), textual_inversion=True)
 
 def _sd3_controlnet_from_base(config: dict, base: Mapping) -> None:
@@ -80,7 +80,7 @@ SD15 = Family(
              "stable-diffusion-v1-5/stable-diffusion-v1-5", "runwayml/stable-diffusion-v1-5"),
     native_side=512, controlnet=_UNET_CONTROLNET,
     latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="clip", **_A1111,
-    **_UNET_EXEC,  # --- execution side (added)
+    **_UNET_EXEC,
 )
 
 SD21 = Family(
@@ -93,7 +93,7 @@ SD21 = Family(
     aliases=("sd21", "sd2.1", "sd-2.1", "sd2", "stabilityai/stable-diffusion-2-1"),
     native_side=768, controlnet=_UNET_CONTROLNET,
     latent_format="sd", call=Call(Guidance.CFG), prompt_encoding="clip", **_A1111,
-    **_UNET_EXEC,  # --- execution side (added)
+    **_UNET_EXEC,
 )
 
 # -------------------------------------------------------------------------------------------------- SDXL
@@ -126,7 +126,7 @@ SDXL = Family(
     aliases=("sdxl", "sd-xl", "sdxl-base", "stabilityai/stable-diffusion-xl-base-1.0"),
     native_side=1024, vae_force_upcast=True, controlnet=_UNET_CONTROLNET,
     latent_format="sdxl", call=Call(Guidance.CFG), prompt_encoding="clip_pair", **_A1111,
-    **_UNET_EXEC,  # --- execution side (added)
+    **_UNET_EXEC,
 )
 
 # --------------------------------------------------------------------------------------------------- SD3
@@ -155,7 +155,7 @@ SD3 = Family(
         file_match=lambda s: "pos_embed_input.proj.weight" in s, global_rng_control_latents=True,
         from_base=_sd3_controlnet_from_base),
     latent_format="sd3", call=Call(Guidance.CFG), text_encode_apart="encode_prompt_cfg", lora="diffusers",
-    # --- execution side (added)
+  
     textual_inversion=False,
 )
 
@@ -194,11 +194,11 @@ FLUX1 = Family(
         file_match=lambda s: any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight"
                                  for k in s),
         from_base=_flux_controlnet_from_base,
-        mixes_kinds=False),  # --- execution side (added)
+        mixes_kinds=False),
     latent_format="flux", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),
     text_encode_apart="encode_prompt_pooled", lora="diffusers",
-    # --- execution side (added): its ControlNet img2img pipeline takes no negative prompt; its pipelines carry
+    # its ControlNet img2img pipeline takes no negative prompt; its pipelines carry
     # diffusers' textual-inversion loader
     no_negative_prompt_tasks=(Task.CONTROLNET_IMG2IMG.value,), textual_inversion=True,
 )
@@ -212,7 +212,7 @@ PIXART_SIGMA = Family(
     denoiser="transformer", denoiser_classes=("PixArtTransformer2DModel",),
     native_side=1024, t5_tokens=300, joint_tokens=0, cfg_batch=True,
     call=Call(Guidance.CFG), lora=None,
-    textual_inversion=False,  # --- execution side (added)
+    textual_inversion=False,
 )
 
 PIXART_ALPHA = Family(
@@ -221,7 +221,7 @@ PIXART_ALPHA = Family(
     denoiser="transformer", denoiser_classes=("PixArtTransformer2DModel",),
     native_side=1024, t5_tokens=120, joint_tokens=0, cfg_batch=True,
     call=Call(Guidance.CFG), lora=None,
-    textual_inversion=False,  # --- execution side (added)
+    textual_inversion=False,
 )
 
 # ------------------------------------------------------------------------------------------------ generic
