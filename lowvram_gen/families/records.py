@@ -49,6 +49,7 @@ _A1111 = dict(clip_skip=True, variation_seeds=True, text_encode_apart="a1111", l
 # their img2img pipelines keep the init image's size (no width/height argument)
 _UNET_EXEC = dict(unsized_tasks=(Task.IMG2IMG.value,), textual_inversion=True)
 
+
 def _sd3_controlnet_from_base(config: dict, base: Mapping) -> None:
     """An SD3 ControlNet without q/k norm does not show its head width in its shapes: the base transformer's."""
     inner = config["num_attention_heads"] * config["attention_head_dim"]
