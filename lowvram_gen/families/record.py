@@ -108,6 +108,9 @@ class ControlNetFacts:
     # completes a ControlNet config derived from a file's shapes with what only the base transformer's config says
     # (models/transformer_controlnet.with_base), in place; None: the sizes the base shares (sample size, ...)
     from_base: Callable[[dict, Mapping], None] | None = None
+    # the config a single file of this ControlNet gives from its {key: shape} (families/controlnet_shapes.py); None:
+    # read by diffusers' own loaders (a UNet's ControlNet)
+    config_from_shapes: Callable[[Mapping[str, tuple]], dict] | None = None
 
   
     # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families import keys
+from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, Guidance, SingleFile, Task,
                                          spatial_patch)
 
@@ -154,7 +154,7 @@ SD3 = Family(
         from_transformer={"num_layers": 12, "extra_conditioning_channels": 0}, img2img=False, guess_mode=False,
         latent_per_token=lambda c: spatial_patch(c.get("patch_size", 2)) ** 2,
         file_match=lambda s: "pos_embed_input.proj.weight" in s, global_rng_control_latents=True,
-        from_base=_sd3_controlnet_from_base),
+        from_base=_sd3_controlnet_from_base, config_from_shapes=controlnet_shapes.sd3_config),
     latent_format="sd3", call=Call(Guidance.CFG), text_encode_apart="encode_prompt_cfg", lora="diffusers",
   
     textual_inversion=False,
@@ -194,7 +194,7 @@ FLUX1 = Family(
         latent_per_token=lambda c: max(1, int(c.get("in_channels", 64)) // 16) * spatial_patch(c.get("patch_size", 1)) ** 2,
         file_match=lambda s: any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight"
                                  for k in s),
-        from_base=_flux_controlnet_from_base,
+        from_base=_flux_controlnet_from_base, config_from_shapes=controlnet_shapes.flux_config,
         mixes_kinds=False),
     latent_format="flux", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),
