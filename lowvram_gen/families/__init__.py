@@ -6,6 +6,8 @@ file. Follows ComfyUI's comfy/supported_models.py: one record per family, a list
     records.py    the records, and `FAMILIES`
     keys.py       what a single file's keys say (the records' predicates)
     registry.py   lookups (`by_pipeline`, `by_name`, `by_checkpoint` ...) and `register` / `registered`
+    execution.py  `task_of(pipe)`: the record and the task of a loaded pipeline object (engines, preview, prompting)
+    controlnet_shapes.py  SD3's and Flux's ControlNet configs from a file's tensor shapes (the records' readers)
 
 It sits at the bottom beside models/: it imports nothing from planning/, engines/, the session or the front ends,
 and no torch or diffusers at import time. Adding a family is adding a record (and its tests).
