@@ -87,16 +87,21 @@ def exposure_warning(listen: bool, share: bool, auth, api: bool = False, api_aut
 
 def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7860, auth: str | None = None,
            share: bool = False, queue_size: int = 16, block: bool = True, api: bool = False,
-           api_auth: str | None = None, api_log: bool = False, webui: bool = True):
+           api_auth: str | None = None, api_log: bool = False, webui: bool = True,
+           api_allow_paths: str | None = None):
     """Build and start the app; `block=False` returns the running app (tests, embedding). `api` (--api) serves
     A1111's REST API beside the UI, on the same session, job registry and queue size; `webui=False`
-    (--nowebui) serves the API alone. The API asks for --api-auth's users, or --gradio-auth's without it."""
+    (--nowebui) serves the API alone. The API asks for --api-auth's users, or --gradio-auth's without it, and takes
+    model names only; `api_allow_paths` (--api-allow-paths DIR[,DIR]) lets it take paths inside those folders."""
     # Gradio notices a closed tab when its heartbeat fails (default every 15 s); the unload event
     # then cancels that tab's job. 2 s keeps a closed tab from holding the GPU for long.
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "2")
     credentials = parse_auth(auth)
     api = api or not webui
     api_credentials = parse_auth(api_auth, "--api-auth") or credentials
+    from lowvram_gen.a1111.api_names import parse_allowed
+
+    allow_paths = parse_allowed(api_allow_paths)
     if share and not webui:
         raise InvalidRequest("--share", True, "a gradio.live link needs the web UI; leave out --nowebui or --share")
     warning = exposure_warning(listen, share, credentials, api=api, api_auth=api_credentials, webui=webui)
@@ -105,7 +110,8 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     if share:
         print("note: --share makes the app public through a gradio.live tunnel", file=sys.stderr)
     jobs = Registry()
-    api_context = _api_context(session, jobs, outdir, model, queue_size, api_credentials, api_log) if api else None
+    api_context = _api_context(session, jobs, outdir, model, queue_size, api_credentials, api_log,
+                               allow_paths) if api else None
     if not webui:
         from lowvram_gen.api.serve import ApiServer
 
@@ -133,14 +139,15 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     return app
 
 
-def _api_context(session, jobs, outdir: str, model: str, queue_size: int, credentials, log_requests: bool):
+def _api_context(session, jobs, outdir: str, model: str, queue_size: int, credentials, log_requests: bool,
+                 allow_paths: tuple = ()):
     from lowvram_gen import __version__
     from lowvram_gen.api.routes import ApiContext
     from lowvram_gen.api.state import ApiState
 
     return ApiContext(session=session, registry=jobs, state=ApiState(model=model, outdir=outdir),
                       queue_size=queue_size, credentials=credentials, log_requests=log_requests,
-                      version=f"lowvram-gen {__version__}")
+                      version=f"lowvram-gen {__version__}", allow_paths=allow_paths)
 
 
 def started_text(local_url: str, share: bool) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lowvram_gen.a1111 import api_names
 from lowvram_gen.a1111.controlnet_units import SCRIPT_NAMES, unit_field, with_units
 from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key
 from lowvram_gen.errors import InvalidRequest
@@ -76,10 +77,13 @@ def json_field(exc: InvalidRequest) -> str | None:
 
 
 def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
-             find_model: Callable[[str], str | None], init_image: Callable[[Any], str] | None = None) -> Mapped:
+             find_model: Callable[[str], str | None], init_image: Callable[[Any], str] | None = None,
+             names: Callable[[dict], None] | None = None) -> Mapped:
     """The request of a txt2img (`kind`) or img2img body. `model` and `clip_skip`: the API's current ones (what
     override_settings may change for this job); `find_model`: a checkpoint title -> model spec (None: unknown);
-    `init_image`: a base64 image -> the path of a file holding it (img2img)."""
+    `init_image`: a base64 image -> the path of a file holding it (img2img); `names`: checks the request fields'
+    upscaler, ControlNet and LoRA names before the request's own checks look for files (api/names.py: names, not
+    server paths)."""
     if not isinstance(body, dict):
         raise InvalidRequest("body", body, "send a JSON object of A1111's fields")
     defaults = TXT2IMG_DEFAULTS if kind == "txt2img" else IMG2IMG_DEFAULTS
@@ -107,6 +111,8 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     else:
         fields.update(_img2img(specs, got, warnings, init_image))
     fields.update(_controlnet(got, fields, init_image))
+    if names is not None:
+        names(fields)
     try:
         request = GenerationRequest(**fields).validated()
     except InvalidRequest as exc:
@@ -164,8 +170,8 @@ def _override_settings(got: dict, model: str, clip_skip: int, find_model,
             warnings.append(f"override_settings.{key} is not used: lowvram-gen has no such setting")
         elif spec.name == "model":
             found = find_model(value) if isinstance(value, str) else None
-            if found is None:
-                raise InvalidRequest(spec.api, value, "no such model: GET /sdapi/v1/sd-models lists their titles")
+            if found is None:  # a listed title, model name or file name only: never a path of the server's
+                raise api_names.refused(spec.api, value, api_names.MODELS)
             out["model"] = found
         else:
             out[spec.name] = value
@@ -231,8 +237,9 @@ def _controlnet(got: dict, fields: dict, init_image: Callable[..., str] | None) 
 
 
 def _check_controlnet_models(request: GenerationRequest) -> None:
-    """Each unit's model found (models/ControlNet by name, as /controlnet/model_list lists them, a folder, a file or
-    a hub id) before the job queues, so a 422 names the unit whose model is not there."""
+    """Each unit's model found (models/ControlNet by name, as /controlnet/model_list lists them; through the API a
+    path only inside --api-allow-paths, api/names.py) before the job queues, so a 422 names the unit whose model is
+    not there."""
     if not request.controlnets:
         return
     from lowvram_gen.models.controlnet import resolve_controlnet

@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBasic, HTTPBasicCredentials
 
-from lowvram_gen.api import answers, controlnet, listings, progress
+from lowvram_gen.api import answers, controlnet, listings, names, progress
 from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
@@ -57,6 +57,7 @@ class ApiContext:
     credentials: list[tuple[str, str]] | None = None
     log_requests: bool = False
     version: str = ""
+    allow_paths: tuple[Path, ...] = ()  # --api-allow-paths: the folders a body may name files in (else names only)
     _waiting: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -255,7 +256,8 @@ def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
     model, clip_skip = ctx.state.current()
     with tempfile.TemporaryDirectory(prefix="lowvram-gen-api-") as folder:
         mapped = map_body(body, kind, model, clip_skip, ctx.state.outdir, ctx.state.find_model,
-                          lambda value, name="init_images": answers.image_file(value, name, Path(folder)))
+                          lambda value, name="init_images": answers.image_file(value, name, Path(folder)),
+                          lambda fields: names.check(fields, ctx.allow_paths))
         request = mapped.request
         ctx.take_slot()
         try:

@@ -1,0 +1,70 @@
+"""A body's model names checked before its request is (a1111/api_names.py says why the API takes names, not server
+paths): the hires upscaler, each ControlNet unit's model (the names of /controlnet/model_list, models/controlnet.py)
+and the prompts' <lora:NAME> tags (those of /sdapi/v1/loras, networks/lora.py); a path only inside the folders of
+--api-allow-paths. In the API's layer, as these look at the model folders (a1111/ does not).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from lowvram_gen.a1111.api_names import CONTROLNETS, LORAS, allowed_path, check_upscaler, refused
+from lowvram_gen.a1111.fields import api_key
+
+# the prompts whose <lora:NAME> tags are checked as names
+PROMPTS = ("prompt", "negative_prompt", "hires_prompt", "hires_negative")
+
+
+def check(fields: dict, allowed: tuple[Path, ...] = ()) -> None:
+    """The request `fields` of a body (before the request's own checks look for a file, which would tell a client
+    what the server's disk holds): the hires upscaler and each unit's model as listed names, or paths inside
+    `allowed` (replaced by the resolved path); LoRA tags that look like paths the same."""
+    if "hires_upscaler" in fields:
+        fields["hires_upscaler"] = check_upscaler(fields["hires_upscaler"], api_key("hires_upscaler"), allowed)
+    units = fields.get("controlnets")
+    for i, unit in enumerate(units if isinstance(units, list) else ()):
+        if isinstance(unit, dict) and "model" in unit:
+            unit["model"] = check_controlnet(unit["model"], f"ControlNet unit {i} model", allowed)
+    check_lora_names({api_key(name): fields.get(name) for name in PROMPTS}, allowed)
+
+
+def check_controlnet(value, field: str, allowed: Iterable[Path] = ()) -> object:
+    """A ControlNet unit's model as the API takes it (its `[hash]` already taken off): a name of
+    /controlnet/model_list (a file's stem, with or without its suffix, or a folder's name; any case), or a path
+    inside an allowed folder (returned resolved). Empty is left to the request's check ("give a model")."""
+    from lowvram_gen.models.controlnet import SUFFIXES, available
+
+    if not isinstance(value, str) or not value.strip():
+        return value
+    name = value.strip()
+    stem = name[: -len(Path(name).suffix)] if Path(name).suffix.lower() in SUFFIXES else name
+    names = {key.lower() for key in available()}
+    if "/" not in name and "\\" not in name and stem.lower() in names:
+        return value
+    path = allowed_path(name, allowed)
+    if path is None:
+        raise refused(field, value, CONTROLNETS)
+    return path
+
+
+def check_lora_names(texts: dict[str, str], allowed: Iterable[Path] = ()) -> None:
+    """The LoRAs of the prompts' `<lora:NAME>` tags (`texts`: field -> prompt): a name that looks like a path (a
+    folder separator, `~`, a leading dot, or a LoRA file suffix) must be a listed one or lie inside an allowed
+    folder. A plain unknown name is left to the job (it looks in the LoRA folder only)."""
+    from lowvram_gen.networks.lora import SUFFIXES, available_loras
+    from lowvram_gen.networks.tags import extract_lora_tags
+
+    listed = {key.lower() for key in available_loras()}
+    refs = [(field, ref.name) for field, text in texts.items() if isinstance(text, str) and text
+            for ref in extract_lora_tags(text)[1]]
+    for field, name in refs:
+        suffix = Path(name).suffix.lower()
+        pathlike = "/" in name or "\\" in name or name.startswith(("~", ".")) or suffix in SUFFIXES
+        if not pathlike:
+            continue
+        stem = name[: -len(suffix)] if suffix in SUFFIXES else name
+        if "/" not in stem and "\\" not in stem and not stem.startswith(("~", ".")) and stem.lower() in listed:
+            continue
+        if allowed_path(name, allowed) is None:
+            raise refused(field, name, LORAS)
