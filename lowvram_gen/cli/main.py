@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--api-auth", metavar="USER:PASS[,USER2:PASS2]",
                    help="HTTP Basic users of the API (default: --gradio-auth's, so a login UI leaves no open API)")
     a.add_argument("--api-log", action="store_true", help="print one line per API request")
+    a.add_argument("--api-body-limit", type=int, metavar="MIB",
+                   help="largest API request body, in MiB (default 64: an img2img with a 2048x2048 PNG init image, "
+                        "its mask and ControlNet images, base64 as A1111 clients send them, fits; 413 past it)")
     _add_memory_flags(ui)
 
     from lowvram_gen.batch.command import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
@@ -465,7 +468,7 @@ def cmd_ui(args) -> int:
     session = Session(**_session_kwargs(args), outdir=outdir)
     launch(session, outdir, args.model, listen=args.listen, port=port, auth=args.gradio_auth, share=args.share,
            queue_size=args.queue_size, api=args.api, api_auth=args.api_auth, api_log=args.api_log,
-           webui=not args.nowebui)
+           webui=not args.nowebui, api_body_limit=args.api_body_limit)
     return 0
 
 
