@@ -183,6 +183,9 @@ def test_a_non_ascii_gradio_user_logs_in_to_the_ui_and_the_api(tmp_path):
         login = requests.post(f"{srv.url}login", data={"username": "ü", "password": "p"}, timeout=30)
         assert login.status_code == 200 and login.json() == {"success": True}
         assert requests.get(f"{srv.api_url}/options", auth=("ü".encode(), b"p"), timeout=30).status_code == 200
+        # on gradio's app (--api) too, the login comes before the body
+        status, _, took = _raw(srv, f"POST /sdapi/v1/txt2img HTTP/1.1\nHost: x\nContent-Length: {BIG}\n", b"{")
+        assert status == 401 and took < 5, (status, took)
     finally:
         srv.close()
 
