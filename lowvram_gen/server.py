@@ -20,7 +20,11 @@ LOUD = "!" * 78
 
 
 def parse_auth(text: str | None, flag: str = "--gradio-auth") -> list[tuple[str, str]] | None:
-    """'user:pass[,user2:pass2]' as A1111's --gradio-auth and --api-auth; a clear error for anything else."""
+    """'user:pass[,user2:pass2]' as A1111's --gradio-auth and --api-auth; a clear error for anything else.
+
+    Names and passwords may hold any Unicode (a login sends them as UTF-8, RFC 7617); text that is not Unicode
+    (bytes of another encoding on the command line, which Python keeps as lone surrogates) could never be typed
+    at a login, so it is refused here rather than locking everyone out in silence."""
     if not text:
         return None
     pairs = []
@@ -28,6 +32,11 @@ def parse_auth(text: str | None, flag: str = "--gradio-auth") -> list[tuple[str,
         user, sep, password = item.strip().partition(":")
         if not sep or not user or not password:
             raise InvalidRequest(flag, "<hidden>", "use user:password[,user2:password2]")
+        try:
+            user.encode("utf-8"), password.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequest(flag, "<hidden>", "a user name or password is not valid UTF-8 text (is the "
+                                                   "terminal's encoding UTF-8?); use UTF-8 names") from None
         pairs.append((user, password))
     return pairs
 
@@ -88,11 +97,12 @@ def exposure_warning(listen: bool, share: bool, auth, api: bool = False, api_aut
 def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7860, auth: str | None = None,
            share: bool = False, queue_size: int = 16, block: bool = True, api: bool = False,
            api_auth: str | None = None, api_log: bool = False, webui: bool = True,
-           api_allow_paths: str | None = None):
+           api_allow_paths: str | None = None, api_body_limit: int | None = None):
     """Build and start the app; `block=False` returns the running app (tests, embedding). `api` (--api) serves
     A1111's REST API beside the UI, on the same session, job registry and queue size; `webui=False`
     (--nowebui) serves the API alone. The API asks for --api-auth's users, or --gradio-auth's without it, and takes
-    model names only; `api_allow_paths` (--api-allow-paths DIR[,DIR]) lets it take paths inside those folders."""
+    model names only; `api_allow_paths` (--api-allow-paths DIR[,DIR]) lets it take paths inside those folders;
+    `api_body_limit` (--api-body-limit, MiB) is the largest request body it reads."""
     # Gradio notices a closed tab when its heartbeat fails (default every 15 s); the unload event
     # then cancels that tab's job. 2 s keeps a closed tab from holding the GPU for long.
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "2")
@@ -102,6 +112,8 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     from lowvram_gen.a1111.api_names import parse_allowed
 
     allow_paths = parse_allowed(api_allow_paths)
+    if api_body_limit is not None and not 1 <= api_body_limit <= 4096:
+        raise InvalidRequest("--api-body-limit", api_body_limit, "use a size in MiB from 1 to 4096 (default 64)")
     if share and not webui:
         raise InvalidRequest("--share", True, "a gradio.live link needs the web UI; leave out --nowebui or --share")
     warning = exposure_warning(listen, share, credentials, api=api, api_auth=api_credentials, webui=webui)
@@ -111,7 +123,7 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
         print("note: --share makes the app public through a gradio.live tunnel", file=sys.stderr)
     jobs = Registry()
     api_context = _api_context(session, jobs, outdir, model, queue_size, api_credentials, api_log,
-                               allow_paths) if api else None
+                               allow_paths, api_body_limit) if api else None
     if not webui:
         from lowvram_gen.api.serve import ApiServer
 
@@ -140,14 +152,16 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
 
 
 def _api_context(session, jobs, outdir: str, model: str, queue_size: int, credentials, log_requests: bool,
-                 allow_paths: tuple = ()):
+                 allow_paths: tuple = (), body_limit_mb: int | None = None):
     from lowvram_gen import __version__
+    from lowvram_gen.api.guard import DEFAULT_BODY_LIMIT_MB
     from lowvram_gen.api.routes import ApiContext
     from lowvram_gen.api.state import ApiState
 
     return ApiContext(session=session, registry=jobs, state=ApiState(model=model, outdir=outdir),
                       queue_size=queue_size, credentials=credentials, log_requests=log_requests,
-                      version=f"lowvram-gen {__version__}", allow_paths=allow_paths)
+                      version=f"lowvram-gen {__version__}", allow_paths=allow_paths,
+                      body_limit=int((body_limit_mb or DEFAULT_BODY_LIMIT_MB) * 2**20))
 
 
 def started_text(local_url: str, share: bool) -> str:

@@ -8,8 +8,9 @@ runs. At most `queue_size` API jobs run or wait at once (the UI's --queue-size);
 503, as the UI answers "queue is full".
 
 With credentials (--api-auth, or --gradio-auth's when --api-auth is not given) every route asks for HTTP
-Basic auth: anonymous or wrong answers 401, in A1111's error body. `log_requests` (--api-log) says one line
-per request on the console, as A1111's --api-log.
+Basic auth (UTF-8): anonymous or wrong answers 401, in A1111's error body, before the body is read; every body
+is read up to --api-body-limit (413 past it) and its JSON parsed once with limits (api/guard.py).
+`log_requests` (--api-log) says one line per request on the console, as A1111's --api-log.
 
 (No `from __future__ import annotations`: FastAPI reads the routes' annotations.)
 """
@@ -22,17 +23,16 @@ import uuid
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from secrets import compare_digest
 from typing import Any, Callable
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from fastapi import APIRouter, Body, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from fastapi.security import HTTPBasic, HTTPBasicCredentials
+from starlette.concurrency import run_in_threadpool
 
-from lowvram_gen.api import answers, controlnet, listings, names, progress
+from lowvram_gen.api import answers, controlnet, guard, listings, names, progress
 from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
@@ -58,19 +58,9 @@ class ApiContext:
     log_requests: bool = False
     version: str = ""
     allow_paths: tuple[Path, ...] = ()  # --api-allow-paths: the folders a body may name files in (else names only)
+    body_limit: int = guard.DEFAULT_BODY_LIMIT_MB * 2**20  # bytes (--api-body-limit)
     _waiting: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def authorized(self, given: HTTPBasicCredentials | None) -> bool:
-        if not self.credentials:
-            return True
-        if given is None:
-            return False
-        found = False
-        for user, password in self.credentials:  # every pair compared: the time does not say which user exists
-            found |= compare_digest(given.username.encode(), user.encode()) & compare_digest(
-                given.password.encode(), password.encode())
-        return found
 
     def take_slot(self) -> None:
         with self._lock:
@@ -113,7 +103,10 @@ def _route_class(ctx: ApiContext) -> type[APIRoute]:
             async def route(request: Request):
                 started = time.perf_counter()
                 try:
+                    await _admit(ctx, request)
                     response = await handler(request)
+                except guard.Refused as exc:
+                    response = JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
                 except Exception as exc:  # noqa: BLE001 - every error is answered in A1111's shape
                     response = _answer(exc)
                 if ctx.log_requests:
@@ -127,18 +120,21 @@ def _route_class(ctx: ApiContext) -> type[APIRoute]:
     return A1111Route
 
 
-def _auth(ctx: ApiContext) -> Callable:
-    basic = HTTPBasic(auto_error=False)
-
-    def auth(given: HTTPBasicCredentials | None = Depends(basic)) -> None:
-        if not ctx.authorized(given):
-            raise HTTPException(401, "Incorrect username or password", headers={"WWW-Authenticate": "Basic"})
-
-    return auth
+async def _admit(ctx: ApiContext, request: Request) -> None:
+    """The login from the headers, then the body up to the limit, then its JSON (api/guard.py), before FastAPI's
+    handler reads the body (it reads it before it solves a route's dependencies, so auth as a dependency came too
+    late). Starlette's Request keeps what was read in `_body` and `_json`, and the handler takes them from there:
+    the body is read and parsed once."""
+    if not guard.authorized(ctx.credentials, request.headers.get("authorization")):
+        raise guard.unauthorized()
+    body = await guard.read_body(request, ctx.body_limit)
+    request._body = body
+    if body:  # in a worker thread: a large body's parse does not hold up /progress and /interrupt
+        request._json = await run_in_threadpool(guard.parse, body)
 
 
 def build_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter(prefix=PREFIX, route_class=_route_class(ctx), dependencies=[Depends(_auth(ctx))])
+    router = APIRouter(prefix=PREFIX, route_class=_route_class(ctx))
 
     @router.post("/txt2img")
     def txt2img(body: dict[str, Any] = Body(...)):
@@ -225,7 +221,7 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
 def build_controlnet_router(ctx: ApiContext) -> APIRouter:
     """The ControlNet extension's own routes (api/controlnet.py), with the same auth, error shapes and log."""
-    router = APIRouter(prefix="/controlnet", route_class=_route_class(ctx), dependencies=[Depends(_auth(ctx))])
+    router = APIRouter(prefix="/controlnet", route_class=_route_class(ctx))
 
     @router.get("/version")
     def version():

@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--api-allow-paths", metavar="DIR[,DIR]",
                    help="let API bodies name model files by path inside these folders (default: names only, as "
                         "the listing routes give them)")
+    a.add_argument("--api-body-limit", type=int, metavar="MIB",
+                   help="largest API request body, in MiB (default 64: an img2img with a 2048x2048 PNG init image, "
+                        "its mask and ControlNet images, base64 as A1111 clients send them, fits; 413 past it)")
     _add_memory_flags(ui)
 
     from lowvram_gen.batch.command import add_batch_parser  # the batch prompt script's subcommand (no heavy imports)
@@ -468,7 +471,7 @@ def cmd_ui(args) -> int:
     session = Session(**_session_kwargs(args), outdir=outdir)
     launch(session, outdir, args.model, listen=args.listen, port=port, auth=args.gradio_auth, share=args.share,
            queue_size=args.queue_size, api=args.api, api_auth=args.api_auth, api_log=args.api_log,
-           webui=not args.nowebui, api_allow_paths=args.api_allow_paths)
+           webui=not args.nowebui, api_allow_paths=args.api_allow_paths, api_body_limit=args.api_body_limit)
     return 0
 
 
