@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import operator
 import os
 import re
@@ -37,6 +38,9 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from lowvram_gen.errors import OutputError
+from lowvram_gen.safe_json import BadJson, loads as safe_loads
+
+log = logging.getLogger(__name__)
 
 NAME_MAX = 255  # bytes in one file name on ext4, APFS, NTFS (UTF-16 units <= UTF-8 bytes)
 SLUG_MAX = 120  # default prompt part; see the module docstring
@@ -234,7 +238,7 @@ def parse_a1111_parameters(text: str) -> dict:
         for key, value in _PARAM.findall(last):
             if len(value) >= 2 and value[0] == value[-1] == '"':
                 try:
-                    value = json.loads(value)
+                    value = safe_loads(value, what="a quoted parameter")
                 except ValueError:
                     pass
             result[key] = value
@@ -311,8 +315,12 @@ def read_png_metadata(path: str | Path) -> tuple[str | None, dict | None]:
     parameters = texts.get(PARAMETERS_KEY)
     parameters = str(parameters) if isinstance(parameters, str) else None
     try:
-        metadata = json.loads(texts[METADATA_KEY])
-    except (KeyError, TypeError, ValueError):
+        metadata = safe_loads(texts[METADATA_KEY], what=f"the {METADATA_KEY} text of {path}")
+    except (KeyError, TypeError):
+        metadata = None
+    except BadJson as exc:  # a downloaded image's chunk: nested too deep must not crash the reader
+        if exc.kind != "invalid":
+            log.warning("ignoring %s", exc)
         metadata = None
     return parameters, metadata if isinstance(metadata, dict) else None
 

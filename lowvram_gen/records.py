@@ -4,7 +4,7 @@ times): read so that a damaged, hand-edited or other-version file never fails a 
 A file is a JSON list of objects. Reading keeps the records whose fields are all there with the right types
 (`Fields`: name -> type; an int field takes no bool, a float field takes an int and no NaN/Inf/negative) and
 skips the others with ONE warning that names the file and how many were skipped; a file that is not such a
-list at all is ignored with one warning. Writing keeps the newest `limit` records and goes through a temporary
+list at all (not JSON, nested too deep, too large: lowvram_gen.safe_json) is ignored with one warning. Writing keeps the newest `limit` records and goes through a temporary
 file and a rename (paths.write_atomically), so a reader or a crash never sees half a file.
 """
 
@@ -15,11 +15,16 @@ import logging
 import math
 from pathlib import Path
 
+from lowvram_gen import safe_json
 from lowvram_gen.paths import write_atomically
 
 log = logging.getLogger(__name__)
 
 Fields = dict[str, type]
+
+# A records file is a few hundred small records (a few hundred kB); JSON far beyond that is not ours, and nesting
+# is refused past safe_json's depth before it can recurse (a RecursionError is no ValueError)
+MAX_BYTES = 16 * 1024 * 1024
 
 
 def valid(record, fields: Fields) -> bool:
@@ -45,10 +50,13 @@ def load(path: Path, fields: Fields, what: str) -> list[dict]:
     """The valid records of the file at `path` (oldest first); [] when there is none. `what` names the records
     in the warning ("remembered failures")."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = safe_json.load_file(path, max_bytes=MAX_BYTES)
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as exc:  # unreadable, not JSON, not UTF-8
+    except safe_json.BadJson as exc:  # not JSON, not UTF-8, nested too deep, too large, NaN/Infinity
+        log.warning("ignoring %s: not readable as %s (%s)", path, what, exc.problem)
+        return []
+    except OSError as exc:  # unreadable
         log.warning("ignoring %s: not readable as %s (%s)", path, what, type(exc).__name__)
         return []
     if not isinstance(data, list):
