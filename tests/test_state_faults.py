@@ -207,3 +207,26 @@ def test_an_api_client_gets_our_sentence_for_a_bomb(tmp_path):
             assert "decompression bomb" in err.value.message
     finally:
         srv.close()
+
+
+# ------------------------------------------------- issue 29, items 8 and 9: absurd learned figures and sizes
+
+
+@pytest.mark.parametrize("field, value", [("measured_s", 1e300), ("flops", 1e300), ("transfer_s", 1e300),
+                                          ("width", 10 ** 12)])
+def test_an_absurd_learned_step_time_is_set_aside_with_one_warning(field, value, tmp_path, tiny_path, caplog,
+                                                                   capsys):
+    from lowvram_gen.planning import speed
+    from lowvram_gen.request import GenerationRequest
+    from lowvram_gen.session import Session
+
+    Session(device="cpu", outdir=str(tmp_path)).generate(
+        GenerationRequest(prompt="a fox", model="tiny", width=64, height=64, steps=2, seed=3))
+    measured = json.loads(speed.path().read_text())
+    speed.path().write_text(json.dumps([*measured, {**measured[0], field: value}]))
+    with caplog.at_level(logging.WARNING, logger="lowvram_gen.planning.speed"):
+        assert main(["plan", "--cpu", "--model", "tiny", "--width", "64", "--height", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "inf" not in out.replace("info", "") and "measured (1)" in out  # the good record still speaks
+    warned = [r.message for r in caplog.records if "set aside 1 of 2 records" in r.message]
+    assert len(warned) == 1 and f"{field} " in warned[0]
