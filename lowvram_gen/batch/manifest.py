@@ -33,12 +33,11 @@ from pathlib import Path
 
 from lowvram_gen import safe_json
 from lowvram_gen.batch.files import BatchError, Job
-from lowvram_gen.outputs import read_png_metadata
+from lowvram_gen.outputs import TEMP_NAME, read_png_metadata
 
 log = logging.getLogger(__name__)
 MANIFEST_GLOB = "manifest.rank*.jsonl"
 ARCHIVE_GLOB = "manifest.rank*.jsonl.*"  # older manifests put aside by --restart
-_TEMP = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # outputs._write_temp's names
 INCOMPLETE = ".incomplete"
 VERSION = 1
 
@@ -225,7 +224,7 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
         for entry in entries:
             if not entry.is_file(follow_symlinks=False):
                 continue
-            if only_job is None and _TEMP.match(entry.name):
+            if only_job is None and TEMP_NAME.match(entry.name):
                 try:
                     os.unlink(entry.path)
                     removed += 1
