@@ -168,3 +168,19 @@ def test_deeply_nested_png_metadata_is_ignored_with_a_warning_naming_the_file(tm
     assert "nested 100000 levels deep" in caplog.text and str(file) in caplog.text
     assert main(["generate", "--from-png", str(file), "--model", "tiny", "--steps", "1",
                  "--outdir", str(tmp_path / "o")]) == 0
+
+
+# --------------------------------------------------------------------------------- model folder configs
+
+
+@pytest.mark.parametrize("deep", ["model_index.json", "unet/config.json"])
+def test_a_deeply_nested_config_of_a_model_folder_is_refused_naming_the_file(deep, tmp_path, capsys):
+    folder = tmp_path / "model"
+    (folder / "unet").mkdir(parents=True)
+    (folder / "model_index.json").write_text(json.dumps(
+        {"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"]}))
+    (folder / deep).write_text(DEEP)
+    assert main(["plan", "--model", str(folder)]) == 2
+    assert f"{folder / deep}: JSON nested" in capsys.readouterr().err
+    assert main(["generate", "a fox", "--model", str(folder), *SMALL, "--outdir", str(tmp_path / "o")]) == 2
+    assert f"{folder / deep}: JSON nested" in capsys.readouterr().err
