@@ -12,7 +12,8 @@ Why it looks the way it does:
 * A PNG is first written to a hidden temporary file in the same folder and fsync'ed, then hard-linked
   under its final name. ``os.link`` fails if the name exists, so another process that took the same
   name in between is never overwritten (we take the next counter instead), and a crash or a full disk
-  leaves at most a ``.*.tmp`` file, never a truncated PNG under a final name.
+  leaves at most a ``.*.tmp`` file, never a truncated PNG under a final name; the next image saved in
+  that folder removes such a file once it is a minute old (a batch removes them all at its start).
 * The ``parameters`` text chunk is A1111's, so existing viewers and parsers read our images; our own
   ``lowvram_gen`` chunk holds JSON (what tier ran, the retry log) for our tools.
 
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import operator
 import os
 import re
 import secrets
+import time
 import unicodedata
 from datetime import date
 from pathlib import Path
@@ -37,6 +40,9 @@ from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
 from lowvram_gen.errors import OutputError
+from lowvram_gen.safe_json import BadJson, loads as safe_loads
+
+log = logging.getLogger(__name__)
 
 NAME_MAX = 255  # bytes in one file name on ext4, APFS, NTFS (UTF-16 units <= UTF-8 bytes)
 SLUG_MAX = 120  # default prompt part; see the module docstring
@@ -54,6 +60,8 @@ _INVISIBLE = frozenset("\u034f\u115f\u1160\u3164\uffa0")
 _APOSTROPHES = frozenset("'\u2019")  # "cat's" -> "cats", not "cat-s"
 _COUNTER = re.compile(r"^(\d{5,})-(.+)$")  # 00012-..., and 100000-... after 99999 images
 _EXT = re.compile(r"^[A-Za-z0-9]{1,16}$")
+TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # _write_temp's names: .<final name>.<12 hex>.tmp
+STALE_TEMP_S = 60.0  # a temporary file untouched this long has no live writer (see is_stale_temp)
 # Filesystems without hard links (FAT/exFAT sticks, some network shares) answer os.link with these.
 _NO_HARDLINKS = frozenset(
     getattr(errno, name)
@@ -144,14 +152,32 @@ def derived_name(source: str | Path, suffix: str) -> str:
 
 
 def _next_counter(folder: Path) -> int:
-    """1 + the highest counter prefix of any entry in ``folder``; 0 when there is none."""
+    """1 + the highest counter prefix of any entry in ``folder``; 0 when there is none. Stale temporary files
+    of `save_png` met on the way are removed (`is_stale_temp`): a killed `generate` left them."""
     highest = -1
     with os.scandir(folder) as entries:
         for entry in entries:
             m = _COUNTER.match(entry.name)
             if m:
                 highest = max(highest, int(m.group(1)))
+            elif is_stale_temp(entry):
+                _unlink_quietly(Path(entry.path))
     return highest + 1
+
+
+def is_stale_temp(entry: os.DirEntry, now: float | None = None) -> bool:
+    """Whether ``entry`` is a temporary file of `_write_temp` (TEMP_NAME) untouched for STALE_TEMP_S: no live
+    write leaves its file that long (it is written, fsync'ed and linked in one go), so its writer was killed.
+    Only our own names are ever matched: nobody else's file is removed."""
+    if not TEMP_NAME.match(entry.name):
+        return False
+    try:
+        if not entry.is_file(follow_symlinks=False):
+            return False
+        age = (time.time() if now is None else now) - entry.stat(follow_symlinks=False).st_mtime
+    except OSError:
+        return False
+    return age > STALE_TEMP_S
 
 
 def _cut_utf8(text: str, max_bytes: int) -> str:
@@ -234,7 +260,7 @@ def parse_a1111_parameters(text: str) -> dict:
         for key, value in _PARAM.findall(last):
             if len(value) >= 2 and value[0] == value[-1] == '"':
                 try:
-                    value = json.loads(value)
+                    value = safe_loads(value, what="a quoted parameter")
                 except ValueError:
                     pass
             result[key] = value
@@ -311,8 +337,12 @@ def read_png_metadata(path: str | Path) -> tuple[str | None, dict | None]:
     parameters = texts.get(PARAMETERS_KEY)
     parameters = str(parameters) if isinstance(parameters, str) else None
     try:
-        metadata = json.loads(texts[METADATA_KEY])
-    except (KeyError, TypeError, ValueError):
+        metadata = safe_loads(texts[METADATA_KEY], what=f"the {METADATA_KEY} text of {path}")
+    except (KeyError, TypeError):
+        metadata = None
+    except BadJson as exc:  # a downloaded image's chunk: nested too deep must not crash the reader
+        if exc.kind != "invalid":
+            log.warning("ignoring %s", exc)
         metadata = None
     return parameters, metadata if isinstance(metadata, dict) else None
 

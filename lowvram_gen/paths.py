@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -55,3 +57,22 @@ def write_atomically(file: Path, text: str) -> None:
         except OSError:
             pass
         raise
+    _remove_stale_temps(file)
+
+
+STALE_TEMP_S = 60.0  # no live write_atomically keeps its temporary file this long: its writer was killed
+
+
+def _remove_stale_temps(file: Path) -> None:
+    """Remove the temporary files of earlier writes of `file` that a killed process left (mkstemp's names:
+    `.<name>.<8 of [a-z0-9_]>.tmp`, untouched for STALE_TEMP_S); nobody else's file matches."""
+    own = re.compile(re.escape(f".{file.name}.") + r"[a-z0-9_]{8}\.tmp")
+    now = time.time()
+    try:
+        with os.scandir(file.parent) as entries:
+            for entry in entries:
+                if own.fullmatch(entry.name) and entry.is_file(follow_symlinks=False) \
+                        and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S:
+                    os.unlink(entry.path)
+    except OSError:  # a leftover that cannot be removed costs nothing but its space
+        pass

@@ -207,3 +207,76 @@ def test_an_api_client_gets_our_sentence_for_a_bomb(tmp_path):
             assert "decompression bomb" in err.value.message
     finally:
         srv.close()
+
+
+# ------------------------------------------------- issue 29, items 8 and 9: absurd learned figures and sizes
+
+
+@pytest.mark.parametrize("field, value", [("measured_s", 1e300), ("flops", 1e300), ("transfer_s", 1e300),
+                                          ("width", 10 ** 12)])
+def test_an_absurd_learned_step_time_is_set_aside_with_one_warning(field, value, tmp_path, tiny_path, caplog,
+                                                                   capsys):
+    from lowvram_gen.planning import speed
+    from lowvram_gen.request import GenerationRequest
+    from lowvram_gen.session import Session
+
+    Session(device="cpu", outdir=str(tmp_path)).generate(
+        GenerationRequest(prompt="a fox", model="tiny", width=64, height=64, steps=2, seed=3))
+    measured = json.loads(speed.path().read_text())
+    speed.path().write_text(json.dumps([*measured, {**measured[0], field: value}]))
+    with caplog.at_level(logging.WARNING, logger="lowvram_gen.planning.speed"):
+        assert main(["plan", "--cpu", "--model", "tiny", "--width", "64", "--height", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "inf" not in out.replace("info", "") and "measured (1)" in out  # the good record still speaks
+    warned = [r.message for r in caplog.records if "set aside 1 of 2 records" in r.message]
+    assert len(warned) == 1 and f"{field} " in warned[0]
+
+
+@pytest.mark.parametrize("argv", [["plan", "--ram", "99999999999TB"], ["plan", "--vram", "2000TiB"],
+                                  ["generate", "a fox", "--ram-budget", "99999999999TB"]])
+def test_an_absurd_size_is_bad_input_naming_the_value_and_the_limit(argv, tiny_path, tmp_path, capsys):
+    assert main([*argv, "--model", "tiny", *(["--outdir", str(tmp_path)] if argv[0] == "generate" else [])]) == 2
+    err = capsys.readouterr().err
+    assert argv[-1] in err and "at most 1 PiB" in err and "GiB of RAM usable" not in err
+
+
+def test_parse_size_takes_up_to_one_pebibyte():
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.hardware.bytesize import parse_size
+
+    assert parse_size("1024TiB") == 1024**5 and parse_size(1024**5) == 1024**5
+    for bad in ("1025TB", 1024**5 + 1, float("inf"), float("nan")):
+        with pytest.raises(InvalidRequest, match="at most 1 PiB"):
+            parse_size(bad, "--ram")
+
+
+def _leftover(folder: Path, name: str, age_s: float) -> Path:
+    import os
+    import time
+
+    path = folder / name
+    path.write_bytes(b"\x89PNG half")
+    os.utime(path, (time.time() - age_s,) * 2)
+    return path
+
+
+def test_a_killed_generates_temp_files_are_removed_by_the_next_run_in_that_folder(tmp_path, tiny_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = _leftover(out, ".00000-1-a-fox.png.0123456789ab.tmp", 3600)  # a generate killed an hour ago
+    live = _leftover(out, ".00000-2-a-fox.png.ba9876543210.tmp", 1)  # another process writing now
+    foreign = [_leftover(out, name, 3600) for name in (".notes.tmp", "mine.tmp", ".x.png.0123456789ab.tmp.bak")]
+    assert main(["generate", "a fox", "--model", "tiny", *SMALL, "--outdir", str(out)]) == 0
+    assert not stale.exists() and live.exists() and all(p.exists() for p in foreign)
+
+
+def test_write_atomically_removes_the_stale_temp_files_of_its_own_file_only(tmp_path):
+    from lowvram_gen.paths import write_atomically
+
+    stale = _leftover(tmp_path, ".timings.json.ab_cd123.tmp", 3600)
+    live = _leftover(tmp_path, ".timings.json.zz_yy987.tmp", 1)
+    other = _leftover(tmp_path, ".failures.json.ab_cd123.tmp", 3600)  # another file's: its own writes clean it
+    write_atomically(tmp_path / "timings.json", "[]")
+    assert not stale.exists() and live.exists() and other.exists()
+    assert (tmp_path / "timings.json").read_text() == "[]"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".timings")] == [live.name]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lowvram_gen import safe_json
 from lowvram_gen.a1111.controlnet_units import with_units
 from lowvram_gen.a1111.fields import ALIASES as A1111_ALIASES
 from lowvram_gen.a1111.fields import BATCH_ONLY, BY_NAME, NOT_BUILT, line_fields
@@ -296,9 +297,9 @@ def _read_jsonl(lines) -> list[Entry]:
         if not text.strip() or text.lstrip().startswith("#"):
             continue
         try:
-            obj = json.loads(text)
-        except ValueError as exc:
-            entries.append(Entry(number, error=f"not valid JSON ({exc})"))
+            obj = safe_json.loads(text, what=f"line {number}")
+        except safe_json.BadJson as exc:  # nested too deep fails this line, not the batch (no RecursionError)
+            entries.append(Entry(number, error=exc.problem))
             continue
         if not isinstance(obj, dict):
             entries.append(Entry(number, error=f"expected a JSON object {{...}}, got {type(obj).__name__}"))

@@ -31,13 +31,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from lowvram_gen import safe_json
 from lowvram_gen.batch.files import BatchError, Job
-from lowvram_gen.outputs import read_png_metadata
+from lowvram_gen.outputs import TEMP_NAME, read_png_metadata
 
 log = logging.getLogger(__name__)
 MANIFEST_GLOB = "manifest.rank*.jsonl"
 ARCHIVE_GLOB = "manifest.rank*.jsonl.*"  # older manifests put aside by --restart
-_TEMP = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # outputs._write_temp's names
 INCOMPLETE = ".incomplete"
 VERSION = 1
 
@@ -126,24 +126,27 @@ def read_records(paths) -> list[dict]:
     """The records of the manifests at `paths`; a line that is not one of ours (a torn line of a manifest another
     process is still writing, a hand-edited record with outputs that are not a list of paths) is left out, and
     said once."""
-    records, damaged = [], 0
+    records, damaged, first = [], 0, ""
     for path in paths:
         try:
             text = Path(path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        for line in text.splitlines():
+        for number, line in enumerate(text.splitlines(), 1):
             try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn line of a manifest that another process is still writing
+                record = safe_json.loads(line, what=f"line {number} of {path}")
+            except safe_json.BadJson as exc:
+                if exc.kind == "invalid":
+                    continue  # a torn line of a manifest that another process is still writing
+                record = None  # nested too deep, too large, NaN: no torn line is that, it was written so
+                first = first or str(exc)
             if _valid(record):
                 records.append(record)
             elif line.strip():
                 damaged += 1
     if damaged:
         log.warning("left out %d damaged manifest record(s) in %s (their jobs run again, unless their images "
-                    "are found)", damaged, ", ".join(str(p) for p in paths))
+                    "are found)%s", damaged, ", ".join(str(p) for p in paths), f"; {first}" if first else "")
     return records
 
 
@@ -221,7 +224,7 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
         for entry in entries:
             if not entry.is_file(follow_symlinks=False):
                 continue
-            if only_job is None and _TEMP.match(entry.name):
+            if only_job is None and TEMP_NAME.match(entry.name):
                 try:
                     os.unlink(entry.path)
                     removed += 1

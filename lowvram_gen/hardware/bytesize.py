@@ -7,6 +7,11 @@ import re
 GiB = 1024**3
 MiB = 1024**2
 
+# No memory, card or disk we plan for comes near a pebibyte; a larger size is a typo (or a probe), and
+# planning with it printed figures like "102399999998976.0 GiB of RAM usable".
+MAX_SIZE = 1024**5
+_TOO_LARGE = "a size must be at most 1 PiB (1024 TiB)"
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 # GB means GiB, as it does for graphics cards: a "4GB card" (A1111, ComfyUI, the box it came in) has
 # 4096 MiB, which nvidia-smi shows. Decimal gigabytes would make `--vram 4GB` 7 % smaller than the card.
@@ -24,12 +29,17 @@ def parse_size(text: str | int | float, field: str = "size") -> int:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if text < 0:
             raise InvalidRequest(field, text, "a size must not be negative")
+        if not text <= MAX_SIZE:  # NaN too
+            raise InvalidRequest(field, text, _TOO_LARGE)
         return int(text)
     match = _SIZE.match(str(text))
     unit = (match.group(2) or "").lower() if match else None
     if not match or unit not in _UNITS:
         raise InvalidRequest(field, text, "use a size like 6GiB, 6GB (= 6GiB), 512MiB or 6 (GiB)")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if not size <= MAX_SIZE:  # 99999999999TB: bad input, not a machine to plan for
+        raise InvalidRequest(field, text, _TOO_LARGE)
+    return int(size)
 
 
 def format_size(n: int | float) -> str:

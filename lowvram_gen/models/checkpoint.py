@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from lowvram_gen import families
+from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.families.keys import CLIP_SD, CLIP_XL, OPENCLIP_SD2, OPENCLIP_XL, UNET, VAE_PREFIXES, diffusers_markers
 from lowvram_gen.models import gguf_file
@@ -123,7 +123,7 @@ def with_unet_inputs(folder: Path, in_channels: int) -> Path:
     unet_config = folder / "unet" / "config.json"
     if not unet_config.is_file():
         return folder
-    config = json.loads(unet_config.read_text())
+    config = safe_json.load_file(unet_config)
     if int(config.get("in_channels", 4)) == in_channels:
         return folder
     tag = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
@@ -211,7 +211,7 @@ def check_config(folder: Path, family: families.Family, path: Path) -> dict:
     """The config folder must be for the same architecture (the same family group) and have every component the
     file fills."""
     try:
-        index = json.loads((folder / "model_index.json").read_text())
+        index = safe_json.load_file(folder / "model_index.json")
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'model_index.json'}: {exc}") from None
     theirs = str(index.get("_class_name", "?"))

@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lowvram_gen import safe_json
 from lowvram_gen.errors import InvalidRequest, ModelLoadError
 from lowvram_gen.models.attached import SLOT, attached  # noqa: F401 (the slots the job's ControlNets take)
 from lowvram_gen.models import control_lora
@@ -74,7 +75,7 @@ def controlnet_dirs() -> list[Path]:
 
 def _is_controlnet_folder(folder: Path) -> bool:
     try:
-        config = json.loads((folder / "config.json").read_text())
+        config = safe_json.load_file(folder / "config.json")
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and "ControlNet" in str(config.get("_class_name", ""))
@@ -245,7 +246,7 @@ def config_of(source: ControlNetSource) -> dict:
         return known_config(source.spec)
     if source.kind == "folder":
         try:
-            return json.loads((source.path / "config.json").read_text())
+            return safe_json.load_file(source.path / "config.json")
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"could not read the ControlNet config {source.path / 'config.json'}: {exc}") from exc
     shapes = file_shapes(source.path)

@@ -6,9 +6,10 @@ memory-mapped from it: float16 for the SD 1.x/2.x and SDXL checkpoints, bfloat16
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
+
+from lowvram_gen import safe_json
 
 _HALF = {"F16": "float16", "BF16": "bfloat16"}
 
@@ -20,8 +21,10 @@ def header_dtypes(path: Path) -> dict[str, int]:
             (size,) = struct.unpack("<Q", fh.read(8))
             if size <= 0 or size > 100 * 1024 * 1024:
                 return {}
-            header = json.loads(fh.read(size))
+            header = safe_json.loads(fh.read(size), max_bytes=size)  # BadJson (too deep, ...) is a ValueError
     except (OSError, ValueError, struct.error):
+        return {}
+    if not isinstance(header, dict):
         return {}
     counts: dict[str, int] = {}
     for name, info in header.items():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from lowvram_gen import safe_json
 
 
 def absent_components(folder) -> dict:
@@ -14,7 +15,7 @@ def absent_components(folder) -> dict:
     refuses the pipeline unless the caller passes that None again, or the component is optional.
     """
     try:
-        index = json.loads((Path(folder) / "model_index.json").read_text())
+        index = safe_json.load_file(Path(folder) / "model_index.json")
     except (OSError, ValueError):
         return {}  # diffusers reports the unreadable folder itself
     return {name: None for name, value in index.items()

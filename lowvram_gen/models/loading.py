@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lowvram_gen import families
+from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.models.quantize import check_scales, is_target, sdnq_config
 from lowvram_gen.hardware.hostmem import returning_freed_memory
@@ -87,7 +86,7 @@ def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quanti
 
 def _index(folder) -> dict[str, tuple[str, str]]:
     """{component: (library, class name)} from the folder's model_index.json, for the components it has."""
-    index = json.loads((Path(folder) / "model_index.json").read_text())
+    index = safe_json.load_file(Path(folder) / "model_index.json")
     return {name: (value[0], value[1]) for name, value in index.items()
             if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and None not in value}
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lowvram_gen import families
+from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.models import gguf_file
 from lowvram_gen.models.blocks import block_sizes, blocks_of, fixed_bytes
@@ -239,7 +239,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
     import torch  # noqa: F401  (imported here, never at module import)
 
     root = Path(path)
-    index = json.loads((root / "model_index.json").read_text())
+    index = safe_json.load_file(root / "model_index.json")
     components = {k: v for k, v in index.items()
                   if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] and v[1]}
     params: dict[str, int] = {}
@@ -255,7 +255,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
         cfg_file = root / name / "config.json"
         if not cfg_file.is_file() or name in ("safety_checker", "feature_extractor", "image_encoder"):
             continue
-        cfg = json.loads(cfg_file.read_text())
+        cfg = safe_json.load_file(cfg_file)
         model = instantiate_meta(library, class_name, cfg)
         if model is None:
             continue

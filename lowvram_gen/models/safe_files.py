@@ -9,10 +9,10 @@ first, so a renamed pickle is refused before any loader sees it. Used by the sin
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from lowvram_gen import safe_json
 from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
 
 _DTYPE_SIZES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
@@ -46,9 +46,9 @@ def safetensors_header(path) -> dict:
     except OSError as exc:
         raise ModelLoadError(f"cannot read {p}: {exc.strerror or exc}") from exc
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        raise bad("its header is not JSON") from None
+        header = safe_json.loads(raw, max_bytes=_MAX_HEADER, what="its header")
+    except safe_json.BadJson as exc:  # nested too deep is refused here, before json.loads could recurse
+        raise bad("its header is not JSON" if exc.kind == "invalid" else f"its header is {exc.kind}: {exc.problem}") from None
     if not isinstance(header, dict):
         raise bad("its header is not a JSON object")
     head = b""  # a JSON header: from here on it is a (damaged) safetensors file, not a renamed pickle

@@ -18,6 +18,7 @@ import struct
 import tempfile
 from pathlib import Path
 
+from lowvram_gen import safe_json
 from lowvram_gen.models.quiet import quiet_hub_bars
 from lowvram_gen.paths import home, models_dir, writable_folder
 
@@ -73,7 +74,7 @@ def _damage(folder: Path) -> str:
         try:
             with open(file, "rb") as f:
                 (length,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(length))
+                header = safe_json.loads(f.read(length), max_bytes=length)  # a ValueError when too deep
             end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
             if file.stat().st_size != 8 + length + end:
                 return f"{file.relative_to(folder)} is {file.stat().st_size} bytes, its header says {8 + length + end}"

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowvram_gen import safe_json
 from lowvram_gen.errors import ModelLoadError, UnsafeCheckpoint
 from lowvram_gen.models.checkpoint import check_finite
 from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only
@@ -212,7 +213,7 @@ def resolve_clip(spec: str) -> ClipSource:
 
 def _is_vqmodel_folder(path: Path) -> bool:
     try:
-        return json.loads((path / "config.json").read_text()).get("_class_name") == "VQModel"
+        return safe_json.load_file(path / "config.json").get("_class_name") == "VQModel"
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -465,7 +466,7 @@ def load_clip(source: ClipSource) -> LoadedClip:
     _check_finite(model, "CLIP")
     mean, std = OPENAI_MEAN, OPENAI_STD
     try:
-        pre = json.loads((source.path / "preprocessor_config.json").read_text())
+        pre = safe_json.load_file(source.path / "preprocessor_config.json")
         mean, std = tuple(float(x) for x in pre["image_mean"]), tuple(float(x) for x in pre["image_std"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # OpenAI's normalisation, which every CLIP on the hub was trained with

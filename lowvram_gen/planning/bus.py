@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+from lowvram_gen import safe_json
+from lowvram_gen.records import MAX_BYTES
 from lowvram_gen.paths import home, write_atomically
 from lowvram_gen.planning.timing import BUS_BYTES_PER_S
 
@@ -72,10 +74,12 @@ def _records() -> tuple[dict, str]:
     """The stored records by GPU name, and why the file was ignored ('' when it was not)."""
     file = path()
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = safe_json.load_file(file, max_bytes=MAX_BYTES)
     except FileNotFoundError:
         return {}, ""
-    except (OSError, ValueError) as exc:
+    except safe_json.BadJson as exc:  # not JSON, nested too deep (no RecursionError), too large, NaN/Infinity
+        return {}, f"{file} is not readable JSON ({exc.problem})"
+    except OSError as exc:
         return {}, f"{file} is not readable JSON ({type(exc).__name__})"
     if not isinstance(data, dict) or not all(isinstance(r, dict) for r in data.values()):
         return {}, f"{file} is not a bus measurement file (an object of GPU name -> record)"

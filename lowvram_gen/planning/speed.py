@@ -18,7 +18,7 @@ bus bound allows. A record keeps the FLOPs and transfers, not the factor, so a l
 constants (doctor measuring the card's throughput) does not make the old records wrong.
 
 The records live in `$LOWVRAM_GEN_HOME/timings.json`, the newest MAX_RECORDS kept; a damaged or hand-edited
-file costs its bad records (skipped, with one warning), never a plan.
+file costs its bad records (skipped, with one warning; so are figures beyond PLAUSIBLE), never a plan.
 """
 
 from __future__ import annotations
@@ -71,8 +71,22 @@ FIELDS = {"device": str, "model": str, "candidate": str, "storage": str, "offloa
           "measured_s": float}
 
 
+# What a measured pass can be: beyond these no step was ever timed (a day per step, an exaFLOP per step, a side of
+# 64k pixels), so a record holding more was hand-edited or damaged; it would make a plan's s/step `inf`.
+PLAUSIBLE = {"measured_s": 86400.0, "transfer_s": 86400.0, "flops": 1e18, "width": 65536, "height": 65536,
+             "batch": 4096}
+
+
 def path() -> Path:
     return home() / "timings.json"
+
+
+def _implausible(raw: dict) -> str:
+    """The first figure of a record beyond what any pass measures, as 'name value'; '' when all are plausible."""
+    for name, most in PLAUSIBLE.items():
+        if raw[name] > most:
+            return f"{name} {raw[name]!r}"
+    return ""
 
 
 def _timing(raw: dict) -> StepTiming | None:
@@ -83,8 +97,14 @@ def _timing(raw: dict) -> StepTiming | None:
 
 
 def load() -> list[StepTiming]:
-    """The stored records, oldest first; bad ones skipped with one warning (records.load)."""
-    return [t for t in map(_timing, records_mod.load(path(), FIELDS, "step timings")) if t is not None]
+    """The stored records, oldest first; bad ones skipped with one warning (records.load), and so are records
+    with absurd figures (PLAUSIBLE: `measured_s: 1e300` made a plan's s/step inf)."""
+    raw = records_mod.load(path(), FIELDS, "step timings")
+    absurd = [why for why in map(_implausible, raw) if why]
+    if absurd:
+        log.warning("set aside %d of %d records of %s with figures no pass measures (%s%s); the plans use the "
+                    "others", len(absurd), len(raw), path(), absurd[0], ", ..." if len(absurd) > 1 else "")
+    return [t for t in map(_timing, raw) if t is not None and not _implausible(asdict(t))]
 
 
 def record(timing: StepTiming) -> None:
@@ -94,6 +114,9 @@ def record(timing: StepTiming) -> None:
     if not records_mod.valid(entry, FIELDS) or _timing(entry) is None:
         raise ValueError(f"not a valid step timing: {timing}")
     entry["date"] = timing.date or date.today().isoformat()
+    if _implausible(entry):  # kept out of the file, where every later plan would have to set it aside
+        log.warning("not storing the measured step time: %s is beyond what any pass measures", _implausible(entry))
+        return
     try:
         records_mod.save(path(), [asdict(r) for r in load()] + [entry], MAX_RECORDS)
     except OSError as exc:

@@ -21,10 +21,10 @@ Nothing here imports torch unless a profile is built from a folder or from loade
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lowvram_gen import safe_json
 from lowvram_gen.models import vqgan_models as vm
 from lowvram_gen.planning.estimate import OVERHEAD_BYTES
 from lowvram_gen.planning.planner import PresetEstimate, choose
@@ -145,7 +145,7 @@ def profile_from_specs(vqgan: str, clip: str) -> VqganProfile:
             if src.kind == "taming":
                 cfg = vm.diffusers_config(vm.read_taming_config(src.config))
             else:
-                cfg = {k: x for k, x in json.loads((Path(src.path) / "config.json").read_text()).items()
+                cfg = {k: x for k, x in safe_json.load_file(Path(src.path) / "config.json").items()
                        if not k.startswith("_")}
             with init_empty_weights(include_buffers=True):
                 vq_part = _vq_fields(VQModel.from_config(cfg))
