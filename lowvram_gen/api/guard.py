@@ -18,10 +18,11 @@ import json
 import math
 from hmac import compare_digest
 
+from lowvram_gen import safe_json
 from lowvram_gen.api.answers import error_body
 
 DEFAULT_BODY_LIMIT_MB = 64
-MAX_DEPTH = 64  # A1111's deepest body (alwayson_scripts.controlnet.args[i].field) is 5 levels
+MAX_DEPTH = safe_json.MAX_DEPTH  # A1111's deepest body (alwayson_scripts.controlnet.args[i].field) is 5 levels
 
 
 class Refused(Exception):
@@ -110,7 +111,11 @@ def _float(text: str):
 
 
 def parse(body: bytes):
-    """The JSON of `body`, or Refused(422) naming the first field that holds what no job can take."""
+    """The JSON of `body`, or Refused(422) naming the first field that holds what no job can take. The nesting is
+    measured first by safe_json's linear scan (json.loads would recurse into it); the numbers and strings are
+    checked here, where the field that holds them is known."""
+    if safe_json.depth(body) > MAX_DEPTH:
+        raise _refusal([], "<nested>", f"the JSON is nested too deeply (more than {MAX_DEPTH} levels)")
     try:
         value = json.loads(body, parse_constant=_Bad, parse_float=_float)
     except RecursionError:
