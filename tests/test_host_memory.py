@@ -421,6 +421,17 @@ def test_a_cpu_with_native_bfloat16_computes_in_it_and_one_without_never_does():
     assert without.preset.name == "cpu" and all("bf16" not in e.name for e in without.estimates)
 
 
+def test_the_reason_for_a_cpu_variant_is_its_real_one():
+    """Issue 29 item 9: where float32 fits the RAM, a faster variant is picked for its speed, and the plan must not
+    say that float32 did not fit (it said so with any --ram, even 1000 TB); where it does not fit, it says so."""
+    sd15 = profiles.profile_builtin("sd15")
+    roomy = plan(replace(_cpu("1000TB"), bf16=True), sd15, 512, 512, 1, load_presets())
+    assert roomy.preset.name == "cpu+bf16"
+    assert "estimated faster than float32, which fits" in roomy.reason and "needs more than" not in roomy.reason
+    tight = plan(replace(_cpu("6GiB"), bf16=True), sd15, 512, 512, 1, load_presets())
+    assert tight.preset.name != "cpu" and "the whole pipeline in float32 needs more than" in tight.reason
+
+
 def test_a_single_file_quantizes_its_unet_as_it_loads_but_not_its_text_encoders_and_the_plan_counts_it():
     """A single .safetensors checkpoint with int8: its UNet is quantized as it loads, through its own class's
     from_single_file (models/checkpoint.py); its text encoders, built by diffusers from the file's keys with no

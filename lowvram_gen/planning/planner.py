@@ -447,7 +447,10 @@ def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) 
             kept += ", the text encoders read from disk for each job and dropped before the denoiser runs"
         if chosen[0].memory.paged_weights:
             kept += ", the weights left in their files and read from disk as the layers run"
-        reason += f" with {kept} (the whole pipeline in float32 needs more than the {have} of RAM usable)"
+        if any(p is cpu and r.fits_host for p, r in options):  # float32 fits: the pick is the faster one
+            reason += f" with {kept} (estimated faster than float32, which fits the {have} of RAM usable too)"
+        else:
+            reason += f" with {kept} (the whole pipeline in float32 needs more than the {have} of RAM usable)"
     for p, r in options:
         r.why = "fastest that fits the RAM" if r is chosen[1] else (
             "slower" if r.fits_host else f"host peak {format_size(r.host_peak_bytes)} does not fit the RAM")
