@@ -159,6 +159,30 @@ def test_interrupt_stops_the_running_api_job_and_progress_follows_it(server, api
     assert again.info["seed"] == 4
 
 
+def test_a_client_that_hangs_up_stops_its_job_at_the_next_step_and_what_it_made_is_kept(server, api, slow_jobs):
+    """FAULTS 21, issue 29 item 3: a client that closes its connection while its job runs stops the job at the next
+    step, as /interrupt does (before, a 150-step job ran on for minutes and the jobs behind it waited). Its image so
+    far is saved, and the next job runs."""
+    import socket
+    import time
+
+    body = json.dumps({"prompt": "slow", "seed": 77, "steps": 20, "width": 64, "height": 64}).encode()
+    client = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    client.sendall(b"POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert slow_jobs.blocked.wait(120)
+    client.close()  # the client hangs up while its job waits at step 2
+    for _ in range(600):  # bounded: the fixture's step waits 90 s before it goes on by itself
+        if api.get_progress()["state"]["job_count"] == 0:
+            break
+        time.sleep(0.1)
+    assert api.get_progress()["state"]["job_count"] == 0
+    assert slow_jobs.waits == 1 and max(slow_jobs.seen) < 20  # stopped where the hang-up arrived
+    assert sorted(server.outdir.rglob("*-77-slow.png"))  # the interrupted image is saved, as an interrupt keeps it
+    again = api.txt2img(prompt="the next one", seed=78, steps=2, width=64, height=64)
+    assert again.info["seed"] == 78
+
+
 def test_interrupt_and_progress_reach_a_job_of_the_web_ui(server, api, slow_jobs):
     """The UI and the API register their jobs in one registry: A1111's global /interrupt stops a UI job."""
     from gradio_client import Client

@@ -15,6 +15,7 @@ is read up to --api-body-limit (413 past it) and its JSON parsed once with limit
 (No `from __future__ import annotations`: FastAPI reads the routes' annotations.)
 """
 
+import asyncio
 import logging
 import tempfile
 import threading
@@ -102,9 +103,10 @@ def _route_class(ctx: ApiContext) -> type[APIRoute]:
 
             async def route(request: Request):
                 started = time.perf_counter()
+                request.state.watch = ClientWatch()
                 try:
                     await _admit(ctx, request)
-                    response = await handler(request)
+                    response = await _watched(handler(request), request)
                 except guard.Refused as exc:
                     response = JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
                 except Exception as exc:  # noqa: BLE001 - every error is answered in A1111's shape
@@ -118,6 +120,42 @@ def _route_class(ctx: ApiContext) -> type[APIRoute]:
             return route
 
     return A1111Route
+
+
+class ClientWatch:
+    """Whether the client that asked for a job is still connected (FAULTS 21): the route notes when the connection
+    closes (`left`), and the job run for that request (`attach`) is cancelled then, as /interrupt cancels it: it
+    stops at its next step and keeps the images it finished."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._job: Job | None = None
+        self.gone = False
+
+    def attach(self, job: Job) -> None:
+        with self._lock:
+            self._job = job
+            if self.gone:
+                job.cancel.set()
+
+    def left(self) -> None:
+        with self._lock:
+            self.gone = True
+            if self._job is not None:
+                self._job.cancel.set()
+
+
+async def _watched(answer, request: Request, every: float = 0.5):
+    """Await the route's `answer`, looking every `every` seconds whether its client hung up (Starlette reads the
+    connection's disconnect message once the body is read); the answer itself is awaited to its end."""
+    task = asyncio.ensure_future(answer)
+    while not request.state.watch.gone:
+        done, _ = await asyncio.wait({task}, timeout=every)
+        if done:
+            break
+        if await request.is_disconnected():
+            request.state.watch.left()
+    return await task
 
 
 async def _admit(ctx: ApiContext, request: Request) -> None:
@@ -137,12 +175,12 @@ def build_router(ctx: ApiContext) -> APIRouter:
     router = APIRouter(prefix=PREFIX, route_class=_route_class(ctx))
 
     @router.post("/txt2img")
-    def txt2img(body: dict[str, Any] = Body(...)):
-        return _generate(ctx, body, "txt2img")
+    def txt2img(request: Request, body: dict[str, Any] = Body(...)):
+        return _generate(ctx, body, "txt2img", request.state.watch)
 
     @router.post("/img2img")
-    def img2img(body: dict[str, Any] = Body(...)):
-        return _generate(ctx, body, "img2img")
+    def img2img(request: Request, body: dict[str, Any] = Body(...)):
+        return _generate(ctx, body, "img2img", request.state.watch)
 
     @router.get("/progress")
     def progress_(skip_current_image: bool = False):
@@ -246,7 +284,7 @@ def build_controlnet_router(ctx: ApiContext) -> APIRouter:
     return router
 
 
-def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
+def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None = None) -> dict:
     """Map the body, run the job in the registry and answer A1111's images, parameters and info. An interrupted
     job answers the images it kept, as A1111 answers an interrupted one; the info's warnings say so."""
     model, clip_skip = ctx.state.current()
@@ -257,7 +295,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
         request = mapped.request
         ctx.take_slot()
         try:
-            job = _run(ctx, request, kind)  # a failed job raises its error: answered by _answer
+            job = _run(ctx, request, kind, watch)  # a failed job raises its error: answered by _answer
         finally:
             ctx.free_slot()
     warnings = list(mapped.warnings)
@@ -274,7 +312,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str) -> dict:
             "parameters": mapped.parameters, "info": info}
 
 
-def _run(ctx: ApiContext, request, kind: str) -> Job:
+def _run(ctx: ApiContext, request, kind: str, watch: ClientWatch | None = None) -> Job:
     """Run `request` as a registered job and wait for it to end: done, or cancelled (its Cancelled error on the job);
     a job that failed raises its error. Its Skip and live previews (every show_progress_every_n_steps, /options) are
     the job's own, as a UI job's."""
@@ -286,6 +324,8 @@ def _run(ctx: ApiContext, request, kind: str) -> Job:
                                     on_preview=job.on_preview, preview_every=preview_every)
 
     job = Job(work)
+    if watch is not None:  # the client hanging up stops it as /interrupt does
+        watch.attach(job)
     with closing(run(ctx.registry, key, job, f"API {kind}", request, tick=None)) as events:
         for _ in events:
             pass
