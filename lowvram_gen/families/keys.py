@@ -74,3 +74,59 @@ def cross_attention_width(shapes: dict) -> int:
     """The width of an SD UNet's cross-attention (768 SD 1.x, 1024 SD 2.x) from a file's shapes; 0 when absent."""
     shape = shapes.get(SD2_CROSS_ATTENTION)
     return int(shape[-1]) if shape else 0
+
+
+# ------------------------------------------------------------------ variants (the shipped config folder a file needs)
+# Which of the shipped configs (lowvram_gen/configs, models/offline_configs.py) fits a file, from its {key: shape}.
+
+T5_XXL = "text_encoders.t5xxl."  # SD3 / FLUX.1 all-in-one files (ComfyUI's layout): T5-XXL's weights
+OPENCLIP_XL_REFINER = "conditioner.embedders.0.model."  # the refiner's only text encoder: OpenCLIP-G at embedders.0
+# ComfyUI's (and Forge's) SD 2.x v-prediction test reads this one small tensor (320 values); a "v_pred" key (ComfyUI
+# saves one) says it outright
+SD2_V_STATISTIC = UNET + "output_blocks.11.1.transformer_blocks.0.norm1.bias"
+
+
+def sdxl_refiner_file(keys) -> bool:
+    """An SDXL refiner: UNet, VAE and OpenCLIP-G alone, at conditioner.embedders.0 (no CLIP-L)."""
+    return (has_unet(keys) and _has(keys, *VAE_PREFIXES) and _has(keys, OPENCLIP_XL_REFINER)
+            and not _has(keys, "conditioner.embedders.1."))
+
+
+def sd_variant(shapes, read=None) -> str:
+    """'sd15', 'sd2-v' or 'sd2-eps' for a whole SD 1.x/2.x file. SD 2.x's eps and v models have the same keys and
+    shapes: a 'v_pred' key decides, else ComfyUI's test on one tensor (`read(key)` gives its values; an inpainting
+    UNet, 9 inputs, is eps), else eps as ComfyUI and Forge assume."""
+    if not (cross_attention_width(shapes) == 1024 or _has(shapes, OPENCLIP_SD2)):
+        return "sd15"
+    if "v_pred" in shapes:
+        return "sd2-v"
+    inputs = tuple(shapes.get(UNET + "input_blocks.0.0.weight", (0, 4)))[1]
+    if inputs == 4 and read is not None and SD2_V_STATISTIC in shapes:
+        import torch
+
+        values = read(SD2_V_STATISTIC).float()
+        if float(torch.std(values, unbiased=False)) > 0.09:
+            return "sd2-v"
+    return "sd2-eps"
+
+
+def sdxl_variant(shapes, read=None) -> str:
+    """'sdxl' (base) or 'sdxl-refiner'."""
+    return "sdxl-refiner" if sdxl_refiner_file(shapes) else "sdxl"
+
+
+def sd3_variant(shapes, read=None) -> str:
+    """'sd3' (3 medium), 'sd35-medium' (MMDiT-X: a second attention, attn2, in its first blocks) or 'sd35-large'
+    (38 blocks; q/k norms and no attn2). diffusers tells them by real widths; these keys hold at any width."""
+    blocks = ("joint_blocks.", UNET + "joint_blocks.")
+    if any(k.startswith(blocks) and ".x_block.attn2." in k for k in shapes):
+        return "sd35-medium"
+    if any(k.startswith(tuple(p + "37." for p in blocks)) or (k.startswith(blocks) and ".attn.ln_q." in k)
+           for k in shapes):
+        return "sd35-large"
+    return "sd3"
+
+
+def flux1_variant(shapes, read=None) -> str:
+    """'flux-dev' (guidance-distilled: a guidance embedder, guidance_in) or 'flux-schnell' (none), as diffusers."""
+    return "flux-dev" if _has(shapes, "guidance_in.", UNET + "guidance_in.") else "flux-schnell"

@@ -84,6 +84,11 @@ class SingleFile:
     inpaint_unet: bool = False
     # where the file keeps each text encoder's weights (prefixes of its keys)
     text_encoder_prefixes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # which shipped config folder (lowvram_gen/configs, models/offline_configs.VARIANTS) fits a whole file, from its
+    # {key: shape} and a reader of one tensor's values (or None); None: the family ships no configs for single files
+    offline_variant: Callable[..., str] | None = None
+    # its T5 encoder and tokenizer, which diffusers lets it run without (None) when no weights are given (SD3's)
+    optional_t5: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
