@@ -151,6 +151,9 @@ def openclip_to_ldm(text_encoder, prefix: str = OPENCLIP_SDXL) -> dict:
     import torch
 
     sd = {k.removeprefix("text_model."): v for k, v in text_encoder.state_dict().items()}
+    if "text_projection.weight" not in sd:  # SD 2.x's OpenCLIP-H as a CLIPTextModel: its file still has the projection
+        width = sd["embeddings.token_embedding.weight"].shape[1]
+        sd["text_projection.weight"] = torch.zeros(width, width, device=sd["embeddings.token_embedding.weight"].device)
     out = {
         prefix + "positional_embedding": sd.pop("embeddings.position_embedding.weight"),
         prefix + "token_embedding.weight": sd.pop("embeddings.token_embedding.weight"),

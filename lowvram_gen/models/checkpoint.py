@@ -7,8 +7,8 @@ Why this module exists instead of a bare `from_single_file` call:
 * Clear errors (docs/FAULTS.md 3, 4, 6, 7). diffusers fills missing weights with nothing (they stay on the
   `meta` device), only logs unexpected ones, and with `local_files_only=True` it still goes online when
   the base configs are not cached. Here the checkpoint's keys and shapes are checked against the target
-  architecture on the meta device before anything is loaded, and the configs are found in the local
-  cache only, with an error that says how to get them.
+  architecture on the meta device before anything is loaded, and the configs are found locally only: `--config`,
+  the HF cache, else the ones lowvram-gen ships (models/offline_configs.py, docs/single-file-offline.md).
 
 What the file is comes from the family records (lowvram_gen/families: their `SingleFile`): which keys make
 which family, its pipeline class, its default configs, the components its config folder needs, which
@@ -25,7 +25,7 @@ from pathlib import Path
 from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.families.keys import CLIP_SD, CLIP_XL, OPENCLIP_SD2, OPENCLIP_XL, UNET, VAE_PREFIXES, diffusers_markers
-from lowvram_gen.models import gguf_file
+from lowvram_gen.models import gguf_file, offline_configs
 from lowvram_gen.models.checkpoint_keys import layout_hint
 from lowvram_gen.models.safe_files import (check_safetensors, last_line, load_pickle_weights_only, safetensors_header,
                                            weights_only_allowlist)
@@ -161,8 +161,11 @@ def _default_repo(meta: dict, family: families.Family) -> str:
     return DIFFUSERS_DEFAULT_PIPELINE_PATHS[model_type]["pretrained_model_name_or_path"]
 
 
-def _resolve_config(config: str | None, meta: dict, family: families.Family, path: Path, weights: bool = False) -> Path:
-    """A local folder with the base architecture's configs: `config` itself, or a repo in the HF cache.
+def _resolve_config(config: str | None, meta: dict, family: families.Family, path: Path, weights: bool = False,
+                    read=None) -> Path:
+    """A local folder with the base architecture's configs: `config` itself, a repo in the HF cache, else (no
+    `config`, a whole file) the shipped configs fitted to the file (models/offline_configs.py; `read`: one tensor's
+    values, for SD 2.x's v test).
 
     Never downloads: diffusers' from_single_file would go online even with local_files_only=True when
     the configs are not cached, so only a local folder is ever handed to it. `weights`: the file holds
@@ -200,8 +203,14 @@ def _resolve_config(config: str | None, meta: dict, family: families.Family, pat
         patterns = None if weights else list(CONFIG_PATTERNS)
         folder = Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, offline mode, malformed id: all mean "not here"
-        raise missing("which are not in the local Hugging Face cache") from None
-    absent = [c for c in ("model_index.json", *_file_facts(family).components) if not (folder / c).exists()]
+        folder = None
+    absent = [c for c in ("model_index.json", *_file_facts(family).components)
+              if folder and not (folder / c).exists()]
+    if (folder is None or absent) and config is None and not weights and offline_configs.ships(family):
+        shapes = {k: tuple(v.shape) for k, v in meta.items()}
+        return offline_configs.offline_configs(family, shapes, path, read).folder
+    if folder is None:
+        raise missing("which are not in the local Hugging Face cache")
     if absent:
         raise missing(f"which are only partly in the local Hugging Face cache (no {', '.join(absent)})")
     return folder
@@ -363,7 +372,7 @@ def load_components(path, config: str | None, names: list[str], torch_dtype, fro
         shapes = {k: tuple(v.shape) for k, v in state.items()}
     family = gguf_file.family_of(gguf, p) if gguf else detect_family(shapes)
     meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
-    folder = _resolve_config(config, meta, family, p, weights=gguf is not None)
+    folder = _resolve_config(config, meta, family, p, gguf is not None, offline_configs.tensor_reader(p, state))
     index = check_config(folder, family, p)
     del meta
     out = {}
@@ -483,13 +492,13 @@ def load_single_file(path, config: str | None, torch_dtype, quantize: str = "non
         raise ModelLoadError(f"{p.name} is an instruct or depth model (its UNet takes {in_channels} input channels); "
                              "text-to-image (4 channels) and inpainting (9) checkpoints are supported")
     meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
-    folder = _resolve_config(config, meta, family, p, weights=gguf is not None)
+    folder = _resolve_config(config, meta, family, p, gguf is not None, offline_configs.tensor_reader(p, state))
     if facts.inpaint_unet:  # an inpainting file with its base model's configs: their UNet with 9 inputs
         folder = with_unet_inputs(folder, int(in_channels))
     index = check_config(folder, family, p)
     if facts.architecture_check == "file" or (gguf and facts.architecture_check == "gguf"):
         _check_architecture(meta, folder, index, family, p, only=(family.denoiser,) if gguf else ())
-    extra = {}
+    extra = dict.fromkeys(() if gguf else offline_configs.absent_components(family, shapes, folder))  # SD3 sans T5
     if quantize != "none" and not gguf and facts.quantize_on_load:  # first: nothing else is loaded beside it
         name = facts.quantize_on_load
         extra[name] = _one(p, folder, name, lambda: _component(p, state, None, family, folder, index, name,
