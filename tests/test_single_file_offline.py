@@ -100,6 +100,36 @@ def test_sdxl_single_file_loads_and_generates_offline(offline, tmp_path):
     again = load_single_file(path, config=None, torch_dtype=torch.float32)
     assert len(list((offline["home"] / "configs" / "offline").iterdir())) == 1
     assert torch.equal(again.unet.conv_in.weight, pipe.unet.conv_in.weight)
+    # and the components reloaded on their own (precision restored, text encoders reloaded) take the same folder
+    from lowvram_gen.models.checkpoint import load_components
+
+    parts = load_components(path, None, ["unet", "text_encoder_2"], torch.float32, from_folder=None)
+    assert torch.equal(parts["text_encoder_2"].text_projection.weight, pipe.text_encoder_2.text_projection.weight)
+    assert len(list((offline["home"] / "configs" / "offline").iterdir())) == 1
+
+
+def test_sd2_single_file_loads_offline_as_eps_or_v(offline, tmp_path):
+    """SD 2.x's layout (OpenCLIP-H at cond_stage_model.model.): eps without a marker, v with ComfyUI's v_pred key;
+    its tokenizer pads with "!"."""
+    from lowvram_gen.models.tiny import build_tiny_sd
+
+    pipe = build_tiny_sd()
+    pipe.text_encoder.resize_token_embeddings(offline_configs.CLIP_VOCAB)
+    state = {**ldm_layout.unet_to_ldm(pipe.unet), **ldm_layout.vae_to_ldm(pipe.vae),
+             **ldm_layout.openclip_to_ldm(pipe.text_encoder, keys.OPENCLIP_SD2)}
+    state = {k: v.detach().clone().contiguous() for k, v in state.items()}
+    path = tmp_path / "sd2.safetensors"
+    safetensors.torch.save_file(state, str(path))
+    eps = load_single_file(path, config=None, torch_dtype=torch.float32)
+    assert (type(eps.scheduler).__name__, eps.scheduler.config.prediction_type) == ("PNDMScheduler", "epsilon")
+    assert eps.tokenizer.pad_token == "!" and eps.tokenizer.pad_token_id == 0
+    image = eps("a lighthouse", num_inference_steps=2, height=64, width=64, output_type="np",
+                generator=torch.Generator("cpu").manual_seed(1)).images[0]
+    assert image.shape == (64, 64, 3)
+    safetensors.torch.save_file({**state, "v_pred": torch.tensor([])}, str(path))
+    v = load_single_file(path, config=None, torch_dtype=torch.float32)
+    assert (type(v.scheduler).__name__, v.scheduler.config.prediction_type) == ("DDIMScheduler", "v_prediction")
+    assert v.unet.config.upcast_attention is True
 
 
 def test_a_file_whose_vocabulary_is_not_clips_says_to_pass_config(offline, tmp_path):

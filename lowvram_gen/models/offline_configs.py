@@ -114,6 +114,7 @@ def offline_configs(family, shapes: dict, path: Path, read=None) -> OfflineConfi
         except (KeyError, IndexError, ValueError, TypeError):  # an odd file: the architecture check names what differs
             pass
     index = files["model_index.json"]
+    index["scheduler"] = ["diffusers", files["scheduler/scheduler_config.json"]["_class_name"]]  # a variant's own
     for name in ("safety_checker", "feature_extractor", "image_encoder"):  # never taken from a single file
         if name in index:
             index[name] = [None, None]
@@ -131,7 +132,8 @@ def offline_configs(family, shapes: dict, path: Path, read=None) -> OfflineConfi
                 "lowvram-gen's shipped tokenizer does not fit it; pass --config FOLDER with the diffusers folder the "
                 "model came from")
     t5 = next((_t5_folder(family, path, name) for name, cls in tokenizers.items() if cls == "T5TokenizerFast"), None)
-    digest = hashlib.sha256(json.dumps([VERSION, variant, files, sorted(tokenizers.items()), str(t5)],
+    t5_files = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(t5.iterdir())] if t5 else []
+    digest = hashlib.sha256(json.dumps([VERSION, variant, files, sorted(tokenizers.items()), str(t5), t5_files],
                                        sort_keys=True).encode()).hexdigest()[:12]
     target = home() / "configs" / "offline" / f"{variant}-{digest}"
     if not (target / "model_index.json").is_file():
@@ -224,8 +226,12 @@ def clip_bpe_files() -> Path:
 
 def _write_clip_tokenizer(folder: Path, bpe: Path, pad: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("vocab.json", "merges.txt"):
-        shutil.copyfile(bpe / name, folder / name)
+    for name in ("vocab.json", "merges.txt"):  # 1.5 MB a tokenizer: a hard link where the filesystem allows one
+        (folder / name).unlink(missing_ok=True)
+        try:
+            os.link(bpe / name, folder / name)
+        except OSError:
+            shutil.copyfile(bpe / name, folder / name)
     special = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
                "pad_token": pad}
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
