@@ -144,27 +144,36 @@ def test_a_file_whose_vocabulary_is_not_clips_says_to_pass_config(offline, tmp_p
 # --------------------------------------------------------------------------------------- the fit to shapes
 
 
-def _real_shapes(base: str) -> dict:
-    """The {key: shape} of a real-size file of a shipped base, built on the meta device (no memory)."""
+def _shipped(variant: str) -> dict:
+    base, overlay = offline_configs.VARIANTS[variant]
+    files = offline_configs._json_files(offline_configs.CONFIGS / base)
+    return {**files, **(offline_configs._json_files(offline_configs.CONFIGS / overlay) if overlay else {})}
+
+
+def _real_shapes(variant: str) -> dict:
+    """The {key: shape} of a real-size file of a shipped variant, built on the meta device (no memory)."""
     import diffusers
     import transformers
 
-    folder = offline_configs.CONFIGS / base
-    index = json.loads((folder / "model_index.json").read_text())
+    files = _shipped(variant)
+    index = files["model_index.json"]
 
     def part(name):
         library, cls = index[name]
+        config = files[f"{name}/config.json"]
         if library == "diffusers":
-            model_cls = getattr(diffusers, cls)
-            return model_cls.from_config(model_cls.load_config(folder, subfolder=name))
+            return getattr(diffusers, cls).from_config(config)
         model_cls = getattr(transformers, cls)
-        return model_cls(model_cls.config_class.from_pretrained(folder, subfolder=name))
+        return model_cls(model_cls.config_class(**{k: v for k, v in config.items() if not k.startswith("_")}))
 
     with torch.device("meta"):
-        names = [n for n in ("unet", "vae", "text_encoder", "text_encoder_2") if n in index]
+        names = [n for n in ("unet", "vae", "text_encoder", "text_encoder_2") if n in index and index[n][0]]
         pipe = type("Pipe", (), {n: part(n) for n in names})()
     state = {**ldm_layout.unet_to_ldm(pipe.unet), **ldm_layout.vae_to_ldm(pipe.vae)}
-    if base == "sdxl":
+    base = offline_configs.VARIANTS[variant][0]
+    if variant == "sdxl-refiner":
+        state.update(ldm_layout.openclip_to_ldm(pipe.text_encoder_2, keys.OPENCLIP_XL_REFINER))
+    elif base == "sdxl":
         state.update(ldm_layout.clip_to_ldm(pipe.text_encoder, ldm_layout.CLIP_SDXL))
         state.update(ldm_layout.openclip_to_ldm(pipe.text_encoder_2, ldm_layout.OPENCLIP_SDXL))
     elif base == "sd21":  # OpenCLIP-H in SD 2.x's layout, with the 24th layer diffusers leaves out
@@ -176,15 +185,28 @@ def _real_shapes(base: str) -> dict:
     return {k: tuple(v.shape) for k, v in state.items()}
 
 
-@pytest.mark.parametrize("base", ["sd15", "sd21", "sdxl"])
-def test_the_fit_of_a_real_size_file_is_the_shipped_configs(base):
-    shipped = offline_configs._json_files(offline_configs.CONFIGS / base)
+@pytest.mark.parametrize("variant", ["sd15", "sd2-v", "sd2-eps", "sdxl", "sdxl-refiner"])
+def test_the_fit_of_a_real_size_file_is_the_shipped_configs(variant):
+    shipped = _shipped(variant)
     fitted = json.loads(json.dumps(shipped))
-    offline_configs.fit_to_shapes(fitted, _real_shapes(base))
-    for name in ("unet/config.json", "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json"):
+    offline_configs.fit_to_shapes(fitted, _real_shapes(variant))
+    names = ["unet/config.json", "vae/config.json", "text_encoder/config.json", "text_encoder_2/config.json"]
+    if variant == "sdxl-refiner":
+        names.remove("text_encoder/config.json")  # the refiner has no CLIP-L (the base's config stays unused)
+    for name in names:
         if name in shipped:
             changed = {k: (shipped[name].get(k), v) for k, v in fitted[name].items() if shipped[name].get(k) != v}
-            assert not changed, f"{base} {name}: {changed}"
+            assert not changed, f"{variant} {name}: {changed}"
+
+
+def test_the_sdxl_refiners_unet_is_the_size_of_the_released_one():
+    """2.26 billion parameters (the "2.3B" the SDXL report gives): no attention at its first and last levels, four
+    transformer blocks elsewhere, 64-wide heads (6, 12, 24)."""
+    from diffusers import UNet2DConditionModel
+
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(_shipped("sdxl-refiner")["unet/config.json"])
+    assert round(sum(p.numel() for p in unet.parameters()) / 1e9, 2) == 2.26
 
 
 # ------------------------------------------------------------------------------------- variants from keys

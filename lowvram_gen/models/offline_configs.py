@@ -323,8 +323,15 @@ def _fit_unet(c: dict, s, pooled: int, time_ids: int) -> None:
              down_block_types=["CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attends],
              up_block_types=["CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attends)],
              norm_num_groups=_groups(channels, c.get("norm_num_groups", 32)))
-    if "transformer_layers_per_block" in c or any(d > 1 for d in depth):
-        c["transformer_layers_per_block"] = depth
+    # transformer blocks per attending level; diffusers gives the middle block the last entry's (or the int's)
+    mid = _count(s, UNET + "middle_block.1.transformer_blocks.") or 1
+    depths = [d for d, a in zip(depth, attends) if a] + [mid]
+    if isinstance(c.get("transformer_layers_per_block", 1), int) and len(set(depths)) == 1:
+        if depths[0] != c.get("transformer_layers_per_block", 1):
+            c["transformer_layers_per_block"] = depths[0]
+    else:
+        c["transformer_layers_per_block"] = [d if a else 1 for d, a in zip(depth, attends)][:-1] + [
+            depth[-1] if attends[-1] else mid]
     to_k = next((v for k, v in s.items() if k.startswith(UNET) and k.endswith("attn2.to_k.weight")), None)
     if to_k is not None:
         c["cross_attention_dim"] = to_k[-1]
