@@ -335,6 +335,25 @@ def test_sd3_without_t5_in_the_file_needs_no_t5(offline, tmp_path):
     assert made.absent == () and (made.folder / "tokenizer_3" / "spiece.model").read_bytes() == b"stand-in"
 
 
+def test_an_sd3_file_without_t5_is_handed_to_diffusers_without_t5(offline, tmp_path, monkeypatch):
+    """The whole route: an SD3 file with no T5 weights, no --config, no cache: diffusers gets the shipped SD3 folder
+    and text_encoder_3=None, tokenizer_3=None (the pipeline's own loading is diffusers', stubbed here)."""
+    import diffusers
+
+    path = tmp_path / "sd3-no-t5.safetensors"
+    safetensors.torch.save_file({k: torch.zeros(s) for k, s in _sd3_shapes(t5=False).items()}, str(path))
+    seen = {}
+
+    def from_single_file(file, **kwargs):
+        seen.update(kwargs)
+        return type("Pipe", (), {"components": {}})()
+
+    monkeypatch.setattr(diffusers.StableDiffusion3Pipeline, "from_single_file", staticmethod(from_single_file))
+    load_single_file(path, config=None, torch_dtype=torch.float32)
+    assert seen["text_encoder_3"] is None and seen["tokenizer_3"] is None
+    assert Path(seen["config"]).name.startswith("sd3-") and (Path(seen["config"]) / "tokenizer_2" / "vocab.json").is_file()
+
+
 def test_detect_family_still_refuses_the_refiner_as_a_model():
     with pytest.raises(ModelLoadError, match="refiner"):
         detect_family([U + "input_blocks.0.0.weight", U + "output_blocks.0.0.weight",
