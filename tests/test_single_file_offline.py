@@ -351,7 +351,8 @@ def test_an_sd3_file_without_t5_is_handed_to_diffusers_without_t5(offline, tmp_p
     monkeypatch.setattr(diffusers.StableDiffusion3Pipeline, "from_single_file", staticmethod(from_single_file))
     load_single_file(path, config=None, torch_dtype=torch.float32)
     assert seen["text_encoder_3"] is None and seen["tokenizer_3"] is None
-    assert Path(seen["config"]).name.startswith("sd3-") and (Path(seen["config"]) / "tokenizer_2" / "vocab.json").is_file()
+    folder = Path(seen["config"])
+    assert folder.name.startswith("sd3-") and (folder / "tokenizer_2" / "vocab.json").is_file()
 
 
 def test_detect_family_still_refuses_the_refiner_as_a_model():
