@@ -2,6 +2,9 @@
 paths): the hires upscaler, each ControlNet unit's model (the names of /controlnet/model_list, models/controlnet.py)
 and the prompts' <lora:NAME> tags (those of /sdapi/v1/loras, networks/lora.py); a path only inside the folders of
 --api-allow-paths. In the API's layer, as these look at the model folders (a1111/ does not).
+
+A plain LoRA name that matches no file is tolerated as A1111 tolerates it: its tag is left out of the prompt with a
+warning and the job runs (networks/names.py: `Names.left_out`); a name that looks like a path is still refused.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from lowvram_gen.a1111.fields import api_key
 PROMPTS = ("prompt", "negative_prompt", "hires_prompt", "hires_negative")
 
 
-def check(fields: dict, allowed: tuple[Path, ...] = ()) -> None:
+def check(fields: dict, allowed: tuple[Path, ...] = ()) -> list[str]:
     """The request `fields` of a body (before the request's own checks look for a file, which would tell a client
     what the server's disk holds): the hires upscaler and each unit's model as listed names, or paths inside
-    `allowed` (replaced by the resolved path); LoRA tags that look like paths the same."""
+    `allowed` (replaced by the resolved path); LoRA tags that look like paths the same. Returns the warnings of the
+    LoRA tags left out (unknown names, as A1111 leaves them out)."""
     if "hires_upscaler" in fields:
         fields["hires_upscaler"] = check_upscaler(fields["hires_upscaler"], api_key("hires_upscaler"), allowed)
     units = fields.get("controlnets")
@@ -27,6 +31,20 @@ def check(fields: dict, allowed: tuple[Path, ...] = ()) -> None:
         if isinstance(unit, dict) and "model" in unit:
             unit["model"] = check_controlnet(unit["model"], f"ControlNet unit {i} model", allowed)
     check_lora_names({api_key(name): fields.get(name) for name in PROMPTS}, allowed)
+    return without_unknown_loras(fields)
+
+
+def without_unknown_loras(fields: dict) -> list[str]:
+    """The prompts of `fields` without the <lora:NAME> tags of LoRAs that are not there (the negative prompts' tags
+    are not applied: the job warns about them as they are); the warnings that say so."""
+    from lowvram_gen.networks.names import Names
+
+    names, warnings = Names(), []
+    for name in ("prompt", "hires_prompt"):
+        if isinstance(fields.get(name), str):
+            fields[name], said = names.left_out(fields[name], api_key(name))
+            warnings += said
+    return warnings
 
 
 def check_controlnet(value, field: str, allowed: Iterable[Path] = ()) -> object:
