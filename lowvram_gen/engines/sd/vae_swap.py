@@ -73,8 +73,3 @@ def reload_file(runner, names: list[str]) -> list[str]:
     runner.forget_img2img()
     return [n for n in names if n != "vae"]
 
-
-def current(pipe) -> str | None:
-    """The path of the VAE file on `pipe`, None for the model's own."""
-    stamp = pipe.__dict__.get(_ON)
-    return stamp.path if stamp is not None else None
