@@ -158,6 +158,9 @@ class GenerationRequest:
     # A1111's "Clip skip": the text encoder's layer counted from the end (1: the last, off; 2: the one before);
     # SD 1.x/2.x and SDXL only (prompting/encode.py's layer_for)
     clip_skip: int = 1
+    # A1111's "SD VAE": a VAE of models/VAE by name (its file name), or a path, to decode (and encode) with instead of
+    # the model's own; "Automatic" and "None" are the model's own (models/vae.py says why both)
+    vae: str = "Automatic"
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -213,6 +216,7 @@ class GenerationRequest:
             loras=check_loras(self.loras, self.prompt),
             quantize=check_quantize(self.quantize),
             clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
+            vae=check_vae(self.vae),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),
@@ -463,6 +467,17 @@ def check_loras(value: Any, prompt: str = "") -> tuple[str, ...]:
     if isinstance(prompt, str):
         extract_lora_tags(prompt)
     return tuple(items)
+
+
+def check_vae(value: Any) -> str:
+    """A VAE's name or path as text; "Automatic" or "None" (any case; empty: Automatic) are the model's own. The file
+    is looked up when the job is planned (models/vae.py), as a LoRA's is."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return "Automatic"
+    if not isinstance(value, str):
+        raise InvalidRequest("vae", value, "give a VAE's name (GET /sdapi/v1/sd-vae lists them), Automatic or None")
+    text = value.strip()
+    return next((own for own in ("Automatic", "None") if text.lower() == own.lower()), text)
 
 
 def check_quantize(value: Any) -> str | None:

@@ -151,6 +151,8 @@ class Session:
         """The model's memory profile; with the request's ControlNets counted as part of its denoiser
         (planning/controlnet.py), each refused here, before any weight is read, when it is for another family."""
         profile = source_profile(source, model.family if model else None)
+        if request is not None:  # a VAE file (--vae): its size, and the model's own kept beside it
+            profile = profiles.with_vae(profile, request.vae)
         if request is not None and request.controlnets:
             cns = plan_profiles([u.model for u in request.controlnets], profile, request.model)
             check_job(cns, request.init_image is not None, bool(request.hires), request.control_mode)

@@ -49,6 +49,7 @@ EXAMPLES = {
     "hires_resize_h": dict(HIRES, hires_resize_w=512, hires_resize_h=640), "hires_scale": dict(hires_scale=1.5),
     "hires_steps": dict(HIRES, hires_steps=7), "hires_upscaler": dict(HIRES, hires_upscaler="Latent (nearest)"),
     "controlnets": dict(controlnets=(UNIT,), control_mode="prompt"),
+    "vae": dict(vae="vae-ft-mse-840000-ema-pruned.safetensors"),
 }
 # labels A1111 writes and we read, that our PNGs do not write: each of them is one image of its batch
 READ_ONLY = {"batch_size": ("Batch size: 4", 4)}
@@ -63,7 +64,8 @@ def _written(request: GenerationRequest) -> str:
         hires = (name, None if kind == AUTOMATIC else schedule_label(kind))
     fields = {**controlnet_fields(request, [u.model for u in request.controlnets]),
               **a1111_fields(request, (request.sampler, schedule), request.seed, "cpu", request.output_size(),
-                             request.quantize or "none", hires_sampler=hires)}
+                             request.quantize or "none", hires_sampler=hires,
+                             vae=None if request.vae in ("Automatic", "None") else (request.vae, "0123abcdef"))}
     return a1111_parameters(request.prompt, request.negative_prompt, fields)
 
 

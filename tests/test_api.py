@@ -267,7 +267,7 @@ def test_override_settings_set_model_and_clip_skip_for_one_job_or_keep_them(serv
                          override_settings={"CLIP_stop_at_last_layers": 2, "sd_model_checkpoint": "tiny",
                                             "sd_vae": "Automatic"})
     assert "Clip skip: 2" in result.info["infotexts"][0] and result.info["clip_skip"] == 2
-    assert "override_settings.sd_vae is not used: lowvram-gen has no such setting" in result.info["warnings"]
+    assert not any("sd_vae" in w for w in result.info["warnings"]) and result.info["sd_vae_name"] is None  # its own
     assert api.get_options()["CLIP_stop_at_last_layers"] == 1  # restored afterwards, as A1111's default
     try:
         api.txt2img(prompt="keep", seed=9, steps=1, width=64, height=64,
@@ -318,15 +318,14 @@ def test_a_bad_value_is_422_in_fastapis_validation_shape_with_our_message(server
     (detail,) = answer.json()["detail"]
     assert detail["loc"] == ["body", "cfg_scale"] and detail["input"] == 31
     assert detail["msg"] == "invalid cfg_scale: 31; a number from 0 to 30"
-    width = _post(server, "txt2img", {"prompt": "x", "width": 100}).json()["detail"][0]
-    assert width["loc"] == ["body", "width"] and "try 96 or 104" in width["msg"]
+    width = _post(server, "txt2img", {"prompt": "x", "width": 60}).json()["detail"][0]  # below 64 once rounded
+    assert width["loc"] == ["body", "width"] and "from 64 to 4096" in width["msg"]
     scheduler = _post(server, "txt2img", {"prompt": "x", "scheduler": "wobbly"}).json()["detail"][0]
     assert scheduler["loc"] == ["body", "scheduler"] and "karras" in scheduler["msg"]
     clip = _post(server, "txt2img", {"prompt": "x", "override_settings": {"CLIP_stop_at_last_layers": 40}})
     assert clip.json()["detail"][0]["loc"] == ["body", "override_settings", "CLIP_stop_at_last_layers"]
-    lora = _post(server, "txt2img", {"prompt": "x <lora:no_such_lora:1>", "steps": 1})  # refused by the job
-    assert lora.status_code == 422 and lora.json()["detail"][0]["loc"] == ["body", "prompt"]
-    assert "invalid LoRA: 'no_such_lora'" in lora.json()["detail"][0]["msg"]
+    lora = _post(server, "txt2img", {"prompt": "x <lora:a:1.2.3>", "steps": 1})  # a malformed tag: still refused
+    assert lora.status_code == 422 and "invalid LoRA weight: '1.2.3'" in lora.json()["detail"][0]["msg"]
     with pytest.raises(RuntimeError) as refused:  # what a webuiapi user sees
         webuiapi.WebUIApi(port=server.port).txt2img(prompt="x", steps=0)
     assert refused.value.args[0] == 422 and "invalid steps: 0" in refused.value.args[1]
@@ -354,6 +353,34 @@ def test_unknown_and_unused_fields_are_named_in_infos_warnings(server):
     assert "unknown field 'frobnicate' ignored" in warned
     assert "restore_faces True is not used" in warned and "styles ['cinematic'] are not used" in warned
     assert "eta" not in warned and "s_noise" not in warned  # their neutral values, as webuiapi sends them
+
+
+def test_a_side_that_is_no_multiple_of_8_runs_at_a1111s_latent_size_and_info_says_so(server, api):
+    # A1111 makes the latent width // 8 x height // 8: a 100x70 body makes a 96x64 image there, and here
+    result = api.txt2img(prompt="a dune", seed=3, steps=1, width=100, height=70)
+    assert result.image.size == (96, 64)
+    assert result.info["width"] == 96 and result.info["height"] == 64 and "Size: 96x64" in result.info["infotexts"][0]
+    warned = " | ".join(result.info["warnings"])
+    assert "width 100 is not a multiple of 8: ran at 96, as A1111's latent does" in warned
+    assert "height 70 is not a multiple of 8: ran at 64" in warned
+    assert result.parameters["width"] == 100  # the body echoed as it came, as A1111 echoes it
+    init = api.txt2img(prompt="init", seed=5, steps=1, width=64, height=64).image
+    again = api.img2img(images=[init], prompt="x", seed=6, steps=1, width=73, height=64, denoising_strength=0.5)
+    assert again.image.size == (72, 64) and "width 73 is not a multiple of 8: ran at 72" in again.info["warnings"][0]
+
+
+def test_an_unknown_lora_tag_is_left_out_with_a_warning_and_the_job_runs(server, api):
+    # A1111 runs a prompt whose <lora:NAME> it cannot find ("Networks not found"): scripts written for it count on it
+    result = api.txt2img(prompt="a cat <lora:nosuch:0.8>, sky", seed=9, steps=1, width=64, height=64)
+    assert len(result.images) == 1
+    assert result.info["prompt"] == "a cat, sky" and "nosuch" not in result.info["infotexts"][0]
+    warned = " | ".join(result.info["warnings"])
+    assert "LoRA 'nosuch' of the prompt not found: its tag was left out and the job ran without it" in warned
+    hires = api.txt2img(prompt="a cat <lora:nosuch>", seed=9, steps=1, width=64, height=64, enable_hr=True,
+                        hr_scale=1.5, hr_prompt="a dog <lora:nosuch>", hr_second_pass_steps=1)
+    assert len(hires.images) == 1 and "LoRA 'nosuch' of the hr_prompt not found" in " | ".join(hires.info["warnings"])
+    path = _post(server, "txt2img", {"prompt": "x <lora:../nosuch.safetensors:1>", "steps": 1})  # names, not paths
+    assert path.status_code == 422 and "GET /sdapi/v1/loras" in path.json()["detail"][0]["msg"]
 
 
 def test_listings_in_a1111s_shapes(server, api, tmp_path, monkeypatch):

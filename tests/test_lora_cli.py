@@ -164,3 +164,19 @@ def test_an_sdxl_embedding_with_an_sd_model_is_a_json_warning_and_the_job_runs(m
     assert len(out["images"]) == 1
     assert [w for w in out["warnings"] if "xlneg.safetensors" in w and "an SDXL embedding" in w]
     assert "TI hashes" not in read_png_metadata(out["images"][0])[0]
+
+
+def test_the_apis_tolerant_mode_leaves_out_unknown_lora_tags_only(tmp_path, monkeypatch):
+    """Issue 29 item 16: the REST API leaves an unknown <lora:NAME> out with a warning, as A1111 does (the CLI and
+    the UI refuse it: the test above); the tags of LoRAs that are there stay as typed."""
+    from lowvram_gen.networks.names import Names
+    from lowvram_gen.networks.tags import without_loras
+
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))
+    (tmp_path / "Lora").mkdir()
+    (tmp_path / "Lora" / "there.safetensors").write_bytes(b"")
+    text, warnings = Names().left_out("a fox <lora:There:0.5> <lora:gone:0.8> <lyco:gone2>, sky")
+    assert text == "a fox <lora:There:0.5>, sky"
+    assert [w.split(" of ")[0] for w in warnings] == ["LoRA 'gone'", "LoRA 'gone2'"]
+    assert Names().left_out("a fox <lora:there>") == ("a fox <lora:there>", [])
+    assert without_loras("<hypernet:x:1> a <lora:y>", {"y"}) == "<hypernet:x:1> a"

@@ -14,6 +14,10 @@ a field is left out: steps 50, sampler Euler, denoising strength 0.75. Each fiel
   base64 images), read by the batch lines' parser (a1111/controlnet_units.py) into the request's `controlnets`;
 - unknown: ignored, and named in a warning.
 
+A1111's tolerance is kept where scripts count on it: a width or height that is no multiple of 8 runs at the size
+A1111's latent gives (rounded down to one, a warning says so), and an unknown LoRA tag is left out with a warning
+(api/names.py); the CLI and the UI refuse both.
+
 A bad value is the request's `InvalidRequest` renamed to the JSON field (`invalid cfg_scale: 31; a number from
 0 to 30`), which the routes answer 422 with FastAPI's validation shape, as A1111 answers a value its model refuses.
 
@@ -29,7 +33,7 @@ from lowvram_gen.a1111 import api_names
 from lowvram_gen.a1111.controlnet_units import SCRIPT_NAMES, unit_field, with_units
 from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.request import GenerationRequest, as_bool
+from lowvram_gen.request import MAX_SIDE, MIN_SIDE, GenerationRequest, as_bool, as_int
 
 # A1111's API defaults of the fields it echoes in `parameters` (its processing classes' and its API model's)
 _BODY = [f for f in FIELDS if f.api and "." not in f.api]
@@ -41,6 +45,7 @@ JSON_NAMES: dict[str, str] = {said: f.api for f in FIELDS if f.request and f.api
 _SETTINGS = {f.api.partition(".")[2]: f for f in FIELDS if f.api and f.api.startswith("override_settings.")}
 # what a job refuses in the prompt: the message keeps its name (`invalid LoRA: ...`), the 422's loc says the field
 IN_PROMPT = {"LoRA": "prompt", "loras": "prompt", "embedding": "prompt"}
+LATENT_SCALE = 8  # px of the image per latent pixel, in A1111's latent (its opt_f)
 # the same for what the request or the job refuses of the ControlNet units as a whole (their control mode, their
 # count, a ControlNet for another model family, ControlNet with a mask)
 OF_THE_UNITS = {name: "alwayson_scripts.controlnet" for name in (
@@ -57,7 +62,7 @@ class Mapped:
     send_images: bool = True
     # the request fields override_settings set that stay for later jobs (override_settings_restore_afterwards
     # false): "model", "clip_skip"
-    keep_settings: tuple[str, ...] = ()
+    keep_settings: tuple[str, ...] = ()  # "model", "clip_skip", "vae"
 
 
 def renamed(exc: InvalidRequest) -> InvalidRequest:
@@ -78,12 +83,12 @@ def json_field(exc: InvalidRequest) -> str | None:
 
 def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
              find_model: Callable[[str], str | None], init_image: Callable[[Any], str] | None = None,
-             names: Callable[[dict], None] | None = None) -> Mapped:
-    """The request of a txt2img (`kind`) or img2img body. `model` and `clip_skip`: the API's current ones (what
-    override_settings may change for this job); `find_model`: a checkpoint title -> model spec (None: unknown);
+             names: Callable[[dict], list[str]] | None = None, vae: str = "Automatic") -> Mapped:
+    """The request of a txt2img (`kind`) or img2img body. `model`, `clip_skip` and `vae`: the API's current ones
+    (what override_settings may change for this job); `find_model`: a checkpoint title -> model spec (None: unknown);
     `init_image`: a base64 image -> the path of a file holding it (img2img); `names`: checks the request fields'
     upscaler, ControlNet and LoRA names before the request's own checks look for files (api/names.py: names, not
-    server paths)."""
+    server paths), and returns its warnings (the unknown LoRA tags it left out)."""
     if not isinstance(body, dict):
         raise InvalidRequest("body", body, "send a JSON object of A1111's fields")
     defaults = TXT2IMG_DEFAULTS if kind == "txt2img" else IMG2IMG_DEFAULTS
@@ -99,9 +104,11 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     _check_scripts(got)
     warnings += [f.warning(given[f.api]) for f in specs
                  if f.policy == WARNED and f.api in given and not f.neutral_value(given[f.api])]
-    settings, keep = _override_settings(got, model, clip_skip, find_model, warnings)
+    settings, keep = _override_settings(got, model, clip_skip, vae, find_model, warnings)
     fields = {f.name: _value(f, got) for f in specs if f.request and not f.when and f.name != "init_image"}
-    fields.update(model=settings["model"], clip_skip=settings["clip_skip"], outdir=outdir, extra={"api": kind})
+    fields.update(model=settings["model"], clip_skip=settings["clip_skip"], vae=settings["vae"], outdir=outdir,
+                  extra={"api": kind})
+    warnings += _latent_sides(fields)
     if kind == "txt2img":
         fields.update(_hires(specs, got))
         if fields.get("hires_scale") == 1 and not (got["hires_resize_w"] or got["hires_resize_h"]):
@@ -112,7 +119,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
         fields.update(_img2img(specs, got, warnings, init_image))
     fields.update(_controlnet(got, fields, init_image))
     if names is not None:
-        names(fields)
+        warnings += names(fields) or []
     try:
         request = GenerationRequest(**fields).validated()
     except InvalidRequest as exc:
@@ -122,6 +129,24 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     if kind == "img2img" and not as_bool("include_init_images", got["include_init_images"]):
         parameters[api_key("init_image")] = parameters[api_key("mask")] = None  # as A1111 echoes them
     return Mapped(request, warnings, parameters, as_bool("send_images", got["send_images"]), keep)
+
+
+def _latent_sides(fields: dict) -> list[str]:
+    """Width and height as A1111's latent makes them (width // 8 x height // 8: a 500x300 body makes a 496x296
+    image), with a warning for each side that changed; the request refuses such a side from the CLI and the UI. A
+    side that is no whole number, or too small once rounded down, is left for the request to refuse."""
+    warnings = []
+    for name in ("width", "height"):
+        value = fields.get(name)
+        try:
+            side = as_int(name, value, MIN_SIDE, MAX_SIDE)
+        except InvalidRequest:
+            continue
+        if side % LATENT_SCALE and side - side % LATENT_SCALE >= MIN_SIDE:
+            fields[name] = side - side % LATENT_SCALE
+            warnings.append(f"{api_key(name)} {side} is not a multiple of {LATENT_SCALE}: ran at {fields[name]}, as "
+                            "A1111's latent does")
+    return warnings
 
 
 def _value(spec: Field, got: dict) -> Any:
@@ -154,16 +179,16 @@ def _check_scripts(got: dict) -> None:
                              "[unit, ...]}): leave the others out")
 
 
-def _override_settings(got: dict, model: str, clip_skip: int, find_model,
+def _override_settings(got: dict, model: str, clip_skip: int, vae: str, find_model,
                        warnings: list[str]) -> tuple[dict, tuple[str, ...]]:
-    """The job's model and clip skip (override_settings over the API's), and the ones to keep for later jobs
+    """The job's model, clip skip and VAE (override_settings over the API's), and the ones to keep for later jobs
     (override_settings_restore_afterwards false)."""
     settings = got["override_settings"] or {}
     model_key = api_key("model").partition(".")[2]
     if not isinstance(settings, dict):
         raise InvalidRequest("override_settings", settings, "send a JSON object of settings, e.g. "
                                                             f'{{"{model_key}": "tiny"}}')
-    out = {"model": model, "clip_skip": clip_skip}
+    out = {"model": model, "clip_skip": clip_skip, "vae": vae}
     for key, value in settings.items():
         spec = _SETTINGS.get(key)
         if spec is None:

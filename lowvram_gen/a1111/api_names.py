@@ -1,6 +1,6 @@
 """Names, not server paths, in A1111's REST API: the upscaler, ControlNet, LoRA and checkpoint a body names must be
 one of the names the API's own listing routes give (/sdapi/v1/upscalers, /controlnet/model_list, /sdapi/v1/loras,
-/sdapi/v1/sd-models), found in the model folders. Here the plain parts (the one refusal, the allowed folders, the
+/sdapi/v1/sd-models, /sdapi/v1/sd-vae), found in the model folders. Here the plain parts (the one refusal, the allowed folders, the
 upscaler's check); api/names.py checks a body's ControlNet and LoRA names, which needs the model folders' scans.
 
 A body is a stranger's: a path in it would let any client make the server open any file (and the error would say
@@ -21,6 +21,7 @@ UPSCALERS = "GET /sdapi/v1/upscalers"
 CONTROLNETS = "GET /controlnet/model_list"
 LORAS = "GET /sdapi/v1/loras"
 MODELS = "GET /sdapi/v1/sd-models"
+VAES = "GET /sdapi/v1/sd-vae"
 
 
 def parse_allowed(value: str | None, flag: str = "--api-allow-paths") -> tuple[Path, ...]:

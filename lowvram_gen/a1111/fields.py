@@ -148,6 +148,8 @@ FIELDS: tuple[Field, ...] = (
     Field("model", api="override_settings.sd_model_checkpoint", label="Model"),
     Field("quantize", label="Quantize"),  # ours: the int8/int4 weights that made the image
     Field("clip_skip", api="override_settings.CLIP_stop_at_last_layers", label="Clip skip", read=read_int),
+    # A1111's "SD VAE" (models/vae.py): written with `VAE hash` (the file's sha256, 10 hex digits) where a VAE file ran
+    Field("vae", api="override_settings.sd_vae", label="VAE", said=("vae", "VAE"), read=read_text),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
     # inpainting (A1111's img2img > Inpaint): the API sets them with a mask only, as A1111 uses them
@@ -266,8 +268,9 @@ NOT_BUILT: dict[str, Field] = {f.name: f for f in FIELDS if not f.request and f.
 LABELS: dict[str, str] = {f.name: f.label for f in FIELDS if f.label and f.request}
 # what our images add for people (what ran, what was found): nothing to set from them
 PRESET, GENERATED_SIZE, SAFETY, ENGINE = "Lowvram preset", "Generated size", "Safety checker", "Engine"
+VAE_HASH = "VAE hash"  # A1111's: the first 10 hex digits of the VAE file's sha256, before `VAE`
 INFORMATIONAL = frozenset({PRESET, GENERATED_SIZE, "Lora hashes", "TI hashes", SAFETY, "Model hash", "Version",
-                           "Batch pos"})
+                           "Batch pos", VAE_HASH})
 # VQGAN-CLIP's images: its request's fields under A1111's labels where they mean the same, ours for the rest
 VQGAN_LABELS = {"iterations": "Steps", "optimizer": "Sampler", "seed": "Seed", "size": "Size", "vqgan": "Model",
                 "clip": "CLIP", "engine": ENGINE, "cutn": "Cutouts", "cut_pow": "Cut power", "lr": "Learning rate",

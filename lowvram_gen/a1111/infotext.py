@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lowvram_gen.a1111.fields import (BY_NAME, ENGINE, GENERATED_SIZE, INFORMATIONAL, PRESET, SAFETY, UNIT_LABEL,
-                                      VQGAN_ENGINE, VQGAN_LABELS, label, labelled, read_float)
+                                      VAE_HASH, VQGAN_ENGINE, VQGAN_LABELS, label, labelled, read_float)
 from lowvram_gen.a1111.upscaler_names import builtin
 from lowvram_gen.control.units import unit_from_text, unit_text
 from lowvram_gen.errors import InvalidRequest
@@ -243,14 +243,16 @@ def inpainted(info: "Infotext", ours: dict | None = None) -> bool:
 
 def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | None], seed: int, preset: str,
                  generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None,
-                 subseed: int | None = None, hires_sampler: tuple[str, str | None] | None = None) -> dict:
+                 subseed: int | None = None, hires_sampler: tuple[str, str | None] | None = None,
+                 vae: tuple[str, str] | None = None) -> dict:
     """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did. `sampler`:
     the A1111 sampler name, or (name, schedule type label or None) written as A1111 1.9+ writes them
     (`Sampler: DPM++ 2M, Schedule type: Karras`). `clip_skip`: the one the encoders used (default: the
     request's); written only above 1, as A1111 does. `subseed`: this image's variation seed (default the
     request's), written with its strength only when the strength is above 0, and `Seed resize from` only when set,
     where A1111 writes them (after Size, before Denoising strength). `hires_sampler`: hires fix's own (name, schedule
-    type label or None), None where the second pass ran the first pass's; with the other hires fields in A1111
+    type label or None), None where the second pass ran the first pass's. `vae`: (name, hash) of the VAE file the job
+    decoded with, written after Model as A1111 writes them (`VAE hash`, `VAE`); None: the model's own. With the other hires fields in A1111
     1.10's order (its extra_generation_params, Forge's `Hires CFG Scale` where Forge puts it), each only where A1111
     writes it: the sampler, schedule type, prompts and CFG scale only where they differ from the first pass's,
     `Hires upscale` or `Hires resize`, `Hires steps` only when set."""
@@ -260,6 +262,8 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
         fields[label("schedule_type")] = schedule
     fields.update({label("cfg_scale"): request.cfg_scale, label("seed"): seed,
                    label("width"): f"{request.width}x{request.height}", label("model"): request.model})
+    if vae is not None:
+        fields[VAE_HASH], fields[label("vae")] = vae[1], vae[0]
     if request.subseed_strength > 0:
         fields[label("subseed")] = request.subseed if subseed is None else subseed
         fields[label("subseed_strength")] = request.subseed_strength

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lowvram_gen.a1111.fields import BY_NAME, api_key, label
+from lowvram_gen.a1111.fields import BY_NAME, VAE_HASH, api_key, label
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 
@@ -94,7 +94,7 @@ def info(request, images: list[str], kind: str, model_name: str, warnings: list[
         key("schedule_type"): first.get(label("schedule_type")),
         key("cfg_scale"): request.cfg_scale, key("steps"): request.steps, key("batch_size"): request.batch_size,
         BY_NAME["restore_faces"].api: False, "face_restoration_model": None, "sd_model_name": model_name,
-        "sd_model_hash": None, "sd_vae_name": None, "sd_vae_hash": None,
+        "sd_model_hash": None, "sd_vae_name": first.get(label("vae")), "sd_vae_hash": first.get(VAE_HASH),
         key("seed_resize_from_w"): request.seed_resize_from_w or -1,
         key("seed_resize_from_h"): request.seed_resize_from_h or -1,
         key("strength"): request.strength if kind == "img2img" else (request.hires_denoise if request.hires else None),

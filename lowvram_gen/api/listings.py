@@ -1,6 +1,6 @@
 """What the API lists, in A1111's entry shapes, from the same sources as the web UI's pickers:
 models (models/discover.py: the UI's Model box), samplers and schedule types (samplers.py, schedules.py),
-LoRAs and embeddings (networks/: the UI's LoRA and embedding pickers), upscalers (a1111/upscaler_names.py).
+LoRAs and embeddings (networks/: the UI's LoRA and embedding pickers), VAEs (models/vae.py), upscalers (a1111/upscaler_names.py).
 
 Each call scans anew (the UI's Refresh buttons do the same), so a file dropped into models/ shows up at the
 next call; A1111's refresh routes are answered, with nothing cached to drop.
@@ -57,6 +57,14 @@ def find_model(name: str, default: str, models_folder: str | None = None) -> str
 
 def title_of(spec: str) -> str:
     return model_entry(spec)["title"]
+
+
+def sd_vae() -> list[dict]:
+    """A1111's /sd-vae: the VAEs of models/VAE by the names a body's sd_vae takes (Automatic and None are not
+    listed, as A1111 lists only files)."""
+    from lowvram_gen.models import vae
+
+    return [{"model_name": name, "filename": str(path.resolve())} for name, path in vae.available().items()]
 
 
 def samplers() -> list[dict]:

@@ -206,7 +206,7 @@ def build_router(ctx: ApiContext) -> APIRouter:
     @router.post("/options")
     def set_options(body: dict[str, Any] = Body(...)):
         try:
-            ctx.state.set_options(body)
+            ctx.state.set_options(body, ctx.allow_paths)
         except InvalidRequest as exc:  # A1111 refuses an unknown checkpoint with its error body
             return JSONResponse(answers.error_body(exc), status_code=422)
 
@@ -217,6 +217,14 @@ def build_router(ctx: ApiContext) -> APIRouter:
     @router.post("/refresh-checkpoints")
     def refresh_checkpoints():
         return None  # /sd-models scans the folders at every call
+
+    @router.get("/sd-vae")
+    def sd_vae():
+        return listings.sd_vae()
+
+    @router.post("/refresh-vae")
+    def refresh_vae():
+        return None  # /sd-vae scans the folder at every call
 
     @router.get("/samplers")
     def samplers():
@@ -291,7 +299,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
     with tempfile.TemporaryDirectory(prefix="lowvram-gen-api-") as folder:
         mapped = map_body(body, kind, model, clip_skip, ctx.state.outdir, ctx.state.find_model,
                           lambda value, name="init_images": answers.image_file(value, name, Path(folder)),
-                          lambda fields: names.check(fields, ctx.allow_paths))
+                          lambda fields: names.check(fields, ctx.allow_paths), ctx.state.current_vae())
         request = mapped.request
         ctx.take_slot()
         try:

@@ -1,5 +1,5 @@
 """What A1111's `/options` reads and sets: the API's model (`sd_model_checkpoint`), clip skip
-(`CLIP_stop_at_last_layers`) and live previews (`show_progress_every_n_steps`, `live_previews_enable`: A1111's
+(`CLIP_stop_at_last_layers`), VAE (`sd_vae`: Automatic, None or a name of /sdapi/v1/sd-vae) and live previews (`show_progress_every_n_steps`, `live_previews_enable`: A1111's
 defaults, every 10 steps), the defaults of later API jobs. The web UI has its own Model box and preview setting;
 they are not changed by these, nor are these by them.
 
@@ -22,7 +22,8 @@ from lowvram_gen.api import listings
 from lowvram_gen.request import as_bool
 
 log = logging.getLogger(__name__)
-SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable")
+SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable",
+            "sd_vae")
 
 
 @dataclass
@@ -33,6 +34,7 @@ class ApiState:
     clip_skip: int = 1
     preview_steps: int = 10  # show_progress_every_n_steps (0: none), A1111's default
     previews_on: bool = True  # live_previews_enable
+    vae: str = "Automatic"  # sd_vae: later API jobs' VAE (models/vae.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def find_model(self, name: str) -> str | None:
@@ -41,6 +43,10 @@ class ApiState:
     def current(self) -> tuple[str, int]:
         with self._lock:
             return self.model, self.clip_skip
+
+    def current_vae(self) -> str:
+        with self._lock:
+            return self.vae
 
     def preview_every(self) -> int:
         """How often (steps) an API job makes a live preview for /progress: 0 for none."""
@@ -52,16 +58,16 @@ class ApiState:
         model, clip_skip = self.current()
         return {
             "sd_model_checkpoint": listings.title_of(model), "sd_checkpoint_hash": None,
-            "CLIP_stop_at_last_layers": clip_skip, "sd_vae": "Automatic",
+            "CLIP_stop_at_last_layers": clip_skip, "sd_vae": self.current_vae(),
             "samples_save": True, "samples_format": "png", "outdir_samples": self.outdir,
             "outdir_txt2img_samples": self.outdir, "outdir_img2img_samples": self.outdir, "enable_pnginfo": True,
             "show_progress_every_n_steps": self.preview_steps, "live_previews_enable": self.previews_on,
             "sd_checkpoints_limit": 1,
         }
 
-    def set_options(self, body: Any) -> list[str]:
-        """POST /options: set the model, clip skip and live previews (all checked before any changes); returns the
-        keys ignored."""
+    def set_options(self, body: Any, allowed: tuple = ()) -> list[str]:
+        """POST /options: set the model, clip skip, VAE and live previews (all checked before any changes; `allowed`:
+        the folders of --api-allow-paths, where sd_vae may name a path); returns the keys ignored."""
         if not isinstance(body, dict):
             raise InvalidRequest("options", body, 'send a JSON object of settings, e.g. {"sd_model_checkpoint": "tiny"}')
         changes = {}
@@ -75,6 +81,11 @@ class ApiState:
         if "CLIP_stop_at_last_layers" in body:
             changes["clip_skip"] = as_int("CLIP_stop_at_last_layers", body["CLIP_stop_at_last_layers"], 1,
                                           MAX_CLIP_SKIP, " (1: off, A1111's meaning)")
+        if "sd_vae" in body:  # the names /sdapi/v1/sd-vae lists, Automatic or None (api/names.py)
+            from lowvram_gen.api.names import check_vae
+            from lowvram_gen.request import check_vae as vae_text
+
+            changes["vae"] = vae_text(check_vae(body["sd_vae"], "sd_vae", allowed))
         if "show_progress_every_n_steps" in body:
             changes["preview_steps"] = as_int("show_progress_every_n_steps", body["show_progress_every_n_steps"], 0,
                                               MAX_STEPS, " (0: no live previews)")
@@ -87,7 +98,7 @@ class ApiState:
         return ignored
 
     def keep(self, changes: dict) -> None:
-        """Set `model`, `clip_skip`, `preview_steps`, `previews_on` for later jobs (POST /options, or override_settings
+        """Set `model`, `clip_skip`, `vae`, `preview_steps`, `previews_on` for later jobs (POST /options, or override_settings
         not restored)."""
         with self._lock:
             for name, value in changes.items():

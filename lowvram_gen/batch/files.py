@@ -155,6 +155,8 @@ def request_hash(engine: str, request) -> str:
         data["schedule_type"] = schedule
     if data.get("clip_skip") == 1:  # likewise
         data.pop("clip_skip", None)
+    if data.get("vae") == "Automatic":  # the VAE selector, added later: a job with the model's own keeps its hash
+        data.pop("vae", None)
     for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0),
                       ("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_sampler", ""),
                       ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", "")):

@@ -64,6 +64,10 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--clip-skip", dest="clip_skip", metavar="N",
                    help="A1111's Clip skip, 1-12: stop the text encoder N-1 layers before its last (default 1: off; "
                         "2 for most anime models); SD 1.x/2.x and SDXL")
+    p.add_argument("--vae", metavar="NAME|PATH",
+                   help="A1111's SD VAE: a VAE of models/VAE by its file name (.safetensors, .pt, .ckpt, or a "
+                        "diffusers folder's name), or a path, to decode with instead of the model's own; Automatic "
+                        "(default) or None: the model's own")
     p.add_argument("--subseed", metavar="N",
                    help="A1111's Variation seed: 0..4294967295, -1 random (default); its noise is blended into the "
                         "seed's by --subseed-strength (a batch keeps the seed and counts the subseed up)")
@@ -271,7 +275,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
-                 "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask")
+                 "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "vae")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

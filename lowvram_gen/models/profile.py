@@ -6,6 +6,7 @@ estimate (planning/estimate.py) needs, and the one place profiles are built.
     profile_from_folder(path)                    any local diffusers folder, counted on the meta device
     source_profile(source)                       a resolved model: its folder, or a single file's --config
                                                  folder or built-in base architecture
+    with_vae(profile, name)                      with the job's VAE file (--vae) in place of the model's own
 
 What is read from which config is the family's business: the record of the folder's pipeline class
 (lowvram_gen/families) reads its transformer's shape and says its text encoders' prompt lengths, its joint
@@ -399,6 +400,20 @@ def source_profile(source: ModelSource, family: str | None = None) -> ModelProfi
     elif source.kind == "single_file" and profile.unet_channels:
         profile = replace(profile, unet_in_channels=_file_unet_inputs(Path(source.path), profile.unet_in_channels))
     return profile
+
+
+def with_vae(profile: ModelProfile, name: str) -> ModelProfile:
+    """The profile of a job that decodes with the VAE `name` (models/vae.py; "Automatic"/"None": the model's own,
+    unchanged): the file's weights are what loading its VAE reads, and the model's own VAE stays in RAM beside it
+    (kept to switch back, engines/sd/vae_swap.py), counted as `vae_own`. An unknown name is refused here, before
+    any model loads."""
+    from lowvram_gen.models import vae as vae_files
+
+    if vae_files.is_own(name) or "vae" not in profile.params:
+        return profile
+    path = vae_files.find(name)
+    return replace(profile, params={**profile.params, "vae_own": profile.params["vae"]},
+                   file_bytes={**profile.file_bytes, "vae": vae_files.file_bytes(path)})
 
 
 def _file_unet_inputs(path: Path, default: int) -> int:

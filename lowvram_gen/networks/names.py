@@ -7,6 +7,10 @@ spells an embedding's file name is not a reference: A1111 reads every other word
 file behind it is just a word and is never refused here. LoRA tags in the negative prompt are not applied
 (the job warns about them), so they are not looked up either.
 
+The REST API asks for A1111's tolerance instead (`Names.left_out`): a prompt's `<lora:NAME>` whose NAME matches no
+file is taken out of the prompt with a warning, and the job runs without it, as A1111 runs it ("Networks not found"),
+so scripts written for A1111 keep working; the CLI, the UI and batch lines keep refusing it.
+
 Only the folders are listed (no torch, no file is opened); `Names` lists them once, so a batch checks every
 line of its prompt file against one listing.
 """
@@ -16,8 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.networks import embeddings, files, lora
-from lowvram_gen.networks.tags import extract_lora_tags, parse_lora_flag
+from lowvram_gen.networks.tags import extract_lora_tags, parse_lora_flag, without_loras
 
 
 class Names:
@@ -46,6 +51,21 @@ class Names:
             files.find(ref.name, self.loras(), "LoRA", lora.lora_dirs(), lora.SUFFIXES)
         for name in embeddings.explicit_names(text) + embeddings.explicit_names(negative):
             files.find(name, self.embeddings(), "embedding", embeddings.embedding_dirs(), embeddings.SUFFIXES)
+
+    def left_out(self, prompt: str, where: str = "prompt") -> tuple[str, list[str]]:
+        """A1111's tolerance of a LoRA it cannot find: (`prompt` without the `<lora:NAME>` tags whose NAME matches
+        no file, a warning naming each), for the API; the tags of LoRAs that are there stay as they are."""
+        missing = []
+        for ref in extract_lora_tags(prompt or "")[1]:
+            try:
+                files.find(ref.name, self.loras(), "LoRA", lora.lora_dirs(), lora.SUFFIXES)
+            except InvalidRequest:
+                missing.append(ref.name)
+        if not missing:
+            return prompt, []
+        return without_loras(prompt, set(missing)), [
+            f"LoRA {name!r} of the {where} not found: its tag was left out and the job ran without it, as A1111 "
+            "does (Networks not found)" for name in dict.fromkeys(missing)]
 
 
 def check_names(prompt: str, negative_prompt: str = "", loras: Iterable[str] = ()) -> None:

@@ -48,7 +48,7 @@ def extract_lora_tags(prompt: str) -> tuple[str, list[LoraRef], list[str]]:
             warnings.append(f"{tag}: hypernetworks are not supported; the tag was removed from the prompt")
             return ""
         items = [i.strip() for i in body.split(":")]
-        name = items[0]
+        name = _name_of(match)
         if not name:
             raise InvalidRequest("LoRA tag", tag, "write <lora:NAME> or <lora:NAME:WEIGHT>")
         positional = [i for i in items[1:] if "=" not in i]
@@ -66,9 +66,28 @@ def extract_lora_tags(prompt: str) -> tuple[str, list[LoraRef], list[str]]:
 
     text = _TAG.sub(take, prompt)
     if refs or warnings:
-        text = re.sub(r"[ \t]{2,}", " ", text)
-        text = re.sub(r"[ \t]+([,.;])", r"\1", text).strip()
+        text = _tidy(text)
     return text, refs, warnings
+
+
+def _name_of(match: re.Match) -> str | None:
+    """The LoRA a tag names (None for a `<hypernet:...>` tag): its text up to the first `:`."""
+    if match.group(1).lower() == "hypernet":
+        return None
+    return match.group(2).split(":")[0].strip()
+
+
+def _tidy(text: str) -> str:
+    """The whitespace a taken-out tag leaves collapsed: `a cat <lora:x:1>, sky` -> `a cat, sky`."""
+    text = re.sub(r"[ \t]{2,}", " ", text)
+    return re.sub(r"[ \t]+([,.;])", r"\1", text).strip()
+
+
+def without_loras(prompt: str, names: set[str]) -> str:
+    """`prompt` with the `<lora:...>`/`<lyco:...>` tags that name one of `names` taken out (the tags read as
+    `extract_lora_tags` reads them), the rest as typed."""
+    text = _TAG.sub(lambda m: "" if _name_of(m) in names else m.group(0), prompt)
+    return prompt if text == prompt else _tidy(text)
 
 
 def parse_lora_flag(value: str) -> LoraRef:

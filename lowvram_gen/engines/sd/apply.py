@@ -357,6 +357,27 @@ def forget_components(pipe, names: list[str]) -> None:
             state["half"] = False
 
 
+def component_swapped(pipe, name: str) -> bool:
+    """Called after the caller put another model in `name`'s place (a job's VAE file, or the model's own VAE back,
+    engines/sd/vae_swap.py): its precision is what its weights' dtype keeps, and under half storage the next apply
+    gives it casting hooks of its own. False: it comes with casting hooks the pipeline no longer runs (reload it)."""
+    state = getattr(pipe, _STATE, None)
+    if not state:
+        return True
+    module = getattr(pipe, name)
+    if _casting(module) and not state.get("half"):
+        return False
+    dtype = next((str(p.dtype).removeprefix("torch.") for p in module.parameters() if p.is_floating_point()), "")
+    bits = _PRECISION.get(dtype, 32)
+    if bits < 32:
+        state["floor"][name] = bits
+    else:  # whole, as a component read from disk (forget_components)
+        state["floor"].pop(name, None)
+    if state.get("half"):
+        state["swapped"] = (*state.get("swapped", ()), name)
+    return True
+
+
 def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps | None = None) -> Applied:
     """Configure `pipe` for `settings` on `device`; safe to call again with other settings.
 
@@ -386,8 +407,9 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
             ops.half_storage(effective.dtype)
             calls.append(f"half_storage:{effective.dtype}")
             state["half"] = True
-        else:  # a ControlNet put on (or reloaded) since: its own casting hooks
-            fresh = tuple(n for n, m in attached(pipe).items() if not _casting(m))
+        else:  # a ControlNet put on (or reloaded) since, or another VAE (component_swapped): its own casting hooks
+            swapped = {n: m for n, m in _modules(pipe).items() if n in state.get("swapped", ())}
+            fresh = tuple(n for n, m in {**attached(pipe), **swapped}.items() if not _casting(m))
             if fresh:
                 ops.half_storage(effective.dtype, fresh)
                 calls.append(f"half_storage:{effective.dtype}:{','.join(fresh)}")
@@ -399,6 +421,7 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         for name in _modules(pipe):
             if not (state["fp8"] and name == denoiser):
                 state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION[effective.dtype])
+    state.pop("swapped", None)
     if effective.fp8_storage and not state["fp8"]:
         ops.fp8_storage(effective.dtype)
         calls.append("fp8_storage")

@@ -1,8 +1,8 @@
 """One Stable Diffusion job, from a validated request to saved PNGs: `run_job()`.
 
 The session has already probed the device, planned the presets, loaded the model and built the ladder; this
-module checks what the pipeline can do with the request, sets the sampler, runs the passes (stepdown.py: Runner)
-and saves each finished pass (A1111 `parameters` text, a1111/infotext.py, plus our JSON), and returns the result.
+module checks what the pipeline can do with the request, sets the sampler and the VAE (vae_swap.py), runs the
+passes (stepdown.py: Runner) and saves each finished pass (A1111 `parameters` text, a1111/infotext.py, plus our JSON), and returns the result.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from lowvram_gen import families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
-from lowvram_gen.engines.sd import controlnet
+from lowvram_gen.engines.sd import controlnet, vae_swap
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.stepdown import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
@@ -47,6 +47,7 @@ class Prepared:
     warnings: list[str]
     schedule_applied: bool = True  # False: the schedule type asked for could not be had (a warning says so)
     hires_schedule_applied: bool = True  # the same for hires fix's own schedule type
+    vae: tuple[str, str] | None = None  # (name, hash) of the VAE file the job decodes with; None: the model's own
 
 
 def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> Prepared:
@@ -58,6 +59,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     schedule_warning = sd.set_sampler(pipe, request.sampler, request.schedule_type)
     hires_warning = sd.hires_scheduler(pipe, request)[1]  # a hires sampler this model cannot run: refused now
     check_clip_skip(pipe, request.clip_skip)
+    vae = vae_swap.use(runner, request.vae)  # before the preset: it goes on the VAE the job decodes with
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
     runner.use(ladder.preset.memory)
@@ -98,7 +100,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
         resized = mask_size_note(request)
         warnings += [resized] if resized else []
     fields = {**controlnet.infotext_fields(pipe, request), **nets.fields}  # A1111 writes ControlNet units first
-    return Prepared(texts, fields, warnings, schedule_warning is None, hires_warning is None)
+    return Prepared(texts, fields, warnings, schedule_warning is None, hires_warning is None, vae)
 
 
 def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: ModelSource, device: DeviceInfo,
@@ -125,7 +127,7 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     schedule = infotext_schedule(pipe.scheduler, sampler, request.schedule_type, prepared.schedule_applied)
     saver = _Saver(request, (sampler, schedule), ladder, source, device, outdir, prepared.fields, list(plan_notes),
                    clip_skip=request.clip_skip if families.of_pipe(pipe).clip_skip else 1,
-                   hires_sampler=_hires_sampler(pipe, request, prepared.hires_schedule_applied))
+                   hires_sampler=_hires_sampler(pipe, request, prepared.hires_schedule_applied), vae=prepared.vae)
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts, skip=skip,
                    preview=preview)
@@ -181,9 +183,11 @@ class _Saver:
 
     def __init__(self, request: GenerationRequest, sampler: tuple[str, str | None], ladder: Ladder,
                  source: ModelSource, device: DeviceInfo, outdir: Path, network_fields: dict,
-                 plan_notes: list[str] = (), clip_skip: int = 1, hires_sampler: tuple[str, str | None] | None = None):
+                 plan_notes: list[str] = (), clip_skip: int = 1, hires_sampler: tuple[str, str | None] | None = None,
+                 vae: tuple[str, str] | None = None):
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
         self.hires_sampler = hires_sampler  # hires fix's own sampler and schedule type, as the PNG says them
+        self.vae = vae  # (name, hash) of the VAE file that decoded, as the PNG says it; None: the model's own
         self.clip_skip = clip_skip  # what the encoders used: 1 where the pipeline encodes its prompts itself
         self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
@@ -211,7 +215,7 @@ class _Saver:
         for image, seed, flagged, index in zip(done.images, done.seeds, done.nsfw, indices):
             fields = a1111_fields(request, self.sampler, seed, done.preset, made, quantize,
                                   self.clip_skip, subseed=request.subseed_for(index),
-                                  hires_sampler=self.hires_sampler)
+                                  hires_sampler=self.hires_sampler, vae=self.vae)
             fields.update(self.network_fields)
             if flagged:
                 fields.update(safety_field())

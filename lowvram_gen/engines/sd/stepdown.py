@@ -22,6 +22,7 @@ from typing import Callable
 from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import pipeline as sd
+from lowvram_gen.engines.sd import vae_swap
 from lowvram_gen.errors import BadOutput, Cancelled
 from lowvram_gen.inpaint.area import area_for
 from lowvram_gen.ladder import Ladder
@@ -81,8 +82,8 @@ class Runner:
                 reload_components(self.model, absent, apply_mod.load_dtype(effective, half), effective.quantize,
                                   self.device.torch_device)
                 apply_mod.forget_components(pipe, absent)
-                self._forget_img2img()
-        stale = apply_mod.needs_reload(pipe, effective)
+                self.forget_img2img()
+        stale = vae_swap.reload_file(self, apply_mod.needs_reload(pipe, effective))  # a VAE file's: from its file
         if stale:
             half = half_dtype(self.model.source.path) if effective.half_storage else "float16"
             reload_components(self.model, stale, apply_mod.load_dtype(effective, half), effective.quantize,
@@ -117,10 +118,10 @@ class Runner:
         names = drop_text_encoders(self.model)
         if names:
             apply_mod.forget_components(self.model.pipe, names)  # no precision to restore: they are gone
-            self._forget_img2img()
+            self.forget_img2img()
             free_memory(self.device.kind)
 
-    def _forget_img2img(self) -> None:
+    def forget_img2img(self) -> None:
         """The img2img pipeline made over the components holds them too (pipeline.img2img_pipe): made again."""
         self.model.pipe.__dict__.pop("_lowvram_img2img", None)
         self.model.pipe.__dict__.pop("_lowvram_inpaint", None)  # and the inpaint one (engines/sd/inpaint.py)
