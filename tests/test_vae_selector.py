@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -131,6 +132,26 @@ def test_generate_with_vae_decodes_with_it_as_a_pipeline_whose_vae_was_replaced_
     code = main(["generate", "--from-png", swapped, "--outdir", str(tmp_path / "again"), "--json"])
     again = json.loads(capsys.readouterr().out)["images"][0]
     assert code == 0 and np.array_equal(pixels(again), pixels(swapped))
+
+
+def test_a_png_naming_a_vae_not_here_runs_with_the_models_own_and_says_so(disk, tmp_path, capsys):
+    """A downloaded PNG names the uploader's VAE (`VAE: vae-ft-mse-840000-ema-pruned.safetensors`); A1111 falls back
+    to the model's own when it lacks that file, and so does --from-png, with a warning (an explicit --vae refuses)."""
+    mine = disk["models"] / "VAE" / "mine.safetensors"
+    shutil.copyfile(disk["models"] / "VAE" / "seeded.safetensors", mine)
+    try:
+        code = main(["generate", "a red fox", "--steps", "1", "--width", str(SIDE), "--height", str(SIDE),
+                     "--seed", "3", "--vae", "mine.safetensors", "--outdir", str(tmp_path / "first"), "--json"])
+        assert code == 0
+        made = json.loads(capsys.readouterr().out)["images"][0]
+    finally:
+        mine.unlink()
+    code = main(["generate", "--from-png", made, "--outdir", str(tmp_path / "again"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "the PNG's VAE 'mine.safetensors' is not in" in captured.err and "pass --vae" in captured.err
+    again = json.loads(captured.out)["images"][0]
+    assert "VAE:" not in Image.open(again).text["parameters"]
 
 
 def test_switching_vaes_keeps_the_model_and_automatic_and_none_give_its_own_back(tmp_path):

@@ -310,6 +310,15 @@ def _request_fields(args) -> tuple[dict, list[str]]:
                 del fields["model"]
             else:
                 fields["model"] = found
+        if getattr(args, "vae", None) is None and fields.get("vae") not in (None, "Automatic", "None"):
+            from lowvram_gen.models import vae
+
+            try:  # A1111 too falls back to the model's own VAE when the infotext names one it lacks
+                vae.find(fields["vae"], paths=False)
+            except InvalidRequest:
+                say("warning", f"the PNG's VAE {fields['vae']!r} is not in {vae.vae_dirs()[0]}; using the "
+                               "model's own: pass --vae")
+                del fields["vae"]
     elif args.prompt is None:
         raise InvalidRequest("prompt", "", "give a prompt, or --from-png FILE to rerun an image's parameters")
     fields.update({name: getattr(args, name) for name in REQUEST_FLAGS if getattr(args, name, None) is not None})
