@@ -98,28 +98,30 @@ def test_a_checkpoint_by_name_in_ckpt_dir_generates_and_is_in_the_model_list(no_
     assert str(ckpts.resolve() / "mytiny") not in model_choices()
 
 
-def test_a_lora_by_name_in_lora_dir_changes_the_image(no_models, tmp_path, capsys, tiny_path):
+def _lora(folder):
     from lora_files import kohya_state, save
     from lowvram_gen.models.loading import load
     from lowvram_gen.models.resolve import resolve
 
-    loras = tmp_path / "loras"
-    save(kohya_state(load(resolve("tiny"), "float32").pipe), loras / "mine.safetensors")
-    assert main(["generate", "a cat <lora:mine:0.8>", *SMALL, "--cpu", "--outdir", str(tmp_path)]) == 2
+    save(kohya_state(load(resolve("tiny"), "float32").pipe), folder / "mine.safetensors")
+
+
+def _embedding(folder):
+    folder.mkdir()
+    vec = torch.randn(2, 32, generator=torch.Generator().manual_seed(0)) * 2
+    save_file({"emb_params": vec}, str(folder / "mine.safetensors"))
+
+
+@pytest.mark.parametrize("flag, prompt, make", [("--lora-dir", "a cat <lora:mine:0.8>", _lora),
+                                                ("--embeddings-dir", "a cat embedding:mine", _embedding)])
+def test_a_network_by_name_in_its_flags_folder_changes_the_image(no_models, tmp_path, capsys, tiny_path, flag, prompt,
+                                                                 make):
+    folder = tmp_path / "networks"
+    make(folder)
+    assert main(["generate", prompt, *SMALL, "--cpu", "--outdir", str(tmp_path)]) == 2
     assert "no .safetensors" in capsys.readouterr().err
     plain = _generate(tmp_path, capsys, "a cat", "a")
-    with_lora = _generate(tmp_path, capsys, "a cat <lora:mine:0.8>", "b", "--lora-dir", str(loras))
-    assert not np.array_equal(_pixels(plain["images"][0]), _pixels(with_lora["images"][0]))
-
-
-def test_an_embedding_by_name_in_embeddings_dir_is_used(no_models, tmp_path, capsys, tiny_path):
-    embs = tmp_path / "embs"
-    embs.mkdir()
-    vec = torch.randn(2, 32, generator=torch.Generator().manual_seed(0)) * 2
-    save_file({"emb_params": vec}, str(embs / "mystyle.safetensors"))
-    assert main(["generate", "a cat embedding:mystyle", *SMALL, "--cpu", "--outdir", str(tmp_path)]) == 2
-    plain = _generate(tmp_path, capsys, "a cat", "a")
-    used = _generate(tmp_path, capsys, "a cat embedding:mystyle", "b", "--embeddings-dir", str(embs))
+    used = _generate(tmp_path, capsys, prompt, "b", flag, str(folder))
     assert not np.array_equal(_pixels(plain["images"][0]), _pixels(used["images"][0]))
 
 
