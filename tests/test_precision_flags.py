@@ -194,3 +194,14 @@ def test_ui_takes_the_precision_flags_to_the_session_the_ui_and_api_share(monkey
     assert main(["ui", "--api", "--no-half-vae", "--upcast-sampling", "--cpu"]) == 0
     assert made["precision"] == Precision(no_half_vae=True, upcast_sampling=True)
     assert launched["session"] == "session" and launched["api"]
+
+
+def test_batch_and_doctor_run_with_the_precision_flags(bf16_cpu, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a cat\n")
+    assert main(["batch", str(prompts), *SMALL, "--no-half-vae", "--outdir", str(tmp_path / "o")]) == 0
+    made = sorted((tmp_path / "o").rglob("*.png"))
+    assert made and _preset_field(made[0]) == "cpu+bf16+no-half-vae"
+    capsys.readouterr()
+    assert main(["doctor", "--skip-bus", "--no-half", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["planner_picks"].values()) == {"cpu"}
