@@ -163,13 +163,3 @@ class Precision:
             raise PresetError("--precision autocast computes in half precision and --no-half in float32: give one "
                               "(--precision full is --no-half)")
         return cls(full=no_half or precision == "full", no_half_vae=no_half_vae, upcast_sampling=upcast_sampling)
-
-    def __bool__(self) -> bool:
-        return self.full or self.no_half_vae or self.upcast_sampling
-
-    def describe(self) -> str:
-        """What ran, for the infotext and "What ran": '' when no flag was given."""
-        if self.full:
-            return "full (float32, --no-half)"
-        return ", ".join(name for name, on in (("upcast sampling", self.upcast_sampling),
-                                               ("VAE float32 (--no-half-vae)", self.no_half_vae)) if on)
