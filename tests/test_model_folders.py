@@ -198,3 +198,26 @@ def test_launch_opens_the_browser_once_the_ui_is_up(monkeypatch):
     events.clear()
     server_mod.launch(None, "out", "tiny", block=False)
     assert events == ["up"]
+
+
+def test_the_api_server_lists_the_flags_folders(no_models, tmp_path):
+    """`ui --nowebui --lora-dir D --ckpt-dir C`: the API server runs inside the command, under its folder flags."""
+    from urllib.request import urlopen
+
+    from servers import Server
+
+    loras, ckpts = tmp_path / "loras", tmp_path / "ckpts"
+    loras.mkdir()
+    ckpts.mkdir()
+    save_file({"x": torch.zeros(1)}, str(loras / "add_detail.safetensors"))
+    (ckpts / "dreamshaper_8.safetensors").write_bytes(b"not loaded by a listing")
+    args = build_parser().parse_args(["ui", "--nowebui", "--lora-dir", str(loras), "--ckpt-dir", str(ckpts)])
+    with folder_flags(args):
+        server = Server(tmp_path, webui=False)
+        try:
+            listed = {route: json.load(urlopen(f"{server.api_url}/{route}", timeout=30))
+                      for route in ("loras", "sd-models")}
+        finally:
+            server.close()
+    assert [lora["name"] for lora in listed["loras"]] == ["add_detail"]
+    assert "dreamshaper_8.safetensors" in [m["title"] for m in listed["sd-models"]]
