@@ -97,12 +97,13 @@ def exposure_warning(listen: bool, share: bool, auth, api: bool = False, api_aut
 def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7860, auth: str | None = None,
            share: bool = False, queue_size: int = 16, block: bool = True, api: bool = False,
            api_auth: str | None = None, api_log: bool = False, webui: bool = True,
-           api_allow_paths: str | None = None, api_body_limit: int | None = None):
+           api_allow_paths: str | None = None, api_body_limit: int | None = None, autolaunch: bool = False):
     """Build and start the app; `block=False` returns the running app (tests, embedding). `api` (--api) serves
     A1111's REST API beside the UI, on the same session, job registry and queue size; `webui=False`
     (--nowebui) serves the API alone. The API asks for --api-auth's users, or --gradio-auth's without it, and takes
     model names only; `api_allow_paths` (--api-allow-paths DIR[,DIR]) lets it take paths inside those folders;
-    `api_body_limit` (--api-body-limit, MiB) is the largest request body it reads."""
+    `api_body_limit` (--api-body-limit, MiB) is the largest request body it reads. `autolaunch` (--autolaunch) opens
+    the UI in the default browser once the server is up (with --nowebui there is no page to open: it says so)."""
     # Gradio notices a closed tab when its heartbeat fails (default every 15 s); the unload event
     # then cancels that tab's job. 2 s keeps a closed tab from holding the GPU for long.
     os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "2")
@@ -129,6 +130,8 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
 
         server = ApiServer(api_context, listen_host(listen), port)
         print(f"* A1111 API (no web UI) on:  {server.local_url}sdapi/v1/", flush=True)
+        if autolaunch:
+            print("note: --autolaunch opens the web UI, which --nowebui leaves out: no browser opened", file=sys.stderr)
         if block:
             server.block_thread()
         return server
@@ -146,9 +149,25 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     print(started_text(app.local_url, share), flush=True)
     if api_context is not None:
         print(f"* A1111 API on:  {app.local_url}sdapi/v1/", flush=True)
+    if autolaunch:
+        open_browser(app.local_url)
     if block:
         app.block_thread()
     return app
+
+
+def open_browser(url: str) -> None:
+    """A1111's --autolaunch: the UI in the default browser (Python's webbrowser module), at an address a browser
+    can open (the UI listening on every interface is reached on 127.0.0.1); a machine without one says so."""
+    import webbrowser
+
+    url = url.replace("://0.0.0.0", "://127.0.0.1")
+    try:
+        opened = webbrowser.open(url)
+    except webbrowser.Error:
+        opened = False
+    if not opened:
+        print(f"note: --autolaunch found no browser to open; open {url} yourself", file=sys.stderr)
 
 
 def _api_context(session, jobs, outdir: str, model: str, queue_size: int, credentials, log_requests: bool,

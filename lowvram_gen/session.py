@@ -50,6 +50,7 @@ from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.result import GenerationResult
+from lowvram_gen.settings import Precision, precision_suffix
 from lowvram_gen.upscale.command import run_upscale
 from lowvram_gen.upscale.upscalers import forget_models
 
@@ -66,7 +67,8 @@ __all__ = ["GenerationResult", "Session", "default_session", "generate"]
 class Session:
     def __init__(self, device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
                  reserve_vram: int = DEFAULT_RESERVE, outdir: str | None = None, presets_dir: str | None = None,
-                 ops_factory=None, xformers: bool = False, ram_budget: int | None = None):
+                 ops_factory=None, xformers: bool = False, ram_budget: int | None = None,
+                 precision: Precision | None = None):
         self.device_pref = device  # 'cpu' forces the CPU (--cpu)
         self.preset_spec = preset  # forced preset (--medvram etc.), None: the planner decides
         self.vram_budget = vram_budget
@@ -76,6 +78,8 @@ class Session:
         self.presets_dir = presets_dir
         self.ops_factory = ops_factory
         self.xformers = xformers  # --xformers: xformers attention in GPU presets (SDPA where it cannot run)
+        # --no-half, --no-half-vae, --upcast-sampling, --precision: over every preset, a named one too
+        self.precision = precision or Precision()
         self.lock = threading.RLock()  # one GPU, one job at a time
         self.model: LoadedModel | None = None  # the Stable Diffusion model
         self.runner: Runner | None = None  # over `model`, keeps what is applied to it
@@ -106,11 +110,15 @@ class Session:
         return self._flagged(find_preset(spec, self.presets_dir), quantize) if spec else None
 
     def _flagged(self, preset: Preset, quantize: str | None = None) -> Preset:
-        """The preset with the session's and the request's forced settings (--xformers, --quantize)."""
-        memory = preset.memory.with_quantize(quantize)
+        """The preset with the session's and the request's forced settings (--xformers, --quantize, the precision
+        flags); a precision flag that changes what runs is in its name (medvram+no-half), so the plan, "What ran"
+        and the PNG's Preset field say it."""
+        memory = preset.memory.with_quantize(quantize).with_precision(self.precision)
         if self.xformers and preset.device == "gpu":
             memory = dataclasses.replace(memory, attention="xformers")
-        return preset if memory == preset.memory else dataclasses.replace(preset, memory=memory)
+        if memory == preset.memory:
+            return preset
+        return dataclasses.replace(preset, memory=memory, name=preset.name + precision_suffix(preset.memory, memory))
 
     def load_model(self, spec: str, config: str | None, dtype: str, quantize: str = "none",
                    quantize_on: str | None = None, without_text_encoders: bool = False) -> LoadedModel:
@@ -193,7 +201,8 @@ class Session:
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
                     quantize_forced=request.quantize is not None, model=request.model,
-                    reloadable=folder and not request_uses_networks(request), single_file=not folder)
+                    reloadable=folder and not request_uses_networks(request), single_file=not folder,
+                    full_precision=self.precision.full)
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it

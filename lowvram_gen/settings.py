@@ -67,6 +67,13 @@ class MemorySettings:
     # otherwise (on CUDA it streams without pinned copies, which would be anonymous memory); the planner
     # adds it (+disk) only when no other candidate fits the RAM.
     paged_weights: bool = False
+    # A1111's --no-half-vae: the VAE kept and computed in float32 while the rest runs in `dtype` (half-precision
+    # VAEs decode to NaN, black images, on GTX 16xx cards and with some SD 1.x/SDXL VAEs). Its inputs are cast to
+    # float32 and the latents it encodes back to `dtype` (engines/sd/apply.py), so every pipeline runs with it.
+    vae_float32: bool = False
+    # A1111's --upcast-sampling: the denoiser's attention scores and softmax computed in float32 (diffusers'
+    # Attention.upcast_attention / upcast_softmax, the switch SD 2.x's configs turn on) with 16-bit weights.
+    upcast_attention: bool = False
 
     def check(self, where: str = "settings") -> "MemorySettings":
         for key, allowed in (("dtype", DTYPES), ("attention", ATTENTION), ("offload", OFFLOAD),
@@ -74,7 +81,8 @@ class MemorySettings:
             value = getattr(self, key)
             if value not in allowed:
                 raise PresetError(f"{where}: {key} = {value!r} is not allowed; use one of {', '.join(allowed)}")
-        for key in ("vae_slicing", "vae_tiling", "fp8_storage", "pin_memory", "half_storage", "paged_weights"):
+        for key in ("vae_slicing", "vae_tiling", "fp8_storage", "pin_memory", "half_storage", "paged_weights",
+                    "vae_float32", "upcast_attention"):
             if not isinstance(getattr(self, key), bool):
                 raise PresetError(f"{where}: {key} = {getattr(self, key)!r} must be true or false")
         resident = self.resident_bytes
@@ -105,5 +113,53 @@ class MemorySettings:
         return replace(self, quantize=quantize, fp8_storage=self.fp8_storage and quantize == "none",
                        half_storage=self.half_storage and quantize == "none")
 
+    def with_precision(self, precision: "Precision") -> "MemorySettings":
+        """These settings under the launch's precision flags (`Precision`), which win over the preset's own dtype,
+        as A1111's --no-half wins over everything: float32 weights and compute (fp8 storage, 16-bit only, goes)."""
+        if precision.full:
+            return replace(self, dtype="float32", fp8_storage=False)
+        if precision.upcast_sampling:
+            return replace(self, vae_float32=True, upcast_attention=True)
+        return replace(self, vae_float32=True) if precision.no_half_vae else self
+
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def precision_suffix(before: MemorySettings, after: MemorySettings) -> str:
+    """How a preset's name says what the precision flags changed in it ('' for nothing that runs otherwise), so
+    that `plan`, "What ran" and the PNG's Preset field name it: +no-half, +upcast, +no-half-vae. A preset in
+    float32 already changes nothing that runs."""
+    if before.dtype == "float32" and after.dtype == "float32":
+        return ""
+    if after.dtype == "float32":
+        return "+no-half"
+    if after.upcast_attention and not before.upcast_attention:
+        return "+upcast"
+    return "+no-half-vae" if after.vae_float32 and not before.vae_float32 else ""
+
+
+PRECISIONS = ("full", "autocast")  # A1111's --precision
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A1111's precision launch flags: --no-half (and --precision full: the same), --no-half-vae,
+    --upcast-sampling. They apply over every preset, a named one too (`MemorySettings.with_precision`);
+    --no-half wins over the others, as in A1111 (its --upcast-sampling has "no effect with --no-half")."""
+
+    full: bool = False  # --no-half / --precision full: weights and compute in float32
+    no_half_vae: bool = False  # --no-half-vae: the VAE in float32
+    upcast_sampling: bool = False  # --upcast-sampling: 16-bit weights, the VAE and attention upcast to float32
+
+    @classmethod
+    def from_flags(cls, no_half: bool = False, no_half_vae: bool = False, upcast_sampling: bool = False,
+                   precision: str | None = None) -> "Precision":
+        """The flags as given; --precision autocast (A1111's default, half compute) beside --no-half asks for both
+        and is refused, naming both flags (a bare --precision autocast changes nothing)."""
+        if precision is not None and precision not in PRECISIONS:
+            raise PresetError(f"--precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+        if precision == "autocast" and no_half:
+            raise PresetError("--precision autocast computes in half precision and --no-half in float32: give one "
+                              "(--precision full is --no-half)")
+        return cls(full=no_half or precision == "full", no_half_vae=no_half_vae, upcast_sampling=upcast_sampling)

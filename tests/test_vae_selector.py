@@ -154,6 +154,23 @@ def test_a_png_naming_a_vae_not_here_runs_with_the_models_own_and_says_so(disk, 
     assert "VAE:" not in Image.open(again).text["parameters"]
 
 
+def test_vae_dir_is_where_vae_names_are_found_first(disk, tmp_path, capsys):
+    """--vae-dir (A1111's launch flag): a VAE file only there is found by name, listed first, and runs."""
+    elsewhere = tmp_path / "my-vaes"
+    elsewhere.mkdir()
+    shutil.copyfile(disk["models"] / "VAE" / "seeded.safetensors", elsewhere / "only-here.safetensors")
+    code = main(["generate", "a red fox", "--steps", "1", "--width", str(SIDE), "--height", str(SIDE),
+                 "--vae-dir", str(elsewhere), "--vae", "only-here", "--outdir", str(tmp_path / "out"), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    made = json.loads(captured.out)["images"][0]
+    assert "VAE: only-here.safetensors" in Image.open(made).text["parameters"]
+    # without the flag the name is unknown again (the flag lasts for its command only)
+    assert main(["generate", "a red fox", "--steps", "1", "--width", str(SIDE), "--height", str(SIDE),
+                 "--vae", "only-here", "--outdir", str(tmp_path / "out2")]) == 2
+    assert "invalid VAE: 'only-here'" in capsys.readouterr().err
+
+
 def test_switching_vaes_keeps_the_model_and_automatic_and_none_give_its_own_back(tmp_path):
     session = Session()
     own = session.generate(_job(tmp_path / "a")).images[0]

@@ -9,7 +9,6 @@ from lowvram_gen.hardware.device import DEFAULT_RESERVE, format_size, probe
 from lowvram_gen.planning import bus
 from lowvram_gen.models import profile as memory
 from lowvram_gen.planning.planner import plan
-from lowvram_gen.presets import find_preset, load_presets
 
 
 def _version(module: str) -> str:
@@ -85,17 +84,21 @@ def _measure_compute(dev, throughput, timed=None):
 
 def report(device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
            reserve_vram: int | None = None, xformers: bool = False, measure: bool = True,
-           ram_budget: int | None = None) -> dict:
+           ram_budget: int | None = None, precision=None) -> dict:
+    """`precision` (settings.Precision: --no-half ...) and the other flags give the planner's picks shown here, as the
+    Session of `generate` with the same flags would plan them."""
     import torch
+
+    from lowvram_gen.session import Session
 
     dev = probe(device, reserve_bytes=reserve_vram if reserve_vram is not None else DEFAULT_RESERVE, budget_bytes=vram_budget,
                 ram_budget_bytes=ram_budget)
     bus_info = measure_bus(dev, measure)  # before the plans below, so they use the new measurement
-    presets = load_presets()
-    forced = find_preset(preset) if preset else None
+    session = Session(device=device, preset=preset, xformers=xformers, precision=precision)
+    presets, forced = session.presets(), session.forced_preset()
     picks = {}
     for name, w, h in (("sd15", 512, 512), ("sdxl", 1024, 1024)):
-        p = plan(dev, memory.profile_builtin(name), w, h, 1, presets, forced)
+        p = plan(dev, memory.profile_builtin(name), w, h, 1, presets, forced, full_precision=session.precision.full)
         picks[f"{name} {w}x{h}"] = p.preset.name
     return {
         "device": dev.as_dict(),

@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 MEMORY_FLAGS = ("medvram", "lowvram", "novram")
 
@@ -33,6 +35,36 @@ def _add_memory_flags(p: argparse.ArgumentParser) -> None:
                    help="VRAM left for the OS and other programs (default 512MiB)")
     g.add_argument("--xformers", action="store_true",
                    help="use xformers attention where it works (CUDA + the xformers extra); SDPA otherwise")
+    _add_precision_flags(p)
+    _add_folder_flags(p)
+
+
+def _add_precision_flags(p: argparse.ArgumentParser) -> None:
+    """A1111's precision launch flags: over every preset, a named one too (settings.Precision)."""
+    g = p.add_argument_group("precision (A1111's; against black or NaN images, e.g. on GTX 16xx cards)")
+    g.add_argument("--no-half", action="store_true",
+                   help="weights and compute in float32 in every preset (twice the memory of float16: the planner "
+                        "counts it and may pick a cheaper offload); wins over the other precision flags, as in A1111")
+    g.add_argument("--no-half-vae", action="store_true", help="keep the VAE in float32, the rest in half precision")
+    g.add_argument("--upcast-sampling", action="store_true",
+                   help="half-precision weights with the sampling upcast to float32 where diffusers allows: "
+                        "attention scores and softmax, and the VAE (no effect with --no-half)")
+    g.add_argument("--precision", choices=("full", "autocast"),
+                   help="full: the same as --no-half; autocast: half precision where the preset says (the default)")
+
+
+def _add_folder_flags(p: argparse.ArgumentParser) -> None:
+    """A1111's model-folder launch flags (networks/files.kind_dirs): each folder is looked in first, then
+    models/<kind> under the models root; each must exist."""
+    g = p.add_argument_group("model folders (A1111's; looked in first, then models/<kind>)")
+    g.add_argument("--data-dir", metavar="DIR",
+                   help="A1111's base folder: models from DIR/models (as LOWVRAM_GEN_MODELS), lowvram-gen's own files "
+                        "in DIR/lowvram-gen (as LOWVRAM_GEN_HOME), images in DIR/outputs unless --outdir")
+    g.add_argument("--ckpt-dir", metavar="DIR", help="checkpoints: --model NAME and the UI's Model list")
+    g.add_argument("--lora-dir", metavar="DIR", help="LoRAs: --lora NAME and <lora:NAME:W>")
+    g.add_argument("--embeddings-dir", metavar="DIR", help="textual-inversion embeddings")
+    g.add_argument("--controlnet-dir", metavar="DIR", help="ControlNet models: --controlnet NAME")
+    g.add_argument("--vae-dir", metavar="DIR", help="VAE files")
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -235,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--api-allow-paths", metavar="DIR[,DIR]",
                    help="let API bodies name model files by path inside these folders (default: names only, as "
                         "the listing routes give them)")
+    ui.add_argument("--autolaunch", action="store_true",
+                    help="open the UI in the default web browser once the server is up (A1111's)")
     a.add_argument("--api-body-limit", type=int, metavar="MIB",
                    help="largest API request body, in MiB (default 64: an img2img with a 2048x2048 PNG init image, "
                         "its mask and ControlNet images, base64 as A1111 clients send them, fits; 413 past it)")
@@ -255,6 +289,7 @@ def _session_kwargs(args) -> dict:
     """What every command gives its Session; a wrong --preset or size fails here, before torch loads."""
     from lowvram_gen.hardware.device import DEFAULT_RESERVE, parse_size
     from lowvram_gen.presets import find_preset
+    from lowvram_gen.settings import Precision
 
     preset = next((name for name in MEMORY_FLAGS if getattr(args, name, False)), None) or getattr(args, "preset", None)
     if preset:
@@ -267,7 +302,55 @@ def _session_kwargs(args) -> dict:
         else DEFAULT_RESERVE,
         "xformers": bool(getattr(args, "xformers", False)),
         "ram_budget": parse_size(args.ram_budget, "--ram-budget") if getattr(args, "ram_budget", None) else None,
+        "precision": Precision.from_flags(getattr(args, "no_half", False), getattr(args, "no_half_vae", False),
+                                          getattr(args, "upcast_sampling", False), getattr(args, "precision", None)),
     }
+
+
+# --data-dir DIR: the environment variables it stands for (a folder flag of its own kind still wins)
+DATA_DIR_PARTS = (("LOWVRAM_GEN_MODELS", "models"), ("LOWVRAM_GEN_HOME", "lowvram-gen"))
+
+
+@contextmanager
+def folder_flags(args):
+    """The model-folder flags put in the environment (networks/files.FOLDER_FLAGS) for the command's run, so what
+    it starts (`accelerate launch` batch workers, the API server) finds the same folders; put back after. A flag
+    naming no folder is refused, naming the flag and the folder."""
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.networks.files import FOLDER_FLAGS
+
+    wanted: dict[str, str] = {}
+    data_dir = getattr(args, "data_dir", None)
+    flags = [("--data-dir", data_dir, None)] + [(flag, getattr(args, flag[2:].replace("-", "_"), None), env)
+                                              for flag, env in FOLDER_FLAGS.values()]
+    for flag, value, env in flags:
+        if value is None:
+            continue
+        folder = Path(value).expanduser()
+        if not folder.is_dir():
+            raise InvalidRequest(flag, value, f"no such folder ({folder.resolve()}"
+                                 + (" is a file)" if folder.exists() else " does not exist)") + "; give an existing folder")
+        if env is not None:
+            wanted[env] = str(folder.resolve())
+    if data_dir is not None:
+        root = Path(data_dir).expanduser().resolve()
+        wanted.update({env: str(root / part) for env, part in DATA_DIR_PARTS})
+        if getattr(args, "outdir", "absent") is None:  # A1111's outputs/ under its data dir
+            from lowvram_gen import outputs
+
+            batch = getattr(args, "command", "") == "batch"
+            args.outdir = str(root / "outputs" / f"batch-{Path(args.file).stem or 'prompts'}" if batch
+                              else outputs.default_outdir(root / "outputs"))
+    saved = {env: os.environ.get(env) for env in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for env, value in saved.items():
+            if value is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = value
 
 
 # the request fields the generate/img2img flags set (argparse dest = GenerationRequest field)
@@ -484,7 +567,8 @@ def cmd_ui(args) -> int:
     session = Session(**_session_kwargs(args), outdir=outdir)
     launch(session, outdir, args.model, listen=args.listen, port=port, auth=args.gradio_auth, share=args.share,
            queue_size=args.queue_size, api=args.api, api_auth=args.api_auth, api_log=args.api_log,
-           webui=not args.nowebui, api_allow_paths=args.api_allow_paths, api_body_limit=args.api_body_limit)
+           webui=not args.nowebui, api_allow_paths=args.api_allow_paths, api_body_limit=args.api_body_limit,
+           autolaunch=args.autolaunch)
     return 0
 
 
@@ -544,7 +628,8 @@ def _run(argv: list[str] | None) -> int:
     from lowvram_gen.errors import LowVramError
 
     try:
-        return COMMANDS[args.command](args)
+        with folder_flags(args):
+            return COMMANDS[args.command](args)
     except LowVramError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -70,7 +70,7 @@ class ControlNetSource:
 
 
 def controlnet_dirs() -> list[Path]:
-    return [files.models_root() / "ControlNet"]
+    return files.kind_dirs("ControlNet")
 
 
 def _is_controlnet_folder(folder: Path) -> bool:

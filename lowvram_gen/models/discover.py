@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from lowvram_gen.models.resolve import SINGLE_FILE_SUFFIXES
+from lowvram_gen.networks import files
 from lowvram_gen.models.tiny import TINY_MODELS
 
 
@@ -41,9 +41,18 @@ def cached_hub_models() -> list[str]:
     return sorted(repos)
 
 
+def checkpoint_folders() -> list[Path]:
+    """Where checkpoints are listed from and looked up by name: the models root itself (lowvram-gen's own layout),
+    then the Stable-diffusion folders (--ckpt-dir first, then models/Stable-diffusion: A1111's layout)."""
+    return [files.models_root(), *files.kind_dirs("Stable-diffusion")]
+
+
 def model_choices(models_folder: str | Path | None = None) -> list[str]:
-    folder = models_folder or os.environ.get("LOWVRAM_GEN_MODELS", "models")
-    return [*TINY_MODELS, *local_models(folder), *cached_hub_models()]
+    """The Model list of the UI and the API: the embedded models, the checkpoints of `models_folder` (default:
+    `checkpoint_folders()`), the diffusers pipelines in the HF cache."""
+    folders = [models_folder] if models_folder else checkpoint_folders()
+    found = [spec for folder in folders for spec in local_models(folder)]
+    return list(dict.fromkeys([*TINY_MODELS, *found, *cached_hub_models()]))
 
 
-__all__ = ["SINGLE_FILE_SUFFIXES", "cached_hub_models", "local_models", "model_choices"]
+__all__ = ["SINGLE_FILE_SUFFIXES", "cached_hub_models", "checkpoint_folders", "local_models", "model_choices"]

@@ -44,6 +44,9 @@ def resolve(spec: str, config: str | None = None) -> ModelSource:
         if path.suffix.lower() not in SINGLE_FILE_SUFFIXES:
             raise ModelLoadError(f"{spec}: unknown checkpoint type {path.suffix!r}; use one of {', '.join(SINGLE_FILE_SUFFIXES)}")
         return ModelSource(spec, "single_file", path.resolve(), config)
+    named = None if spec.startswith((".", "/", "~")) or "\\" in spec or "/" in spec else checkpoint_by_name(spec)
+    if named is not None:  # A1111's --ckpt NAME: a checkpoint of the Stable-diffusion folders (--ckpt-dir) by name
+        return resolve(str(named), config)
     if path.suffix.lower() in SINGLE_FILE_SUFFIXES or spec.startswith((".", "/", "~")) or "\\" in spec:
         raise ModelLoadError(f"model file or folder not found: {spec}")
     hub_id = alias_hub_id(spec)
@@ -55,6 +58,22 @@ def resolve(spec: str, config: str | None = None) -> ModelSource:
             "an existing folder or file, or a hub id like 'org/name'"
         )
     return ModelSource(spec, "hub", Path(_download(spec)))
+
+
+def checkpoint_by_name(name: str) -> Path | None:
+    """A checkpoint file (`name` with or without its suffix) or diffusers folder named `name` in the Stable-diffusion
+    folders (--ckpt-dir, then models/Stable-diffusion: networks/files.kind_dirs), or None."""
+    from lowvram_gen.networks.files import kind_dirs
+
+    for folder in kind_dirs("Stable-diffusion"):
+        if not folder.is_dir():
+            continue
+        for entry in sorted(folder.iterdir()):
+            if entry.is_dir() and entry.name == name and (entry / "model_index.json").is_file():
+                return entry
+            if entry.is_file() and entry.suffix.lower() in SINGLE_FILE_SUFFIXES and name in (entry.name, entry.stem):
+                return entry
+    return None
 
 
 def alias_hub_id(spec: str) -> str | None:

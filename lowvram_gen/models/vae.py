@@ -36,7 +36,7 @@ _NOT_WEIGHTS = ("loss.", "model_ema.")
 
 
 def vae_dirs() -> list[Path]:
-    return [files.models_root() / "VAE"]
+    return files.kind_dirs("VAE")  # --vae-dir first, then models/VAE
 
 
 def is_own(name: str | None) -> bool:

@@ -66,7 +66,7 @@ def explicit_names(text: str) -> list[str]:
 
 
 def embedding_dirs() -> list[Path]:
-    return [files.models_root() / "embeddings"]
+    return files.kind_dirs("embeddings")
 
 
 def available_embeddings() -> dict[str, Path]:

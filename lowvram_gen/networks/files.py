@@ -1,8 +1,11 @@
-"""Where LoRA and embedding files are looked up, and the A1111 hashes that identify them.
+"""Where model files of each kind are looked up, and the A1111 hashes that identify LoRAs and embeddings.
 
-Folders follow the convention the rest of lowvram-gen uses for ESRGAN models and checkpoints:
-`$LOWVRAM_GEN_MODELS/<kind>` when that variable is set, else `./models/<kind>` (A1111's layout:
-`models/Lora`, `embeddings` -> here `models/embeddings`). Sub-folders are searched too.
+`kind_dirs(kind)` is the one place that knows a kind's folders: the folder of its A1111 launch flag
+(--ckpt-dir, --lora-dir, --embeddings-dir, --controlnet-dir, --vae-dir: the CLI puts it in the
+environment variable of `FOLDER_FLAGS`, so `accelerate launch` batch workers and the API server see it
+too), then `<models root>/<kind>`, where the models root is `$LOWVRAM_GEN_MODELS` when that variable is
+set, else `./models` (A1111's layout: `models/Lora`, `embeddings` -> here `models/embeddings`).
+Sub-folders are searched too.
 """
 
 from __future__ import annotations
@@ -16,8 +19,27 @@ from lowvram_gen.errors import InvalidRequest
 _HASHES: dict[tuple[str, int, int, bool], str] = {}  # (path, mtime_ns, size, addnet) -> sha256 hex
 
 
+# kind (the folder's name under the models root, as A1111 names it) -> (launch flag, environment variable)
+FOLDER_FLAGS = {
+    "Stable-diffusion": ("--ckpt-dir", "LOWVRAM_GEN_CKPT_DIR"),
+    "Lora": ("--lora-dir", "LOWVRAM_GEN_LORA_DIR"),
+    "embeddings": ("--embeddings-dir", "LOWVRAM_GEN_EMBEDDINGS_DIR"),
+    "ControlNet": ("--controlnet-dir", "LOWVRAM_GEN_CONTROLNET_DIR"),
+    "VAE": ("--vae-dir", "LOWVRAM_GEN_VAE_DIR"),
+}
+
+
 def models_root() -> Path:
     return Path(os.environ.get("LOWVRAM_GEN_MODELS", "models")).expanduser()
+
+
+def kind_dirs(kind: str) -> list[Path]:
+    """The folders a model of `kind` (a key of FOLDER_FLAGS, or any other folder name under the models root) is
+    looked up in, in order: its flag's folder (its environment variable), then `models_root() / kind`."""
+    flagged = os.environ.get(FOLDER_FLAGS[kind][1], "").strip() if kind in FOLDER_FLAGS else ""
+    own = models_root() / kind
+    first = Path(flagged).expanduser() if flagged else None
+    return [own] if first is None or first == own else [first, own]
 
 
 def scan(folder: Path, suffixes: tuple[str, ...]) -> dict[str, Path]:
@@ -59,8 +81,9 @@ def not_found(stem: str, available: dict[str, Path], folders: list[Path], suffix
     where = ", ".join(f"{f.expanduser().resolve()}" + ("" if f.is_dir() else " (no such folder)") for f in folders)
     text = f"no {'/'.join(suffixes)} file of that name in {where}"
     if not any(f.is_dir() for f in folders):
-        text += (f"; put the files there, or set LOWVRAM_GEN_MODELS to the folder that holds your "
-                 f"{folders[0].name}/ folder")
+        flag = FOLDER_FLAGS.get(folders[-1].name, ("",))[0]
+        text += ("; put the files there, " + (f"pass {flag} FOLDER, " if flag else "") +
+                 f"or set LOWVRAM_GEN_MODELS to the folder that holds your {folders[-1].name}/ folder")
     names = sorted(available)
     if not names:
         return text + "; there are none"

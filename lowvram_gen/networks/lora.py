@@ -45,7 +45,7 @@ class _Loaded:
 
 
 def lora_dirs() -> list[Path]:
-    return [files.models_root() / "Lora"]
+    return files.kind_dirs("Lora")
 
 
 def available_loras() -> dict[str, Path]:

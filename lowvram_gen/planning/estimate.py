@@ -301,7 +301,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     cfg = cfg and profile.cfg_batch  # Flux: no CFG batch whatever the guidance scale
     images = batch * (2 if cfg else 1)
     # SDXL-style pipelines decode in float32 when the VAE is float16 and its config says force_upcast
-    vae_b = 4 if (settings.dtype == "float16" and profile.vae_force_upcast) else b
+    vae_b = 4 if (settings.dtype == "float16" and profile.vae_force_upcast) or settings.vae_float32 else b
 
     unet_act = unet_activation_bytes(profile, width, height, images, b, settings.attention)
     vae_act = vae_activation_bytes(profile, width, height, batch, vae_b, settings.vae_slicing, settings.vae_tiling,
@@ -327,7 +327,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     scratch = profile.largest_layer.get(den, 0) * b if narrow else 0  # the layer dequantized while it runs
     den_w = den_stored + scratch
     den_scale = den_stored / den_full if den_full else 1.0  # bytes as stored per byte at the dtype
-    vae_w = p.get("vae", 0) * b
+    vae_w = p.get("vae", 0) * (4 if settings.vae_float32 else b)  # --no-half-vae: kept in float32
     vae_w_decode = p.get("vae", 0) * vae_b
     cn_n, cn_kept = profile.controlnet_params, profile.controlnet_quant_kept
     cn_w = int((cn_n - cn_kept) * q_bytes + cn_kept * b if q_bytes and not profile.denoiser_quantized else cn_n * b)

@@ -28,6 +28,7 @@ from lowvram_gen.models.profile import calibration
 from lowvram_gen.planning.estimate import Estimate, estimate
 from lowvram_gen.planning.sizes import capped_size, vae_tile_size
 from lowvram_gen.presets import Preset, gpu_ladder
+from lowvram_gen.settings import precision_suffix
 
 STORAGE_VARIANTS = ("int8", "int4")  # weight storage tried on top of each preset that stores fp16/bf16
 # What a weight storage costs the image: 8-bit weights (int8, fp8) change it slightly, 4-bit ones visibly.
@@ -274,8 +275,9 @@ def _resident(p: Preset, nbytes: int) -> Preset:
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
          steps: int = ASSUMED_STEPS, quantize_forced: bool = False, model: str = "",
-         reloadable: bool = True, single_file: bool = False) -> Plan:
-    """`model`: the name the user gave the model (its spec), under which this device's measured step times
+         reloadable: bool = True, single_file: bool = False, full_precision: bool = False) -> Plan:
+    """`full_precision` (--no-half, --precision full): no candidate computes in 16 bits (the presets' own dtypes
+    are float32 already: Session applies the flag to them), so no cpu+bf16 either. `model`: the name the user gave the model (its spec), under which this device's measured step times
     are kept (planning/speed.py). `reloadable`: the model is a diffusers folder, whose text encoders can be
     read again from their own subfolders (+te-reload candidates); a single-file checkpoint has no
     per-component files (reloading an encoder would read the whole checkpoint), so it gets none.
@@ -284,7 +286,7 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable, single_file)
     candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
-        result = _choose_cpu(rows, {forced.name: forced}, quantize_forced)
+        result = _choose_cpu(rows, {forced.name: forced}, quantize_forced, named=True)
         result.reason = result.reason.replace("no GPU found", f"forced by the user: {forced.name}")
     elif forced is not None:
         forced = rows.sized(forced) or forced
@@ -306,7 +308,7 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
         if not chosen[1].fits_host:
             result.refusal = _refusal(rows, [chosen], presets)
     elif not device.is_accelerator:
-        result = _choose_cpu(rows, presets, quantize_forced)
+        result = _choose_cpu(rows, presets, quantize_forced, full_precision=full_precision)
     else:
         if not any(r.fits_host for _, r in candidates):  # the last rung: the weights read from their files
             candidates += _with_disk(rows, candidates)
@@ -406,23 +408,32 @@ def _with_disk(rows: _Rows, options: list[tuple[Preset, PresetEstimate]]) -> lis
     return out
 
 
-def cpu_variants(cpu: Preset, rows: _Rows, quantize_forced: bool = False) -> list[Preset]:
+def cpu_variants(cpu: Preset, rows: _Rows, quantize_forced: bool = False, named: bool = False,
+                 full_precision: bool = False) -> list[Preset]:
     """The cpu preset's candidates: as written (float32), its weights in 16 bits, int8, int4; and computing in
-    bfloat16 where this CPU does that in hardware (DeviceInfo.bf16: AVX512-BF16 or AMX)."""
+    bfloat16 where this CPU does that in hardware (DeviceInfo.bf16: AVX512-BF16 or AMX), unless the user asked
+    for float32 (`full_precision`: --no-half, --precision full). A preset the user named (`named`: --cpu,
+    --preset cpu) computes in the dtype its file says: +bf16 is the automatic pick's alone; its weights are stored
+    as the RAM allows, as before (+half, int8, int4, +te-reload, +disk)."""
     out = variants(cpu, quantize_forced, host_mod.half_files(rows.profile))
+    if named or full_precision:
+        return out
     if rows.device.kind == "cpu" and rows.device.bf16 and cpu.memory.dtype == "float32" and storage(cpu.memory) == "none":
-        out.insert(1, replace(cpu, name=f"{cpu.name}+bf16", memory=replace(cpu.memory, dtype="bfloat16")))
+        memory = replace(cpu.memory, dtype="bfloat16")
+        plain = replace(memory, vae_float32=False, upcast_attention=False)  # the launch's precision flags, named
+        out.insert(1, replace(cpu, name=f"{cpu.name}+bf16{precision_suffix(plain, memory)}", memory=memory))
     return out
 
 
-def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool) -> Plan:
+def _choose_cpu(rows: _Rows, presets: dict[str, Preset], quantize_forced: bool, named: bool = False,
+                full_precision: bool = False) -> Plan:
     """No accelerator: the cpu preset, with int8/int4 weights when its float32 weights do not fit the RAM
-    (the fastest that fits; 4 bits only when nothing lossless does)."""
+    (the fastest that fits; 4 bits only when nothing lossless does). `named`, `full_precision`: see cpu_variants."""
     cpu = next((p for p in presets.values() if p.device == "cpu"), None)
     if cpu is None:
         raise ValueError("no preset with device = 'cpu' in the presets folder")
     options = []
-    for v in cpu_variants(cpu, rows, quantize_forced):
+    for v in cpu_variants(cpu, rows, quantize_forced, named, full_precision):
         options.append((v, rows.row(v)))
         reload = None if options[-1][1].fits_host else _te_variant(v, rows)
         if reload is not None:

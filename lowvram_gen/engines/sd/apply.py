@@ -123,6 +123,40 @@ class PipelineOps:
             else:
                 module.to(dtype=target)
 
+    def vae_float32(self, latent_dtype: str) -> None:
+        """The VAE in float32 while the rest computes in `latent_dtype` (A1111's --no-half-vae): whatever a pipeline
+        hands it is cast to float32 on the way in, and the latents it encodes go back at `latent_dtype`, as the
+        denoiser takes them (diffusers' img2img pipelines encode at the text encoder's dtype)."""
+        import torch
+
+        vae = self.pipe.vae
+        # torch's own .to: diffusers' ModelMixin.to warns about its _keep_in_fp32_modules on every cast to float32,
+        # which is where this one goes
+        torch.nn.Module.to(vae, dtype=torch.float32)
+        vae._lowvram_latent_dtype = getattr(torch, latent_dtype)
+        if getattr(vae, "_lowvram_upcast_hooks", None):
+            return
+        hooks = [child.register_forward_pre_hook(_inputs_to_own_dtype) for child in vae.children()]
+        last = getattr(vae, "quant_conv", None)
+        last = getattr(vae, "encoder", None) if last is None else last
+        if last is not None:  # what encode() makes its latent distribution from
+            hooks.append(last.register_forward_hook(
+                lambda module, args, out: out.to(vae._lowvram_latent_dtype) if torch.is_tensor(out) else out))
+        vae._lowvram_upcast_hooks = hooks
+
+    def upcast_attention(self, on: bool) -> None:
+        """The denoiser's attention scores and softmax in float32 (A1111's --upcast-sampling): diffusers'
+        `Attention.upcast_attention` / `upcast_softmax`, which the processors that compute the scores themselves
+        (attention slicing, the classic one) honour; PyTorch's fused SDPA kernels accumulate in float32 already.
+        Off puts back what the model's config said (SD 2.x's configs upcast)."""
+        from diffusers.models.attention_processor import Attention
+
+        for module in getattr(self.pipe, denoiser_name(self.pipe)).modules():
+            if isinstance(module, Attention):
+                saved = module.__dict__.setdefault("_lowvram_upcast_saved",
+                                                   (module.upcast_attention, module.upcast_softmax))
+                module.upcast_attention, module.upcast_softmax = (True, True) if on else saved
+
     def fp8_storage(self, compute_dtype: str) -> None:
         import torch
 
@@ -299,6 +333,18 @@ class PipelineOps:
             vae.tile_latent_min_size = tile_px // factor
 
 
+def _inputs_to_own_dtype(module, args):
+    """A forward pre-hook: floating-point tensor arguments cast to the module's own dtype (a float32 VAE fed
+    16-bit latents or images)."""
+    import torch
+
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    if dtype is None:
+        return None
+    return tuple(a.to(dtype) if torch.is_tensor(a) and a.is_floating_point() and a.dtype != dtype else a
+                 for a in args)
+
+
 def load_dtype(settings: MemorySettings, half: str = "float16") -> str:
     """The dtype to load the weights at for `settings` (effective ones): the compute dtype, or with
     half_storage the checkpoint's own 16-bit dtype (`half`: bfloat16 for a bf16 checkpoint), so the
@@ -416,12 +462,20 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         for name in _modules(pipe):
             state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION["float16"])
     else:
-        ops.cast(effective.dtype, skip=(denoiser,) if state["fp8"] else ())
+        vae32 = effective.vae_float32 and effective.dtype != "float32" and getattr(pipe, "vae", None) is not None
+        ops.cast(effective.dtype, skip=((denoiser,) if state["fp8"] else ()) + (("vae",) if vae32 else ()))
         calls.append(f"cast:{effective.dtype}")
+        if vae32:  # --no-half-vae / --upcast-sampling: the VAE in float32 beside the 16-bit rest
+            ops.vae_float32(effective.dtype)
+            calls.append("vae:float32")
         for name in _modules(pipe):
-            if not (state["fp8"] and name == denoiser):
+            if not (state["fp8"] and name == denoiser) and not (vae32 and name == "vae"):
                 state["floor"][name] = min(state["floor"].get(name, 32), _PRECISION[effective.dtype])
     state.pop("swapped", None)
+    if effective.upcast_attention or state.get("upcast"):
+        ops.upcast_attention(effective.upcast_attention)
+        calls.append(f"upcast_attention:{'on' if effective.upcast_attention else 'off'}")
+        state["upcast"] = effective.upcast_attention
     if effective.fp8_storage and not state["fp8"]:
         ops.fp8_storage(effective.dtype)
         calls.append("fp8_storage")
