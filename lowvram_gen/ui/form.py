@@ -166,8 +166,8 @@ class SdForm:
         return self.out
 
     def generate(self, handler, inputs: list, api_name: str):
-        """Register the controls (ctx.controls, the sent note) and wire Generate (its progress under
-        Interrupt and Skip only), Interrupt, Skip, the live preview, ♻ last seed, 🎲 and ⇅. `inputs`: the handler's inputs in its (the API's) positional order, each a request field of
+        """Register the controls (ctx.controls, the sent note) and wire Generate (its progress: the line
+        under Interrupt and Skip, ui/live.py, instead of gradio's on every output), Interrupt, Skip, the live preview, ♻ last seed, 🎲 and ⇅. `inputs`: the handler's inputs in its (the API's) positional order, each a request field of
         `controls` or a component of the tab's own; the ControlNet units follow them. Returns the Generate event."""
         ctx, c, out = self.ctx, self.controls, self.out
         ctx.sent_notes[self.tab] = self.sent
@@ -178,7 +178,7 @@ class SdForm:
             controlnet.appended(handler),
             [c[i] if isinstance(i, str) else i for i in inputs] + list(self.units.values()),
             [out.gallery, out.info, out.summary, out.last_seed], api_name=api_name, concurrency_id=GPU,
-            concurrency_limit=1, show_progress_on=[self.progress])  # one progress line a tab, not one an output
+            concurrency_limit=1, show_progress="hidden")  # the tab's one progress line is ui/live.py's
         ctx.generate_events[self.tab] = event
         live.wire(ctx, event, self.stop, self.skip, out.summary, out.preview, self.progress)
         seed_buttons(self.reuse, self.random, c["seed"], out.last_seed)

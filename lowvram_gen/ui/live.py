@@ -87,8 +87,9 @@ def shown_while_running(ctx: TabContext, go: gr.Button, every, method, preview: 
     """Generate starts the timer that refreshes the progress `line` (ui/form.py) and shows the preview (`image()`'s)
     when previews are on. Wired BEFORE the Generate event: the page runs the listeners of one click in the order
     they were added, each after the one before has ended, so a listener added after Generate would only run once
-    the job is over. (The line is the page's own, not gradio's progress: gradio draws its progress only until a
-    handler's first yield, and the job's handler yields at every tick.)"""
+    the job is over. (The line is the page's own, not gradio's progress: gradio drew it on every output (the gallery,
+    the parameters, What ran), and only until the handler's next yield, which comes at every tick; the Generate event
+    hides gradio's.)"""
     shown_image, timer, shown = preview
 
     def start(every_n, how):
