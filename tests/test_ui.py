@@ -17,7 +17,8 @@ import pytest
 
 from lowvram_gen.session import Session
 from servers import Server, _free_port
-from ui_helpers import (_drop_on_png_info, _fill_job, _fill_number, _gallery_image, _set_slider,  # noqa: F401
+from ui_helpers import (_drop_on_png_info, _fill_job, _fill_number, _gallery_image,  # noqa: F401
+                        _pick_a_lora_and_an_embedding, _set_slider,
                         _value_is, browser, needs_browser, page, server)  # (browser, page, server: fixtures)
 
 
@@ -671,17 +672,7 @@ def test_ctrl_enter_generates_and_the_gallery_sends_on_to_img2img_and_upscale(pa
 
 @needs_browser
 def test_lora_and_embedding_pickers_add_to_the_prompt_after_a_refresh(page, tmp_path, monkeypatch):
-    (tmp_path / "Lora").mkdir()
-    (tmp_path / "Lora" / "film grain.safetensors").write_bytes(b"listed, not loaded")
-    (tmp_path / "embeddings").mkdir()
-    (tmp_path / "embeddings" / "EasyNegative.pt").write_bytes(b"listed, not loaded")
-    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))  # the server runs in this process
-    page.locator("#prompt textarea").fill("a cat")
-    page.click("#refresh")
-    for picker, name in (("#lora-picker", "film grain"), ("#embedding-picker", "EasyNegative")):
-        page.locator(f"{picker} input").first.click()
-        page.get_by_role("option", name=name).click()
-    _value_is(page, "#prompt textarea", "a cat <lora:film grain:1> EasyNegative")
+    _pick_a_lora_and_an_embedding(page, tmp_path, monkeypatch)
 
 
 # -- the Quantize box (issue 10, "weights that fit") ----------------------------------------------------------
@@ -883,9 +874,10 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     the toast never comes). Only these handlers stay unqueued, each for a reason: a string edit of the
     prompt, the gallery's selected index, Interrupt, Skip and the page's restore (they must get through a full
     queue), ♻ last seed and 🎲 (they set a number: the VQGAN tab's ♻ reads a file, so it is queued), ⇅ (swaps two
-    numbers), the init image's size (img2img's and the Inpaint editor's: it catches what Pillow raises), the System tab's 3 s timer, the Extra
+    numbers), the init image's size (img2img's and the Inpaint editor's: it catches what Pillow raises), the
+    System tab's 3 s timer, the Extra
     seed checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), the live preview's
-    show, refresh and hide (they set visibility, or read the job's latest preview), a ControlNet unit's canny thresholds
+    show, refresh and hide (they set visibility, or read the job's latest preview and progress line), a ControlNet unit's canny thresholds
     shown for canny only (visibility), and the remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions

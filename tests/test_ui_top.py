@@ -23,7 +23,8 @@ from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.session import Session
-from ui_helpers import _fill_job, _fill_number, _gallery_image, _set_slider, _value_is, browser, needs_browser, server  # noqa: F401
+from ui_helpers import (_fill_job, _fill_number, _gallery_image, _pick_a_lora_and_an_embedding, _set_slider,  # noqa: F401
+                        _value_is, browser, needs_browser, server)
 
 TABS = {"txt2img": "", "img2img": "i2i-", "Inpaint": "inp-"}  # tab name -> elem_id prefix
 VIEW = {"width": 1366, "height": 768}
@@ -280,15 +281,38 @@ def test_recycle_on_inpaint_and_vqgan_reads_that_tabs_last_seed(tmp_path):
 
 @needs_browser
 def test_the_lora_and_embedding_pickers_are_on_inpaint_too(page, tmp_path, monkeypatch):
-    (tmp_path / "Lora").mkdir()
-    (tmp_path / "Lora" / "film grain.safetensors").write_bytes(b"listed, not loaded")
-    (tmp_path / "embeddings").mkdir()
-    (tmp_path / "embeddings" / "EasyNegative.pt").write_bytes(b"listed, not loaded")
-    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))  # the server runs in this process
     page.get_by_role("tab", name="Inpaint").click()
-    page.locator("#inp-prompt textarea").fill("a cat")
-    page.click("#inp-refresh")
-    for picker, name in (("#inp-lora-picker", "film grain"), ("#inp-embedding-picker", "EasyNegative")):
-        page.locator(f"{picker} input").first.click()
-        page.get_by_role("option", name=name).click()
-    _value_is(page, "#inp-prompt textarea", "a cat <lora:film grain:1> EasyNegative")
+    _pick_a_lora_and_an_embedding(page, tmp_path, monkeypatch, prefix="inp-")
+
+
+# -- a failed job's toast ------------------------------------------------------------------------------------------
+
+
+def _toasts(page) -> list[str]:
+    return page.evaluate("() => [...document.querySelectorAll('[data-testid=toast-text]')].map(e => e.innerText)")
+
+
+@needs_browser
+def test_a_failed_job_says_so_in_one_toast(page):
+    """Refused by the request's validation, and failed inside the job: one toast message each, whose stream has
+    ended (a later job ran to its end after it) before the toasts are counted."""
+    _fill_job(page, "refused", 500, 64, 1)
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#summary textarea').value.includes('invalid width: 500')",
+                           timeout=60_000)
+    page.locator("[data-testid=toast-text]").first.wait_for(timeout=30_000)
+    _fill_job(page, "kept", 64, 64, 1)
+    page.click("#generate")
+    _gallery_image(page)
+    assert [t for t in _toasts(page) if "invalid width" in t] and len(_toasts(page)) == 1, _toasts(page)
+    page.locator("[data-testid=toast-close]").first.click()
+    page.locator("[data-testid=toast-text]").first.wait_for(state="detached", timeout=30_000)
+    page.locator("#prompt textarea").fill("fails <lora:no such lora:1>")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#summary textarea').value.includes('no such lora')",
+                           timeout=120_000)
+    page.locator("#prompt textarea").fill("kept again")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector('#info textarea').value.startsWith('kept again')",
+                           timeout=120_000)
+    assert len(_toasts(page)) == 1 and "no such lora" in _toasts(page)[0], _toasts(page)

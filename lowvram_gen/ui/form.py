@@ -4,8 +4,8 @@ as A1111 and Forge have them: on screen without scrolling at 1366x768, and the l
 runs), Width/Height with ⇅ (swap them), Batch count and Batch size, Steps/CFG scale/Clip skip, the seed row (Seed,
 ♻ last seed, 🎲 random, Extra, Sampler, Schedule type) with the Extra seed options, the Model box with Refresh and
 Quantize, the LoRA/embedding pickers, hires fix (txt2img), the ControlNet accordion, the live preview's settings,
-and the results column (ui/results.py). The job's progress is drawn once, under Interrupt and Skip: one line with the step,
-`batch i/n` and the ETA, or how many jobs it waits behind (jobs/progress.py).
+and the results column (ui/results.py). The job's progress is drawn once, under Interrupt and Skip: one line with
+the step, `batch i/n` and the ETA, or how many jobs it waits behind (jobs/progress.py).
 
 Every control starts at `GenerationRequest()`'s value of its field (the documented defaults, the CLI's and the
 API's), and a Generate handler turns an API client's left-out value (None) back into that default (`job_fields`).
@@ -47,7 +47,8 @@ class SdForm:
         self.ctx, self.tab, self.prefix, self.unnamed = ctx, tab, prefix, unnamed
         self.controls: dict[str, Any] = {}
         self.units: dict[str, Any] = {}  # the ControlNet units' controls (also in `controls`)
-        # set by the parts as they are built: the sent note, ♻ last seed, 🎲, ⇅, 📐, the buttons, the results column
+        # set by the parts as they are built: the sent note, ♻ last seed, 🎲, ⇅, 📐, the buttons and the progress
+        # line, the results column
         self.sent = self.reuse = self.random = self.swap = self.size_button = None
         self.go = self.stop = self.skip = self.progress = self.out = None
 
@@ -166,9 +167,11 @@ class SdForm:
         return self.out
 
     def generate(self, handler, inputs: list, api_name: str):
-        """Register the controls (ctx.controls, the sent note) and wire Generate (its progress: the line
-        under Interrupt and Skip, ui/live.py, instead of gradio's on every output), Interrupt, Skip, the live preview, ♻ last seed, 🎲 and ⇅. `inputs`: the handler's inputs in its (the API's) positional order, each a request field of
-        `controls` or a component of the tab's own; the ControlNet units follow them. Returns the Generate event."""
+        """Register the controls (ctx.controls, the sent note) and wire Generate (its progress: the line under
+        Interrupt and Skip, ui/live.py, instead of gradio's on every output), Interrupt, Skip, the live preview,
+        ♻ last seed, 🎲 and ⇅. `inputs`: the handler's inputs in its (the API's) positional order, each a request
+        field of `controls` or a component of the tab's own; the ControlNet units follow them. Returns the Generate
+        event."""
         ctx, c, out = self.ctx, self.controls, self.out
         ctx.sent_notes[self.tab] = self.sent
         ctx.controls[self.tab] = c

@@ -1,7 +1,8 @@
-"""The txt2img tab: prompt (with LoRA/embedding pickers) and Generate beside it, size (with ⇅), batch count and size,
-steps, CFG, clip skip, seed (with ♻ last seed and 🎲), model, the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; Generate,
-Interrupt, Skip and the live preview above the gallery (ui/live.py); the gallery shows each
-image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
+"""The txt2img tab: prompt (with LoRA/embedding pickers) with Generate, Interrupt, Skip and the progress line beside
+it, size (with ⇅), batch count and size, steps, CFG, clip skip, seed (with ♻ last seed and 🎲), model, the weights'
+storage (Quantize: as the preset says, none, int8, int4), hires fix; the live preview above the gallery
+(ui/live.py); the gallery shows each image whole (object-fit: contain), whatever its aspect, and sends the selected
+one to img2img or Upscale.
 Hires fix has A1111 1.10's controls: Upscale by or Resize width/height to, the upscaler (A1111's names), steps,
 denoising strength, and the second pass's own sampler, schedule type, CFG scale and prompts ("Use same ...", 0 and
 empty: the first pass's). The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
