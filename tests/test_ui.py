@@ -17,7 +17,8 @@ import pytest
 
 from lowvram_gen.session import Session
 from servers import Server, _free_port
-from ui_helpers import (_drop_on_png_info, _fill_job, _fill_number, _gallery_image, _set_slider,  # noqa: F401
+from ui_helpers import (_drop_on_png_info, _fill_job, _fill_number, _gallery_image,  # noqa: F401
+                        _pick_a_lora_and_an_embedding, _set_slider,
                         _value_is, browser, needs_browser, page, server)  # (browser, page, server: fixtures)
 
 
@@ -671,17 +672,7 @@ def test_ctrl_enter_generates_and_the_gallery_sends_on_to_img2img_and_upscale(pa
 
 @needs_browser
 def test_lora_and_embedding_pickers_add_to_the_prompt_after_a_refresh(page, tmp_path, monkeypatch):
-    (tmp_path / "Lora").mkdir()
-    (tmp_path / "Lora" / "film grain.safetensors").write_bytes(b"listed, not loaded")
-    (tmp_path / "embeddings").mkdir()
-    (tmp_path / "embeddings" / "EasyNegative.pt").write_bytes(b"listed, not loaded")
-    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))  # the server runs in this process
-    page.locator("#prompt textarea").fill("a cat")
-    page.click("#refresh")
-    for picker, name in (("#lora-picker", "film grain"), ("#embedding-picker", "EasyNegative")):
-        page.locator(f"{picker} input").first.click()
-        page.get_by_role("option", name=name).click()
-    _value_is(page, "#prompt textarea", "a cat <lora:film grain:1> EasyNegative")
+    _pick_a_lora_and_an_embedding(page, tmp_path, monkeypatch)
 
 
 # -- the Quantize box (issue 10, "weights that fit") ----------------------------------------------------------
@@ -882,9 +873,11 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     """gradio shows neither the error nor the warning of an event run with queue=False (checked in Chromium:
     the toast never comes). Only these handlers stay unqueued, each for a reason: a string edit of the
     prompt, the gallery's selected index, Interrupt, Skip and the page's restore (they must get through a full
-    queue), ♻ last seed, the init image's size (img2img's and the Inpaint editor's: it catches what Pillow raises), the System tab's 3 s timer, the Extra
+    queue), ♻ last seed and 🎲 (they set a number: the VQGAN tab's ♻ reads a file, so it is queued), ⇅ (swaps two
+    numbers), the init image's size (img2img's and the Inpaint editor's: it catches what Pillow raises), the
+    System tab's 3 s timer, the Extra
     seed checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), the live preview's
-    show, refresh and hide (they set visibility, or read the job's latest preview), a ControlNet unit's canny thresholds
+    show, refresh and hide (they set visibility, or read the job's latest preview and progress line), a ControlNet unit's canny thresholds
     shown for canny only (visibility), and the remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
@@ -895,7 +888,8 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     assert unqueued == sorted({
         ("pickers", "build.<locals>.add_lora"), ("pickers", "build.<locals>.add_embedding"),
         ("sendto", "gallery_buttons.<locals>.remember"), ("sendto", "gallery_buttons.<locals>.<lambda>"),
-        ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("txt2img", "build.<locals>.<lambda>"),
+        ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("vqgan", "build.<locals>.<lambda>"),
+        ("widgets", "seed_buttons.<locals>.<lambda>"), ("widgets", "swap_button.<locals>.<lambda>"),
         ("img2img", "size_from"), ("inpaint", "build.<locals>.editor_size"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
         ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
@@ -1064,23 +1058,28 @@ def test_sd_x4_is_offered_only_where_its_model_is_here(tmp_path, monkeypatch):
     assert "sd-x4" in upscaler_choices()
 
 
-def test_the_progress_says_waiting_for_the_gpu_only_when_another_client_runs_a_job():
-    """Rough edge 9: a job that loads a model with nothing else queued said 'waiting for the GPU'."""
+def test_the_progress_says_waiting_only_behind_another_clients_job_and_counts_the_jobs_ahead():
+    """Rough edge 9: a job that loads a model with nothing else queued said 'waiting for the GPU'. Issue 29 item 11:
+    a job behind others (of the web UI or the REST API: one registry) says how many are ahead of it."""
     import threading
 
     from lowvram_gen.jobs.registry import Job, Registry
 
     jobs, release = Registry(), threading.Event()
-    assert not jobs.others_running("alice")  # nothing runs: the progress says 'starting'
+    assert jobs.ahead("alice") == 0  # nothing runs: the progress says 'starting'
     job = jobs.start("alice", Job(lambda on_step, cancel: release.wait(30)))
+    bobs = jobs.start("bob", Job(lambda on_step, cancel: None))
     try:
-        assert not jobs.others_running("alice")  # alice's own job is not 'another'
-        assert jobs.others_running("bob")  # bob's job waits behind alice's
+        assert jobs.ahead("alice") == 0  # alice's own job is not 'another'
+        assert jobs.ahead("bob") == 1  # bob's job waits behind alice's
+        assert jobs.ahead("carol") == 2  # not registered yet: behind both
     finally:
         release.set()
+        job._thread.start()
         job.done.wait(30)
-        jobs.finish("alice", job)
-    assert not jobs.others_running("bob")
+    assert jobs.ahead("bob") == 0  # alice's job is done
+    jobs.finish("alice", job)
+    jobs.finish("bob", bobs)
 
 
 def test_a_vqgan_pngs_model_does_not_set_the_model_box(tmp_path):

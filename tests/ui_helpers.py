@@ -86,3 +86,19 @@ def _drop_on_png_info(page, png, shows: str) -> None:
     page.locator("#pnginfo-image input[type=file]").set_input_files(str(png))
     page.wait_for_function("(s) => document.querySelector('#pnginfo-parameters textarea').value.includes(s)",
                            arg=shows, timeout=30_000)
+
+
+def _pick_a_lora_and_an_embedding(page, tmp_path, monkeypatch, prefix: str = "") -> None:
+    """Put a LoRA and an embedding in a models folder (`tmp_path`), type "a cat" in the `prefix` tab's prompt, rescan
+    with its pickers' Refresh, pick both, and wait for the prompt to have their tags. The tab must be showing."""
+    (tmp_path / "Lora").mkdir()
+    (tmp_path / "Lora" / "film grain.safetensors").write_bytes(b"listed, not loaded")
+    (tmp_path / "embeddings").mkdir()
+    (tmp_path / "embeddings" / "EasyNegative.pt").write_bytes(b"listed, not loaded")
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path))  # the server runs in this process
+    page.locator(f"#{prefix}prompt textarea").fill("a cat")
+    page.click(f"#{prefix}refresh")
+    for picker, name in ((f"#{prefix}lora-picker", "film grain"), (f"#{prefix}embedding-picker", "EasyNegative")):
+        page.locator(f"{picker} input").first.click()
+        page.get_by_role("option", name=name).click()
+    _value_is(page, f"#{prefix}prompt textarea", "a cat <lora:film grain:1> EasyNegative")

@@ -13,7 +13,8 @@ and the job's own last output say the same thing whichever reaches the browser f
 the running batch stops and is kept, the job goes on (Session.generate).
 
 A job keeps its live state for the UI's live preview and for A1111's progress API: `step`/`total` of the running
-pass, the latest `preview` (a PIL image, or None) and how many came (`previews`), and when it `started`. The
+pass, the latest `preview` (a PIL image, or None) and how many came (`previews`), its progress `line` (the jobs ahead
+of it, or its step, batch and ETA), and when it `started`. The
 Registry is the one place every front end that runs jobs in the web server registers its job (the tabs and the
 REST API), so A1111's global /interrupt and /skip reach whichever job runs (`current()`).
 """
@@ -41,6 +42,7 @@ class Job:
         self.step, self.total = 0, 0  # the running pass's progress (0 of 0: not denoising yet)
         self.preview = None  # the latest live preview (PIL image), None before the first
         self.previews = 0  # how many previews came: a new one changes it
+        self.line = ""  # the job's progress line (jobs/progress.py), set by jobs.run: what the web UI shows of it
         self.started = time.time()  # when the job was registered; again when its thread starts
         self.events: queue.Queue = queue.Queue()
         self.result = None
@@ -107,6 +109,7 @@ class Registry:
 
     def start(self, key: str, job: Job) -> Job:
         with self._lock:
+            self._jobs.pop(key, None)  # registered last: the dict's order is the order the jobs came in
             self._jobs[key] = job
         return job
 
@@ -150,10 +153,16 @@ class Registry:
             return None
         return job.summary() if job.done.is_set() else pending
 
-    def others_running(self, key: str) -> bool:
-        """Whether a job of another browser session is running (the GPU is taken)."""
+    def ahead(self, key: str) -> int:
+        """How many jobs of other clients, not done, came in before this session's: the jobs it waits behind for
+        the GPU (the running one included), whichever front end started them (web UI or REST API)."""
         with self._lock:
-            return any(k != key and not j.done.is_set() for k, j in self._jobs.items())
+            count = 0
+            for k, j in self._jobs.items():
+                if k == key:
+                    return count
+                count += not j.done.is_set()
+            return count  # not registered (yet): behind every job there is
 
     def finish(self, key: str, job: Job) -> None:
         with self._lock:

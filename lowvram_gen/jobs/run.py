@@ -3,8 +3,9 @@
 `run` registers the job under its client's key (so Interrupt, Skip, /interrupt, /skip, /progress and a closed tab
 reach it), says on the console when it starts, streams its events with the console's tqdm bar following its steps,
 unregisters it when it ends or its stream is closed (which cancels it), and says how it ended. The job waits for
-the GPU in the Session's lock (its work calls a Session method), so `on_queued` is told whether it starts now or
-waits behind another client's job.
+the GPU in the Session's lock (its work calls a Session method); `on_progress` gets the job's one progress line
+(jobs/progress.py): how many jobs it waits behind, of the web UI's and the REST API's alike (the registry knows them
+all), while it waits, then its step, batch and ETA.
 
 What the caller shows is decided by how the job ended: `job.result` (done) or a Cancelled `job.error` (kept images)
 after the stream ends; any other error is raised from the stream's end, a LowVramError for the caller to show as a
@@ -17,10 +18,8 @@ from typing import Callable, Iterator
 
 from lowvram_gen.errors import Cancelled
 from lowvram_gen.jobs import console
+from lowvram_gen.jobs.progress import STARTING, StepProgress, waiting
 from lowvram_gen.jobs.registry import TICK_S, Job, Registry
-
-WAITING = "waiting for the GPU (another job runs)"
-STARTING = "starting"
 
 
 def is_step(event) -> bool:
@@ -30,18 +29,30 @@ def is_step(event) -> bool:
 
 def run(registry: Registry, key: str, job: Job, what: str, request, *, steps: int | None = None,
         unit: str = "steps", bar_unit: str = "step", tick: float | None = TICK_S,
-        on_queued: Callable[[str], None] | None = None) -> Iterator:
+        on_progress: Callable[[float, str], None] | None = None, progress: StepProgress | None = None) -> Iterator:
     """Run `job` (its work calls the Session) registered as `key`'s and yield its events: (step, total) after each
     step, what the work put on `job.events`, and None every `tick` seconds without one (None: no ticks).
 
     The console says "`what` started" with the request's prompt, size, `steps` (the request's own by default; in
     `unit`) and seed, draws a bar of the steps (in `bar_unit`), and says "`what` ended" with the summary and the
     files of a job that finished or was cancelled. A job that failed raises its error when the stream ends.
-    Close the stream (contextlib.closing) when the caller stops early: that cancels the job at its next step."""
-    waiting = WAITING if registry.others_running(key) else STARTING
+    Close the stream (contextlib.closing) when the caller stops early: that cancels the job at its next step.
+
+    The job's progress line (jobs/progress.py; `job.line`, which the web UI shows) is set when the job is registered,
+    at each tick until its first step (how many jobs it waits behind, or that it starts), and at each step
+    (`progress`, a StepProgress made for the request, says the step, the batch and the ETA); `on_progress(fraction,
+    line)` is told each new one."""
     registry.start(key, job)
-    if on_queued is not None:
-        on_queued(waiting)
+    progress = progress or StepProgress()
+    said = [None]
+
+    def say_waiting():
+        job.line = waiting(ahead) if (ahead := registry.ahead(key)) else STARTING
+        if job.line != said[0] and on_progress is not None:
+            on_progress(0.0, job.line)
+        said[0] = job.line
+
+    say_waiting()
     since = console.started(what, request.prompt, request.width, request.height,
                             request.steps if steps is None else steps, request.seed, unit=unit)
     bar = console.ProgressBar(bar_unit)
@@ -50,6 +61,12 @@ def run(registry: Registry, key: str, job: Job, what: str, request, *, steps: in
         for event in events:
             if is_step(event):
                 bar.update(*event)
+                progress.update(*event)
+                job.line = progress.line()
+                if on_progress is not None:
+                    on_progress(progress.fraction(), job.line)
+            elif event is None and not progress.total:
+                say_waiting()  # still waiting: the jobs ahead may have ended, or more have come in
             yield event
     finally:
         events.close()  # closed before the job ended (this stream was closed): the job is cancelled

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from lowvram_gen.errors import Cancelled, LowVramError
+from lowvram_gen.jobs.progress import StepProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 from lowvram_gen.outputs import read_png_metadata
@@ -83,6 +84,8 @@ class TabContext:
     def run_job(self, what: str, fields: dict, request, progress, preview_every=0,
                 preview_method="auto") -> Iterator[tuple]:
         """Validate, queue behind the GPU, stream per-step progress; yield (images, info, summary, last seed).
+        The progress is one line (jobs/progress.py: the jobs ahead while it waits, then step, batch i/n and ETA),
+        shown by the tab once, under Interrupt and Skip (ui/form.py).
         The job runs through jobs.run (registered, queued behind the GPU, on the console); its Skip event and its
         live previews (every `preview_every` steps, by `preview_method`) are the job's own (jobs/registry.py); the
         tab shows the previews (ui/live.py).
@@ -109,12 +112,13 @@ class TabContext:
                                          preview_method=preview_method)
 
         job = Job(work)
+        steps = StepProgress(job_request.batch_count, 2 if job_request.hires else 1)
+        # the browser shows the job's line once (ui/live.py reads job.line); gradio's own progress would be drawn on
+        # every output, so only an API client (gradio_client) gets the line through it
+        said = None if messages.from_browser(request) else lambda fraction, line: progress(fraction, desc=line)
         try:
-            with closing(run(self.jobs, client, job, what, job_request,
-                             on_queued=lambda waiting: progress(0, desc=waiting))) as events:
-                for event in events:
-                    if event is not None:
-                        progress(event, desc="denoising", unit="steps")
+            with closing(run(self.jobs, client, job, what, job_request, progress=steps, on_progress=said)) as events:
+                for _ in events:
                     yield (gr.skip(),) * 4
         except LowVramError as exc:  # the job failed with a user error: "What ran" says why
             yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()

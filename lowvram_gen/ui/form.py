@@ -1,17 +1,21 @@
 """The controls txt2img, img2img and Inpaint share, built by one builder so the three tabs cannot drift apart:
-prompt and negative prompt, Width/Height with Batch count and Batch size, Steps/CFG scale/Clip skip, the seed row
-(Seed, Extra, Sampler, Schedule type) with the Extra seed options, the Model box with Refresh and Quantize, the
-LoRA/embedding pickers, hires fix (txt2img), the ControlNet accordion, Generate/Interrupt/Skip with the live
-preview's settings, and the results column (ui/results.py).
+the top row (prompt and negative prompt on the left; Generate, big, with Interrupt and Skip under it on the right,
+as A1111 and Forge have them: on screen without scrolling at 1366x768, and the live preview stays in view while a job
+runs), Width/Height with ⇅ (swap them), Batch count and Batch size, Steps/CFG scale/Clip skip, the seed row (Seed,
+♻ last seed, 🎲 random, Extra, Sampler, Schedule type) with the Extra seed options, the Model box with Refresh and
+Quantize, the LoRA/embedding pickers, hires fix (txt2img), the ControlNet accordion, the live preview's settings,
+and the results column (ui/results.py). The job's progress is drawn once, under Interrupt and Skip: one line with
+the step, `batch i/n` and the ETA, or how many jobs it waits behind (jobs/progress.py).
 
 Every control starts at `GenerationRequest()`'s value of its field (the documented defaults, the CLI's and the
 API's), and a Generate handler turns an API client's left-out value (None) back into that default (`job_fields`).
 Each control is registered under its request field in `SdForm.controls`, which becomes the tab's
 `ctx.controls[tab]`: what a Send to fills (ui/sendto.py) and what each browser gets back (ui/remembered.py).
 
-A tab builds its page by calling the form's parts in the page's order, its own controls in between (img2img's
-init image, Inpaint's editor and mask options), then `generate` wires its Generate button to the tab's handler,
-with the handler's inputs in the API's positional order (the ControlNet units last: ui/controlnet.py).
+A tab builds its page by calling the form's parts in the page's order (`note`, `top`, then in the left column its
+own controls (img2img's init image, Inpaint's editor and mask options) and `settings`, in the right one `results`),
+then `generate` wires its Generate button to the tab's handler, with the handler's inputs in the API's positional
+order (the ControlNet units last: ui/controlnet.py), and ♻, 🎲 and ⇅.
 The elem_ids are `{prefix}name` (txt2img's prefix is "", img2img's "i2i-", Inpaint's "inp-").
 """
 
@@ -27,7 +31,8 @@ from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
 from lowvram_gen.ui import controlnet, live, pickers, results, sendto
 from lowvram_gen.ui.context import GPU, TabContext
-from lowvram_gen.ui.widgets import Number, ScheduleType, Slider, quantize_field, seed_extras, upscaler_choices
+from lowvram_gen.ui.widgets import (Number, ScheduleType, Slider, quantize_field, seed_buttons, seed_extras,
+                                   swap_button, upscaler_choices)
 
 DEFAULTS = GenerationRequest()
 
@@ -42,8 +47,10 @@ class SdForm:
         self.ctx, self.tab, self.prefix, self.unnamed = ctx, tab, prefix, unnamed
         self.controls: dict[str, Any] = {}
         self.units: dict[str, Any] = {}  # the ControlNet units' controls (also in `controls`)
-        # set by the parts as they are built: the sent note, ♻ last seed, 📐, the buttons, the results column
-        self.sent = self.reuse = self.size_button = self.go = self.stop = self.skip = self.out = None
+        # set by the parts as they are built: the sent note, ♻ last seed, 🎲, ⇅, 📐, the buttons and the progress
+        # line, the results column
+        self.sent = self.reuse = self.random = self.swap = self.size_button = None
+        self.go = self.stop = self.skip = self.progress = self.out = None
 
     def _id(self, name: str) -> str | None:
         return None if name in self.unnamed else f"{self.prefix}{name}"
@@ -51,6 +58,15 @@ class SdForm:
     def note(self) -> None:
         """The note of what the tab's last Send to did not use (at the top of the tab)."""
         self.sent = sendto.note(self.tab)
+
+    def top(self, lines: int, negative_lines: int) -> None:
+        """The top row: the prompts, and Generate with Interrupt and Skip beside them."""
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=5):
+                self.prompts(lines, negative_lines)
+            with gr.Column(scale=1, min_width=160):
+                self.go, self.stop, self.skip = live.buttons(self.prefix, f"{self.prefix}generate")
+                self.progress = live.progress_line(self.prefix)
 
     def prompts(self, lines: int, negative_lines: int) -> None:
         self.controls["prompt"] = gr.Textbox(value=DEFAULTS.prompt, label="Prompt", lines=lines,
@@ -63,15 +79,15 @@ class SdForm:
         self.controls["strength"] = Slider(0, 1, value=DEFAULTS.strength, step=0.01, label=label,
                                            elem_id=self._id("strength"))
 
-    def settings(self, *, size_from_image: bool = False, reuse_seed: bool = False, model_label: str = "Model",
-                 lora_pickers: bool = True, hires: bool = False) -> None:
+    def settings(self, *, size_from_image: bool = False, model_label: str = "Model", hires: bool = False) -> None:
         """Everything from the size row to the live preview's settings. `size_from_image`: A1111's 📐 beside
-        Width/Height (`size_button`, the tab wires it); `reuse_seed`: ♻ last seed beside Seed (`reuse`, the tab
-        wires it: it needs the results column)."""
+        Width/Height (`size_button`, the tab wires it). ♻ last seed, 🎲 and ⇅ are wired by `generate` (♻ needs
+        the results column)."""
         c, prefix = self.controls, self.prefix
         with gr.Row():
             c["width"] = Number("Width", DEFAULTS.width, elem_id=self._id("width"))
             c["height"] = Number("Height", DEFAULTS.height, elem_id=self._id("height"))
+            self.swap = gr.Button("⇅", elem_id=f"{prefix}swap-size", scale=0, min_width=40)
             if size_from_image:  # the size of the image being edited again, after Width/Height were changed
                 self.size_button = gr.Button("\U0001F4D0", elem_id=self._id("size-from-image"), scale=0,
                                              min_width=40)
@@ -87,21 +103,20 @@ class SdForm:
                                     elem_id=self._id("clip-skip"))
         with gr.Row():
             c["seed"] = Number("Seed (-1: random)", DEFAULTS.seed, elem_id=self._id("seed"))
-            if reuse_seed:
-                self.reuse = gr.Button("♻ last seed", size="sm", elem_id=self._id("reuse-seed"))
+            with gr.Column(scale=0, min_width=110):  # words beside the emoji: a machine without an emoji font
+                self.reuse = gr.Button("♻ last seed", size="sm", elem_id=f"{prefix}reuse-seed")
+                self.random = gr.Button("🎲 random", size="sm", elem_id=f"{prefix}random-seed")
             c["seed_extra"] = gr.Checkbox(False, label="Extra", elem_id=self._id("seed-extra"))
             c["sampler"] = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULTS.sampler, label="Sampler",
                                        elem_id=self._id("sampler"))
             c["schedule_type"] = ScheduleType(self._id("schedule-type"), DEFAULTS.schedule_type)
         c.update(zip(sendto.EXTRA_SEED[1:], seed_extras(c["seed_extra"], prefix, DEFAULTS)))
         c["model"], c["quantize"] = pickers.model_row(self.ctx.options, prefix, model_label)
-        if lora_pickers:
-            pickers.build(c["prompt"], prefix=prefix)
+        pickers.build(c["prompt"], prefix=prefix)
         if hires:
             self._hires()
         self.units = controlnet.build(prefix, c["width"], c["height"])
         c.update(self.units)
-        self.go, self.stop, self.skip = live.buttons(prefix, f"{prefix}generate")
         c["preview_every"], c["preview_method"] = live.settings(prefix)
 
     def _hires(self) -> None:
@@ -152,20 +167,25 @@ class SdForm:
         return self.out
 
     def generate(self, handler, inputs: list, api_name: str):
-        """Register the controls (ctx.controls, the sent note) and wire Generate, Interrupt, Skip and the live
-        preview. `inputs`: the handler's inputs in its (the API's) positional order, each a request field of
-        `controls` or a component of the tab's own; the ControlNet units follow them. Returns the Generate event."""
+        """Register the controls (ctx.controls, the sent note) and wire Generate (its progress: the line under
+        Interrupt and Skip, ui/live.py, instead of gradio's on every output), Interrupt, Skip, the live preview,
+        ♻ last seed, 🎲 and ⇅. `inputs`: the handler's inputs in its (the API's) positional order, each a request
+        field of `controls` or a component of the tab's own; the ControlNet units follow them. Returns the Generate
+        event."""
         ctx, c, out = self.ctx, self.controls, self.out
         ctx.sent_notes[self.tab] = self.sent
         ctx.controls[self.tab] = c
-        live.shown_while_running(ctx, self.go, c["preview_every"], c["preview_method"], out.preview)  # runs first
+        live.shown_while_running(ctx, self.go, c["preview_every"], c["preview_method"], out.preview,
+                                 self.progress)  # runs first
         event = self.go.click(
             controlnet.appended(handler),
             [c[i] if isinstance(i, str) else i for i in inputs] + list(self.units.values()),
             [out.gallery, out.info, out.summary, out.last_seed], api_name=api_name, concurrency_id=GPU,
-            concurrency_limit=1)
+            concurrency_limit=1, show_progress="hidden")  # the tab's one progress line is ui/live.py's
         ctx.generate_events[self.tab] = event
-        live.wire(ctx, event, self.stop, self.skip, out.summary, out.preview)
+        live.wire(ctx, event, self.stop, self.skip, out.summary, out.preview, self.progress)
+        seed_buttons(self.reuse, self.random, c["seed"], out.last_seed)
+        swap_button(self.swap, c["width"], c["height"])
         return event
 
 

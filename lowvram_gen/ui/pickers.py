@@ -1,4 +1,4 @@
-"""The LoRA and embedding pickers of txt2img and img2img with the button that rescans their folders, and the
+"""The LoRA and embedding pickers of txt2img, img2img and Inpaint with the button that rescans their folders, and the
 Refresh button beside the Model box that rescans the models (A1111's, beside its checkpoint box).
 
 The buttons say "Refresh" in words: an emoji label (🔄) is an empty box on a machine without an emoji font.

@@ -109,3 +109,16 @@ def seed_extras(extra: gr.Checkbox, prefix: str, defaults) -> tuple:
 
     extra.change(toggle, [extra], [row, strength, resize_w, resize_h], queue=False, api_visibility="private")
     return subseed, strength, resize_w, resize_h
+
+
+def seed_buttons(reuse: gr.Button, random: gr.Button, seed, last_seed) -> None:
+    """♻ puts the browser's last seed (`last_seed`, the results column's hidden Number) in the Seed box (-1 before
+    any job); 🎲 puts -1 (random) there, as A1111's buttons do."""
+    reuse.click(lambda s: -1 if s is None else s, [last_seed], [seed], queue=False,
+                api_visibility="private")
+    random.click(lambda: -1, None, [seed], queue=False, api_visibility="private")
+
+
+def swap_button(swap: gr.Button, width, height) -> None:
+    """⇅: Width and Height change places (A1111's)."""
+    swap.click(lambda w, h: (h, w), [width, height], [width, height], queue=False, api_visibility="private")

@@ -53,11 +53,11 @@ def build(ctx: TabContext) -> None:
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
     with gr.Tab("img2img", id="img2img"):
+        form.note()
+        form.top(2, 1)
         with gr.Row():
             with gr.Column(scale=3):
-                form.note()
                 init = form.controls["init_image"] = ImagePath("Init image", elem_id="i2i-init")
-                form.prompts(2, 1)
                 form.strength("Denoising strength (0 keeps the image)")
                 form.settings()
             with gr.Column(scale=2):

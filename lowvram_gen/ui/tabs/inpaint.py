@@ -1,7 +1,8 @@
 """The Inpaint tab (A1111's img2img > Inpaint): an image editor whose brush draws the mask on the image (the eraser
 takes strokes back), or an uploaded mask that overrides the drawing, A1111's inpaint options (Mask blur, Mask mode,
 Masked content, Inpaint area, Only masked padding) and img2img's controls (Batch count, Clip skip, the Extra seed
-options, Schedule type, Quantize and the ControlNet accordion included, from the same builder: ui/form.py). It
+options, Schedule type, Quantize, the LoRA/embedding pickers and the ControlNet accordion included, from the same
+builder: ui/form.py). It
 shares txt2img's job runner (queue, progress, Interrupt, Skip, live preview) and goes through the same request fields
 as the CLI's `inpaint`. The inputs added after the first version come last in the Generate event's inputs (the
 quantize, schedule type, clip skip, Extra seed and batch count, then the ControlNet units), so an older positional API
@@ -97,15 +98,15 @@ def build(ctx: TabContext) -> None:
     form = SdForm(ctx, "inpaint", "inp-", unnamed=("batch", "cfg"))
     c = form.controls
     with gr.Tab("Inpaint", id="inpaint"):
+        form.note()
+        form.top(2, 1)
         with gr.Row():
             with gr.Column(scale=3):
-                form.note()
                 editor = c["init_image"] = gr.ImageEditor(
                     label="Image: paint the area to repaint (the eraser takes it back)", type="filepath",
                     brush=gr.Brush(colors=["#ffffff"], color_mode="fixed"), elem_id="inp-editor")
                 with gr.Accordion("Upload a mask instead (white: repaint)", open=False):
                     uploaded = ImagePath("Mask", elem_id="inp-mask")
-                form.prompts(2, 1)
                 with gr.Row():
                     c["mask_blur"] = Slider(0, MAX_BLUR, value=DEFAULTS.mask_blur, step=1, label="Mask blur",
                                             elem_id="inp-mask-blur")
@@ -120,7 +121,7 @@ def build(ctx: TabContext) -> None:
                                                label="Only masked padding, pixels", elem_id="inp-padding")
                 form.strength("Denoising strength")
                 # A1111's 📐 beside Width/Height (an upload sets them by itself)
-                form.settings(size_from_image=True, lora_pickers=False)
+                form.settings(size_from_image=True)
             with gr.Column(scale=2):
                 form.results(("inpaint", "upscale"))
 

@@ -1,13 +1,14 @@
-"""The txt2img tab: prompt (with LoRA/embedding pickers), size, batch count and size, steps, CFG, clip skip, seed (with
-♻ last seed), model, the weights' storage (Quantize: as the preset says, none, int8, int4), hires fix; Generate,
-Interrupt, Skip and the live preview above the gallery (ui/live.py); the gallery shows each
-image whole (object-fit: contain), whatever its aspect, and sends the selected one to img2img or Upscale.
+"""The txt2img tab: prompt (with LoRA/embedding pickers) with Generate, Interrupt, Skip and the progress line beside
+it, size (with ⇅), batch count and size, steps, CFG, clip skip, seed (with ♻ last seed and 🎲), model, the weights'
+storage (Quantize: as the preset says, none, int8, int4), hires fix; the live preview above the gallery
+(ui/live.py); the gallery shows each image whole (object-fit: contain), whatever its aspect, and sends the selected
+one to img2img or Upscale.
 Hires fix has A1111 1.10's controls: Upscale by or Resize width/height to, the upscaler (A1111's names), steps,
 denoising strength, and the second pass's own sampler, schedule type, CFG scale and prompts ("Use same ...", 0 and
 empty: the first pass's). The controls start at the documented defaults; each browser gets its own last values back (ui/remembered.py).
 The gallery shows results only (interactive=False: no "Drop Media Here"); selecting an image still works.
 Beside the Model box, Refresh rescans the models; above the prompt, a note says what a Send to did not use.
-The controls it shares with img2img and Inpaint are ui/form.py's; what is its own here is ♻ last seed, the
+The controls it shares with img2img and Inpaint are ui/form.py's; what is its own here is hires fix, the
 gallery's selected image's parameters, and the Generate handler with the API's order of its inputs.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
@@ -58,11 +59,11 @@ def build(ctx: TabContext) -> None:
 
     form = SdForm(ctx, "txt2img", "")
     with gr.Tab("txt2img", id="txt2img"):
+        form.note()
+        form.top(3, 2)
         with gr.Row():
             with gr.Column(scale=3):
-                form.note()
-                form.prompts(3, 2)
-                form.settings(reuse_seed=True, model_label="Model (or type a hub id / path)", hires=True)
+                form.settings(model_label="Model (or type a hub id / path)", hires=True)
             with gr.Column(scale=2):
                 out = form.results(("img2img", "inpaint", "upscale"))
     c = form.controls
@@ -77,7 +78,5 @@ def build(ctx: TabContext) -> None:
                              "seed_resize_from_w", "seed_resize_from_h", "hires_resize_w", "hires_resize_h",
                              "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative",
                              "batch_count", "preview_every", "preview_method"], api_name="generate")
-    form.reuse.click(lambda s: s if s is not None else DEFAULTS.seed, [out.last_seed], [c["seed"]], queue=False,
-                     api_visibility="private")
     # queued: it reads a file
     out.gallery.select(show_selected, None, [out.info], api_visibility="private", show_progress="hidden")

@@ -1,4 +1,5 @@
-"""The VQGAN-CLIP tab: prompts and options as VQGAN-CLIP users know them, a live preview every
+"""The VQGAN-CLIP tab: prompts and options as VQGAN-CLIP users know them (⇅ swaps Width and Height, ♻ puts the shown
+image's seed in Seed, 🎲 puts -1 there), a live preview every
 save-every iterations, Cancel (stops at the next iteration and keeps the image so far), and the
 retry report. Jobs share the app's queue and the session's lock: one GPU, one job. A refused or failed job says
 why in "What ran" and leaves the preview as it was (ui/messages.py); the console says when a job starts and ends.
@@ -14,11 +15,12 @@ import gradio as gr
 from lowvram_gen.engines.vqgan.request import (AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_INIT_WEIGHT,
                                      MAX_ITERATIONS, OPTIMIZERS, VqganRequest)
 from lowvram_gen.errors import Cancelled, LowVramError
+from lowvram_gen.jobs.progress import StepProgress
 from lowvram_gen.jobs.registry import Job
 from lowvram_gen.jobs.run import run as run_job
 from lowvram_gen.ui import messages
-from lowvram_gen.ui.context import GPU, TabContext, client_key, image_info
-from lowvram_gen.ui.widgets import ImagePath, Number
+from lowvram_gen.ui.context import GPU, TabContext, client_key, image_info, image_seed
+from lowvram_gen.ui.widgets import ImagePath, Number, swap_button
 
 DEFAULTS = VqganRequest()
 
@@ -62,14 +64,13 @@ def build(ctx: TabContext) -> None:
         job = Job(work)
         try:
             with closing(run_job(jobs, key, job, "vqgan", job_request, steps=job_request.iterations, unit="iterations",
-                                 bar_unit="it", on_queued=lambda waiting: progress(0, desc=waiting))) as events:
+                                 bar_unit="it", progress=StepProgress(unit="Iteration"),
+                                 on_progress=lambda fraction, line: progress(fraction, desc=line))) as events:
                 for event in events:
                     if event is None:  # a tick: a yield where gradio can close this generator (a cancel)
                         yield (gr.skip(),) * 4
                     elif event[0] == "image":
                         yield event[1], gr.update(), f"iteration {event[2]} of {job_request.iterations}", gr.update()
-                    else:
-                        progress(event, desc="iterations", unit="it")
         except LowVramError as exc:  # the job failed with a user error: "What ran" says why
             yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
             return
@@ -102,7 +103,11 @@ def build(ctx: TabContext) -> None:
                 with gr.Row():
                     width = Number("Width (multiple of 16)", 256, elem_id="vq-width")
                     height = Number("Height (multiple of 16)", 256, elem_id="vq-height")
+                    swap = gr.Button("⇅", elem_id="vq-swap-size", scale=0, min_width=40)
                     seed = Number("Seed (-1: random)", -1, elem_id="vq-seed")
+                    with gr.Column(scale=0, min_width=110):
+                        reuse = gr.Button("♻ last seed", size="sm", elem_id="vq-reuse-seed")
+                        random = gr.Button("🎲 random", size="sm", elem_id="vq-random-seed")
                 with gr.Row():
                     iterations = gr.Slider(1, MAX_ITERATIONS, value=100, step=1, label="Iterations",
                                            elem_id="vq-iterations")
@@ -140,6 +145,11 @@ def build(ctx: TabContext) -> None:
     go.click(run, [prompts, image_prompt, init_image, width, height, iterations, save_every, cutn, cut_pow, lr,
                    optimizer, augments, seed, vqgan, clip, init_noise, init_weight, video],
              [preview, info, summary, movie], api_name="vqgan",
-             concurrency_id=GPU, concurrency_limit=1)
+             concurrency_id=GPU, concurrency_limit=1, show_progress_on=[preview])  # one progress line, not four
+    swap_button(swap, width, height)
+    # ♻: the seed of the image shown (the browser's last: each browser sees its own); read from its file, so queued
+    reuse.click(lambda path: (image_seed(path) if path else None) or -1, [preview], [seed], api_visibility="private",
+                show_progress="hidden")
+    random.click(lambda: -1, None, [seed], queue=False, api_visibility="private")
     stop.click(cancel, None, [summary], queue=False, api_visibility="private")
     ctx.app.unload(disconnected)  # a closed tab stops its VQGAN job at the next iteration
