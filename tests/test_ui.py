@@ -894,7 +894,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
         ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end"),
-        ("controlnet", "show_thresholds")})
+        ("controlnet", "show_thresholds"), ("vae_picker", "row.<locals>.chosen"), ("vae_picker", "refreshed")})
 
 
 @needs_browser

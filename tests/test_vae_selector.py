@@ -258,3 +258,20 @@ def test_the_ui_box_offers_automatic_none_and_the_files_and_maps_to_the_request(
     assert GenerationRequest(vae=" automatic ").validated().vae == "Automatic"
     with pytest.raises(InvalidRequest, match="vae"):
         GenerationRequest(vae=3).validated()
+
+
+from ui_helpers import _fill_job, _gallery_image, browser, needs_browser, page, server  # noqa: E402,F401
+
+
+@needs_browser
+def test_the_ui_sd_vae_box_decodes_every_sd_tab_with_the_chosen_vae(page, disk):
+    """A1111's SD VAE quicksetting: the box above the tabs lists models/VAE (its Refresh rescans) and the next job
+    decodes with the chosen file: its PNG says `VAE: name`."""
+    page.click("#sd-vae-refresh")
+    page.locator("#sd-vae input").first.click()
+    page.get_by_role("option", name="seeded.safetensors").click()
+    _fill_job(page, "a red fox", SIDE, SIDE, 1)
+    page.click("#generate")
+    _gallery_image(page)
+    page.wait_for_function("() => document.querySelector('#info textarea').value.includes('VAE: seeded.safetensors')",
+                           timeout=120_000)

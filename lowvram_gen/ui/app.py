@@ -16,7 +16,7 @@ from pathlib import Path
 import gradio as gr
 
 from lowvram_gen.session import Session
-from lowvram_gen.ui import remembered
+from lowvram_gen.ui import remembered, vae_picker
 from lowvram_gen.ui.context import TabContext, UiOptions
 from lowvram_gen.jobs.registry import Registry
 from lowvram_gen.ui.tabs import img2img, inpaint, pnginfo, system, txt2img, upscale, vqgan
@@ -47,6 +47,7 @@ def build_app(session: Session, options: UiOptions, jobs: Registry | None = None
                     "recovery that finishes the job. The embedded `tiny` model has random weights and makes "
                     "abstract noise: pick a real model for real images.")
         ctx = TabContext(session=session, options=options, app=app, jobs=jobs if jobs is not None else Registry())
+        vae_picker.row(ctx)  # A1111's SD VAE quicksetting: above the tabs, for every SD tab
         with gr.Tabs() as ctx.tabs:
             for tab in TABS:
                 tab.build(ctx)

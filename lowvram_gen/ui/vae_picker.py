@@ -1,6 +1,6 @@
 """A1111's "SD VAE" box: Automatic, None and the VAEs of models/VAE (models/vae.py), and its value as the request's
-`vae` field. Built by `build(ctx)` wherever the page puts it (the tabs put it beside the Model box); its value goes
-into a job's fields with `request_field`.
+`vae` field. As in A1111 it is a setting of the page, above the tabs (`row(ctx)`): its value is kept in
+`ctx.vae`, which every SD tab's job takes (TabContext.run_job), so the tabs' API signatures stay as they were.
 
 "Automatic" and "None" are the model's own VAE (models/vae.py says why both); a name is one of models/VAE's, looked
 up when the job is planned, so a file removed since the list was made is a clear error naming what is there.
@@ -35,3 +35,20 @@ def refreshed() -> gr.Dropdown:
 def request_field(value: str | None) -> dict:
     """The box's value as the request's field: {"vae": ...}; left empty (an API client's None): Automatic."""
     return {"vae": value if isinstance(value, str) and value.strip() else vae.AUTOMATIC}
+
+
+def row(ctx) -> gr.Dropdown:
+    """The SD VAE box with its Refresh, in a row of its own (call above the tabs); a change sets `ctx.vae`. Both
+    handlers are unqueued: they raise nothing (an unknown name is refused when a job is planned)."""
+    from lowvram_gen.ui.pickers import refresh_button
+
+    with gr.Row():
+        box = build(ctx, value=ctx.vae)
+        refresh = refresh_button("sd-vae-refresh")
+
+    def chosen(value):
+        ctx.vae = request_field(value)["vae"]
+
+    box.change(chosen, [box], None, api_visibility="private", show_progress="hidden", queue=False)
+    refresh.click(refreshed, None, [box], api_visibility="private", show_progress="hidden", queue=False)
+    return box
