@@ -113,8 +113,8 @@ def short_hash(path: Path) -> str:
 def resolve_controlnet(spec: str, known_sizes: bool = False) -> ControlNetSource:
     """The ControlNet `spec` names (see the module doc); `known_sizes`: also `sd15`, `sdxl`... (for `plan`)."""
     text = str(spec).strip()
-    if text == TINY_CONTROLNET:  # embedded, as `tiny` is: the name is taken before any file of that name
-        return _folder(text, ensure_tiny(text), text)
+    if text.lower() == TINY_CONTROLNET:  # embedded, as `tiny` is: the name is taken before any file of that name
+        return _folder(text, ensure_tiny(TINY_CONTROLNET), TINY_CONTROLNET)
     path = Path(text).expanduser()
     if path.is_dir():
         return _folder(text, path, path.name)
@@ -130,7 +130,9 @@ def resolve_controlnet(spec: str, known_sizes: bool = False) -> ControlNetSource
         return ControlNetSource(text, "builtin", None, text)
     if _HUB_ID.match(text) and not text.startswith((".", "/", "~")) and path.suffix.lower() not in SUFFIXES:
         return _hub(text)
-    why = files.not_found(stem, found, controlnet_dirs(), SUFFIXES)
+    on_disk = {name: p for name, p in found.items() if name != TINY_CONTROLNET}  # what the folders hold
+    why = files.not_found(stem, on_disk, controlnet_dirs(), SUFFIXES) + f" (and {TINY_CONTROLNET}, the embedded " \
+        "one for the tiny model)"
     if known_config(text) is not None:
         why += f"; {text!r} is a known ControlNet size for `lowvram-gen plan`, not a model to generate with"
     if path.suffix.lower() in SUFFIXES or text.startswith((".", "/", "~")) or "\\" in text:
