@@ -5,8 +5,10 @@ The table follows diffusers' own mapping in its scheduler docs ("A1111 / k-diffu
 and SDXL, A1111's default, DPM++ 2M with the Automatic schedule type, which for DPM++ 2M is Karras in A1111
 1.9+ (`A1111_AUTOMATIC`; it writes `Schedule type: Karras`, and so do we). Elsewhere (flow-matching families:
 SD3, FLUX, PixArt) "default" keeps the scheduler saved in the model folder, so the output equals a plain
-diffusers pipeline loaded from the same folder; the PNG names that scheduler. A sampler name with a schedule type's label after it, as A1111
-wrote them before 1.9 ("DPM++ 2M Karras", "DPM++ SDE Karras"), is that sampler and that schedule type.
+diffusers pipeline loaded from the same folder; the PNG names that scheduler.
+
+A sampler name with a schedule type's label after it, as A1111 wrote them before 1.9 ("DPM++ 2M Karras",
+"DPM++ SDE Karras"), is that sampler and that schedule type.
 A1111 samplers diffusers has no scheduler for are refused naming the nearest one offered.
 """
 

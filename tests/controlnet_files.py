@@ -3,7 +3,7 @@
 `ControlNetModel.from_unet` copies the UNet's down path; its zero convolutions (the residual outputs and the
 conditioning embedding's last conv) start at zero, which would make any ControlNet a no-op. Here they get
 seeded random values, so a ControlNet changes the image and a wrong one would show: the embedded
-`tiny-controlnet`'s way (models/tiny.py `seeded_zero_convs`). For `tiny`, a test can take that one
+`tiny-controlnet`'s way (models/tiny.py `seeded_controlnet`). For `tiny`, a test can take that one
 (`models.controlnet.resolve_controlnet("tiny-controlnet").path`) instead of building its own.
 
 Files: a diffusers folder (`save_pretrained`), a single `.safetensors` in diffusers' key layout (as
@@ -21,12 +21,10 @@ from ldm_layout import _resnet  # tests/ldm_layout.py: diffusers resnet names ->
 
 def build(unet, seed: int = 0, scale: float = 0.05):
     """A ControlNet for `unet` whose zero convolutions hold seeded random values, made as the embedded
-    `tiny-controlnet` is (models/tiny.py)."""
-    from diffusers import ControlNetModel
+    `tiny-controlnet` is (models/tiny.py): build(tiny's UNet, seed=1) is that one."""
+    from lowvram_gen.models.tiny import seeded_controlnet
 
-    from lowvram_gen.models.tiny import seeded_zero_convs
-
-    return seeded_zero_convs(ControlNetModel.from_unet(unet), seed, scale)
+    return seeded_controlnet(unet, seed, scale)
 
 
 def save_folder(cn, folder: Path) -> Path:

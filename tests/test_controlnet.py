@@ -29,6 +29,7 @@ from lowvram_gen.session import Session
 from lowvram_gen.settings import MemorySettings
 
 import controlnet_files as files  # tests/controlnet_files.py
+from folder_sampler import own_sampler  # tests/folder_sampler.py
 
 STEPS, SIDE, SEED, CFG = 3, 64, 5, 7.0
 
@@ -62,14 +63,9 @@ def pixels(path):
     return np.asarray(Image.open(path).convert("RGB")).astype(int)
 
 
-# the folder's own scheduler of each tiny model by its A1111 name: `reference` (plain diffusers) runs it, and since
-# issue 29 the request's "default" is DPM++ 2M, so the jobs ask for it by name
-FOLDER_SAMPLER = {"tiny": "PLMS", "tiny-sdxl": "Euler"}
-
-
 def request(tmp_path, *units, **fields):
     base = dict(prompt="a boat", width=SIDE, height=SIDE, steps=STEPS, seed=SEED, cfg_scale=CFG, outdir=str(tmp_path),
-                sampler=FOLDER_SAMPLER[fields.get("model", "tiny")])
+                sampler=own_sampler(fields.get("model", "tiny")))  # the folder's own scheduler, as `reference` runs
     return GenerationRequest(**{**base, **fields}, controlnets=tuple(units))
 
 
@@ -639,7 +635,7 @@ def test_batch_lines_take_units_with_our_keys_the_extensions_and_its_api_shape(c
               "processor_res": 512, "pixel_perfect": True, "resize_mode": "Just Resize", "control_mode": 2}
     off = {"enabled": False, "model": "not-there", "input_image": "nope.png"}
     base = {"prompt": "a boat", "width": SIDE, "height": SIDE, "steps": STEPS, "seed": SEED, "cfg_scale": CFG,
-            "sampler": FOLDER_SAMPLER["tiny"]}  # as `request` asks
+            "sampler": own_sampler("tiny")}  # as `request` asks
     lines = [{**base, "controlnets": [ours], "control_mode": "controlnet"},
              {**base, "controlnets": [theirs, off]},
              {**base, "alwayson_scripts": {"controlnet": {"args": [theirs]}}},

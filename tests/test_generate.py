@@ -15,6 +15,8 @@ from lowvram_gen.errors import Cancelled
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
+from folder_sampler import own_sampler  # tests/folder_sampler.py
+
 
 def pixels(path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
@@ -63,11 +65,6 @@ def test_batch_seed_i_equals_single_image_with_that_seed(tmp_path):
     assert diff <= 1  # batched convolutions may round differently by one level
 
 
-# the A1111 name of the scheduler each tiny model's folder ships (PNDM with skip_prk_steps: PLMS; SDXL's Euler),
-# which a test asks for by name where it compares with a plain diffusers pipeline loaded from the folder
-FOLDER_SAMPLER = {"tiny": "PLMS", "tiny-sdxl": "Euler"}
-
-
 @pytest.mark.parametrize("model,fixture", [("tiny", "tiny_path"), ("tiny-sdxl", "tiny_sdxl_path")])
 def test_the_folders_own_sampler_by_name_equals_plain_diffusers(model, fixture, tmp_path, request):
     import torch
@@ -76,7 +73,7 @@ def test_the_folders_own_sampler_by_name_equals_plain_diffusers(model, fixture, 
     folder = request.getfixturevalue(fixture)
     ours = Session().generate(GenerationRequest(prompt="a castle", negative_prompt="fog", width=128, height=128,
                                                 steps=3, cfg_scale=6.5, seed=99, model=model, outdir=str(tmp_path),
-                                                sampler=FOLDER_SAMPLER[model]))
+                                                sampler=own_sampler(model)))  # what plain diffusers runs
     pipe = AutoPipelineForText2Image.from_pretrained(str(folder))
     plain = pipe("a castle", negative_prompt="fog", width=128, height=128, num_inference_steps=3, guidance_scale=6.5,
                  generator=torch.Generator().manual_seed(99)).images[0]

@@ -204,22 +204,23 @@ def build_tiny_sdxl():
 
 
 def build_tiny_controlnet():
-    """A ControlNet for `tiny`: diffusers' `ControlNetModel.from_unet` of tiny's UNet (built first if need be),
-    its zero convolutions seeded (`seeded_zero_convs`) so that it changes the image."""
+    """A ControlNet for `tiny`: diffusers' `ControlNetModel.from_unet` of tiny's UNet (built first if need be), seeded
+    (`seeded_controlnet`)."""
     from diffusers import UNet2DConditionModel
+
+    return seeded_controlnet(UNet2DConditionModel.from_pretrained(ensure_tiny("tiny"), subfolder="unet"), seed=1)
+
+
+def seeded_controlnet(unet, seed: int = 0, scale: float = 0.05):
+    """diffusers' `ControlNetModel.from_unet(unet)` made with torch seeded by `seed` (its conditioning embedding is
+    drawn, not copied), and seeded random values in its zero convolutions (the residual outputs and the conditioning
+    embedding's last conv), which `from_unet` leaves at zero: a ControlNet that is all zeros there adds nothing, so
+    a wrong one (or none) would not show in the image."""
+    import torch
     from diffusers import ControlNetModel
 
-    unet = UNet2DConditionModel.from_pretrained(ensure_tiny("tiny"), subfolder="unet")
-    return seeded_zero_convs(ControlNetModel.from_unet(unet), seed=1)
-
-
-def seeded_zero_convs(controlnet, seed: int = 0, scale: float = 0.05):
-    """`controlnet` with seeded random values in its zero convolutions (the residual outputs and the conditioning
-    embedding's last conv), which `from_unet` leaves at zero: a ControlNet that is all zeros there adds nothing,
-    so a wrong one (or none) would not show in the image."""
-    import torch
-
     torch.manual_seed(seed)
+    controlnet = ControlNetModel.from_unet(unet)
     zero = ("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")
     with torch.no_grad():
         for name, param in controlnet.named_parameters():
