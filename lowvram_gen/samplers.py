@@ -126,8 +126,9 @@ def default_sampling(sampler: str, schedule_type: str, family_default: str | Non
     request's is Automatic; otherwise they are the request's."""
     if sampler != DEFAULT or family_default is None:
         return sampler, schedule_type
-    return family_default, A1111_AUTOMATIC.get(family_default, schedule_type) if schedule_type == AUTOMATIC \
-        else schedule_type
+    if schedule_type == AUTOMATIC:
+        schedule_type = A1111_AUTOMATIC.get(family_default, AUTOMATIC)
+    return family_default, schedule_type
 
 
 def build_scheduler(sampler: str, schedule_type: str, base, family_default: str | None = None) -> tuple:

@@ -5,7 +5,8 @@ preprocessor (none, canny with its two thresholds, shown for canny only, and
 the model-based ones of control/detectors.py: depth_midas, openpose..., lineart..., listed whether or not
 controlnet_aux and their weights are here: Preview and Generate say in one sentence what is missing),
 Preview (the preprocessed map at the tab's width x height, as the job computes it: control/preprocess.py), the
-model (the names in models/ControlNet, as the CLI finds them: models/controlnet.py `available()`, with Refresh; a
+model (the embedded `tiny-controlnet`, for the `tiny` model, and the names in models/ControlNet, as the CLI finds
+them: models/controlnet.py `available()`, with Refresh; a
 folder, file or hub id can be typed), the weight and the guidance start/end; then one control mode for all units
 (diffusers has one per call). An enabled unit becomes one of the request's `controlnets` (its fields as a mapping,
 checked by the request as the CLI's are); the uploaded image is gradio's temp file, which the request checks as it
