@@ -128,7 +128,9 @@ class GenerationRequest:
     # A1111's "Batch count" (n_iter): batches made one after another; the job makes batch_count x batch_size images,
     # image i with seed+i (and subseed+i), as A1111's all_seeds. Not written in the PNG (A1111 does not write it)
     batch_count: int = 1
-    sampler: str = "default"  # "default" keeps the model folder's own scheduler
+    # "default": A1111's default, DPM++ 2M (Automatic schedule: Karras), for SD 1.x/2.x and SDXL; the model folder's
+    # own scheduler for the flow-matching families (samplers.py `default_sampling`, the family record says which)
+    sampler: str = "default"
     # A1111 1.9+'s schedule type (schedules.py); an old combined sampler name ("DPM++ 2M Karras") sets it too
     schedule_type: str = AUTOMATIC
     model: str = "tiny"  # embedded tiny model, hub id, local folder or single checkpoint file

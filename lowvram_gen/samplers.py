@@ -1,9 +1,14 @@
 """A1111 sampler names mapped to diffusers schedulers, with A1111 1.9+'s schedule types (schedules.py).
 
 The table follows diffusers' own mapping in its scheduler docs ("A1111 / k-diffusion" column).
-"default" keeps the scheduler saved in the model folder, so our output equals a plain diffusers
-pipeline loaded from the same folder. A sampler name with a schedule type's label after it, as A1111
-wrote them before 1.9 ("DPM++ 2M Karras", "DPM++ SDE Karras"), is that sampler and that schedule type.
+"default" is the family's default sampler where its record names one (`Family.default_sampler`): for SD 1.x/2.x
+and SDXL, A1111's default, DPM++ 2M with the Automatic schedule type, which for DPM++ 2M is Karras in A1111
+1.9+ (`A1111_AUTOMATIC`; it writes `Schedule type: Karras`, and so do we). Elsewhere (flow-matching families:
+SD3, FLUX, PixArt) "default" keeps the scheduler saved in the model folder, so the output equals a plain
+diffusers pipeline loaded from the same folder; the PNG names that scheduler.
+
+A sampler name with a schedule type's label after it, as A1111 wrote them before 1.9 ("DPM++ 2M Karras",
+"DPM++ SDE Karras"), is that sampler and that schedule type.
 A1111 samplers diffusers has no scheduler for are refused naming the nearest one offered.
 """
 
@@ -115,10 +120,23 @@ def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC)
         raise InvalidRequest("sampler", name, f"its diffusers scheduler cannot load: {exc}") from None
 
 
-def build_scheduler(sampler: str, schedule_type: str, base) -> tuple:
+def default_sampling(sampler: str, schedule_type: str, family_default: str | None) -> tuple[str, str]:
+    """(sampler, schedule type) that run for the request's: 'default' is `family_default` where the family has one
+    (`Family.default_sampler`), with A1111's Automatic schedule type of that sampler (DPM++ 2M: Karras) where the
+    request's is Automatic; otherwise they are the request's."""
+    if sampler != DEFAULT or family_default is None:
+        return sampler, schedule_type
+    if schedule_type == AUTOMATIC:
+        schedule_type = A1111_AUTOMATIC.get(family_default, AUTOMATIC)
+    return family_default, schedule_type
+
+
+def build_scheduler(sampler: str, schedule_type: str, base, family_default: str | None = None) -> tuple:
     """(the scheduler, a warning or None) for `sampler` and `schedule_type` on the model's own scheduler `base`:
-    'default' is `base` itself, rebuilt only where the schedule type changes it. A schedule type the class does
-    not have runs the sampler's own schedule, and the warning says so."""
+    'default' is the family's default sampler (`default_sampling`) where it has one, else `base` itself, rebuilt
+    only where the schedule type changes it. A schedule type the class does not have runs the sampler's own
+    schedule, and the warning says so."""
+    sampler, schedule_type = default_sampling(sampler, schedule_type, family_default)
     named = sampler != DEFAULT
     cls = _class(sampler) if named else type(base)
     changes, supported = schedules.overrides(cls, schedule_type, named)

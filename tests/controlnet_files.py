@@ -2,7 +2,9 @@
 
 `ControlNetModel.from_unet` copies the UNet's down path; its zero convolutions (the residual outputs and the
 conditioning embedding's last conv) start at zero, which would make any ControlNet a no-op. Here they get
-seeded random values, so a ControlNet changes the image and a wrong one would show.
+seeded random values, so a ControlNet changes the image and a wrong one would show: the embedded
+`tiny-controlnet`'s way (models/tiny.py `seeded_controlnet`). For `tiny`, a test can take that one
+(`models.controlnet.resolve_controlnet("tiny-controlnet").path`) instead of building its own.
 
 Files: a diffusers folder (`save_pretrained`), a single `.safetensors` in diffusers' key layout (as
 `diffusers_xl_canny_mid.safetensors` is), and a `.pth` in the original layout with `control_model.` keys (as
@@ -18,18 +20,11 @@ from ldm_layout import _resnet  # tests/ldm_layout.py: diffusers resnet names ->
 
 
 def build(unet, seed: int = 0, scale: float = 0.05):
-    """A ControlNet for `unet` whose zero convolutions hold seeded random values."""
-    import torch
-    from diffusers import ControlNetModel
+    """A ControlNet for `unet` whose zero convolutions hold seeded random values, made as the embedded
+    `tiny-controlnet` is (models/tiny.py): build(tiny's UNet, seed=1) is that one."""
+    from lowvram_gen.models.tiny import seeded_controlnet
 
-    torch.manual_seed(seed)
-    cn = ControlNetModel.from_unet(unet)
-    with torch.no_grad():
-        for name, param in cn.named_parameters():
-            zero = ("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")
-            if name.startswith(zero):
-                param.copy_(torch.randn(param.shape) * scale)
-    return cn.eval()
+    return seeded_controlnet(unet, seed, scale)
 
 
 def save_folder(cn, folder: Path) -> Path:

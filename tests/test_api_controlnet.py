@@ -193,7 +193,8 @@ def test_the_extensions_routes_list_the_models_and_modules_and_detect_makes_the_
     from lowvram_gen.models.controlnet import short_hash
 
     label = f"tiny_cn_file [{short_hash(models / 'ControlNet' / 'tiny_cn_file.safetensors')}]"
-    assert api.controlnet_model_list() == ["None", "tiny-cn", label]
+    # and the embedded tiny-controlnet (issue 29), among the folder's by name
+    assert api.controlnet_model_list() == ["None", "tiny-cn", "tiny-controlnet", label]
     assert api.controlnet_version() == 2
     from lowvram_gen.control.detectors import NAMES
 

@@ -27,6 +27,7 @@ from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
 import controlnet_files  # tests/controlnet_files.py
+from folder_sampler import own_sampler  # tests/folder_sampler.py
 
 STEPS, SIDE, SEED, CFG, RANK = 3, 64, 5, 7.0, 2
 # the original-layout layers SAI stores as up/down pairs (diffusers' CONTROL_LORA_TO_DIFFUSERS names them after
@@ -99,8 +100,9 @@ def pixels(path):
 def request(tmp_path, *units, **fields):
     # full precision unless a test asks for int8: the planner may otherwise pick cpu+int8 by this machine's learned
     # timings (an int8 job just measured fast), and the comparisons with diffusers' recipe are at full precision
+    # and the model folder's own scheduler, which the recipe runs ("default" is DPM++ 2M for SD models)
     base = dict(prompt="a boat", width=SIDE, height=SIDE, steps=STEPS, seed=SEED, cfg_scale=CFG, outdir=str(tmp_path),
-                quantize="none")
+                quantize="none", sampler=own_sampler(fields.get("model", "tiny")))
     return GenerationRequest(**{**base, **fields}, controlnets=tuple(units))
 
 

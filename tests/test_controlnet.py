@@ -29,6 +29,7 @@ from lowvram_gen.session import Session
 from lowvram_gen.settings import MemorySettings
 
 import controlnet_files as files  # tests/controlnet_files.py
+from folder_sampler import own_sampler  # tests/folder_sampler.py
 
 STEPS, SIDE, SEED, CFG = 3, 64, 5, 7.0
 
@@ -63,7 +64,8 @@ def pixels(path):
 
 
 def request(tmp_path, *units, **fields):
-    base = dict(prompt="a boat", width=SIDE, height=SIDE, steps=STEPS, seed=SEED, cfg_scale=CFG, outdir=str(tmp_path))
+    base = dict(prompt="a boat", width=SIDE, height=SIDE, steps=STEPS, seed=SEED, cfg_scale=CFG, outdir=str(tmp_path),
+                sampler=own_sampler(fields.get("model", "tiny")))  # the folder's own scheduler, as `reference` runs
     return GenerationRequest(**{**base, **fields}, controlnets=tuple(units))
 
 
@@ -167,6 +169,27 @@ def test_a_controlnet_job_equals_plain_diffusers(kind, cn, tmp_path, tiny_path, 
                                                   model="tiny-sdxl" if xl else "tiny"))
     plain = reference(tiny_sdxl_path if xl else tiny_path, cn["xl" if xl else "sd"], image=Image.open(cn["image"]))
     assert np.array_equal(pixels(ours.images[0]), plain)
+
+
+def test_the_embedded_tiny_controlnet_is_listed_and_runs_a_job_with_no_models_folder(cn, tmp_path, tiny_path,
+                                                                                       monkeypatch):
+    """Issue 29 item 12: out of the box (no models/ControlNet) the Model list had nothing to pick. `tiny-controlnet`,
+    built for `tiny` on first use as `tiny` is, is listed (the CLI's names, the API's model_list) and runs: the same
+    pixels as diffusers' ControlNet pipeline with its folder."""
+    from lowvram_gen.api.controlnet import model_list
+    from lowvram_gen.paths import models_dir
+
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "no-models"))
+    assert list(models.available()) == ["tiny-controlnet"]
+    assert model_list()["model_list"] == ["None", "tiny-controlnet"]
+    ours = Session(device="cpu").generate(request(tmp_path, ControlNetUnit("tiny-controlnet", str(cn["image"]))))
+    source = models.resolve_controlnet("tiny-controlnet")
+    assert source.kind == "folder" and source.path.parent == models_dir().resolve()  # in the cache, beside tiny's
+    assert np.array_equal(pixels(ours.images[0]), reference(tiny_path, source.path, image=Image.open(cn["image"])))
+    text = read_png_metadata(ours.images[0])[0]
+    assert 'ControlNet 0: "Module: none, Model: tiny-controlnet, Weight: 1' in text
+    plain = Session(device="cpu").generate(request(tmp_path))
+    assert not np.array_equal(pixels(ours.images[0]), pixels(plain.images[0]))  # it steers the image
 
 
 def test_img2img_with_controlnet_mode_equals_plain_diffusers(cn, tmp_path, tiny_path):
@@ -611,7 +634,8 @@ def test_batch_lines_take_units_with_our_keys_the_extensions_and_its_api_shape(c
               "guidance_start": 0.0, "guidance_end": 0.8, "module": "canny", "threshold_a": 50.0, "threshold_b": 150.0,
               "processor_res": 512, "pixel_perfect": True, "resize_mode": "Just Resize", "control_mode": 2}
     off = {"enabled": False, "model": "not-there", "input_image": "nope.png"}
-    base = {"prompt": "a boat", "width": SIDE, "height": SIDE, "steps": STEPS, "seed": SEED, "cfg_scale": CFG}
+    base = {"prompt": "a boat", "width": SIDE, "height": SIDE, "steps": STEPS, "seed": SEED, "cfg_scale": CFG,
+            "sampler": own_sampler("tiny")}  # as `request` asks
     lines = [{**base, "controlnets": [ours], "control_mode": "controlnet"},
              {**base, "controlnets": [theirs, off]},
              {**base, "alwayson_scripts": {"controlnet": {"args": [theirs]}}},

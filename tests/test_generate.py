@@ -15,6 +15,8 @@ from lowvram_gen.errors import Cancelled
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
+from folder_sampler import own_sampler  # tests/folder_sampler.py
+
 
 def pixels(path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
@@ -64,17 +66,49 @@ def test_batch_seed_i_equals_single_image_with_that_seed(tmp_path):
 
 
 @pytest.mark.parametrize("model,fixture", [("tiny", "tiny_path"), ("tiny-sdxl", "tiny_sdxl_path")])
-def test_default_sampler_equals_plain_diffusers(model, fixture, tmp_path, request):
+def test_the_folders_own_sampler_by_name_equals_plain_diffusers(model, fixture, tmp_path, request):
     import torch
     from diffusers import AutoPipelineForText2Image
 
     folder = request.getfixturevalue(fixture)
     ours = Session().generate(GenerationRequest(prompt="a castle", negative_prompt="fog", width=128, height=128,
-                                                steps=3, cfg_scale=6.5, seed=99, model=model, outdir=str(tmp_path)))
+                                                steps=3, cfg_scale=6.5, seed=99, model=model, outdir=str(tmp_path),
+                                                sampler=own_sampler(model)))  # what plain diffusers runs
     pipe = AutoPipelineForText2Image.from_pretrained(str(folder))
     plain = pipe("a castle", negative_prompt="fog", width=128, height=128, num_inference_steps=3, guidance_scale=6.5,
                  generator=torch.Generator().manual_seed(99)).images[0]
     assert np.array_equal(pixels(ours.images[0]), np.asarray(plain.convert("RGB")))
+
+
+@pytest.mark.parametrize("model,fixture", [("tiny", "tiny_path"), ("tiny-sdxl", "tiny_sdxl_path")])
+def test_the_default_sampler_of_sd_models_is_a1111s_dpm_2m_with_its_automatic_schedule(model, fixture, tmp_path,
+                                                                                        request):
+    """Issue 29 item 13: A1111's default sampler is DPM++ 2M with the Automatic schedule type, which for DPM++ 2M
+    is Karras (A1111 1.9+ writes `Schedule type: Karras`); "default" was the folder's scheduler (PLMS for SD 1.x).
+    The PNG and the result say what ran, never "default"."""
+    import torch
+    from diffusers import AutoPipelineForText2Image, DPMSolverMultistepScheduler
+
+    folder = request.getfixturevalue(fixture)
+    session = Session()
+    ours = session.generate(GenerationRequest(prompt="a castle", negative_prompt="fog", width=64, height=64, steps=3,
+                                              cfg_scale=6.5, seed=99, model=model, outdir=str(tmp_path)))
+    ran = session.model.pipe.scheduler
+    assert type(ran) is DPMSolverMultistepScheduler and ran.config.use_karras_sigmas
+    assert ran.config.algorithm_type == "dpmsolver++" and ran.config.solver_order == 2
+    pipe = AutoPipelineForText2Image.from_pretrained(str(folder))
+    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, use_karras_sigmas=True)
+    plain = pipe("a castle", negative_prompt="fog", width=64, height=64, num_inference_steps=3, guidance_scale=6.5,
+                 generator=torch.Generator().manual_seed(99))
+    assert np.array_equal(pixels(ours.images[0]), np.asarray(plain.images[0].convert("RGB")))
+    params = parse_a1111_parameters(read_png_metadata(ours.images[0])[0])
+    assert (params["Sampler"], params["Schedule type"]) == ("DPM++ 2M", "Karras")
+    assert ours.sampler == "DPM++ 2M"  # the result (generate --json) too
+    # an explicit schedule type goes with the default sampler, as A1111's Schedule type box does
+    other = session.generate(GenerationRequest(prompt="a castle", width=64, height=64, steps=3, seed=99, model=model,
+                                               schedule_type="exponential", outdir=str(tmp_path)))
+    assert session.model.pipe.scheduler.config.use_exponential_sigmas
+    assert parse_a1111_parameters(read_png_metadata(other.images[0])[0])["Schedule type"] == "Exponential"
 
 
 def test_metadata_round_trip(tmp_path):
@@ -185,7 +219,8 @@ def test_progress_per_step_and_cancel_keeps_finished_images_and_the_interrupted_
             cancel.set()
 
     # preset cpu has max_batch 4; a custom batch of 1 per pass makes two chunks
-    req = GenerationRequest(prompt="x", width=64, height=64, steps=4, seed=1, batch_size=2, outdir=str(tmp_path))
+    req = GenerationRequest(prompt="x", width=64, height=64, steps=4, seed=1, batch_size=2, outdir=str(tmp_path),
+                            sampler="PLMS")  # its warm-up step is what this counts around
     session.presets_dir = None
     from lowvram_gen import presets as presets_mod
 
@@ -237,12 +272,14 @@ def test_a_malformed_weight_is_a_clear_error_before_any_model_work(capsys):
     assert code == 2 and "invalid prompt" in capsys.readouterr().err
 
 
-def test_the_default_sampler_is_written_with_its_a1111_name(tmp_path):
+def test_the_folders_scheduler_is_written_with_its_a1111_name(tmp_path):
     """The tiny model ships SD 1.5's PNDMScheduler with skip_prk_steps: that is A1111's PLMS, and the PNG
-    says so (it used to say `Sampler: PNDMScheduler`, which A1111 and Civitai do not know)."""
+    says so (it used to say `Sampler: PNDMScheduler`, which A1111 and Civitai do not know). (Asked for by name:
+    "default" is DPM++ 2M for SD models since issue 29.)"""
     from lowvram_gen.samplers import a1111_name, make_scheduler
 
-    result = Session().generate(GenerationRequest(prompt="x", width=64, height=64, steps=1, outdir=str(tmp_path)))
+    result = Session().generate(GenerationRequest(prompt="x", width=64, height=64, steps=1, sampler="PLMS",
+                                                  outdir=str(tmp_path)))
     params, _ = read_png_metadata(result.images[0])
     assert parse_a1111_parameters(params)["Sampler"] == "PLMS"
     config = {"num_train_timesteps": 1000}

@@ -338,8 +338,11 @@ def test_old_pngs_and_forges_spellings_read_back():
 
 
 def test_the_cli_flags_reach_the_request(tmp_path, capsys):
+    # the first pass's sampler named: the PNG writes a Hires sampler that differs from it (the default's is DPM++ 2M
+    # Karras since issue 29, as A1111's)
     assert main(["generate", "x", "--width", "64", "--height", "64", "--steps", "1", "--hires-resize", "96x0",
-                 "--hires-sampler", "DPM++ 2M Karras", "--hires-cfg", "4", "--hires-prompt", "x, more",
+                 "--sampler", "Euler", "--hires-sampler", "DPM++ 2M Karras", "--hires-cfg", "4", "--hires-prompt",
+                 "x, more",
                  "--hires-negative", "blur", "--hires-upscaler", "latent (bicubic)", "--hires-steps", "1",
                  "--outdir", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

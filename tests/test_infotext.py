@@ -30,7 +30,7 @@ def session():
 
 
 @pytest.mark.parametrize("extra", [
-    {},  # the default sampler (the tiny model's PNDM, written as PLMS) comes back as "default"
+    {},  # the default sampler (DPM++ 2M, written with the Karras it ran) comes back as "default" and Automatic
     {"sampler": "Euler a", "cfg_scale": 5.5, "negative_prompt": "blurry, (ugly:1.3)"},
     {"sampler": "DPM++ 2M Karras", "hires_scale": 1.5, "hires_steps": 1, "hires_denoise": 0.4,
      "hires_upscaler": "lanczos"},

@@ -23,6 +23,7 @@ from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
 import inpaint_files as files  # tests/inpaint_files.py
+from folder_sampler import own_sampler  # tests/folder_sampler.py
 
 STEPS, SIDE, SEED, CFG = 3, 64, 5, 7.0
 BOX = (16, 16, 48, 40)  # the mask's white part: x0, y0, x1, y1
@@ -80,7 +81,7 @@ def test_inpainting_model_equals_plain_diffusers(inp, session, tmp_path):
     on the CPU in float32 with the same generator and the same embeddings."""
     from diffusers import StableDiffusionInpaintPipeline
 
-    ours = pixels(session.generate(request(inp, tmp_path, strength=0.8)).images[0])
+    ours = pixels(session.generate(request(inp, tmp_path, strength=0.8, sampler=own_sampler(inp["folder"]))).images[0])
     pipe = StableDiffusionInpaintPipeline.from_pretrained(str(inp["folder"]))
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a boat", image=Image.open(inp["init"]).convert("RGB"), mask_image=Image.open(inp["mask"]).convert("L"),
@@ -427,7 +428,8 @@ def test_sdxl_inpainting_model_equals_plain_diffusers(inp, session, tmp_path, ti
     from diffusers import StableDiffusionXLInpaintPipeline
 
     folder = files.save_folder(files.build_xl(tiny_sdxl_path), tmp_path / "tiny-xl-inpainting")
-    ours = pixels(session.generate(request(inp, tmp_path, model=str(folder), strength=0.8)).images[0])
+    ours = pixels(session.generate(request(inp, tmp_path, model=str(folder), strength=0.8,
+                                           sampler=own_sampler(folder))).images[0])
     pipe = StableDiffusionXLInpaintPipeline.from_pretrained(str(folder))
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a boat", image=Image.open(inp["init"]).convert("RGB"), mask_image=Image.open(inp["mask"]).convert("L"),

@@ -26,6 +26,7 @@ from lowvram_gen.session import Session
 
 import controlnet_files as cn_files  # tests/controlnet_files.py
 import inpaint_files as files  # tests/inpaint_files.py
+from folder_sampler import own_sampler  # tests/folder_sampler.py
 
 STEPS, SIDE, SEED, CFG = 3, 64, 5, 7.0
 BOX = (16, 16, 48, 40)  # the mask's white part: x0, y0, x1, y1
@@ -104,13 +105,15 @@ def test_inpaint_with_controlnet_equals_plain_diffusers(model, made, session, tm
     folder = made["inpainting"] if model == "inpainting" else tiny_path
     spec = str(made["inpainting"]) if model == "inpainting" else "tiny"
     unit = ControlNetUnit(str(made["cn"]), str(made["control"]), 0.7, 0.0, 0.8)
-    result = session.generate(request(made, tmp_path, unit, model=spec, control_mode="controlnet"))
+    result = session.generate(request(made, tmp_path, unit, model=spec, control_mode="controlnet",
+                                      sampler=own_sampler(folder)))
     ours = pixels(result.images[0])
     plain = reference(folder, made["cn"], made, scale=0.7, control_guidance_end=0.8, guess_mode=True)
     m = inside()
     assert np.array_equal(ours[m], plain[m])
     assert np.array_equal(ours[~m], pixels(made["init"])[~m])
-    without = pixels(session.generate(dataclasses.replace(request(made, tmp_path / "plain", model=spec),
+    without = pixels(session.generate(dataclasses.replace(request(made, tmp_path / "plain", model=spec,
+                                                                  sampler=own_sampler(folder)),
                                                           controlnets=())).images[0])
     assert not np.array_equal(ours[m], without[m])
     text = read_png_metadata(result.images[0])[0]
@@ -121,7 +124,7 @@ def test_sdxl_inpaint_with_controlnet_equals_plain_diffusers(made, session, tmp_
     """tiny-sdxl (an ordinary checkpoint) with an SDXL ControlNet: diffusers' StableDiffusionXLControlNetInpaintPipeline's
     image inside the mask, pixel for pixel; the init image outside it."""
     ours = pixels(session.generate(request(made, tmp_path, ControlNetUnit(str(made["xl_cn"]), str(made["control"])),
-                                           model="tiny-sdxl")).images[0])
+                                           model="tiny-sdxl", sampler=own_sampler(tiny_sdxl_path))).images[0])
     plain = reference(tiny_sdxl_path, made["xl_cn"], made, xl=True)
     m = inside()
     assert np.array_equal(ours[m], plain[m])

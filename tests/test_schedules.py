@@ -80,6 +80,19 @@ def test_default_keeps_the_models_own_scheduler_unless_the_schedule_type_changes
     assert infotext_schedule(own, "Euler", "automatic", applied=True) == "Karras"  # what the folder's config runs
 
 
+def test_default_is_the_familys_default_sampler_with_its_a1111_automatic_schedule():
+    """Issue 29: an SD family's "default" is A1111's DPM++ 2M, Automatic being Karras for it (A1111 1.9+); another
+    schedule type goes with it; a family without one (the flow-matching ones) keeps the folder's scheduler."""
+    scheduler, warning = build_scheduler("default", "automatic", pndm(), "DPM++ 2M")
+    assert warning is None and type(scheduler).__name__ == "DPMSolverMultistepScheduler"
+    assert scheduler.config.use_karras_sigmas and a1111_name(scheduler) == "DPM++ 2M"
+    assert infotext_schedule(scheduler, "DPM++ 2M", "automatic", applied=True) == "Karras"
+    beta = build_scheduler("default", "beta", pndm(), "DPM++ 2M")[0]
+    assert (beta.config.use_beta_sigmas, beta.config.use_karras_sigmas) == (True, False)
+    own = pndm()
+    assert build_scheduler("default", "automatic", own, None) == (own, None)
+
+
 def test_what_the_png_says_of_the_schedule():
     euler = make_scheduler("Euler", SD15, "karras")
     assert infotext_schedule(euler, "Euler", "karras", applied=True) == "Karras"

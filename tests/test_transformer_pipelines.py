@@ -158,6 +158,11 @@ def test_default_sampler_equals_plain_diffusers_at_two_guidance_scales_that_diff
         ours = session.generate(generation(family, tmp_path, prompt="a castle", **negative, width=128, height=64,
                                            steps=3, cfg_scale=guidance, seed=99))
         assert np.array_equal(pixels(ours.images[0]), plain[guidance]), guidance
+        # a flow-matching family keeps its folder's scheduler for "default" (SD's is DPM++ 2M since issue 29), and
+        # the PNG and the result name it
+        own = type(pipe.scheduler).__name__
+        assert own.startswith("FlowMatch") and type(session.model.pipe.scheduler).__name__ == own
+        assert ours.sampler == own and f"Sampler: {own}," in read_png_metadata(ours.images[0])[0]
     first, second = plain.values()
     assert not np.array_equal(first, second)
 

@@ -73,6 +73,45 @@ def test_a_canny_unit_shows_its_preview_map_and_generates_with_controlnet_in_the
     assert 'ControlNet 0: "Module: canny, Model: tiny-cn' in info and "Threshold A: 100" in info
 
 
+@needs_browser
+def test_uploading_a_control_image_ticks_enable_and_an_unticked_unit_with_one_is_named_in_what_ran(page, server,
+                                                                                                  models):
+    """Issue 29 item 12: as the extension does, an upload ticks the unit's Enable (it did not: the job then ran
+    without the unit, silently). Unticked again by the user, the unit is left out, and "What ran" says so."""
+    _fill_job(page, "a unit switched off", SIDE, SIDE, 1)
+    page.locator("#controlnet").get_by_text("ControlNet", exact=True).first.click()  # open the accordion
+    enable = page.locator("#cn0-enabled input")
+    assert not enable.is_checked()
+    page.locator("#cn0-image input[type=file]").set_input_files(str(models / "control.png"))
+    page.locator("#cn0-image img").first.wait_for(timeout=30_000)
+    page.wait_for_function("() => document.querySelector('#cn0-enabled input').checked", timeout=30_000)
+    enable.uncheck()
+    page.click("#generate")
+    _gallery_image(page)
+    page.wait_for_function("() => document.querySelector('#summary textarea').value.includes('Enable is off')",
+                           timeout=120_000)
+    summary = page.locator("#summary textarea").input_value()
+    assert "ControlNet Unit 0 has a control image but Enable is off: not used" in summary
+    assert "ControlNet" not in page.locator("#info textarea").input_value()  # it did not run
+
+
+def test_an_unticked_unit_with_an_image_is_named_in_what_ran_through_the_api_too(server, models):
+    """The same note for a gradio client's call (the UI's /generate); a unit without an image, or an enabled one,
+    gives none. (A1111's REST API leaves a disabled unit out silently, as the extension's API does.)"""
+    from gradio_client import Client, handle_file
+
+    client = Client(server.url, verbose=False)
+    older = ("a boat", "", SIDE, SIDE, 1, 7, 3, 1, "default", "tiny", 1, "Latent", 0, 0.7, "as the preset says",
+             "automatic", 1, -1, 0, 0, 0, 0, 0, "Use same sampler", "Use same scheduler", 0, "", "", 1, 0, "auto")
+    unit = ("none", 100, 200, "tiny-controlnet", 1, 0, 1)
+    image = handle_file(str(models / "control.png"))
+    summary = client.predict(*older, False, image, *unit, False, None, *unit, "balanced", api_name="/generate")[2]
+    assert "ControlNet Unit 0 has a control image but Enable is off: not used (tick Enable to use it)" in summary
+    assert "Unit 1" not in summary
+    summary = client.predict(*older, True, image, *unit, False, None, *unit, "balanced", api_name="/generate")[2]
+    assert "Enable is off" not in summary
+
+
 def test_the_api_takes_the_units_after_the_older_inputs(server, models, monkeypatch):
     """The units are the last inputs of /generate: an older client's positional call still runs without them, and
     one that sends them gets a ControlNet job (its image refused by the request's own check when unreadable)."""
@@ -218,7 +257,8 @@ def test_every_tab_wires_the_units_for_send_to_and_remembering(tmp_path, monkeyp
         unit = {k: wired[tab][k] for k in KEYS}
         assert (unit["cn0_enabled"].value, unit["cn0_weight"].value, unit["cn0_guidance_end"].value,
                 unit["cn0_preprocessor"].value, unit["control_mode"].value) == (False, 1, 1, "none", "balanced")
-        assert [c[0] for c in unit["cn1_model"].choices] == ["control_v11p_sd15_canny"]
+        # and the embedded one for the tiny model (issue 29: the list was empty out of the box)
+        assert [c[0] for c in unit["cn1_model"].choices] == ["control_v11p_sd15_canny", "tiny-controlnet"]
 
 
 def test_the_system_tabs_estimate_counts_txt2imgs_enabled_units_and_names_them(tmp_path, models, monkeypatch):

@@ -18,6 +18,8 @@ from lowvram_gen.a1111.infotext import from_png, request_fields
 from lowvram_gen.outputs import a1111_parameters, parse_a1111_parameters, read_png_metadata, save_png
 from lowvram_gen.session import Session
 
+from folder_sampler import own_sampler  # tests/folder_sampler.py
+
 SIZE = dict(width=64, height=64, steps=2)
 
 
@@ -31,7 +33,10 @@ def session():
 
 
 def make(session, tmp_path, **fields):
-    return session.generate(GenerationRequest(prompt="a lighthouse", outdir=str(tmp_path), **{**SIZE, **fields}))
+    # the tiny folder's own scheduler by name (PLMS), which `plain_diffusers` runs ("default" is DPM++ 2M since
+    # issue 29)
+    return session.generate(GenerationRequest(prompt="a lighthouse", outdir=str(tmp_path),
+                                              **{"sampler": own_sampler("tiny"), **SIZE, **fields}))
 
 
 def params_of(path) -> dict:

@@ -81,15 +81,16 @@ def _sampler(params: dict, ours: dict | None) -> tuple[str, str | None]:
 
 def _schedule_key(value, field: str, sampler: str | None, named: str | None, ours: dict | None, unset: str) -> str:
     """The request's `field` (schedule type or hires schedule type) from its PNG value: the one a combined sampler
-    name says wins (as in A1111), A1111's Automatic is the sampler's default there, and the Uniform our PNGs write for
-    a request's `unset` (where A1111 would read no schedule type as another) is `unset` again."""
+    name says wins (as in A1111), A1111's Automatic is the sampler's default there, and what our PNGs write for a
+    request's `unset` (the Uniform where A1111 would read no schedule type as another, the Karras of the default
+    sampler's Automatic: samplers.py) is `unset` again."""
     if named:
         return named
     key = check_schedule_type(str(value), f"{label(field)!r} in the image's parameters")
     if key == AUTOMATIC:
         return A1111_AUTOMATIC.get(sampler, AUTOMATIC)
     request = (ours or {}).get("request")
-    if key == "uniform" and isinstance(request, dict) and request.get(field, unset) == unset:
+    if isinstance(request, dict) and request.get(field, unset) == unset:
         return unset
     return key
 

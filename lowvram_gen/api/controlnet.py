@@ -2,9 +2,10 @@
 answers them (its scripts/api.py), from our ControlNet models and preprocessors:
 
 - `GET /controlnet/version`: the extension's API version, 2.
-- `GET /controlnet/model_list`: "None" and the models in models/ControlNet (models/controlnet.py `available()`, the
-  names a job finds them by), a file as `name [hash]` (A1111's short hash, as the extension lists it), a diffusers
-  folder by its name; scanned at every call (its `update` is always true here).
+- `GET /controlnet/model_list`: "None", the embedded `tiny-controlnet` (for the `tiny` model) and the models in
+  models/ControlNet (models/controlnet.py `available()`, the names a job finds them by), a file as `name [hash]`
+  (A1111's short hash, as the extension lists it), a diffusers folder by its name; scanned at every call (its
+  `update` is always true here).
 - `GET /controlnet/module_list`: the preprocessors a unit takes here (none, canny and the model-based ones of
   control/detectors.py) and their sliders.
 - `POST /controlnet/detect`: a preprocessor run on base64 images at `controlnet_processor_res` (the shorter side
@@ -39,10 +40,12 @@ def version() -> dict:
 def model_list() -> dict:
     """The extension's model list: "None", then each model as a unit names it (`name [hash]` for a file)."""
     from lowvram_gen.models.controlnet import available, short_hash
+    from lowvram_gen.models.tiny import TINY_CONTROLNET
 
     found = sorted(available().items(), key=lambda item: item[0].lower())
-    return {"model_list": [NO_MODEL, *(name if path.is_dir() else f"{name} [{short_hash(path)}]"
-                                       for name, path in found)]}
+    # the embedded one is a folder once built (listed before it is: its name is what a unit gives)
+    return {"model_list": [NO_MODEL, *(name if name == TINY_CONTROLNET or path.is_dir() else
+                                       f"{name} [{short_hash(path)}]" for name, path in found)]}
 
 
 def module_list() -> dict:

@@ -68,14 +68,15 @@ def sd_vae() -> list[dict]:
 
 
 def samplers() -> list[dict]:
-    """A1111's /samplers: the samplers a request takes ('default': the model folder's own scheduler)."""
+    """A1111's /samplers: the samplers a request takes ('default': DPM++ 2M for SD 1.x/2.x and SDXL, the model
+    folder's own scheduler for the others: samplers.py)."""
     out = []
     for name in [*SAMPLERS, DEFAULT]:
         try:
             check_installed(name)
         except Exception:  # noqa: BLE001 - its package is missing: a request for it is refused, so not listed
             continue
-        cls = SAMPLERS[name][0] if name in SAMPLERS else "the model's own"
+        cls = SAMPLERS[name][0] if name in SAMPLERS else "DPMSolverMultistepScheduler (SD, SDXL) or the model's own"
         out.append({"name": name, "aliases": [], "options": {"diffusers_scheduler": cls}})
     return out
 

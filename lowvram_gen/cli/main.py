@@ -88,8 +88,10 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--batch", dest="batch_size", metavar="N",
                    help=f"images {'per' if every_job else 'in this'} job (default 1)")
     p.add_argument("--sampler", metavar="NAME",
-                   help="'default' (the model's own scheduler) or an A1111 name: 'Euler a', 'DPM++ 2M', 'DPM++ SDE', "
-                        "...; the old combined names ('DPM++ 2M Karras') set --schedule-type too")
+                   help="'default' (A1111's: DPM++ 2M, Karras under --schedule-type automatic, for SD 1.x/2.x and "
+                        "SDXL; the model's own scheduler for SD3, FLUX, PixArt) or an A1111 name: 'Euler a', "
+                        "'DPM++ 2M', 'DPM++ SDE', ...; the old combined names ('DPM++ 2M Karras') set --schedule-type "
+                        "too")
     p.add_argument("--schedule-type", metavar="TYPE",
                    help="A1111 1.9+'s schedule type: automatic (default), uniform, karras, exponential, sgm-uniform, "
                         "simple, normal, beta, ... (one the sampler has not in diffusers runs its own, with a warning)")

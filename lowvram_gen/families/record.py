@@ -196,6 +196,9 @@ class Family:
     # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)
     lora: str | None = "diffusers"
     splits_decode: bool = False  # its txt2img call can stop at latents and decode on its own (hires latent upscale)
+    # the A1111 sampler the request's sampler "default" runs (with its A1111 Automatic schedule: samplers.py); None:
+    # the model folder's own scheduler (flow-matching families: A1111's samplers are for noise prediction)
+    default_sampler: str | None = None
 
   
     # tasks whose pipeline __call__ takes no width/height: it keeps the init image's size (SD/SDXL img2img); the

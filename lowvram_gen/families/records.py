@@ -44,8 +44,10 @@ _SD_FILE = dict(
     text_encoder_prefixes={"text_encoder": (keys.CLIP_SD, keys.OPENCLIP_SD2)},
 )
 _UNET_CONTROLNET = ControlNetFacts(kind="sd", model_class="ControlNetModel")
-# what our A1111 layer does for SD 1.x/2.x and SDXL: its own prompt encoding, clip skip, variation seeds, LoRA keys
-_A1111 = dict(clip_skip=True, variation_seeds=True, text_encode_apart="a1111", lora="a1111", splits_decode=True)
+# what our A1111 layer does for SD 1.x/2.x and SDXL: its own prompt encoding, clip skip, variation seeds, LoRA keys,
+# and A1111's default sampler (DPM++ 2M, Automatic schedule) for the request's sampler "default"
+_A1111 = dict(clip_skip=True, variation_seeds=True, text_encode_apart="a1111", lora="a1111", splits_decode=True,
+              default_sampler="DPM++ 2M")
 # their img2img pipelines keep the init image's size (no width/height argument)
 _UNET_EXEC = dict(unsized_tasks=(Task.IMG2IMG.value,), textual_inversion=True)
 

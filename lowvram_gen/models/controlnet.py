@@ -1,6 +1,8 @@
 """ControlNet models: found, described by their config, loaded, and kept on the base pipeline between jobs.
 
 Where (`resolve_controlnet`):
+- `tiny-controlnet`, the embedded ControlNet for the embedded `tiny` model (models/tiny.py), built on first use
+  and listed first, so the ControlNet accordion can be tried offline;
 - by name in `models/ControlNet` (`$LOWVRAM_GEN_MODELS/ControlNet`, the folder A1111's extension reads;
   sub-folders too): a file's stem (`control_v11p_sd15_canny`) or a diffusers folder's name;
 - a path: a diffusers folder (a `config.json` of a ControlNetModel) or a single file as people download them,
@@ -44,6 +46,7 @@ from lowvram_gen.models import transformer_controlnet as transformer
 from lowvram_gen.models.controlnet_config import from_unet_config, known_config
 from lowvram_gen.models.profile import weight_file_bytes
 from lowvram_gen.models.safe_files import check_safetensors, load_pickle_weights_only, safetensors_header
+from lowvram_gen.models.tiny import TINY_CONTROLNET, ensure_tiny, tiny_path
 from lowvram_gen.networks import files
 
 log = logging.getLogger(__name__)
@@ -82,8 +85,9 @@ def _is_controlnet_folder(folder: Path) -> bool:
 
 
 def available() -> dict[str, Path]:
-    """{name: path} of the ControlNet files (by stem) and diffusers folders (by name) in `controlnet_dirs()`."""
-    found: dict[str, Path] = {}
+    """{name: path} of the embedded ControlNet (its folder, which may not be built yet: `resolve_controlnet` builds
+    it) and the ControlNet files (by stem) and diffusers folders (by name) in `controlnet_dirs()`."""
+    found: dict[str, Path] = {TINY_CONTROLNET: tiny_path(TINY_CONTROLNET)}
     for root in controlnet_dirs():
         if not root.is_dir():
             continue
@@ -109,6 +113,8 @@ def short_hash(path: Path) -> str:
 def resolve_controlnet(spec: str, known_sizes: bool = False) -> ControlNetSource:
     """The ControlNet `spec` names (see the module doc); `known_sizes`: also `sd15`, `sdxl`... (for `plan`)."""
     text = str(spec).strip()
+    if text.lower() == TINY_CONTROLNET:  # embedded, as `tiny` is: the name is taken before any file of that name
+        return _folder(text, ensure_tiny(TINY_CONTROLNET), TINY_CONTROLNET)
     path = Path(text).expanduser()
     if path.is_dir():
         return _folder(text, path, path.name)
@@ -124,7 +130,9 @@ def resolve_controlnet(spec: str, known_sizes: bool = False) -> ControlNetSource
         return ControlNetSource(text, "builtin", None, text)
     if _HUB_ID.match(text) and not text.startswith((".", "/", "~")) and path.suffix.lower() not in SUFFIXES:
         return _hub(text)
-    why = files.not_found(stem, found, controlnet_dirs(), SUFFIXES)
+    on_disk = {name: p for name, p in found.items() if name != TINY_CONTROLNET}  # what the folders hold
+    why = files.not_found(stem, on_disk, controlnet_dirs(), SUFFIXES) + f" (and {TINY_CONTROLNET}, the embedded " \
+        "one for the tiny model)"
     if known_config(text) is not None:
         why += f"; {text!r} is a known ControlNet size for `lowvram-gen plan`, not a model to generate with"
     if path.suffix.lower() in SUFFIXES or text.startswith((".", "/", "~")) or "\\" in text:

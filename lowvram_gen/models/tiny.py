@@ -6,6 +6,10 @@ so the app runs out of the box and the tests run offline in seconds.
 
 The VAE has four levels (scale factor 8, as in real SD): with two, a 512 px image would give a
 256x256 latent and a CPU step would take ~18 s instead of ~0.1 s.
+
+`tiny-controlnet` is a ControlNet for `tiny`, built the same way (from tiny's UNet, seeded), so the ControlNet
+accordion and `--controlnet` can be tried offline: models/controlnet.py lists it beside the files of
+models/ControlNet and builds it on first use.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ MARKER = "LOWVRAM_GEN_TINY.json"
 # Bump when a builder changes, so old caches are rebuilt instead of silently reused.
 VERSION = 1
 TINY_MODELS = ("tiny", "tiny-sdxl")
+TINY_CONTROLNET = "tiny-controlnet"  # the embedded ControlNet, for `tiny`
 
 
 def tiny_path(name: str) -> Path:
@@ -35,10 +40,11 @@ def tiny_path(name: str) -> Path:
 
 def ensure_tiny(name: str) -> Path:
     """The folder of embedded model `name`, built (atomically) if it is not in the cache yet."""
-    if name not in TINY_MODELS:
+    if name not in (*TINY_MODELS, TINY_CONTROLNET):
         raise ValueError(f"unknown embedded model {name!r}; embedded models: {', '.join(TINY_MODELS)}")
     target = tiny_path(name)
-    if (target / "model_index.json").is_file():
+    index = "config.json" if name == TINY_CONTROLNET else "model_index.json"  # a model's folder, not a pipeline's
+    if (target / index).is_file():
         damage = _damage(target)
         if not damage:
             return target
@@ -49,7 +55,7 @@ def ensure_tiny(name: str) -> Path:
     quiet_hub_bars()
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        build = {"tiny": build_tiny_sd, "tiny-sdxl": build_tiny_sdxl}[name]
+        build = {"tiny": build_tiny_sd, "tiny-sdxl": build_tiny_sdxl, TINY_CONTROLNET: build_tiny_controlnet}[name]
         build().save_pretrained(tmp, safe_serialization=True)
         (tmp / MARKER).write_text(
             json.dumps({"name": name, "version": VERSION, "note": "random weights: output is noise"})
@@ -57,7 +63,7 @@ def ensure_tiny(name: str) -> Path:
         try:
             os.rename(tmp, target)  # atomic; another process may have won the race, which is fine
         except OSError:
-            if not (target / "model_index.json").is_file():
+            if not (target / index).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -195,3 +201,29 @@ def build_tiny_sdxl():
         unet=unet, vae=_vae(), text_encoder=_text_encoder(False, seed=1), text_encoder_2=_text_encoder(True, seed=2),
         tokenizer=_tokenizer(), tokenizer_2=_tokenizer(), scheduler=scheduler, force_zeros_for_empty_prompt=True,
     )
+
+
+def build_tiny_controlnet():
+    """A ControlNet for `tiny`: diffusers' `ControlNetModel.from_unet` of tiny's UNet (built first if need be), seeded
+    (`seeded_controlnet`)."""
+    from diffusers import UNet2DConditionModel
+
+    return seeded_controlnet(UNet2DConditionModel.from_pretrained(ensure_tiny("tiny"), subfolder="unet"), seed=1)
+
+
+def seeded_controlnet(unet, seed: int = 0, scale: float = 0.05):
+    """diffusers' `ControlNetModel.from_unet(unet)` made with torch seeded by `seed` (its conditioning embedding is
+    drawn, not copied), and seeded random values in its zero convolutions (the residual outputs and the conditioning
+    embedding's last conv), which `from_unet` leaves at zero: a ControlNet that is all zeros there adds nothing, so
+    a wrong one (or none) would not show in the image."""
+    import torch
+    from diffusers import ControlNetModel
+
+    torch.manual_seed(seed)
+    controlnet = ControlNetModel.from_unet(unet)
+    zero = ("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding.conv_out")
+    with torch.no_grad():
+        for name, param in controlnet.named_parameters():
+            if name.startswith(zero):
+                param.copy_(torch.randn(param.shape) * scale)
+    return controlnet.eval()

@@ -1,18 +1,22 @@
 """The ControlNet accordion of txt2img and img2img: units as A1111's sd-webui-controlnet shows them.
 
-Each unit: Enable, the control image, the preprocessor (none, canny with its two thresholds, shown for canny only, and
+Each unit: Enable (ticked when a control image is uploaded, as the extension does), the control image, the
+preprocessor (none, canny with its two thresholds, shown for canny only, and
 the model-based ones of control/detectors.py: depth_midas, openpose..., lineart..., listed whether or not
 controlnet_aux and their weights are here: Preview and Generate say in one sentence what is missing),
 Preview (the preprocessed map at the tab's width x height, as the job computes it: control/preprocess.py), the
-model (the names in models/ControlNet, as the CLI finds them: models/controlnet.py `available()`, with Refresh; a
+model (the embedded `tiny-controlnet`, for the `tiny` model, and the names in models/ControlNet, as the CLI finds
+them: models/controlnet.py `available()`, with Refresh; a
 folder, file or hub id can be typed), the weight and the guidance start/end; then one control mode for all units
 (diffusers has one per call). An enabled unit becomes one of the request's `controlnets` (its fields as a mapping,
 checked by the request as the CLI's are); the uploaded image is gradio's temp file, which the request checks as it
-checks --control-image.
+checks --control-image. A unit with an image but Enable off is left out, and the job's "What ran" says so
+(`ignored`): unticking Enable is how a unit is switched off, but an image left in one is not silently dropped.
 
 The unit's inputs go LAST in the Generate event's inputs (the API's positional order of the older ones stays):
 `appended(handler)` gives gradio a function with the handler's inputs, then these, then gr.Request and gr.Progress,
-and calls the handler with the unit values as extra positional arguments (`*controlnet`).
+and calls the handler with the unit values as extra positional arguments (`*controlnet`); it adds the `ignored`
+note to the summary ("What ran") the handler yields, the third of its outputs (ui/form.py `generate`).
 
 Remembered per browser (ui/remembered.py): the model, preprocessor, thresholds, weight, start/end and control mode;
 not Enable and not the image (a restored unit without its image would be refused by the first Generate). A PNG's
@@ -21,6 +25,7 @@ units fill these fields through Send to (ui/sendto.py `unit_values`), the image 
 (No `from __future__ import annotations`: gradio finds `gr.Request` through real annotations.)
 """
 
+import contextlib
 import inspect
 
 import gradio as gr
@@ -36,6 +41,7 @@ UNITS = 2  # units shown (A1111's default is 3; the request takes up to MAX_UNIT
 FIELDS = ("enabled", "image", "preprocessor", "canny_low", "canny_high", "model", "weight", "guidance_start",
           "guidance_end")
 NOT_REMEMBERED = ("enabled", "image")
+SUMMARY = 2  # the place of "What ran" in a Generate event's outputs (gallery, info, summary, last seed: ui/form.py)
 MODE_CHOICES = [(CONTROL_MODES[key], key) for key in ("balanced", "prompt", "controlnet")]
 
 
@@ -113,6 +119,8 @@ def _unit(ids: str, i: int, width, height) -> dict:
         start = Slider(0, 1, value=0, step=0.01, label="Starting Control Step", elem_id=f"{ids}start")
         end = Slider(0, 1, value=1, step=0.01, label="Ending Control Step", elem_id=f"{ids}end")
     preprocessor.change(show_thresholds, [preprocessor], [thresholds], queue=False, api_visibility="private")
+    # an upload ticks Enable, as the extension's does (clearing the image leaves it: unticking is the user's)
+    image.upload(lambda: True, None, [enabled], queue=False, api_visibility="private", show_progress="hidden")
     # queued: a preview's error (no image, an unreadable one) reaches the browser
     go.click(preview, [image, preprocessor, low, high, width, height], [shown], api_visibility="private")
     refresh.click(lambda: gr.Dropdown(choices=model_choices()), None, [model], api_visibility="private",
@@ -134,6 +142,28 @@ def request_fields(values) -> dict:
         unit["model"] = unit.get("model") or ""  # missing: the request says to pick one
         units.append(unit)
     return {"controlnets": tuple(units), "control_mode": named["control_mode"] or "balanced"}
+
+
+def ignored(values) -> str | None:
+    """The note "What ran" gets for the units with a control image but Enable off (`request_fields` leaves them out),
+    naming them as the accordion does; None when there are none."""
+    values = list(values) + [None] * (len(KEYS) - len(values))
+    named = dict(zip(KEYS, values))
+    units = [f"ControlNet Unit {i}" for i in range(UNITS)
+             if not named[key(i, "enabled")] and named[key(i, "image")]]
+    if not units:
+        return None
+    return (f"{' and '.join(units)} {'has' if len(units) == 1 else 'have'} a control image but Enable is off: not "
+            "used (tick Enable to use it)")
+
+
+def _noted(outputs, note: str | None):
+    """A Generate event's outputs with `note` added to the summary (where the handler gave one)."""
+    if note is None or not isinstance(outputs, tuple) or len(outputs) <= SUMMARY \
+            or not isinstance(outputs[SUMMARY], str):
+        return outputs
+    summary = outputs[SUMMARY]
+    return (*outputs[:SUMMARY], f"{summary}\n{note}" if summary else note, *outputs[SUMMARY + 1:])
 
 
 def appended(handler):
@@ -159,7 +189,11 @@ def appended(handler):
     if inspect.isgeneratorfunction(handler):
         def event(*args, **kwargs):
             values, named = split(args, kwargs)
-            yield from handler(*values, request=named.get("request"), progress=named.get("progress"))
+            note = ignored(values[len(params):])
+            outputs = handler(*values, request=named.get("request"), progress=named.get("progress"))
+            with contextlib.closing(outputs):  # gradio closing this event closes the job's (it stops the job)
+                for each in outputs:
+                    yield _noted(each, note)
     else:
         special = special[:1]
 

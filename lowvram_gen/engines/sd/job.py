@@ -146,7 +146,7 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     generated = saver.generated_size or (width, height)
     return GenerationResult(
         images=saver.images, seeds=seeds, width=width, height=height, steps=request.steps,
-        sampler=request.sampler, schedule_type=request.schedule_type, model=request.model,
+        sampler=sampler, schedule_type=request.schedule_type, model=request.model,  # the sampler that ran, by name
         model_path=str(source.path), seconds=seconds,
         preset=ladder.preset_name, attempts=[a.as_dict() for a in ladder.attempts],
         summary=ladder.summary(seconds, generated, (width, height)), generated_width=generated[0],

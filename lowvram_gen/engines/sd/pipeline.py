@@ -236,8 +236,9 @@ def _flow_matching(scheduler) -> bool:
 
 
 def set_sampler(pipe, sampler: str, schedule_type: str = AUTOMATIC) -> str | None:
-    """Switch the scheduler by A1111 name and schedule type; 'default' restores the model folder's own scheduler
-    (with the schedule type where it changes it). Returns a warning where the schedule type could not be had
+    """Switch the scheduler by A1111 name and schedule type; 'default' is the family's default sampler (DPM++ 2M
+    for SD 1.x/2.x and SDXL: samplers.default_sampling), else the model folder's own scheduler (with the schedule
+    type where it changes it). Returns a warning where the schedule type could not be had
     (the sampler's own schedule runs), else None."""
     pipe.scheduler, warning = _scheduler(pipe, sampler, schedule_type, "sampler")
     return warning
@@ -254,7 +255,9 @@ def _scheduler(pipe, sampler: str, schedule_type: str, field: str) -> tuple:
         raise InvalidRequest(field, sampler,
                              f"{type(pipe).__name__} is a flow-matching model ({type(base).__name__}); "
                              "the A1111 samplers are for noise-prediction models: use 'default'")
-    return build_scheduler(sampler, schedule_type, base)
+    # 'default': A1111's default sampler for the families that have one (SD 1.x/2.x, SDXL), else the folder's own
+    return build_scheduler(sampler, schedule_type, base, None if _flow_matching(base)
+                           else families.of_pipe(pipe).default_sampler)
 
 
 def hires_scheduler(pipe, request) -> tuple:
