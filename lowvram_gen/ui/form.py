@@ -108,6 +108,7 @@ class SdForm:
                 self.random = gr.Button("🎲 random", size="sm", elem_id=f"{prefix}random-seed")
             c["seed_extra"] = gr.Checkbox(False, label="Extra", elem_id=self._id("seed-extra"))
             c["sampler"] = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULTS.sampler, label="Sampler",
+                                       info="default: DPM++ 2M for SD/SDXL (A1111's); the model's own for SD3, Flux",
                                        elem_id=self._id("sampler"))
             c["schedule_type"] = ScheduleType(self._id("schedule-type"), DEFAULTS.schedule_type)
         c.update(zip(sendto.EXTRA_SEED[1:], seed_extras(c["seed_extra"], prefix, DEFAULTS)))

@@ -43,8 +43,11 @@ def row(ctx) -> gr.Dropdown:
     from lowvram_gen.ui.pickers import refresh_button
 
     with gr.Row():
-        box = build(ctx, value=ctx.vae)
-        refresh = refresh_button("sd-vae-refresh")
+        with gr.Column(scale=1, min_width=320):  # a third of the page, as A1111's quicksettings row
+            with gr.Row():
+                box = build(ctx, value=ctx.vae)
+                refresh = refresh_button("sd-vae-refresh")
+        gr.Column(scale=2, min_width=0)
 
     def chosen(value):
         ctx.vae = request_field(value)["vae"]
