@@ -6,7 +6,8 @@ Starts the UI on the embedded tiny model in a temporary folder, generates one im
 (Debian's `chromium`, driven by Playwright without a browser download), photographs every tab the app has
 (txt2img after its generation, the System tab after an estimate), two a row, and writes the sheet with the
 layout's signature (lowvram_gen/ui/layout.py) in a PNG text chunk. tests/test_ui_layout.py fails when the
-app's layout no longer matches the picture: run this script then.
+app's layout no longer matches the picture: run this script then. It also writes the txt2img tab as a
+1366x768 laptop screen shows it (docs/screenshots/txt2img-1366x768.png).
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def main() -> int:
             page.click("#generate")
             page.wait_for_function("() => { const img = document.querySelector('#gallery img');"
                                    " return img !== null && img.complete && img.naturalWidth > 0; }", timeout=180_000)
+            laptop = Path(args.out).parent / "screenshots" / "txt2img-1366x768.png"
+            laptop.parent.mkdir(parents=True, exist_ok=True)
+            page.set_viewport_size({"width": 1366, "height": 768})  # a laptop: Generate shows without scrolling
+            page.evaluate("() => window.scrollTo(0, 0)")
+            page.screenshot(path=str(laptop))
+            page.set_viewport_size(dict(zip(("width", "height"), VIEW)))
             photograph_tabs(page, tabs(app), Path(args.out), signature(app))
             browser.close()
     finally:
