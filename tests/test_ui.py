@@ -878,7 +878,9 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     System tab's 3 s timer, the Extra
     seed checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), the live preview's
     show, refresh and hide (they set visibility, or read the job's latest preview and progress line), a ControlNet unit's canny thresholds
-    shown for canny only (visibility), and the remembered values (they validate, and log what they drop). A new unqueued handler fails here."""
+    shown for canny only (visibility), a ControlNet upload ticking its Enable (sets a checkbox), the SD VAE box and
+    its Refresh (keep a name, list a folder: an unknown VAE is refused by the job), and the remembered values (they
+    validate, and log what they drop). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
@@ -894,7 +896,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
         ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end"),
-        ("controlnet", "show_thresholds"), ("vae_picker", "row.<locals>.chosen"), ("vae_picker", "refreshed")})
+        ("controlnet", "show_thresholds"), ("controlnet", "_unit.<locals>.<lambda>"), ("vae_picker", "row.<locals>.chosen"), ("vae_picker", "refreshed")})
 
 
 @needs_browser
@@ -1179,7 +1181,10 @@ def test_hires_fixs_own_settings_from_the_api_reach_the_png(server):
     from gradio_client import Client
 
     client = Client(server.url, verbose=False)
-    _, info, _, _ = client.predict(prompt="a fox", width=64, height=64, steps=2, seed=31, hires_upscaler="lanczos",
+    # the first pass's sampler named: a hires sampler equal to the first pass's (DPM++ 2M Karras is the default
+    # now) is not written, as in A1111
+    _, info, _, _ = client.predict(prompt="a fox", width=64, height=64, steps=2, seed=31, sampler="Euler",
+                                   hires_upscaler="lanczos",
                                    hires_steps=1, hires_resize_w=128, hires_resize_h=96, hires_sampler="DPM++ 2M",
                                    hires_schedule_type="karras", hires_cfg=4, hires_prompt="a fox, red",
                                    hires_negative="blur", api_name="/generate")
