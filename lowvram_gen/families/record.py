@@ -48,6 +48,9 @@ class Call:
     takes_negative_prompt: bool = True
     # __call__ offers an optional true CFG (`true_cfg_scale` > 1 with a negative prompt: FLUX.1)
     optional_true_cfg: bool = False
+    # what the call is given as its negative prompt when the user gave none (None: `negative_prompt=None`, the
+    # pipeline's own fallback). SANA's call crashes on None ('NoneType' object has no attribute 'lower'): ""
+    empty_negative: str | None = None
 
     @property
     def cfg_argument(self) -> str | None:

@@ -351,7 +351,9 @@ def _as_list(value, n: int) -> list:
 
 def _vae_fields(model) -> dict:
     cfg = model.config
-    channels = tuple(int(c) for c in cfg.get("block_out_channels", (128, 256, 512, 512)))
+    # a DC-AE (SANA's AutoencoderDC) names its stages per side: each halves the side, as an AutoencoderKL's do (32x)
+    stages = cfg.get("block_out_channels") or cfg.get("decoder_block_out_channels") or (128, 256, 512, 512)
+    channels = tuple(int(c) for c in stages)
     return {
         "latent_channels": int(cfg.get("latent_channels", 4)),
         "vae_channels": channels,

@@ -110,10 +110,11 @@ def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
     if embeds is not None:
         return embeds.as_kwargs()
     prompt = plain_prompt_for(pipe, texts.prompt)[0]
-    if not families.of_pipe(pipe).call.takes_negative_prompt:
+    call = families.of_pipe(pipe).call
+    if not call.takes_negative_prompt:
         return dict(prompt=[prompt] * n)
-    negative = plain_prompt_for(pipe, texts.negative_prompt)[0]
-    return dict(prompt=[prompt] * n, negative_prompt=[negative] * n if negative else None)
+    negative = plain_prompt_for(pipe, texts.negative_prompt)[0] or call.empty_negative
+    return dict(prompt=[prompt] * n, negative_prompt=[negative] * n if negative is not None else None)
 
 
 def guidance_kwargs(pipe, scale: float) -> dict:
@@ -207,6 +208,7 @@ def check_request(pipe, request) -> None:
     step runs: sides off its grid, or a hires fix it cannot run."""
     name = type(pipe).__name__
     inpaint.check(pipe, request)
+    _check_img2img(pipe, request)
     multiple = size_multiple(pipe)
     for field, value in (("width", request.width), ("height", request.height)):
         if value % multiple:
@@ -228,6 +230,20 @@ def check_request(pipe, request) -> None:
         raise InvalidRequest("hires scale", request.hires_scale,
                              f"{request.width}x{request.height} x{request.hires_scale:g} is {w}x{h}; {name} needs "
                              f"multiples of {multiple}: pick a scale that gives them (e.g. 2)")
+
+
+def _check_img2img(pipe, request) -> None:
+    """img2img, and hires fix's second pass (an img2img pass for the families that decode inside their call), on a
+    family whose record has no img2img pipeline (SANA, Lumina 2 in diffusers 0.42): one sentence, before any step."""
+    record = families.of_pipe(pipe)
+    if record.is_generic or record.has_task(Task.IMG2IMG) or request.mask:
+        return
+    if request.init_image:
+        raise InvalidRequest("init image", request.init_image,
+                             f"{record.name} has no img2img pipeline in diffusers: use txt2img")
+    if request.hires and not splits_decode(pipe):
+        raise InvalidRequest("hires scale", request.hires_scale, f"{record.name} has no img2img pipeline in diffusers "
+                             "for hires fix's second pass: leave hires fix off and upscale after")
 
 
 def _flow_matching(scheduler) -> bool:
@@ -447,7 +463,8 @@ def img2img_pipe(pipe):
     """The image-to-image pipeline over the same components, kept on `pipe`."""
     from diffusers import AutoPipelineForImage2Image
 
-    return kept_pipe(pipe, AutoPipelineForImage2Image, "_lowvram_img2img")
+    return kept_pipe(pipe, AutoPipelineForImage2Image, "_lowvram_img2img",
+                     families.of_pipe(pipe).pipeline_for(Task.IMG2IMG))
 
 
 def encode(pipe, images, device: str):

@@ -1,0 +1,60 @@
+"""The records of three 2025 diffusion transformers (issue 30): SANA, Chroma and Lumina 2 (families/record.py says
+what a record holds; records.py lists them in `FAMILIES`).
+
+- SANA (SanaPipeline): a linear-attention transformer over a 32x DC-AE VAE, a Gemma 2 prompt (300 tokens) read by
+  cross-attention, CFG as a doubled batch. Its call crashes on `negative_prompt=None`: it is given "" (its own
+  default) when the user gave none. diffusers 0.42 has no SANA img2img or inpaint pipeline (SanaSprintImg2Img is
+  for the Sprint models, whose call takes no negative prompt: not this record's).
+- Chroma (ChromaPipeline): FLUX.1-schnell's layout without CLIP or a guidance input, a T5 prompt (512 tokens) in the
+  joint stream, real CFG as two forwards (`guidance_scale` > 1 with the negative prompt); img2img with
+  ChromaImg2ImgPipeline.
+- Lumina 2 (Lumina2Pipeline): a unified transformer, a Gemma 2 prompt (256 tokens) beside the image tokens, real
+  CFG as two forwards with its normalisation; no img2img or inpaint pipeline in diffusers 0.42.
+
+Their shipped configs (lowvram_gen/configs/<builtin>) are the published repos' (the hub ids below), so `plan` plans
+them offline.
+"""
+
+from __future__ import annotations
+
+from lowvram_gen.families.record import Call, Family, Guidance, Task
+
+SANA = Family(
+    key="sana", group="sana", name="SANA", label="SANA 1600M",
+    tasks={Task.TXT2IMG.value: "SanaPipeline"}, other_pipelines=("SanaPAGPipeline",),
+    denoiser="transformer", denoiser_classes=("SanaTransformer2DModel",),
+    builtin="sana", hub_id="Efficient-Large-Model/Sana_1600M_1024px_diffusers",
+    aliases=("sana", "sana-1600m", "sana_1600m_1024px", "efficient-large-model/sana_1600m_1024px_diffusers"),
+    native_side=1024,
+    # cross-attention over the Gemma prompt (its __call__'s max_sequence_length): no text in the image stream
+    t5_tokens=300, joint_tokens=0, cfg_batch=True, file_dtype="bfloat16",
+    call=Call(Guidance.CFG, empty_negative=""), lora="diffusers", textual_inversion=False,
+)
+
+CHROMA = Family(
+    key="chroma", group="chroma", name="Chroma", label="Chroma1-HD",
+    tasks={Task.TXT2IMG.value: "ChromaPipeline", Task.IMG2IMG.value: "ChromaImg2ImgPipeline"},
+    other_pipelines=("ChromaInpaintPipeline",),
+    denoiser="transformer", denoiser_classes=("ChromaTransformer2DModel",),
+    builtin="chroma", hub_id="lodestones/Chroma1-HD",
+    aliases=("chroma", "chroma1-hd", "chroma-hd", "lodestones/chroma1-hd"),
+    native_side=1024,
+    # T5's tokens in the joint stream; CFG runs the negative prompt as a second forward, not a doubled batch
+    t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
+    latent_format="flux", packed_latents=True,  # FLUX.1's VAE and its 2x2 packing
+    call=Call(Guidance.CFG), lora="diffusers", textual_inversion=False,
+)
+
+LUMINA2 = Family(
+    key="lumina2", group="lumina2", name="Lumina 2", label="Lumina-Image-2.0",
+    tasks={Task.TXT2IMG.value: "Lumina2Pipeline"}, other_pipelines=("Lumina2Text2ImgPipeline",),
+    denoiser="transformer", denoiser_classes=("Lumina2Transformer2DModel",),
+    builtin="lumina2", hub_id="Alpha-VLLM/Lumina-Image-2.0",
+    aliases=("lumina2", "lumina-2", "lumina-image-2.0", "alpha-vllm/lumina-image-2.0"),
+    native_side=1024,
+    # the Gemma prompt (its __call__'s max_sequence_length) joins the image tokens; CFG as a second forward
+    t5_tokens=256, joint_tokens=256, cfg_batch=False, file_dtype="bfloat16",
+    call=Call(Guidance.CFG), lora="diffusers", textual_inversion=False,
+)
+
+DIT_FAMILIES: tuple[Family, ...] = (SANA, CHROMA, LUMINA2)
