@@ -42,12 +42,12 @@ CHROMA = Family(
     # T5's tokens in the joint stream; CFG runs the negative prompt as a second forward, not a doubled batch
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     latent_format="flux", packed_latents=True,  # FLUX.1's VAE and its 2x2 packing
-    call=Call(Guidance.CFG), lora="diffusers", textual_inversion=False,
+    call=Call(Guidance.CFG), lora="diffusers", textual_inversion=True,  # its pipelines carry diffusers' TI loader
 )
 
 LUMINA2 = Family(
     key="lumina2", group="lumina2", name="Lumina 2", label="Lumina-Image-2.0",
-    tasks={Task.TXT2IMG.value: "Lumina2Pipeline"}, other_pipelines=("Lumina2Text2ImgPipeline",),
+    tasks={Task.TXT2IMG.value: "Lumina2Pipeline"},
     denoiser="transformer", denoiser_classes=("Lumina2Transformer2DModel",),
     builtin="lumina2", hub_id="Alpha-VLLM/Lumina-Image-2.0",
     aliases=("lumina2", "lumina-2", "lumina-image-2.0", "alpha-vllm/lumina-image-2.0"),
