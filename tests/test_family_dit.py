@@ -118,11 +118,24 @@ def test_a_task_without_a_diffusers_pipeline_is_one_sentence_naming_family_and_t
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("key", list(BUILDERS))
+def test_inpainting_is_refused_in_one_sentence(folders, key, tmp_path, capsys):
+    """No inpaint task: SANA and Lumina 2 have no inpaint pipeline in diffusers 0.42, and its ChromaInpaintPipeline
+    fails in plain diffusers (it reads `guidance_embeds`, which ChromaTransformer2DModel's config has not)."""
+    init, mask = tmp_path / "init.png", tmp_path / "mask.png"
+    Image.new("RGB", (64, 64), "gray").save(init)
+    Image.new("L", (64, 64), 255).save(mask)
+    code, _, err = cli(capsys, "inpaint", "a lighthouse", "--init", str(init), "--mask", str(mask), "--model",
+                       folders[key], "--width", "64", "--height", "64", "--steps", "1", "--outdir", str(tmp_path))
+    assert code == 2 and f"inpainting is built for SD 1.x/2.x and SDXL, not {PIPELINES[key]}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("key,shape", [
     # (transformer width, image patch in latent pixels, latent channels, VAE factor, text tokens, joint, CFG batch)
     ("sana", (2240, 1, 32, 32, (300,), 0, True)),
     ("chroma", (3072, 2, 16, 8, (512,), 512, False)),  # 64 input channels: 16 latent ones packed 2x2
-    ("lumina2", (2304, 2, 16, 8, (256,), 0, False)),
+    ("lumina2", (2304, 2, 16, 8, (256,), 256, False)),  # the Gemma prompt joins the image tokens
 ])
 def test_plan_reads_the_real_shapes_from_the_shipped_configs_offline(key, shape, capsys):
     from lowvram_gen.models.profile import native_side, profile_builtin

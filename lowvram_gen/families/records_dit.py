@@ -34,6 +34,8 @@ SANA = Family(
 CHROMA = Family(
     key="chroma", group="chroma", name="Chroma", label="Chroma1-HD",
     tasks={Task.TXT2IMG.value: "ChromaPipeline", Task.IMG2IMG.value: "ChromaImg2ImgPipeline"},
+    # diffusers 0.42's ChromaInpaintPipeline reads `guidance_embeds` off the transformer's config, which
+    # ChromaTransformer2DModel has not: it fails in plain diffusers too, so inpainting is refused (not a task here)
     other_pipelines=("ChromaInpaintPipeline",),
     denoiser="transformer", denoiser_classes=("ChromaTransformer2DModel",),
     builtin="chroma", hub_id="lodestones/Chroma1-HD",
