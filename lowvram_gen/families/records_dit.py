@@ -28,7 +28,8 @@ SANA = Family(
     native_side=1024,
     # cross-attention over the Gemma prompt (its __call__'s max_sequence_length): no text in the image stream
     t5_tokens=300, joint_tokens=0, cfg_batch=True, file_dtype="bfloat16",
-    call=Call(Guidance.CFG, empty_negative=""), lora="diffusers", textual_inversion=False,
+    call=Call(Guidance.CFG, empty_negative=""), text_encode_apart="encode_prompt_masks", lora="diffusers",
+    textual_inversion=False,
 )
 
 CHROMA = Family(
@@ -44,7 +45,8 @@ CHROMA = Family(
     # T5's tokens in the joint stream; CFG runs the negative prompt as a second forward, not a doubled batch
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     latent_format="flux", packed_latents=True,  # FLUX.1's VAE and its 2x2 packing
-    call=Call(Guidance.CFG), lora="diffusers", textual_inversion=True,  # its pipelines carry diffusers' TI loader
+    call=Call(Guidance.CFG), text_encode_apart="encode_prompt_masks", lora="diffusers",
+    textual_inversion=True,  # its pipelines carry diffusers' TI loader
 )
 
 LUMINA2 = Family(
@@ -56,7 +58,8 @@ LUMINA2 = Family(
     native_side=1024,
     # the Gemma prompt (its __call__'s max_sequence_length) joins the image tokens; CFG as a second forward
     t5_tokens=256, joint_tokens=256, cfg_batch=False, file_dtype="bfloat16",
-    call=Call(Guidance.CFG), lora="diffusers", textual_inversion=False,
+    call=Call(Guidance.CFG), text_encode_apart="encode_prompt_masks", lora="diffusers",
+    textual_inversion=False,
 )
 
 DIT_FAMILIES: tuple[Family, ...] = (SANA, CHROMA, LUMINA2)

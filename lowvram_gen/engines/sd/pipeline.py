@@ -156,14 +156,40 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
                                      negative_prompt=[negative] if negative else None, max_sequence_length=length)
             keys = ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")
             return {k: v for k, v in zip(keys, out) if v is not None}
+        if style == "encode_prompt_masks":
+            return _encode_with_masks(pipe, prompt, negative or record.call.empty_negative, cfg, device, length)
     raise InvalidRequest("text_encoders", "reloaded", f"{name}: encoding its prompts apart from the call is not "
-                         "supported (SD, SDXL, SD3 and Flux are); use text_encoders = 'kept'")
+                         "supported (SD, SDXL, SD3, Flux, SANA, Chroma and Lumina 2 are); use text_encoders = 'kept'")
+
+
+# what encode_prompt gives, by name: SANA's and Lumina 2's four, Chroma's six (with the text position ids, which its
+# call makes again from the embeddings)
+_MASKED = ("prompt_embeds", "prompt_attention_mask", "negative_prompt_embeds", "negative_prompt_attention_mask")
+_MASKED_IDS = ("prompt_embeds", None, "prompt_attention_mask", "negative_prompt_embeds", None,
+               "negative_prompt_attention_mask")
+
+
+def _encode_with_masks(pipe, prompt: str, negative: str | None, cfg: bool, device, length) -> dict:
+    """encode_prompt of a pipeline whose prompts come with attention masks (SANA, Chroma, Lumina 2; style
+    'encode_prompt_masks'), called as its __call__ calls it: the arguments we set, and for the rest that both take
+    the __call__'s defaults (SANA's complex_human_instruction, which encode_prompt alone leaves out)."""
+    params = inspect.signature(pipe.encode_prompt).parameters
+    given = dict(prompt=[prompt], negative_prompt=[negative] if negative is not None else None,
+                 do_classifier_free_guidance=cfg, device=device, num_images_per_prompt=1, max_sequence_length=length)
+    for key in params:
+        default = _call_default(pipe, key)
+        if key not in given and default is not None and not key.endswith(("_embeds", "_mask")):
+            given[key] = default
+    out = pipe.encode_prompt(**{k: v for k, v in given.items() if k in params})
+    names = _MASKED if len(out) == len(_MASKED) else _MASKED_IDS
+    # negative_prompt=None: SANA's call defaults it to "", which it refuses beside negative_prompt_embeds
+    return {**{k: v for k, v in zip(names, out) if k is not None and v is not None}, "negative_prompt": None}
 
 
 def for_images(embeds: dict, n: int) -> dict:
     """`encode_texts`' tensors for one image, repeated for `n` along the batch axis (as encode_prompts and
     the pipelines' own num_images_per_prompt repeat them)."""
-    return {k: v.repeat(n, *([1] * (v.ndim - 1))) for k, v in embeds.items()}
+    return {k: v.repeat(n, *([1] * (v.ndim - 1))) if v is not None else None for k, v in embeds.items()}
 
 
 @dataclass
