@@ -205,3 +205,27 @@ def test_te_reload_encodes_apart_from_the_call_and_makes_the_same_image(folders,
     _, reloaded = _run(folders[key], tmp_path, "reloaded", watch=watch, negative_prompt=negative, cfg_scale=4.5)
     assert seen and all(encoder is None for encoder in seen)
     assert np.abs(_pixels(kept[0]) - _pixels(reloaded[0])).max() <= MAX_DIFF
+
+
+@pytest.mark.parametrize("key", list(BUILDERS))
+def test_a_vram_budget_splits_the_transformer_and_makes_the_same_image(folders, key, tmp_path):
+    """The budget preset (part of the transformer resident, the rest streamed per step; its resident part off the
+    device before the pipeline's own decode) runs each family's transformer, and the image is the plain one's."""
+    from dataclasses import replace
+
+    from lowvram_gen.engines.sd.stepdown import Runner
+    from lowvram_gen.hardware.device import probe
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+    from lowvram_gen.presets import find_preset
+
+    model = load(resolve(folders[key]), "float32")
+    runner = Runner(model, probe("cpu"))
+    budget = find_preset("budget")
+    budget = replace(budget, memory=replace(budget.memory, dtype="float32"))
+    request = GenerationRequest(prompt="a lighthouse", width=64, height=64, steps=2, cfg_scale=4.5)
+    done = []
+    runner.run(request, [4], [budget], done.append)
+    assert runner.residency is not None  # the budget split is what ran
+    plain = Session().generate(replace(request, model=folders[key], seed=4, outdir=str(tmp_path)))
+    assert np.abs(pixels(plain.images[0]) - np.asarray(done[0].images[0].convert("RGB"), dtype=int)).max() <= 1
