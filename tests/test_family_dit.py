@@ -7,6 +7,7 @@ Seeded random weights: the images are noise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -155,6 +156,22 @@ def test_plan_reads_the_real_shapes_from_the_shipped_configs_offline(key, shape,
     assert names and (key != "chroma" or any("te-reload" in n for n in names))
 
 
+@contextlib.contextmanager
+def _out_of_memory_without_offload(session, module):
+    """Simulated: every forward of `module` runs out of memory while the session's preset offloads nothing
+    (highvram); an offloading preset runs it."""
+
+    def raise_when_resident(*_):
+        if session.runner.applied.offload == "none":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    handle = module.register_forward_pre_hook(raise_when_resident)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @pytest.mark.parametrize("key", list(BUILDERS))
 def test_int8_and_an_out_of_memory_that_steps_down_without_reloading(folders, key, tmp_path):
     from lowvram_gen.models.quantize import kinds
@@ -173,16 +190,8 @@ def test_int8_and_an_out_of_memory_that_steps_down_without_reloading(folders, ke
                                 outdir=str(tmp_path))
     session.generate(request)
     transformer = session.model.pipe.transformer
-
-    def oom(_module, _args, _kwargs):  # simulated: highvram (no offload) runs out of memory in every step
-        if session.runner.applied.offload == "none":
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-
-    handle = transformer.register_forward_pre_hook(oom, with_kwargs=True)
-    try:
+    with _out_of_memory_without_offload(session, transformer):
         result = session.generate(request)
-    finally:
-        handle.remove()
     assert [(a["preset"], a["outcome"]) for a in result.attempts] == [("highvram", "oom"), ("medvram", "ok")]
     assert session.model.pipe.transformer is transformer  # reconfigured, not reloaded
     plain = Session().generate(request)
