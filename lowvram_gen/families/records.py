@@ -15,6 +15,8 @@ from typing import Mapping
 from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, Guidance, SingleFile, Task,
                                          spatial_patch)
+from lowvram_gen.families.records_flux2 import FLUX2_KLEIN
+from lowvram_gen.families.records_zimage import Z_IMAGE
 
 # --------------------------------------------------------------------------------------------- SD 1.x / 2.x
 
@@ -238,4 +240,4 @@ GENERIC = Family(key=GENERIC_KEY, group=GENERIC_KEY, name="", call=Call(Guidance
 
 # Lookup order: the first record that claims a pipeline class or a file wins (SD 1.5 before SD 2.1 for their shared
 # pipeline classes). GENERIC is not in the list: it is what a lookup gives when no record claims the thing.
-FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA)
+FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, FLUX2_KLEIN, Z_IMAGE)
