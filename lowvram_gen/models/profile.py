@@ -265,7 +265,8 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                             default=0)
         if name in ("unet", "transformer"):
             kw.update(_denoiser_fields(name, model, family))
-            joint = name == "transformer" and "joint_attention_dim" in cfg
+            # text in the image stream: a joint_attention_dim, or a single-stream family whose record says so (Z-Image)
+            joint = name == "transformer" and ("joint_attention_dim" in cfg or bool(family.joint_tokens))
             in_channels = int(cfg.get("in_channels", 4))
         elif name == "vae":
             kw.update(_vae_fields(model))
