@@ -40,10 +40,10 @@ def check(pipe, request) -> None:
     if not record.is_generic and task is Task.TXT2IMG:  # a family a record knows: its own sentence per task
         if request.mask and not record.has_task(Task.INPAINT):
             raise InvalidRequest("mask", request.mask, f"{record.name} has no inpaint pipeline here: use txt2img")
-        img2img = "hires fix (its second pass is img2img)" if request.hires else "img2img"
-        if (request.init_image or request.hires) and not record.has_task(Task.IMG2IMG):
-            raise InvalidRequest("init image" if request.init_image else "hires scale",
-                                 request.init_image or request.hires_scale,
+        init, hires = getattr(request, "init_image", None), getattr(request, "hires", False)
+        img2img = "hires fix (its second pass is img2img)" if hires else "img2img"
+        if (init or hires) and not record.has_task(Task.IMG2IMG):
+            raise InvalidRequest("init image" if init else "hires scale", init or request.hires_scale,
                                  f"{record.name} has no img2img pipeline in diffusers, so {img2img} cannot run")
     if request.mask and (task not in (Task.TXT2IMG, Task.IMG2IMG) or not record.has_task(Task.INPAINT)):
         names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
