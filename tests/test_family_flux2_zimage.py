@@ -205,5 +205,37 @@ def test_plan_at_real_shapes_from_the_shipped_configs_offline(capsys, name, hidd
     assert (result["width"], result["height"]) == (1024, 1024) and not result["refusal"]
     chosen = next(p for p in result["presets"] if p["name"] == result["preset"])
     assert chosen["fits"] and chosen["fits_host"] and (chosen["width"], chosen["height"]) == (1024, 1024)
-    # its prompts cannot be encoded apart from the call: no +te-reload candidate that would fail when picked
-    assert not any("te-reload" in p["name"] for p in result["presets"])
+    assert any("te-reload" in p["name"] for p in result["presets"])  # its prompts can be encoded apart
+
+
+def test_no_te_reload_candidate_for_a_family_whose_prompts_cannot_be_encoded_apart(capsys):
+    """A +te-reload candidate of such a family would fail when picked ("encoding its prompts apart from the call is
+    not supported"): the planner offers none."""
+    from dataclasses import replace
+
+    cannot = replace(families.by_key("z-image"), key="z-image-no-apart", builtin=None, text_encode_apart=None)
+    with families.registered(cannot):  # in front: the denoiser class is its
+        code, out, err = cli(capsys, "plan", "--model", "z-image", "--vram", "6GiB", "--ram", "16GiB", "--json")
+    assert code == 0, err
+    assert not any("te-reload" in p["name"] for p in json.loads(out)["presets"])
+
+
+@pytest.mark.parametrize("name", ["flux2", "zimage"])
+def test_te_reload_makes_the_same_image_with_the_encoders_gone_while_the_denoiser_runs(request, name, tmp_path):
+    from test_text_encoder_reload import _presets_with
+
+    folder = request.getfixturevalue(name)
+    images, seen = {}, []
+    for text_encoders in ("kept", "reloaded"):
+        session = Session(device="cpu", preset="cpu", presets_dir=str(_presets_with(tmp_path, text_encoders)),
+                          outdir=str(tmp_path / text_encoders))
+
+        def watch(*_):  # in a step callback: the text encoder the pipeline holds while the denoiser runs
+            seen.append((text_encoders, session.model.pipe.text_encoder is not None))
+
+        result = session.generate(GenerationRequest(prompt="a castle", negative_prompt="fog", model=folder, steps=2,
+                                                    width=64, height=64, seed=7, cfg_scale=4.0, batch_size=2),
+                                  on_step=watch)
+        images[text_encoders] = [pixels(p) for p in result.images]
+    assert all(np.array_equal(a, b) for a, b in zip(images["kept"], images["reloaded"]))
+    assert ("kept", True) in seen and ("reloaded", True) not in seen and ("reloaded", False) in seen

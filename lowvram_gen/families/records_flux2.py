@@ -30,5 +30,5 @@ FLUX2_KLEIN = Family(
     # attention); CFG (base models only) runs as two forwards, never a doubled batch
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     call=Call(Guidance.CFG, negative_prompt=False, takes_negative_prompt=False),
-    text_encode_apart=None, lora="diffusers", textual_inversion=False,
+    text_encode_apart="encode_prompt_empty_negative", lora="diffusers", textual_inversion=False,
 )

@@ -39,5 +39,5 @@ Z_IMAGE = Family(
     # the call's max_sequence_length (512); the pipeline drops the padding, so a prompt's own tokens (at most 512)
     # join the image tokens in the one stream: 512 is the bound the planner takes
     t5_tokens=512, joint_tokens=512, cfg_batch=True, file_dtype="bfloat16",
-    call=Call(Guidance.CFG), text_encode_apart=None, lora="diffusers", textual_inversion=False,
+    call=Call(Guidance.CFG), text_encode_apart="encode_prompt_lists", lora="diffusers", textual_inversion=False,
 )

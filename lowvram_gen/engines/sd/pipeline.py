@@ -155,6 +155,16 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
                                      negative_prompt=[negative] if negative else None, max_sequence_length=length)
             keys = ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")
             return {k: v for k, v in zip(keys, out) if v is not None}
+        if style == "encode_prompt_lists":  # Z-Image: one tensor per prompt in a list; the negative always (its CFG
+            # runs at any scale above 0, and a call given prompt embeddings with CFG needs the negative's)
+            embeds, negatives = pipe.encode_prompt(prompt=[prompt], device=device, do_classifier_free_guidance=True,
+                                                   negative_prompt=[negative] if negative else None,
+                                                   max_sequence_length=length)
+            return dict(prompt_embeds=embeds, negative_prompt_embeds=negatives)
+        if style == "encode_prompt_empty_negative":  # Flux.2 Klein: its CFG (base models) is against "", always
+            embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
+            empty, _ids = pipe.encode_prompt(prompt=[""], device=device, max_sequence_length=length)
+            return dict(prompt_embeds=embeds, negative_prompt_embeds=empty)
     raise InvalidRequest("text_encoders", "reloaded", f"{name}: encoding its prompts apart from the call is not "
                          "supported (SD, SDXL, SD3 and Flux are); use text_encoders = 'kept'")
 
@@ -162,7 +172,8 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
 def for_images(embeds: dict, n: int) -> dict:
     """`encode_texts`' tensors for one image, repeated for `n` along the batch axis (as encode_prompts and
     the pipelines' own num_images_per_prompt repeat them)."""
-    return {k: v.repeat(n, *([1] * (v.ndim - 1))) for k, v in embeds.items()}
+    return {k: v * n if isinstance(v, list) else v.repeat(n, *([1] * (v.ndim - 1)))  # a list: Z-Image's, per prompt
+            for k, v in embeds.items()}
 
 
 @dataclass
