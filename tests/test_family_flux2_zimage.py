@@ -173,6 +173,19 @@ def test_int8_and_out_of_memory_stepping_down_without_reloading(request, name, t
     assert np.abs(pixels(result.images[0]) - theirs).max() <= MAX_DIFF
 
 
+def test_zimage_refuses_latent_masked_content_in_one_sentence(zimage, tmp_path, capsys):
+    """Its inpaint pipeline encodes the init image inside prepare_latents, where A1111's latent noise cannot go."""
+    init, mask = tmp_path / "init.png", tmp_path / "mask.png"
+    Image.new("RGB", (64, 64), (90, 120, 150)).save(init)
+    Image.new("L", (64, 64), 255).save(mask)
+    code, _, err = cli(capsys, "inpaint", "a castle", "--init", str(init), "--mask", str(mask), "--masked-content",
+                       "latent-noise", "--model", zimage, "--width", "64", "--height", "64", "--steps", "2",
+                       "--preset", "cpu", "--outdir", str(tmp_path))
+    assert code == 2 and err.strip().splitlines() == [
+        "error: invalid masked content: 'latent-noise'; Z-Image's inpaint pipeline encodes the init image inside its "
+        "own latents step, where it cannot be replaced: use original or fill"]
+
+
 # ====================================================================================== plan
 
 

@@ -40,6 +40,10 @@ def check(pipe, request) -> None:
     if not record.is_generic and task is Task.TXT2IMG:  # a family a record knows: its own sentence per task
         if request.mask and not record.has_task(Task.INPAINT):
             raise InvalidRequest("mask", request.mask, f"{record.name} has no inpaint pipeline here: use txt2img")
+        content = getattr(request, "masked_content", "original")
+        if request.mask and content in ("latent-noise", "latent-nothing") and not _encodes_apart(record):
+            raise InvalidRequest("masked content", content, f"{record.name}'s inpaint pipeline encodes the init image "
+                                 "inside its own latents step, where it cannot be replaced: use original or fill")
         init, hires = getattr(request, "init_image", None), getattr(request, "hires", False)
         img2img = "hires fix (its second pass is img2img)" if hires else "img2img"
         if (init or hires) and not record.has_task(Task.IMG2IMG):
@@ -49,6 +53,14 @@ def check(pipe, request) -> None:
         names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
         built = " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))  # 'SD 1.x/2.x and SDXL'
         raise InvalidRequest("mask", request.mask, f"inpainting is built for {built}, not {type(pipe).__name__}")
+
+
+def _encodes_apart(record) -> bool:
+    """Whether the family's inpaint pipeline encodes the init image in `_encode_vae_image`, where `masked_content`
+    replaces it (SD, SDXL); Z-Image's encodes it inside prepare_latents."""
+    import diffusers
+
+    return hasattr(getattr(diffusers, record.pipeline_for(Task.INPAINT), None), "_encode_vae_image")
 
 
 def inpaint_pipe(pipe):
