@@ -63,6 +63,7 @@ def test_flux2_klein_is_its_own_family_not_flux1(flux2):
     record = families.by_pipeline("Flux2KleinPipeline")
     assert record.key == "flux2-klein" and record is not families.FLUX1
     assert not record.call.takes_negative_prompt and record.pipeline_for("img2img") is None
+    assert record.pipeline_for("inpaint") == "Flux2KleinInpaintPipeline"
     assert families.by_name("flux2-klein") is record and families.by_name("black-forest-labs/FLUX.2-klein-4B") is record
     assert families.by_denoiser_class("Flux2Transformer2DModel") is record
 
@@ -90,8 +91,6 @@ def test_flux2_klein_with_a_negative_prompt_warns_in_one_line_and_runs_as_withou
 @pytest.mark.parametrize("args, said", [
     (["img2img", "a castle", "--init", "{init}"],
      "invalid init image: '{init}'; Flux.2 Klein has no img2img pipeline in diffusers, so img2img cannot run"),
-    (["inpaint", "a castle", "--init", "{init}", "--mask", "{mask}"],
-     "invalid mask: '{mask}'; Flux.2 Klein has no inpaint pipeline here: use txt2img"),
     (["generate", "a castle", "--hires-scale", "2", "--hires-upscaler", "lanczos"],
      "invalid hires scale: 2.0; Flux.2 Klein has no img2img pipeline in diffusers, so hires fix (its second pass "
      "is img2img) cannot run"),
@@ -105,6 +104,32 @@ def test_flux2_klein_refuses_what_diffusers_has_no_pipeline_for_in_one_sentence(
                          "--preset", "cpu", "--outdir", str(tmp_path))
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines() == ["error: " + said.format(init=init, mask=mask)]
+
+
+def test_flux2_klein_inpaint_equals_its_diffusers_pipeline_and_takes_our_mask_options(flux2, tmp_path, capsys):
+    """Flux2KleinInpaintPipeline, which the auto-pipelines do not map, over the loaded components. A white mask
+    repaints everything (no overlay of the original): equal to plain diffusers; a box repaints inside it."""
+    init, white, box = tmp_path / "init.png", tmp_path / "white.png", tmp_path / "box.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(init)
+    Image.new("L", (64, 64), 255).save(white)
+    inside = np.zeros((64, 64), np.uint8)
+    inside[16:48, 16:48] = 255
+    Image.fromarray(inside).save(box)
+    common = ["--init", str(init), "--model", flux2, "--width", "64", "--height", "64", "--steps", "4", "--seed", "4",
+              "--cfg", "4", "--strength", "0.5", "--mask-blur", "0", "--preset", "cpu", "--outdir", str(tmp_path),
+              "--json"]
+    code, out, err = cli(capsys, "inpaint", "a castle", "--mask", str(white), *common)
+    assert code == 0, err
+    theirs = plain(flux2, "Flux2KleinInpaintPipeline", prompt="a castle", image=Image.open(init).convert("RGB"),
+                   mask_image=Image.open(white), strength=0.5, width=64, height=64, num_inference_steps=4,
+                   guidance_scale=4.0, seed=4)
+    assert np.abs(pixels(json.loads(out)["images"][0]) - theirs).max() <= MAX_DIFF
+    for extra in ([], ["--masked-content", "latent-noise"], ["--inpaint-area", "masked"]):
+        code, out, err = cli(capsys, "inpaint", "a castle", "--mask", str(box), *common, *extra)
+        assert code == 0, (extra, err)
+        painted, original = pixels(json.loads(out)["images"][0]), pixels(init)
+        assert np.abs(painted[20:44, 20:44] - original[20:44, 20:44]).mean() > 10, extra  # repainted inside
+        assert np.abs(painted[:8] - original[:8]).max() <= MAX_DIFF, extra  # the original outside, as A1111
 
 
 # ====================================================================================== Z-Image

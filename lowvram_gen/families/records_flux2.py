@@ -9,8 +9,9 @@ empty negative prompt the pipeline makes itself (so no CFG batch). A user's nega
 engine leaves it out of the call and says so in one line.
 
 diffusers 0.42 has no img2img pipeline for it (Flux2KleinPipeline's `image` is a reference image for editing, not
-an init image with a strength), and its inpaint pipeline (Flux2KleinInpaintPipeline) is not wired to our inpaint
-path yet: both are refused in one sentence before any step runs.
+an init image with a strength): img2img and hires fix are refused in one sentence before any step runs. Its inpaint
+pipeline (Flux2KleinInpaintPipeline, which the auto-pipelines do not map) is built over the loaded components
+(engines/sd/inpaint.inpaint_pipe) and takes our mask options.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from lowvram_gen.families.record import Call, Family, Guidance, Task
 
 FLUX2_KLEIN = Family(
     key="flux2-klein", group="flux2-klein", name="Flux.2 Klein", label="FLUX.2-klein-4B",
-    tasks={Task.TXT2IMG.value: "Flux2KleinPipeline"},
-    other_pipelines=("Flux2KleinInpaintPipeline", "Flux2KleinKVPipeline"),
+    tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline"},
+    other_pipelines=("Flux2KleinKVPipeline",),
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
     builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
     aliases=("flux2-klein", "flux.2-klein", "flux2-klein-4b", "flux.2-klein-4b", "klein", "klein-4b",
