@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from lowvram_gen import failures, outputs
+from lowvram_gen import failures, families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
@@ -195,13 +195,16 @@ class Session:
             model = self.model if self.model and self.model.source == source else None
             profile = self.profile_for(source, model, request), source.kind != "single_file"
         found, folder = profile
+        # +te-reload needs the family's prompts encoded apart from the call (its record's text_encode_apart)
+        record = families.by_denoiser_class(found.denoiser_class)
+        apart = record is None or record.text_encode_apart is not None
         width, height = request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
         return plan(device, found, width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
                     quantize_forced=request.quantize is not None, model=request.model,
-                    reloadable=folder and not request_uses_networks(request), single_file=not folder,
+                    reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
                     full_precision=self.precision.full)
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:

@@ -63,9 +63,11 @@ def test_call_styles_agree_with_the_installed_pipelines():
             assert call.cfg_argument in params, record.key
         if call.negative_prompt:
             assert call.takes_negative_prompt
-        # a doubled CFG batch is classic CFG (classic CFG may also run as two forwards: Chroma, Lumina 2)
-        if record.cfg_batch:
-            assert call.guidance is Guidance.CFG, record.key
+        # a doubled CFG batch is classic CFG; classic CFG without one runs the prompt and the negative as two
+        # forwards (Flux.2 Klein's base models): its __call__ never doubles the latents
+        source = inspect.getsource(getattr(diffusers, record.tasks["txt2img"]).__call__)
+        doubled = "[latents] * 2" in source or "latents_typed.repeat(2" in source  # the batch of two halves
+        assert record.cfg_batch == (call.guidance is Guidance.CFG and doubled), record.key
 
 
 def test_t5_lengths_are_the_pipelines_defaults():
@@ -83,7 +85,8 @@ def test_lora_field_agrees_with_the_pipeline_loader():
 
 
 def test_short_names_hub_ids_and_labels():
-    assert families.builtin_names() == ("sd15", "sd21", "sdxl", "sd3", "flux", "sana", "chroma", "lumina2")
+    assert families.builtin_names() == ("sd15", "sd21", "sdxl", "sd3", "flux", "flux2-klein", "z-image", "sana",
+                                        "chroma", "lumina2")
     table = families.aliases()
     assert table["sd1.5"] == "sd15" and table["runwayml/stable-diffusion-v1-5"] == "sd15"
     assert table["sd2"] == "sd21" and table["sd-xl"] == "sdxl" and table["sd3-medium"] == "sd3"
@@ -93,7 +96,8 @@ def test_short_names_hub_ids_and_labels():
     assert families.by_name("nope") is None
     assert families.by_arch("custom") is families.GENERIC
     assert [families.by_arch(k).label for k in families.builtin_names()] == \
-        ["SD 1.5", "SD 2.1", "SDXL", "SD3-medium", "FLUX.1-dev", "SANA 1600M", "Chroma1-HD", "Lumina-Image-2.0"]
+        ["SD 1.5", "SD 2.1", "SDXL", "SD3-medium", "FLUX.1-dev", "FLUX.2-klein-4B", "Z-Image-Turbo", "SANA 1600M",
+         "Chroma1-HD", "Lumina-Image-2.0"]
     assert families.family_name("StableDiffusionXLImg2ImgPipeline") == "SDXL"
     assert families.family_name("StableDiffusionImg2ImgPipeline") == "SD 1.x/2.x"
     assert families.family_name("SanaPipeline") == "SANA"

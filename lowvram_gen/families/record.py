@@ -195,7 +195,8 @@ class Family:
     # 'a1111' (our own encoding), 'encode_prompt_cfg' (the pipeline's encode_prompt with CFG and a negative prompt:
     # SD3), 'encode_prompt_pooled' (encode_prompt's embeddings and pooled vector, no negative: FLUX.1),
     # 'encode_prompt_masks' (encode_prompt's embeddings and attention masks, with CFG's negative: SANA, Chroma,
-    # Lumina 2), None: cannot
+    # Lumina 2), 'encode_prompt_lists' (a list per prompt, the negative always: Z-Image), 'encode_prompt_empty_negative'
+    # (the embeddings and those of "", its CFG's negative: Flux.2 Klein), None: cannot
     text_encode_apart: str | None = None
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the
     # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)

@@ -15,6 +15,8 @@ from typing import Mapping
 from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, Guidance, SingleFile, Task,
                                          spatial_patch)
+from lowvram_gen.families.records_flux2 import FLUX2_KLEIN
+from lowvram_gen.families.records_zimage import Z_IMAGE
 
 # --------------------------------------------------------------------------------------------- SD 1.x / 2.x
 
@@ -240,4 +242,5 @@ GENERIC = Family(key=GENERIC_KEY, group=GENERIC_KEY, name="", call=Call(Guidance
 # pipeline classes). GENERIC is not in the list: it is what a lookup gives when no record claims the thing.
 from lowvram_gen.families.records_dit import DIT_FAMILIES  # noqa: E402  (SANA, Chroma, Lumina 2: issue 30)
 
-FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, *DIT_FAMILIES)
+FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, FLUX2_KLEIN, Z_IMAGE,
+                                 *DIT_FAMILIES)

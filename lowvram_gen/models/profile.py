@@ -265,7 +265,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                             default=0)
         if name in ("unet", "transformer"):
             kw.update(_denoiser_fields(name, model, family))
-            # text in the image stream: a joint_attention_dim, or the record says so (Lumina 2's cap_feat_dim)
+            # text in the image stream: a joint_attention_dim, or the record says so (Lumina 2's cap_feat_dim, Z-Image)
             joint = name == "transformer" and ("joint_attention_dim" in cfg or bool(family.joint_tokens))
             in_channels = int(cfg.get("in_channels", 4))
         elif name == "vae":

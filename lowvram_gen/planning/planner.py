@@ -356,13 +356,10 @@ def _candidates(rows: _Rows, presets: dict[str, Preset],
 
 def _te_variant(p: Preset, rows: _Rows) -> Preset | None:
     """`p` with its text encoders read from disk for each job and dropped before the denoiser runs
-    (settings.text_encoders), where that can be done: a diffusers folder (`rows.reloadable`) with text
-    encoders, `p` keeping them. None otherwise. Offered only beside a candidate whose host peak does not
+    (settings.text_encoders), where that can be done: a diffusers folder whose family encodes prompts apart from
+    the call (`rows.reloadable`, Session.plan) with text encoders, `p` keeping them. None otherwise. Offered only beside a candidate whose host peak does not
     fit the RAM (the callers check): the reload costs a read from disk per job."""
     if not rows.reloadable or not rows.profile.text_encoders or p.memory.text_encoders != "kept":
-        return None
-    record = families.by_denoiser_class(rows.profile.denoiser_class)  # None: a denoiser no record knows, as before
-    if record is not None and record.text_encode_apart is None:  # its prompts cannot be encoded apart from the call
         return None
     base, at, resident = p.name.partition("@")  # budget@2.5GiB -> budget+te-reload@2.5GiB, as the ladder names it
     return replace(p, name=f"{base}{TE_RELOAD}{at}{resident}", memory=replace(p.memory, text_encoders="reloaded"))

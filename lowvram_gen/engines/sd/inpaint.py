@@ -37,17 +37,57 @@ def check(pipe, request) -> None:
         raise InvalidRequest("model", request.model, "is an inpainting model (its UNet takes 9 input channels): use "
                              "it with inpaint and a mask (lowvram-gen inpaint PROMPT --init IMAGE --mask MASK)")
     record, task = task_of(pipe)
+    if not record.is_generic and task is Task.TXT2IMG:  # a family a record knows: its own sentence per task
+        if request.mask and not record.has_task(Task.INPAINT):
+            raise InvalidRequest("mask", request.mask, f"{record.name} has no inpaint pipeline here: use txt2img")
+        content = getattr(request, "masked_content", "original")
+        if request.mask and content in ("latent-noise", "latent-nothing") and not _encodes_apart(record):
+            raise InvalidRequest("masked content", content, f"{record.name}'s inpaint pipeline encodes the init image "
+                                 "inside its own latents step, where it cannot be replaced: use original or fill")
+        init = None if request.mask else getattr(request, "init_image", None)  # with a mask: the inpaint pipeline
+        hires = getattr(request, "hires", False)
+        img2img = "hires fix (its second pass is img2img)" if hires else "img2img"
+        if (init or hires) and not record.has_task(Task.IMG2IMG):
+            raise InvalidRequest("init image" if init else "hires scale", init or request.hires_scale,
+                                 f"{record.name} has no img2img pipeline in diffusers, so {img2img} cannot run")
     if request.mask and (task not in (Task.TXT2IMG, Task.IMG2IMG) or not record.has_task(Task.INPAINT)):
         names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
         built = " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))  # 'SD 1.x/2.x and SDXL'
         raise InvalidRequest("mask", request.mask, f"inpainting is built for {built}, not {type(pipe).__name__}")
 
 
+def _encodes_apart(record) -> bool:
+    """Whether the family's inpaint pipeline encodes the init image in `_encode_vae_image`, where `masked_content`
+    replaces it (SD, SDXL); Z-Image's encodes it inside prepare_latents."""
+    import diffusers
+
+    return hasattr(getattr(diffusers, record.pipeline_for(Task.INPAINT), None), "_encode_vae_image")
+
+
 def inpaint_pipe(pipe):
     """The inpaint pipeline over the same components (no copy, no reload), kept on `pipe`."""
     from diffusers import AutoPipelineForInpainting
+    from diffusers.pipelines.auto_pipeline import AUTO_INPAINT_PIPELINES_MAPPING
 
-    return kept_pipe(pipe, AutoPipelineForInpainting, "_lowvram_inpaint")
+    name = families.of_pipe(pipe).pipeline_for(Task.INPAINT)
+    mapped = name in (cls.__name__ for cls in AUTO_INPAINT_PIPELINES_MAPPING.values())
+    return kept_pipe(pipe, AutoPipelineForInpainting if mapped or not name else _Direct(name), "_lowvram_inpaint")
+
+
+class _Direct:
+    """`from_pipe` for an inpaint class the auto-pipelines do not map (Flux.2 Klein's), built as they build theirs:
+    the shared components and the config's own arguments, nothing copied or cast."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def from_pipe(self, pipe):
+        import diffusers
+
+        cls = getattr(diffusers, self.name)
+        expected, optional = cls._get_signature_keys(cls)
+        return cls(**{k: v for k, v in pipe.components.items() if k in expected},
+                   **{k: v for k, v in pipe.config.items() if k in optional})
 
 
 @contextlib.contextmanager

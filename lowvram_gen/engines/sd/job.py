@@ -93,7 +93,9 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
             if used > limit:
                 warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
     if (request.negative_prompt or hires and hires.negative_prompt) and sd.ignores_negative_prompt(pipe):
-        warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
+        record = families.of_pipe(pipe)  # FLUX.1 takes one only for a true CFG we never run; Flux.2 takes none
+        why = "it runs without CFG" if record.call.takes_negative_prompt else f"{record.name or 'its call'} has none"
+        warnings.append(f"{type(pipe).__name__} does not use a negative prompt ({why}): it is ignored")
     for w in warnings:
         log.info(w)
     if request.mask:

@@ -158,6 +158,16 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
             return {k: v for k, v in zip(keys, out) if v is not None}
         if style == "encode_prompt_masks":
             return _encode_with_masks(pipe, prompt, negative or record.call.empty_negative, cfg, device, length)
+        if style == "encode_prompt_lists":  # Z-Image: one tensor per prompt in a list; the negative always (its CFG
+            # runs at any scale above 0, and a call given prompt embeddings with CFG needs the negative's)
+            embeds, negatives = pipe.encode_prompt(prompt=[prompt], device=device, do_classifier_free_guidance=True,
+                                                   negative_prompt=[negative] if negative else None,
+                                                   max_sequence_length=length)
+            return dict(prompt_embeds=embeds, negative_prompt_embeds=negatives)
+        if style == "encode_prompt_empty_negative":  # Flux.2 Klein: its CFG (base models) is against "", always
+            embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
+            empty, _ids = pipe.encode_prompt(prompt=[""], device=device, max_sequence_length=length)
+            return dict(prompt_embeds=embeds, negative_prompt_embeds=empty)
     raise InvalidRequest("text_encoders", "reloaded", f"{name}: encoding its prompts apart from the call is not "
                          "supported (SD, SDXL, SD3, Flux, SANA, Chroma and Lumina 2 are); use text_encoders = 'kept'")
 
@@ -189,7 +199,8 @@ def _encode_with_masks(pipe, prompt: str, negative: str | None, cfg: bool, devic
 def for_images(embeds: dict, n: int) -> dict:
     """`encode_texts`' tensors for one image, repeated for `n` along the batch axis (as encode_prompts and
     the pipelines' own num_images_per_prompt repeat them)."""
-    return {k: v.repeat(n, *([1] * (v.ndim - 1))) if v is not None else None for k, v in embeds.items()}
+    return {k: None if v is None else v * n if isinstance(v, list) else v.repeat(n, *([1] * (v.ndim - 1)))
+            for k, v in embeds.items()}  # a list: Z-Image's, per prompt
 
 
 @dataclass

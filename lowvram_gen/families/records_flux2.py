@@ -1,0 +1,35 @@
+"""Flux.2 Klein's record (families/record.py says what a record holds): FLUX.2 [klein] 4B/9B, diffusers'
+Flux2KleinPipeline. A family of its own, not FLUX.1's: one Qwen3 text encoder (hidden states of three layers side by
+side are the text tokens), a 32-channel VAE whose latents the pipeline packs 2x2 into the transformer's 128 input
+channels, and a call with no negative prompt at all.
+
+Its `guidance_scale` is what the folder says it is: a step-distilled model (Klein 4B/9B, `is_distilled` in
+model_index.json) ignores it (diffusers logs so); the base models run CFG as two separate forwards against an
+empty negative prompt the pipeline makes itself (so no CFG batch). A user's negative prompt is never used: the
+engine leaves it out of the call and says so in one line.
+
+diffusers 0.42 has no img2img pipeline for it (Flux2KleinPipeline's `image` is a reference image for editing, not
+an init image with a strength): img2img and hires fix are refused in one sentence before any step runs. Its inpaint
+pipeline (Flux2KleinInpaintPipeline, which the auto-pipelines do not map) is built over the loaded components
+(engines/sd/inpaint.inpaint_pipe) and takes our mask options.
+"""
+
+from __future__ import annotations
+
+from lowvram_gen.families.record import Call, Family, Guidance, Task
+
+FLUX2_KLEIN = Family(
+    key="flux2-klein", group="flux2-klein", name="Flux.2 Klein", label="FLUX.2-klein-4B",
+    tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline"},
+    other_pipelines=("Flux2KleinKVPipeline",),
+    denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
+    builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
+    aliases=("flux2-klein", "flux.2-klein", "flux2-klein-4b", "flux.2-klein-4b", "klein", "klein-4b",
+             "black-forest-labs/flux.2-klein-4b"),
+    native_side=1024,
+    # Qwen3's prompt padded to the call's max_sequence_length (512), carried beside the image tokens (joint
+    # attention); CFG (base models only) runs as two forwards, never a doubled batch
+    t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
+    call=Call(Guidance.CFG, negative_prompt=False, takes_negative_prompt=False),
+    text_encode_apart="encode_prompt_empty_negative", lora="diffusers", textual_inversion=False,
+)

@@ -1,0 +1,43 @@
+"""Z-Image's record (families/record.py says what a record holds): Tongyi-MAI's Z-Image and Z-Image-Turbo, diffusers'
+ZImagePipeline. A single-stream DiT (S3-DiT): the Qwen3 prompt's tokens and the image tokens in one sequence.
+
+Its transformer's config names its width `dim` (3840 for the 6B model) and its patch `all_patch_size` ([2]), not
+the heads x head width most diffusers transformers have, so the record reads its shape itself (the common reader
+would fall back to PixArt's 1152). CFG is a doubled batch (prompt and negative prompt side by side) whenever the
+scale is above 0: Turbo is run at guidance 0 (no CFG) and few steps, as its model card does.
+
+diffusers 0.42 has its img2img (ZImageImg2ImgPipeline) and inpaint (ZImageInpaintPipeline) pipelines, which the
+auto-pipelines reach from the txt2img one; its ControlNet and Omni pipelines are recognised, not run.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from lowvram_gen.families.record import Call, Family, Guidance, Task, spatial_patch
+
+
+def zimage_shape(config: Mapping) -> tuple[int, int]:
+    """(width, spatial patch edge) of a ZImageTransformer2DModel from its config: `dim` and the first of
+    `all_patch_size` (the patch its pipelines run)."""
+    patches = config.get("all_patch_size") or [2]
+    return int(config.get("dim") or 3840), spatial_patch(list(patches)[0])
+
+
+Z_IMAGE = Family(
+    key="z-image", group="z-image", name="Z-Image", label="Z-Image-Turbo",
+    tasks={
+        Task.TXT2IMG.value: "ZImagePipeline",
+        Task.IMG2IMG.value: "ZImageImg2ImgPipeline",
+        Task.INPAINT.value: "ZImageInpaintPipeline",
+    },
+    other_pipelines=("ZImageControlNetPipeline", "ZImageControlNetInpaintPipeline", "ZImageOmniPipeline"),
+    denoiser="transformer", denoiser_classes=("ZImageTransformer2DModel",),
+    builtin="z-image", hub_id="Tongyi-MAI/Z-Image-Turbo",
+    aliases=("z-image", "zimage", "z-image-turbo", "zimage-turbo", "tongyi-mai/z-image-turbo"),
+    native_side=1024, transformer_shape=zimage_shape,
+    # the call's max_sequence_length (512); the pipeline drops the padding, so a prompt's own tokens (at most 512)
+    # join the image tokens in the one stream: 512 is the bound the planner takes
+    t5_tokens=512, joint_tokens=512, cfg_batch=True, file_dtype="bfloat16",
+    call=Call(Guidance.CFG), text_encode_apart="encode_prompt_lists", lora="diffusers", textual_inversion=False,
+)
