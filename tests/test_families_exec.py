@@ -119,7 +119,7 @@ def test_inpainting_and_networks_are_the_records_tasks_and_loaders():
     mask = SimpleNamespace(mask="mask.png", model="m")
     inpaint.check(_bare("StableDiffusionXLPipeline"), mask)  # SDXL has an inpaint task
     # a family a record knows is named in one sentence (issue 30: not a list of the families that have one)
-    with pytest.raises(InvalidRequest, match="Flux has no inpaint pipeline here: use txt2img"):
+    with pytest.raises(InvalidRequest, match="invalid task: 'inpaint'; Flux has no inpaint pipeline in diffusers: use txt2img or img2img"):
         inpaint.check(_bare("FluxPipeline"), mask)
     record = Family(key="fake-inpaint", group="fake-inpaint", name="Fake",
                     tasks={"txt2img": LCM, "inpaint": "StableDiffusionInpaintPipeline"})

@@ -90,10 +90,10 @@ def test_flux2_klein_with_a_negative_prompt_warns_in_one_line_and_runs_as_withou
 
 @pytest.mark.parametrize("args, said", [
     (["img2img", "a castle", "--init", "{init}"],
-     "invalid init image: '{init}'; Flux.2 Klein has no img2img pipeline in diffusers, so img2img cannot run"),
+     "invalid task: 'img2img'; Flux.2 Klein has no img2img pipeline in diffusers: use txt2img"),
     (["generate", "a castle", "--hires-scale", "2", "--hires-upscaler", "lanczos"],
-     "invalid hires scale: 2.0; Flux.2 Klein has no img2img pipeline in diffusers, so hires fix (its second pass "
-     "is img2img) cannot run"),
+     "invalid hires scale: 2.0; Flux.2 Klein has no img2img pipeline in diffusers for hires fix's second pass (an "
+     "img2img pass): leave hires fix off and upscale after"),
 ])
 def test_flux2_klein_refuses_what_diffusers_has_no_pipeline_for_in_one_sentence(flux2, tmp_path, capsys, args, said):
     init, mask = tmp_path / "init.png", tmp_path / "mask.png"

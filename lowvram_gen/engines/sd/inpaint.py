@@ -39,17 +39,20 @@ def check(pipe, request) -> None:
     record, task = task_of(pipe)
     if not record.is_generic and task is Task.TXT2IMG:  # a family a record knows: its own sentence per task
         if request.mask and not record.has_task(Task.INPAINT):
-            raise InvalidRequest("mask", request.mask, f"{record.name} has no inpaint pipeline here: use txt2img")
+            raise InvalidRequest("task", "inpaint", f"{record.name} has no inpaint pipeline in diffusers: use txt2img"
+                                 f"{' or img2img' if record.has_task(Task.IMG2IMG) else ''}")
         content = getattr(request, "masked_content", "original")
         if request.mask and content in ("latent-noise", "latent-nothing") and not _encodes_apart(record):
             raise InvalidRequest("masked content", content, f"{record.name}'s inpaint pipeline encodes the init image "
                                  "inside its own latents step, where it cannot be replaced: use original or fill")
         init = None if request.mask else getattr(request, "init_image", None)  # with a mask: the inpaint pipeline
         hires = getattr(request, "hires", False)
-        img2img = "hires fix (its second pass is img2img)" if hires else "img2img"
-        if (init or hires) and not record.has_task(Task.IMG2IMG):
-            raise InvalidRequest("init image" if init else "hires scale", init or request.hires_scale,
-                                 f"{record.name} has no img2img pipeline in diffusers, so {img2img} cannot run")
+        img2img = "hires fix's second pass (an img2img pass)"
+        if init and not record.has_task(Task.IMG2IMG):
+            raise InvalidRequest("task", "img2img", f"{record.name} has no img2img pipeline in diffusers: use txt2img")
+        if hires and not record.has_task(Task.IMG2IMG):
+            raise InvalidRequest("hires scale", request.hires_scale, f"{record.name} has no img2img pipeline in "
+                                 f"diffusers for {img2img}: leave hires fix off and upscale after")
     if request.mask and (task not in (Task.TXT2IMG, Task.IMG2IMG) or not record.has_task(Task.INPAINT)):
         names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
         built = " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))  # 'SD 1.x/2.x and SDXL'

@@ -244,8 +244,7 @@ def check_request(pipe, request) -> None:
     """What this pipeline cannot do with `request` (a GenerationRequest), as a clear error before any
     step runs: sides off its grid, or a hires fix it cannot run."""
     name = type(pipe).__name__
-    inpaint.check(pipe, request)
-    _check_img2img(pipe, request)
+    inpaint.check(pipe, request)  # and img2img/hires on a family without the pipeline
     multiple = size_multiple(pipe)
     for field, value in (("width", request.width), ("height", request.height)):
         if value % multiple:
@@ -267,20 +266,6 @@ def check_request(pipe, request) -> None:
         raise InvalidRequest("hires scale", request.hires_scale,
                              f"{request.width}x{request.height} x{request.hires_scale:g} is {w}x{h}; {name} needs "
                              f"multiples of {multiple}: pick a scale that gives them (e.g. 2)")
-
-
-def _check_img2img(pipe, request) -> None:
-    """img2img, and hires fix's second pass (an img2img pass for the families that decode inside their call), on a
-    family whose record has no img2img pipeline (SANA, Lumina 2 in diffusers 0.42): one sentence, before any step."""
-    record = families.of_pipe(pipe)
-    if record.is_generic or record.has_task(Task.IMG2IMG) or request.mask:
-        return
-    if request.init_image:
-        raise InvalidRequest("init image", request.init_image,
-                             f"{record.name} has no img2img pipeline in diffusers: use txt2img")
-    if request.hires and not splits_decode(pipe):
-        raise InvalidRequest("hires scale", request.hires_scale, f"{record.name} has no img2img pipeline in diffusers "
-                             "for hires fix's second pass: leave hires fix off and upscale after")
 
 
 def _flow_matching(scheduler) -> bool:
