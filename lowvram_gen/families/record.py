@@ -48,6 +48,9 @@ class Call:
     takes_negative_prompt: bool = True
     # __call__ offers an optional true CFG (`true_cfg_scale` > 1 with a negative prompt: FLUX.1)
     optional_true_cfg: bool = False
+    # the negative prompt the call gets when CFG is on and the user gave none (None: none). Qwen-Image's true CFG runs
+    # only with a negative prompt; its model card passes " " so that `--cfg` acts without one
+    blank_negative: str | None = None
 
     @property
     def cfg_argument(self) -> str | None:

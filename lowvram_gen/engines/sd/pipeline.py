@@ -113,6 +113,8 @@ def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
     if not families.of_pipe(pipe).call.takes_negative_prompt:
         return dict(prompt=[prompt] * n)
     negative = plain_prompt_for(pipe, texts.negative_prompt)[0]
+    if not negative and cfg:  # Qwen-Image: its true CFG needs a negative prompt; its model card's blank one
+        negative = families.of_pipe(pipe).call.blank_negative
     return dict(prompt=[prompt] * n, negative_prompt=[negative] * n if negative else None)
 
 
