@@ -188,6 +188,36 @@ def test_budget_gives_the_pixels_of_no_offload(folder, tmp_path):
     assert np.abs(images["budget"] - images["highvram"]).max() <= 1
 
 
+@pytest.mark.parametrize("negative, cfg", [("fog", 4.0), ("", 4.0), ("", 1.0)])
+def test_text_encoders_reloaded_per_job_give_the_same_image(folder, negative, cfg):
+    """+te-reload: the prompts encoded apart from the call (embeddings and masks, the negative's under CFG), the
+    encoders gone while the transformer runs; the same pixels as with the encoders kept."""
+    from lowvram_gen.engines.sd.stepdown import Runner
+    from lowvram_gen.hardware.device import probe
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+    from lowvram_gen.presets import find_preset
+
+    runner = Runner(load(resolve(folder), "float32"), probe("cpu"))
+    held = []
+    runner.model.pipe.transformer.register_forward_pre_hook(
+        lambda *_: held.append(runner.model.pipe.text_encoder is not None))
+    images = {}
+    for mode in ("kept", "reloaded"):
+        preset = find_preset("cpu")
+        preset = replace(preset, memory=replace(preset.memory, dtype="float32", text_encoders=mode))
+        done = []
+        runner.run(GenerationRequest(prompt="a boat", negative_prompt=negative, width=64, height=64, steps=2,
+                                     cfg_scale=cfg, batch_size=2), [3, 4], [preset], done.append)
+        images[mode] = [np.asarray(i.convert("RGB"), dtype=int) for i in done[0].images]
+        if mode == "kept":
+            assert all(held) and held
+            held.clear()
+    assert held and not any(held)  # reloaded: no text encoder while the transformer runs
+    for kept, reloaded in zip(images["kept"], images["reloaded"]):
+        assert np.abs(kept - reloaded).max() <= 1
+
+
 def test_out_of_memory_at_the_first_preset_finishes_the_same_job_at_the_next(folder, tmp_path):
     session = Session(preset="highvram")  # the GPU ladder, run on this CPU
     session.generate(request(folder, tmp_path, steps=1))

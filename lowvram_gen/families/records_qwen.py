@@ -14,6 +14,8 @@ What the record says and why:
 - Text: Qwen2.5-VL's hidden states of the prompt (the chat template's first 34 tokens dropped), at most
   `max_sequence_length` 512 tokens, beside the image tokens in every block (joint attention); the pipeline pads to the
   longest prompt only, so 512 is the bound the planner takes.
+- Text encoders reloaded per job (`+te-reload`): the pipeline's encode_prompt gives the embeddings and their masks,
+  the negative prompt's too when CFG is on (engines/sd/pipeline.encode_texts, 'encode_prompt_masked').
 - Configs: lowvram_gen/configs/qwen-image/ holds the published Qwen/Qwen-Image configs, so
   `plan --model qwen-image` plans the real shapes offline.
 """
@@ -48,5 +50,5 @@ QWEN_IMAGE = Family(
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     latent_format=None,  # no preview approximation for its VAE's latents yet
     call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
-    text_encode_apart=None, lora="diffusers", textual_inversion=False,
+    text_encode_apart="encode_prompt_masked", lora="diffusers", textual_inversion=False,
 )

@@ -157,6 +157,15 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
                                      negative_prompt=[negative] if negative else None, max_sequence_length=length)
             keys = ("prompt_embeds", "negative_prompt_embeds", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")
             return {k: v for k, v in zip(keys, out) if v is not None}
+        if style == "encode_prompt_masked":  # Qwen-Image: embeddings and masks; the negative's under CFG, as the call
+            negative = negative or (record.call.blank_negative if cfg else None)
+            out = {}
+            for text, prefix in ((prompt, ""), (negative if cfg else None, "negative_")):
+                if text:
+                    embeds, mask = pipe.encode_prompt(prompt=[text], device=device, num_images_per_prompt=1,
+                                                      max_sequence_length=length)
+                    out.update({f"{prefix}prompt_embeds": embeds, f"{prefix}prompt_embeds_mask": mask})
+            return {k: v for k, v in out.items() if v is not None}  # a mask of all ones comes back as None
     raise InvalidRequest("text_encoders", "reloaded", f"{name}: encoding its prompts apart from the call is not "
                          "supported (SD, SDXL, SD3 and Flux are); use text_encoders = 'kept'")
 
