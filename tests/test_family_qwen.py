@@ -113,6 +113,17 @@ def test_cfg_changes_the_image(folder, tmp_path):
     assert not np.array_equal(images[4.0], with_negative)  # the negative prompt is used
 
 
+def test_a_negative_prompt_without_cfg_is_said_to_be_ignored(folder, tmp_path):
+    session = Session()
+    off = session.generate(request(folder, tmp_path, cfg_scale=1.0, negative_prompt="fog"))
+    assert [w for w in off.warnings if "negative" in w] == [
+        "CFG scale 1 turns QwenImagePipeline's true CFG off: the negative prompt is ignored (give a CFG scale above "
+        "1 to use it)"]
+    plain_off = session.generate(request(folder, tmp_path, cfg_scale=1.0))
+    assert np.array_equal(pixels(off.images[0]), pixels(plain_off.images[0]))  # ignored indeed
+    assert not session.generate(request(folder, tmp_path, negative_prompt="fog")).warnings
+
+
 def test_a_batch_splits_by_seed(folder, tmp_path):
     session = Session()
     batch = session.generate(request(folder, tmp_path, batch_size=2, seed=10))

@@ -94,6 +94,10 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
                 warnings.append(f"the {label} has {used} tokens; the text encoder takes {limit}, the rest is ignored")
     if (request.negative_prompt or hires and hires.negative_prompt) and sd.ignores_negative_prompt(pipe):
         warnings.append(f"{type(pipe).__name__} does not use a negative prompt (it runs without CFG): it is ignored")
+    elif request.negative_prompt and request.cfg_scale <= 1 and \
+            families.of_pipe(pipe).call.guidance is families.Guidance.TRUE_CFG:  # Qwen-Image: diffusers drops it
+        warnings.append(f"CFG scale {request.cfg_scale:g} turns {type(pipe).__name__}'s true CFG off: the negative "
+                        "prompt is ignored (give a CFG scale above 1 to use it)")
     for w in warnings:
         log.info(w)
     if request.mask:
