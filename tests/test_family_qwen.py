@@ -164,6 +164,20 @@ def test_plan_the_real_model_offline(capsys):
     whole = next(p for p in result["presets"] if p["name"] == "highvram")
     assert not whole["fits"]  # 20B parameters do not fit an 8 GiB card whole
     assert whole["breakdown"]["denoiser_bytes"] == 2 * 20430401088  # bfloat16, as published
+    # the issue's target: 8 GiB VRAM + 32 GiB RAM at 1024x1024, streamed under a budget at full size
+    chosen = next(p for p in result["presets"] if p["name"] == result["preset"])
+    assert result["preset"].startswith("budget+int8") and chosen["fits"] and chosen["fits_host"]
+    assert (chosen["width"], chosen["height"], chosen["capped"]) == (1024, 1024, False)
+
+
+def test_the_budget_streams_whole_transformer_blocks():
+    """Each of its 60 blocks is one streamed unit: its small modulation Sequentials (img_mod, txt_mod) do not make
+    the block's attention and MLPs the always-resident part (models/blocks.py)."""
+    from lowvram_gen.models.profile import profile_builtin
+
+    real = profile_builtin("qwen-image")
+    assert len(real.residency_blocks) == 60
+    assert real.residency_fixed < 0.01 * sum(b for _, b in real.residency_blocks)
 
 
 # ------------------------------------------------------------------------------------------------ memory
