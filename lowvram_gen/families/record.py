@@ -194,7 +194,7 @@ class Family:
     # text encoders reloaded per job (text_encoders = 'reloaded'): how its prompts are encoded apart from the call:
     # 'a1111' (our own encoding), 'encode_prompt_cfg' (the pipeline's encode_prompt with CFG and a negative prompt:
     # SD3), 'encode_prompt_pooled' (encode_prompt's embeddings and pooled vector, no negative: FLUX.1),
-    # 'encode_prompt_masked' (encode_prompt's embeddings and attention masks, the negative's apart: Qwen-Image), None: cannot
+    # 'encode_prompt_masked' (encode_prompt's embeddings and masks, the negative's apart: Qwen-Image), None: cannot
     text_encode_apart: str | None = None
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the
     # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)
