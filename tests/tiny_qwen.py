@@ -42,7 +42,8 @@ def build_tiny_qwen_image(num_layers: int = 2, wide: bool = False):
     torch.manual_seed(0)
     vocab = len(tokenizer)
     config = Qwen2_5_VLConfig(
-        text_config={"hidden_size": 16, "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,  # ids within the tiny vocabulary
                      "num_key_value_heads": 2, "vocab_size": vocab,
                      "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
                      "rope_theta": 1000000.0},
