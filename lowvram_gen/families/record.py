@@ -51,6 +51,9 @@ class Call:
     # what the call is given as its negative prompt when the user gave none (None: `negative_prompt=None`, the
     # pipeline's own fallback). SANA's call crashes on None ('NoneType' object has no attribute 'lower'): ""
     empty_negative: str | None = None
+    # the negative prompt the call gets when CFG is on and the user gave none (None: none). Qwen-Image's true CFG runs
+    # only with a negative prompt; its model card passes " " so that `--cfg` acts without one
+    blank_negative: str | None = None
 
     @property
     def cfg_argument(self) -> str | None:
@@ -197,6 +200,7 @@ class Family:
     # 'encode_prompt_masks' (encode_prompt's embeddings and attention masks, with CFG's negative: SANA, Chroma,
     # Lumina 2), 'encode_prompt_lists' (a list per prompt, the negative always: Z-Image), 'encode_prompt_empty_negative'
     # (the embeddings and those of "", its CFG's negative: Flux.2 Klein), None: cannot
+    # 'encode_prompt_masked' (encode_prompt's embeddings and masks, the negative's apart: Qwen-Image), None: cannot
     text_encode_apart: str | None = None
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the
     # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)

@@ -241,6 +241,7 @@ GENERIC = Family(key=GENERIC_KEY, group=GENERIC_KEY, name="", call=Call(Guidance
 # Lookup order: the first record that claims a pipeline class or a file wins (SD 1.5 before SD 2.1 for their shared
 # pipeline classes). GENERIC is not in the list: it is what a lookup gives when no record claims the thing.
 from lowvram_gen.families.records_dit import DIT_FAMILIES  # noqa: E402  (SANA, Chroma, Lumina 2: issue 30)
+from lowvram_gen.families.records_qwen import QWEN_IMAGE  # noqa: E402  (issue 30: one module per family)
 
 FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, FLUX2_KLEIN, Z_IMAGE,
-                                 *DIT_FAMILIES)
+                                 *DIT_FAMILIES, QWEN_IMAGE)

@@ -36,7 +36,9 @@ def _units(name: str, module) -> list[tuple[str, object]]:
     and the budget is filled to within a block of ~60 MB; what sits around the list (norm, proj_in,
     proj_out) joins the always-resident fixed part."""
     lists = [(n, c) for n, c in module.named_children() if _is_list(c)]
-    if not lists:
+    if not lists or _numel(*(c for _, c in lists)) * 2 < _numel(module):
+        # no lists, or lists that are not the module's body: a transformer block whose small Sequentials (Qwen-Image's
+        # img_mod / txt_mod modulation, a third of it) would leave its attention and MLPs in the fixed part
         return [(name, module)]
     by_name = dict(lists)
     out = []
@@ -50,6 +52,10 @@ def _units(name: str, module) -> list[tuple[str, object]]:
             for i, m in enumerate(child):
                 out.extend(_inner_blocks(f"{name}.{list_name}.{i}", m))
     return out
+
+
+def _numel(*modules) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
 
 
 def _inner_blocks(name: str, module) -> list[tuple[str, object]]:

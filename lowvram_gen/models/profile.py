@@ -275,7 +275,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
         elif name.startswith("text_encoder"):
             text_kept[name] = text_quant_kept(model)
             fp32_kept[name] = text_fp32_kept(model)
-            c = model.config
+            c = getattr(model.config, "text_config", None) or model.config  # Qwen2.5-VL's: its language model's
             text_hidden.append(int(getattr(c, "hidden_size", getattr(c, "d_model", 768))))
             text_layers.append(int(getattr(c, "num_hidden_layers", getattr(c, "num_layers", 12))))
             if str(getattr(c, "model_type", "")).startswith("clip"):
@@ -352,6 +352,14 @@ def _as_list(value, n: int) -> list:
 
 def _vae_fields(model) -> dict:
     cfg = model.config
+    if "z_dim" in cfg and "base_dim" in cfg:  # a Wan-style causal 3-D VAE (Qwen-Image's): its own config names
+        return {
+            "latent_channels": int(cfg["z_dim"]),
+            "vae_channels": tuple(int(cfg["base_dim"]) * int(m) for m in cfg.get("dim_mult", (1, 2, 4, 4))),
+            "vae_layers_per_block": int(cfg.get("num_res_blocks", 2)),
+            "vae_scale_factor": 2 ** len(cfg.get("temperal_downsample", (False, True, True))),
+            "vae_sample_size": 512,
+        }
     # a DC-AE (SANA's AutoencoderDC) names its stages per side: each halves the side, as an AutoencoderKL's do (32x)
     stages = cfg.get("block_out_channels") or cfg.get("decoder_block_out_channels") or (128, 256, 512, 512)
     channels = tuple(int(c) for c in stages)

@@ -115,7 +115,9 @@ def masked_content(pipe, content: str, masks: list, seeds: list[int], device: st
         for i in range(latents.shape[0]):
             small = masks[i % len(masks)].convert("L").resize((w, h))
             rows.append(np.round(np.asarray(small, dtype=np.float32) / 255.0))
-        inside = torch.from_numpy(np.stack(rows))[:, None].to(latents.device, latents.dtype)
+        # (B, 1, h, w), or (B, 1, 1, h, w) for a video-style VAE's frame axis (Qwen-Image's latents are B, C, 1, h, w)
+        inside = torch.from_numpy(np.stack(rows)).reshape(latents.shape[0], *([1] * (latents.ndim - 3)), h, w)
+        inside = inside.to(latents.device, latents.dtype)
         if content == "latent-noise":  # each image's own seed, as A1111 draws it from the image's seed
             gens = [torch.Generator("cpu").manual_seed(seeds[i % len(seeds)]) for i in range(latents.shape[0])]
             fill = torch.stack([torch.randn(latents.shape[1:], generator=g) for g in gens]).to(latents.device,

@@ -96,6 +96,10 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
         record = families.of_pipe(pipe)  # FLUX.1 takes one only for a true CFG we never run; Flux.2 takes none
         why = "it runs without CFG" if record.call.takes_negative_prompt else f"{record.name or 'its call'} has none"
         warnings.append(f"{type(pipe).__name__} does not use a negative prompt ({why}): it is ignored")
+    elif request.negative_prompt and request.cfg_scale <= 1 and \
+            families.of_pipe(pipe).call.guidance is families.Guidance.TRUE_CFG:  # Qwen-Image: diffusers drops it
+        warnings.append(f"CFG scale {request.cfg_scale:g} turns {type(pipe).__name__}'s true CFG off: the negative "
+                        "prompt is ignored (give a CFG scale above 1 to use it)")
     for w in warnings:
         log.info(w)
     if request.mask:

@@ -113,7 +113,11 @@ def text_kwargs(pipe, texts: Texts, n: int, cfg: bool) -> dict:
     call = families.of_pipe(pipe).call
     if not call.takes_negative_prompt:
         return dict(prompt=[prompt] * n)
-    negative = plain_prompt_for(pipe, texts.negative_prompt)[0] or call.empty_negative
+    negative = plain_prompt_for(pipe, texts.negative_prompt)[0] or None
+    if negative is None and cfg:  # Qwen-Image: its true CFG needs a negative prompt; its model card's blank one
+        negative = call.blank_negative
+    if negative is None:  # SANA: its call needs a string
+        negative = call.empty_negative
     return dict(prompt=[prompt] * n, negative_prompt=[negative] * n if negative is not None else None)
 
 
@@ -168,6 +172,15 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
             embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
             empty, _ids = pipe.encode_prompt(prompt=[""], device=device, max_sequence_length=length)
             return dict(prompt_embeds=embeds, negative_prompt_embeds=empty)
+        if style == "encode_prompt_masked":  # Qwen-Image: embeddings and masks; the negative's under CFG, as the call
+            negative = negative or (record.call.blank_negative if cfg else None)
+            out = {}
+            for text, prefix in ((prompt, ""), (negative if cfg else None, "negative_")):
+                if text:
+                    embeds, mask = pipe.encode_prompt(prompt=[text], device=device, num_images_per_prompt=1,
+                                                      max_sequence_length=length)
+                    out.update({f"{prefix}prompt_embeds": embeds, f"{prefix}prompt_embeds_mask": mask})
+            return {k: v for k, v in out.items() if v is not None}  # a mask of all ones comes back as None
     raise InvalidRequest("text_encoders", "reloaded", f"{name}: encoding its prompts apart from the call is not "
                          "supported (SD, SDXL, SD3, Flux, SANA, Chroma and Lumina 2 are); use text_encoders = 'kept'")
 
