@@ -8,8 +8,6 @@ encoders the tests build take `len(tokenizer)` as their vocabulary size. T5's is
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 # the special tokens Qwen2/2.5-VL/3 pipelines name in their prompt templates (diffusers' pipelines format them as text)
 QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                 "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<think>", "</think>")
@@ -24,20 +22,11 @@ QWEN_CHAT_TEMPLATE = (
     "{% endif %}")
 
 
-@lru_cache(maxsize=1)
 def _byte_symbols() -> list[str]:
     """GPT-2's byte-to-unicode table (what byte-level BPE vocabularies are written in): 256 printable symbols."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    codes = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            codes.append(256 + n)
-            n += 1
-    by_byte = dict(zip(printable, codes))
-    return [chr(by_byte[b]) for b in range(256)]
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return [bytes_to_unicode()[b] for b in range(256)]
 
 
 def qwen2_tokenizer(model_max_length: int = 512):

@@ -192,19 +192,6 @@ def _t5_folder(family, path: Path, name: str) -> Path:
 # ------------------------------------------------------------------------------------------------- CLIP
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """OpenAI's byte -> printable character table (CLIP's and GPT-2's), in its own order."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
-
-
 def clip_bpe_files() -> Path:
     """vocab.json and merges.txt of CLIP's tokenizer, built once from the shipped BPE file into
     LOWVRAM_GEN_HOME/tokenizers/clip-bpe-16e6/ (as CLIP's own SimpleTokenizer builds its vocabulary)."""
@@ -215,7 +202,9 @@ def clip_bpe_files() -> Path:
         return folder
     lines = gzip.decompress(BPE_FILE.read_bytes()).decode("utf-8").split("\n")
     merges = [tuple(line.split()) for line in lines[1:1 + CLIP_VOCAB - 2 * 256 - 2]]  # the file's first 48894
-    chars = list(_bytes_to_unicode().values())
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # OpenAI's byte -> printable table, in order
+
+    chars = list(bytes_to_unicode().values())
     vocab = chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
     if len(vocab) != CLIP_VOCAB or len(set(vocab)) != CLIP_VOCAB:
         raise ModelLoadError(f"{BPE_FILE} is damaged: it gives {len(set(vocab))} distinct tokens, not {CLIP_VOCAB}")
