@@ -141,10 +141,11 @@ def _b64(image) -> str:
 
 
 def test_interrupt_stops_the_running_api_job_and_progress_follows_it(server, api, slow_jobs):
-    thread, box = _in_thread(lambda: api.txt2img(prompt="slow", seed=3, steps=20, width=64, height=64))
+    thread, box = _in_thread(lambda: api.txt2img(prompt="slow", seed=3, steps=20, width=64, height=64, n_iter=2))
     assert slow_jobs.blocked.wait(120)
     progress = api.get_progress()
     assert progress["state"]["job_count"] == 1 and progress["state"]["sampling_step"] == 2
+    assert progress["textinfo"].startswith("Step 2/20 · batch 1/2")  # the web UI's one progress line
     assert progress["state"]["sampling_steps"] == 20 and progress["progress"] == pytest.approx(0.1)
     assert progress["state"]["interrupted"] is False and progress["eta_relative"] > 0
     assert api.interrupt() == {}

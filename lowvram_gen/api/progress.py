@@ -3,7 +3,8 @@
 `progress` is the fraction of the running pass's steps done (at least 0.01 once a job runs, as A1111's; with a
 batch count each batch is a pass), `eta_relative` the seconds left at the rate so far, `state` A1111's state dict
 (sampling_step of sampling_steps, interrupted, skipped), `current_image` the job's latest live preview as a base64
-PNG (None before the first, or with skip_current_image), `textinfo` what the job is doing while no step has ended.
+PNG (None before the first, or with skip_current_image), `textinfo` the job's one progress line (jobs/progress.py:
+"Waiting: 1 job ahead", "Step 2/20 · batch 1/2 · ETA 0:09", as the web UI shows it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def progress(job, skip_current_image: bool = False) -> dict:
                  sampling_steps=total)
     return {"progress": fraction, "eta_relative": elapsed / fraction - elapsed if done else 0.0, "state": state,
             "current_image": None if skip_current_image or job.preview is None else png_base64(job.preview),
-            "textinfo": None if step else "waiting for the GPU, or loading the model"}
+            "textinfo": job.line or (None if step else "waiting for the GPU, or loading the model")}
 
 
 def png_base64(image) -> str:
