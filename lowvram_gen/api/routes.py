@@ -38,7 +38,6 @@ from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
 from lowvram_gen.jobs import console
-from lowvram_gen.jobs.progress import StepProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 
@@ -335,8 +334,7 @@ def _run(ctx: ApiContext, request, kind: str, watch: ClientWatch | None = None) 
     job = Job(work)
     if watch is not None:  # the client hanging up stops it as /interrupt does
         watch.attach(job)
-    steps = StepProgress(request.batch_count, 2 if request.hires else 1)  # the line /progress gives as textinfo
-    with closing(run(ctx.registry, key, job, f"API {kind}", request, tick=None, progress=steps)) as events:
+    with closing(run(ctx.registry, key, job, f"API {kind}", request, tick=None)) as events:
         for _ in events:
             pass
     return job

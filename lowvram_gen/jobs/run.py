@@ -40,10 +40,12 @@ def run(registry: Registry, key: str, job: Job, what: str, request, *, steps: in
 
     The job's progress line (jobs/progress.py; `job.line`, which the web UI shows) is set when the job is registered,
     at each tick until its first step (how many jobs it waits behind, or that it starts), and at each step
-    (`progress`, a StepProgress made for the request, says the step, the batch and the ETA); `on_progress(fraction,
+    (`progress`, by default a StepProgress of the request's batch count and hires passes, says the step, the batch
+    and the ETA); `on_progress(fraction,
     line)` is told each new one."""
     registry.start(key, job)
-    progress = progress or StepProgress()
+    if progress is None:  # an SD job's: its batch count, two passes a batch with hires fix
+        progress = StepProgress(getattr(request, "batch_count", 1), 2 if getattr(request, "hires", False) else 1)
     said = [None]
 
     def say_waiting():

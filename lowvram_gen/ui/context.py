@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from lowvram_gen.errors import Cancelled, LowVramError
-from lowvram_gen.jobs.progress import StepProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 from lowvram_gen.outputs import read_png_metadata
@@ -114,12 +113,11 @@ class TabContext:
                                          preview_method=preview_method)
 
         job = Job(work)
-        steps = StepProgress(job_request.batch_count, 2 if job_request.hires else 1)
         # the browser shows the job's line once (ui/live.py reads job.line); gradio's own progress would be drawn on
         # every output, so only an API client (gradio_client) gets the line through it
         said = None if messages.from_browser(request) else lambda fraction, line: progress(fraction, desc=line)
         try:
-            with closing(run(self.jobs, client, job, what, job_request, progress=steps, on_progress=said)) as events:
+            with closing(run(self.jobs, client, job, what, job_request, on_progress=said)) as events:
                 for _ in events:
                     yield (gr.skip(),) * 4
         except LowVramError as exc:  # the job failed with a user error: "What ran" says why
