@@ -42,12 +42,14 @@ class LatentFormat:
 
     factors: tuple[tuple[float, float, float], ...]
     bias: tuple[float, float, float] | None
-    taesd: tuple[str, str]
+    taesd: tuple[str, str] | None  # None: no TAESD decoder we know of for these latents (approx only)
     packed: bool = False
 
 
-# The factors are data published with ComfyUI: comfy/latent_formats.py, classes SD15, SDXL, SD3 and Flux
+# The factors are data published with ComfyUI: comfy/latent_formats.py, classes SD15, SDXL, SD3, Flux, Flux2 and Wan21
 # (latent_rgb_factors, latent_rgb_factors_bias), https://github.com/comfyanonymous/ComfyUI/blob/master/comfy/latent_formats.py
+# Z-Image, Lumina 2 and Chroma have FLUX.1's VAE ("flux"), Qwen-Image Wan 2.1's ("wan21"), Flux.2 its own ("flux2"), as
+# ComfyUI's comfy/supported_models.py gives them. SANA's 32-channel DC-AE has no published map: no preview for it.
 FORMATS = {
     "sd": LatentFormat(  # SD 1.x / 2.x
         ((0.3512, 0.2297, 0.3227), (0.3250, 0.4974, 0.2350), (-0.2829, 0.1762, 0.2721), (-0.2120, -0.2616, -0.7177)),
@@ -67,6 +69,28 @@ FORMATS = {
          (-0.0245, 0.0250, 0.1180), (0.1008, 0.0755, -0.0421), (-0.0515, 0.0201, 0.0011), (0.0428, -0.0012, -0.0036),
          (0.0817, 0.0765, 0.0749), (-0.1264, -0.0522, -0.1103), (-0.0280, -0.0881, -0.0499), (-0.1262, -0.0982, -0.0778)),
         (-0.0329, -0.0718, -0.0851), ("taef1_decoder", "madebyollin/taef1"), packed=True),
+    # Flux.2's 32-channel VAE latents, as ComfyUI's Flux2 format reads them: patchified 2x2 into 128 channels (channel
+    # c*4 + 2*row + col, the order of diffusers' Flux2 _patchify_latents) and normalised by the VAE's batch norm, as the
+    # denoiser holds them; the factors apply to the 32 channels once the patches are put back on their grid, which
+    # `_unpacked` does for the sequence the pipeline packs them into (the same layout as FLUX.1's packing)
+    "flux2": LatentFormat(
+        ((0.0058, 0.0113, 0.0073), (0.0495, 0.0443, 0.0836), (-0.0099, 0.0096, 0.0644), (0.2144, 0.3009, 0.3652),
+         (0.0166, -0.0039, -0.0054), (0.0157, 0.0103, -0.0160), (-0.0398, 0.0902, -0.0235), (-0.0052, 0.0095, 0.0109),
+         (-0.3527, -0.2712, -0.1666), (-0.0301, -0.0356, -0.0180), (-0.0107, 0.0078, 0.0013), (0.0746, 0.0090, -0.0941),
+         (0.0156, 0.0169, 0.0070), (-0.0034, -0.0040, -0.0114), (0.0032, 0.0181, 0.0080), (-0.0939, -0.0008, 0.0186),
+         (0.0018, 0.0043, 0.0104), (0.0284, 0.0056, -0.0127), (-0.0024, -0.0022, -0.0030), (0.1207, -0.0026, 0.0065),
+         (0.0128, 0.0101, 0.0142), (0.0137, -0.0072, -0.0007), (0.0095, 0.0092, -0.0059), (0.0000, -0.0077, -0.0049),
+         (-0.0465, -0.0204, -0.0312), (0.0095, 0.0012, -0.0066), (0.0290, -0.0034, 0.0025), (0.0220, 0.0169, -0.0048),
+         (-0.0332, -0.0457, -0.0468), (-0.0085, 0.0389, 0.0609), (-0.0076, 0.0003, -0.0043), (-0.0111, -0.0460, -0.0614)),
+        (-0.0329, -0.0718, -0.0851), None, packed=True),
+    # Wan 2.1's VAE, Qwen-Image's: ComfyUI's Wan21 format (its latents normalised by the VAE's latents_mean / std, as
+    # QwenImagePipeline holds them), packed 2x2 into a sequence as FLUX.1's
+    "wan21": LatentFormat(
+        ((-0.1299, -0.1692, 0.2932), (0.0671, 0.0406, 0.0442), (0.3568, 0.2548, 0.1747), (0.0372, 0.2344, 0.1420),
+         (0.0313, 0.0189, -0.0328), (0.0296, -0.0956, -0.0665), (-0.3477, -0.4059, -0.2925), (0.0166, 0.1902, 0.1975),
+         (-0.0412, 0.0267, -0.1364), (-0.1293, 0.0740, 0.1636), (0.0680, 0.3019, 0.1128), (0.0032, 0.0581, 0.0639),
+         (-0.1251, 0.0927, 0.1699), (0.0060, -0.0633, 0.0005), (0.3477, 0.2275, 0.2950), (0.1984, 0.0913, 0.1861)),
+        (-0.1835, -0.0868, -0.3360), None, packed=True),
 }
 
 Render = Callable[[object, int, int], object]  # (latents of one image on the CPU, width, height) -> PIL image
@@ -98,7 +122,10 @@ def renderer(pipe, method: str = "auto", models: Path | None = None) -> tuple[Re
     # whether the denoiser holds its latents packed into a sequence is the family's (its record), not the format's
     fmt = replace(FORMATS[key], packed=families.of_pipe(pipe).packed_latents)
     scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
-    if method in ("auto", "taesd"):
+    if method == "taesd" and fmt.taesd is None:
+        raise InvalidRequest("live preview method", "taesd", f"no TAESD decoder is known for {families.of_pipe(pipe).name}"
+                             "'s latents: use auto or approx")
+    if method in ("auto", "taesd") and fmt.taesd is not None:
         found = find_taesd(fmt, models)
         if found is not None:
             decoder = _Taesd(found)

@@ -121,8 +121,11 @@ class GenerationRequest:
     negative_prompt: str = ""
     width: int = 512
     height: int = 512
-    steps: int = 20
-    cfg_scale: float = 7.0
+    # None: not given, the model family's default (families/record.py `sampling`: A1111's 20 / 7 for SD 1.x/2.x and
+    # SDXL; Z-Image Turbo 9 / 0, Qwen-Image 50 / 4 ...), filled in once by the Session (`with_sampling`) where the
+    # model is known, before the plan: everything after it (infotext, JSON, progress, hires, the API's info) sees numbers
+    steps: int | None = None
+    cfg_scale: float | None = None
     seed: int = -1  # -1: random; the seed actually used is recorded in the result and the image
     batch_size: int = 1  # images in one batch (made together, as far as the preset's max_batch allows)
     # A1111's "Batch count" (n_iter): batches made one after another; the job makes batch_count x batch_size images,
@@ -197,8 +200,8 @@ class GenerationRequest:
             negative_prompt=check_prompt_syntax("negative prompt", clean_prompt("negative prompt", self.negative_prompt)),
             width=as_side("width", self.width),
             height=as_side("height", self.height),
-            steps=as_int("steps", self.steps, 1, MAX_STEPS),
-            cfg_scale=as_float("cfg scale", self.cfg_scale, 0.0, MAX_CFG),
+            steps=None if _unset(self.steps) else as_int("steps", self.steps, 1, MAX_STEPS),
+            cfg_scale=None if _unset(self.cfg_scale) else as_float("cfg scale", self.cfg_scale, 0.0, MAX_CFG),
             seed=seed,
             batch_size=as_int("batch size", self.batch_size, 1, MAX_BATCH),
             batch_count=as_int("batch count", self.batch_count, 1, MAX_BATCH_COUNT),
@@ -264,6 +267,16 @@ class GenerationRequest:
                                                  f"{side - side % 8 + 8}), from 8 to {MAX_SIDE}")
             sides.append(side)
         return dataclasses.replace(self, seed_resize_from_w=sides[0], seed_resize_from_h=sides[1])
+
+    def with_sampling(self, steps: int, cfg_scale: float) -> "GenerationRequest":
+        """This request with its steps and CFG scale, where it gave none, set to these (its family's defaults)."""
+        return dataclasses.replace(self, steps=steps if self.steps is None else self.steps,
+                                   cfg_scale=float(cfg_scale) if self.cfg_scale is None else self.cfg_scale)
+
+    @property
+    def sampling_given(self) -> bool:
+        """Whether both the steps and the CFG scale are numbers (given, or filled in by `with_sampling`)."""
+        return self.steps is not None and self.cfg_scale is not None
 
     @property
     def seed_resize_from(self) -> tuple[int, int] | None:
@@ -561,6 +574,11 @@ def unreadable_image(exc: BaseException) -> str:
 
 def check_upscaler_name(field_name: str, value: Any, latent_ok: bool = False) -> str:
     return check_upscaler(value, field_name, latent_ok=latent_ok)
+
+
+def _unset(value: Any) -> bool:
+    """None, or the empty text of a form field or a CSV cell: not given (the family's default)."""
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def _non_empty(field_name: str, value: Any) -> str:

@@ -27,6 +27,7 @@ from lowvram_gen import preview as previews
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.families import sampling
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.stepdown import Runner
@@ -190,6 +191,7 @@ class Session:
         --quantize), the forced preset, and the presets that ran out of memory for a job like it on this device.
         `profile`: (profile, is a folder) of `model_profile`, for `lowvram-gen plan`, which loads no model."""
         device = device or self.device()
+        request = self.with_sampling_defaults(request, source, profile[0] if profile else None)
         if profile is None:
             source = source or resolve(request.model, request.config)
             model = self.model if self.model and self.model.source == source else None
@@ -206,6 +208,29 @@ class Session:
                     quantize_forced=request.quantize is not None, model=request.model,
                     reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
                     full_precision=self.precision.full)
+
+    def with_sampling_defaults(self, request: GenerationRequest, source: ModelSource | None = None,
+                               profile: profiles.ModelProfile | None = None) -> GenerationRequest:
+        """`request` with the steps and CFG scale it left out (None) set to its model family's, for the variant the
+        model folder is (families/sampling.py); given ones are kept. `profile`: a built-in model's (`plan --model
+        z-image`), planned from the configs the package ships."""
+        if request.sampling_given:
+            return request
+        if profile is not None and source is None and profiles.is_builtin(request.model):
+            record = families.by_name(request.model) or families.by_arch(profile.arch)
+            facts = sampling.folder_facts(request.model, profiles.CONFIGS / record.builtin if record.builtin else None)
+        else:
+            source = source or resolve(request.model, request.config)
+            single = source.kind == "single_file"
+            facts = sampling.folder_facts(request.model, Path(source.config) if single and source.config else
+                                          None if single else source.path, name_path=source.path)
+            record = sampling.record_of(facts)
+            if record is None:  # a single file without a config folder: the family its keys (its profile) say
+                found = source_profile(source, self.model.family if self.model and self.model.source == source
+                                       else None)
+                record = families.by_denoiser_class(found.denoiser_class) or families.by_arch(found.arch)
+        chosen = record.default_sampling(facts)
+        return request.with_sampling(chosen.steps, chosen.cfg)
 
     def _learn(self, device: DeviceInfo, request: GenerationRequest, source: ModelSource, ladder: Ladder) -> None:
         """Record the measured step time of each finished denoising pass, with what the planner's estimate of it
@@ -244,6 +269,7 @@ class Session:
                 raise Cancelled("cancelled before the first step; 0 finished image(s) kept")
             device = self.device()
             source = resolve(request.model, request.config)
+            request = self.with_sampling_defaults(request, source)  # once: the plan and the job see the numbers
             the_plan = self.plan(request, device, source)
             if the_plan.refusal and self.model is not None and self.model.source != source:
                 # the loaded model's RAM counts as the process's: give it back and plan again

@@ -48,7 +48,9 @@ def test_the_page_every_client_loads_carries_the_documented_defaults(tmp_path):
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
     defaults = GenerationRequest()
     assert _component(app, "prompt").value == "" and _component(app, "seed").value == -1
-    assert (_component(app, "width").value, _component(app, "steps").value) == (defaults.width, defaults.steps)
+    # the request leaves steps and CFG to the model family (None); the sliders start at the UI model's (tiny: SD's)
+    assert (_component(app, "width").value, _component(app, "steps").value) == (defaults.width, 20)
+    assert _component(app, "cfg").value == 7 and defaults.steps is None
     steps, batch = _component(app, "steps"), _component(app, "batch")
     assert steps.minimum == 1 and batch.minimum == 1  # the sliders no longer go down to 0
 

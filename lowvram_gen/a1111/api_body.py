@@ -2,7 +2,8 @@
 
 The body's fields are A1111's (its `StableDiffusionProcessingTxt2Img`/`Img2Img` and the API's own:
 sampler_index, send_images, save_images, script_name, alwayson_scripts...), with A1111's API defaults where
-a field is left out: steps 50, sampler Euler, denoising strength 0.75. Each field is one of:
+a field is left out (sampler Euler, denoising strength 0.75), but for the steps and CFG scale: the model family's
+(20 / 7 for SD, 9 / 0 for Z-Image Turbo ...; A1111's API would run 50 steps), which `info` reports. Each field is one of:
 
 - mapped onto a request field (prompt, seed, sampler_name + scheduler, enable_hr and the hr_* fields, init_images,
   mask and the inpaint fields, override_settings...);
@@ -108,6 +109,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     fields = {f.name: _value(f, got) for f in specs if f.request and not f.when and f.name != "init_image"}
     fields.update(model=settings["model"], clip_skip=settings["clip_skip"], vae=settings["vae"], outdir=outdir,
                   extra={"api": kind})
+    unset = _family_defaults(given, fields)
     warnings += _latent_sides(fields)
     if kind == "txt2img":
         fields.update(_hires(specs, got))
@@ -126,9 +128,19 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
         raise renamed(exc) from None
     _check_controlnet_models(request)
     parameters = dict(echo)
+    parameters.update({api_key(name): None for name in unset})  # the model family's, which `info` says
     if kind == "img2img" and not as_bool("include_init_images", got["include_init_images"]):
         parameters[api_key("init_image")] = parameters[api_key("mask")] = None  # as A1111 echoes them
     return Mapped(request, warnings, parameters, as_bool("send_images", got["send_images"]), keep)
+
+
+def _family_defaults(given: dict, fields: dict) -> tuple[str, ...]:
+    """Steps and CFG scale a body leaves out (or sends null) are the model family's (families/record.py `sampling`:
+    20 / 7 for SD 1.x/2.x and SDXL, 9 / 0 for Z-Image Turbo ...), as the CLI's and the web UI's are, not A1111's API
+    defaults (50 / 7, made for SD); a client that sends them gets its own. The names of the fields left to the family."""
+    unset = tuple(name for name in ("steps", "cfg_scale") if given.get(api_key(name)) is None)
+    fields.update({name: None for name in unset})
+    return unset
 
 
 def _latent_sides(fields: dict) -> list[str]:

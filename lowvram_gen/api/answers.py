@@ -92,7 +92,9 @@ def info(request, images: list[str], kind: str, model_name: str, warnings: list[
         key("subseed_strength"): request.subseed_strength, key("width"): request.width, key("height"): request.height,
         key("sampler"): first.get(label("sampler"), request.sampler),
         key("schedule_type"): first.get(label("schedule_type")),
-        key("cfg_scale"): request.cfg_scale, key("steps"): request.steps, key("batch_size"): request.batch_size,
+        # the numbers that ran, as the image says them: a body without steps / CFG runs its model family's
+        key("cfg_scale"): _number(first.get(label("cfg_scale")), request.cfg_scale),
+        key("steps"): _int(first.get(label("steps")), request.steps), key("batch_size"): request.batch_size,
         BY_NAME["restore_faces"].api: False, "face_restoration_model": None, "sd_model_name": model_name,
         "sd_model_hash": None, "sd_vae_name": first.get(label("vae")), "sd_vae_hash": first.get(VAE_HASH),
         key("seed_resize_from_w"): request.seed_resize_from_w or -1,
@@ -110,6 +112,13 @@ def info(request, images: list[str], kind: str, model_name: str, warnings: list[
 def _int(value: Any, default: int) -> int:
     try:
         return int(str(value).strip())
+    except (TypeError, ValueError):
+        return default
+
+
+def _number(value: Any, default: float | None) -> float | None:
+    try:
+        return float(str(value).strip())
     except (TypeError, ValueError):
         return default
 

@@ -144,6 +144,11 @@ def request_hash(engine: str, request) -> str:
     data = dataclasses.asdict(request)
     data.pop("outdir", None)
     data.pop("extra", None)
+    # steps and CFG left out (None: the model family's, filled in when the job runs) hash as the numbers a line
+    # without them had before families had defaults (A1111's 20 / 7), so an SD line keeps its hash and its resume
+    if "cfg_scale" in data:
+        data["steps"] = 20 if data.get("steps") is None else data["steps"]
+        data["cfg_scale"] = 7.0 if data.get("cfg_scale") is None else data["cfg_scale"]
     if data.get("batch_count") == 1:  # added later: a job of one batch keeps the hash it had
         data.pop("batch_count", None)
     if data.get("quantize") is None:  # added later: requests without it keep the hashes they had

@@ -83,8 +83,10 @@ def _add_job_fields(p, every_job: bool) -> None:
                    help="negative prompt of every job without its own" if every_job else "what not to draw")
     p.add_argument("--width", metavar="N", help="multiple of 8 (default 512)")
     p.add_argument("--height", metavar="N", help="multiple of 8 (default 512)")
-    p.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default 20)")
-    p.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default 7)")
+    p.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default: the model family's; 20 for SD, "
+                                                "9 for Z-Image Turbo, 4 for Flux.2 Klein ...)")
+    p.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default: the model family's; 7 for "
+                                                               "SD, 0 for Z-Image Turbo, 4 for Qwen-Image ...)")
     p.add_argument("--batch", dest="batch_size", metavar="N",
                    help=f"images {'per' if every_job else 'in this'} job (default 1)")
     p.add_argument("--sampler", metavar="NAME",
@@ -231,8 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--width", metavar="N", help=native)
     pl.add_argument("--height", metavar="N", help=native)
     pl.add_argument("--batch", dest="batch_size", default=1, metavar="N", help="images per job (default 1)")
-    pl.add_argument("--steps", default=20, metavar="N",
-                    help="sampling steps (default 20): what moves once a job is spread over them")
+    pl.add_argument("--steps", metavar="N",
+                    help="sampling steps (default: the model family's, 20 for SD): what moves once a job is spread "
+                         "over them")
     pl.add_argument("--quantize", metavar="none|int8|int4",
                     help="plan with int8/int4 weights in every preset, or none, as generate's --quantize does")
     pl.add_argument("--ram", metavar="SIZE", help="simulate a machine with this much free system RAM, e.g. 16GB "
@@ -480,7 +483,7 @@ def cmd_plan(args) -> int:
     width, height = (as_side(name, value) if value is not None else None
                      for name, value in (("width", args.width), ("height", args.height)))
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
-    steps = as_int("steps", args.steps, 1, MAX_STEPS)
+    steps = None if args.steps is None else as_int("steps", args.steps, 1, MAX_STEPS)  # None: the family's
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 

@@ -63,6 +63,29 @@ class Call:
 
 
 @dataclass(frozen=True)
+class FolderFacts:
+    """What a model folder says about which variant of a family it is, for its sampling defaults: its name as the
+    user gave it (a hub id's repo name, a folder's or a file's own name, lower case), model_index.json, and its
+    transformer's config. Empty where there is nothing to read (a single file without --config)."""
+
+    name: str = ""
+    model_index: Mapping = field(default_factory=dict)
+    transformer: Mapping = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The steps and CFG scale a family runs when the user gives none: what its users expect (its model card)."""
+
+    steps: int = 20  # A1111's txt2img default
+    cfg: float = 7.0  # A1111's txt2img default (for a distilled-guidance family: its guidance input)
+    source: str = "A1111's defaults"  # where the numbers come from, for messages and the record's readers
+
+
+A1111_SAMPLING = Sampling()
+
+
+@dataclass(frozen=True)
 class SingleFile:
     """How an original-layout single file (A1111 / Civitai / BFL / a GGUF denoiser) of the family is read."""
 
@@ -209,6 +232,11 @@ class Family:
     # the A1111 sampler the request's sampler "default" runs (with its A1111 Automatic schedule: samplers.py); None:
     # the model folder's own scheduler (flow-matching families: A1111's samplers are for noise prediction)
     default_sampler: str | None = None
+    # the steps and CFG scale a request that gives none runs (request.py: None until the Session resolves them):
+    # `sampling`, or `sampling_for(facts)` where one pipeline class has variants with other defaults (Z-Image Turbo
+    # and base, Flux.2 Klein distilled and base), told apart by what the folder says (FolderFacts)
+    sampling: Sampling = A1111_SAMPLING
+    sampling_for: Callable[[FolderFacts], Sampling] | None = None
 
   
     # tasks whose pipeline __call__ takes no width/height: it keeps the init image's size (SD/SDXL img2img); the
@@ -220,6 +248,12 @@ class Family:
     # its pipelines load textual-inversion embeddings (load_textual_inversion); None: a family no record knows,
     # whose pipeline object is asked
     textual_inversion: bool | None = None
+
+    def default_sampling(self, facts: FolderFacts | None = None) -> Sampling:
+        """The steps and CFG scale of a job that gives none, for the folder `facts` describes (None: the record's)."""
+        if self.sampling_for is not None:
+            return self.sampling_for(facts or FolderFacts())
+        return self.sampling
 
     def takes_negative_prompt(self, task: str | Task = Task.TXT2IMG) -> bool:
         """Whether the pipeline of `task` takes a negative prompt argument at all."""

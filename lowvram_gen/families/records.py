@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from lowvram_gen.families import controlnet_shapes, keys
-from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, Guidance, SingleFile, Task,
-                                         spatial_patch)
+from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, FolderFacts, Guidance, Sampling,
+                                         SingleFile, Task, spatial_patch)
 from lowvram_gen.families.records_flux2 import FLUX2_KLEIN
 from lowvram_gen.families.records_zimage import Z_IMAGE
 
@@ -168,6 +168,18 @@ SD3 = Family(
 
 # ------------------------------------------------------------------------------------------------ FLUX.1
 
+# FLUX.1-dev: Forge's defaults for it (20 steps, "Distilled CFG Scale" 3.5, FluxPipeline's own guidance_scale); before
+# records had sampling defaults it ran A1111's CFG 7 as its guidance, which burns its images
+FLUX1_DEV = Sampling(20, 3.5, "Forge's FLUX.1-dev defaults")
+# FLUX.1-schnell (no guidance input: guidance_embeds false): its model card's 4 steps, guidance 0
+FLUX1_SCHNELL = Sampling(4, 0.0, "FLUX.1-schnell's model card")
+
+
+def _flux1_sampling(facts: FolderFacts) -> Sampling:
+    """schnell where the transformer's config says it takes no guidance (guidance_embeds false), dev otherwise."""
+    return FLUX1_SCHNELL if facts.transformer.get("guidance_embeds") is False else FLUX1_DEV
+
+
 FLUX1 = Family(
     key="flux", group="flux", name="Flux", label="FLUX.1-dev",
     tasks={
@@ -208,6 +220,7 @@ FLUX1 = Family(
     # its ControlNet img2img pipeline takes no negative prompt; its pipelines carry
     # diffusers' textual-inversion loader
     no_negative_prompt_tasks=(Task.CONTROLNET_IMG2IMG.value,), textual_inversion=True,
+    sampling=FLUX1_DEV, sampling_for=_flux1_sampling,
 )
 
 # ------------------------------------------------------------------------------------------------ PixArt

@@ -17,7 +17,7 @@ them offline.
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Family, Guidance, Sampling, Task
 
 SANA = Family(
     key="sana", group="sana", name="SANA", label="SANA 1600M",
@@ -30,6 +30,10 @@ SANA = Family(
     t5_tokens=300, joint_tokens=0, cfg_batch=True, file_dtype="bfloat16",
     call=Call(Guidance.CFG, empty_negative=""), text_encode_apart="encode_prompt_masks", lora="diffusers",
     textual_inversion=False,
+    # its model card (and SanaPipeline's defaults): num_inference_steps=20, guidance_scale=4.5
+    sampling=Sampling(20, 4.5, "SANA's model card"),
+    # no preview: no published linear map of its 32-channel DC-AE latents to RGB (ComfyUI has none either)
+    latent_format=None,
 )
 
 CHROMA = Family(
@@ -45,6 +49,8 @@ CHROMA = Family(
     # T5's tokens in the joint stream; CFG runs the negative prompt as a second forward, not a doubled batch
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     latent_format="flux", packed_latents=True,  # FLUX.1's VAE and its 2x2 packing
+    # Chroma1-HD's own demo (lodestones' space): num_inference_steps=40, guidance_scale=3.0 (ChromaPipeline's: 35 / 5.0)
+    sampling=Sampling(40, 3.0, "Chroma1-HD's demo"),
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_masks", lora="diffusers",
     textual_inversion=True,  # its pipelines carry diffusers' TI loader
 )
@@ -60,6 +66,9 @@ LUMINA2 = Family(
     t5_tokens=256, joint_tokens=256, cfg_batch=False, file_dtype="bfloat16",
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_masks", lora="diffusers",
     textual_inversion=False,
+    # Lumina-Image-2.0's model card: num_inference_steps=50, guidance_scale=4.0 (Lumina2Pipeline's own: 30 / 4.0)
+    sampling=Sampling(50, 4.0, "Lumina-Image-2.0's model card"),
+    latent_format="flux",  # FLUX.1's VAE, its latents unpacked (ComfyUI's Lumina 2 previews them as Flux's)
 )
 
 DIT_FAMILIES: tuple[Family, ...] = (SANA, CHROMA, LUMINA2)

@@ -16,7 +16,20 @@ pipeline (Flux2KleinInpaintPipeline, which the auto-pipelines do not map) is bui
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task
+
+# FLUX.2 [klein] 4B/9B's model cards (the step-distilled models): num_inference_steps=4, guidance_scale=1.0
+DISTILLED = Sampling(4, 1.0, "FLUX.2 [klein]'s model card")
+# the base models' (Klein Base 4B/9B): Flux2KleinPipeline's own defaults, 50 steps at guidance 4.0
+BASE = Sampling(50, 4.0, "Flux2KleinPipeline's defaults (the base models)")
+
+
+def klein_sampling(facts: FolderFacts) -> Sampling:
+    """A distilled model's defaults where model_index.json says `is_distilled` (as the pipeline itself reads it);
+    the base models' where it says not. A folder that does not say is the distilled Klein 4B the short names load."""
+    distilled = facts.model_index.get("is_distilled")
+    return BASE if distilled is False else DISTILLED
+
 
 FLUX2_KLEIN = Family(
     key="flux2-klein", group="flux2-klein", name="Flux.2 Klein", label="FLUX.2-klein-4B",
@@ -32,4 +45,7 @@ FLUX2_KLEIN = Family(
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     call=Call(Guidance.CFG, negative_prompt=False, takes_negative_prompt=False),
     text_encode_apart="encode_prompt_empty_negative", lora="diffusers", textual_inversion=False,
+    sampling=DISTILLED, sampling_for=klein_sampling,
+    # its 32-channel VAE latents, patchified 2x2 (128 channels) and packed into a sequence: preview.py's "flux2"
+    latent_format="flux2", packed_latents=True,
 )

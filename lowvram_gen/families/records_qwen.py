@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task, transformer_shape
+from lowvram_gen.families.record import Call, Family, Guidance, Sampling, Task, transformer_shape
 
 
 def _qwen_transformer_shape(config: Mapping) -> tuple[int, int]:
@@ -48,7 +48,11 @@ QWEN_IMAGE = Family(
     native_side=1328,  # its model card's 1:1 size (1328x1328); 1024x1024 is planned with --width/--height
     transformer_shape=_qwen_transformer_shape,
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
-    latent_format=None,  # no preview approximation for its VAE's latents yet
+    # its VAE is Wan 2.1's (16 channels; the pipeline holds them normalised by the VAE's latents_mean/std, as
+    # ComfyUI's Wan21 format does), packed 2x2 into a sequence as FLUX.1's: preview.py's "wan21"
+    latent_format="wan21", packed_latents=True,
+    # its model card: num_inference_steps=50, true_cfg_scale=4.0 (QwenImagePipeline's own defaults too)
+    sampling=Sampling(50, 4.0, "Qwen-Image's model card"),
     call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
     text_encode_apart="encode_prompt_masked", lora="diffusers", textual_inversion=False,
 )

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task, spatial_patch
+from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task, spatial_patch
+
+# Z-Image-Turbo's model card: num_inference_steps=9 (8 forwards: the last sigma is 0), guidance_scale=0.0 (CFG off)
+TURBO = Sampling(9, 0.0, "Z-Image-Turbo's model card")
+# Z-Image (base)'s model card: num_inference_steps=50, guidance_scale=4 (ZImagePipeline's own defaults: 50 / 5.0)
+BASE = Sampling(50, 4.0, "Z-Image's model card")
 
 
 def zimage_shape(config: Mapping) -> tuple[int, int]:
@@ -22,6 +27,14 @@ def zimage_shape(config: Mapping) -> tuple[int, int]:
     `all_patch_size` (the patch its pipelines run)."""
     patches = config.get("all_patch_size") or [2]
     return int(config.get("dim") or 3840), spatial_patch(list(patches)[0])
+
+
+def zimage_sampling(facts: FolderFacts) -> Sampling:
+    """Turbo's or the base model's defaults. Nothing in their configs tells them apart (one pipeline and transformer
+    class, the same shapes), so the name does: the base model's hub id (Tongyi-MAI/Z-Image), or a folder or file
+    whose name says 'base'; anything else is Turbo, the model the family's short names ('z-image') load."""
+    name = facts.name
+    return BASE if "turbo" not in name and (name.endswith("/z-image") or "base" in name) else TURBO
 
 
 Z_IMAGE = Family(
@@ -40,4 +53,6 @@ Z_IMAGE = Family(
     # join the image tokens in the one stream: 512 is the bound the planner takes
     t5_tokens=512, joint_tokens=512, cfg_batch=True, file_dtype="bfloat16",
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_lists", lora="diffusers", textual_inversion=False,
+    sampling=TURBO, sampling_for=zimage_sampling,
+    latent_format="flux",  # FLUX.1's VAE (scaling 0.3611, shift 0.1159); its latents unpacked: ComfyUI previews it so
 )

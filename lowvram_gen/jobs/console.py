@@ -29,6 +29,7 @@ def shorten(text: str | None, limit: int = PROMPT_CHARS) -> str:
 def started(what: str, prompt: str, width, height, steps, seed, unit: str = "steps") -> float:
     """Say a job starts; the time it started, for `ended`."""
     shown = "random" if seed is None or seed == -1 else seed
+    steps = "the model's default" if steps is None else steps  # a request without steps: its family's
     say(f"{what} started: {shorten(prompt)!r}, {width}x{height}, {steps} {unit}, seed {shown}")
     return time.monotonic()
 

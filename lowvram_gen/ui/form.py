@@ -8,7 +8,9 @@ and the results column (ui/results.py). The job's progress is drawn once, under 
 the step, `batch i/n` and the ETA, or how many jobs it waits behind (jobs/progress.py).
 
 Every control starts at `GenerationRequest()`'s value of its field (the documented defaults, the CLI's and the
-API's), and a Generate handler turns an API client's left-out value (None) back into that default (`job_fields`).
+API's), and a Generate handler turns an API client's left-out value (None) back into that default (`job_fields`);
+Steps and CFG scale start at the UI model's family's defaults and follow the Model box (ui/family_defaults.py), and
+an API client's left-out steps or CFG stay None: the model family's, as the CLI's.
 Each control is registered under its request field in `SdForm.controls`, which becomes the tab's
 `ctx.controls[tab]`: what a Send to fills (ui/sendto.py) and what each browser gets back (ui/remembered.py).
 
@@ -29,7 +31,7 @@ from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_S
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
-from lowvram_gen.ui import controlnet, live, pickers, results, sendto
+from lowvram_gen.ui import controlnet, family_defaults, live, pickers, results, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import (Number, ScheduleType, Slider, quantize_field, seed_buttons, seed_extras,
                                    swap_button, upscaler_choices)
@@ -95,9 +97,10 @@ class SdForm:
                                       elem_id=self._id("batch-count"))
             c["batch_size"] = Slider(1, MAX_BATCH, value=DEFAULTS.batch_size, step=1, label="Batch size",
                                      elem_id=self._id("batch"))
+        first = family_defaults.start(self.ctx.options.model)  # the UI model's family's steps and CFG scale
         with gr.Row():
-            c["steps"] = Slider(1, MAX_STEPS, value=DEFAULTS.steps, step=1, label="Steps", elem_id=self._id("steps"))
-            c["cfg_scale"] = Slider(0, MAX_CFG, value=DEFAULTS.cfg_scale, step=0.5, label="CFG scale",
+            c["steps"] = Slider(1, MAX_STEPS, value=first.steps, step=1, label="Steps", elem_id=self._id("steps"))
+            c["cfg_scale"] = Slider(0, MAX_CFG, value=first.cfg, step=0.5, label="CFG scale",
                                     elem_id=self._id("cfg"))
             c["clip_skip"] = Slider(1, MAX_CLIP_SKIP, value=DEFAULTS.clip_skip, step=1, label="Clip skip (1: off)",
                                     elem_id=self._id("clip-skip"))
@@ -113,6 +116,7 @@ class SdForm:
             c["schedule_type"] = ScheduleType(self._id("schedule-type"), DEFAULTS.schedule_type)
         c.update(zip(sendto.EXTRA_SEED[1:], seed_extras(c["seed_extra"], prefix, DEFAULTS)))
         c["model"], c["quantize"] = pickers.model_row(self.ctx.options, prefix, model_label)
+        family_defaults.wire(c["model"], c["steps"], c["cfg_scale"], first)
         pickers.build(c["prompt"], prefix=prefix)
         if hires:
             self._hires()

@@ -1,0 +1,69 @@
+"""The Steps and CFG scale sliders follow the Model box: picking a model whose family runs other defaults (Z-Image
+Turbo 9 steps at CFG 0, Qwen-Image 50 at 4, Flux.2 Klein 4 at 1 ...: families/record.py `sampling`) sets the
+sliders to them, as Forge sets its per-model defaults; picking another model of the same family leaves what the user
+set (as A1111 keeps its sliders). The sliders start at the UI model's family's defaults.
+
+The family is found offline and without loading anything: a local diffusers folder's model_index.json, a hub id's in
+the Hugging Face cache (never downloaded here), a short name's record ('z-image'); the embedded tiny models are SD.
+A single checkpoint file is not opened here: the sliders stay as they are (the job still runs its family's defaults
+where a request leaves them out, as the API's does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lowvram_gen import families
+from lowvram_gen.families import sampling
+from lowvram_gen.families.record import A1111_SAMPLING, Sampling
+
+TINY = ("tiny", "tiny-sdxl")  # models/tiny.py's embedded models: SD 1.x and SDXL
+
+
+def sampling_of(spec) -> Sampling | None:
+    """The defaults of the family of the model `spec` names, or None where it cannot be told offline."""
+    text = str(spec or "").strip()
+    if not text:
+        return None
+    if text in TINY:
+        return A1111_SAMPLING
+    path = Path(text).expanduser()
+    if path.is_dir():
+        facts = sampling.folder_facts(text, path)
+        record = sampling.record_of(facts)
+        return record.default_sampling(facts) if record is not None else None
+    if path.exists() or text.startswith((".", "/", "~")):
+        return None  # a single file (or a path that is not there): not read here
+    folder = None
+    if "/" in text:
+        from huggingface_hub import try_to_load_from_cache
+
+        index = try_to_load_from_cache(text, "model_index.json")
+        folder = Path(index).parent if isinstance(index, str) else None
+    facts = sampling.folder_facts(text, folder)
+    record = sampling.record_of(facts) or families.by_name(text)
+    return record.default_sampling(facts) if record is not None else None
+
+
+def on_pick(spec, steps, cfg, shown: tuple | None):
+    """What picking `spec` does: (steps, cfg, the defaults now shown) where its family's defaults differ from those
+    of the model picked before (`shown`), else the sliders as they are."""
+    found = sampling_of(spec)
+    if found is None or (shown is not None and tuple(shown) == (found.steps, found.cfg)):
+        return steps, cfg, shown
+    return found.steps, found.cfg, (found.steps, found.cfg)
+
+
+def start(model) -> Sampling:
+    """The sliders' first values: the defaults of the UI model's family (A1111's where it cannot be told)."""
+    return sampling_of(model) or A1111_SAMPLING
+
+
+def wire(model, steps, cfg, first: Sampling) -> None:
+    """Set the sliders from the Model box whenever it changes (call after the three are built, the sliders at
+    `first`)."""
+    import gradio as gr
+
+    shown = gr.State((first.steps, first.cfg))
+    model.change(on_pick, [model, steps, cfg, shown], [steps, cfg, shown], api_visibility="private",
+                 show_progress="hidden", queue=False)
