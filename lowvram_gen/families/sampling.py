@@ -9,7 +9,6 @@ read (model_index.json, transformer/config.json): no weights, no download. Nothi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Mapping
 
@@ -18,10 +17,13 @@ from lowvram_gen.families.registry import by_pipeline
 
 
 def _json(path: Path) -> Mapping:
-    """A small config file's object; {} where it is missing or unreadable (the defaults then are the record's)."""
+    """A small config file's object; {} where there is none (the defaults then are the record's). A file that is no
+    JSON, or nested too deep, is refused naming it (safe_json), as every reader of the folder's configs refuses it."""
+    from lowvram_gen.safe_json import load_file
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = load_file(path)
+    except OSError:
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -60,10 +60,12 @@ def start(model) -> Sampling:
 
 
 def wire(model, steps, cfg, first: Sampling) -> None:
-    """Set the sliders from the Model box whenever it changes (call after the three are built, the sliders at
-    `first`)."""
+    """Set the sliders from the Model box whenever the user picks a model (call after the three are built, the
+    sliders at `first`)."""
     import gradio as gr
 
     shown = gr.State((first.steps, first.cfg))
-    model.change(on_pick, [model, steps, cfg, shown], [steps, cfg, shown], api_visibility="private",
-                 show_progress="hidden", queue=False)
+    # `input`, not `change`: the user's pick only. A browser's remembered values (ui/remembered.py) and a Send to set
+    # the Model box with their own steps and CFG, which a change event would overwrite
+    model.input(on_pick, [model, steps, cfg, shown], [steps, cfg, shown], api_visibility="private",
+                show_progress="hidden", queue=False)
