@@ -199,7 +199,8 @@ class Family:
     # SD3), 'encode_prompt_pooled' (encode_prompt's embeddings and pooled vector, no negative: FLUX.1),
     # 'encode_prompt_masks' (encode_prompt's embeddings and attention masks, with CFG's negative: SANA, Chroma,
     # Lumina 2), 'encode_prompt_lists' (a list per prompt, the negative always: Z-Image), 'encode_prompt_empty_negative'
-    # (the embeddings and those of "", its CFG's negative: Flux.2 Klein), None: cannot
+    # (the embeddings and those of "", its CFG's negative: Flux.2 Klein), 'encode_prompt_embeds' (the embeddings
+    # alone: Flux.2 dev),
     # 'encode_prompt_masked' (encode_prompt's embeddings and masks, the negative's apart: Qwen-Image), None: cannot
     text_encode_apart: str | None = None
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the

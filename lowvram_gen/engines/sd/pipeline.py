@@ -172,6 +172,9 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
             embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
             empty, _ids = pipe.encode_prompt(prompt=[""], device=device, max_sequence_length=length)
             return dict(prompt_embeds=embeds, negative_prompt_embeds=empty)
+        if style == "encode_prompt_embeds":  # Flux.2 dev: the embeddings alone (no negative prompt, no CFG batch)
+            embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
+            return dict(prompt_embeds=embeds)
         if style == "encode_prompt_masked":  # Qwen-Image: embeddings and masks; the negative's under CFG, as the call
             negative = negative or (record.call.blank_negative if cfg else None)
             out = {}
