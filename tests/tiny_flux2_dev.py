@@ -59,17 +59,18 @@ def mistral_tokenizer(model_max_length: int = 512):
     return tok
 
 
-def build_tiny_flux2_dev():
-    """Flux2Pipeline over seeded tiny components (FLUX.2 [dev]'s layout: a guidance input, no negative prompt)."""
+def build_tiny_flux2_dev(wide: bool = False):
+    """Flux2Pipeline over seeded tiny components (FLUX.2 [dev]'s layout: a guidance input, no negative prompt).
+    `wide`: a transformer 4 heads of 32 wide (128) instead of 2 of 16 (32), which sdnq's int8 skips as too narrow."""
     from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline, Flux2Transformer2DModel
     from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
     tokenizer = mistral_tokenizer()
     torch.manual_seed(0)
     transformer = Flux2Transformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=MISTRAL_WIDTH * OUT_LAYERS, timestep_guidance_channels=256,
-        axes_dims_rope=[4, 4, 4, 4], guidance_embeds=True)
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=32 if wide else 16,
+        num_attention_heads=4 if wide else 2, joint_attention_dim=MISTRAL_WIDTH * OUT_LAYERS,
+        timestep_guidance_channels=256, axes_dims_rope=[8, 8, 8, 8] if wide else [4, 4, 4, 4], guidance_embeds=True)
     special = tokenizer.convert_tokens_to_ids
     config = Mistral3Config(
         text_config={"model_type": "mistral", "vocab_size": len(tokenizer), "hidden_size": MISTRAL_WIDTH,
