@@ -35,26 +35,32 @@ MISTRAL_CHAT_TEMPLATE = (
     "{{ '[/INST]' }}{% else %}{{ eos_token }}{% endif %}{% endfor %}")
 
 
-def mistral_tokenizer(model_max_length: int = 512):
-    """A byte-level BPE tokenizer (the Tekken tokenizer's kind) with Mistral's special tokens and chat template."""
+def byte_level_tokenizer(special: tuple[str, ...], model_max_length: int = 512, **named):
+    """A byte-level BPE tokenizer (the kind of Mistral's Tekken and Llama 3's): the `special` tokens first, then the
+    256 byte symbols, with merges for ' a'..' z'; `named`: bos_token, eos_token, pad_token, unk_token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    symbols = [bytes_to_unicode()[b] for b in range(256)]
-    vocab = {s: i for i, s in enumerate(MISTRAL_SPECIAL)}
-    for s in symbols:
-        vocab.setdefault(s, len(vocab))
-    space = bytes_to_unicode()[ord(" ")]
-    merges = [(space, c) for c in "abcdefghijklmnopqrstuvwxyz"]
+    table = bytes_to_unicode()
+    vocab = {s: i for i, s in enumerate(special)}
+    for b in range(256):
+        vocab.setdefault(table[b], len(vocab))
+    merges = [(table[ord(" ")], c) for c in "abcdefghijklmnopqrstuvwxyz"]
     for a, b in merges:
         vocab[a + b] = len(vocab)
     core = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                  pad_token="<pad>", model_max_length=model_max_length)
-    tok.add_special_tokens({"additional_special_tokens": list(MISTRAL_SPECIAL[4:])})
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, model_max_length=model_max_length, **named)
+    tok.add_special_tokens({"additional_special_tokens": [t for t in special if t not in named.values()]})
+    return tok
+
+
+def mistral_tokenizer(model_max_length: int = 512):
+    """Mistral's special tokens and chat template over a byte-level BPE (the Tekken tokenizer's kind)."""
+    tok = byte_level_tokenizer(MISTRAL_SPECIAL, model_max_length, bos_token="<s>", eos_token="</s>",
+                               unk_token="<unk>", pad_token="<pad>")
     tok.chat_template = MISTRAL_CHAT_TEMPLATE
     return tok
 
