@@ -210,3 +210,29 @@ def test_plan_at_12_gib_and_32_gib_of_ram_offline(capsys):
     chosen = next(p for p in result["presets"] if p["name"] == result["preset"])
     assert chosen["fits"] and chosen["fits_host"] and (chosen["width"], chosen["height"]) == (1024, 1024)
     assert "te-reload" in chosen["name"]  # the 24B text encoder cannot stay beside the transformer in 32 GiB
+
+
+# ------------------------------------------------------------------------------------------------ Klein 9B
+
+def test_klein_9b_plans_its_own_shapes_and_runs_as_klein(capsys):
+    """`plan --model flux2-klein-9b`: Klein's record at 9B (configs/flux2-klein-9b), not the 4B's shapes."""
+    from lowvram_gen.models.profile import profile_builtin
+
+    record, klein = families.by_name("flux2-klein-9b"), families.by_key("flux2-klein")
+    assert record.key == "flux2-klein-9b" and record.hub_id == "black-forest-labs/FLUX.2-klein-9B"
+    assert families.by_name("black-forest-labs/FLUX.2-klein-9B") is record and families.by_name("klein") is klein
+    assert (record.call, record.tasks, record.text_encode_apart) == (klein.call, klein.tasks, klein.text_encode_apart)
+    assert families.by_pipeline("Flux2KleinPipeline") is klein  # a loaded Klein pipeline: the same execution facts
+    real = profile_builtin("flux2-klein-9b")
+    assert round(real.params["transformer"] / 1e9, 2) == 9.08 and round(real.params["text_encoder"] / 1e9, 2) == 8.19
+    assert (real.transformer_hidden, real.transformer_patch, real.text_hidden, real.text_tokens) == \
+        (32 * 128, 2, (4096,), (512,))
+    assert profile_builtin("flux2-klein").transformer_hidden == 24 * 128  # the 4B's stay its own
+    code, out, err = cli(capsys, "plan", "--model", "flux2-klein-9b", "--vram", "8", "--ram", "24", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    chosen = next(p for p in result["presets"] if p["name"] == result["preset"])
+    assert (result["width"], result["height"]) == (1024, 1024) and not result["refusal"]
+    assert chosen["fits"] and chosen["fits_host"]
+    whole = next(p for p in result["presets"] if p["name"] == "highvram")
+    assert whole["breakdown"]["denoiser_bytes"] == 2 * 9078581248

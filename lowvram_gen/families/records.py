@@ -15,7 +15,7 @@ from typing import Mapping
 from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, Guidance, SingleFile, Task,
                                          spatial_patch)
-from lowvram_gen.families.records_flux2 import FLUX2_KLEIN
+from lowvram_gen.families.records_flux2 import FLUX2_KLEIN, FLUX2_KLEIN_9B
 from lowvram_gen.families.records_zimage import Z_IMAGE
 
 # --------------------------------------------------------------------------------------------- SD 1.x / 2.x
@@ -247,4 +247,4 @@ from lowvram_gen.families.records_hidream import HIDREAM  # noqa: E402
 
 FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, FLUX2_KLEIN, Z_IMAGE,
                                  *DIT_FAMILIES, QWEN_IMAGE, FLUX2_DEV,
-                                 HIDREAM)
+                                 HIDREAM, FLUX2_KLEIN_9B)
