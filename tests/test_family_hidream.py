@@ -66,8 +66,10 @@ def test_hidream_is_its_own_family():
     assert record.key == "hidream" and record.call.cfg_argument == "guidance_scale" and record.cfg_batch
     assert record.call.takes_negative_prompt and record.call.negative_prompt
     assert record.pipeline_for("img2img") is None and record.pipeline_for("inpaint") is None
-    for name in ("hidream", "hidream-i1", "HiDream-I1-Dev", "hidream-i1-fast", "HiDream-ai/HiDream-I1-Full"):
+    for name in ("hidream", "hidream-i1", "hidream-i1-full", "HiDream-ai/HiDream-I1-Full", "HiDream-ai/HiDream-I1-Dev"):
         assert families.by_name(name) is record, name
+    # a short name loads the record's hub id: none for Dev or Fast, which are other repos
+    assert families.by_name("hidream-i1-dev") is None and families.by_name("hidream-i1-fast") is None
     assert families.by_denoiser_class("HiDreamImageTransformer2DModel") is record
 
 

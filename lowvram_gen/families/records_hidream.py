@@ -21,7 +21,7 @@ What the record says and why:
   with its own class when a record claims it. diffusers has no img2img or inpaint pipeline for it: refused in one
   sentence.
 - Configs: lowvram_gen/configs/hidream/ holds HiDream-I1-Full's (see its README.md); Dev and Fast have the same
-  shapes (the variants' aliases plan the same configs).
+  shapes (their hub ids plan the same configs).
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ HIDREAM = Family(
     tasks={Task.TXT2IMG.value: "HiDreamImagePipeline"},
     denoiser="transformer", denoiser_classes=("HiDreamImageTransformer2DModel",),
     builtin="hidream", hub_id="HiDream-ai/HiDream-I1-Full",
-    aliases=("hidream", "hidream-i1", "hidream-i1-full", "hidream-i1-dev", "hidream-i1-fast",
-             "hidream-ai/hidream-i1-full", "hidream-ai/hidream-i1-dev", "hidream-ai/hidream-i1-fast"),
+    # Dev's and Fast's hub ids plan the same shapes (and load as given); no short names for them, which would load
+    # the record's hub id (Full's)
+    aliases=("hidream", "hidream-i1", "hidream-i1-full", "hidream-ai/hidream-i1-full", "hidream-ai/hidream-i1-dev",
+             "hidream-ai/hidream-i1-fast"),
     native_side=1024,
     # T5 and Llama padded to max_sequence_length 128; T5's, the last Llama layer's and one Llama layer per block in
     # the stream: 384
