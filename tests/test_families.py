@@ -32,8 +32,8 @@ def test_sd_and_flux1_pipelines_are_claimed_and_flux2_is_not():
     assert {families.by_pipeline(n).group for n in sd} == {"sd"}
     flux1 = [n for n in _pipeline_names() if n.startswith("Flux") and not n.startswith(("Flux2", "Flux3"))]
     assert {families.by_pipeline(n).key for n in flux1} == {"flux"}
-    # a class-name prefix once gave Flux.2 FLUX.1's facts; no record claims it now
-    assert families.by_pipeline("Flux2Pipeline") is families.GENERIC
+    # a class-name prefix once gave Flux.2 FLUX.1's facts; Flux.2 dev has its own record now (records_flux2_dev.py)
+    assert families.by_pipeline("Flux2Pipeline").key == "flux2-dev"
     # Qwen-Image has its own record since issue 30 (families/records_qwen.py), every Qwen-Image pipeline its
     qwen = [n for n in _pipeline_names() if n.startswith("QwenImage") and not n.startswith("QwenImage21")]
     assert {families.by_pipeline(n).key for n in qwen} == {"qwen-image"}

@@ -222,7 +222,8 @@ class Family:
     # SD3), 'encode_prompt_pooled' (encode_prompt's embeddings and pooled vector, no negative: FLUX.1),
     # 'encode_prompt_masks' (encode_prompt's embeddings and attention masks, with CFG's negative: SANA, Chroma,
     # Lumina 2), 'encode_prompt_lists' (a list per prompt, the negative always: Z-Image), 'encode_prompt_empty_negative'
-    # (the embeddings and those of "", its CFG's negative: Flux.2 Klein), None: cannot
+    # (the embeddings and those of "", its CFG's negative: Flux.2 Klein), 'encode_prompt_embeds' (the embeddings
+    # alone: Flux.2 dev), 'encode_prompt_four' (HiDream's four encoders, the negative's under CFG),
     # 'encode_prompt_masked' (encode_prompt's embeddings and masks, the negative's apart: Qwen-Image), None: cannot
     text_encode_apart: str | None = None
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the
@@ -248,6 +249,10 @@ class Family:
     # its pipelines load textual-inversion embeddings (load_textual_inversion); None: a family no record knows,
     # whose pipeline object is asked
     textual_inversion: bool | None = None
+
+    # the (width, height) its txt2img pipeline renders when asked for (pipe, width, height), where that is not always
+    # the size asked (HiDream scales every size to its native area, keeping the aspect); None: the size asked
+    rendered_size: Callable[..., tuple[int, int]] | None = None
 
     def default_sampling(self, facts: FolderFacts | None = None) -> Sampling:
         """The steps and CFG scale of a job that gives none, for the folder `facts` describes (None: the record's)."""

@@ -15,7 +15,7 @@ from typing import Mapping
 from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import (GENERIC_KEY, Call, ControlNetFacts, Family, FolderFacts, Guidance, Sampling,
                                          SingleFile, Task, spatial_patch)
-from lowvram_gen.families.records_flux2 import FLUX2_KLEIN
+from lowvram_gen.families.records_flux2 import FLUX2_KLEIN, FLUX2_KLEIN_9B
 from lowvram_gen.families.records_zimage import Z_IMAGE
 
 # --------------------------------------------------------------------------------------------- SD 1.x / 2.x
@@ -255,6 +255,10 @@ GENERIC = Family(key=GENERIC_KEY, group=GENERIC_KEY, name="", call=Call(Guidance
 # pipeline classes). GENERIC is not in the list: it is what a lookup gives when no record claims the thing.
 from lowvram_gen.families.records_dit import DIT_FAMILIES  # noqa: E402  (SANA, Chroma, Lumina 2: issue 30)
 from lowvram_gen.families.records_qwen import QWEN_IMAGE  # noqa: E402  (issue 30: one module per family)
+from lowvram_gen.families.records_flux2_dev import FLUX2_DEV  # noqa: E402  (after Klein: its denoiser class is Klein's)
+from lowvram_gen.families.records_hidream import HIDREAM  # noqa: E402
+from lowvram_gen.families.records_cogview4 import COGVIEW4  # noqa: E402
 
 FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, FLUX2_KLEIN, Z_IMAGE,
-                                 *DIT_FAMILIES, QWEN_IMAGE)
+                                 *DIT_FAMILIES, QWEN_IMAGE, FLUX2_DEV,
+                                 HIDREAM, FLUX2_KLEIN_9B, COGVIEW4)

@@ -12,9 +12,15 @@ diffusers 0.42 has no img2img pipeline for it (Flux2KleinPipeline's `image` is a
 an init image with a strength): img2img and hires fix are refused in one sentence before any step runs. Its inpaint
 pipeline (Flux2KleinInpaintPipeline, which the auto-pipelines do not map) is built over the loaded components
 (engines/sd/inpaint.inpaint_pipe) and takes our mask options.
+
+Klein 9B (FLUX2_KLEIN_9B) is the same family at another size: its own shipped configs (configs/flux2-klein-9b: a
+4096-wide transformer, Qwen3 8B) and names for `plan`, everything else the 4B record's. A loaded Klein pipeline is the
+4B record's (the first that claims the class); the two differ in no execution fact.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task
 
@@ -49,3 +55,8 @@ FLUX2_KLEIN = Family(
     # its 32-channel VAE latents, patchified 2x2 (128 channels) and packed into a sequence: preview.py's "flux2"
     latent_format="flux2", packed_latents=True,
 )
+
+FLUX2_KLEIN_9B = replace(
+    FLUX2_KLEIN, key="flux2-klein-9b", label="FLUX.2-klein-9B", builtin="flux2-klein-9b",
+    hub_id="black-forest-labs/FLUX.2-klein-9B",
+    aliases=("flux2-klein-9b", "flux.2-klein-9b", "klein-9b", "black-forest-labs/flux.2-klein-9b"))

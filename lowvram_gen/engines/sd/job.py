@@ -100,6 +100,11 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
             families.of_pipe(pipe).call.guidance is families.Guidance.TRUE_CFG:  # Qwen-Image: diffusers drops it
         warnings.append(f"CFG scale {request.cfg_scale:g} turns {type(pipe).__name__}'s true CFG off: the negative "
                         "prompt is ignored (give a CFG scale above 1 to use it)")
+    rendered = families.of_pipe(pipe).rendered_size  # HiDream: every size scaled to its native area
+    made = rendered(pipe, request.width, request.height) if rendered else None
+    if made and made != (request.width, request.height):
+        warnings.append(f"{type(pipe).__name__} renders {made[0]}x{made[1]} when asked for {request.width}x"
+                        f"{request.height} (it scales every size to its native area, keeping the aspect)")
     for w in warnings:
         log.info(w)
     if request.mask:

@@ -172,6 +172,16 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
             embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
             empty, _ids = pipe.encode_prompt(prompt=[""], device=device, max_sequence_length=length)
             return dict(prompt_embeds=embeds, negative_prompt_embeds=empty)
+        if style == "encode_prompt_embeds":  # Flux.2 dev: the embeddings alone (no negative prompt, no CFG batch)
+            embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
+            return dict(prompt_embeds=embeds)
+        if style == "encode_prompt_four":  # HiDream: four encoders' embeddings, the negative's under CFG, as the call
+            keys = ("prompt_embeds_t5", "negative_prompt_embeds_t5", "prompt_embeds_llama3",
+                    "negative_prompt_embeds_llama3", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")
+            out = pipe.encode_prompt(prompt=[prompt], device=device, num_images_per_prompt=1,
+                                     do_classifier_free_guidance=cfg, negative_prompt=[negative] if negative else None,
+                                     max_sequence_length=length)
+            return {k: v for k, v in zip(keys, out) if v is not None}
         if style == "encode_prompt_masked":  # Qwen-Image: embeddings and masks; the negative's under CFG, as the call
             negative = negative or (record.call.blank_negative if cfg else None)
             out = {}
@@ -212,8 +222,18 @@ def _encode_with_masks(pipe, prompt: str, negative: str | None, cfg: bool, devic
 def for_images(embeds: dict, n: int) -> dict:
     """`encode_texts`' tensors for one image, repeated for `n` along the batch axis (as encode_prompts and
     the pipelines' own num_images_per_prompt repeat them)."""
-    return {k: None if v is None else v * n if isinstance(v, list) else v.repeat(n, *([1] * (v.ndim - 1)))
+    return {k: None if v is None else v * n if isinstance(v, list) else _repeat(v, n, _BATCH_AXIS.get(k, 0))
             for k, v in embeds.items()}  # a list: Z-Image's, per prompt
+
+
+# embeddings whose batch axis is not the first: HiDream's Llama hidden states are (layers, batch, tokens, width)
+_BATCH_AXIS = {"prompt_embeds_llama3": 1, "negative_prompt_embeds_llama3": 1}
+
+
+def _repeat(tensor, n: int, axis: int):
+    times = [1] * tensor.ndim
+    times[axis] = n
+    return tensor.repeat(*times)
 
 
 @dataclass

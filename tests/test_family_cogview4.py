@@ -1,0 +1,143 @@
+"""CogView4 (CogView4Pipeline) through the project's real code, on a tiny seeded folder built with diffusers' own test
+shapes (tests/tiny_cogview4.py), compared with plain diffusers; and planned at real size from the configs the package
+ships (configs/cogview4). Seeded random weights: the images are noise.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from ladder_checks import out_of_memory_steps_down
+from PIL import Image
+from tiny_cogview4 import build_tiny_cogview4
+from tiny_transformers import cli, pixels
+
+from lowvram_gen import GenerationRequest, families
+from lowvram_gen.session import Session
+
+MAX_DIFF = 2  # of 255: "equal to plain diffusers"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-cogview4")
+    build_tiny_cogview4().save_pretrained(path, safe_serialization=True)
+    assert json.loads((path / "model_index.json").read_text())["_class_name"] == "CogView4Pipeline"
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def wide_folder(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-cogview4-wide")
+    build_tiny_cogview4(wide=True).save_pretrained(path, safe_serialization=True)
+    return str(path)
+
+
+def plain(folder: str, **kw) -> np.ndarray:
+    import diffusers
+    import torch
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(folder)
+    seed = kw.pop("seed")
+    return np.asarray(pipe(**kw, generator=torch.Generator().manual_seed(seed)).images[0].convert("RGB"), dtype=int)
+
+
+def request(folder, tmp_path, **kw) -> GenerationRequest:
+    job = dict(prompt="a castle", negative_prompt="fog", model=folder, width=64, height=64, steps=2, seed=7,
+               cfg_scale=3.5, outdir=str(tmp_path))
+    return GenerationRequest(**{**job, **kw})
+
+
+def test_cogview4_is_its_own_family():
+    record = families.by_pipeline("CogView4Pipeline")
+    assert record.key == "cogview4" and record.call.cfg_argument == "guidance_scale" and not record.cfg_batch
+    assert record.pipeline_for("img2img") is None and record.pipeline_for("inpaint") is None
+    assert families.by_name("THUDM/CogView4-6B") is record and families.by_name("cogview4") is record
+
+
+@pytest.mark.parametrize("cfg", ["3.5", "1"])
+def test_txt2img_from_the_cli_equals_plain_diffusers(folder, tmp_path, capsys, cfg):
+    """CFG (two forwards against the negative prompt) above 1; 1 turns it off."""
+    code, out, err = cli(capsys, "generate", "a castle", "--negative", "fog", "--model", folder, "--width", "64",
+                         "--height", "64", "--steps", "2", "--seed", "7", "--cfg", cfg, "--preset", "cpu",
+                         "--outdir", str(tmp_path), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["warnings"] == [] and result["attempts"][-1]["outcome"] == "ok"
+    ours = pixels(result["images"][0])
+    theirs = plain(folder, prompt="a castle", negative_prompt="fog", width=64, height=64, num_inference_steps=2,
+                   guidance_scale=float(cfg), seed=7)
+    assert ours.std() > 1 and np.abs(ours - theirs).max() <= MAX_DIFF, cfg
+
+
+@pytest.mark.parametrize("args, said", [
+    (["img2img", "a castle", "--init", "{init}"],
+     "invalid task: 'img2img'; CogView4 has no img2img pipeline in diffusers: use txt2img"),
+    (["inpaint", "a castle", "--init", "{init}", "--mask", "{mask}"],
+     "invalid task: 'inpaint'; CogView4 has no inpaint pipeline in diffusers: use txt2img"),
+])
+def test_img2img_and_inpaint_are_refused_in_one_sentence(folder, tmp_path, capsys, args, said):
+    init, mask = tmp_path / "init.png", tmp_path / "mask.png"
+    Image.new("RGB", (64, 64), (90, 120, 150)).save(init)
+    Image.new("L", (64, 64), 255).save(mask)
+    args = [a.format(init=init, mask=mask) for a in args]
+    code, _, err = cli(capsys, *args, "--model", folder, "--width", "64", "--height", "64", "--steps", "2",
+                       "--preset", "cpu", "--outdir", str(tmp_path))
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == ["error: " + said]
+
+
+def test_int8_runs_with_the_transformer_in_8_bits(wide_folder, tmp_path):
+    import torch
+
+    session = Session()
+    full = pixels(session.generate(request(wide_folder, tmp_path, preset="cpu")).images[0])
+    result = session.generate(request(wide_folder, tmp_path, preset="cpu", quantize="int8"))
+    assert [a["outcome"] for a in result.attempts] == ["ok"]
+    assert any(t.dtype in (torch.int8, torch.uint8) for t in session.model.pipe.transformer.state_dict().values())
+    quantized = pixels(result.images[0])
+    assert quantized.shape == full.shape and quantized.std() > 1
+    assert np.abs(quantized - full).mean() < 40  # close to float32, not the same
+
+
+def test_te_reload_makes_the_same_images_with_the_encoder_gone_while_the_denoiser_runs(folder, tmp_path):
+    from test_text_encoder_reload import _presets_with
+
+    images, seen = {}, []
+    for text_encoders in ("kept", "reloaded"):
+        session = Session(device="cpu", preset="cpu", presets_dir=str(_presets_with(tmp_path, text_encoders)),
+                          outdir=str(tmp_path / text_encoders))
+
+        def watch(*_):  # in a step callback: the text encoder the pipeline holds while the denoiser runs
+            seen.append((text_encoders, session.model.pipe.text_encoder is not None))
+
+        result = session.generate(request(folder, tmp_path, batch_size=2), on_step=watch)
+        images[text_encoders] = [pixels(p) for p in result.images]
+    assert all(np.abs(a - b).max() <= 1 for a, b in zip(images["kept"], images["reloaded"]))
+    assert ("kept", True) in seen and ("reloaded", True) not in seen and ("reloaded", False) in seen
+
+
+def test_out_of_memory_at_the_first_preset_finishes_the_same_job_at_the_next(folder, tmp_path):
+    result = out_of_memory_steps_down(lambda **kw: request(folder, tmp_path, **kw))
+    assert "finished at medvram" in result.summary
+
+
+def test_the_planner_reads_the_real_configs(capsys):
+    from lowvram_gen.models.profile import profile_builtin
+    from lowvram_gen.planning.estimate import transformer_tokens
+
+    real = profile_builtin("cogview4")
+    assert real.denoiser_class == "CogView4Transformer2DModel"
+    assert round(real.params["transformer"] / 1e9, 2) == 6.37  # CogView4's 6B transformer
+    assert round(real.params["text_encoder"] / 1e9, 2) == 8.78  # GLM-4 9B's model without its head
+    assert (real.transformer_hidden, real.transformer_patch, real.latent_channels) == (4096, 2, 16)
+    assert (real.text_hidden, real.text_layers, real.text_tokens) == ((4096,), (40,), (1024,))
+    assert real.joint_text_tokens == 1024 and not real.cfg_batch
+    assert transformer_tokens(real, (1024 // 8) ** 2) == (1024 // 16) ** 2 + 1024
+    code, out, err = cli(capsys, "plan", "--model", "cogview4", "--vram", "8", "--ram", "24", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    chosen = next(p for p in result["presets"] if p["name"] == result["preset"])
+    assert (result["width"], result["height"]) == (1024, 1024) and chosen["fits"] and chosen["fits_host"]
