@@ -16,11 +16,12 @@ pipeline (Flux2KleinInpaintPipeline, which the auto-pipelines do not map) is bui
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Edit, Family, Guidance, Task
 
 FLUX2_KLEIN = Family(
     key="flux2-klein", group="flux2-klein", name="Flux.2 Klein", label="FLUX.2-klein-4B",
-    tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline"},
+    tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline",
+           Task.EDIT.value: "Flux2KleinPipeline"},
     other_pipelines=("Flux2KleinKVPipeline",),
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
     builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
@@ -32,4 +33,7 @@ FLUX2_KLEIN = Family(
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     call=Call(Guidance.CFG, negative_prompt=False, takes_negative_prompt=False),
     text_encode_apart="encode_prompt_empty_negative", lora="diffusers", textual_inversion=False,
+    # reference images (the call's `image`, a list): each made at most 1024x1024 pixels, its latents beside the
+    # image's; BFL's model card edits with up to 4 references on Klein (FLUX.2 [dev] takes up to 10)
+    edit=Edit(argument="image", max_images=4, resize="cap", pixels=1024 * 1024, needs_image=False),
 )

@@ -78,10 +78,25 @@ def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quanti
         quantized = {} if quantize == "none" else {
             name: load_component(source.path, name, dtype, quantize, quantize_on)
             for name in _index(source.path) if is_target(name) and name not in left_out}
-        return AutoPipelineForText2Image.from_pretrained(str(source.path), dtype=getattr(torch, dtype),
-                                                         **absent_components(source.path), **quantized, **left_out)
+        return _loader(source.path, AutoPipelineForText2Image).from_pretrained(
+            str(source.path), dtype=getattr(torch, dtype), **absent_components(source.path), **quantized, **left_out)
     except (OSError, ValueError, KeyError, EnvironmentError) as exc:
         raise ModelLoadError(f"could not load {source.spec} as a text-to-image pipeline: {exc}") from exc
+
+
+def _loader(folder, auto):
+    """The class a folder loads with: the text-to-image auto-pipeline, or the folder's own pipeline class where its
+    family's record has no txt2img task (an edit-only model: QwenImageEditPipeline, which the auto-pipelines do not
+    map)."""
+    from lowvram_gen import families
+
+    name = str(safe_json.load_file(Path(folder) / "model_index.json").get("_class_name") or "")
+    record = families.find_pipeline(name)
+    if record is None or record.has_task(families.Task.TXT2IMG):
+        return auto
+    import diffusers
+
+    return getattr(diffusers, name)
 
 
 def _index(folder) -> dict[str, tuple[str, str]]:
