@@ -196,3 +196,115 @@ def test_the_request_checks_its_reference_images(kw, said, refs, tmp_path):
     with pytest.raises(InvalidRequest) as caught:
         edit("tiny", tmp_path, refs[:1], **kw).validated()
     assert str(caught.value) == said.format(ref=refs[0], small=small)
+
+
+# ------------------------------------------------------------------------------------------------ front ends
+
+def test_cli_edit_takes_the_size_from_the_image_and_the_familys_cfg(kontext, refs, tmp_path, capsys):
+    """`lowvram-gen edit` without --width/--height/--cfg: the first image's size (96x64) and Kontext's 2.5."""
+    code, out, err = cli(capsys, "edit", "make it blue", "--image", refs[1], "--model", kontext, "--steps", "2",
+                         "--seed", "7", "--outdir", str(tmp_path), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    ours = pixels(result["images"][0])
+    theirs = plain(kontext, 7, prompt="make it blue", image=opened(refs[1:2])[0], guidance_scale=2.5, width=96,
+                   height=64, max_area=96 * 64)
+    assert ours.shape == (64, 96, 3) and np.abs(ours - theirs).max() <= TOLERANCE
+    params = parse_a1111_parameters(read_png_metadata(result["images"][0])[0])
+    assert (params["CFG scale"], params["Size"], params["Reference images"]) == ("2.5", "96x64", "ref1.png")
+
+
+def test_cli_edit_on_a_model_that_does_not_edit_is_one_line(refs, tmp_path, capsys):
+    code, out, err = cli(capsys, "edit", "make it blue", "--image", refs[0], "--steps", "1", "--outdir",
+                         str(tmp_path))
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: invalid task: 'edit'; SD 1.x/2.x has no edit pipeline")
+
+
+def test_a_batch_line_with_images_is_an_edit(klein, refs, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f'--prompt "make it blue" --image {refs[0]} --image {refs[2]} --model {klein} --steps 2 '
+                       f'--seed 5 --width 64 --height 64 --cfg_scale 4\n')
+    code, out, err = cli(capsys, "batch", str(prompts), "--outdir", str(tmp_path / "out"))
+    assert code == 0, err
+    made = sorted((tmp_path / "out").rglob("*.png"))
+    assert len(made) == 1
+    theirs = plain(klein, 5, prompt="make it blue", image=opened([refs[0], refs[2]]), guidance_scale=4.0)
+    assert np.abs(pixels(made[0]) - theirs).max() <= TOLERANCE
+    assert parse_a1111_parameters(read_png_metadata(made[0])[0])["Reference images"] == "ref0.png, ref2.png"
+
+
+def test_the_rest_apis_img2img_with_an_editing_model_edits_its_init_images(qwen_edit, refs, tmp_path):
+    """A1111's img2img body, with an editing model: init_images are the reference images (the strength unused)."""
+    import base64
+
+    from lowvram_gen.a1111.api_body import map_body
+
+    def stored(value, name="init_images"):
+        path = tmp_path / f"{name}-{len(list(tmp_path.glob('*.png')))}.png"
+        path.write_bytes(base64.b64decode(value))
+        return str(path)
+
+    body = {"prompt": "make it blue", "init_images": [base64.b64encode(open(refs[0], "rb").read()).decode()],
+            "width": 64, "height": 64, "steps": 2, "seed": 5, "cfg_scale": 4, "denoising_strength": 0.5,
+            "sampler_name": "default"}  # the folder's own flow-matching scheduler
+    mapped = map_body(body, "img2img", qwen_edit, 1, str(tmp_path / "out"), lambda _: None, stored)
+    assert mapped.request.init_image is None and len(mapped.request.reference_images) == 1
+    assert any("reference images" in w for w in mapped.warnings)
+    result = Session().generate(mapped.request)
+    theirs = plain(qwen_edit, 5, prompt="make it blue", image=opened(refs[:1])[0], true_cfg_scale=4.0,
+                   negative_prompt=" ")
+    assert np.abs(pixels(result.images[0]) - theirs).max() <= TOLERANCE
+    # a model that does not edit keeps A1111's img2img: the first image is the init image
+    kept = map_body(body, "img2img", "tiny", 1, str(tmp_path / "out"), lambda _: None, stored)
+    assert kept.request.init_image and not kept.request.reference_images
+
+
+# ------------------------------------------------------------------------------------------------ plan and memory
+
+def test_more_reference_images_raise_the_plan(klein, refs, tmp_path):
+    """Each reference image's latent tokens join the image stream (Flux.2: in every block): the plan counts them."""
+    from lowvram_gen.planning.estimate import transformer_tokens
+
+    session = Session()
+    plans = {n: session.plan(edit(klein, tmp_path, refs[:n]).validated()) for n in (0, 1, 3)}
+    peak = {n: {e.name: e.estimate_bytes for e in p.estimates} for n, p in plans.items()}
+    assert peak[0] and all(peak[0][name] < peak[1][name] < peak[3][name] for name in peak[0])
+    from lowvram_gen.engines.sd.edit import planned
+    from lowvram_gen.models.profile import profile_from_folder
+
+    profile = profile_from_folder(klein)
+    one = planned(profile, families.by_key("flux2-klein"), edit(klein, tmp_path, refs[:1]).validated())
+    # a 64x64 reference stays 64x64 (Flux.2 makes only bigger ones smaller): as many tokens as a 64x64 image's own
+    hw = (64 // profile.vae_scale_factor) ** 2  # latent pixels of a 64x64 image
+    assert transformer_tokens(one, hw) - transformer_tokens(profile, hw) == hw / profile.transformer_patch ** 2
+
+
+def test_int8_a_budget_and_out_of_memory_on_an_edit(kontext, refs, tmp_path):
+    from dataclasses import replace
+
+    from ladder_checks import out_of_memory_steps_down
+
+    from lowvram_gen.engines.sd.stepdown import Runner
+    from lowvram_gen.hardware.device import probe
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+    from lowvram_gen.presets import find_preset
+
+    job = dict(cfg_scale=2.5)
+    quantized = Session().generate(edit(kontext, tmp_path, refs[:1], preset="cpu", quantize="int8", **job))
+    assert [a["outcome"] for a in quantized.attempts] == ["ok"] and pixels(quantized.images[0]).std() > 1
+
+    runner = Runner(load(resolve(kontext), "float32"), probe("cpu"))
+    images = {}
+    for name in ("highvram", "budget"):
+        preset = find_preset(name)
+        preset = replace(preset, memory=replace(preset.memory, dtype="float32"))
+        done = []
+        runner.run(edit(kontext, tmp_path, refs[:1], **job).validated(), [3], [preset], done.append)
+        images[name] = np.asarray(done[0].images[0].convert("RGB"), dtype=int)
+    assert runner.residency is not None  # the budget split is what ran
+    assert np.abs(images["budget"] - images["highvram"]).max() <= 1
+
+    result = out_of_memory_steps_down(lambda **kw: edit(kontext, tmp_path, refs[:1], **{**job, **kw}))
+    assert "finished at medvram" in result.summary

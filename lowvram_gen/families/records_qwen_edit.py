@@ -2,8 +2,9 @@
 QwenImageEditPipeline (one reference image) and QwenImageEditPlusPipeline (Qwen-Image-Edit-2509/2511: several).
 
 What the records say and why:
-- Task: edit only (Task.EDIT). The call reads the reference image's size before anything else, so it cannot run
-  without one: txt2img is refused in one sentence (`Edit.needs_image`); img2img and inpaint are Qwen-Image's.
+- Task: edit (Task.EDIT). Its txt2img task names the same class, as every record's does, but the call reads the
+  reference image's size before anything else, so it cannot run without one: txt2img, img2img and inpaint are
+  refused in one sentence (`Edit.needs_image`, engines/sd/edit.py); they are Qwen-Image's.
 - The reference images go to the call's `image` argument. The pipeline resizes each to about 1024x1024 pixels (its
   aspect kept) for its VAE, whatever the output size, so each adds (1024/16)^2 = 4096 latent tokens beside the image
   tokens in every block (what the plan counts); Edit-Plus also gives Qwen2.5-VL each image at 384x384.
@@ -29,7 +30,7 @@ _COMMON = dict(
 
 QWEN_IMAGE_EDIT = Family(
     key="qwen-image-edit", group="qwen-image-edit", name="Qwen-Image-Edit", label="Qwen-Image-Edit",
-    tasks={Task.EDIT.value: "QwenImageEditPipeline"}, other_pipelines=("QwenImageEditInpaintPipeline",),
+    tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline"}, other_pipelines=("QwenImageEditInpaintPipeline",),
     hub_id="Qwen/Qwen-Image-Edit",
     edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=True,
               text_reads_images=True),
@@ -38,7 +39,7 @@ QWEN_IMAGE_EDIT = Family(
 
 QWEN_IMAGE_EDIT_PLUS = Family(
     key="qwen-image-edit-plus", group="qwen-image-edit", name="Qwen-Image-Edit-Plus", label="Qwen-Image-Edit-2509",
-    tasks={Task.EDIT.value: "QwenImageEditPlusPipeline"},
+    tasks={Task.TXT2IMG.value: "QwenImageEditPlusPipeline", Task.EDIT.value: "QwenImageEditPlusPipeline"},
     hub_id="Qwen/Qwen-Image-Edit-2509",
     edit=Edit(argument="image", max_images=3, resize="area", pixels=1024 * 1024, needs_image=True,
               text_reads_images=True, batches=False),  # its call refuses more than one prompt

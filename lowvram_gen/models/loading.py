@@ -86,17 +86,16 @@ def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quanti
 
 def _loader(folder, auto):
     """The class a folder loads with: the text-to-image auto-pipeline, or the folder's own pipeline class where its
-    family's record has no txt2img task (an edit-only model: QwenImageEditPipeline, which the auto-pipelines do not
-    map)."""
-    from lowvram_gen import families
+    family's record names it and the auto-pipelines do not map it (an edit model's: QwenImageEditPipeline)."""
+    from diffusers.pipelines.auto_pipeline import AUTO_TEXT2IMAGE_PIPELINES_MAPPING
 
     name = str(safe_json.load_file(Path(folder) / "model_index.json").get("_class_name") or "")
     record = families.find_pipeline(name)
-    if record is None or record.has_task(families.Task.TXT2IMG):
+    if record is None or name in (cls.__name__ for cls in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values()):
         return auto
     import diffusers
 
-    return getattr(diffusers, name)
+    return getattr(diffusers, name, auto)
 
 
 def _index(folder) -> dict[str, tuple[str, str]]:

@@ -47,7 +47,7 @@ def check(pipe, request) -> None:
             raise InvalidRequest("reference images", len(refs),
                                  f"{record.name} takes at most {most} reference image{'s' if most > 1 else ''}")
         return
-    if record.edit is not None and record.edit.needs_image and task is Task.EDIT:
+    if record.edit is not None and record.edit.needs_image:
         what = "img2img" if getattr(request, "mask", None) is None and getattr(request, "init_image", None) else \
             "inpaint" if getattr(request, "mask", None) else "txt2img"
         raise InvalidRequest("task", what, f"{record.name} edits images and needs a reference image: use lowvram-gen "
