@@ -174,6 +174,8 @@ def request_hash(engine: str, request) -> str:
     if data.get("mask") is None:  # inpainting, added later: a job without a mask keeps its hash
         for name in ("mask", "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask"):
             data.pop(name, None)
+    if not data.get("reference_images"):  # edit, added later: a job without reference images keeps its hash
+        data.pop("reference_images", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
