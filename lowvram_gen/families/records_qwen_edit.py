@@ -30,7 +30,8 @@ _COMMON = dict(
 
 QWEN_IMAGE_EDIT = Family(
     key="qwen-image-edit", group="qwen-image-edit", name="Qwen-Image-Edit", label="Qwen-Image-Edit",
-    tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline"}, other_pipelines=("QwenImageEditInpaintPipeline",),
+    tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline"},
+    other_pipelines=("QwenImageEditInpaintPipeline",),
     hub_id="Qwen/Qwen-Image-Edit",
     edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=True,
               text_reads_images=True),
