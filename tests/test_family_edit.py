@@ -260,6 +260,16 @@ def test_the_rest_apis_img2img_with_an_editing_model_edits_its_init_images(qwen_
     assert kept.request.init_image and not kept.request.reference_images
 
 
+def test_the_ui_img2img_tab_edits_with_an_editing_model(qwen_edit, refs):
+    """The img2img tab's fields (ui/tabs/img2img.py) with an editing model: the init image is the reference image."""
+    from lowvram_gen.engines.sd.edit import img2img_as_edit
+
+    fields = dict(prompt="make it blue", model=qwen_edit, init_image=refs[0], strength=0.6)
+    assert img2img_as_edit(fields) == dict(prompt="make it blue", model=qwen_edit, reference_images=(refs[0],))
+    for kept in (dict(fields, model="tiny"), dict(fields, mask=refs[1])):  # another model; an inpaint job
+        assert img2img_as_edit(kept) == kept
+
+
 # ------------------------------------------------------------------------------------------------ plan and memory
 
 def test_more_reference_images_raise_the_plan(klein, refs, tmp_path):

@@ -2,10 +2,10 @@
 own tests use (tests/pipelines/qwenimage/test_qwenimage_edit.py and test_qwenimage_edit_plus.py,
 tests/pipelines/flux/test_pipeline_flux_kontext.py: get_dummy_components).
 
-- Qwen-Image-Edit / Edit-Plus: tiny_qwen's transformer, VAE and Qwen2.5-VL, plus the processor the edit pipelines
-  give the reference images to (Qwen2VLProcessor: the offline Qwen2 tokenizer and a Qwen2VLImageProcessor whose
-  pixel bounds keep the vision tower's patches few). The text encoder's image tokens are the tokenizer's own
-  <|image_pad|> / <|vision_start|> / <|vision_end|>.
+- Qwen-Image-Edit / Edit-Plus: tiny_qwen's transformer, VAE and scheduler, a Qwen2.5-VL of its shapes whose image
+  tokens are the tokenizer's own (<|image_pad|>, <|vision_start|>, <|vision_end|>), and the processor the edit
+  pipelines give the reference images to (Qwen2VLProcessor: the offline Qwen2 tokenizer and a Qwen2VLImageProcessor
+  whose pixel bounds keep the vision tower's patches few).
 - FLUX.1 Kontext: tiny_transformers' FLUX.1 components (CLIP + T5 tiny) in a FluxKontextPipeline.
 Flux.2 Klein's (its `image` references) is tests/tiny_flux2.py's. Seeded random weights: the images are noise.
 """
@@ -28,24 +28,13 @@ def qwen_vl_processor():
 def build_tiny_qwen_image_edit(plus: bool = False):
     """A QwenImageEditPipeline (`plus`: QwenImageEditPlusPipeline) with diffusers' test shapes (float32, CPU)."""
     import torch
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
-                           QwenImageEditPlusPipeline, QwenImageTransformer2DModel)
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+    from tiny_qwen import build_tiny_qwen_image
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     processor = qwen_vl_processor()
     tokenizer = processor.tokenizer
-    torch.manual_seed(0)
-    transformer = QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
-        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4))
-    torch.manual_seed(0)
-    z_dim = 4
-    vae = AutoencoderKLQwenImage(base_dim=z_dim * 6, z_dim=z_dim, dim_mult=[1, 2, 4], num_res_blocks=1,
-                                 temperal_downsample=[False, True], latents_mean=[0.0] * z_dim,
-                                 latents_std=[1.0] * z_dim)
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
-        base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential")
+    qwen = build_tiny_qwen_image()  # its transformer, VAE and scheduler: Qwen-Image's test shapes
     torch.manual_seed(0)
     vocab = len(tokenizer)
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
@@ -63,7 +52,8 @@ def build_tiny_qwen_image_edit(plus: bool = False):
         hidden_size=16, vocab_size=vocab, vision_token_id=ids["image_token_id"], **ids)
     text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
     cls = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
-    return cls(transformer=transformer, vae=vae, scheduler=scheduler, text_encoder=text_encoder,
+    # the text encoder is its own: its image token ids are the tokenizer's (tiny_qwen's never sees an image)
+    return cls(transformer=qwen.transformer, vae=qwen.vae, scheduler=qwen.scheduler, text_encoder=text_encoder,
                tokenizer=tokenizer, processor=processor)
 
 

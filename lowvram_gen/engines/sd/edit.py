@@ -157,3 +157,14 @@ def edit_record_of_spec(spec: str) -> Family | None:
     """The family of `spec` where it is an editing model (its record has Task.EDIT), else None."""
     record = record_of_spec(spec)
     return record if record is not None and record.has_task(Task.EDIT) else None
+
+
+def img2img_as_edit(fields: dict) -> dict:
+    """An img2img job's request fields (the web UI's img2img tab) as an edit where the model is an editing model and
+    no mask is given: the init image is the reference image and the strength is not used, as the REST API's img2img
+    does with an editing model (a1111/api_body.py). Other models' fields come back as they are."""
+    if fields.get("mask") or not fields.get("init_image") or edit_record_of_spec(str(fields.get("model") or "")) \
+            is None:
+        return fields
+    out = {k: v for k, v in fields.items() if k not in ("init_image", "strength")}
+    return {**out, "reference_images": (fields["init_image"],)}
