@@ -38,6 +38,7 @@ MAX_SEED = 2**32 - 1  # seeds are 32-bit in A1111 and in most samplers' RNG seed
 MAX_PROMPT_CHARS = 20_000  # a 10 kB prompt is accepted (and truncated by the tokenizer, with a warning)
 MAX_HIRES_SCALE = 4.0  # A1111's slider maximum
 MAX_CLIP_SKIP = 12  # A1111's slider maximum: SD 1.x's CLIP-L has 12 layers
+MAX_REFERENCE_IMAGES = 10  # edit: FLUX.2 [dev]'s most; each family's record says its own (engines/sd/edit.py)
 
 # C0/C1 control characters except tab and newline: NUL and friends become a space, everywhere.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -188,6 +189,9 @@ class GenerationRequest:
     mask_padding: int = 32
     masked_content: str = "original"
     invert_mask: bool = False
+    # edit (an editing model: Qwen-Image-Edit, FLUX.1 Kontext, Flux.2): the reference images its pipeline edits or
+    # takes from, paths; how many the model takes is its family's (engines/sd/edit.py checks it once loaded)
+    reference_images: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -227,7 +231,7 @@ class GenerationRequest:
             controlnets=check_units(self.controlnets, check_image_path),
             control_mode=check_control_mode(self.control_mode),
         )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize() \
-            ._check_inpaint()
+            ._check_inpaint()._check_edit()
 
     def _check_inpaint(self) -> "GenerationRequest":
         """The mask and its options (inpaint/): a readable image beside an init image, with something to repaint."""
@@ -252,6 +256,26 @@ class GenerationRequest:
         check_mask_pixels(path, checked.invert_mask)
         return dataclasses.replace(checked, mask=path)
 
+
+    def _check_edit(self) -> "GenerationRequest":
+        """The reference images of an edit: readable images (a list, or one path), as many as any family takes, of
+        at least MIN_SIDE px a side, and no init image, mask, hires fix or ControlNet beside them."""
+        refs = check_references(self.reference_images)
+        if refs:
+            beside = [(name, value) for name, value in (("init image", self.init_image), ("mask", self.mask),
+                                                        ("hires fix", "on" if self.hires else None),
+                                                        ("controlnet", "on" if self.controlnets else None)) if value]
+            if beside:
+                name, value = beside[0]
+                raise InvalidRequest(name, value, f"an edit (reference images) takes no {name}: the reference "
+                                                  "images are what it edits")
+        return dataclasses.replace(self, reference_images=refs)
+
+    @property
+    def task(self) -> str:
+        """What the job is: edit, inpaint, img2img or txt2img (families.Task's values)."""
+        return ("edit" if self.reference_images else "inpaint" if self.mask else "img2img" if self.init_image
+                else "txt2img")
 
     def _check_seed_resize(self) -> "GenerationRequest":
         w, h = self.seed_resize_from_w, self.seed_resize_from_h
@@ -523,6 +547,31 @@ def check_image_path(field_name: str, value: Any) -> str:
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
         raise InvalidRequest(field_name, str(value), unreadable_image(exc)) from None
     return str(path)
+
+
+def check_references(value: Any) -> tuple[str, ...]:
+    """An edit's reference images: a list of paths (one path, or comma-free text from a form, works too), each a
+    readable image of at least MIN_SIDE px a side; at most MAX_REFERENCE_IMAGES. () when none is given."""
+    from PIL import Image
+
+    items = [value] if isinstance(value, str) else list(value or ())
+    items = [v for v in items if not (isinstance(v, str) and not v.strip())]
+    if len(items) > MAX_REFERENCE_IMAGES:
+        raise InvalidRequest("reference images", len(items),
+                             f"at most {MAX_REFERENCE_IMAGES} (FLUX.2 [dev]'s most; each model takes its own number)")
+    paths = []
+    for item in items:
+        path = check_image_path("reference image", item)
+        try:
+            with Image.open(path) as image:
+                size = image.size
+        except (OSError, Image.DecompressionBombError) as exc:
+            raise InvalidRequest("reference image", path, unreadable_image(exc)) from None
+        if min(size) < MIN_SIDE:
+            raise InvalidRequest("reference image", path, f"is {size[0]}x{size[1]}: a reference image needs at least "
+                                                          f"{MIN_SIDE} px a side")
+        paths.append(path)
+    return tuple(paths)
 
 
 def check_mask_pixels(path: str, invert: bool) -> None:

@@ -27,7 +27,9 @@ from lowvram_gen import preview as previews
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.engines.sd import edit
 from lowvram_gen.families import sampling
+from lowvram_gen.families.spec import record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.stepdown import Runner
@@ -197,8 +199,10 @@ class Session:
             model = self.model if self.model and self.model.source == source else None
             profile = self.profile_for(source, model, request), source.kind != "single_file"
         found, folder = profile
-        # +te-reload needs the family's prompts encoded apart from the call (its record's text_encode_apart)
-        record = families.by_denoiser_class(found.denoiser_class)
+        # +te-reload needs the family's prompts encoded apart from the call (its record's text_encode_apart); the
+        # folder's pipeline class says the family first (Qwen-Image-Edit shares Qwen-Image's transformer class)
+        record = (source and record_of_spec(str(source.path))) or families.by_denoiser_class(found.denoiser_class)
+        found = edit.planned(found, record, request)  # an edit's reference images: tokens beside the image's
         apart = record is None or record.text_encode_apart is not None
         width, height = request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)

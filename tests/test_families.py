@@ -31,11 +31,14 @@ def test_sd_and_flux1_pipelines_are_claimed_and_flux2_is_not():
                                                                                                  "StableDiffusion3"))]
     assert {families.by_pipeline(n).group for n in sd} == {"sd"}
     flux1 = [n for n in _pipeline_names() if n.startswith("Flux") and not n.startswith(("Flux2", "Flux3"))]
-    assert {families.by_pipeline(n).key for n in flux1} == {"flux"}
+    # FLUX.1 Kontext is a family of its own since issue 30's editing models (families/records_kontext.py)
+    assert {families.by_pipeline(n).key for n in flux1 if "Kontext" not in n} == {"flux"}
+    assert {families.by_pipeline(n).key for n in flux1 if "Kontext" in n} == {"flux-kontext"}
     # a class-name prefix once gave Flux.2 FLUX.1's facts; Flux.2 dev has its own record now (records_flux2_dev.py)
     assert families.by_pipeline("Flux2Pipeline").key == "flux2-dev"
     # Qwen-Image has its own record since issue 30 (families/records_qwen.py), every Qwen-Image pipeline its
-    qwen = [n for n in _pipeline_names() if n.startswith("QwenImage") and not n.startswith("QwenImage21")]
+    qwen = [n for n in _pipeline_names() if n.startswith("QwenImage") and not n.startswith("QwenImage21")
+            and "Edit" not in n]  # Qwen-Image-Edit's are its own records (families/records_qwen_edit.py)
     assert {families.by_pipeline(n).key for n in qwen} == {"qwen-image"}
     assert families.by_pipeline("StableDiffusionPipeline") is families.SD15  # SD 1.5 first for the shared classes
 

@@ -55,7 +55,9 @@ def test_execution_fields_agree_with_the_installed_pipelines():
 def test_task_of_says_which_task_a_pipeline_class_is():
     assert task_of(_bare("StableDiffusionXLImg2ImgPipeline")) == (families.SDXL, Task.IMG2IMG)
     assert task_of(_bare("StableDiffusionInpaintPipeline")) == (families.SD15, Task.INPAINT)
-    assert task_of(_bare("FluxKontextPipeline")) == (families.FLUX1, None)  # claimed, no task of ours
+    assert task_of(_bare("FluxFillPipeline")) == (families.FLUX1, None)  # claimed, no task of ours
+    # FLUX.1 Kontext is its own family since issue 30's editing models: txt2img (and edit) on its pipeline
+    assert task_of(_bare("FluxKontextPipeline")) == (families.by_key("flux-kontext"), Task.TXT2IMG)
     assert task_of(_bare(LCM)) == (families.GENERIC, None)
 
     class Mine(diffusers.StableDiffusion3Pipeline):

@@ -118,7 +118,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
                             f"{api_key('hires_resize_h')} makes no hires pass here (A1111 runs its second pass at "
                             "the same size)")
     else:
-        fields.update(_img2img(specs, got, warnings, init_image))
+        fields.update(_img2img(specs, got, warnings, init_image, _edits(fields["model"])))
     fields.update(_controlnet(got, fields, init_image))
     if names is not None:
         warnings += names(fields) or []
@@ -227,10 +227,23 @@ def _hires(specs: list[Field], got: dict) -> dict:
     return {f.name: _value(f, got) for f in specs if f.when == "hires"}
 
 
-def _img2img(specs: list[Field], got: dict, warnings: list[str], init_image: Callable[[Any], str] | None) -> dict:
+def _edits(model: str) -> bool:
+    """Whether `model` is an editing model (engines/sd/edit.py: its folder's pipeline has an edit task)."""
+    from lowvram_gen.families.spec import edit_record_of_spec  # no torch: model_index.json only
+
+    return edit_record_of_spec(model) is not None
+
+
+def _img2img(specs: list[Field], got: dict, warnings: list[str], init_image: Callable[[Any], str] | None,
+             edit: bool = False) -> dict:
+    """The init image (the first of init_images), and the mask's fields; with an editing model (`edit`) and no mask,
+    every image of init_images is a reference image of an edit instead, and the denoising strength is not used."""
     images, key = got["init_image"], api_key("init_image")
     if not isinstance(images, list) or not images:
         raise InvalidRequest(key, images, "send a list with one base64 image (PNG or JPEG; a data: URL works too)")
+    if edit and not got["mask"] and init_image is not None:
+        warnings.append(f"an editing model: {key} are its reference images ({api_key('strength')} is not used)")
+        return dict(reference_images=[init_image(image) for image in images])
     if len(images) > 1:
         warnings.append(f"{key} has {len(images)} images: only the first is used")
     if init_image is None:

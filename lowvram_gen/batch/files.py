@@ -9,7 +9,8 @@ Formats:
 
 * ``.txt``: one prompt per line; blank lines and lines starting with ``#`` are ignored. A line
   starting with ``--`` holds A1111 "prompts from file" options, split with shlex:
-  ``--prompt "a cat" --negative_prompt "blurry" --steps 30 --seed 5 --sampler_name "DPM++ 2M Karras"``.
+  ``--prompt "a cat" --negative_prompt "blurry" --steps 30 --seed 5 --sampler_name "DPM++ 2M Karras"``;
+  ``--image IMG`` (repeatable) makes the line an edit of those reference images (an editing model's).
 * ``.jsonl``: one JSON object per line with request fields, plus ``engine`` (``sd`` or ``vqgan``)
   and ``repeat``; ``controlnets`` is a list of unit objects (a1111/controlnet_units.py: A1111's extension keys too, and its
   API's ``alwayson_scripts``).
@@ -55,6 +56,8 @@ REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationRequest)
 # options of a .txt line that take every word up to the next --option, as A1111 reads --prompt
 PROMPT_OPTIONS = tuple(name for f in ("prompt", "negative_prompt", "hires_prompt", "hires_negative")
                        for name in (f, *BY_NAME[f].aliases))
+# a .txt line's edit reference images (`lowvram-gen edit`'s --image), each option one image, repeatable
+EDIT_IMAGE_OPTIONS = ("image", "reference_images")
 BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
 # what a line may name: the request's fields, the batch's, their aliases, and A1111's that are not built here
 # (a1111/fields.py NOT_BUILT: accepted with a warning, or refused, by each one's policy)
@@ -176,6 +179,8 @@ def request_hash(engine: str, request) -> str:
     if data.get("mask") is None:  # inpainting, added later: a job without a mask keeps its hash
         for name in ("mask", "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask"):
             data.pop(name, None)
+    if not data.get("reference_images"):  # edit, added later: a job without reference images keeps its hash
+        data.pop("reference_images", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -282,6 +287,9 @@ def parse_options(text: str) -> tuple[dict, list[str]]:
             pos += 1
         if not values:
             raise ValueError(f"option --{name} needs a value")
+        if name in EDIT_IMAGE_OPTIONS:  # an edit's reference images: repeatable, as the edit command's --image
+            fields.setdefault("reference_images", []).append(" ".join(values))
+            continue
         if name not in LINE_NAMES and name != "outdir":
             raise ValueError(f"unknown option --{name}; allowed: " + ", ".join("--" + a for a in SHOWN_NAMES))
         try:

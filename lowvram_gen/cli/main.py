@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_inpaint_args(inp)
     _add_generation_args(inp)
+    from lowvram_gen.cli.edit import add_edit_parser  # no heavy imports
+
+    add_edit_parser(sub, _add_generation_args)
 
     up = sub.add_parser("upscale", help="upscale an image (Lanczos, Nearest, an ESRGAN-family model, sd-x4)")
     up.add_argument("image", help="the image to upscale (PNG, JPEG, WebP)")
@@ -363,7 +366,8 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
-                 "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "vae")
+                 "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "vae",
+                 "reference_images")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
@@ -589,8 +593,16 @@ def cmd_vqgan(args) -> int:
     return run_vqgan_command(args, _session_kwargs(args))
 
 
+def cmd_edit(args) -> int:
+    """`edit`: generate's job with the edit's own defaults (size from the first image, the family's edit CFG)."""
+    from lowvram_gen.cli.edit import edit_defaults
+
+    edit_defaults(args)
+    return cmd_generate(args)
+
+
 COMMANDS = {"generate": cmd_generate, "img2img": cmd_generate, "inpaint": cmd_generate, "upscale": cmd_upscale, "plan": cmd_plan, "doctor": cmd_doctor, "batch": cmd_batch, "ui": cmd_ui,
-            "vqgan": cmd_vqgan}
+            "vqgan": cmd_vqgan, "edit": cmd_edit}
 
 
 def _with_default_command(argv: list[str]) -> list[str]:

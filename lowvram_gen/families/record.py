@@ -86,6 +86,27 @@ A1111_SAMPLING = Sampling()
 
 
 @dataclass(frozen=True)
+class Edit:
+    """How a family's edit pipeline (Task.EDIT) takes its reference images: the images to edit or to take from."""
+
+    argument: str = "image"  # the __call__ argument the reference images go to
+    max_images: int = 1  # how many one call takes (a list; one image where it is 1)
+    # the pixels the pipeline resizes each reference image to before its VAE encodes it: 'area' (always to about
+    # `pixels`, the image's aspect kept: Qwen-Image-Edit, Kontext's preferred sizes), 'cap' (only one above `pixels`
+    # is made smaller: Flux.2); what the plan counts as the references' latent tokens
+    resize: str = "area"
+    pixels: int = 1024 * 1024
+    needs_image: bool = True  # its call fails without a reference image (txt2img is refused in one sentence)
+    # its text encoder reads the reference images too (Qwen2.5-VL): the prompts cannot be encoded apart from them
+    text_reads_images: bool = False
+    cfg: float | None = None  # the CFG scale its model card edits with (Kontext's distilled guidance 2.5); None: any
+    # the call argument that rescales the asked size to this area (Kontext's `max_area`; its call runs at about
+    # 1024x1024 pixels whatever width and height say): given width x height, so the image is the asked size
+    max_area_argument: str | None = None
+    batches: bool = True  # its call takes a batch of prompts (False: Qwen-Image-Edit-Plus, one image per call)
+
+
+@dataclass(frozen=True)
 class SingleFile:
     """How an original-layout single file (A1111 / Civitai / BFL / a GGUF denoiser) of the family is read."""
 
@@ -249,6 +270,8 @@ class Family:
     # its pipelines load textual-inversion embeddings (load_textual_inversion); None: a family no record knows,
     # whose pipeline object is asked
     textual_inversion: bool | None = None
+    # how its edit pipeline (tasks' Task.EDIT) takes reference images (None: the family has no edit task)
+    edit: Edit | None = None
 
     # the (width, height) its txt2img pipeline renders when asked for (pipe, width, height), where that is not always
     # the size asked (HiDream scales every size to its native area, keeping the aspect); None: the size asked

@@ -188,9 +188,8 @@ FLUX1 = Family(
         Task.CONTROLNET.value: "FluxControlNetPipeline",
         Task.CONTROLNET_IMG2IMG.value: "FluxControlNetImg2ImgPipeline",
     },
-    other_pipelines=("FluxInpaintPipeline", "FluxControlNetInpaintPipeline", "FluxFillPipeline", "FluxKontextPipeline",
-                     "FluxKontextInpaintPipeline", "FluxControlPipeline", "FluxControlImg2ImgPipeline",
-                     "FluxControlInpaintPipeline", "FluxPriorReduxPipeline"),
+    other_pipelines=("FluxInpaintPipeline", "FluxControlNetInpaintPipeline", "FluxFillPipeline", "FluxControlPipeline",
+                     "FluxControlImg2ImgPipeline", "FluxControlInpaintPipeline", "FluxPriorReduxPipeline"),
     denoiser="transformer", denoiser_classes=("FluxTransformer2DModel",),
     single_file=SingleFile(pipeline="FluxPipeline", model_types=("flux-dev", "flux-schnell"),
                            checkpoint_match=keys.flux1_file, gguf_match=keys.flux1_file, gguf_layout="bfl-flux1",
@@ -255,10 +254,12 @@ GENERIC = Family(key=GENERIC_KEY, group=GENERIC_KEY, name="", call=Call(Guidance
 # pipeline classes). GENERIC is not in the list: it is what a lookup gives when no record claims the thing.
 from lowvram_gen.families.records_dit import DIT_FAMILIES  # noqa: E402  (SANA, Chroma, Lumina 2: issue 30)
 from lowvram_gen.families.records_qwen import QWEN_IMAGE  # noqa: E402  (issue 30: one module per family)
+from lowvram_gen.families.records_kontext import FLUX_KONTEXT  # noqa: E402  (issue 30: editing models)
+from lowvram_gen.families.records_qwen_edit import QWEN_EDIT_FAMILIES  # noqa: E402
 from lowvram_gen.families.records_flux2_dev import FLUX2_DEV  # noqa: E402  (after Klein: its denoiser class is Klein's)
 from lowvram_gen.families.records_hidream import HIDREAM  # noqa: E402
 from lowvram_gen.families.records_cogview4 import COGVIEW4  # noqa: E402
 
 FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, FLUX2_KLEIN, Z_IMAGE,
-                                 *DIT_FAMILIES, QWEN_IMAGE, FLUX2_DEV,
+                                 *DIT_FAMILIES, QWEN_IMAGE, *QWEN_EDIT_FAMILIES, FLUX_KONTEXT, FLUX2_DEV,
                                  HIDREAM, FLUX2_KLEIN_9B, COGVIEW4)

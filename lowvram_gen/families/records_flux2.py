@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task
+from lowvram_gen.families.record import Call, Edit, Family, FolderFacts, Guidance, Sampling, Task
 
 # FLUX.2 [klein] 4B/9B's model cards (the step-distilled models): num_inference_steps=4, guidance_scale=1.0
 DISTILLED = Sampling(4, 1.0, "FLUX.2 [klein]'s model card")
@@ -39,7 +39,8 @@ def klein_sampling(facts: FolderFacts) -> Sampling:
 
 FLUX2_KLEIN = Family(
     key="flux2-klein", group="flux2-klein", name="Flux.2 Klein", label="FLUX.2-klein-4B",
-    tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline"},
+    tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline",
+           Task.EDIT.value: "Flux2KleinPipeline"},
     other_pipelines=("Flux2KleinKVPipeline",),
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
     builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
@@ -54,6 +55,9 @@ FLUX2_KLEIN = Family(
     sampling=DISTILLED, sampling_for=klein_sampling,
     # its 32-channel VAE latents, patchified 2x2 (128 channels) and packed into a sequence: preview.py's "flux2"
     latent_format="flux2", packed_latents=True,
+    # reference images (the call's `image`, a list): each made at most 1024x1024 pixels, its latents beside the
+    # image's; BFL's model card edits with up to 4 references on Klein (FLUX.2 [dev] takes up to 10)
+    edit=Edit(argument="image", max_images=4, resize="cap", pixels=1024 * 1024, needs_image=False),
 )
 
 FLUX2_KLEIN_9B = replace(

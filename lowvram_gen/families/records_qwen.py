@@ -40,8 +40,8 @@ QWEN_IMAGE = Family(
         Task.IMG2IMG.value: "QwenImageImg2ImgPipeline",
         Task.INPAINT.value: "QwenImageInpaintPipeline",
     },
-    other_pipelines=("QwenImageControlNetPipeline", "QwenImageControlNetInpaintPipeline", "QwenImageEditPipeline",
-                     "QwenImageEditInpaintPipeline", "QwenImageEditPlusPipeline", "QwenImageLayeredPipeline"),
+    # the edit pipelines are Qwen-Image-Edit's (families/records_qwen_edit.py)
+    other_pipelines=("QwenImageControlNetPipeline", "QwenImageControlNetInpaintPipeline", "QwenImageLayeredPipeline"),
     denoiser="transformer", denoiser_classes=("QwenImageTransformer2DModel",),
     builtin="qwen-image", hub_id="Qwen/Qwen-Image",
     aliases=("qwen-image", "qwen", "qwenimage", "qwen/qwen-image"),

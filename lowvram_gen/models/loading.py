@@ -78,25 +78,25 @@ def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quanti
         quantized = {} if quantize == "none" else {
             name: load_component(source.path, name, dtype, quantize, quantize_on)
             for name in _index(source.path) if is_target(name) and name not in left_out}
-        return _text2image_class(source.path, AutoPipelineForText2Image).from_pretrained(
+        return _pipeline_class(source.path, AutoPipelineForText2Image).from_pretrained(
             str(source.path), dtype=getattr(torch, dtype), **absent_components(source.path), **quantized, **left_out)
     except (OSError, ValueError, KeyError, EnvironmentError) as exc:
         raise ModelLoadError(f"could not load {source.spec} as a text-to-image pipeline: {exc}") from exc
 
 
-def _text2image_class(folder, auto):
-    """`auto` (AutoPipelineForText2Image), or the folder's own pipeline class where a family record claims it for
-    txt2img and the auto-pipelines do not map it (HiDreamImagePipeline in diffusers 0.42)."""
+def _pipeline_class(folder, auto):
+    """The class a folder loads with: the text-to-image auto-pipeline, or the folder's own pipeline class where its
+    family's record names it and the auto-pipelines do not map it (an edit model's, QwenImageEditPipeline; and
+    HiDreamImagePipeline, which diffusers 0.42's auto-pipelines do not map)."""
     from diffusers.pipelines.auto_pipeline import AUTO_TEXT2IMAGE_PIPELINES_MAPPING
 
     name = str(safe_json.load_file(Path(folder) / "model_index.json").get("_class_name") or "")
-    if families.by_pipeline(name).pipeline_for("txt2img") != name:
-        return auto
-    if any(cls.__name__ == name for cls in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values()):
+    record = families.find_pipeline(name)
+    if record is None or name in (cls.__name__ for cls in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values()):
         return auto
     import diffusers
 
-    return getattr(diffusers, name)
+    return getattr(diffusers, name, auto)
 
 
 def _index(folder) -> dict[str, tuple[str, str]]:

@@ -67,6 +67,9 @@ class ModelProfile:
     transformer_hidden: int = 0
     transformer_patch: int = 2
     joint_text_tokens: int = 0  # text tokens carried next to the image tokens (the family record's joint_tokens)
+    # latent tokens an edit's reference images add next to the image tokens (engines/sd/edit.planned: the job's, not
+    # the model's; 0 for any other job)
+    reference_tokens: int = 0
     cfg_batch: bool = True  # CFG doubles the denoiser batch (not for guidance-distilled Flux)
     # VAE
     latent_channels: int = 4

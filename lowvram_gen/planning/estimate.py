@@ -137,8 +137,9 @@ def unet_feature(profile: ModelProfile) -> float:
 
 def transformer_tokens(profile: ModelProfile, hw: int) -> float:
     """Tokens one image puts through every transformer block: hw latent pixels in patches, plus the
-    text tokens that joint attention (SD3, Flux) carries beside them."""
-    return hw / profile.transformer_patch**2 + profile.joint_text_tokens
+    text tokens that joint attention (SD3, Flux) carries beside them, and an edit's reference images' latent tokens
+    (Kontext, Qwen-Image-Edit, Flux.2: in the same stream)."""
+    return hw / profile.transformer_patch**2 + profile.joint_text_tokens + profile.reference_tokens
 
 
 def transformer_feature(profile: ModelProfile, hw: int) -> float:

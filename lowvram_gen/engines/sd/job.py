@@ -18,7 +18,7 @@ from lowvram_gen import families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
-from lowvram_gen.engines.sd import controlnet, vae_swap
+from lowvram_gen.engines.sd import controlnet, edit, vae_swap
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.stepdown import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
@@ -110,7 +110,8 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     if request.mask:
         resized = mask_size_note(request)
         warnings += [resized] if resized else []
-    fields = {**controlnet.infotext_fields(pipe, request), **nets.fields}  # A1111 writes ControlNet units first
+    fields = {**controlnet.infotext_fields(pipe, request), **edit.infotext_fields(request), **nets.fields}
+    # (A1111 writes ControlNet units first)
     return Prepared(texts, fields, warnings, schedule_warning is None, hires_warning is None, vae)
 
 

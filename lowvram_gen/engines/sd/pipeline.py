@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen import families
-from lowvram_gen.engines.sd import controlnet, inpaint
+from lowvram_gen.engines.sd import controlnet, edit, inpaint
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import Task
@@ -64,6 +64,7 @@ class Pass:
     # init image was (control/preprocess.py); None: the control images whole
     control_crop: tuple | None = None
     hires: bool = False  # hires fix's second pass (its ControlNets take A1111's soft weights: controlnet.soften)
+    references: "list | None" = None  # an edit's reference images (PIL), given to the family's edit pipeline
 
     @property
     def num_steps(self) -> int:
@@ -277,6 +278,7 @@ def check_request(pipe, request) -> None:
     """What this pipeline cannot do with `request` (a GenerationRequest), as a clear error before any
     step runs: sides off its grid, or a hires fix it cannot run."""
     name = type(pipe).__name__
+    edit.check(pipe, request)  # an edit on a model without one, or a model that only edits without one
     inpaint.check(pipe, request)  # and img2img/hires on a family without the pipeline
     multiple = size_multiple(pipe)
     for field, value in (("width", request.width), ("height", request.height)):
@@ -644,11 +646,12 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     watched = preview is not None or cancel is not None or skip is not None
     try:
         if step.init is None:
-            txt2img = control[0] if control is not None else pipe
+            txt2img = control[0] if control is not None else edit.edit_pipe(pipe) if step.references else pipe
             with _variation_noise(txt2img, step, device), \
                     controlnet.seeded(control[0] if control is not None else None, step.seeds, device), \
                     _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
-                out = txt2img(width=step.width, height=step.height, **kwargs)
+                out = txt2img(width=step.width, height=step.height, **kwargs,
+                              **edit.call_kwargs(pipe, step.references, step.width, step.height))
         else:
             # diffusers runs int(steps * strength) steps; at least one, or the result is empty
             kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))

@@ -21,6 +21,7 @@ from typing import Callable
 
 from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.engines.sd import edit
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd import vae_swap
 from lowvram_gen.errors import BadOutput, Cancelled
@@ -188,6 +189,9 @@ class _Job:
         self.size = capped_size(request.width, request.height, ladder.preset.max_pixels, self.multiple)
         self.per_batch = max(1, len(seeds) // request.batch_count)  # batch size: a pass holds one batch's images
         self.per_pass = min(self.per_batch, ladder.preset.max_batch)
+        self.references = edit.read(request.reference_images) if request.reference_images else None
+        if self.references:  # an edit call that takes one prompt makes one image a pass
+            self.per_pass = min(self.per_pass, edit.per_call(self.pipe) or self.per_pass)
         self.lowered = 0  # resolution halvings so far
         self.init = _init_image(request)
         self.area = area_for(request, self.init) if self.init is not None else None  # inpainting: the mask's
@@ -263,7 +267,8 @@ class _Job:
 
     def _first_pass(self, seeds: list[int]) -> sd.Pass:
         if self.init is None:
-            return sd.Pass(self.request, seeds, *self.size, texts=self.texts, embeds=self.embeds)
+            return sd.Pass(self.request, seeds, *self.size, texts=self.texts, embeds=self.embeds,
+                           references=self.references)
         if self.area is not None:  # inpainting: the init and mask at this pass's size (the crop, for only masked)
             init, mask = self.area.for_pass(self.size)
             return sd.Pass(self.request, seeds, *self.size, init=[init] * len(seeds), strength=self.request.strength,

@@ -12,6 +12,7 @@ annotations.)
 
 import gradio as gr
 
+from lowvram_gen.engines.sd.edit import img2img_as_edit
 from lowvram_gen.ui import messages
 from lowvram_gen.ui.context import TabContext
 from lowvram_gen.ui.form import DEFAULTS, SdForm, job_fields
@@ -43,12 +44,13 @@ def build(ctx: TabContext) -> None:
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
             return
-        yield from ctx.run_job("img2img", job_fields(
+        # an editing model (Qwen-Image-Edit, Kontext, Flux.2) edits the init image: engines/sd/edit.py
+        yield from ctx.run_job("img2img", img2img_as_edit(job_fields(
             options, units, prompt=prompt, negative_prompt=negative_prompt, init_image=init_image, strength=strength,
             width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
             sampler=sampler, model=model, quantize=quantize, schedule_type=schedule_type, clip_skip=clip_skip,
             batch_count=batch_count, subseed=subseed, subseed_strength=subseed_strength,
-            seed_resize_from_w=seed_resize_from_w, seed_resize_from_h=seed_resize_from_h), request,
+            seed_resize_from_w=seed_resize_from_w, seed_resize_from_h=seed_resize_from_h)), request,
             progress, preview_every, preview_method)
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
@@ -58,7 +60,7 @@ def build(ctx: TabContext) -> None:
         with gr.Row():
             with gr.Column(scale=3):
                 init = form.controls["init_image"] = ImagePath("Init image", elem_id="i2i-init")
-                form.strength("Denoising strength (0 keeps the image)")
+                form.strength("Denoising strength (0 keeps the image; an editing model edits the image and ignores it)")
                 form.settings()
             with gr.Column(scale=2):
                 form.results(("inpaint", "upscale"))

@@ -1,0 +1,50 @@
+"""Qwen-Image-Edit's records (issue 30, editing models): Qwen-Image's 20B MMDiT trained to edit, diffusers'
+QwenImageEditPipeline (one reference image) and QwenImageEditPlusPipeline (Qwen-Image-Edit-2509/2511: several).
+
+What the records say and why:
+- Task: edit (Task.EDIT). Its txt2img task names the same class, as every record's does, but the call reads the
+  reference image's size before anything else, so it cannot run without one: txt2img, img2img and inpaint are
+  refused in one sentence (`Edit.needs_image`, engines/sd/edit.py); they are Qwen-Image's.
+- The reference images go to the call's `image` argument. The pipeline resizes each to about 1024x1024 pixels (its
+  aspect kept) for its VAE, whatever the output size, so each adds (1024/16)^2 = 4096 latent tokens beside the image
+  tokens in every block (what the plan counts); Edit-Plus also gives Qwen2.5-VL each image at 384x384.
+- CFG as Qwen-Image's: `--cfg X` is the call's `true_cfg_scale` (two forwards), with the model card's blank negative
+  prompt " " when the user gives none, so `--cfg` acts without one (families/records_qwen.py says why).
+- Its text encoder (Qwen2.5-VL) reads the reference images with the prompt, so the prompts cannot be encoded apart
+  from the call: no `+te-reload` (text_encode_apart None; the planner does not offer it).
+- How many images: the Edit-Plus model card's "1 to 3 input images" is what it was trained on; the original takes one.
+"""
+
+from __future__ import annotations
+
+from lowvram_gen.families.record import Call, Edit, Family, Guidance, Task
+from lowvram_gen.families.records_qwen import QWEN_IMAGE
+
+_COMMON = dict(
+    denoiser="transformer", denoiser_classes=QWEN_IMAGE.denoiser_classes, native_side=1024,
+    transformer_shape=QWEN_IMAGE.transformer_shape, t5_tokens=512, joint_tokens=512, cfg_batch=False,
+    file_dtype="bfloat16", latent_format=None,
+    call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
+    text_encode_apart=None, lora="diffusers", textual_inversion=False,
+)
+
+QWEN_IMAGE_EDIT = Family(
+    key="qwen-image-edit", group="qwen-image-edit", name="Qwen-Image-Edit", label="Qwen-Image-Edit",
+    tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline"},
+    other_pipelines=("QwenImageEditInpaintPipeline",),
+    hub_id="Qwen/Qwen-Image-Edit",
+    edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=True,
+              text_reads_images=True),
+    **_COMMON,
+)
+
+QWEN_IMAGE_EDIT_PLUS = Family(
+    key="qwen-image-edit-plus", group="qwen-image-edit", name="Qwen-Image-Edit-Plus", label="Qwen-Image-Edit-2509",
+    tasks={Task.TXT2IMG.value: "QwenImageEditPlusPipeline", Task.EDIT.value: "QwenImageEditPlusPipeline"},
+    hub_id="Qwen/Qwen-Image-Edit-2509",
+    edit=Edit(argument="image", max_images=3, resize="area", pixels=1024 * 1024, needs_image=True,
+              text_reads_images=True, batches=False),  # its call refuses more than one prompt
+    **_COMMON,
+)
+
+QWEN_EDIT_FAMILIES = (QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_PLUS)
