@@ -9,19 +9,15 @@ from lowvram_gen.networks import files
 from lowvram_gen.models.tiny import TINY_MODELS
 
 
+MODEL_SUFFIXES = (".safetensors", ".gguf", ".ckpt")  # what the Model list offers (pickles load by path only)
+
+
 def local_models(folder: str | Path) -> list[str]:
-    """Diffusers folders and single checkpoint files (GGUF denoisers too) directly inside `folder`
-    (A1111's models/Stable-diffusion, ComfyUI's models/unet)."""
+    """Diffusers folders and single checkpoint files (GGUF denoisers too) inside `folder` (A1111's
+    models/Stable-diffusion, ComfyUI's models/checkpoints and diffusion_models), in its sub-folders too (ComfyUI users
+    sort them so), symlinked ones included; never inside a diffusers folder."""
     root = Path(folder).expanduser()
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in sorted(root.iterdir()):
-        if entry.is_dir() and (entry / "model_index.json").is_file():
-            found.append(str(entry))
-        elif entry.is_file() and entry.suffix.lower() in (".safetensors", ".gguf", ".ckpt"):
-            found.append(str(entry))
-    return found
+    return [str(p) for p in files.model_entries(root, MODEL_SUFFIXES)] if root.is_dir() else []
 
 
 def cached_hub_models() -> list[str]:
