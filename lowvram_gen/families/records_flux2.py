@@ -16,13 +16,17 @@ pipeline (Flux2KleinInpaintPipeline, which the auto-pipelines do not map) is bui
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import Call, Family, Guidance, SingleFile, Task
 
 FLUX2_KLEIN = Family(
     key="flux2-klein", group="flux2-klein", name="Flux.2 Klein", label="FLUX.2-klein-4B",
     tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline"},
     other_pipelines=("Flux2KleinKVPipeline",),
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
+    # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
+    single_file=SingleFile(pipeline="Flux2KleinPipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.flux2_transformer),
     builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
     aliases=("flux2-klein", "flux.2-klein", "flux2-klein-4b", "flux.2-klein-4b", "klein", "klein-4b",
              "black-forest-labs/flux.2-klein-4b"),
