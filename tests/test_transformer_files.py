@@ -217,6 +217,15 @@ def test_a_comfyui_flux2_klein_file_equals_the_folder(tmp_path, capsys):
     assert np.abs(got - want).max() <= MAX_DIFF
 
 
+def test_without_components_the_file_is_planned_as_its_familys_real_model(comfy):
+    """`plan --model FILE` with no components folder: the family's shipped real-size configs, not SD 1.5's."""
+    from lowvram_gen.models.profile import profile_builtin, source_profile
+    from lowvram_gen.models.resolve import resolve
+
+    source = resolve(str(comfy / "diffusion_models" / "z_image_tiny.safetensors"))
+    assert source_profile(source) == profile_builtin("z-image")
+
+
 def test_the_transformer_file_quantizes_int8_as_it_loads(zimage, comfy, tmp_path, capsys):
     pytest.importorskip("sdnq")
     from lowvram_gen.models.loading import load

@@ -48,6 +48,19 @@ def local_components(family: families.Family) -> Path | None:
     return None
 
 
+def file_family(path) -> families.Family | None:
+    """`family_of` a .safetensors file, from its header alone (for a plan without --components); None for others."""
+    from lowvram_gen.models.safe_files import safetensors_header
+
+    if Path(path).suffix.lower() != ".safetensors":
+        return None
+    try:
+        header = safetensors_header(path)
+    except Exception:  # noqa: BLE001 - an unreadable file is the loader's to refuse, with its own words
+        return None
+    return family_of({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+
+
 def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
     """The pipeline class of the components folder, which must be one whose transformer is this file's class (a
     Qwen-Image-Edit folder takes a Qwen-Image transformer file; a Flux.2 dev folder a Flux.2 file): refused in one
