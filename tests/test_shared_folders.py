@@ -48,8 +48,8 @@ def comfy(tmp_path_factory, tiny_path):
 
     root = tmp_path_factory.mktemp("ComfyUI")
     models = root / "models"
-    for name in ("checkpoints/sd15", "diffusion_models", "unet", "text_encoders", "clip", "vae", "controlnet",
-                 "embeddings", "upscale_models"):
+    for name in ("checkpoints/sd15", "diffusion_models", "unet", "diffusers", "text_encoders", "clip", "vae",
+                 "controlnet", "embeddings", "upscale_models"):
         (models / name).mkdir(parents=True)
     (models / "checkpoints" / "sd15" / "mytiny").symlink_to(tiny_path, target_is_directory=True)
     drive = root / "other-drive" / "my-loras"
@@ -90,7 +90,7 @@ def _pixels(path) -> np.ndarray:
 def test_kind_dirs_adds_comfyuis_folder_names_where_they_exist(no_flags, comfy, tmp_path, monkeypatch):
     monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(comfy))
     assert files.kind_dirs("Stable-diffusion") == [comfy / "Stable-diffusion", comfy / "checkpoints",
-                                                   comfy / "diffusion_models", comfy / "unet"]
+                                                   comfy / "diffusion_models", comfy / "unet", comfy / "diffusers"]
     assert files.kind_dirs("Lora") == [comfy / "Lora", comfy / "loras"]
     assert files.kind_dirs("VAE") == [comfy / "VAE", comfy / "vae"]
     assert files.kind_dirs("ControlNet") == [comfy / "ControlNet", comfy / "controlnet"]
@@ -127,7 +127,8 @@ def test_every_lookup_finds_comfyuis_files_through_links_and_nothing_is_copied(n
 
     monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(comfy))
     linked = comfy / "checkpoints" / "sd15" / "mytiny"
-    assert str(linked) in model_choices()
+    listed = model_choices()
+    assert str(linked) in listed and not [m for m in listed if "/loras/" in m or "/vae/" in m or "/controlnet/" in m]
     assert resolve("mytiny").path == linked.resolve()
     found = lora.find_lora("mine")
     original = comfy.parent / "other-drive" / "my-loras" / "mine.safetensors"

@@ -61,13 +61,14 @@ _FLUX2_TOP = {"x_embedder.": "img_in.", "context_embedder.": "txt_in.", "proj_ou
               "double_stream_modulation_img.linear.": "double_stream_modulation_img.lin.",
               "double_stream_modulation_txt.linear.": "double_stream_modulation_txt.lin.",
               "single_stream_modulation.linear.": "single_stream_modulation.lin."}
-_FLUX2_DOUBLE = {"attn.norm_q.weight": "img_attn.norm.query_norm.scale", "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
+_FLUX2_DOUBLE = {"attn.norm_q.weight": "img_attn.norm.query_norm.scale",
+                 "attn.norm_k.weight": "img_attn.norm.key_norm.scale",
                  "attn.norm_added_q.weight": "txt_attn.norm.query_norm.scale",
                  "attn.norm_added_k.weight": "txt_attn.norm.key_norm.scale", "attn.to_out.0.": "img_attn.proj.",
                  "attn.to_add_out.": "txt_attn.proj.", "ff.linear_in.": "img_mlp.0.", "ff.linear_out.": "img_mlp.2.",
                  "ff_context.linear_in.": "txt_mlp.0.", "ff_context.linear_out.": "txt_mlp.2."}
-_FLUX2_SINGLE = {"attn.to_qkv_mlp_proj.": "linear1.", "attn.to_out.": "linear2.", "attn.norm_q.weight": "norm.query_norm.scale",
-                 "attn.norm_k.weight": "norm.key_norm.scale"}
+_FLUX2_SINGLE = {"attn.to_qkv_mlp_proj.": "linear1.", "attn.to_out.": "linear2.",
+                 "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale"}
 
 
 def to_original_flux2(state: dict) -> dict:
@@ -111,7 +112,8 @@ def comfy(tmp_path_factory, zimage) -> Path:
     models = tmp_path_factory.mktemp("ComfyUI") / "models"
     (models / "diffusion_models").mkdir(parents=True)
     transformer = ZImageTransformer2DModel.from_pretrained(zimage, subfolder="transformer")
-    save_file(to_original_zimage(transformer.state_dict()), str(models / "diffusion_models" / "z_image_tiny.safetensors"))
+    path = models / "diffusion_models" / "z_image_tiny.safetensors"
+    save_file(to_original_zimage(transformer.state_dict()), str(path))
     return models
 
 

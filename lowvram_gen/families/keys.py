@@ -52,10 +52,11 @@ def flux1_file(keys) -> bool:
     return any(k in keys for k in markers["flux"]) and not any(k in keys for k in markers["not_flux1"])
 
 
-# ------------------------------------------ a 2026 family's transformer alone (ComfyUI's diffusion_models/, city96's GGUF)
-# Told by diffusers' own marker keys (with or without ComfyUI's `model.diffusion_model.` prefix), in the order diffusers'
-# infer_diffusers_model_type tries them: Z-Image's layers share Lumina 2's caption embedder, so Lumina 2 is "not
-# Z-Image". Qwen-Image has no marker there (its files are in diffusers' own names): its embedders and first block.
+# ----------------------------------- a 2026 family's transformer alone (ComfyUI's diffusion_models/, city96's GGUF)
+# Told by diffusers' own marker keys (with or without ComfyUI's `model.diffusion_model.` prefix), in the order
+# diffusers' infer_diffusers_model_type tries them: Z-Image's layers share Lumina 2's caption embedder, so Lumina 2
+# is "not Z-Image". Qwen-Image has no marker there (its files are in diffusers' own names): its embedders and first
+# block.
 QWEN_IMAGE_KEYS = ("img_in.weight", "txt_norm.weight", "transformer_blocks.0.img_mod.1.weight")
 
 

@@ -174,8 +174,8 @@ def _resolve_config(config: str | None, meta: dict, family: families.Family, pat
     only the denoiser (GGUF), so the folder must also hold the other components' weights.
     """
     if config:
-        unreadable_files.refuse_file_as_folder("--components" if weights and not gguf_file.is_gguf(path) else "--config",
-                                               config)
+        flag = "--components" if weights and not gguf_file.is_gguf(path) else "--config"
+        unreadable_files.refuse_file_as_folder(flag, config)
         folder = Path(config).expanduser()
         if folder.is_dir():
             if not (folder / "model_index.json").is_file():

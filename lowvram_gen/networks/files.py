@@ -8,8 +8,8 @@ else `./models` (A1111's layout: `models/Lora`, `embeddings` -> here `models/emb
 
 The models root may be ComfyUI's or A1111/Forge's own `models/` folder, read as it is (nothing copied, no link
 made): the other names a kind's folder has there (`SHARED_NAMES`: ComfyUI's `checkpoints/`, `diffusion_models/` and
-its old name `unet/`, `loras/`, `vae/`, `controlnet/`, `upscale_models/`, `text_encoders/` and its old name `clip/`)
-are looked in after the A1111 name, where they exist, and so is A1111's `embeddings/` beside `models/`.
+its old name `unet/`, `diffusers/`, `loras/`, `vae/`, `controlnet/`, `upscale_models/`, `text_encoders/` and its old
+name `clip/`) are looked in after the A1111 name, where they exist, and so is A1111's `embeddings/` beside `models/`.
 Sub-folders are searched too, symlinked ones included (users link one drive's folders into another's).
 """
 
@@ -37,7 +37,7 @@ FOLDER_FLAGS = {
 # kind -> the names its folder has in ComfyUI's models/ (a shared models root, read as it is): where the UI and
 # `--model NAME` find checkpoints and ComfyUI's transformer files, LoRAs, VAEs, ControlNets, upscalers, text encoders
 SHARED_NAMES = {
-    "Stable-diffusion": ("checkpoints", "diffusion_models", "unet"),
+    "Stable-diffusion": ("checkpoints", "diffusion_models", "unet", "diffusers"),
     "Lora": ("loras",),
     "VAE": ("vae",),
     "ControlNet": ("controlnet",),
@@ -103,12 +103,12 @@ def walk(folder: Path) -> list[Path]:
     return out
 
 
-_DEPTH = 4  # model_entries: sub-folder levels looked into (a folder tree of a few levels; a link loop ends here)
+SUB_FOLDER_LEVELS = 4  # model_entries: how deep it looks (a folder tree of a few levels; a link loop ends here)
 
 
-def model_entries(root: Path, suffixes: tuple[str, ...], depth: int = 0) -> list[Path]:
-    """The diffusers folders and model files (`suffixes`) under `root`, sorted by path; a diffusers folder is one
-    entry."""
+def model_entries(root: Path, suffixes: tuple[str, ...], levels: int = SUB_FOLDER_LEVELS) -> list[Path]:
+    """The diffusers folders and model files (`suffixes`) under `root`, `levels` sub-folder levels deep (0: `root`'s
+    own), sorted by path; a diffusers folder is one entry, never looked into."""
     found: list[Path] = []
     try:
         entries = sorted(root.iterdir())
@@ -119,8 +119,8 @@ def model_entries(root: Path, suffixes: tuple[str, ...], depth: int = 0) -> list
             found.append(entry)
         elif entry.is_file() and entry.suffix.lower() in suffixes:
             found.append(entry)
-        elif entry.is_dir() and depth < _DEPTH and not entry.name.startswith("."):
-            found += model_entries(entry, suffixes, depth + 1)
+        elif entry.is_dir() and levels > 0 and not entry.name.startswith("."):
+            found += model_entries(entry, suffixes, levels - 1)
     return found
 
 
