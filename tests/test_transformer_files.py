@@ -240,6 +240,23 @@ def test_the_transformer_file_quantizes_int8_as_it_loads(zimage, comfy, tmp_path
     assert kind_of(model.pipe.transformer) == "int8"  # quantized by the load itself (sdnq's config on the model)
 
 
+def test_reloading_components_of_a_transformer_file_reads_each_from_its_own_place(zimage, comfy):
+    """The memory layer's reload (after half precision or int8 cost bits): the transformer again from the file, the
+    text encoder and VAE from the components folder, each equal to the first load's."""
+    from lowvram_gen.models.loading import load, reload_components
+    from lowvram_gen.models.resolve import resolve
+
+    model = load(resolve(str(comfy / "diffusion_models" / "z_image_tiny.safetensors"), str(zimage)), "float32")
+    first = {n: {k: v.clone() for k, v in getattr(model.pipe, n).state_dict().items()}
+             for n in ("transformer", "text_encoder", "vae")}
+    old = model.pipe.transformer
+    reload_components(model, ["transformer", "text_encoder", "vae"], "float32")
+    assert model.pipe.transformer is not old
+    for name, state in first.items():
+        again = getattr(model.pipe, name).state_dict()
+        assert set(again) == set(state) and all(torch.equal(again[k], state[k]) for k in state), name
+
+
 def test_a_comfyui_qwen_image_file_equals_the_folder(tmp_path, capsys):
     folder = tmp_path / "tiny-qwen-image"
     pipe = build_tiny_qwen_image()
