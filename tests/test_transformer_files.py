@@ -220,12 +220,17 @@ def test_a_comfyui_flux2_klein_file_equals_the_folder(tmp_path, capsys):
 
 
 def test_without_components_the_file_is_planned_as_its_familys_real_model(comfy):
-    """`plan --model FILE` with no components folder: the family's shipped real-size configs, not SD 1.5's."""
+    """`plan --model FILE` with no components folder: the family's shipped real-size configs, not SD 1.5's; and every
+    command that takes --config takes it as --components."""
     from lowvram_gen.models.profile import profile_builtin, source_profile
     from lowvram_gen.models.resolve import resolve
 
+    from lowvram_gen.cli.main import build_parser
+
     source = resolve(str(comfy / "diffusion_models" / "z_image_tiny.safetensors"))
     assert source_profile(source) == profile_builtin("z-image")
+    for command in (["plan"], ["generate", "x"], ["img2img", "x", "--init", "i.png"]):
+        assert build_parser().parse_args([*command, "--components", "F"]).config == "F"
 
 
 def test_the_transformer_file_quantizes_int8_as_it_loads(zimage, comfy, tmp_path, capsys):

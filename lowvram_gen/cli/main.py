@@ -229,8 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
                          "tiny, a diffusers folder, or a single file (a .gguf counts at its stored size)")
-    pl.add_argument("--config", metavar="FOLDER|HUB_ID",
-                    help="the base model's diffusers folder, for a single-file --model")
+    pl.add_argument("--config", "--components", dest="config", metavar="FOLDER|HUB_ID",
+                    help="the base model's diffusers folder, for a single-file --model (a transformer file's "
+                         "components)")
     native = ("multiple of 8 (default: the model's native size, 512 SD 1.5, 768 SD 2.1, 1024 SDXL/SD3/Flux; "
               "512 with --engine vqgan)")
     pl.add_argument("--width", metavar="N", help=native)
