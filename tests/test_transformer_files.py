@@ -2,10 +2,11 @@
 it, with the text encoders and VAE from a diffusers folder (`--components`), end to end on the tiny folders (issue 30
 item 3); and the formats diffusers cannot read (ComfyUI's scaled fp8, a text encoder alone) refused in one sentence.
 
-Z-Image's transformer is written in its original layout (fused `attention.qkv`, `attention.out`, `q_norm`,
-`x_embedder`, `final_layer`, ComfyUI's `model.diffusion_model.` prefix): `to_original_zimage` inverts diffusers'
-`convert_z_image_transformer_checkpoint_to_diffusers`, checked by running diffusers' converter back. Qwen-Image's
-ComfyUI files use diffusers' own names (its single-file mapping is the identity). CPU, offline, 64x64, 2 steps.
+Z-Image's (fused `attention.qkv`, ComfyUI's `model.diffusion_model.` prefix), Flux.2 Klein's (BFL's) and SANA's
+transformers are written in their original layouts by inverting diffusers' convert_*_to_diffusers, each checked by
+running diffusers' converter back to every diffusers tensor. Qwen-Image's ComfyUI files use diffusers' own names (its
+single-file mapping is the identity). Chroma's and Lumina 2's files are told by their keys only (diffusers' Lumina 2
+converter splits at the real model's widths, so no tiny file of it converts). CPU, offline, 64x64, 2 steps.
 """
 
 from __future__ import annotations
@@ -94,6 +95,40 @@ def to_original_flux2(state: dict) -> dict:
         new = next((key.replace(a, b, 1) for a, b in table.items() if key.startswith(a)), None)
         assert new is not None, f"no BFL name for {kind}.{rest}"
         out[prefix + new] = value
+    return out
+
+
+def to_original_sana(state: dict) -> dict:
+    """A diffusers SanaTransformer2DModel state dict in SANA's original layout (Efficient-Large-Model's .pth files,
+    ComfyUI's): fused self-attention qkv and cross-attention kv, PixArt's embedder names; the two tensors diffusers
+    drops (`pos_embed`, `y_embedder.y_embedding`) as stand-ins."""
+    src = {k: v.detach().clone().contiguous() for k, v in state.items()}
+    out = {"pos_embed": torch.zeros(1), "y_embedder.y_embedding": torch.zeros(1)}
+    top = {"patch_embed.proj": "x_embedder.proj", "time_embed.emb.timestep_embedder.linear_1": "t_embedder.mlp.0",
+           "time_embed.emb.timestep_embedder.linear_2": "t_embedder.mlp.2", "time_embed.linear": "t_block.1",
+           "caption_projection.linear_1": "y_embedder.y_proj.fc1",
+           "caption_projection.linear_2": "y_embedder.y_proj.fc2",
+           "caption_norm": "attention_y_norm", "proj_out": "final_layer.linear"}
+    block = {"attn1.to_out.0": "attn.proj", "attn2.to_q": "cross_attn.q_linear", "attn2.to_out.0": "cross_attn.proj",
+             "ff.conv_inverted": "mlp.inverted_conv.conv", "ff.conv_depth": "mlp.depth_conv.conv",
+             "ff.conv_point": "mlp.point_conv.conv"}
+    out["final_layer.scale_shift_table"] = src.pop("scale_shift_table")
+    for i in sorted({int(k.split(".")[1]) for k in src if k.startswith("transformer_blocks.")}):
+        ours, theirs = f"transformer_blocks.{i}.", f"blocks.{i}."
+        out[theirs + "scale_shift_table"] = src.pop(ours + "scale_shift_table")
+        out[theirs + "attn.qkv.weight"] = torch.cat([src.pop(f"{ours}attn1.to_{p}.weight") for p in "qkv"])
+        for part in ("weight", "bias"):
+            kv = [src.pop(f"{ours}attn2.to_{p}.{part}") for p in "kv"]
+            out[f"{theirs}cross_attn.kv_linear.{part}"] = torch.cat(kv)
+        for a, b in block.items():
+            for part in ("weight", "bias"):
+                if f"{ours}{a}.{part}" in src:
+                    out[f"{theirs}{b}.{part}"] = src.pop(f"{ours}{a}.{part}")
+    for a, b in top.items():
+        for part in ("weight", "bias"):
+            if f"{a}.{part}" in src:
+                out[f"{b}.{part}"] = src.pop(f"{a}.{part}")
+    assert not src, f"no original name for {sorted(src)[:3]}"
     return out
 
 
@@ -243,6 +278,25 @@ def test_the_transformer_file_quantizes_int8_as_it_loads(zimage, comfy, tmp_path
                  quantize="int8")
     assert type(model.pipe).__name__ == "ZImagePipeline"
     assert kind_of(model.pipe.transformer) == "int8"  # quantized by the load itself (sdnq's config on the model)
+
+
+def test_a_sana_file_in_its_original_layout_equals_the_folder(tmp_path, capsys):
+    from diffusers.loaders.single_file_utils import convert_sana_transformer_to_diffusers
+
+    from tiny_dit import build_tiny_sana
+
+    folder = tmp_path / "tiny-sana"
+    pipe = build_tiny_sana()
+    pipe.save_pretrained(folder, safe_serialization=True)
+    want_state = pipe.transformer.state_dict()
+    original = to_original_sana(want_state)
+    back = convert_sana_transformer_to_diffusers(dict(original))
+    assert set(back) == set(want_state) and all(torch.equal(back[k], want_state[k]) for k in want_state)
+    path = tmp_path / "sana-tiny.safetensors"
+    save_file(original, str(path))
+    want, _ = _run(capsys, tmp_path, "folder", "--model", str(folder), "--negative", "blurry")
+    got, _ = _run(capsys, tmp_path, "file", "--model", str(path), "--components", str(folder), "--negative", "blurry")
+    assert np.abs(got - want).max() <= MAX_DIFF
 
 
 def test_reloading_components_of_a_transformer_file_reads_each_from_its_own_place(zimage, comfy):
