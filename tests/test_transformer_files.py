@@ -235,7 +235,8 @@ def test_without_components_a_diffusers_folder_of_the_family_among_the_models_gi
 
 
 def test_a_comfyui_flux2_klein_file_equals_the_folder(tmp_path, capsys):
-    """Flux.2 Klein's transformer in BFL's layout (what diffusers converts from: checked by its own converter)."""
+    """Flux.2 Klein's transformer in BFL's layout (what diffusers converts from: checked by its own converter), with
+    ComfyUI's `model.diffusion_model.` prefix, which diffusers' Flux.2 converter does not strip."""
     from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
 
     from tiny_flux2 import build_tiny_flux2_klein
@@ -248,7 +249,7 @@ def test_a_comfyui_flux2_klein_file_equals_the_folder(tmp_path, capsys):
     back = convert_flux2_transformer_checkpoint_to_diffusers(dict(original))
     assert set(back) == set(want_state) and all(torch.equal(back[k], want_state[k]) for k in want_state)
     path = tmp_path / "flux-2-klein-tiny.safetensors"
-    save_file(original, str(path))
+    save_file({COMFY + k: v for k, v in original.items()}, str(path))  # as ComfyUI's own nodes save it
     want, _ = _run(capsys, tmp_path, "folder", "--model", str(folder))
     got, _ = _run(capsys, tmp_path, "file", "--model", str(path), "--components", str(folder))
     assert np.abs(got - want).max() <= MAX_DIFF

@@ -86,15 +86,31 @@ def load_denoiser(path, family: families.Family, folder: Path, torch_dtype, quan
 
     cls = getattr(diffusers, family.denoiser_classes[0])
     kwargs = dict(config=str(folder), subfolder=family.denoiser, torch_dtype=torch_dtype, local_files_only=True)
+    source = without_comfy_prefix(path)
     if quantize == "none":
-        model = cls.from_single_file(str(path), **kwargs)
+        model = cls.from_single_file(source, **kwargs)
     else:
-        model = quantize_mod.from_single_file(cls, str(path), quantize, quantize_on, **kwargs)
+        model = quantize_mod.from_single_file(cls, source, quantize, quantize_on, **kwargs)
     empty = [k for k, v in model.state_dict().items() if v.device.type == "meta"]
     if empty:  # diffusers leaves the weights a file lacks on the meta device instead of failing
         raise ModelLoadError(f"{Path(path).name} has no weights for {len(empty)} of the {family.name} transformer's "
                              f"tensors ({', '.join(empty[:3])}): a cut download, or a file of another model")
     return model
+
+
+def without_comfy_prefix(path):
+    """The file (its path), or where its keys carry ComfyUI's `model.diffusion_model.` prefix (a model saved by
+    ComfyUI's own nodes) its tensors without it: diffusers' Flux.2 converter and Qwen-Image's identity mapping keep the
+    prefix and then match no key. diffusers reads a path into the same whole dict, so this costs no more memory."""
+    from safetensors import safe_open
+
+    from lowvram_gen.families.keys import UNET
+
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        if not any(k.startswith(UNET) for k in keys):
+            return str(path)
+        return {k.removeprefix(UNET): f.get_tensor(k) for k in keys}
 
 
 def pipeline_around(pipeline: str, folder: Path, torch_dtype, name: str, model):
