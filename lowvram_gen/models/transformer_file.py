@@ -48,6 +48,26 @@ def local_components(family: families.Family) -> Path | None:
     return None
 
 
+def planned_components(family: families.Family, config: str | None) -> Path | None:
+    """The components folder a transformer file's plan reads, as the loader finds it: `config` (--components; a file
+    there is refused in one sentence), else the family's repo in the HF cache, else `local_components`; None: none
+    here (the plan then reads the family's shipped real-size configs)."""
+    from lowvram_gen.models.unreadable_files import refuse_file_as_folder
+
+    if config:
+        refuse_file_as_folder("--components", config)
+        return None  # a hub id not in the cache, or no such folder: the loader says which
+    try:
+        from huggingface_hub import snapshot_download
+
+        cached = Path(snapshot_download(family.hub_id, allow_patterns=["*.json"], local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, offline, no hub id: all mean "not here"
+        cached = None
+    if cached is not None and (cached / "model_index.json").is_file():
+        return cached
+    return local_components(family)
+
+
 def file_family(path) -> families.Family | None:
     """`family_of` a .safetensors file, from its header alone (for a plan without --components); None for others."""
     from lowvram_gen.models.safe_files import safetensors_header
