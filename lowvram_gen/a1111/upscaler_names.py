@@ -48,9 +48,11 @@ def latent_mode(name: str) -> tuple[str, bool]:
 
 
 def upscaler_dirs() -> list[Path]:
-    """Where ESRGAN-family models are looked up by name: $LOWVRAM_GEN_MODELS/ESRGAN, ./models/ESRGAN."""
-    root = os.environ.get("LOWVRAM_GEN_MODELS", "models")
-    return [Path(root).expanduser() / "ESRGAN", Path(root).expanduser() / "upscalers"]
+    """Where ESRGAN-family models are looked up by name: $LOWVRAM_GEN_MODELS/ESRGAN (./models/ESRGAN), ComfyUI's
+    upscale_models/ there (networks/files.kind_dirs), then upscalers/."""
+    from lowvram_gen.networks.files import kind_dirs, models_root
+
+    return [*kind_dirs("ESRGAN"), models_root() / "upscalers"]
 
 
 def available(hires: bool = False) -> list[str]:

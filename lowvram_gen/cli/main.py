@@ -60,6 +60,10 @@ def _add_folder_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-dir", metavar="DIR",
                    help="A1111's base folder: models from DIR/models (as LOWVRAM_GEN_MODELS), lowvram-gen's own files "
                         "in DIR/lowvram-gen (as LOWVRAM_GEN_HOME), images in DIR/outputs unless --outdir")
+    g.add_argument("--models-dir", metavar="DIR",
+                   help="a models/ folder to read as it is, nothing copied (as LOWVRAM_GEN_MODELS): A1111's or Forge's "
+                        "(Stable-diffusion/, Lora/, VAE/, ControlNet/, ESRGAN/) or ComfyUI's (checkpoints/, "
+                        "diffusion_models/, loras/, vae/, controlnet/, upscale_models/)")
     g.add_argument("--ckpt-dir", metavar="DIR", help="checkpoints: --model NAME and the UI's Model list")
     g.add_argument("--lora-dir", metavar="DIR", help="LoRAs: --lora NAME and <lora:NAME:W>")
     g.add_argument("--embeddings-dir", metavar="DIR", help="textual-inversion embeddings")
@@ -71,9 +75,10 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", metavar="SPEC",
                    help="tiny (default; random weights, noise), tiny-sdxl, sd15|sd21|sdxl|sd3|flux (their hub "
                         "ids), a hub id, a diffusers folder, a .safetensors/.ckpt file or a .gguf UNet/transformer")
-    p.add_argument("--config", metavar="FOLDER|HUB_ID",
+    p.add_argument("--config", "--components", dest="config", metavar="FOLDER|HUB_ID",
                    help="base-model configs and tokenizer for a single-file checkpoint (e.g. a diffusers SD 1.5 "
-                        "folder); for a .gguf also its VAE and text encoders")
+                        "folder); for a .gguf or a transformer file alone (ComfyUI's diffusion_models/) also its VAE "
+                        "and text encoders")
 
 
 def _add_job_fields(p, every_job: bool) -> None:
@@ -229,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--model", default="sd15", metavar="SPEC",
                     help="sd15, sd21, sdxl, sd3, flux (configs ship with the package; also their hub ids), "
                          "tiny, a diffusers folder, or a single file (a .gguf counts at its stored size)")
-    pl.add_argument("--config", metavar="FOLDER|HUB_ID",
-                    help="the base model's diffusers folder, for a single-file --model")
+    pl.add_argument("--config", "--components", dest="config", metavar="FOLDER|HUB_ID",
+                    help="the base model's diffusers folder, for a single-file --model (a transformer file's "
+                         "components)")
     native = ("multiple of 8 (default: the model's native size, 512 SD 1.5, 768 SD 2.1, 1024 SDXL/SD3/Flux; "
               "512 with --engine vqgan)")
     pl.add_argument("--width", metavar="N", help=native)
@@ -329,8 +335,8 @@ def folder_flags(args):
 
     wanted: dict[str, str] = {}
     data_dir = getattr(args, "data_dir", None)
-    flags = [("--data-dir", data_dir, None)] + [(flag, getattr(args, flag[2:].replace("-", "_"), None), env)
-                                              for flag, env in FOLDER_FLAGS.values()]
+    flags = [("--data-dir", data_dir, None), ("--models-dir", getattr(args, "models_dir", None), "LOWVRAM_GEN_MODELS")]
+    flags += [(flag, getattr(args, flag[2:].replace("-", "_"), None), env) for flag, env in FOLDER_FLAGS.values()]
     for flag, value, env in flags:
         if value is None:
             continue
@@ -342,7 +348,8 @@ def folder_flags(args):
             wanted[env] = str(folder.resolve())
     if data_dir is not None:
         root = Path(data_dir).expanduser().resolve()
-        wanted.update({env: str(root / part) for env, part in DATA_DIR_PARTS})
+        for env, part in DATA_DIR_PARTS:  # --models-dir wins over DIR/models
+            wanted.setdefault(env, str(root / part))
         if getattr(args, "outdir", "absent") is None:  # A1111's outputs/ under its data dir
             from lowvram_gen import outputs
 

@@ -32,7 +32,11 @@ def diffusers_markers() -> dict[str, tuple[str, ...]]:
         return [v] if isinstance(v, str) else list(v)
 
     return {"sd3": tuple(get("sd3") + get("sd35_large")), "flux": tuple(get("flux")),
-            "not_flux1": tuple(get("flux2") + get("flux3") + get("chroma"))}
+            "not_flux1": tuple(get("flux2") + get("flux3") + get("chroma")),
+            "flux2": tuple(get("flux2")), "flux3": tuple(get("flux3")), "chroma": tuple(get("chroma")),
+            "z-image": tuple(get("z-image-turbo")), "lumina2": tuple(get("lumina2")), "sana": tuple(get("sana")),
+            "qwen-image-2.1": tuple(get("qwen-image-2.1")),
+            "controlnet": tuple(get("z-image-turbo-controlnet") + get("z-image-turbo-controlnet-2.x"))}
 
 
 def _has(keys, *prefixes: str) -> bool:
@@ -46,6 +50,42 @@ def sd3_file(keys) -> bool:
 def flux1_file(keys) -> bool:
     markers = diffusers_markers()
     return any(k in keys for k in markers["flux"]) and not any(k in keys for k in markers["not_flux1"])
+
+
+# ----------------------------------- a 2026 family's transformer alone (ComfyUI's diffusion_models/, city96's GGUF)
+# Told by diffusers' own marker keys (with or without ComfyUI's `model.diffusion_model.` prefix), in the order
+# diffusers' infer_diffusers_model_type tries them: Z-Image's layers share Lumina 2's caption embedder, so Lumina 2
+# is "not Z-Image". Qwen-Image has no marker there (its files are in diffusers' own names): its embedders and first
+# block.
+QWEN_IMAGE_KEYS = ("img_in.weight", "txt_norm.weight", "transformer_blocks.0.img_mod.1.weight")
+
+
+def _marked(keys, name: str) -> bool:
+    return any(k in keys for k in diffusers_markers()[name])
+
+
+def zimage_transformer(keys) -> bool:
+    return _marked(keys, "z-image") and not _marked(keys, "controlnet")
+
+
+def lumina2_transformer(keys) -> bool:
+    return _marked(keys, "lumina2") and not _marked(keys, "z-image")
+
+
+def flux2_transformer(keys) -> bool:
+    return _marked(keys, "flux2") and not _marked(keys, "flux3")
+
+
+def chroma_transformer(keys) -> bool:
+    return _marked(keys, "chroma")
+
+
+def sana_transformer(keys) -> bool:
+    return _marked(keys, "sana")
+
+
+def qwen_image_transformer(keys) -> bool:
+    return (all(k in keys or UNET + k in keys for k in QWEN_IMAGE_KEYS) and not _marked(keys, "qwen-image-2.1"))
 
 
 def has_unet(keys) -> bool:

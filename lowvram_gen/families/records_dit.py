@@ -17,12 +17,16 @@ them offline.
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Sampling, Task
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import Call, Family, Guidance, Sampling, SingleFile, Task
 
 SANA = Family(
     key="sana", group="sana", name="SANA", label="SANA 1600M",
     tasks={Task.TXT2IMG.value: "SanaPipeline"}, other_pipelines=("SanaPAGPipeline",),
     denoiser="transformer", denoiser_classes=("SanaTransformer2DModel",),
+    # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
+    single_file=SingleFile(pipeline="SanaPipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.sana_transformer),
     builtin="sana", hub_id="Efficient-Large-Model/Sana_1600M_1024px_diffusers",
     aliases=("sana", "sana-1600m", "sana_1600m_1024px", "efficient-large-model/sana_1600m_1024px_diffusers"),
     native_side=1024,
@@ -43,6 +47,9 @@ CHROMA = Family(
     # ChromaTransformer2DModel has not: it fails in plain diffusers too, so inpainting is refused (not a task here)
     other_pipelines=("ChromaInpaintPipeline",),
     denoiser="transformer", denoiser_classes=("ChromaTransformer2DModel",),
+    # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
+    single_file=SingleFile(pipeline="ChromaPipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.chroma_transformer),
     builtin="chroma", hub_id="lodestones/Chroma1-HD",
     aliases=("chroma", "chroma1-hd", "chroma-hd", "lodestones/chroma1-hd"),
     native_side=1024,
@@ -59,6 +66,9 @@ LUMINA2 = Family(
     key="lumina2", group="lumina2", name="Lumina 2", label="Lumina-Image-2.0",
     tasks={Task.TXT2IMG.value: "Lumina2Pipeline"},
     denoiser="transformer", denoiser_classes=("Lumina2Transformer2DModel",),
+    # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
+    single_file=SingleFile(pipeline="Lumina2Pipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.lumina2_transformer),
     builtin="lumina2", hub_id="Alpha-VLLM/Lumina-Image-2.0",
     aliases=("lumina2", "lumina-2", "lumina-image-2.0", "alpha-vllm/lumina-image-2.0"),
     native_side=1024,

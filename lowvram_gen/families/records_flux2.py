@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lowvram_gen.families.record import Call, Edit, Family, FolderFacts, Guidance, Sampling, Task
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import Call, Edit, Family, FolderFacts, Guidance, Sampling, SingleFile, Task
 
 # FLUX.2 [klein] 4B/9B's model cards (the step-distilled models): num_inference_steps=4, guidance_scale=1.0
 DISTILLED = Sampling(4, 1.0, "FLUX.2 [klein]'s model card")
@@ -43,6 +44,9 @@ FLUX2_KLEIN = Family(
            Task.EDIT.value: "Flux2KleinPipeline"},
     other_pipelines=("Flux2KleinKVPipeline",),
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
+    # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
+    single_file=SingleFile(pipeline="Flux2KleinPipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.flux2_transformer),
     builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
     aliases=("flux2-klein", "flux.2-klein", "flux2-klein-4b", "flux.2-klein-4b", "klein", "klein-4b",
              "black-forest-labs/flux.2-klein-4b"),

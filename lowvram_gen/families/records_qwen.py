@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families.record import Call, Family, Guidance, Sampling, Task, transformer_shape
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import Call, Family, Guidance, Sampling, SingleFile, Task, transformer_shape
 
 
 def _qwen_transformer_shape(config: Mapping) -> tuple[int, int]:
@@ -43,6 +44,9 @@ QWEN_IMAGE = Family(
     # the edit pipelines are Qwen-Image-Edit's (families/records_qwen_edit.py)
     other_pipelines=("QwenImageControlNetPipeline", "QwenImageControlNetInpaintPipeline", "QwenImageLayeredPipeline"),
     denoiser="transformer", denoiser_classes=("QwenImageTransformer2DModel",),
+    # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
+    single_file=SingleFile(pipeline="QwenImagePipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.qwen_image_transformer),
     builtin="qwen-image", hub_id="Qwen/Qwen-Image",
     aliases=("qwen-image", "qwen", "qwenimage", "qwen/qwen-image"),
     native_side=1328,  # its model card's 1:1 size (1328x1328); 1024x1024 is planned with --width/--height

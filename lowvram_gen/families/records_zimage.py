@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task, spatial_patch
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, SingleFile, Task, spatial_patch
 
 # Z-Image-Turbo's model card: num_inference_steps=9 (8 forwards: the last sigma is 0), guidance_scale=0.0 (CFG off)
 TURBO = Sampling(9, 0.0, "Z-Image-Turbo's model card")
@@ -46,6 +47,9 @@ Z_IMAGE = Family(
     },
     other_pipelines=("ZImageControlNetPipeline", "ZImageControlNetInpaintPipeline", "ZImageOmniPipeline"),
     denoiser="transformer", denoiser_classes=("ZImageTransformer2DModel",),
+    # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
+    single_file=SingleFile(pipeline="ZImagePipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.zimage_transformer),
     builtin="z-image", hub_id="Tongyi-MAI/Z-Image-Turbo",
     aliases=("z-image", "zimage", "z-image-turbo", "zimage-turbo", "tongyi-mai/z-image-turbo"),
     native_side=1024, transformer_shape=zimage_shape,

@@ -25,7 +25,7 @@ from pathlib import Path
 from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.families.keys import CLIP_SD, CLIP_XL, OPENCLIP_SD2, OPENCLIP_XL, UNET, VAE_PREFIXES, diffusers_markers
-from lowvram_gen.models import gguf_file, offline_configs
+from lowvram_gen.models import gguf_file, offline_configs, transformer_file, unreadable_files
 from lowvram_gen.models.checkpoint_keys import layout_hint
 from lowvram_gen.models.safe_files import (check_safetensors, last_line, load_pickle_weights_only, safetensors_header,
                                            weights_only_allowlist)
@@ -156,6 +156,8 @@ def _default_repo(meta: dict, family: families.Family) -> str:
     except Exception:  # noqa: BLE001 - a marker check that needs real values; fall back to the family default
         model_type = None
     types = _file_facts(family).model_types
+    if not types:  # a 2026 family's transformer file: the components of its own repo
+        return family.hub_id or ""
     if model_type not in types:  # e.g. a small SDXL without resblocks.9 reads as "v1"
         model_type = types[0]
     return DIFFUSERS_DEFAULT_PIPELINE_PATHS[model_type]["pretrained_model_name_or_path"]
@@ -172,6 +174,8 @@ def _resolve_config(config: str | None, meta: dict, family: families.Family, pat
     only the denoiser (GGUF), so the folder must also hold the other components' weights.
     """
     if config:
+        flag = "--components" if weights and not gguf_file.is_gguf(path) else "--config"
+        unreadable_files.refuse_file_as_folder(flag, config)
         folder = Path(config).expanduser()
         if folder.is_dir():
             if not (folder / "model_index.json").is_file():
@@ -186,10 +190,13 @@ def _resolve_config(config: str | None, meta: dict, family: families.Family, pat
 
     def missing(what: str) -> ModelLoadError:
         if weights:
+            gguf = gguf_file.is_gguf(path)
+            alone = f"a GGUF {family.name} denoiser" if gguf else f"a {family.name} transformer file"
+            flag = "--config" if gguf else "--components"  # one flag, two names: the one its help text says
             return ModelLoadError(
-                f"{path.name} (a GGUF {family.name} denoiser) needs the rest of the pipeline (VAE, text "
+                f"{path.name} ({alone}) needs the rest of the pipeline (VAE, text "
                 f"encoders, tokenizer, scheduler) from a diffusers copy of {repo}, {what} (cache: "
-                f"{constants.HF_HUB_CACHE}); the hub is not contacted for it. Fix: pass --config FOLDER (a local "
+                f"{constants.HF_HUB_CACHE}); the hub is not contacted for it. Fix: pass {flag} FOLDER (a local "
                 f"diffusers folder of the same base model), or download the base model once: hf download {repo}"
             )
         return ModelLoadError(
@@ -206,6 +213,9 @@ def _resolve_config(config: str | None, meta: dict, family: families.Family, pat
         folder = None
     absent = [c for c in ("model_index.json", *_file_facts(family).components)
               if folder and not (folder / c).exists()]
+    local = transformer_file.local_components(family) if folder is None and config is None and weights else None
+    if local is not None:  # a diffusers folder of its family among the user's models
+        return local
     if (folder is None or absent) and config is None and not weights and offline_configs.ships(family):
         shapes = {k: tuple(v.shape) for k, v in meta.items()}
         return offline_configs.offline_configs(family, shapes, path, read).folder
@@ -370,15 +380,19 @@ def load_components(path, config: str | None, names: list[str], torch_dtype, fro
     else:
         state = load_pickle_weights_only(p)
         shapes = {k: tuple(v.shape) for k, v in state.items()}
-    family = gguf_file.family_of(gguf, p) if gguf else detect_family(shapes)
+    alone = None if gguf or state is not None else transformer_file.family_of(shapes)
+    family = gguf_file.family_of(gguf, p) if gguf else (alone or detect_family(shapes))
     meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
-    folder = _resolve_config(config, meta, family, p, gguf is not None, offline_configs.tensor_reader(p, state))
-    index = check_config(folder, family, p)
+    folder = _resolve_config(config, meta, family, p, bool(gguf or alone), offline_configs.tensor_reader(p, state))
+    index = check_config(folder, family, p) if not alone else {}
     del meta
     out = {}
     for name in names:
-        if gguf and name not in ("unet", "transformer"):
+        if (gguf or alone) and name not in ("unet", "transformer"):
             out[name] = _one(p, folder, name, lambda: from_folder(folder, name))
+        elif alone:
+            out[name] = _one(p, folder, name, lambda: transformer_file.load_denoiser(p, family, folder, torch_dtype,
+                                                                                     quantize, quantize_on))
         else:
             out[name] = _one(p, folder, name, lambda: _component(p, state, gguf, family, folder, index, name,
                                                                  torch_dtype, quantize, quantize_on))
@@ -484,7 +498,10 @@ def load_single_file(path, config: str | None, torch_dtype, quantize: str = "non
     else:
         state = load_pickle_weights_only(p)  # refuses unsafe pickles before diffusers opens the file
         shapes = {k: tuple(v.shape) for k, v in state.items()}
-    family = gguf_file.family_of(gguf, p) if gguf else detect_family(shapes)
+    unreadable_files.refuse(p, shapes)  # ComfyUI's own formats (scaled fp8, a text encoder alone): one sentence
+    # a 2026 family's transformer alone (ComfyUI's diffusion_models/): the rest from a diffusers folder, as a GGUF's
+    alone = None if gguf or state is not None else transformer_file.family_of(shapes)
+    family = gguf_file.family_of(gguf, p) if gguf else (alone or detect_family(shapes))
     facts = _file_facts(family)
     cls_name = facts.pipeline
     in_channels = shapes.get(UNET + "input_blocks.0.0.weight", (0, 4))[1]
@@ -492,7 +509,10 @@ def load_single_file(path, config: str | None, torch_dtype, quantize: str = "non
         raise ModelLoadError(f"{p.name} is an instruct or depth model (its UNet takes {in_channels} input channels); "
                              "text-to-image (4 channels) and inpainting (9) checkpoints are supported")
     meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
-    folder = _resolve_config(config, meta, family, p, gguf is not None, offline_configs.tensor_reader(p, state))
+    folder = _resolve_config(config, meta, family, p, bool(gguf or alone), offline_configs.tensor_reader(p, state))
+    if alone:
+        return _one(p, folder, family.denoiser, lambda: transformer_file.load_pipeline(p, family, folder, torch_dtype,
+                                                                                       quantize, quantize_on))
     if facts.inpaint_unet:  # an inpainting file with its base model's configs: their UNet with 9 inputs
         folder = with_unet_inputs(folder, int(in_channels))
     index = check_config(folder, family, p)

@@ -9,19 +9,16 @@ from lowvram_gen.networks import files
 from lowvram_gen.models.tiny import TINY_MODELS
 
 
-def local_models(folder: str | Path) -> list[str]:
-    """Diffusers folders and single checkpoint files (GGUF denoisers too) directly inside `folder`
-    (A1111's models/Stable-diffusion, ComfyUI's models/unet)."""
+MODEL_SUFFIXES = (".safetensors", ".gguf", ".ckpt")  # what the Model list offers (pickles load by path only)
+
+
+def local_models(folder: str | Path, sub_folders: bool = True) -> list[str]:
+    """Diffusers folders and single checkpoint files (GGUF denoisers too) inside `folder` (A1111's
+    models/Stable-diffusion, ComfyUI's models/checkpoints and diffusion_models), with `sub_folders` in its sub-folders
+    too (ComfyUI users sort them so), symlinked ones included; never inside a diffusers folder."""
     root = Path(folder).expanduser()
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in sorted(root.iterdir()):
-        if entry.is_dir() and (entry / "model_index.json").is_file():
-            found.append(str(entry))
-        elif entry.is_file() and entry.suffix.lower() in (".safetensors", ".gguf", ".ckpt"):
-            found.append(str(entry))
-    return found
+    levels = files.SUB_FOLDER_LEVELS if sub_folders else 0
+    return [str(p) for p in files.model_entries(root, MODEL_SUFFIXES, levels)] if root.is_dir() else []
 
 
 def cached_hub_models() -> list[str]:
@@ -51,7 +48,9 @@ def model_choices(models_folder: str | Path | None = None) -> list[str]:
     """The Model list of the UI and the API: the embedded models, the checkpoints of `models_folder` (default:
     `checkpoint_folders()`), the diffusers pipelines in the HF cache."""
     folders = [models_folder] if models_folder else checkpoint_folders()
-    found = [spec for folder in folders for spec in local_models(folder)]
+    # the models root's own files only: its sub-folders are the other kinds' (loras/, vae/, text_encoders/ ...)
+    found = [spec for folder in folders
+             for spec in local_models(folder, sub_folders=bool(models_folder) or folder != files.models_root())]
     return list(dict.fromkeys([*TINY_MODELS, *found, *cached_hub_models()]))
 
 

@@ -1,7 +1,8 @@
 """GGUF single files: a block-quantized UNet or transformer on its own (ComfyUI-GGUF / city96 files).
 
 Such a file holds only the denoiser, in the original key layout (LDM `input_blocks.*` for SD 1.x/2.x
-and SDXL UNets, BFL `double_blocks.*` for FLUX.1, `joint_blocks.*` for SD3), usually without the
+and SDXL UNets, BFL `double_blocks.*` for FLUX.1, `joint_blocks.*` for SD3, the 2026 families' own: Z-Image's
+`layers.*`, Flux.2's, Qwen-Image's diffusers names), usually without the
 `model.diffusion_model.` prefix. The VAE, text encoders, tokenizers and scheduler come from a diffusers
 folder of the same base model (`--config`, or the base model in the HF cache), as for any single file
 (checkpoint.load_single_file is the one route; this module is its GGUF part). Which family a file's denoiser
@@ -146,8 +147,9 @@ def family_of(header: GgufHeader, path) -> families.Family:
     raise ModelLoadError(
         f"{name} is a GGUF file but not a UNet or transformer we can load{what}: keys such as {shown} "
         f"({len(header.shapes)} tensors{arch}). --model takes a GGUF of an SD 1.x/2.x or SDXL UNet (keys "
-        "input_blocks.*), a FLUX.1 transformer (double_blocks.*) or an SD3 transformer (joint_blocks.*), as "
-        "ComfyUI-GGUF publishes them; the VAE and text encoders come from --config."
+        "input_blocks.*), a FLUX.1 transformer (double_blocks.*), an SD3 transformer (joint_blocks.*) or a Z-Image, "
+        "Qwen-Image, Flux.2, Chroma, Lumina 2 or SANA transformer, as ComfyUI-GGUF publishes them; the VAE and text "
+        "encoders come from --config."
     )
 
 
@@ -290,14 +292,14 @@ def flux_checkpoint(state: dict, config) -> dict:
 
 
 def load_pipeline(path, header: GgufHeader, family: families.Family, folder: Path, torch_dtype):
-    """The pipeline of `folder` with the GGUF denoiser of `path` in place of its own."""
-    import diffusers
+    """The pipeline of `folder` with the GGUF denoiser of `path` in place of its own (a 2026 family's: the folder's
+    own pipeline class, models/transformer_file.py)."""
+    from lowvram_gen.models import transformer_file
 
-    from lowvram_gen.models.folders import absent_components
-
+    alone = family.denoiser == "transformer" and family.single_file.checkpoint_match is None
+    pipeline = transformer_file.folder_pipeline(folder, family, Path(path)) if alone else family.single_file.pipeline
     name, model = load_denoiser(path, header, family, folder, torch_dtype)
-    return getattr(diffusers, family.single_file.pipeline).from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True,
-                                                        **{**absent_components(folder), name: model})
+    return transformer_file.pipeline_around(pipeline, folder, torch_dtype, name, model)
 
 
 def follow_dtype(module, dtype) -> None:

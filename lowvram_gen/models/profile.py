@@ -29,7 +29,7 @@ from typing import Any
 
 from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
-from lowvram_gen.models import gguf_file
+from lowvram_gen.models import gguf_file, transformer_file
 from lowvram_gen.models.blocks import block_sizes, blocks_of, fixed_bytes
 from lowvram_gen.models.counting import instantiate_meta, sdnq_kept, text_fp32_kept, text_quant_kept
 from lowvram_gen.models.filedtype import half_dtype
@@ -402,6 +402,9 @@ def source_profile(source: ModelSource, family: str | None = None) -> ModelProfi
             raise ModelLoadError(f"could not read the model configs in {folder}: {exc}") from exc
     elif gguf:  # the architecture from the file's keys (no --config folder to read)
         profile = profile_builtin(gguf_file.builtin_arch(source.path))
+    elif source.kind == "single_file" and (alone := transformer_file.file_family(source.path)) is not None:
+        found = transformer_file.planned_components(alone, source.config)  # a 2026 family's transformer file
+        profile = profile_from_folder(found) if found else profile_builtin(alone.builtin)
     else:
         builtin = next((r.builtin for r in families.builtin_families() if r.group == family), None)
         profile = profile_builtin(builtin or families.SD15.builtin)

@@ -62,14 +62,15 @@ def resolve(spec: str, config: str | None = None) -> ModelSource:
 
 def checkpoint_by_name(name: str) -> Path | None:
     """A checkpoint file (`name` with or without its suffix) or diffusers folder named `name` in the Stable-diffusion
-    folders (--ckpt-dir, then models/Stable-diffusion: networks/files.kind_dirs), or None."""
-    from lowvram_gen.networks.files import kind_dirs
+    folders (--ckpt-dir, then models/Stable-diffusion, then ComfyUI's checkpoints/, diffusion_models/ and unet/:
+    networks/files.kind_dirs), their sub-folders too, or None."""
+    from lowvram_gen.networks.files import kind_dirs, model_entries
 
     for folder in kind_dirs("Stable-diffusion"):
         if not folder.is_dir():
             continue
-        for entry in sorted(folder.iterdir()):
-            if entry.is_dir() and entry.name == name and (entry / "model_index.json").is_file():
+        for entry in model_entries(folder, SINGLE_FILE_SUFFIXES):
+            if entry.is_dir() and entry.name == name:
                 return entry
             if entry.is_file() and entry.suffix.lower() in SINGLE_FILE_SUFFIXES and name in (entry.name, entry.stem):
                 return entry

@@ -1,0 +1,151 @@
+"""A 2026 family's transformer on its own, as ComfyUI publishes it (`models/diffusion_models/*.safetensors`: Z-Image,
+Qwen-Image, Flux.2, Chroma, Lumina 2, SANA), with the text encoders, VAE, tokenizer and scheduler taken from a
+diffusers folder of the same family (`--config` / `--components FOLDER`, else the family's repo in the HF cache, else
+a diffusers folder of the family among the user's models: `local_components`, so the UI's Model list runs the file).
+
+Which family a file's transformer is comes from its keys (the record's `SingleFile.gguf_match`, the same test a
+city96 GGUF of it passes: families/keys.py); diffusers' own `<Transformer>.from_single_file` converts the original
+layout (ComfyUI's / BFL's names) to its own, with the folder's transformer config. A GGUF of the same transformer
+takes models/gguf_file.py's route, which ends in `pipeline_around` too. Nothing is copied: the file is read where it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from lowvram_gen import families, safe_json
+from lowvram_gen.errors import ModelLoadError
+
+
+def family_of(shapes: Mapping[str, tuple]) -> families.Family | None:
+    """The record whose transformer alone a .safetensors file's {key: shape} are: a family that has no whole-file
+    checkpoints (those are told by `by_checkpoint`), whose denoiser is a transformer; None for any other file."""
+    found = families.by_gguf(shapes)
+    if found is None or found.denoiser != "transformer" or found.single_file.checkpoint_match is not None:
+        return None
+    return found
+
+
+def local_components(family: families.Family) -> Path | None:
+    """A diffusers folder whose pipeline runs this family's transformer, among the models the Model list offers (the
+    models root and its checkpoint folders: networks/files.kind_dirs), the first by path; None when there is none, and
+    for the families with whole-file checkpoints (SD, FLUX.1: their files' configs are found as before)."""
+    from lowvram_gen.networks import files
+
+    if family.denoiser != "transformer" or family.single_file is None or family.single_file.checkpoint_match:
+        return None
+    for root in [files.models_root(), *files.kind_dirs("Stable-diffusion")]:
+        if not root.is_dir():
+            continue
+        for entry in files.model_entries(root, ()):
+            try:
+                theirs = str(safe_json.load_file(entry / "model_index.json").get("_class_name", ""))
+            except (OSError, ValueError):
+                continue
+            if family.denoiser_classes[0] in families.by_pipeline(theirs).denoiser_classes:
+                return entry
+    return None
+
+
+def planned_components(family: families.Family, config: str | None) -> Path | None:
+    """The components folder a transformer file's plan reads, as the loader finds it: `config` (--components; a file
+    there is refused in one sentence), else the family's repo in the HF cache, else `local_components`; None: none
+    here (the plan then reads the family's shipped real-size configs)."""
+    from lowvram_gen.models.unreadable_files import refuse_file_as_folder
+
+    if config:
+        refuse_file_as_folder("--components", config)
+        return None  # a hub id not in the cache, or no such folder: the loader says which
+    try:
+        from huggingface_hub import snapshot_download
+
+        cached = Path(snapshot_download(family.hub_id, allow_patterns=["*.json"], local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, offline, no hub id: all mean "not here"
+        cached = None
+    if cached is not None and (cached / "model_index.json").is_file():
+        return cached
+    return local_components(family)
+
+
+def file_family(path) -> families.Family | None:
+    """`family_of` a .safetensors file, from its header alone (for a plan without --components); None for others."""
+    from lowvram_gen.models.safe_files import safetensors_header
+
+    if Path(path).suffix.lower() != ".safetensors":
+        return None
+    try:
+        header = safetensors_header(path)
+    except Exception:  # noqa: BLE001 - an unreadable file is the loader's to refuse, with its own words
+        return None
+    return family_of({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+
+
+def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
+    """The pipeline class of the components folder, which must be one whose transformer is this file's class (a
+    Qwen-Image-Edit folder takes a Qwen-Image transformer file; a Flux.2 dev folder a Flux.2 file): refused in one
+    sentence otherwise, naming both."""
+    try:
+        theirs = str(safe_json.load_file(folder / "model_index.json").get("_class_name", "?"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {folder / 'model_index.json'}: {exc}") from None
+    wanted = family.denoiser_classes[0]
+    if wanted not in families.by_pipeline(theirs).denoiser_classes:
+        raise ModelLoadError(f"{path.name} is a {family.name} transformer ({wanted}), but the components folder "
+                             f"{folder} is a {theirs}: pass --components with a diffusers folder of {family.name}")
+    return theirs
+
+
+def load_denoiser(path, family: families.Family, folder: Path, torch_dtype, quantize: str = "none",
+                  quantize_on: str | None = None):
+    """The transformer of `path`, converted by diffusers from the file's own layout with the folder's config;
+    int8/int4 quantized as each layer loads (models/quantize.from_single_file), so RAM never holds it whole."""
+    import diffusers
+
+    from lowvram_gen.models import quantize as quantize_mod
+
+    cls = getattr(diffusers, family.denoiser_classes[0])
+    kwargs = dict(config=str(folder), subfolder=family.denoiser, torch_dtype=torch_dtype, local_files_only=True)
+    source = without_comfy_prefix(path)
+    if quantize == "none":
+        model = cls.from_single_file(source, **kwargs)
+    else:
+        model = quantize_mod.from_single_file(cls, source, quantize, quantize_on, **kwargs)
+    empty = [k for k, v in model.state_dict().items() if v.device.type == "meta"]
+    if empty:  # diffusers leaves the weights a file lacks on the meta device instead of failing
+        raise ModelLoadError(f"{Path(path).name} has no weights for {len(empty)} of the {family.name} transformer's "
+                             f"tensors ({', '.join(empty[:3])}): a cut download, or a file of another model")
+    return model
+
+
+def without_comfy_prefix(path):
+    """The file (its path), or where its keys carry ComfyUI's `model.diffusion_model.` prefix (a model saved by
+    ComfyUI's own nodes) its tensors without it: diffusers' Flux.2 converter and Qwen-Image's identity mapping keep the
+    prefix and then match no key. diffusers reads a path into the same whole dict, so this costs no more memory."""
+    from safetensors import safe_open
+
+    from lowvram_gen.families.keys import UNET
+
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        if not any(k.startswith(UNET) for k in keys):
+            return str(path)
+        return {k.removeprefix(UNET): f.get_tensor(k) for k in keys}
+
+
+def pipeline_around(pipeline: str, folder: Path, torch_dtype, name: str, model):
+    """The pipeline `pipeline` of `folder` with `model` as its component `name` (the folder's own is never read)."""
+    import diffusers
+
+    from lowvram_gen.models.folders import absent_components
+
+    return getattr(diffusers, pipeline).from_pretrained(str(folder), dtype=torch_dtype, local_files_only=True,
+                                                        **{**absent_components(folder), name: model})
+
+
+def load_pipeline(path, family: families.Family, folder: Path, torch_dtype, quantize: str = "none",
+                  quantize_on: str | None = None):
+    """The components folder's pipeline with the transformer of `path` in place of its own."""
+    pipeline = folder_pipeline(folder, family, Path(path))
+    model = load_denoiser(path, family, folder, torch_dtype, quantize, quantize_on)
+    return pipeline_around(pipeline, folder, torch_dtype, family.denoiser, model)
