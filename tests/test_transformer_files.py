@@ -159,6 +159,17 @@ def _run(capsys, tmp_path, outdir, *args) -> tuple[np.ndarray, dict]:
     return pixels(report["images"][0]), report
 
 
+def _saved(folder: Path, pipe, to_original, convert) -> tuple[Path, dict]:
+    """`pipe` saved as a diffusers folder, and its transformer in the original layout, which diffusers' converter
+    `convert` takes back to every diffusers tensor."""
+    pipe.save_pretrained(folder, safe_serialization=True)
+    want = pipe.transformer.state_dict()
+    original = to_original(want)
+    back = convert(dict(original))
+    assert set(back) == set(want) and all(torch.equal(back[k], want[k]) for k in want)
+    return folder, original
+
+
 def _one_sentence(err: str) -> str:
     """The CLI's error: one line, one sentence (no full stop but perhaps the last), no traceback."""
     line = err.strip().splitlines()[-1]
@@ -241,13 +252,8 @@ def test_a_comfyui_flux2_klein_file_equals_the_folder(tmp_path, capsys):
 
     from tiny_flux2 import build_tiny_flux2_klein
 
-    folder = tmp_path / "tiny-flux2-klein"
-    pipe = build_tiny_flux2_klein()
-    pipe.save_pretrained(folder, safe_serialization=True)
-    want_state = pipe.transformer.state_dict()
-    original = to_original_flux2(want_state)
-    back = convert_flux2_transformer_checkpoint_to_diffusers(dict(original))
-    assert set(back) == set(want_state) and all(torch.equal(back[k], want_state[k]) for k in want_state)
+    folder, original = _saved(tmp_path / "tiny-flux2-klein", build_tiny_flux2_klein(), to_original_flux2,
+                              convert_flux2_transformer_checkpoint_to_diffusers)
     path = tmp_path / "flux-2-klein-tiny.safetensors"
     save_file({COMFY + k: v for k, v in original.items()}, str(path))  # as ComfyUI's own nodes save it
     want, _ = _run(capsys, tmp_path, "folder", "--model", str(folder))
@@ -286,13 +292,8 @@ def test_a_sana_file_in_its_original_layout_equals_the_folder(tmp_path, capsys):
 
     from tiny_dit import build_tiny_sana
 
-    folder = tmp_path / "tiny-sana"
-    pipe = build_tiny_sana()
-    pipe.save_pretrained(folder, safe_serialization=True)
-    want_state = pipe.transformer.state_dict()
-    original = to_original_sana(want_state)
-    back = convert_sana_transformer_to_diffusers(dict(original))
-    assert set(back) == set(want_state) and all(torch.equal(back[k], want_state[k]) for k in want_state)
+    folder, original = _saved(tmp_path / "tiny-sana", build_tiny_sana(), to_original_sana,
+                              convert_sana_transformer_to_diffusers)
     path = tmp_path / "sana-tiny.safetensors"
     save_file(original, str(path))
     want, _ = _run(capsys, tmp_path, "folder", "--model", str(folder), "--negative", "blurry")
