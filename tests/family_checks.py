@@ -19,6 +19,12 @@ from lowvram_gen.session import Session
 MAX_DIFF = 2  # of 255: "equal to plain diffusers"
 
 
+def job(folder, tmp_path, **kw) -> GenerationRequest:
+    """The families' test job (a castle, 64x64, 2 steps, seed 7) on `folder`, with `kw` on top."""
+    base = dict(prompt="a castle", model=folder, width=64, height=64, steps=2, seed=7, outdir=str(tmp_path))
+    return GenerationRequest(**{**base, **kw})
+
+
 def saved(tmp_path_factory, name: str, pipe, class_name: str) -> str:
     """`pipe` saved as a diffusers folder in a fresh temporary directory, checked to be of `class_name`."""
     path = tmp_path_factory.mktemp(name)

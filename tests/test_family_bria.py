@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from family_checks import MAX_DIFF, int8_quantizes_the_transformer, plain, refused, saved, te_reload_equal
+from family_checks import MAX_DIFF, job, int8_quantizes_the_transformer, plain, refused, saved, te_reload_equal
 from ladder_checks import out_of_memory_steps_down
 from tiny_bria import build_tiny_bria
 from tiny_transformers import cli, pixels
@@ -23,9 +23,7 @@ def folder(tmp_path_factory) -> str:
 
 
 def request(folder, tmp_path, **kw) -> GenerationRequest:
-    job = dict(prompt="a castle", negative_prompt="fog", model=folder, width=64, height=64, steps=2, seed=7,
-               cfg_scale=5.0, outdir=str(tmp_path))
-    return GenerationRequest(**{**job, **kw})
+    return job(folder, tmp_path, **{"negative_prompt": "fog", "cfg_scale": 5.0, **kw})
 
 
 def test_bria_is_its_own_family():

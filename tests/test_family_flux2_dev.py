@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from family_checks import (MAX_DIFF, budget_equals_no_offload, int8_quantizes_the_transformer, plain, refused,
+from family_checks import (MAX_DIFF, job, budget_equals_no_offload, int8_quantizes_the_transformer, plain, refused,
                            saved, te_reload_equal)
 from ladder_checks import out_of_memory_steps_down
 from tiny_flux2_dev import MISTRAL_WIDTH, OUT_LAYERS, build_tiny_flux2_dev
@@ -37,9 +37,7 @@ def generate(capsys, folder, tmp_path, *args) -> dict:
 
 
 def request(folder, tmp_path, **kw) -> GenerationRequest:
-    job = dict(prompt="a castle", model=folder, width=64, height=64, steps=2, seed=7, cfg_scale=4.0,
-               outdir=str(tmp_path))
-    return GenerationRequest(**{**job, **kw})
+    return job(folder, tmp_path, **{"cfg_scale": 4.0, **kw})
 
 
 def test_flux2_dev_is_its_own_family():

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from family_checks import (MAX_DIFF, budget_equals_no_offload, int8_quantizes_the_transformer, plain, refused,
+from family_checks import (MAX_DIFF, job, budget_equals_no_offload, int8_quantizes_the_transformer, plain, refused,
                            saved, te_reload_equal)
 from ladder_checks import out_of_memory_steps_down
 from tiny_hidream import build_tiny_hidream
@@ -41,9 +41,7 @@ def generate(capsys, folder, tmp_path, *args, side: int = SIDE) -> dict:
 
 
 def request(folder, tmp_path, **kw) -> GenerationRequest:
-    job = dict(prompt="a castle", negative_prompt="fog", model=folder, width=SIDE, height=SIDE, steps=2, seed=7,
-               cfg_scale=5.0, outdir=str(tmp_path))
-    return GenerationRequest(**{**job, **kw})
+    return job(folder, tmp_path, **{"negative_prompt": "fog", "width": SIDE, "height": SIDE, "cfg_scale": 5.0, **kw})
 
 
 def test_hidream_is_its_own_family():
