@@ -9,40 +9,24 @@ import json
 
 import numpy as np
 import pytest
+from family_checks import (MAX_DIFF, job, budget_equals_no_offload, int8_quantizes_the_transformer, plain, refused,
+                           saved, te_reload_equal)
 from ladder_checks import out_of_memory_steps_down
-from PIL import Image
 from tiny_flux2_dev import MISTRAL_WIDTH, OUT_LAYERS, build_tiny_flux2_dev
 from tiny_transformers import cli, pixels
 
 from lowvram_gen import GenerationRequest, families
-from lowvram_gen.session import Session
-
-MAX_DIFF = 2  # of 255: "equal to plain diffusers"
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny-flux2-dev")
-    build_tiny_flux2_dev().save_pretrained(path, safe_serialization=True)
-    assert json.loads((path / "model_index.json").read_text())["_class_name"] == "Flux2Pipeline"
-    return str(path)
+    return saved(tmp_path_factory, "tiny-flux2-dev", build_tiny_flux2_dev(), "Flux2Pipeline")
 
 
 @pytest.fixture(scope="module")
 def wide_folder(tmp_path_factory) -> str:
     """The same with a transformer wide enough for sdnq's int8 to quantize its layers."""
-    path = tmp_path_factory.mktemp("tiny-flux2-dev-wide")
-    build_tiny_flux2_dev(wide=True).save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
-def plain(folder: str, **kw) -> np.ndarray:
-    import diffusers
-    import torch
-
-    pipe = diffusers.DiffusionPipeline.from_pretrained(folder)
-    seed = kw.pop("seed")
-    return np.asarray(pipe(**kw, generator=torch.Generator().manual_seed(seed)).images[0].convert("RGB"), dtype=int)
+    return saved(tmp_path_factory, "tiny-flux2-dev-wide", build_tiny_flux2_dev(wide=True), "Flux2Pipeline")
 
 
 def generate(capsys, folder, tmp_path, *args) -> dict:
@@ -53,9 +37,7 @@ def generate(capsys, folder, tmp_path, *args) -> dict:
 
 
 def request(folder, tmp_path, **kw) -> GenerationRequest:
-    job = dict(prompt="a castle", model=folder, width=64, height=64, steps=2, seed=7, cfg_scale=4.0,
-               outdir=str(tmp_path))
-    return GenerationRequest(**{**job, **kw})
+    return job(folder, tmp_path, **{"cfg_scale": 4.0, **kw})
 
 
 def test_flux2_dev_is_its_own_family():
@@ -102,68 +84,21 @@ def test_a_negative_prompt_is_ignored_with_a_one_line_warning(folder, tmp_path, 
      "img2img pass): leave hires fix off and upscale after"),
 ])
 def test_what_diffusers_has_no_pipeline_for_is_refused_in_one_sentence(folder, tmp_path, capsys, args, said):
-    init, mask = tmp_path / "init.png", tmp_path / "mask.png"
-    Image.new("RGB", (64, 64), (90, 120, 150)).save(init)
-    Image.new("L", (64, 64), 255).save(mask)
-    args = [a.format(init=init, mask=mask) for a in args]
-    code, _, err = cli(capsys, *args, "--model", folder, "--width", "64", "--height", "64", "--steps", "2",
-                       "--preset", "cpu", "--outdir", str(tmp_path))
-    assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines() == ["error: " + said]
+    refused(capsys, folder, tmp_path, args, said)
 
 
 # ------------------------------------------------------------------------------------------------ memory
 
 def test_int8_runs_with_the_transformer_in_8_bits(wide_folder, tmp_path):
-    import torch
-
-    session = Session()
-    full = pixels(session.generate(request(wide_folder, tmp_path, preset="cpu")).images[0])
-    result = session.generate(request(wide_folder, tmp_path, preset="cpu", quantize="int8"))
-    assert [a["outcome"] for a in result.attempts] == ["ok"]
-    assert any(t.dtype in (torch.int8, torch.uint8) for t in session.model.pipe.transformer.state_dict().values())
-    quantized = pixels(result.images[0])
-    assert quantized.shape == full.shape and quantized.std() > 1
-    assert np.abs(quantized - full).mean() < 40  # close to float32, not the same
+    int8_quantizes_the_transformer(lambda **kw: request(wide_folder, tmp_path, **kw))
 
 
 def test_budget_gives_the_pixels_of_no_offload(folder):
-    from dataclasses import replace
-
-    from lowvram_gen.engines.sd.stepdown import Runner
-    from lowvram_gen.hardware.device import probe
-    from lowvram_gen.models.loading import load
-    from lowvram_gen.models.resolve import resolve
-    from lowvram_gen.presets import find_preset
-
-    runner = Runner(load(resolve(folder), "float32"), probe("cpu"))
-    images = {}
-    for name in ("highvram", "budget"):
-        preset = find_preset(name)
-        preset = replace(preset, memory=replace(preset.memory, dtype="float32"))
-        done = []
-        runner.run(GenerationRequest(prompt="a boat", width=64, height=64, steps=2, cfg_scale=4.0), [3], [preset],
-                   done.append)
-        images[name] = np.asarray(done[0].images[0].convert("RGB"), dtype=int)
-    assert runner.residency is not None  # the budget split is what ran
-    assert np.abs(images["budget"] - images["highvram"]).max() <= 1
+    budget_equals_no_offload(folder, GenerationRequest(prompt="a boat", width=64, height=64, steps=2, cfg_scale=4.0))
 
 
 def test_te_reload_makes_the_same_image_with_the_encoder_gone_while_the_denoiser_runs(folder, tmp_path):
-    from test_text_encoder_reload import _presets_with
-
-    images, seen = {}, []
-    for text_encoders in ("kept", "reloaded"):
-        session = Session(device="cpu", preset="cpu", presets_dir=str(_presets_with(tmp_path, text_encoders)),
-                          outdir=str(tmp_path / text_encoders))
-
-        def watch(*_):  # in a step callback: the text encoder the pipeline holds while the denoiser runs
-            seen.append((text_encoders, session.model.pipe.text_encoder is not None))
-
-        result = session.generate(request(folder, tmp_path, batch_size=2), on_step=watch)
-        images[text_encoders] = [pixels(p) for p in result.images]
-    assert all(np.array_equal(a, b) for a, b in zip(images["kept"], images["reloaded"]))
-    assert ("kept", True) in seen and ("reloaded", True) not in seen and ("reloaded", False) in seen
+    te_reload_equal(lambda **kw: request(folder, tmp_path, **kw), tmp_path)
 
 
 def test_out_of_memory_at_the_first_preset_finishes_the_same_job_at_the_next(folder, tmp_path):

@@ -10,41 +10,26 @@ import json
 
 import numpy as np
 import pytest
+from family_checks import (MAX_DIFF, job, budget_equals_no_offload, int8_quantizes_the_transformer, plain, refused,
+                           saved, te_reload_equal)
 from ladder_checks import out_of_memory_steps_down
-from PIL import Image
 from tiny_hidream import build_tiny_hidream
 from tiny_transformers import cli, pixels
 
 from lowvram_gen import GenerationRequest, families
-from lowvram_gen.session import Session
 
-MAX_DIFF = 2  # of 255: "equal to plain diffusers"
 SIDE = 128  # the tiny folder's native area (default_sample_size 128 x the VAE's scale factor 1)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny-hidream")
-    build_tiny_hidream().save_pretrained(path, safe_serialization=True)
-    assert json.loads((path / "model_index.json").read_text())["_class_name"] == "HiDreamImagePipeline"
-    return str(path)
+    return saved(tmp_path_factory, "tiny-hidream", build_tiny_hidream(), "HiDreamImagePipeline")
 
 
 @pytest.fixture(scope="module")
 def wide_folder(tmp_path_factory) -> str:
     """The same with a transformer wide enough for sdnq's int8 to quantize its layers."""
-    path = tmp_path_factory.mktemp("tiny-hidream-wide")
-    build_tiny_hidream(wide=True).save_pretrained(path, safe_serialization=True)
-    return str(path)
-
-
-def plain(folder: str, **kw) -> np.ndarray:
-    import diffusers
-    import torch
-
-    pipe = diffusers.HiDreamImagePipeline.from_pretrained(folder)
-    seed = kw.pop("seed")
-    return np.asarray(pipe(**kw, generator=torch.Generator().manual_seed(seed)).images[0].convert("RGB"), dtype=int)
+    return saved(tmp_path_factory, "tiny-hidream-wide", build_tiny_hidream(wide=True), "HiDreamImagePipeline")
 
 
 def generate(capsys, folder, tmp_path, *args, side: int = SIDE) -> dict:
@@ -56,9 +41,7 @@ def generate(capsys, folder, tmp_path, *args, side: int = SIDE) -> dict:
 
 
 def request(folder, tmp_path, **kw) -> GenerationRequest:
-    job = dict(prompt="a castle", negative_prompt="fog", model=folder, width=SIDE, height=SIDE, steps=2, seed=7,
-               cfg_scale=5.0, outdir=str(tmp_path))
-    return GenerationRequest(**{**job, **kw})
+    return job(folder, tmp_path, **{"negative_prompt": "fog", "width": SIDE, "height": SIDE, "cfg_scale": 5.0, **kw})
 
 
 def test_hidream_is_its_own_family():
@@ -106,71 +89,24 @@ def test_another_size_is_rendered_at_its_native_area_and_said_in_one_line(folder
      "invalid task: 'inpaint'; HiDream-I1 has no inpaint pipeline in diffusers: use txt2img"),
 ])
 def test_img2img_and_inpaint_are_refused_in_one_sentence(folder, tmp_path, capsys, args, said):
-    init, mask = tmp_path / "init.png", tmp_path / "mask.png"
-    Image.new("RGB", (SIDE, SIDE), (90, 120, 150)).save(init)
-    Image.new("L", (SIDE, SIDE), 255).save(mask)
-    args = [a.format(init=init, mask=mask) for a in args]
-    code, _, err = cli(capsys, *args, "--model", folder, "--width", str(SIDE), "--height", str(SIDE), "--steps", "2",
-                       "--preset", "cpu", "--outdir", str(tmp_path))
-    assert code == 2 and "Traceback" not in err
-    assert err.strip().splitlines() == ["error: " + said]
+    refused(capsys, folder, tmp_path, args, said, side=SIDE)
 
 
 # ------------------------------------------------------------------------------------------------ memory
 
 def test_int8_runs_with_the_transformer_in_8_bits(wide_folder, tmp_path):
-    import torch
-
-    session = Session()
-    full = pixels(session.generate(request(wide_folder, tmp_path, preset="cpu")).images[0])
-    result = session.generate(request(wide_folder, tmp_path, preset="cpu", quantize="int8"))
-    assert [a["outcome"] for a in result.attempts] == ["ok"]
-    assert any(t.dtype in (torch.int8, torch.uint8) for t in session.model.pipe.transformer.state_dict().values())
-    quantized = pixels(result.images[0])
-    assert quantized.shape == full.shape and quantized.std() > 1
-    assert np.abs(quantized - full).mean() < 40  # close to float32, not the same
+    int8_quantizes_the_transformer(lambda **kw: request(wide_folder, tmp_path, **kw))
 
 
 def test_budget_gives_the_pixels_of_no_offload(folder):
-    from dataclasses import replace
-
-    from lowvram_gen.engines.sd.stepdown import Runner
-    from lowvram_gen.hardware.device import probe
-    from lowvram_gen.models.loading import load
-    from lowvram_gen.models.resolve import resolve
-    from lowvram_gen.presets import find_preset
-
-    runner = Runner(load(resolve(folder), "float32"), probe("cpu"))
-    images = {}
-    for name in ("highvram", "budget"):
-        preset = find_preset(name)
-        preset = replace(preset, memory=replace(preset.memory, dtype="float32"))
-        done = []
-        runner.run(GenerationRequest(prompt="a boat", negative_prompt="fog", width=SIDE, height=SIDE, steps=2,
-                                     cfg_scale=5.0), [3], [preset], done.append)
-        images[name] = np.asarray(done[0].images[0].convert("RGB"), dtype=int)
-    assert runner.residency is not None  # the budget split is what ran
-    assert np.abs(images["budget"] - images["highvram"]).max() <= 1
+    budget_equals_no_offload(folder, GenerationRequest(prompt="a boat", negative_prompt="fog", width=SIDE,
+                                                       height=SIDE, steps=2, cfg_scale=5.0))
 
 
 def test_te_reload_makes_the_same_images_with_the_encoders_gone_while_the_denoiser_runs(folder, tmp_path):
     """Two images: Llama's embeddings, (layers, batch, tokens, width), are repeated along their batch axis."""
-    from test_text_encoder_reload import _presets_with
-
-    images, seen = {}, []
-    for text_encoders in ("kept", "reloaded"):
-        session = Session(device="cpu", preset="cpu", presets_dir=str(_presets_with(tmp_path, text_encoders)),
-                          outdir=str(tmp_path / text_encoders))
-
-        def watch(*_):  # in a step callback: the encoders the pipeline holds while the denoiser runs
-            pipe = session.model.pipe
-            seen.append((text_encoders, pipe.text_encoder is not None or pipe.text_encoder_4 is not None))
-
-        result = session.generate(request(folder, tmp_path, batch_size=2), on_step=watch)
-        images[text_encoders] = [pixels(p) for p in result.images]
-    assert len(images["reloaded"]) == 2
-    assert all(np.abs(a - b).max() <= 1 for a, b in zip(images["kept"], images["reloaded"]))
-    assert ("kept", True) in seen and ("reloaded", True) not in seen and ("reloaded", False) in seen
+    te_reload_equal(lambda **kw: request(folder, tmp_path, **kw), tmp_path,
+                    ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"))
 
 
 def test_out_of_memory_at_the_first_preset_finishes_the_same_job_at_the_next(folder, tmp_path):

@@ -245,6 +245,7 @@ class Family:
     # Lumina 2), 'encode_prompt_lists' (a list per prompt, the negative always: Z-Image), 'encode_prompt_empty_negative'
     # (the embeddings and those of "", its CFG's negative: Flux.2 Klein), 'encode_prompt_embeds' (the embeddings
     # alone: Flux.2 dev), 'encode_prompt_four' (HiDream's four encoders, the negative's under CFG),
+    # 'encode_prompt_pair' (the prompt's and the negative's embeddings of a three-value encode_prompt: Bria),
     # 'encode_prompt_masked' (encode_prompt's embeddings and masks, the negative's apart: Qwen-Image), None: cannot
     text_encode_apart: str | None = None
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the

@@ -17,7 +17,7 @@ What the record says and why:
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Family, Guidance, Sampling, Task
 
 COGVIEW4 = Family(
     key="cogview4", group="cogview4", name="CogView4", label="CogView4-6B",
@@ -28,4 +28,5 @@ COGVIEW4 = Family(
     native_side=1024,
     t5_tokens=1024, joint_tokens=1024, cfg_batch=False, file_dtype="bfloat16",
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_lists", lora="diffusers", textual_inversion=False,
+    sampling=Sampling(50, 3.5, "CogView4-6B's model card"),
 )

@@ -23,7 +23,7 @@ What the record says and why:
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Family, Guidance, Sampling, Task
 
 FLUX2_DEV = Family(
     key="flux2-dev", group="flux2-dev", name="Flux.2 dev", label="FLUX.2-dev",
@@ -36,5 +36,7 @@ FLUX2_DEV = Family(
     # an input of the transformer: no CFG batch
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=False),
+    # FLUX.2 [dev]'s model card and Flux2Pipeline's defaults: 50 steps at (distilled) guidance 4
+    sampling=Sampling(50, 4.0, "FLUX.2 [dev]'s model card"),
     text_encode_apart="encode_prompt_embeds", lora="diffusers", textual_inversion=False,
 )

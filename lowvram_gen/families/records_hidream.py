@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task
 
 
 def hidream_size(pipe, width: int, height: int) -> tuple[int, int]:
@@ -37,6 +37,20 @@ def hidream_size(pipe, width: int, height: int) -> tuple[int, int]:
     division = pipe.vae_scale_factor * 2
     scale = math.sqrt((pipe.default_sample_size * pipe.vae_scale_factor) ** 2 / (width * height))
     return int(width * scale // division * division), int(height * scale // division * division)
+
+
+# HiDream-I1's model cards: Full runs 50 steps at CFG 5; Dev (28 steps) and Fast (16) are guidance-distilled (CFG 0).
+# One pipeline class and one config for the three: the model's name tells them apart
+FULL = Sampling(50, 5.0, "HiDream-I1-Full's model card")
+DEV = Sampling(28, 0.0, "HiDream-I1-Dev's model card")
+FAST = Sampling(16, 0.0, "HiDream-I1-Fast's model card")
+
+
+def hidream_sampling(facts: FolderFacts) -> Sampling:
+    """Dev's or Fast's defaults where the model's name says so; Full's otherwise (what the short names load)."""
+    name = facts.name.rsplit("/", 1)[-1]
+    return DEV if "-dev" in name else FAST if "-fast" in name else FULL
+
 
 HIDREAM = Family(
     key="hidream", group="hidream", name="HiDream-I1", label="HiDream-I1-Full",
@@ -52,5 +66,6 @@ HIDREAM = Family(
     # the stream: 384
     t5_tokens=128, joint_tokens=384, cfg_batch=True, file_dtype="bfloat16",
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_four", lora="diffusers", textual_inversion=False,
+    sampling=FULL, sampling_for=hidream_sampling,
     rendered_size=hidream_size,
 )

@@ -16,7 +16,7 @@ What the record says and why:
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Edit, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Edit, Family, Guidance, Sampling, Task
 
 FLUX_KONTEXT = Family(
     key="flux-kontext", group="flux", name="FLUX.1 Kontext", label="FLUX.1-Kontext-dev",
@@ -28,6 +28,8 @@ FLUX_KONTEXT = Family(
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     latent_format="flux", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),
+    # FLUX.1 Kontext [dev]'s model card: 28 steps at (distilled) guidance 2.5
+    sampling=Sampling(28, 2.5, "FLUX.1 Kontext [dev]'s model card"),
     text_encode_apart="encode_prompt_pooled", lora="diffusers", textual_inversion=True,
     edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=False, cfg=2.5,
               max_area_argument="max_area"),

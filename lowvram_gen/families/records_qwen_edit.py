@@ -17,7 +17,7 @@ What the records say and why:
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Edit, Family, Guidance, Task
+from lowvram_gen.families.record import Call, Edit, Family, Guidance, Sampling, Task
 from lowvram_gen.families.records_qwen import QWEN_IMAGE
 
 _COMMON = dict(
@@ -26,6 +26,8 @@ _COMMON = dict(
     file_dtype="bfloat16", latent_format=None,
     call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
     text_encode_apart=None, lora="diffusers", textual_inversion=False,
+    # Qwen-Image-Edit's and -2509's model cards: 50 steps at true CFG 4
+    sampling=Sampling(50, 4.0, "Qwen-Image-Edit's model card"),
 )
 
 QWEN_IMAGE_EDIT = Family(

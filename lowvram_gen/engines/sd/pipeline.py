@@ -176,6 +176,12 @@ def encode_texts(pipe, texts: Texts, cfg: bool) -> dict:
         if style == "encode_prompt_embeds":  # Flux.2 dev: the embeddings alone (no negative prompt, no CFG batch)
             embeds, _ids = pipe.encode_prompt(prompt=[prompt], device=device, max_sequence_length=length)
             return dict(prompt_embeds=embeds)
+        if style == "encode_prompt_pair":  # Bria: the prompt's and, under CFG, the negative's (zeros for none)
+            embeds, negatives, _ids = pipe.encode_prompt(
+                prompt=[prompt], device=device, do_classifier_free_guidance=cfg,
+                negative_prompt=[negative] if negative else None, max_sequence_length=length)
+            return {k: v for k, v in dict(prompt_embeds=embeds, negative_prompt_embeds=negatives).items()
+                    if v is not None}
         if style == "encode_prompt_four":  # HiDream: four encoders' embeddings, the negative's under CFG, as the call
             keys = ("prompt_embeds_t5", "negative_prompt_embeds_t5", "prompt_embeds_llama3",
                     "negative_prompt_embeds_llama3", "pooled_prompt_embeds", "negative_pooled_prompt_embeds")

@@ -1,0 +1,112 @@
+"""Test utility: the checks each issue-30 family's tiny folder goes through, shared by tests/test_family_flux2_dev.py,
+test_family_hidream.py and test_family_cogview4.py: the folder saved, plain diffusers' image, a refusal in one
+sentence, int8 on a wide folder, the VRAM budget, +te-reload picked and equal. (The simulated out-of-memory is
+tests/ladder_checks.py.)"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+from tiny_transformers import cli, pixels
+
+from lowvram_gen.request import GenerationRequest
+from lowvram_gen.session import Session
+
+MAX_DIFF = 2  # of 255: "equal to plain diffusers"
+
+
+def job(folder, tmp_path, **kw) -> GenerationRequest:
+    """The families' test job (a castle, 64x64, 2 steps, seed 7) on `folder`, with `kw` on top."""
+    base = dict(prompt="a castle", model=folder, width=64, height=64, steps=2, seed=7, outdir=str(tmp_path))
+    return GenerationRequest(**{**base, **kw})
+
+
+def saved(tmp_path_factory, name: str, pipe, class_name: str) -> str:
+    """`pipe` saved as a diffusers folder in a fresh temporary directory, checked to be of `class_name`."""
+    path = tmp_path_factory.mktemp(name)
+    pipe.save_pretrained(path, safe_serialization=True)
+    assert json.loads((path / "model_index.json").read_text())["_class_name"] == class_name
+    return str(path)
+
+
+def plain(folder: str, **kw) -> np.ndarray:
+    """One image of plain diffusers' pipeline from the folder (its own class), as int RGB; `seed` seeds it."""
+    import diffusers
+    import torch
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(folder)
+    seed = kw.pop("seed")
+    return np.asarray(pipe(**kw, generator=torch.Generator().manual_seed(seed)).images[0].convert("RGB"), dtype=int)
+
+
+def refused(capsys, folder, tmp_path, args: list[str], said: str, side: int = 64) -> None:
+    """The command `args` ({init} and {mask}: a plain image and a white mask) ends with exit code 2 and the one line
+    `error: <said>`, no traceback."""
+    init, mask = tmp_path / "init.png", tmp_path / "mask.png"
+    Image.new("RGB", (side, side), (90, 120, 150)).save(init)
+    Image.new("L", (side, side), 255).save(mask)
+    args = [a.format(init=init, mask=mask) for a in args]
+    code, _, err = cli(capsys, *args, "--model", folder, "--width", str(side), "--height", str(side), "--steps", "2",
+                       "--preset", "cpu", "--outdir", str(tmp_path))
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == ["error: " + said]
+
+
+def int8_quantizes_the_transformer(make_request: Callable[..., GenerationRequest]) -> None:
+    """int8 (on a folder wide enough for sdnq) stores the transformer in 8 bits and stays close to float32."""
+    import torch
+
+    session = Session()
+    full = pixels(session.generate(make_request(preset="cpu")).images[0])
+    result = session.generate(make_request(preset="cpu", quantize="int8"))
+    assert [a["outcome"] for a in result.attempts] == ["ok"]
+    assert any(t.dtype in (torch.int8, torch.uint8) for t in session.model.pipe.transformer.state_dict().values())
+    quantized = pixels(result.images[0])
+    assert quantized.shape == full.shape and quantized.std() > 1
+    assert np.abs(quantized - full).mean() < 40  # close to float32, not the same
+
+
+def budget_equals_no_offload(folder: str, request: GenerationRequest) -> None:
+    """The budget split (offload = "budget") gives the pixels of highvram (no offload)."""
+    from lowvram_gen.engines.sd.stepdown import Runner
+    from lowvram_gen.hardware.device import probe
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+    from lowvram_gen.presets import find_preset
+
+    runner = Runner(load(resolve(folder), "float32"), probe("cpu"))
+    images = {}
+    for name in ("highvram", "budget"):
+        preset = find_preset(name)
+        preset = replace(preset, memory=replace(preset.memory, dtype="float32"))
+        done = []
+        runner.run(request, [3], [preset], done.append)
+        images[name] = np.asarray(done[0].images[0].convert("RGB"), dtype=int)
+    assert runner.residency is not None  # the budget split is what ran
+    assert np.abs(images["budget"] - images["highvram"]).max() <= 1
+
+
+def te_reload_equal(make_request: Callable[..., GenerationRequest], tmp_path,
+                    encoders: tuple[str, ...] = ("text_encoder",)) -> None:
+    """+te-reload (text_encoders = 'reloaded' in the picked preset): a batch of two with the same pixels as with the
+    encoders kept, and none of `encoders` on the pipeline while the denoiser runs."""
+    from test_text_encoder_reload import _presets_with
+
+    images, seen = {}, []
+    for text_encoders in ("kept", "reloaded"):
+        session = Session(device="cpu", preset="cpu", presets_dir=str(_presets_with(tmp_path, text_encoders)),
+                          outdir=str(tmp_path / text_encoders))
+
+        def watch(*_):  # in a step callback: the encoders the pipeline holds while the denoiser runs
+            held = any(getattr(session.model.pipe, name) is not None for name in encoders)
+            seen.append((text_encoders, held))
+
+        result = session.generate(make_request(batch_size=2), on_step=watch)
+        images[text_encoders] = [pixels(p) for p in result.images]
+    assert len(images["reloaded"]) == 2
+    assert all(np.abs(a - b).max() <= 1 for a, b in zip(images["kept"], images["reloaded"]))
+    assert ("kept", True) in seen and ("reloaded", True) not in seen and ("reloaded", False) in seen
