@@ -85,15 +85,16 @@ def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quanti
 
 
 def _pipeline_class(folder, auto):
-    """The class a folder loads with: the text-to-image auto-pipeline, or the folder's own pipeline class where its
-    family's record names it and the auto-pipelines do not map it (an edit model's, QwenImageEditPipeline; and
-    HiDreamImagePipeline, which diffusers 0.42's auto-pipelines do not map)."""
+    """The class a folder loads with: the text-to-image auto-pipeline, or the folder's own pipeline class where it is
+    its family's txt2img pipeline and the auto-pipelines do not map it (an edit model's, QwenImageEditPipeline;
+    HiDreamImagePipeline and BriaPipeline, which diffusers 0.42's auto-pipelines do not map)."""
     from diffusers.pipelines.auto_pipeline import AUTO_TEXT2IMAGE_PIPELINES_MAPPING
 
     name = str(safe_json.load_file(Path(folder) / "model_index.json").get("_class_name") or "")
     record = families.find_pipeline(name)
-    if record is None or name in (cls.__name__ for cls in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values()):
-        return auto
+    mapped = name in (cls.__name__ for cls in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values())
+    if record is None or mapped or record.pipeline_for(families.Task.TXT2IMG) != name:
+        return auto  # another task's folder (an SD inpainting one) loads as its family's txt2img pipeline
     import diffusers
 
     return getattr(diffusers, name, auto)

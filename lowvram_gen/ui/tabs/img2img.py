@@ -60,7 +60,7 @@ def build(ctx: TabContext) -> None:
         with gr.Row():
             with gr.Column(scale=3):
                 init = form.controls["init_image"] = ImagePath("Init image", elem_id="i2i-init")
-                form.strength("Denoising strength (0 keeps the image; an editing model edits the image and ignores it)")
+                form.strength("Denoising strength (0 keeps the image)")
                 form.settings()
             with gr.Column(scale=2):
                 form.results(("inpaint", "upscale"))
