@@ -75,6 +75,13 @@ def klein(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def flux2_dev(tmp_path_factory) -> str:
+    from tiny_flux2_dev import build_tiny_flux2_dev
+
+    return _save(build_tiny_flux2_dev(), tmp_path_factory.mktemp("tiny-flux2-dev"))
+
+
+@pytest.fixture(scope="module")
 def refs(tmp_path_factory) -> list[str]:
     """Three seeded reference images: 64x64, 96x64 and 64x64."""
     path = tmp_path_factory.mktemp("refs")
@@ -110,13 +117,14 @@ def opened(paths) -> list:
 def test_each_edit_pipeline_is_its_records_edit_task():
     for pipeline, key, most in [("QwenImageEditPipeline", "qwen-image-edit", 1),
                                 ("QwenImageEditPlusPipeline", "qwen-image-edit-plus", 3),
-                                ("FluxKontextPipeline", "flux-kontext", 1), ("Flux2KleinPipeline", "flux2-klein", 4)]:
+                                ("FluxKontextPipeline", "flux-kontext", 1), ("Flux2KleinPipeline", "flux2-klein", 4),
+                                ("Flux2Pipeline", "flux2-dev", 10)]:
         record = families.by_pipeline(pipeline)
         assert record.key == key and record.pipeline_for("edit") == pipeline
         assert record.edit.argument == "image" and record.edit.max_images == most
     assert families.by_pipeline("QwenImageEditPipeline").call.cfg_argument == "true_cfg_scale"
     kontext = families.by_pipeline("FluxKontextPipeline")
-    assert kontext.call.guidance is families.Guidance.DISTILLED and kontext.edit.cfg == 2.5
+    assert kontext.call.guidance is families.Guidance.DISTILLED and kontext.default_sampling().cfg == 2.5
     assert families.by_pipeline("FluxPipeline").edit is None and families.by_pipeline("QwenImagePipeline").edit is None
 
 
@@ -161,6 +169,14 @@ def test_flux2_klein_with_reference_images_equals_diffusers(klein, refs, tmp_pat
     assert not np.array_equal(pixels(no_refs.images[0]), pixels(result.images[0]))  # the references are used
 
 
+def test_flux2_dev_with_reference_images_equals_diffusers(flux2_dev, refs, tmp_path):
+    result = Session().generate(edit(flux2_dev, tmp_path, [refs[0], refs[1]]))
+    theirs = plain(flux2_dev, 5, prompt="make it blue", image=opened([refs[0], refs[1]]), guidance_scale=4.0)
+    assert np.abs(pixels(result.images[0]) - theirs).max() <= TOLERANCE
+    no_refs = Session().generate(edit(flux2_dev, tmp_path, ()))
+    assert not np.array_equal(pixels(no_refs.images[0]), pixels(result.images[0]))  # the references are used
+
+
 # ------------------------------------------------------------------------------------------------ refusals
 
 def test_a_model_without_an_edit_pipeline_is_refused_in_one_sentence_naming_its_family(refs, tmp_path):
@@ -168,7 +184,7 @@ def test_a_model_without_an_edit_pipeline_is_refused_in_one_sentence_naming_its_
         Session().generate(edit("tiny", tmp_path, refs[:1]))
     assert str(caught.value) == (
         "invalid task: 'edit'; SD 1.x/2.x has no edit pipeline in diffusers: edit with an editing model (Flux.2 Klein, "
-        "Qwen-Image-Edit, Qwen-Image-Edit-Plus and FLUX.1 Kontext)")
+        "Qwen-Image-Edit, Qwen-Image-Edit-Plus, FLUX.1 Kontext and Flux.2 dev)")
 
 
 def test_an_edit_only_model_without_an_image_and_too_many_images_are_refused(qwen_edit, kontext, refs, tmp_path):

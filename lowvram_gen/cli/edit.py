@@ -2,10 +2,9 @@
 Flux.2 with reference images) edits or takes from the given images (issue 30). The job is generate's (the request's
 reference_images, engines/sd/edit.py): every generate flag works here too.
 
-Two defaults are the edit's own, where the flag is not given: the size is the first image's (down to a multiple of
-16, at most about 1024x1024 pixels, its aspect kept), as an edit keeps the picture it edits; and the CFG scale is the
-one the family's model card edits with (Kontext's distilled guidance 2.5), read from the model folder's
-model_index.json before anything loads. No heavy imports here.
+One default is the edit's own, where the flag is not given: the size is the first image's (down to a multiple of
+16, at most about 1024x1024 pixels, its aspect kept), as an edit keeps the picture it edits. Steps and CFG left unset
+are the family's, as for any job (its record's `sampling`: Kontext edits at guidance 2.5). No heavy imports here.
 """
 
 from __future__ import annotations
@@ -30,16 +29,10 @@ def add_edit_parser(sub, add_generation_args) -> None:
 
 
 def edit_defaults(args: argparse.Namespace) -> None:
-    """The edit's own defaults on `args`, where the flags are not given: size from the first image, the family's
-    CFG scale."""
+    """The edit's own default on `args`, where the flags are not given: the size from the first image. (Steps and
+    CFG left unset are the family's, as for every job: its record's `sampling`, Kontext's 28 at guidance 2.5.)"""
     if args.width is None and args.height is None and args.reference_images and not args.from_png:
         args.width, args.height = size_of(args.reference_images[0])
-    if args.cfg_scale is None and args.model:
-        from lowvram_gen.families.spec import edit_record_of_spec
-
-        record = edit_record_of_spec(args.model)
-        if record is not None and record.edit.cfg is not None:
-            args.cfg_scale = record.edit.cfg
 
 
 def size_of(path: str) -> tuple[int, int] | tuple[None, None]:

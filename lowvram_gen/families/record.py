@@ -99,7 +99,6 @@ class Edit:
     needs_image: bool = True  # its call fails without a reference image (txt2img is refused in one sentence)
     # its text encoder reads the reference images too (Qwen2.5-VL): the prompts cannot be encoded apart from them
     text_reads_images: bool = False
-    cfg: float | None = None  # the CFG scale its model card edits with (Kontext's distilled guidance 2.5); None: any
     # the call argument that rescales the asked size to this area (Kontext's `max_area`; its call runs at about
     # 1024x1024 pixels whatever width and height say): given width x height, so the image is the asked size
     max_area_argument: str | None = None

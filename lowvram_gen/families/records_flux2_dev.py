@@ -23,11 +23,11 @@ What the record says and why:
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Sampling, Task
+from lowvram_gen.families.record import Call, Edit, Family, Guidance, Sampling, Task
 
 FLUX2_DEV = Family(
     key="flux2-dev", group="flux2-dev", name="Flux.2 dev", label="FLUX.2-dev",
-    tasks={Task.TXT2IMG.value: "Flux2Pipeline"},
+    tasks={Task.TXT2IMG.value: "Flux2Pipeline", Task.EDIT.value: "Flux2Pipeline"},
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
     builtin="flux2-dev", hub_id="black-forest-labs/FLUX.2-dev",
     aliases=("flux2", "flux2-dev", "flux.2", "flux.2-dev", "black-forest-labs/flux.2-dev"),
@@ -39,4 +39,7 @@ FLUX2_DEV = Family(
     # FLUX.2 [dev]'s model card and Flux2Pipeline's defaults: 50 steps at (distilled) guidance 4
     sampling=Sampling(50, 4.0, "FLUX.2 [dev]'s model card"),
     text_encode_apart="encode_prompt_embeds", lora="diffusers", textual_inversion=False,
+    # reference images (the call's `image`, a list), each made at most 1024x1024 pixels, their latents beside the
+    # image's: FLUX.2 [dev]'s model card edits with up to 10
+    edit=Edit(argument="image", max_images=10, resize="cap", pixels=1024 * 1024, needs_image=False),
 )

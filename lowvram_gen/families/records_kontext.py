@@ -31,6 +31,6 @@ FLUX_KONTEXT = Family(
     # FLUX.1 Kontext [dev]'s model card: 28 steps at (distilled) guidance 2.5
     sampling=Sampling(28, 2.5, "FLUX.1 Kontext [dev]'s model card"),
     text_encode_apart="encode_prompt_pooled", lora="diffusers", textual_inversion=True,
-    edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=False, cfg=2.5,
+    edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=False,
               max_area_argument="max_area"),
 )
