@@ -49,9 +49,11 @@ CASES: dict[str, tuple[dict, frozenset, str]] = {
     "batch-size-2": (dict(batch_size=2), ALL, ""),
     "batch-count-2": (dict(batch_count=2), ALL, ""),
     "sampler-default": (dict(sampler="default"), ALL, ""),
-    "sampler-a1111": (dict(sampler="Euler a"), NONE, ""),  # flow-matching: A1111's samplers refused
+    # A1111's Euler (its API's default) on a flow-matching model is the flow's Euler: the folder's own scheduler
+    "sampler-a1111-euler": (dict(sampler="Euler"), ALL, ""),
+    "sampler-comfyui-euler": (dict(sampler="euler"), ALL, ""),  # ComfyUI's name of the same
+    "sampler-a1111-ancestral": (dict(sampler="Euler a"), NONE, ""),  # the other A1111 samplers: refused
     "sampler-a1111-karras": (dict(sampler="DPM++ 2M Karras"), NONE, ""),
-    "sampler-comfyui-euler": (dict(sampler="euler"), NONE, ""),  # ComfyUI's name of Euler: refused as Euler
     "schedule-karras": (dict(schedule_type="karras"), ALL, ""),
     "schedule-sgm-uniform": (dict(schedule_type="sgm_uniform"), ALL, ""),  # runs its own, with a warning
     "schedule-beta": (dict(schedule_type="beta"), ALL, ""),
