@@ -96,3 +96,14 @@ def test_pick_qwen_image_in_the_model_box_generate_and_see_its_image_and_infotex
     theirs = plain(folders["qwen-image"], 41, 4.0, prompt="a lighthouse", width=64, height=64, num_inference_steps=2)
     assert np.abs(ours - theirs).max() <= MAX_DIFF
     _set_slider(page, "clip-skip", 1)
+
+
+def test_a_negative_prompt_a_family_has_none_for_is_one_line_in_what_ran(server, models_root, folders):
+    """Flux.2 Klein's call takes no negative prompt: the UI's job runs and What ran says it was ignored."""
+    from gradio_client import Client
+
+    gallery, _, summary, _ = Client(server.url, verbose=False).predict(
+        prompt="a lighthouse", negative_prompt="fog", model=folders["flux2-klein"], width=64, height=64, steps=2,
+        seed=32, api_name="/generate")
+    assert len(gallery) == 1 and "Traceback" not in summary
+    assert "Flux2KleinPipeline does not use a negative prompt (Flux.2 Klein has none): it is ignored" in summary
