@@ -16,10 +16,9 @@ Tiny sizes (64x64), 2 steps; one Session per family, so a folder loads once per 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from family_folders import BUILDERS, family_folders, record_of
-from PIL import Image
+from inpaint_files import init_image, mask_image
 from tiny_transformers import cli
 
 from lowvram_gen import GenerationRequest
@@ -93,13 +92,9 @@ HEAVY = {"preset-lowvram", "preset-medvram", "hires-lanczos", "hires-resize-lanc
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
+    """An init image and a mask of its middle (tests/inpaint_files.py)."""
     path = tmp_path_factory.mktemp("matrix-images")
-    rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path / "init.png")
-    mask = np.zeros((64, 64), np.uint8)
-    mask[16:48, 16:48] = 255
-    Image.fromarray(mask).save(path / "mask.png")
-    return {"init": str(path / "init.png"), "mask": str(path / "mask.png")}
+    return {"init": str(init_image(path / "init.png")), "mask": str(mask_image(path / "mask.png", (16, 16, 48, 48)))}
 
 
 @pytest.fixture(scope="module")
