@@ -246,6 +246,10 @@ def check_transformer_match(profile: ModelProfile, cn: ControlNetProfile, model:
     """An SD3 ControlNet goes with an SD3 model and a Flux one with a Flux model, at the transformer's width (its
     residuals are added to the transformer's hidden states); one sentence naming both otherwise (exit 2)."""
     base = base_family(profile)
+    record = families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else None
+    if base is None and record is not None and record.controlnet is None:  # a family with no ControlNet here
+        raise InvalidRequest("controlnet", cn.name, f"the model {model!r} is {record.name}, which has no ControlNet "
+                                                    "support here yet: generate without ControlNet")
     if cn.family != base:
         raise InvalidRequest("controlnet", cn.name, f"it is a ControlNet for {_label(cn.family, cn=cn)} and the "
                                                     f"model {model!r} is {_label(base, profile)}: use a ControlNet "

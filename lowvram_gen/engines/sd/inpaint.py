@@ -51,8 +51,10 @@ def check(pipe, request) -> None:
         if init and not record.has_task(Task.IMG2IMG):
             raise InvalidRequest("task", "img2img", f"{record.name} has no img2img pipeline in diffusers: use txt2img")
         if hires and not record.has_task(Task.IMG2IMG):
-            raise InvalidRequest("hires scale", request.hires_scale, f"{record.name} has no img2img pipeline in "
-                                 f"diffusers for {img2img}: leave hires fix off and upscale after")
+            resize = getattr(request, "hires_resize", None)  # the field the user gave: a resize, else the scale
+            field, given = ("hires resize", "%dx%d" % resize) if resize else ("hires scale", request.hires_scale)
+            raise InvalidRequest(field, given, f"{record.name} has no img2img pipeline in diffusers for {img2img}: "
+                                 "leave hires fix off and upscale after")
     if request.mask and (task not in (Task.TXT2IMG, Task.IMG2IMG) or not record.has_task(Task.INPAINT)):
         names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
         built = " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))  # 'SD 1.x/2.x and SDXL'

@@ -328,6 +328,10 @@ def _scheduler(pipe, sampler: str, schedule_type: str, field: str) -> tuple:
     if not hasattr(pipe, "_lowvram_scheduler"):  # this object's state: its folder's scheduler not kept yet
         pipe._lowvram_scheduler = pipe.scheduler  # the folder's own, kept for 'default'
     base = pipe._lowvram_scheduler
+    if sampler == "Euler" and type(base).__name__ == "FlowMatchEulerDiscreteScheduler":
+        # A1111's Euler (its API's default sampler) on a flow-matching model is the flow's Euler step, the one the
+        # folder's own FlowMatchEulerDiscreteScheduler takes (Forge runs A1111's Euler so on Flux)
+        sampler = DEFAULT
     if sampler != DEFAULT and _flow_matching(base):
         # the A1111 samplers integrate a noise prediction; fed a flow-matching model's velocity they
         # run without error and make wrong images

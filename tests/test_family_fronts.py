@@ -1,0 +1,208 @@
+"""The 2026 families through the batch script and the REST API (issue 30: "each family generates from the CLI, the UI,
+the batch script and the REST API, equal to plain diffusers on its tiny folder").
+
+Every family with a record and a tiny folder (tests/family_folders.py): a prompt file with a line per family run by
+scripts/batch_prompts.py, and A1111's txt2img/img2img bodies posted to `lowvram-gen ui --api` with the family picked
+by its folder's title (override_settings.sd_model_checkpoint, as A1111 clients pick a checkpoint). Each PNG equals
+plain diffusers' pipeline (<= 2/255) at the same seed, steps and CFG, with the CFG as the family means it (Qwen-Image:
+`true_cfg_scale`, and the model card's blank negative prompt where none is given; Flux.2 Klein: no negative prompt,
+a warning where one is given). The API's `info` says what ran. The CLI path is tests/test_family_*.py's.
+Seeded random weights: the images are noise.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from api_helpers import _post, server  # noqa: F401 - the API server fixture
+from family_folders import BUILDERS, family_folders, record_of
+from PIL import Image
+
+from lowvram_gen.batch import manifest as bm
+
+folders = family_folders("fronts-models")
+
+MAX_DIFF = 2  # of 255: "equal to plain diffusers"
+CFG = 4.0
+# the families diffusers has an img2img pipeline for (the others refuse img2img in one sentence)
+IMG2IMG = ("qwen-image", "z-image", "chroma")
+KEYS = list(BUILDERS)
+
+
+@pytest.fixture(scope="module")
+def plain_pipes():
+    """Plain diffusers' pipelines, one per folder and task, loaded as a user would (from_pretrained / from_pipe)."""
+    return {}
+
+
+def plain(pipes, folder: str, seed: int, negative: str | None = None, task: str = "txt2img", **kw) -> np.ndarray:
+    """Plain diffusers' image for our job: the CFG as the family's call takes it."""
+    import diffusers
+
+    record = record_of(folder)
+    if (folder, "txt2img") not in pipes:
+        pipes[folder, "txt2img"] = diffusers.DiffusionPipeline.from_pretrained(folder)
+    if (folder, task) not in pipes:
+        pipes[folder, task] = getattr(diffusers, record.pipeline_for(task)).from_pipe(pipes[folder, "txt2img"])
+    pipe = pipes[folder, task]
+    pipe.set_progress_bar_config(disable=True)
+    if record.key == "qwen-image":  # true CFG: the model card's blank negative when CFG is on and none is given
+        kw.update(true_cfg_scale=CFG, negative_prompt=negative or " ")
+    else:
+        kw.update(guidance_scale=CFG)
+        if negative and record.call.takes_negative_prompt:
+            kw["negative_prompt"] = negative
+    image = pipe(generator=torch.Generator().manual_seed(seed), num_inference_steps=2, **kw).images[0]
+    return np.asarray(image.convert("RGB"), dtype=int)
+
+
+def as_pixels(image) -> np.ndarray:
+    if isinstance(image, (str, Path)):
+        image = Image.open(image)
+    return np.asarray(image.convert("RGB"), dtype=int)
+
+
+# ------------------------------------------------------------------------------------------------ the batch script
+
+def test_the_batch_script_runs_a_line_per_family_each_equal_to_plain_diffusers(folders, plain_pipes, batch_script,
+                                                                                tmp_path, capsys):
+    """One prompt file, a line per family (its folder as the line's model) and one with a negative prompt each: the
+    model loads per line, each PNG equals diffusers' at the line's seed."""
+    lines = []
+    for i, key in enumerate(KEYS):
+        for negative in ("", "fog"):
+            lines.append({"prompt": f"a lighthouse {key}", "negative_prompt": negative, "model": folders[key],
+                          "seed": 20 + i, "cfg_scale": CFG})
+    path = tmp_path / "families.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    code = batch_script.run([str(path), "--width", "64", "--height", "64", "--steps", "2", "--outdir", str(out),
+                             "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    summary = json.loads(captured.out)
+    assert (summary["done"], summary["images"]) == (len(lines), len(lines))
+    records = {r["line"]: r for r in bm.read_records(bm.current_manifests(out))}
+    for number, line in enumerate(lines, start=1):
+        folder = line["model"]
+        ours = as_pixels(out / records[number]["outputs"][0])
+        theirs = plain(plain_pipes, folder, line["seed"], line["negative_prompt"], prompt=line["prompt"], width=64,
+                       height=64)
+        assert np.abs(ours - theirs).max() <= MAX_DIFF, (number, folder)
+        assert ours.std() > 1
+    assert "Traceback" not in captured.err
+
+
+# ------------------------------------------------------------------------------------------------ the REST API
+
+@pytest.fixture()
+def models_root(folders, monkeypatch) -> Path:
+    """The folders' parent is the models folder: each is listed by its folder name, as A1111 lists checkpoints."""
+    root = Path(next(iter(folders.values()))).parent
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(root))
+    return root
+
+
+def _body(key: str, **kw) -> dict:
+    return {"prompt": "a lighthouse", "seed": 9, "steps": 2, "width": 64, "height": 64, "cfg_scale": CFG,
+            "sampler_name": "default", "override_settings": {"sd_model_checkpoint": key}, **kw}
+
+
+def _answer(server, route: str, body: dict) -> tuple[np.ndarray, dict]:
+    answer = _post(server, route, body)
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    image = Image.open(io.BytesIO(base64.b64decode(data["images"][0])))
+    return as_pixels(image), json.loads(data["info"])
+
+
+def _get(server, route: str):
+    import requests
+
+    return requests.get(f"{server.api_url}/{route}", timeout=60).json()
+
+
+def test_the_api_lists_every_family_folder(server, models_root):
+    titles = {m["title"] for m in _get(server, "sd-models")}
+    assert set(KEYS) <= titles
+
+
+@pytest.mark.parametrize("negative", ["", "fog"])
+@pytest.mark.parametrize("key", KEYS)
+def test_api_txt2img_equals_plain_diffusers_and_info_says_what_ran(key, negative, server, models_root, folders,
+                                                                  plain_pipes):
+    record = record_of(folders[key])
+    ours, info = _answer(server, "txt2img", _body(key, negative_prompt=negative))
+    theirs = plain(plain_pipes, folders[key], 9, negative, prompt="a lighthouse", width=64, height=64)
+    assert np.abs(ours - theirs).max() <= MAX_DIFF
+    text = info["infotexts"][0]
+    assert info["sd_model_name"] == key and f"Model: {folders[key]}," in text  # the folder picked
+    assert info["cfg_scale"] == CFG and "CFG scale: 4," in text  # the call's CFG (true_cfg_scale for Qwen-Image)
+    ignored = [w for w in info["warnings"] if "negative prompt" in w]
+    if negative and not record.call.takes_negative_prompt:  # Flux.2 Klein: none, and said in one line
+        assert ignored == [f"{record.pipeline_for('txt2img')} does not use a negative prompt ({record.name} has "
+                           "none): it is ignored"]
+    else:
+        assert not ignored
+        assert ("Negative prompt: fog" in text) == bool(negative)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_api_without_a_sampler_runs_the_familys_own_scheduler(key, server, models_root, folders, plain_pipes):
+    """A body that names no sampler runs A1111's API default, Euler: on a flow-matching family, the flow's Euler
+    steps that the folder's own FlowMatchEulerDiscreteScheduler takes (Forge runs A1111's Euler so on Flux). It was
+    refused: an A1111 client could not run these families without knowing to send 'default'."""
+    body = _body(key)
+    del body["sampler_name"]
+    answer = _post(server, "txt2img", body)
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    ours = as_pixels(Image.open(io.BytesIO(base64.b64decode(data["images"][0]))))
+    theirs = plain(plain_pipes, folders[key], 9, prompt="a lighthouse", width=64, height=64)
+    assert np.abs(ours - theirs).max() <= MAX_DIFF
+
+
+@pytest.fixture(scope="module")
+def init_png(tmp_path_factory) -> str:
+    rng = np.random.default_rng(0)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_api_img2img_equals_the_familys_img2img_pipeline_or_is_refused_naming_it(key, server, models_root, folders,
+                                                                                 plain_pipes, init_png):
+    record = record_of(folders[key])
+    body = _body(key, init_images=[init_png], denoising_strength=0.5)
+    if key not in IMG2IMG:
+        answer = _post(server, "img2img", body)
+        assert answer.status_code == 422
+        message = answer.json()["detail"][0]["msg"]
+        assert f"{record.name} has no img2img pipeline in diffusers: use txt2img" in message
+        assert "\n" not in message and "Traceback" not in answer.text
+        return
+    ours, info = _answer(server, "img2img", body)
+    init = Image.open(io.BytesIO(base64.b64decode(init_png))).convert("RGB")
+    theirs = plain(plain_pipes, folders[key], 9, task="img2img", prompt="a lighthouse", image=init, strength=0.5,
+                   width=64, height=64)
+    assert np.abs(ours - theirs).max() <= MAX_DIFF
+    assert info["denoising_strength"] == 0.5 and "Denoising strength: 0.5" in info["infotexts"][0]
+
+
+def test_api_fields_that_do_not_apply_are_named_in_info_warnings_not_a_traceback(server, models_root, folders):
+    """A1111's tiling, clip skip and variation seed on Qwen-Image: the job runs, each is one line of info's warnings."""
+    body = _body("qwen-image", tiling=True, subseed=3, subseed_strength=0.5,
+                 override_settings={"sd_model_checkpoint": "qwen-image", "CLIP_stop_at_last_layers": 2})
+    _, info = _answer(server, "txt2img", body)
+    warned = info["warnings"]
+    assert all("\n" not in w for w in warned) and "Traceback" not in " ".join(warned)
+    assert any(w.startswith("tiling True is not used") for w in warned), warned
+    assert any("clip skip 2 is not used: QwenImagePipeline" in w for w in warned), warned
+    assert any("variation seed and seed resize are not used: QwenImagePipeline" in w for w in warned), warned
