@@ -104,7 +104,9 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _targets(pipe, state: dict) -> dict[str, int]:
     """LoRA layers per component prefix ('unet', 'text_encoder', ...) after diffusers' conversion."""
     kwargs = {"unet_config": pipe.unet.config} if getattr(pipe, "unet", None) is not None else {}
-    converted = pipe.lora_state_dict(dict(state), **kwargs)[0]
+    converted = pipe.lora_state_dict(dict(state), **kwargs)
+    if isinstance(converted, tuple):  # SD/SDXL/FLUX.1's loaders: (state dict, network alphas); the others the dict
+        converted = converted[0]
     counts: dict[str, int] = {}
     for key in converted:
         if _DOWN.search(key):
