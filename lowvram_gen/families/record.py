@@ -127,6 +127,11 @@ class ControlNetFacts:
     # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run
     # together in one job (False for FLUX.1: FluxMultiControlNetModel reads the control images one way for all)
     mixes_kinds: bool = True
+    # its ControlNet pipeline takes control_guidance_start/end (A1111's guidance start/end); False: Z-Image's and
+    # SANA's do not, and a unit asking for another window than 0..1 is refused
+    guidance_window: bool = True
+    # several units run together (diffusers has a multi-ControlNet model for the family); False: one unit a job
+    multi: bool = True
 
 
 def transformer_shape(config: Mapping) -> tuple[int, int]:

@@ -17,17 +17,22 @@ them offline.
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task
+from lowvram_gen.families.record import Call, ControlNetFacts, Family, Guidance, Task, spatial_patch
 
 SANA = Family(
     key="sana", group="sana", name="SANA", label="SANA 1600M",
-    tasks={Task.TXT2IMG.value: "SanaPipeline"}, other_pipelines=("SanaPAGPipeline",),
+    tasks={Task.TXT2IMG.value: "SanaPipeline", Task.CONTROLNET.value: "SanaControlNetPipeline"},
+    other_pipelines=("SanaPAGPipeline",),
     denoiser="transformer", denoiser_classes=("SanaTransformer2DModel",),
     builtin="sana", hub_id="Efficient-Large-Model/Sana_1600M_1024px_diffusers",
     aliases=("sana", "sana-1600m", "sana_1600m_1024px", "efficient-large-model/sana_1600m_1024px_diffusers"),
     native_side=1024,
     # cross-attention over the Gemma prompt (its __call__'s max_sequence_length): no text in the image stream
     t5_tokens=300, joint_tokens=0, cfg_batch=True, file_dtype="bfloat16",
+    # SanaControlNetPipeline (diffusers folders, as Efficient-Large-Model publishes them): one unit, no guidance window
+    controlnet=ControlNetFacts(
+        kind="sana", model_class="SanaControlNetModel", label="SANA", img2img=False, guess_mode=False,
+        latent_per_token=lambda c: spatial_patch(c.get("patch_size", 1)) ** 2, guidance_window=False, multi=False),
     call=Call(Guidance.CFG, empty_negative=""), text_encode_apart="encode_prompt_masks", lora="diffusers",
     textual_inversion=False,
 )

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families.record import Call, Family, Guidance, Task, transformer_shape
+from lowvram_gen.families import controlnet_shapes
+from lowvram_gen.families.record import Call, ControlNetFacts, Family, Guidance, Task, transformer_shape
 
 
 def _qwen_transformer_shape(config: Mapping) -> tuple[int, int]:
@@ -39,8 +40,9 @@ QWEN_IMAGE = Family(
         Task.TXT2IMG.value: "QwenImagePipeline",
         Task.IMG2IMG.value: "QwenImageImg2ImgPipeline",
         Task.INPAINT.value: "QwenImageInpaintPipeline",
+        Task.CONTROLNET.value: "QwenImageControlNetPipeline",
     },
-    other_pipelines=("QwenImageControlNetPipeline", "QwenImageControlNetInpaintPipeline", "QwenImageEditPipeline",
+    other_pipelines=("QwenImageControlNetInpaintPipeline", "QwenImageEditPipeline",
                      "QwenImageEditInpaintPipeline", "QwenImageEditPlusPipeline", "QwenImageLayeredPipeline"),
     denoiser="transformer", denoiser_classes=("QwenImageTransformer2DModel",),
     builtin="qwen-image", hub_id="Qwen/Qwen-Image",
@@ -48,6 +50,12 @@ QWEN_IMAGE = Family(
     native_side=1328,  # its model card's 1:1 size (1328x1328); 1024x1024 is planned with --width/--height
     transformer_shape=_qwen_transformer_shape,
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
+    controlnet=ControlNetFacts(
+        kind="qwen-image", model_class="QwenImageControlNetModel", label="Qwen-Image",
+        img2img=False, guess_mode=False,  # diffusers has no Qwen-Image ControlNet img2img pipeline, nor guess mode
+        latent_per_token=lambda c: 4,  # one token: 2x2 latent pixels (its patch_size 2 is that packing)
+        file_match=controlnet_shapes.is_qwen_image, config_from_shapes=controlnet_shapes.qwen_image_config,
+        from_base=controlnet_shapes.qwen_image_from_base),
     latent_format=None,  # no preview approximation for its VAE's latents yet
     call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
     text_encode_apart="encode_prompt_masked", lora="diffusers", textual_inversion=False,

@@ -1,0 +1,43 @@
+"""Test utility: tiny seeded ControlNets for the issue-30 families' tiny folders, in the shapes diffusers' own tests
+use (tests/pipelines/qwenimage/test_qwenimage_controlnet.py, tests/pipelines/sana/test_sana_controlnet.py), each
+at the width of its family's tiny transformer (tests/tiny_qwen.py, tests/tiny_dit.py).
+
+diffusers zero-initialises a ControlNet's output projections (a fresh ControlNet adds nothing); here every weight is
+seeded random so a control image changes the picture, as a trained one does. Seeded random weights: the images are
+noise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _randomised(module, seed: int, scale: float = 0.3):
+    """Every parameter of `module` drawn from a seeded normal (the zero-initialised projections included)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _name, param in sorted(module.named_parameters()):
+            param.copy_(torch.randn(param.shape, generator=g) * scale)
+    return module.eval()
+
+
+def tiny_qwen_controlnet(seed: int = 0):
+    """A QwenImageControlNetModel for tests/tiny_qwen.build_tiny_qwen_image() (3 heads of 16, two blocks)."""
+    from diffusers import QwenImageControlNetModel
+
+    return _randomised(QwenImageControlNetModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
+        joint_attention_dim=16, axes_dims_rope=(8, 4, 4)), seed)
+
+
+def tiny_sana_controlnet(seed: int = 0):
+    """A SanaControlNetModel for tests/tiny_dit.build_tiny_sana() (2 heads of 4, one block)."""
+    from diffusers import SanaControlNetModel
+
+    return _randomised(SanaControlNetModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2, attention_head_dim=4,
+        num_cross_attention_heads=2, cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=8,
+        sample_size=16), seed, scale=0.2)
+
+
+BUILDERS = {"qwen-image": tiny_qwen_controlnet, "sana": tiny_sana_controlnet}
