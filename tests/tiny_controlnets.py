@@ -40,4 +40,16 @@ def tiny_sana_controlnet(seed: int = 0):
         sample_size=16), seed, scale=0.2)
 
 
+def tiny_sana_two_blocks():
+    """tests/tiny_dit.build_tiny_sana() with a transformer of two blocks: SANA's transformer adds the ControlNet's
+    i-th output after its block i+1 (diffusers' SanaTransformer2DModel), so a one-block transformer ignores it."""
+    from diffusers import SanaTransformer2DModel
+    from tiny_dit import build_tiny_sana
+
+    pipe = build_tiny_sana()
+    torch.manual_seed(0)
+    pipe.register_modules(transformer=SanaTransformer2DModel(**{**dict(pipe.transformer.config), "num_layers": 2}).eval())
+    return pipe
+
+
 BUILDERS = {"qwen-image": tiny_qwen_controlnet, "sana": tiny_sana_controlnet}

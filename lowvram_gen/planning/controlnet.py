@@ -224,14 +224,25 @@ def _transformer_profile(config: dict) -> ControlNetProfile:
 
 
 def base_family(profile: ModelProfile) -> str | None:
-    """The ControlNet kind that fits the base model ('sd' for a UNet, 'sd3', 'flux'), or None (another transformer:
-    PixArt, ...), from the base model's profile."""
+    """The ControlNet kind that fits the base model ('sd' for a UNet, 'sd3', 'flux', 'qwen-image', 'sana'), or None
+    (another transformer: PixArt, Chroma, ...), from the base model's profile."""
     if profile.denoiser == "unet" and profile.unet_channels:
         unet = next((f for f in families.controlnet_kinds().values() if f.denoiser == "unet"), None)
         return unet.controlnet.kind if unet is not None else None
-    family = families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else \
-        families.by_arch(profile.arch)
+    family = _record_of(profile)
     return family.controlnet.kind if family is not None and family.controlnet is not None else None
+
+
+def _record_of(profile: ModelProfile) -> families.Family | None:
+    """The record of a transformer base model, from its profile (None: none claims it)."""
+    return families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else \
+        families.by_arch(profile.arch)
+
+
+def _with_controlnets() -> str:
+    """The families ControlNet runs with, in the records' order: 'SD 1.x/2.x, SDXL, SD3, Flux, ... and SANA'."""
+    names = list(dict.fromkeys(f.name for f in families.FAMILIES if f.controlnet is not None))
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _label(family: str | None, profile: ModelProfile | None = None, cn: ControlNetProfile | None = None) -> str:
@@ -246,6 +257,12 @@ def check_transformer_match(profile: ModelProfile, cn: ControlNetProfile, model:
     """An SD3 ControlNet goes with an SD3 model and a Flux one with a Flux model, at the transformer's width (its
     residuals are added to the transformer's hidden states); one sentence naming both otherwise (exit 2)."""
     base = base_family(profile)
+    if base is None:
+        record = _record_of(profile)
+        if record is not None and not record.is_generic:
+            raise InvalidRequest("controlnet", cn.name, f"diffusers has no ControlNet pipeline for {record.name} (the "
+                                                        f"model {model!r}): ControlNet runs with {_with_controlnets()} "
+                                                        "models")
     if cn.family != base:
         raise InvalidRequest("controlnet", cn.name, f"it is a ControlNet for {_label(cn.family, cn=cn)} and the "
                                                     f"model {model!r} is {_label(base, profile)}: use a ControlNet "
