@@ -1,5 +1,5 @@
 """ControlNet on the issue-30 families that diffusers has a ControlNet pipeline for (Qwen-Image's
-QwenImageControlNetPipeline, SANA's SanaControlNetPipeline): a tiny seeded ControlNet of each (tests/tiny_controlnets.py,
+QwenImageControlNetPipeline, Z-Image's ZImageControlNetPipeline, SANA's SanaControlNetPipeline): a tiny seeded ControlNet of each (tests/tiny_controlnets.py,
 diffusers' test shapes at the width of the family's tiny transformer) run from the CLI and compared with plain
 diffusers' ControlNet pipeline; the planner counts it with the transformer; a simulated out-of-memory steps down
 without loading it again; what diffusers has no pipeline for is refused in one sentence naming the family and the
@@ -23,6 +23,7 @@ from tiny_dit import BUILDERS as DIT
 from tiny_flux2 import build_tiny_flux2_klein
 from tiny_qwen import build_tiny_qwen_image
 from tiny_transformers import cli, pixels
+from tiny_zimage import build_tiny_zimage
 
 from lowvram_gen import GenerationRequest, families
 from lowvram_gen.control.units import ControlNetUnit
@@ -44,6 +45,7 @@ class Case:
 FAMILIES = {
     "qwen-image": Case(build_tiny_qwen_image, "QwenImageControlNetPipeline", "QwenImageControlNetModel",
                        call={"true_cfg_scale": 4.0}),
+    "z-image": Case(build_tiny_zimage, "ZImageControlNetPipeline", "ZImageControlNetModel"),
     "sana": Case(tiny_sana_two_blocks, "SanaControlNetPipeline", "SanaControlNetModel"),
 }
 # families diffusers 0.42 has no ControlNet pipeline for: (builder, the name the refusal gives)
@@ -149,20 +151,68 @@ def test_out_of_memory_in_a_controlnet_step_steps_down_without_reloading_it(fami
         ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]
     assert session.model.pipe.controlnet0 is net and next(net.parameters()) is weight and calls == [1]
     assert np.abs(pixels(result.images[0]) - plain(key, folder, controlnet, image)).max() <= MAX_DIFF
+    # between jobs no weight of the transformer is the ControlNet's (Z-Image's borrows them for its forward only)
+    shared = {id(p) for p in net.parameters()} & {id(p) for p in session.model.pipe.transformer.parameters()}
+    assert not shared
+
+
+def test_offload_and_budget_take_the_controlnet_with_the_transformer(family, tmp_path):
+    """apply.py's settings on the family's pipeline with its ControlNet: model offload, group and sequential offload
+    and a budget split of both give the image of no offload; the budget splits the planner's blocks."""
+    from diffusers.hooks.group_offloading import _is_group_offload_enabled
+
+    from lowvram_gen.engines.sd import apply as apply_mod
+    from lowvram_gen.engines.sd import pipeline as sd
+    from lowvram_gen.engines.sd.controlnet import use_controlnets
+    from lowvram_gen.hardware.device import probe
+    from lowvram_gen.models import profile as profiles
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+    from lowvram_gen.planning.controlnet import controlnet_profile, with_controlnets
+    from lowvram_gen.settings import MemorySettings
+
+    key, folder, controlnet, image = family
+    pipe = load(resolve(folder), "float32").pipe
+    source = models.resolve_controlnet(controlnet)
+    net = models.kept(pipe, source, models.base_config(pipe), "float32")
+    use_controlnets(pipe, [net])
+    pipe._lowvram_unit_slots = [0]
+    req = request(key, folder, controlnet, image, tmp_path).validated()
+
+    def images():
+        sd.set_sampler(pipe, "default")
+        return np.asarray(sd.denoise(pipe, sd.Pass(req, [7], 64, 64), "cpu").images[0], dtype=float)
+
+    reference = images()
+    assert np.abs(reference - plain(key, folder, controlnet, image)).max() <= MAX_DIFF
+    for offload in ("model", "group", "sequential"):
+        apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload=offload), probe("cpu"))
+        assert hasattr(net, "_hf_hook") if offload == "model" else _is_group_offload_enabled(net)
+        assert np.abs(images() - reference).max() <= 1, offload
+    profile = with_controlnets(profiles.profile_from_folder(folder),
+                               [controlnet_profile(models.config_of(source), "cn")])
+    planned = [(n, c * 4) for n, c in profile.residency_blocks]  # float32: 4 bytes an element
+    total = sum(b for _, b in planned)
+    split = apply_mod.apply_settings(pipe, MemorySettings(dtype="float32", offload="budget",
+                                                          resident_bytes=total // 2), probe("cpu")).residency
+    assert sorted([*split.resident, *split.streamed]) == sorted(n for n, _ in planned)
+    assert split.resident_bytes + split.streamed_bytes_per_step == total
+    assert np.abs(images() - reference).max() <= 1
 
 
 def test_what_the_pipeline_has_not_is_refused_in_one_sentence(family, tmp_path):
-    """SANA's ControlNet pipeline has no guidance window and runs one ControlNet; neither has an img2img one."""
+    """Z-Image's and SANA's ControlNet pipelines have no guidance window and run one ControlNet; none has an img2img
+    one nor a guess mode."""
     key, folder, controlnet, image = family
     session = Session(preset="cpu")
     label = families.by_name(key).controlnet.label
     cases = [(dict(init_image=image), f"diffusers has no {label} ControlNet img2img pipeline"),
              (dict(control_mode="controlnet"), f"not in diffusers' {label} ControlNet pipeline")]
-    if key == "sana":
+    if key in ("z-image", "sana"):
         cases += [(dict(controlnets=(ControlNetUnit(controlnet, image, 0.8, 0.0, 0.5),)),
-                   "SANA ControlNet pipeline has no guidance start/end"),
+                   f"{label} ControlNet pipeline has no guidance start/end"),
                   (dict(controlnets=(ControlNetUnit(controlnet, image),) * 2),
-                   "SANA ControlNet pipeline runs one ControlNet unit, not 2")]
+                   f"{label} ControlNet pipeline runs one ControlNet unit, not 2")]
     for fields, words in cases:
         with pytest.raises(InvalidRequest, match=words) as caught:
             session.generate(request(key, folder, controlnet, image, tmp_path, **fields))

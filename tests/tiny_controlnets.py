@@ -1,6 +1,7 @@
 """Test utility: tiny seeded ControlNets for the issue-30 families' tiny folders, in the shapes diffusers' own tests
-use (tests/pipelines/qwenimage/test_qwenimage_controlnet.py, tests/pipelines/sana/test_sana_controlnet.py), each
-at the width of its family's tiny transformer (tests/tiny_qwen.py, tests/tiny_dit.py).
+use (tests/pipelines/qwenimage/test_qwenimage_controlnet.py, tests/pipelines/sana/test_sana_controlnet.py; Z-Image's
+at its tiny transformer's shapes), each at the width of its family's tiny transformer (tests/tiny_qwen.py,
+tests/tiny_zimage.py, tests/tiny_dit.py).
 
 diffusers zero-initialises a ControlNet's output projections (a fresh ControlNet adds nothing); here every weight is
 seeded random so a control image changes the picture, as a trained one does. Seeded random weights: the images are
@@ -40,6 +41,18 @@ def tiny_sana_controlnet(seed: int = 0):
         sample_size=16), seed, scale=0.2)
 
 
+def tiny_zimage_controlnet(seed: int = 0):
+    """A ZImageControlNetModel for tests/tiny_zimage.build_tiny_zimage() (2 heads, 32 wide): control layers at both
+    transformer layers and one control refiner, reading the control image's 16 latent channels. Its embedders and
+    refiners are the transformer's (diffusers' from_transformer, as its pipeline is built): not in its files."""
+    from diffusers import ZImageControlNetModel
+
+    return _randomised(ZImageControlNetModel(
+        control_layers_places=[0, 1], control_refiner_layers_places=[0], control_in_dim=16, all_patch_size=(2,),
+        all_f_patch_size=(1,), dim=32, n_refiner_layers=1, n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True),
+        seed, scale=0.2)
+
+
 def tiny_sana_two_blocks():
     """tests/tiny_dit.build_tiny_sana() with a transformer of two blocks: SANA's transformer adds the ControlNet's
     i-th output after its block i+1 (diffusers' SanaTransformer2DModel), so a one-block transformer ignores it."""
@@ -52,4 +65,4 @@ def tiny_sana_two_blocks():
     return pipe
 
 
-BUILDERS = {"qwen-image": tiny_qwen_controlnet, "sana": tiny_sana_controlnet}
+BUILDERS = {"qwen-image": tiny_qwen_controlnet, "z-image": tiny_zimage_controlnet, "sana": tiny_sana_controlnet}

@@ -132,6 +132,13 @@ class ControlNetFacts:
     guidance_window: bool = True
     # several units run together (diffusers has a multi-ControlNet model for the family); False: one unit a job
     multi: bool = True
+    # (width, residual streams it hands the transformer) from its config (planning/controlnet.py); None: heads x head
+    # width, and num_layers + num_single_layers (SD3's, Flux's, Qwen-Image's, SANA's configs)
+    stream: Callable[[Mapping], tuple[int, int]] | None = None
+    # the transformer's modules its ControlNet runs on (diffusers' from_transformer puts them on it: Z-Image's
+    # embedders and refiners); the engine lends them for each ControlNet forward only, so the memory settings never
+    # see the transformer's weights twice (engines/sd/controlnet.lend_transformer)
+    borrows: tuple[str, ...] = ()
 
 
 def transformer_shape(config: Mapping) -> tuple[int, int]:

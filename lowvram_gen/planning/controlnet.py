@@ -211,10 +211,14 @@ def _transformer_profile(config: dict) -> ControlNetProfile:
         raise ValueError(f"diffusers has no {config['_class_name']}")
     blocks, in_blocks, total = block_sizes(model)
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
-    hidden = int(config.get("num_attention_heads", 1)) * int(config.get("attention_head_dim", 1))
-    residuals = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0) or 0)
+    facts = _kind_family(family).controlnet
+    if facts.stream is not None:  # a config of its own layout (Z-Image's: dim, control_layers_places)
+        hidden, residuals = facts.stream(config)
+    else:
+        hidden = int(config.get("num_attention_heads", 1)) * int(config.get("attention_head_dim", 1))
+        residuals = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0) or 0)
     # latent pixels per token of its stream: SD3's patch 2; Flux's 2x2 packing of 16-channel latents, patch 1 on top
-    latent_per_token = _kind_family(family).controlnet.latent_per_token(config)
+    latent_per_token = facts.latent_per_token(config)
     return ControlNetProfile(name="", params=total, cross_attention_dim=int(config.get("joint_attention_dim") or 0),
                              channels=(), blocks=tuple(blocks), unmatched=total - in_blocks,
                              residency_blocks=tuple(blocks_of(model, bytes_per_element=1)),

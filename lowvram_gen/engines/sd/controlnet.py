@@ -210,6 +210,7 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
     if why:
         raise InvalidRequest("controlnet", units[-1].model, why)
     control = _transformer_control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules)
+    lend_transformer(pipe, modules, facts)
     control.set_progress_bar_config(disable=True)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
     maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high) for u in units]
@@ -253,6 +254,31 @@ def _transformer_control_pipe(pipe, img2img: bool, controlnet):
     expected, _optional = cls._get_signature_keys(cls)
     parts = {k: v for k, v in pipe.components.items() if k in expected}
     return cls(**parts, controlnet=controlnet)
+
+
+def lend_transformer(pipe, modules: list, facts: ControlNetFacts) -> None:
+    """A ControlNet that runs on the transformer's own modules (`facts.borrows`: Z-Image's, which diffusers'
+    from_transformer puts on it as its pipeline is built) holds them only during its forward: taken off now, lent by
+    a forward pre-hook (from `pipe`'s transformer of that moment) and taken off again after. Otherwise they would be
+    its submodules between steps, and the memory settings (casting, offload hooks, budget streaming) would count and
+    hook the transformer's weights a second time under the ControlNet."""
+    if not facts.borrows:
+        return
+    for module in modules:
+        _unlend(module, facts.borrows)
+        if getattr(module, "_lowvram_lend_hooks", None) is None:
+            module._lowvram_lend_hooks = (
+                module.register_forward_pre_hook(lambda m, _args: _lend(m, pipe)),
+                module.register_forward_hook(lambda m, _args, _out: _unlend(m, facts.borrows)))
+
+
+def _lend(module, pipe) -> None:
+    type(module).from_transformer(module, pipe.transformer)  # returns the module: not the forward's arguments
+
+
+def _unlend(module, names: tuple[str, ...]) -> None:
+    for name in names:
+        setattr(module, name, None)
 
 
 def fit_call(control, kwargs: dict) -> dict:
