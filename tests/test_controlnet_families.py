@@ -206,7 +206,10 @@ def test_what_the_pipeline_has_not_is_refused_in_one_sentence(family, tmp_path):
     key, folder, controlnet, image = family
     session = Session(preset="cpu")
     label = families.by_name(key).controlnet.label
+    mask = tmp_path / "mask.png"
+    Image.new("L", (64, 64), 255).save(mask)
     cases = [(dict(init_image=image), f"diffusers has no {label} ControlNet img2img pipeline"),
+             (dict(init_image=image, mask=str(mask)), f"ControlNet inpainting is not built for {label}"),
              (dict(control_mode="controlnet"), f"not in diffusers' {label} ControlNet pipeline")]
     if key in ("z-image", "sana"):
         cases += [(dict(controlnets=(ControlNetUnit(controlnet, image, 0.8, 0.0, 0.5),)),

@@ -290,8 +290,9 @@ def transformer_refusal(family: str, img2img: bool, control_mode: str) -> str | 
         return (f"control mode {control_mode!r} is not in diffusers' {label} ControlNet pipeline: use balanced (A1111's "
                 "other modes act on a UNet ControlNet's residuals)")
     if img2img and not facts.img2img:
-        return (f"diffusers has no {label} ControlNet img2img pipeline (hires fix's second pass is img2img too): run "
-                f"{label} ControlNets in txt2img without hires fix")
+        return (f"diffusers has no {label} ControlNet img2img pipeline (hires fix's second pass is img2img too) and "
+                f"ControlNet inpainting is not built for {label}: run {label} ControlNets in txt2img without hires "
+                "fix")
     return None
 
 
