@@ -235,3 +235,22 @@ def test_a_family_without_a_controlnet_pipeline_is_refused_naming_it(key, tmp_pa
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert name in lines[0] and "ControlNet" in lines[0], lines[0]
+
+
+def test_plan_knows_the_qwen_image_controlnet_diffusers_from_transformer_makes(capsys):
+    """`plan --model qwen-image --controlnet qwen-image`: QwenImageControlNetModel.from_transformer's default (5 of
+    the real transformer's blocks, InstantX's Union ControlNet's size), counted at bf16 beside the transformer."""
+    from accelerate import init_empty_weights
+    from diffusers import QwenImageControlNetModel
+
+    code, out, err = cli(capsys, "plan", "--json", "--model", "qwen-image", "--width", "1024", "--height", "1024",
+                         "--vram", "8GiB", "--ram", "32GiB", "--controlnet", "qwen-image")
+    assert code == 0, err
+    with init_empty_weights():
+        net = QwenImageControlNetModel(num_layers=5, attention_head_dim=128, num_attention_heads=24,
+                                       joint_attention_dim=3584, in_channels=64, axes_dims_rope=(16, 56, 56))
+    params = sum(p.numel() for p in net.parameters())
+    rows = {row["name"]: row for row in json.loads(out)["presets"]}
+    assert rows["highvram"]["breakdown"]["controlnet_bytes"] == 2 * params  # bf16
+    code, _out, err = cli(capsys, "plan", "--model", "qwen-image", "--controlnet", "flux")
+    assert code == 2 and "it is a ControlNet for Flux and the model 'qwen-image' is Qwen-Image" in err

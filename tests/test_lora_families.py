@@ -148,3 +148,24 @@ def test_out_of_memory_steps_down_with_the_lora_kept(models, tmp_path, monkeypat
     assert result.warnings == []
     # one load for the warm-up job, one in the session the check compares with: none for the retry
     assert loads == [path, path]
+
+
+def test_a_lora_of_other_shapes_is_one_sentence_naming_the_family(models, tmp_path, capfd):
+    """A LoRA whose layers have the family's names but other widths (another model's): one sentence naming the
+    family, no traceback."""
+    key, folder, root, loras = models
+    from safetensors.torch import load_file
+
+    state = {k: torch.cat([v, v[:, :3]], dim=1) if k.endswith("lora_A.weight") else v
+             for k, v in load_file(str(loras["diffusers"])).items()}
+    save(state, root / "Lora" / "wider.safetensors")
+    capfd.readouterr()
+    # the file descriptor's stderr: diffusers' log handler holds the real one
+    code, _out, err = cli(capfd, "generate", "a castle <lora:wider:1>", "--model", folder, "--width", "64",
+                          "--height", "64", "--steps", "1", "--preset", "cpu", "--outdir", str(tmp_path))
+    lines = err.strip().splitlines()
+    assert code == 2, lines
+    name = families.by_name(key).name
+    assert lines[-1].startswith("error: LoRA wider.safetensors is for another base model than this "
+                                f"{FAMILIES[key].pipeline} (not {name}?)"), lines[-1]
+    (root / "Lora" / "wider.safetensors").unlink()

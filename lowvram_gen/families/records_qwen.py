@@ -52,6 +52,7 @@ QWEN_IMAGE = Family(
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     controlnet=ControlNetFacts(
         kind="qwen-image", model_class="QwenImageControlNetModel", label="Qwen-Image",
+        from_transformer={"num_layers": 5},  # diffusers' from_transformer default: InstantX's Union ControlNet's size
         img2img=False, guess_mode=False,  # diffusers has no Qwen-Image ControlNet img2img pipeline, nor guess mode
         latent_per_token=lambda c: 4,  # one token: 2x2 latent pixels (its patch_size 2 is that packing)
         file_match=controlnet_shapes.is_qwen_image, config_from_shapes=controlnet_shapes.qwen_image_config,
