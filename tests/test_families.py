@@ -146,7 +146,7 @@ def test_single_file_recognition():
 def test_controlnet_facts():
     assert families.by_controlnet_class("FluxControlNetModel") is families.FLUX1
     assert families.by_denoiser_class("SD3Transformer2DModel") is families.SD3
-    assert set(families.controlnet_kinds()) == {"sd", "sd3", "flux"}
+    assert set(families.controlnet_kinds()) == {"sd", "sd3", "flux", "z-image", "sana", "qwen-image"}
     assert families.FLUX1.controlnet.latent_per_token({"in_channels": 64, "patch_size": 1}) == 4
     assert families.SD3.controlnet.latent_per_token({"patch_size": 2}) == 4
     assert not families.SD3.controlnet.img2img and families.FLUX1.controlnet.img2img

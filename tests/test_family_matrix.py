@@ -9,8 +9,8 @@ presets and precision flags). Each either runs (and makes its images) or is refu
 file that is not there, the file) - never an AttributeError/TypeError traceback.
 
 `RUNS` says which families run a case today; a case that starts to run (or stops) fails here, so the table stays
-true. The LoRA and ControlNet rows are refused today and are being built for these families (issue 30, item 1):
-their cases are marked BEING_BUILT so that the lead flips them to the families that get them.
+true. The ControlNet rows give the embedded SD ControlNet, one made for another family: refused for every family here
+(their own ControlNets run in tests/test_controlnet_families.py, their LoRAs in tests/test_lora_families.py).
 Tiny sizes (64x64), 2 steps; one Session per family, so a folder loads once per family. Seeded random weights.
 """
 
@@ -33,8 +33,6 @@ IMG2IMG = frozenset({"qwen-image", "z-image", "chroma"})  # diffusers has an img
 INPAINT = frozenset({"qwen-image", "z-image", "flux2-klein"})  # ... an inpaint pipeline that runs (Chroma's fails)
 # Z-Image's inpaint pipeline encodes the init image inside its latents step: the latent masked contents are refused
 LATENT_CONTENT = INPAINT - {"z-image"}
-# the rows other helpers are building for these families (LoRA, ControlNet): refused today, flipped after the merge
-BEING_BUILT = "refused today: LoRA/ControlNet for the issue-30 families are being built"
 
 INIT = dict(init_image="{init}", strength=0.6)
 MASKED = dict(init_image="{init}", mask="{mask}", strength=0.8)
@@ -84,8 +82,6 @@ CASES: dict[str, tuple[dict, frozenset, str]] = {
     "controlnet-hires": (dict(controlnets=CONTROL, hires_scale=2.0, hires_upscaler="Lanczos", hires_steps=1), NONE,
                          ""),
 }
-BUILDING = {"lora-missing",  # BEING_BUILT: flip RUNS when the family's LoRA / ControlNet lands
-            "lora-tag-missing", "controlnet", "controlnet-img2img", "controlnet-hires"}
 HEAVY = {"preset-lowvram", "preset-medvram", "hires-lanczos", "hires-resize-lanczos", "batch-count-2",
          "inpaint-latent-nothing", "img2img-batch-size-2"}
 
@@ -230,8 +226,6 @@ def sd_lora(tmp_path_factory):
     return root
 
 
-@pytest.mark.xfail(strict=True, reason=BEING_BUILT + ": an SD LoRA on these families is refused in one line, but "
-                   "as 'could not be read as a LoRA (0)', naming neither the family nor why (networks/lora.py)")
 @pytest.mark.parametrize("key", ["qwen-image", "sana"])
 def test_a_lora_of_another_family_is_refused_in_one_sentence_naming_the_family(key, folders, sd_lora, sessions,
                                                                                monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
-"""The configs of transformer ControlNets (SD3's, Flux's) from a single file's tensor shapes, in diffusers' layout: the
-records' `ControlNetFacts.config_from_shapes` (models/transformer_controlnet.py reads a file's header and calls it).
+"""The configs of transformer ControlNets (SD3's, Flux's, Qwen-Image's) from a single file's tensor shapes, in
+diffusers' layout: the records' `ControlNetFacts.config_from_shapes` (models/transformer_controlnet.py reads a file's
+header and calls it).
 Pure functions of {key: shape}; a missing key raises KeyError naming it.
 """
 
@@ -64,3 +65,32 @@ def flux_config(shapes: dict) -> dict:
         "num_mode": int(mode[0]) if mode else None,
         "conditioning_embedding_channels": int(hint[1]) if hint else None,
     }
+
+
+def is_qwen_image(shapes: dict) -> bool:
+    """A Qwen-Image ControlNet in diffusers' layout (InstantX's, DiffSynth's): the text norm and image input of
+    Qwen-Image's transformer beside the ControlNet's own input (`controlnet_x_embedder`)."""
+    return "controlnet_x_embedder.weight" in shapes and "txt_norm.weight" in shapes and "img_in.weight" in shapes
+
+
+def qwen_image_config(shapes: dict) -> dict:
+    inner, in_channels = shapes["img_in.weight"]
+    heads, head = _head_dim(shapes, inner, 128)
+    return {
+        "_class_name": "QwenImageControlNetModel", "patch_size": 2, "in_channels": int(in_channels),
+        "num_layers": _count(shapes, r"transformer_blocks\.(\d+)\."),
+        "attention_head_dim": head, "num_attention_heads": heads,
+        "joint_attention_dim": int(shapes["txt_in.weight"][1]),
+        # the inpainting ControlNet reads the masked image's latents and the mask beside the control image's
+        "extra_condition_channels": int(shapes["controlnet_x_embedder.weight"][1] - in_channels),
+    }
+
+
+def qwen_image_from_base(config: dict, base) -> None:
+    """A Qwen-Image ControlNet's rope axes (where they fit its head width) and output channels are the base
+    transformer's."""
+    axes = base.get("axes_dims_rope")
+    if axes and sum(axes) == config["attention_head_dim"]:
+        config["axes_dims_rope"] = list(axes)
+    if "out_channels" in base:
+        config["out_channels"] = base["out_channels"]

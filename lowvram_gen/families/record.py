@@ -170,6 +170,18 @@ class ControlNetFacts:
     # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run
     # together in one job (False for FLUX.1: FluxMultiControlNetModel reads the control images one way for all)
     mixes_kinds: bool = True
+    # its ControlNet pipeline takes control_guidance_start/end (A1111's guidance start/end); False: Z-Image's and
+    # SANA's do not, and a unit asking for another window than 0..1 is refused
+    guidance_window: bool = True
+    # several units run together (diffusers has a multi-ControlNet model for the family); False: one unit a job
+    multi: bool = True
+    # (width, residual streams it hands the transformer) from its config (planning/controlnet.py); None: heads x head
+    # width, and num_layers + num_single_layers (SD3's, Flux's, Qwen-Image's, SANA's configs)
+    stream: Callable[[Mapping], tuple[int, int]] | None = None
+    # the transformer's modules its ControlNet runs on (diffusers' from_transformer puts them on it: Z-Image's
+    # embedders and refiners); the engine lends them for each ControlNet forward only, so the memory settings never
+    # see the transformer's weights twice (engines/sd/controlnet.lend_transformer)
+    borrows: tuple[str, ...] = ()
 
 
 def transformer_shape(config: Mapping) -> tuple[int, int]:

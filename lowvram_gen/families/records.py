@@ -209,8 +209,8 @@ FLUX1 = Family(
         img2img=True, guess_mode=False,
         # 16-channel latents packed 2x2 into its input channels, patch 1 on top
         latent_per_token=lambda c: max(1, int(c.get("in_channels", 64)) // 16) * spatial_patch(c.get("patch_size", 1)) ** 2,
-        file_match=lambda s: any(k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight"
-                                 for k in s),
+        file_match=lambda s: "txt_norm.weight" not in s and any(  # txt_norm: a Qwen-Image ControlNet's
+            k.startswith("controlnet_single_blocks.") or k == "controlnet_x_embedder.weight" for k in s),
         from_base=_flux_controlnet_from_base, config_from_shapes=controlnet_shapes.flux_config,
         mixes_kinds=False),
     latent_format="flux", packed_latents=True,

@@ -18,11 +18,12 @@ them offline.
 from __future__ import annotations
 
 from lowvram_gen.families import keys
-from lowvram_gen.families.record import Call, Family, Guidance, Sampling, SingleFile, Task
+from lowvram_gen.families.record import Call, ControlNetFacts, Family, Guidance, Sampling, SingleFile, Task, spatial_patch
 
 SANA = Family(
     key="sana", group="sana", name="SANA", label="SANA 1600M",
-    tasks={Task.TXT2IMG.value: "SanaPipeline"}, other_pipelines=("SanaPAGPipeline",),
+    tasks={Task.TXT2IMG.value: "SanaPipeline", Task.CONTROLNET.value: "SanaControlNetPipeline"},
+    other_pipelines=("SanaPAGPipeline",),
     denoiser="transformer", denoiser_classes=("SanaTransformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="SanaPipeline", components=("text_encoder", "vae"),
@@ -32,6 +33,10 @@ SANA = Family(
     native_side=1024,
     # cross-attention over the Gemma prompt (its __call__'s max_sequence_length): no text in the image stream
     t5_tokens=300, joint_tokens=0, cfg_batch=True, file_dtype="bfloat16",
+    # SanaControlNetPipeline (diffusers folders, as Efficient-Large-Model publishes them): one unit, no guidance window
+    controlnet=ControlNetFacts(
+        kind="sana", model_class="SanaControlNetModel", label="SANA", img2img=False, guess_mode=False,
+        latent_per_token=lambda c: spatial_patch(c.get("patch_size", 1)) ** 2, guidance_window=False, multi=False),
     call=Call(Guidance.CFG, empty_negative=""), text_encode_apart="encode_prompt_masks", lora="diffusers",
     textual_inversion=False,
     # its model card (and SanaPipeline's defaults): num_inference_steps=20, guidance_scale=4.5

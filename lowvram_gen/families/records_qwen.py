@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families import keys
-from lowvram_gen.families.record import Call, Family, Guidance, Sampling, SingleFile, Task, transformer_shape
+from lowvram_gen.families import controlnet_shapes, keys
+from lowvram_gen.families.record import (Call, ControlNetFacts, Family, Guidance, Sampling, SingleFile, Task,
+                                         transformer_shape)
 
 
 def _qwen_transformer_shape(config: Mapping) -> tuple[int, int]:
@@ -40,9 +41,10 @@ QWEN_IMAGE = Family(
         Task.TXT2IMG.value: "QwenImagePipeline",
         Task.IMG2IMG.value: "QwenImageImg2ImgPipeline",
         Task.INPAINT.value: "QwenImageInpaintPipeline",
+        Task.CONTROLNET.value: "QwenImageControlNetPipeline",
     },
     # the edit pipelines are Qwen-Image-Edit's (families/records_qwen_edit.py)
-    other_pipelines=("QwenImageControlNetPipeline", "QwenImageControlNetInpaintPipeline", "QwenImageLayeredPipeline"),
+    other_pipelines=("QwenImageControlNetInpaintPipeline", "QwenImageLayeredPipeline"),
     denoiser="transformer", denoiser_classes=("QwenImageTransformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="QwenImagePipeline", components=("text_encoder", "vae"),
@@ -57,6 +59,13 @@ QWEN_IMAGE = Family(
     latent_format="wan21", packed_latents=True,
     # its model card: num_inference_steps=50, true_cfg_scale=4.0 (QwenImagePipeline's own defaults too)
     sampling=Sampling(50, 4.0, "Qwen-Image's model card"),
+    controlnet=ControlNetFacts(
+        kind="qwen-image", model_class="QwenImageControlNetModel", label="Qwen-Image",
+        from_transformer={"num_layers": 5},  # diffusers' from_transformer default: InstantX's Union ControlNet's size
+        img2img=False, guess_mode=False,  # diffusers has no Qwen-Image ControlNet img2img pipeline, nor guess mode
+        latent_per_token=lambda c: 4,  # one token: 2x2 latent pixels (its patch_size 2 is that packing)
+        file_match=controlnet_shapes.is_qwen_image, config_from_shapes=controlnet_shapes.qwen_image_config,
+        from_base=controlnet_shapes.qwen_image_from_base),
     call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
     text_encode_apart="encode_prompt_masked", lora="diffusers", textual_inversion=False,
 )

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from lowvram_gen.families import keys
-from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, SingleFile, Task, spatial_patch
+from lowvram_gen.families.record import (Call, ControlNetFacts, Family, FolderFacts, Guidance, Sampling, SingleFile, Task,
+                                         spatial_patch)
 
 # Z-Image-Turbo's model card: num_inference_steps=9 (8 forwards: the last sigma is 0), guidance_scale=0.0 (CFG off)
 TURBO = Sampling(9, 0.0, "Z-Image-Turbo's model card")
@@ -38,14 +39,21 @@ def zimage_sampling(facts: FolderFacts) -> Sampling:
     return BASE if "turbo" not in name and (name.endswith("/z-image") or "base" in name) else TURBO
 
 
+def _zimage_controlnet_stream(config: Mapping) -> tuple[int, int]:
+    """(width, residual streams) of a ZImageControlNetModel: its `dim`, one stream per control layer (each is added
+    to the transformer layer of its place)."""
+    return int(config.get("dim") or 3840), len(config.get("control_layers_places") or ())
+
+
 Z_IMAGE = Family(
     key="z-image", group="z-image", name="Z-Image", label="Z-Image-Turbo",
     tasks={
         Task.TXT2IMG.value: "ZImagePipeline",
         Task.IMG2IMG.value: "ZImageImg2ImgPipeline",
         Task.INPAINT.value: "ZImageInpaintPipeline",
+        Task.CONTROLNET.value: "ZImageControlNetPipeline",
     },
-    other_pipelines=("ZImageControlNetPipeline", "ZImageControlNetInpaintPipeline", "ZImageOmniPipeline"),
+    other_pipelines=("ZImageControlNetInpaintPipeline", "ZImageOmniPipeline"),
     denoiser="transformer", denoiser_classes=("ZImageTransformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="ZImagePipeline", components=("text_encoder", "vae"),
@@ -56,6 +64,14 @@ Z_IMAGE = Family(
     # the call's max_sequence_length (512); the pipeline drops the padding, so a prompt's own tokens (at most 512)
     # join the image tokens in the one stream: 512 is the bound the planner takes
     t5_tokens=512, joint_tokens=512, cfg_batch=True, file_dtype="bfloat16",
+    # ZImageControlNetPipeline (alibaba-pai's Fun ControlNets as diffusers folders): one unit, no guidance window, no
+    # img2img; the ControlNet runs on the transformer's own embedders and refiners (diffusers' from_transformer)
+    controlnet=ControlNetFacts(
+        kind="z-image", model_class="ZImageControlNetModel", label="Z-Image", img2img=False, guess_mode=False,
+        latent_per_token=lambda c: spatial_patch(list(c.get("all_patch_size") or [2])[0]) ** 2,
+        guidance_window=False, multi=False, stream=_zimage_controlnet_stream,
+        borrows=("t_embedder", "all_x_embedder", "cap_embedder", "noise_refiner", "context_refiner", "x_pad_token",
+                 "cap_pad_token")),
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_lists", lora="diffusers", textual_inversion=False,
     sampling=TURBO, sampling_for=zimage_sampling,
     latent_format="flux",  # FLUX.1's VAE (scaling 0.3611, shift 0.1159); its latents unpacked: ComfyUI previews it so

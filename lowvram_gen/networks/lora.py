@@ -104,13 +104,46 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _targets(pipe, state: dict) -> dict[str, int]:
     """LoRA layers per component prefix ('unet', 'text_encoder', ...) after diffusers' conversion."""
     kwargs = {"unet_config": pipe.unet.config} if getattr(pipe, "unet", None) is not None else {}
-    converted = pipe.lora_state_dict(dict(state), **kwargs)[0]
+    converted = pipe.lora_state_dict(dict(state), **kwargs)
+    if isinstance(converted, tuple):  # SD/SDXL/FLUX.1's loaders: (state dict, network alphas); the others the dict
+        converted = converted[0]
+    _check_widths(pipe, converted)
     counts: dict[str, int] = {}
     for key in converted:
         if _DOWN.search(key):
             prefix = key.split(".", 1)[0]
             counts[prefix] = counts.get(prefix, 0) + 1
     return counts
+
+
+def _check_widths(pipe, converted: dict) -> None:
+    """A LoRA layer whose widths are not its model layer's is another model's: refused (a ValueError in torch's
+    'size mismatch' words, which _does_not_fit reads) before diffusers' FLUX.1 loader, which Chroma's pipeline
+    takes too, widens the model's layer to fit it (meant for FLUX.1's Control LoRAs, the one family left to it) and
+    the job then fails in its first step."""
+    import torch
+
+    if families.of_pipe(pipe).group == "flux":
+        return
+    found = []
+    for key, down in converted.items():
+        if not key.endswith(".lora_A.weight") or "." not in key:
+            continue
+        comp, path = key.removesuffix(".lora_A.weight").split(".", 1)
+        try:
+            layer = getattr(pipe, comp).get_submodule(path)
+        except AttributeError:
+            continue  # matches nothing: counted as such after the load
+        if isinstance(layer, torch.nn.Linear) and down.shape[1] != layer.in_features:
+            found.append(f"size mismatch for {key}: copying a param with shape torch.Size([{down.shape[0]}, "
+                         f"{down.shape[1]}]) from checkpoint, the shape in current model is torch.Size("
+                         f"[{down.shape[0]}, {layer.in_features}])")
+    if found:
+        raise _WidthMismatch("\n".join(found))
+
+
+class _WidthMismatch(ValueError):
+    """Layers of a LoRA wider or narrower than the model's (_check_widths)."""
 
 
 def injected(pipe, name: str) -> dict[str, int]:
@@ -142,9 +175,11 @@ def _delete(pipe, name: str) -> None:
 def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
     state = read_lora_file(path)
     cls = type(pipe).__name__
-    hint = "is it a LoRA for another model family (SD 1.x/2.x vs SDXL)?"
+    hint = f"is it a LoRA for another model family ({_families_apart(pipe)})?"
     try:
         wanted = _targets(pipe, state)
+    except _WidthMismatch as exc:
+        raise ModelLoadError(_does_not_fit(path, name, cls, exc, _families_apart(pipe))) from None
     except (ValueError, KeyError) as exc:
         raise ModelLoadError(f"LoRA {path} could not be read as a LoRA ({_first_line(exc)})") from None
     denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
@@ -155,7 +190,7 @@ def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
             pipe.load_lora_weights(dict(state), adapter_name=name)
     except (ValueError, RuntimeError, KeyError, TypeError) as exc:
         _delete(pipe, name)
-        raise ModelLoadError(_does_not_fit(path, name, cls, exc)) from None
+        raise ModelLoadError(_does_not_fit(path, name, cls, exc, _families_apart(pipe))) from None
     got = injected(pipe, name)
     total, matched = sum(wanted.values()), sum(got.values())
     if matched == 0:
@@ -177,16 +212,23 @@ _MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape tor
                        r"checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
 
 
-def _does_not_fit(path: Path, adapter: str, cls: str, exc: BaseException) -> str:
+def _families_apart(pipe) -> str:
+    """How a LoRA of another family is told apart, for the hint: SD 1.x/2.x vs SDXL (the usual mix-up), or the
+    pipeline's family by name ('not Qwen-Image')."""
+    record = families.of_pipe(pipe)
+    return "SD 1.x/2.x vs SDXL" if record.group in ("sd", "sdxl") or record.is_generic else f"not {record.name}"
+
+
+def _does_not_fit(path: Path, adapter: str, cls: str, exc: BaseException, apart: str = "SD 1.x/2.x vs SDXL") -> str:
     """One complete sentence for a LoRA that failed to load: torch's 'size mismatch' list (one line per layer,
     its first line only a heading) becomes the count and one layer's shapes in the file and in the model."""
     found = _MISMATCH.findall(str(exc))
     if not found:
         return (f"LoRA {path} does not fit this {cls}: {_first_line(exc)}; is it a LoRA for another model family "
-                "(SD 1.x/2.x vs SDXL)?")
+                f"({apart})?")
     key, in_file, in_model = found[0]
     key = key.replace(f".{adapter}.", ".")  # peft's per-adapter key: the layer as the file names it
-    return (f"LoRA {path.name} is for another base model than this {cls} (SD 1.x/2.x vs SDXL?): "
+    return (f"LoRA {path.name} is for another base model than this {cls} ({apart}?): "
             f"{len(found)} of its weights do not fit the model's layers, e.g. {key} is {_shape(in_file)} in the "
             f"file but {_shape(in_model)} in the model ({path})")
 

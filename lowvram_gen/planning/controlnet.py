@@ -211,10 +211,14 @@ def _transformer_profile(config: dict) -> ControlNetProfile:
         raise ValueError(f"diffusers has no {config['_class_name']}")
     blocks, in_blocks, total = block_sizes(model)
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
-    hidden = int(config.get("num_attention_heads", 1)) * int(config.get("attention_head_dim", 1))
-    residuals = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0) or 0)
+    facts = _kind_family(family).controlnet
+    if facts.stream is not None:  # a config of its own layout (Z-Image's: dim, control_layers_places)
+        hidden, residuals = facts.stream(config)
+    else:
+        hidden = int(config.get("num_attention_heads", 1)) * int(config.get("attention_head_dim", 1))
+        residuals = int(config.get("num_layers", 0)) + int(config.get("num_single_layers", 0) or 0)
     # latent pixels per token of its stream: SD3's patch 2; Flux's 2x2 packing of 16-channel latents, patch 1 on top
-    latent_per_token = _kind_family(family).controlnet.latent_per_token(config)
+    latent_per_token = facts.latent_per_token(config)
     return ControlNetProfile(name="", params=total, cross_attention_dim=int(config.get("joint_attention_dim") or 0),
                              channels=(), blocks=tuple(blocks), unmatched=total - in_blocks,
                              residency_blocks=tuple(blocks_of(model, bytes_per_element=1)),
@@ -224,14 +228,25 @@ def _transformer_profile(config: dict) -> ControlNetProfile:
 
 
 def base_family(profile: ModelProfile) -> str | None:
-    """The ControlNet kind that fits the base model ('sd' for a UNet, 'sd3', 'flux'), or None (another transformer:
-    PixArt, ...), from the base model's profile."""
+    """The ControlNet kind that fits the base model ('sd' for a UNet, 'sd3', 'flux', 'qwen-image', 'sana'), or None
+    (another transformer: PixArt, Chroma, ...), from the base model's profile."""
     if profile.denoiser == "unet" and profile.unet_channels:
         unet = next((f for f in families.controlnet_kinds().values() if f.denoiser == "unet"), None)
         return unet.controlnet.kind if unet is not None else None
-    family = families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else \
-        families.by_arch(profile.arch)
+    family = _record_of(profile)
     return family.controlnet.kind if family is not None and family.controlnet is not None else None
+
+
+def _record_of(profile: ModelProfile) -> families.Family | None:
+    """The record of a transformer base model, from its profile (None: none claims it)."""
+    return families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else \
+        families.by_arch(profile.arch)
+
+
+def _with_controlnets() -> str:
+    """The families ControlNet runs with, in the records' order: 'SD 1.x/2.x, SDXL, SD3, Flux, ... and SANA'."""
+    names = list(dict.fromkeys(f.name for f in families.FAMILIES if f.controlnet is not None))
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
 def _label(family: str | None, profile: ModelProfile | None = None, cn: ControlNetProfile | None = None) -> str:
@@ -246,10 +261,12 @@ def check_transformer_match(profile: ModelProfile, cn: ControlNetProfile, model:
     """An SD3 ControlNet goes with an SD3 model and a Flux one with a Flux model, at the transformer's width (its
     residuals are added to the transformer's hidden states); one sentence naming both otherwise (exit 2)."""
     base = base_family(profile)
-    record = families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else None
-    if base is None and record is not None and record.controlnet is None:  # a family with no ControlNet here
-        raise InvalidRequest("controlnet", cn.name, f"the model {model!r} is {record.name}, which has no ControlNet "
-                                                    "support here yet: generate without ControlNet")
+    if base is None:
+        record = _record_of(profile)
+        if record is not None and not record.is_generic:
+            raise InvalidRequest("controlnet", cn.name, f"diffusers has no ControlNet pipeline for {record.name} (the "
+                                                        f"model {model!r}): ControlNet runs with {_with_controlnets()} "
+                                                        "models")
     if cn.family != base:
         raise InvalidRequest("controlnet", cn.name, f"it is a ControlNet for {_label(cn.family, cn=cn)} and the "
                                                     f"model {model!r} is {_label(base, profile)}: use a ControlNet "
@@ -273,8 +290,9 @@ def transformer_refusal(family: str, img2img: bool, control_mode: str) -> str | 
         return (f"control mode {control_mode!r} is not in diffusers' {label} ControlNet pipeline: use balanced (A1111's "
                 "other modes act on a UNet ControlNet's residuals)")
     if img2img and not facts.img2img:
-        return (f"diffusers has no {label} ControlNet img2img pipeline (hires fix's second pass is img2img too): run "
-                f"{label} ControlNets in txt2img without hires fix")
+        return (f"diffusers has no {label} ControlNet img2img pipeline (hires fix's second pass is img2img too) and "
+                f"ControlNet inpainting is not built for {label}: run {label} ControlNets in txt2img without hires "
+                "fix")
     return None
 
 

@@ -192,8 +192,6 @@ def transformer_controlnet(pipe) -> ControlNetFacts | None:
 
 def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
     """(diffusers' SD3/Flux ControlNet pipeline, its control arguments) for a denoise pass (see for_pass)."""
-    from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
-
     from lowvram_gen.control.preprocess import control_map
     from lowvram_gen.planning.controlnet import transformer_refusal
 
@@ -208,17 +206,79 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
         raise InvalidRequest("controlnet", units[1].model, f"{facts.label} ControlNets of the two kinds (XLabs', with "
                              "a conditioning embedding, and InstantX's, on VAE latents) cannot run together in "
                              "diffusers")
-    auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
-    control = auto.from_pipe(pipe, controlnet=modules[0] if len(modules) == 1 else modules)
+    why = unit_refusal(facts, units)
+    if why:
+        raise InvalidRequest("controlnet", units[-1].model, why)
+    control = _transformer_control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules)
+    lend_transformer(pipe, modules, facts)
     control.set_progress_bar_config(disable=True)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
     maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high) for u in units]
     one = len(units) == 1
     kwargs = {"control_image": maps[0] if one else maps,
-              "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units],
-              "control_guidance_start": units[0].guidance_start if one else [u.guidance_start for u in units],
-              "control_guidance_end": units[0].guidance_end if one else [u.guidance_end for u in units]}
+              "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units]}
+    if facts.guidance_window:
+        kwargs.update(control_guidance_start=units[0].guidance_start if one else [u.guidance_start for u in units],
+                      control_guidance_end=units[0].guidance_end if one else [u.guidance_end for u in units])
     return control, kwargs
+
+
+def unit_refusal(facts: ControlNetFacts, units) -> str | None:
+    """Why the job's units cannot run in the family's ControlNet pipeline (None: they can): several units where
+    diffusers has no multi-ControlNet for it, a guidance window where its call takes none."""
+    if len(units) > 1 and not facts.multi:
+        return (f"diffusers' {facts.label} ControlNet pipeline runs one ControlNet unit, not {len(units)}: run one "
+                "unit at a time")
+    if not facts.guidance_window and any((u.guidance_start, u.guidance_end) != (0.0, 1.0) for u in units):
+        return (f"diffusers' {facts.label} ControlNet pipeline has no guidance start/end: leave them at 0 and 1 (the "
+                "whole run)")
+    return None
+
+
+def _transformer_control_pipe(pipe, img2img: bool, controlnet):
+    """The family's ControlNet pipeline over `pipe`'s components: the auto-pipelines' `from_pipe` where they map the
+    family (SD3, Flux, Qwen-Image), else the record's ControlNet pipeline class built of the same component objects
+    (SANA: the auto-pipelines have no ControlNet entry for it). Neither copies, casts nor reads a weight."""
+    import diffusers
+    from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
+
+    record, _task = task_of(pipe)
+    name = record.pipeline_for(Task.CONTROLNET_IMG2IMG if img2img else Task.CONTROLNET)
+    auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
+    try:
+        return auto.from_pipe(pipe, controlnet=controlnet)
+    except ValueError:  # "AutoPipeline can't find a pipeline linked to ..."
+        if name is None:
+            raise
+    cls = getattr(diffusers, name)
+    expected, _optional = cls._get_signature_keys(cls)
+    parts = {k: v for k, v in pipe.components.items() if k in expected}
+    return cls(**parts, controlnet=controlnet)
+
+
+def lend_transformer(pipe, modules: list, facts: ControlNetFacts) -> None:
+    """A ControlNet that runs on the transformer's own modules (`facts.borrows`: Z-Image's, which diffusers'
+    from_transformer puts on it as its pipeline is built) holds them only during its forward: taken off now, lent by
+    a forward pre-hook (from `pipe`'s transformer of that moment) and taken off again after. Otherwise they would be
+    its submodules between steps, and the memory settings (casting, offload hooks, budget streaming) would count and
+    hook the transformer's weights a second time under the ControlNet."""
+    if not facts.borrows:
+        return
+    for module in modules:
+        _unlend(module, facts.borrows)
+        if getattr(module, "_lowvram_lend_hooks", None) is None:
+            module._lowvram_lend_hooks = (
+                module.register_forward_pre_hook(lambda m, _args: _lend(m, pipe)),
+                module.register_forward_hook(lambda m, _args, _out: _unlend(m, facts.borrows)))
+
+
+def _lend(module, pipe) -> None:
+    type(module).from_transformer(module, pipe.transformer)  # returns the module: not the forward's arguments
+
+
+def _unlend(module, names: tuple[str, ...]) -> None:
+    for name in names:
+        setattr(module, name, None)
 
 
 def fit_call(control, kwargs: dict) -> dict:
