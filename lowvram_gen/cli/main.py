@@ -496,9 +496,13 @@ def cmd_plan(args) -> int:
     request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,
                                 steps=steps, quantize=check_quantize(args.quantize))
     result = session.plan(request, dev, profile=(profile, folder))
+    from lowvram_gen.planning.shapes import model_shapes, shape_lines
+
+    shapes = model_shapes(profile, width, height, result.preset.memory.dtype, result.preset.memory.quantize)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
-                          "batch": batch, "controlnets": list(profile.controlnets), **result.as_dict()}))
+                          "batch": batch, "controlnets": list(profile.controlnets), "shapes": shapes,
+                          **result.as_dict()}))
         return 0
     gib = device_mod.format_size
     if dev.is_accelerator:
@@ -508,6 +512,8 @@ def cmd_plan(args) -> int:
         print(f"device: {dev.name} (no GPU)")
     print(f"ram: {host.describe()}")
     print(f"job: {args.model} {width}x{height}, batch {batch}")
+    for line in shape_lines(shapes):
+        print(line)
     print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
     print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  "

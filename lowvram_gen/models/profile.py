@@ -125,6 +125,9 @@ class ModelProfile:
     # the UNet's input channels: 4, or 9 for an inpainting UNet (the mask and the masked image's latents beside
     # the latents: inpaint_input_bytes)
     unet_in_channels: int = 4
+    # each component's class as the folder's model_index.json names it ({"text_encoder": "T5EncoderModel", ...}):
+    # what `plan --json` names its text encoders and VAE by (planning/shapes.py)
+    classes: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -140,6 +143,7 @@ class ModelProfile:
         kw["text_quant_kept"] = {str(k): int(v) for k, v in dict(d.get("text_quant_kept", {})).items()}
         kw["text_fp32_kept"] = {str(k): int(v) for k, v in dict(d.get("text_fp32_kept", {})).items()}
         kw["file_bytes"] = {str(k): int(v) for k, v in dict(d.get("file_bytes", {})).items()}
+        kw["classes"] = {str(k): str(v) for k, v in dict(d.get("classes", {})).items()}
         return cls(**kw)
 
     @property
@@ -178,9 +182,17 @@ def profile_builtin(name: str) -> ModelProfile:
     aliases such as 'sd1.5' work."""
     key = _builtin_key(name)
     stored = calibration().get("profiles", {}).get(key)
-    if stored is not None:
-        return ModelProfile.from_dict(stored)
+    if stored is not None:  # counted once (calibration.json); the classes are the shipped model_index.json's
+        profile = ModelProfile.from_dict(stored)
+        return profile if profile.classes else replace(profile, classes=_index_classes(CONFIGS / key))
     return _profile_for_dir(str(CONFIGS / key), arch=key)
+
+
+def _index_classes(root: Path) -> dict[str, str]:
+    """{component: class name} of a diffusers folder's model_index.json (the components it loads)."""
+    index = safe_json.load_file(root / "model_index.json")
+    return {k: str(v[1]) for k, v in index.items()
+            if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] and v[1]}
 
 
 def profile_from_folder(path) -> ModelProfile:
@@ -243,6 +255,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
     index = safe_json.load_file(root / "model_index.json")
     components = {k: v for k, v in index.items()
                   if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] and v[1]}
+    classes: dict[str, str] = {}
     params: dict[str, int] = {}
     largest: dict[str, int] = {}
     text_kept: dict[str, int] = {}
@@ -261,6 +274,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
         if model is None:
             continue
         params[name] = sum(p.numel() for p in model.parameters())
+        classes[name] = str(class_name)
         largest[name] = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
                             default=0)
         if name in ("unet", "transformer"):
@@ -299,7 +313,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                         text_fp32_kept={k: v for k, v in fp32_kept.items() if v},
                         text_hidden=tuple(text_hidden) or (768,),
                         text_layers=tuple(text_layers) or (12,), text_tokens=tuple(text_tokens) or (TEXT_TOKENS,),
-                        **kw)
+                        classes=classes, **kw)
 
 
 def _denoiser_fields(name: str, model, family: families.Family = families.GENERIC) -> dict:
