@@ -141,3 +141,58 @@ def test_the_text_line_names_the_shapes(capsys):
     line = next(ln for ln in out.splitlines() if ln.startswith("shapes:"))
     assert "width 3840" in line and "patch 2" in line and "4096 image tokens + 512 text" in line
     assert any(ln.strip().startswith("text_encoder: Qwen3Model, 512 tokens") for ln in out.splitlines())
+
+
+# ------------------------------------------------------------------------------------------------ targets
+
+
+def test_the_issues_targets_fit_at_full_size_with_int8_or_better():
+    """benchmarks/plan_table.py's target rows (the README's table): each registered target fits its card and RAM at
+    1024x1024, lossless or int8, its weights in RAM; no sentence on what would fit, since it does."""
+    import plan_table
+
+    rows = plan_table.target_rows()
+    assert {r["family"] for r in rows} >= {"qwen-image", "z-image", "flux2-klein"}
+    for r in rows:
+        assert r["status"] == "fits" and not r["nearest"] and not r["refusal"], r
+        assert r["vram_bytes"] <= r["vram_gib"] * 2**30 and r["ram_bytes"] <= r["ram_gib"] * 2**30, r
+        assert r["peer"], r  # what a peer asks for the same, with its source
+
+
+def _plan_json(capsys, name: str, vram: int, ram: int) -> dict:
+    code, out, err = cli(capsys, "plan", "--model", name, "--vram", f"{vram}GiB", "--ram", f"{ram}GiB", "--width",
+                         "1024", "--height", "1024", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _fits(result: dict) -> bool:
+    """At 1024x1024, in the VRAM and the RAM, int8 or better, weights in RAM: what `nearest` calls fitting."""
+    chosen = next(p for p in result["presets"] if p["name"] == result["preset"])
+    return (not result["refusal"] and chosen["fits"] and chosen["fits_host"] and not chosen["capped"]
+            and "int4" not in result["preset"] and "+disk" not in result["preset"])
+
+
+@pytest.mark.parametrize("name, vram, ram, why, more", [
+    # too little RAM for int8: 4-bit weights run it; 32 GiB of RAM would run it at int8 (24 does not)
+    ("qwen-image", 8, 16, "runs only with 4-bit weights", ("ram", 32, 24)),
+    # a 2 GiB card: only a capped size fits; a 4 GiB card is the nearest that makes 1024x1024 (3 GiB is not)
+    ("qwen-image", 2, 64, "does not fit at its full size", ("vram", 4, 3)),
+    ("z-image", 2, 16, "does not fit at its full size", ("vram", 3, 2)),
+])
+def test_where_a_target_does_not_fit_one_sentence_names_the_nearest_card_or_ram(capsys, name, vram, ram, why, more):
+    result = _plan_json(capsys, name, vram, ram)
+    assert not _fits(result)
+    sentence = result["nearest"]
+    assert sentence.count(". ") == 0 and sentence.startswith(families.by_key(name).label), sentence
+    assert why in sentence and f"{vram} GiB of VRAM and {ram} GiB of RAM" in sentence, sentence
+    kind, enough, short = more
+    if kind == "ram":
+        assert f"with {enough} GiB of RAM on the same card" in sentence, sentence
+        assert _fits(_plan_json(capsys, name, vram, enough)) and not _fits(_plan_json(capsys, name, vram, short))
+    else:
+        assert f"on a {enough} GiB card with the same RAM" in sentence, sentence
+        assert _fits(_plan_json(capsys, name, enough, ram)) and not _fits(_plan_json(capsys, name, short, ram))
+    code, out, err = cli(capsys, "plan", "--model", name, "--vram", f"{vram}GiB", "--ram", f"{ram}GiB", "--width",
+                         "1024", "--height", "1024")
+    assert f"would fit: {sentence}" in out.splitlines()
