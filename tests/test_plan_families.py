@@ -173,26 +173,32 @@ def _fits(result: dict) -> bool:
             and "int4" not in result["preset"] and "+disk" not in result["preset"])
 
 
-@pytest.mark.parametrize("name, vram, ram, why, more", [
-    # too little RAM for int8: 4-bit weights run it; 32 GiB of RAM would run it at int8 (24 does not)
-    ("qwen-image", 8, 16, "runs only with 4-bit weights", ("ram", 32, 24)),
-    # a 2 GiB card: only a capped size fits; a 4 GiB card is the nearest that makes 1024x1024 (3 GiB is not)
-    ("qwen-image", 2, 64, "does not fit at its full size", ("vram", 4, 3)),
-    ("z-image", 2, 16, "does not fit at its full size", ("vram", 3, 2)),
+@pytest.mark.parametrize("name, vram, ram, why, kind", [
+    ("qwen-image", 8, 16, "runs only with 4-bit weights", "ram"),  # too little RAM for int8 weights
+    ("qwen-image", 2, 64, "does not fit at its full size", "vram"),  # a 2 GiB card: only a capped size fits
+    ("z-image", 2, 16, "does not fit at its full size", "vram"),
 ])
-def test_where_a_target_does_not_fit_one_sentence_names_the_nearest_card_or_ram(capsys, name, vram, ram, why, more):
+def test_where_a_target_does_not_fit_one_sentence_names_the_nearest_card_or_ram(capsys, name, vram, ram, why, kind):
+    """The sentence names the nearest size: the job fits there, and not at the size before it in the list tried."""
+    import re
+
+    from lowvram_gen.planning.nearest import CARDS_GIB, RAM_GIB
+
     result = _plan_json(capsys, name, vram, ram)
     assert not _fits(result)
     sentence = result["nearest"]
     assert sentence.count(". ") == 0 and sentence.startswith(families.by_key(name).label), sentence
     assert why in sentence and f"{vram} GiB of VRAM and {ram} GiB of RAM" in sentence, sentence
-    kind, enough, short = more
     if kind == "ram":
-        assert f"with {enough} GiB of RAM on the same card" in sentence, sentence
-        assert _fits(_plan_json(capsys, name, vram, enough)) and not _fits(_plan_json(capsys, name, vram, short))
+        enough = int(re.search(r"with (\d+) GiB of RAM on the same card", sentence).group(1))
+        short = RAM_GIB[RAM_GIB.index(enough) - 1]
+        assert short >= ram and _fits(_plan_json(capsys, name, vram, enough))
+        assert short == ram or not _fits(_plan_json(capsys, name, vram, short))
     else:
-        assert f"on a {enough} GiB card with the same RAM" in sentence, sentence
-        assert _fits(_plan_json(capsys, name, enough, ram)) and not _fits(_plan_json(capsys, name, short, ram))
+        enough = int(re.search(r"on a (\d+) GiB card with the same RAM", sentence).group(1))
+        short = CARDS_GIB[CARDS_GIB.index(enough) - 1]
+        assert short >= vram and _fits(_plan_json(capsys, name, enough, ram))
+        assert short == vram or not _fits(_plan_json(capsys, name, short, ram))
     code, out, err = cli(capsys, "plan", "--model", name, "--vram", f"{vram}GiB", "--ram", f"{ram}GiB", "--width",
                          "1024", "--height", "1024")
     assert f"would fit: {sentence}" in out.splitlines()
