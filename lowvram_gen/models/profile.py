@@ -127,7 +127,7 @@ class ModelProfile:
     unet_in_channels: int = 4
     # each component's class as the folder's model_index.json names it ({"text_encoder": "T5EncoderModel", ...}):
     # what `plan --json` names its text encoders and VAE by (planning/shapes.py)
-    classes: dict[str, str] = field(default_factory=dict)
+    classes: dict[str, str] = field(default_factory=dict, compare=False)  # names only: no count depends on them
     # per text encoder, the most parameters two leaf modules next to each other in module order hold (tied weights
     # once): what leaf-by-leaf streaming has on the device at once, the running leaf and the prefetched next one
     # (a token embedding with the first small layer after it, not twice the embedding). Empty: not counted (an old
@@ -250,7 +250,8 @@ def _with_matched_arch(profile: ModelProfile) -> ModelProfile:
                 and ref.get("transformer_hidden", 0) == profile.transformer_hidden
                 and ref["cross_attention_dim"] == profile.cross_attention_dim
                 and tuple(ref["vae_channels"]) == profile.vae_channels):
-            return replace(profile, arch=key)
+            # its base's counts too where the stored profile predates one (leaf_window): the same plans as the base
+            return replace(profile, arch=key, leaf_window=dict(ref.get("leaf_window", {})))
     return profile
 
 
