@@ -122,6 +122,9 @@ FAMILY_LAYERS = {
 }
 JOBS += [(f"transformer-{key}-512-b1", "transformer", key, 512, 512, 1, {"layers": layers, "pipeline": True})
          for key, layers in FAMILY_LAYERS.items()]
+# Qwen-Image at a second size: its peak grows faster with the image tokens than the one coefficient says (docs)
+JOBS.append(("transformer-qwen-image-768-b1", "transformer", "qwen-image", 768, 768, 1,
+             {"layers": FAMILY_LAYERS["qwen-image"], "pipeline": True}))
 
 
 # Published GPU peaks (torch.cuda.max_memory_allocated of a whole pipeline call) to check totals against.
