@@ -529,7 +529,8 @@ def cmd_plan(args) -> int:
               f"{e.est_seconds_per_step:6.3g}  {_timing_source(e.timing):12}  {size}, batch {e.batch}")
     if result.refusal:
         print(f"would not run: {result.refusal}")
-        print(f"would fit: {nearest}" if nearest else "", end="\n" if nearest else "")
+        if nearest:
+            print(f"would fit: {nearest}")
         return 0
     print(f"would run: {result.preset.name} ({result.reason})")
     chosen = next((e for e in result.estimates if e.name == result.preset.name), None)
