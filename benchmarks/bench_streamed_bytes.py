@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's lowvram_gen, not whichever one the venv installed
 sys.path.insert(1, str(ROOT / "tests"))  # tiny_transformers: the offline T5 tokenizer and 16-channel VAE
+sys.path.insert(2, str(Path(__file__).resolve().parent))  # streamed_families: the issue-30 families' harness
 
 OUT = ROOT / "docs" / "bench" / "streamed_bytes.json"
 CONFIGS = ROOT / "lowvram_gen" / "configs"
@@ -130,9 +131,9 @@ def run_job(pipe, arch: str, steps: int) -> None:
         pipe("a lighthouse at dusk", **kwargs)
 
 
-def measure(pipe, arch: str, steps: int, settings=None) -> tuple[list[int], object]:
+def measure(pipe, arch: str, steps: int, settings=None, run=None) -> tuple[list[int], object]:
     """Bytes onloaded into the denoiser during each of its forwards, with `settings` applied (None:
-    diffusers' enable_model_cpu_offload)."""
+    diffusers' enable_model_cpu_offload); `run(pipe)` runs the job (default: run_job's for `arch`)."""
     from lowvram_gen.hardware.device import probe
     from lowvram_gen.engines.sd.apply import apply_settings, denoiser_name
     from lowvram_gen.engines.sd.traffic import count_onloads
@@ -146,7 +147,7 @@ def measure(pipe, arch: str, steps: int, settings=None) -> tuple[list[int], obje
             applied = None
         else:
             applied = apply_settings(pipe, settings, probe("cpu"))
-        run_job(pipe, arch, steps)
+        (run or (lambda p: run_job(p, arch, steps)))(pipe)
     if settings is None:
         pipe.remove_all_hooks()
     return meter.forwards, applied
@@ -158,7 +159,7 @@ def bench_arch(arch: str, steps: int) -> dict:
     from lowvram_gen.models.profile import profile_builtin
     from lowvram_gen.planning.estimate import estimate
     from lowvram_gen.models.blocks import blocks_of, fixed_bytes, module_bytes
-from lowvram_gen.planning.residency import fit, split
+    from lowvram_gen.planning.residency import fit, split
     from lowvram_gen.settings import MemorySettings
 
     started = time.perf_counter()
@@ -209,6 +210,7 @@ from lowvram_gen.planning.residency import fit, split
 
 
 PLAN_CARDS = {"sdxl": ((3, 512), (4, 512), (4, 0), (6, 512)), "flux": ((6, 512), (8, 512), (12, 512))}
+FAMILY_CARDS = ((6, 512), (8, 512), (12, 512))  # issue 30: every family with shipped configs, at 1024x1024
 PLAN_OUT = ROOT / "docs" / "bench" / "plan_streamed.json"
 
 
@@ -243,6 +245,45 @@ def bench_plans(arch: str, steps: int) -> list[dict]:
               f"{row['planned_bytes'] / GiB:.3f} GiB a step, measured {[round(f / GiB, 3) for f in row['per_forward_bytes']]}, "
               f"lower bound {row['lower_bound_bytes'] / GiB:.3f}", flush=True)
     del pipe, denoiser
+    gc.collect()
+    return rows
+
+
+def bench_family_plans(key: str, steps: int) -> list[dict]:
+    """bench_plans for a family of benchmarks/streamed_families.py: the planner's pick for its 1024x1024 job on each
+    card of FAMILY_CARDS, applied to its real-size transformer and measured where it streams."""
+    from dataclasses import replace
+
+    import streamed_families as fam
+
+    from lowvram_gen.hardware.device import simulated
+    from lowvram_gen.models.profile import profile_builtin
+    from lowvram_gen.planning.planner import plan
+    from lowvram_gen.presets import load_presets
+
+    pipe = cfg = None
+    rows = []
+    for gib, reserve_mib in FAMILY_CARDS:
+        card = simulated(f"{gib}GiB", reserve_bytes=reserve_mib * 2**20)
+        result = plan(card, profile_builtin(key), 1024, 1024, 1, load_presets())
+        chosen = next(e for e in result.estimates if e.name == result.preset.name)
+        row = {"arch": key, "card_gib": gib, "reserve_mib": reserve_mib, "usable_bytes": card.usable_bytes,
+               "preset": result.preset.name, "planned_bytes": chosen.streamed_bytes_per_step,
+               "lower_bound_bytes": chosen.lower_bound_bytes_per_step, "per_forward_bytes": [],
+               "peak_phase": chosen.breakdown.get("peak_phase", "")}
+        memory = result.preset.memory
+        if memory.offload == "budget" and memory.quantize == "none" and key in fam.FAMILIES:
+            if pipe is None:
+                transformer, cfg = fam.build_transformer(key)
+                pipe = fam.build_pipeline(key, transformer)
+            forwards, _ = measure(pipe, key, steps, replace(memory, dtype="bfloat16"),
+                                  run=lambda p: fam.run_job(p, key, cfg, steps))
+            row["per_forward_bytes"] = forwards
+        rows.append(row)
+        print(f"{key} on {gib} GiB: {result.preset.name}, plan {row['planned_bytes'] / GiB:.3f} GiB a step, measured "
+              f"{[round(f / GiB, 3) for f in row['per_forward_bytes']]}, lower bound "
+              f"{row['lower_bound_bytes'] / GiB:.3f}", flush=True)
+    del pipe
     gc.collect()
     return rows
 
@@ -284,7 +325,8 @@ def markdown(data: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--only", default="", help="comma-separated archs (sd15,sdxl,flux)")
+    parser.add_argument("--only", default="", help="comma-separated archs (sd15,sdxl,flux; with --plans also the "
+                        "issue-30 family keys: qwen-image,z-image,flux2-klein,...)")
     parser.add_argument("--markdown", action="store_true", help="print the table from the stored results")
     parser.add_argument("--out", default=None, help=f"default {OUT.relative_to(ROOT)} ({PLAN_OUT.relative_to(ROOT)} "
                         "with --plans)")
@@ -306,8 +348,17 @@ def main() -> None:
                 "diffusers": diffusers.__version__, "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "rows": []}
         if args.only and Path(args.out).is_file():  # keep the other architectures' stored rows
             data["rows"] = [r for r in json.loads(Path(args.out).read_text())["rows"] if r["arch"] not in archs]
+        from lowvram_gen import families
+
+        new = [f.key for f in families.builtin_families() if f.builtin and f.key not in ARCHS
+               and f.denoiser == "transformer" and f.key != "sd3"]
         for arch in (a for a in archs if a in PLAN_CARDS):
             data["rows"].extend(bench_plans(arch, args.steps))
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(data, indent=1))
+        for key in (k for k in new if not args.only or k in args.only.split(",")):
+            data["rows"] = [r for r in data["rows"] if r["arch"] != key]
+            data["rows"].extend(bench_family_plans(key, args.steps))
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(data, indent=1))
         print(plans_markdown(data))

@@ -35,6 +35,12 @@ Why bfloat16: the same 2 bytes per element as float16 on a GPU, so activation by
 one for one; this CPU has AVX512-BF16 and runs bf16 ~2.7x faster than fp32. SDPA on CPU dispatches
 to the flash-attention CPU kernel (no full score matrix), as SDPA does on CUDA.
 
+The issue-30 families (FAMILY_LAYERS) are measured through one step of their own pipeline instead
+(benchmarks/streamed_families.py: the tiny test pipeline around the real-width transformer at reduced depth,
+prompt embeddings of the real width and length): their forwards take the pipeline's packing, rotary ids and
+masks. A pipeline that passes an attention mask runs SDPA's math kernel on this CPU (a score matrix CUDA's
+memory-efficient kernel does not hold): such a point measures the CPU, not the GPU (docs/benchmarks.md).
+
 The results go to lowvram_gen/configs/calibration.json ("measurements"), written after every job,
 next to published GPU figures ("published"); then the fitted coefficients ("fit") that
 lowvram_gen/memory.py reads.
@@ -53,6 +59,8 @@ import time
 from pathlib import Path
 
 from peak_rss import reset_peak, run_worker, status, worker_env  # benchmarks/peak_rss.py
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # streamed_families, when run from elsewhere
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "lowvram_gen" / "configs"
@@ -101,6 +109,22 @@ JOBS: list[tuple[str, str, str, int, int, int, dict]] = [
     ("transformer-sd35m-1024-b2", "transformer", "sd3", 1024, 1024, 2,
      {"layers": {**SD3_LAYERS, **SD35_MEDIUM}, "check": "sd3.5-medium", "estimate_as": "custom"}),
 ]
+# The issue-30 families: the real-width transformer at reduced depth run inside the family's tiny pipeline with
+# prompt embeddings of its real width and length (benchmarks/streamed_families.py), one 512 px step, CFG off
+# ("pipeline": the forward is the pipeline's own, with its packing, rotary ids and masks)
+FAMILY_LAYERS = {
+    "qwen-image": {"num_layers": 1},
+    "z-image": {"n_layers": 1, "n_refiner_layers": 1},
+    "flux2-klein": {"num_layers": 1, "num_single_layers": 1},
+    "sana": {"num_layers": 1},
+    "chroma": {"num_layers": 1, "num_single_layers": 1},
+    "lumina2": {"num_layers": 1, "num_refiner_layers": 1},
+}
+JOBS += [(f"transformer-{key}-512-b1", "transformer", key, 512, 512, 1, {"layers": layers, "pipeline": True})
+         for key, layers in FAMILY_LAYERS.items()]
+# Qwen-Image at a second size: its peak grows faster with the image tokens than the one coefficient says (docs)
+JOBS.append(("transformer-qwen-image-768-b1", "transformer", "qwen-image", 768, 768, 1,
+             {"layers": FAMILY_LAYERS["qwen-image"], "pipeline": True}))
 
 
 # Published GPU peaks (torch.cuda.max_memory_allocated of a whole pipeline call) to check totals against.
@@ -253,6 +277,8 @@ def worker(job: dict) -> dict:
     dtype = getattr(torch, job["options"].get("dtype", "bfloat16"))
     component = job["component"]
     arch = job["arch"]
+    if job["options"].get("pipeline"):
+        return family_worker(job)
     rss0 = status()["VmRSS"]
     t0 = time.perf_counter()
     model, cfg = _build(component, arch, dtype, job["options"].get("layers"))
@@ -293,6 +319,41 @@ def worker(job: dict) -> dict:
             "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
            if component == "transformer" else {}),
     }
+
+
+def family_worker(job: dict) -> dict:
+    """A FAMILY_LAYERS point: one step of the family's pipeline around its reduced-depth transformer; the activation
+    is the peak over that step above the RSS before it (the prompt embeddings and latents are a few MiB)."""
+    import gc
+
+    import diffusers
+    import torch
+
+    import streamed_families as fam
+
+    sys.path.insert(0, str(ROOT))
+    from lowvram_gen import families
+
+    torch.set_num_threads(int(os.environ.get("CALIB_THREADS", "2")))
+    key = job["arch"]
+    t0 = time.perf_counter()
+    model, cfg = fam.build_transformer(key, job["options"]["layers"])
+    pipe = fam.build_pipeline(key, model)
+    n_params = sum(p.numel() for p in model.parameters())
+    build_s = time.perf_counter() - t0
+    tokens = families.by_key(key).t5_prompt_tokens()  # the pipeline's max_sequence_length: what it feeds at most
+    fam.run_job(pipe, key, cfg, 1, side=128, tokens=8)  # warm-up: the same code paths, small
+    gc.collect()
+    reset_peak()
+    before = status()["VmRSS"]
+    t1 = time.perf_counter()
+    fam.run_job(pipe, key, cfg, 1, side=job["width"], tokens=tokens)
+    run_s = time.perf_counter() - t1
+    peak = status()["VmHWM"]
+    return {**job, "params": n_params, "rss_before_bytes": before, "peak_rss_bytes": peak,
+            "activation_bytes": peak - before, "build_s": round(build_s, 1), "run_s": round(run_s, 1),
+            "torch": torch.__version__, "diffusers": diffusers.__version__, "text_tokens": tokens,
+            "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
 
 
 def live_worker(job: dict) -> dict:

@@ -360,7 +360,8 @@ def test_calibration_points_within_15_percent():
     archs = {m["arch"] for m in profiles.calibration()["measurements"] if m["component"] == "unet"}
     assert archs == {"sd15", "sd21", "sdxl"}
     archs = {m["arch"] for m in profiles.calibration()["measurements"] if m["component"] == "transformer"}
-    assert archs == {"sd3", "flux"}
+    # the issue-30 families measured through their pipelines (benchmarks/calibrate_memory.py FAMILY_LAYERS) have points
+    assert {"sd3", "flux"} <= archs and archs <= {"sd3", "flux", *profiles.calibration()["fit"]["transformer"]}
 
 
 def test_transformer_peak_does_not_depend_on_depth():

@@ -510,9 +510,15 @@ def cmd_plan(args) -> int:
     request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,
                                 steps=steps, quantize=check_quantize(args.quantize))
     result = session.plan(request, dev, profile=(profile, folder))
+    from lowvram_gen.planning.nearest import plan_nearest
+    from lowvram_gen.planning.shapes import model_shapes, shape_lines
+
+    shapes = model_shapes(profile, width, height, result.preset.memory.dtype, result.preset.memory.quantize)
+    nearest = plan_nearest(session, request, dev, (profile, folder), result, args.model)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
-                          "batch": batch, "controlnets": list(profile.controlnets), **result.as_dict()}))
+                          "batch": batch, "controlnets": list(profile.controlnets), "shapes": shapes,
+                          "nearest": nearest, **result.as_dict()}))
         return 0
     gib = device_mod.format_size
     if dev.is_accelerator:
@@ -522,6 +528,8 @@ def cmd_plan(args) -> int:
         print(f"device: {dev.name} (no GPU)")
     print(f"ram: {host.describe()}")
     print(f"job: {args.model} {width}x{height}, batch {batch}")
+    for line in shape_lines(shapes):
+        print(line)
     print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
     print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  "
@@ -535,6 +543,8 @@ def cmd_plan(args) -> int:
               f"{e.est_seconds_per_step:6.3g}  {_timing_source(e.timing):12}  {size}, batch {e.batch}")
     if result.refusal:
         print(f"would not run: {result.refusal}")
+        if nearest:
+            print(f"would fit: {nearest}")
         return 0
     print(f"would run: {result.preset.name} ({result.reason})")
     chosen = next((e for e in result.estimates if e.name == result.preset.name), None)
@@ -543,6 +553,8 @@ def cmd_plan(args) -> int:
               f"activations are {gib(chosen.lower_bound_bytes_per_step)} (the least any offload streams)")
     for line in plan_lines(profile, chosen):
         print(line)
+    if nearest:
+        print(f"would fit: {nearest}")
     for warning in result.warnings:
         print(f"warning: {warning}")
     if chosen is not None and chosen.timing.get("source") == "measured":

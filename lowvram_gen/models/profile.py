@@ -128,6 +128,14 @@ class ModelProfile:
     # the UNet's input channels: 4, or 9 for an inpainting UNet (the mask and the masked image's latents beside
     # the latents: inpaint_input_bytes)
     unet_in_channels: int = 4
+    # each component's class as the folder's model_index.json names it ({"text_encoder": "T5EncoderModel", ...}):
+    # what `plan --json` names its text encoders and VAE by (planning/shapes.py)
+    classes: dict[str, str] = field(default_factory=dict, compare=False)  # names only: no count depends on them
+    # per text encoder, the most parameters two leaf modules next to each other in module order hold (tied weights
+    # once): what leaf-by-leaf streaming has on the device at once, the running leaf and the prefetched next one
+    # (a token embedding with the first small layer after it, not twice the embedding). Empty: not counted (an old
+    # stored profile), twice the largest layer is taken
+    leaf_window: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -143,6 +151,8 @@ class ModelProfile:
         kw["text_quant_kept"] = {str(k): int(v) for k, v in dict(d.get("text_quant_kept", {})).items()}
         kw["text_fp32_kept"] = {str(k): int(v) for k, v in dict(d.get("text_fp32_kept", {})).items()}
         kw["file_bytes"] = {str(k): int(v) for k, v in dict(d.get("file_bytes", {})).items()}
+        kw["classes"] = {str(k): str(v) for k, v in dict(d.get("classes", {})).items()}
+        kw["leaf_window"] = {str(k): int(v) for k, v in dict(d.get("leaf_window", {})).items()}
         return cls(**kw)
 
     @property
@@ -181,9 +191,17 @@ def profile_builtin(name: str) -> ModelProfile:
     aliases such as 'sd1.5' work."""
     key = _builtin_key(name)
     stored = calibration().get("profiles", {}).get(key)
-    if stored is not None:
-        return ModelProfile.from_dict(stored)
+    if stored is not None:  # counted once (calibration.json); the classes are the shipped model_index.json's
+        profile = ModelProfile.from_dict(stored)
+        return profile if profile.classes else replace(profile, classes=_index_classes(CONFIGS / key))
     return _profile_for_dir(str(CONFIGS / key), arch=key)
+
+
+def _index_classes(root: Path) -> dict[str, str]:
+    """{component: class name} of a diffusers folder's model_index.json (the components it loads)."""
+    index = safe_json.load_file(root / "model_index.json")
+    return {k: str(v[1]) for k, v in index.items()
+            if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] and v[1]}
 
 
 def profile_from_folder(path) -> ModelProfile:
@@ -235,7 +253,8 @@ def _with_matched_arch(profile: ModelProfile) -> ModelProfile:
                 and ref.get("transformer_hidden", 0) == profile.transformer_hidden
                 and ref["cross_attention_dim"] == profile.cross_attention_dim
                 and tuple(ref["vae_channels"]) == profile.vae_channels):
-            return replace(profile, arch=key)
+            # its base's counts too where the stored profile predates one (leaf_window): the same plans as the base
+            return replace(profile, arch=key, leaf_window=dict(ref.get("leaf_window", {})))
     return profile
 
 
@@ -246,6 +265,8 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
     index = safe_json.load_file(root / "model_index.json")
     components = {k: v for k, v in index.items()
                   if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0] and v[1]}
+    classes: dict[str, str] = {}
+    windows: dict[str, int] = {}
     params: dict[str, int] = {}
     largest: dict[str, int] = {}
     text_kept: dict[str, int] = {}
@@ -264,6 +285,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
         if model is None:
             continue
         params[name] = sum(p.numel() for p in model.parameters())
+        classes[name] = str(class_name)
         largest[name] = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
                             default=0)
         if name in ("unet", "transformer"):
@@ -277,6 +299,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
             kw["vae_force_upcast"] = bool(cfg.get("force_upcast", False)) and family.vae_force_upcast
         elif name.startswith("text_encoder"):
             text_kept[name] = text_quant_kept(model)
+            windows[name] = leaf_window(model)
             fp32_kept[name] = text_fp32_kept(model)
             c = getattr(model.config, "text_config", None) or model.config  # Qwen2.5-VL's: its language model's
             text_hidden.append(int(getattr(c, "hidden_size", getattr(c, "d_model", 768))))
@@ -302,7 +325,22 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                         text_fp32_kept={k: v for k, v in fp32_kept.items() if v},
                         text_hidden=tuple(text_hidden) or (768,),
                         text_layers=tuple(text_layers) or (12,), text_tokens=tuple(text_tokens) or (TEXT_TOKENS,),
-                        **kw)
+                        classes=classes, leaf_window=windows, **kw)
+
+
+def leaf_window(model) -> int:
+    """The most parameters two consecutive parameter-holding leaf modules of `model` hold, in module order (a tied
+    weight counted at its first module only): the device's share of leaf-by-leaf streaming with one prefetch."""
+    seen: set[int] = set()
+    sizes = []
+    for module in model.modules():
+        if next(module.children(), None) is not None:
+            continue
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        if own:
+            sizes.append(sum(p.numel() for p in own))
+    return max((a + b for a, b in zip(sizes, sizes[1:])), default=sum(sizes))
 
 
 def _denoiser_fields(name: str, model, family: families.Family = families.GENERIC) -> dict:

@@ -359,7 +359,9 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
             # prefetched on a CUDA stream (two blocks resident)
             group_den = (profile.denoiser_unmatched + sum(blocks[:2])) * b * den_scale + scratch
             # text encoders are offloaded leaf by leaf under both modes (apply.PipelineOps.group_offload)
-            te_leaf = max((leaf(n, b) for n in te_names), default=0)
+            # a text encoder's window: its two largest neighbouring leaves (profile.leaf_window), else twice its largest
+            te_leaf = max((profile.leaf_window[n] * b if profile.leaf_window.get(n) else leaf(n, b) for n in te_names),
+                          default=0)
             group = {"text": (min(te_leaf, model_phases["text"][0]), text_act),
                      "unet": (min(group_den, den_w), unet_act), "vae": model_phases["vae"]}
             phases = group
