@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from lowvram_gen import failures, families, outputs
 from lowvram_gen import preview as previews
+from lowvram_gen.families import sampling
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import edit
-from lowvram_gen.families import sampling
 from lowvram_gen.families.spec import record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
@@ -227,7 +227,8 @@ class Session:
             source = source or resolve(request.model, request.config)
             single = source.kind == "single_file"
             facts = sampling.folder_facts(request.model, Path(source.config) if single and source.config else
-                                          None if single else source.path, name_path=source.path)
+                                          None if single else source.path,
+                                          name_path=None if source.kind == "hub" else source.path)  # hub: its id
             record = sampling.record_of(facts)
             if record is None:  # a single file without a config folder: the family its keys (its profile) say
                 found = source_profile(source, self.model.family if self.model and self.model.source == source

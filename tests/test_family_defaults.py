@@ -217,3 +217,19 @@ def test_the_sliders_follow_the_model_boxs_family(zimage, tiny_path):
     assert family_defaults.on_pick("tiny", 12, 1.5, (9, 0.0)) == (20, 7.0, (20, 7.0))
     # what cannot be told offline leaves them
     assert family_defaults.on_pick("", 12, 1.5, (9, 0.0)) == (12, 1.5, (9, 0.0))
+
+
+def test_the_ui_starts_the_sliders_at_its_models_family_and_wires_the_model_boxs_input(zimage, tmp_path):
+    """Built with a Z-Image Turbo folder as its model, each tab's sliders start at 9 / 0; the Model box's input (the
+    user's pick, not a programmatic change) sets them (`on_pick`, above)."""
+    from lowvram_gen.ui.app import UiOptions, build_app
+
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model=zimage))
+    by_id = {getattr(b, "elem_id", None): b for b in app.blocks.values()}
+    for prefix in ("", "i2i-"):  # (img2img's CFG slider has no elem_id: found as the pick's output)
+        model, steps = by_id[f"{prefix}model"], by_id[f"{prefix}steps"]
+        picks = [fn for fn in app.fns.values() if fn.fn is family_defaults.on_pick
+                 and (model._id, "input") in [(getattr(t, "_id", t), e) for t, e in fn.targets]]
+        assert len(picks) == 1 and picks[0].outputs[0] is steps, prefix
+        cfg = picks[0].outputs[1]
+        assert cfg.label == "CFG scale" and (steps.value, cfg.value) == (9, 0.0), prefix

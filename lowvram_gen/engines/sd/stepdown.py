@@ -165,6 +165,11 @@ class Runner:
         is kept the same way, then the job goes on with the next batch (the rest of this one is not made); a skip
         from before the batch began is forgotten, as A1111's is. `preview`: live previews of each pass
         (lowvram_gen.preview.Previews)."""
+        if not request.sampling_given:  # a caller below the Session (which resolves them): the family record's own
+            from lowvram_gen.families import of_pipe
+
+            found = of_pipe(self.model.pipe).default_sampling()
+            request = request.with_sampling(found.steps, found.cfg)
         ladder = ladder or Ladder(presets, self.device.kind)
         _Job(self, request, seeds, ladder, on_step, cancel, texts, skip, preview).run(on_chunk)
         return ladder
