@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--ram", metavar="SIZE", help="simulate a machine with this much free system RAM, e.g. 16GB "
                     "(default: this machine's, and its cgroup limit)")
     pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
+    pl.add_argument("--image", dest="reference_images", action="append", metavar="IMAGE",
+                    help="an edit's reference image (repeatable), counted as `edit --image` counts it: an editing "
+                         "model (qwen-image-edit, kontext, ...) adds its tokens beside the image's")
     from lowvram_gen.cli.controlnet import add_plan_args
 
     add_plan_args(pl)
@@ -489,7 +492,8 @@ def cmd_plan(args) -> int:
         return plan_vqgan_command(args, _session_kwargs(args))
     from lowvram_gen.hardware import device as device_mod
     from lowvram_gen.models.profile import native_side
-    from lowvram_gen.request import MAX_BATCH, MAX_STEPS, GenerationRequest, as_int, as_side, check_quantize
+    from lowvram_gen.request import (MAX_BATCH, MAX_STEPS, GenerationRequest, as_int, as_side, check_quantize,
+                                     check_references)
 
     width, height = (as_side(name, value) if value is not None else None
                      for name, value in (("width", args.width), ("height", args.height)))
@@ -508,7 +512,8 @@ def cmd_plan(args) -> int:
     from lowvram_gen.cli.controlnet import plan_lines
 
     request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,
-                                steps=steps, quantize=check_quantize(args.quantize))
+                                steps=steps, quantize=check_quantize(args.quantize),
+                                reference_images=check_references(args.reference_images))
     result = session.plan(request, dev, profile=(profile, folder))
     from lowvram_gen.planning.nearest import plan_nearest
     from lowvram_gen.planning.shapes import model_shapes, shape_lines

@@ -24,7 +24,9 @@ FLUX_KONTEXT = Family(
     other_pipelines=("FluxKontextInpaintPipeline",),
     # FLUX.1's transformer class, named here: records.py (FLUX1) imports this module
     denoiser="transformer", denoiser_classes=("FluxTransformer2DModel",),
-    hub_id="black-forest-labs/FLUX.1-Kontext-dev", native_side=1024,
+    # its shipped configs (configs/flux-kontext) are FLUX.1-dev's with this pipeline's model_index.json
+    builtin="flux-kontext", hub_id="black-forest-labs/FLUX.1-Kontext-dev", native_side=1024,
+    aliases=("kontext", "flux-kontext", "flux.1-kontext-dev", "black-forest-labs/flux.1-kontext-dev"),
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
     latent_format="flux", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),

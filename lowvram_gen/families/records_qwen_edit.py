@@ -34,7 +34,8 @@ QWEN_IMAGE_EDIT = Family(
     key="qwen-image-edit", group="qwen-image-edit", name="Qwen-Image-Edit", label="Qwen-Image-Edit",
     tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline"},
     other_pipelines=("QwenImageEditInpaintPipeline",),
-    hub_id="Qwen/Qwen-Image-Edit",
+    # its shipped configs (configs/qwen-image-edit) are Qwen-Image's with this pipeline's model_index.json
+    builtin="qwen-image-edit", hub_id="Qwen/Qwen-Image-Edit", aliases=("qwen-image-edit", "qwen/qwen-image-edit"),
     edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=True,
               text_reads_images=True),
     **_COMMON,
@@ -43,7 +44,8 @@ QWEN_IMAGE_EDIT = Family(
 QWEN_IMAGE_EDIT_PLUS = Family(
     key="qwen-image-edit-plus", group="qwen-image-edit", name="Qwen-Image-Edit-Plus", label="Qwen-Image-Edit-2509",
     tasks={Task.TXT2IMG.value: "QwenImageEditPlusPipeline", Task.EDIT.value: "QwenImageEditPlusPipeline"},
-    hub_id="Qwen/Qwen-Image-Edit-2509",
+    builtin="qwen-image-edit-plus", hub_id="Qwen/Qwen-Image-Edit-2509",
+    aliases=("qwen-image-edit-plus", "qwen-image-edit-2509", "qwen/qwen-image-edit-2509"),
     edit=Edit(argument="image", max_images=3, resize="area", pixels=1024 * 1024, needs_image=True,
               text_reads_images=True, batches=False),  # its call refuses more than one prompt
     **_COMMON,
