@@ -380,7 +380,7 @@ def attached(cn, tiny_path):
 def _latents(pipe, cn):
     from lowvram_gen.engines.sd import pipeline as sd
 
-    req = GenerationRequest(prompt="a boat", width=SIDE, height=SIDE, steps=2, seed=SEED,
+    req = GenerationRequest(prompt="a boat", width=SIDE, height=SIDE, steps=2, cfg_scale=7.0, seed=SEED,
                             controlnets=(ControlNetUnit(str(cn["sd"]), str(cn["image"])),)).validated()
     sd.set_sampler(pipe, "default")
     return sd.denoise(pipe, sd.Pass(req, [SEED], SIDE, SIDE), "cpu").latents

@@ -146,14 +146,24 @@ def test_the_text_line_names_the_shapes(capsys):
 # ------------------------------------------------------------------------------------------------ targets
 
 
-def test_the_issues_targets_fit_at_full_size_with_int8_or_better():
-    """benchmarks/plan_table.py's target rows (the README's table): each registered target fits its card and RAM at
-    1024x1024, lossless or int8, its weights in RAM; no sentence on what would fit, since it does."""
+# the issue's targets that fit at int8 or better; Flux.2 dev (32B + a 24B text encoder) on 12 GiB + 32 GiB runs only at
+# int4 (plan_table's status 'int4'), and `nearest` says what does: 64 GiB of RAM, what Wan2GP asks too
+FITTING_TARGETS = {"qwen-image", "z-image", "flux2-klein"}
+
+
+def test_the_issues_targets_fit_at_full_size_with_int8_or_better_or_say_what_does():
+    """benchmarks/plan_table.py's target rows (the README's table): each fitting target fits its card and RAM at
+    1024x1024, lossless or int8, its weights in RAM, with no sentence on what would fit; the one that does not (Flux.2
+    dev) runs lossy and its row carries the sentence naming what would."""
     import plan_table
 
     rows = plan_table.target_rows()
-    assert {r["family"] for r in rows} >= {"qwen-image", "z-image", "flux2-klein"}
+    assert {r["family"] for r in rows} >= FITTING_TARGETS | {"flux2-dev"}
     for r in rows:
+        if r["family"] not in FITTING_TARGETS:
+            assert r["status"] != "fits" and r["nearest"].startswith(families.by_key(r["family"]).label), r
+            assert r["peer"], r
+            continue
         assert r["status"] == "fits" and not r["nearest"] and not r["refusal"], r
         assert r["vram_bytes"] <= r["vram_gib"] * 2**30 and r["ram_bytes"] <= r["ram_gib"] * 2**30, r
         assert r["peer"], r  # what a peer asks for the same, with its source
@@ -176,7 +186,9 @@ def _fits(result: dict) -> bool:
 @pytest.mark.parametrize("name, vram, ram, why, kind", [
     ("qwen-image", 8, 16, "runs only with 4-bit weights", "ram"),  # too little RAM for int8 weights
     ("qwen-image", 2, 64, "does not fit at its full size", "vram"),  # a 2 GiB card: only a capped size fits
-    ("z-image", 2, 16, "does not fit at its full size", "vram"),
+    # the issue's Flux.2 dev target: int4 only on 12 GiB + 32 GiB, int8 with more RAM (Z-Image, run with its card's
+    # CFG 0 and no doubled batch, now fits a 2 GiB card: the smallest card tried, so no VRAM case of it here)
+    ("flux2-dev", 12, 32, "runs only with 4-bit weights", "ram"),
 ])
 def test_where_a_target_does_not_fit_one_sentence_names_the_nearest_card_or_ram(capsys, name, vram, ram, why, kind):
     """The sentence names the nearest size: the job fits there, and not at the size before it in the list tried."""

@@ -896,7 +896,8 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
         ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end"),
-        ("controlnet", "show_thresholds"), ("controlnet", "_unit.<locals>.<lambda>"), ("vae_picker", "row.<locals>.chosen"), ("vae_picker", "refreshed")})
+        ("controlnet", "show_thresholds"), ("controlnet", "_unit.<locals>.<lambda>"), ("vae_picker", "row.<locals>.chosen"), ("vae_picker", "refreshed"),
+            ("family_defaults", "on_pick")})
 
 
 @needs_browser

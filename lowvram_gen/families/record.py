@@ -262,6 +262,9 @@ class Family:
     # LoRA: 'a1111' (kohya/A1111 keys on the UNet and CLIP encoders, via load_lora_weights), 'diffusers' (the
     # pipeline's own load_lora_weights, its own key formats), None (no LoRA loader)
     lora: str | None = "diffusers"
+    # its LoRA loader widens a model layer to fit a wider LoRA (FLUX.1's Control LoRAs): the widths are left to it;
+    # elsewhere a LoRA layer of other widths is another model's and refused before loading (networks/lora.py)
+    lora_widens: bool = False
     splits_decode: bool = False  # its txt2img call can stop at latents and decode on its own (hires latent upscale)
     # the A1111 sampler the request's sampler "default" runs (with its A1111 Automatic schedule: samplers.py); None:
     # the model folder's own scheduler (flow-matching families: A1111's samplers are for noise prediction)

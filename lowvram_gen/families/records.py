@@ -215,7 +215,7 @@ FLUX1 = Family(
         mixes_kinds=False),
     latent_format="flux", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=True, optional_true_cfg=True),
-    text_encode_apart="encode_prompt_pooled", lora="diffusers",
+    text_encode_apart="encode_prompt_pooled", lora="diffusers", lora_widens=True,
     # its ControlNet img2img pipeline takes no negative prompt; its pipelines carry
     # diffusers' textual-inversion loader
     no_negative_prompt_tasks=(Task.CONTROLNET_IMG2IMG.value,), textual_inversion=True,

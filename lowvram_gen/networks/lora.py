@@ -119,11 +119,11 @@ def _targets(pipe, state: dict) -> dict[str, int]:
 def _check_widths(pipe, converted: dict) -> None:
     """A LoRA layer whose widths are not its model layer's is another model's: refused (a ValueError in torch's
     'size mismatch' words, which _does_not_fit reads) before diffusers' FLUX.1 loader, which Chroma's pipeline
-    takes too, widens the model's layer to fit it (meant for FLUX.1's Control LoRAs, the one family left to it) and
-    the job then fails in its first step."""
+    takes too, widens the model's layer to fit it (meant for FLUX.1's Control LoRAs: the record's `lora_widens`, the
+    one family left to it) and the job then fails in its first step."""
     import torch
 
-    if families.of_pipe(pipe).group == "flux":
+    if families.of_pipe(pipe).lora_widens:
         return
     found = []
     for key, down in converted.items():
@@ -213,10 +213,10 @@ _MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape tor
 
 
 def _families_apart(pipe) -> str:
-    """How a LoRA of another family is told apart, for the hint: SD 1.x/2.x vs SDXL (the usual mix-up), or the
-    pipeline's family by name ('not Qwen-Image')."""
+    """How a LoRA of another family is told apart, for the hint: SD 1.x/2.x vs SDXL (the usual mix-up among the
+    families that take A1111's LoRA keys), or the pipeline's family by name ('not Qwen-Image')."""
     record = families.of_pipe(pipe)
-    return "SD 1.x/2.x vs SDXL" if record.group in ("sd", "sdxl") or record.is_generic else f"not {record.name}"
+    return "SD 1.x/2.x vs SDXL" if record.lora == "a1111" or record.is_generic else f"not {record.name}"
 
 
 def _does_not_fit(path: Path, adapter: str, cls: str, exc: BaseException, apart: str = "SD 1.x/2.x vs SDXL") -> str:
