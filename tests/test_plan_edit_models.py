@@ -115,13 +115,6 @@ def test_the_reference_images_are_counted(capsys, square, name):
         assert _estimate(two, "medvram") > _estimate(one, "medvram")
 
 
-def test_a_model_that_does_not_edit_counts_no_reference_image(capsys, square):
-    """Qwen-Image (the same transformer as Qwen-Image-Edit) has no edit task: an image given to its plan adds nothing."""
-    assert families.by_name("qwen-image").edit is None
-    assert _estimate(_plan(capsys, "qwen-image", square), "medvram") == _estimate(_plan(capsys, "qwen-image"),
-                                                                                    "medvram")
-
-
 @pytest.mark.parametrize("name", ("qwen-image-edit", "qwen-image-edit-plus"))
 def test_qwen_image_edit_is_planned_without_te_reload(capsys, name):
     """Its text encoder reads the reference images with the prompt (record text_encode_apart None): the plan must not
@@ -137,3 +130,18 @@ def test_a_missing_reference_image_is_refused_in_one_line(capsys, tmp_path):
     code, out, err = cli(capsys, "plan", "--model", "kontext", "--vram", "8GiB", "--ram", "32GiB", "--image",
                          str(missing))
     assert code != 0 and "reference image" in err and "nope.png" in err and "Traceback" not in err
+
+
+def test_plan_refuses_an_edit_the_model_cannot_run_as_generate_does(capsys, tmp_path):
+    """More reference images than the family takes (Kontext: one), or any on a model that does not edit, are refused
+    by `plan` in the sentence `generate` gives, instead of a plan for a job that would not run."""
+    from PIL import Image
+
+    ref = tmp_path / "ref.png"
+    Image.new("RGB", (64, 64)).save(ref)
+    code, _, err = cli(capsys, "plan", "--model", "kontext", "--vram", "8GiB", "--ram", "32GiB", "--image", str(ref),
+                       "--image", str(ref))
+    assert code == 2 and "FLUX.1 Kontext takes at most 1 reference image" in err and len(err.strip().splitlines()) == 1
+    for model, name in (("sdxl", "SDXL"), ("qwen-image", "Qwen-Image")):  # Qwen-Image: Qwen-Image-Edit's transformer
+        code, _, err = cli(capsys, "plan", "--model", model, "--vram", "8GiB", "--ram", "32GiB", "--image", str(ref))
+        assert code == 2 and f"{name} has no edit pipeline in diffusers" in err and len(err.strip().splitlines()) == 1

@@ -39,19 +39,25 @@ def check(pipe, request) -> None:
     record, task = task_of(pipe)
     refs = tuple(getattr(request, "reference_images", ()) or ())
     if refs:
-        if not record.has_task(Task.EDIT) or record.edit is None:
-            raise InvalidRequest("task", "edit", f"{_named(record, pipe)} has no edit pipeline in diffusers: edit with "
-                                 f"an editing model ({editing_models()})")
-        most = record.edit.max_images
-        if len(refs) > most:
-            raise InvalidRequest("reference images", len(refs),
-                                 f"{record.name} takes at most {most} reference image{'s' if most > 1 else ''}")
+        check_references(record, len(refs), _named(record, pipe))
         return
     if record.edit is not None and record.edit.needs_image:
         what = "img2img" if getattr(request, "mask", None) is None and getattr(request, "init_image", None) else \
             "inpaint" if getattr(request, "mask", None) else "txt2img"
         raise InvalidRequest("task", what, f"{record.name} edits images and needs a reference image: use lowvram-gen "
                                            "edit PROMPT --image IMAGE")
+
+
+def check_references(record: Family, count: int, named: str) -> None:
+    """An edit of `count` reference images on the family `record` (`named` in the sentence): refused where it has no
+    edit pipeline or takes fewer images. `generate` checks it on the loaded pipeline, `plan` on the planned record."""
+    if not record.has_task(Task.EDIT) or record.edit is None:
+        raise InvalidRequest("task", "edit", f"{named} has no edit pipeline in diffusers: edit with an editing model "
+                                             f"({editing_models()})")
+    most = record.edit.max_images
+    if count > most:
+        raise InvalidRequest("reference images", count,
+                             f"{record.name} takes at most {most} reference image{'s' if most > 1 else ''}")
 
 
 def edit_pipe(pipe):
@@ -116,6 +122,8 @@ def planned(profile, record: Family | None, request):
     import dataclasses
 
     refs = getattr(request, "reference_images", ())
+    if refs and record is not None and not record.is_generic:  # as generate refuses them, before any plan
+        check_references(record, len(refs), record.name)
     if not refs or record is None or record.edit is None or profile.denoiser != "transformer":
         return profile
     from PIL import Image
