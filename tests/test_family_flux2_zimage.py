@@ -251,8 +251,8 @@ def test_no_te_reload_candidate_for_a_family_whose_prompts_cannot_be_encoded_apa
     not supported"): the planner offers none."""
     from dataclasses import replace
 
-    cannot = replace(families.by_key("z-image"), key="z-image-no-apart", builtin=None, text_encode_apart=None)
-    with families.registered(cannot):  # in front: the denoiser class is its
+    cannot = replace(families.by_key("z-image"), key="z-image-no-apart", text_encode_apart=None)
+    with families.registered(cannot):  # in front: the short name 'z-image' and the denoiser class are its
         code, out, err = cli(capsys, "plan", "--model", "z-image", "--vram", "6GiB", "--ram", "16GiB", "--json")
     assert code == 0, err
     assert not any("te-reload" in p["name"] for p in json.loads(out)["presets"])
