@@ -29,7 +29,7 @@ from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simu
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import edit
-from lowvram_gen.families.spec import record_of_spec
+from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.stepdown import Runner
@@ -231,8 +231,9 @@ class Session:
             facts = sampling.folder_facts(request.model, Path(source.config) if single and source.config else
                                           None if single else source.path,
                                           name_path=None if source.kind == "hub" else source.path)  # hub: its id
-            record = sampling.record_of(facts)
-            if record is None:  # a single file without a config folder: the family its keys (its profile) say
+            record = record_of_index(facts.model_index)  # the same reader as plan's record_of_spec
+            if record is None:  # a single file without a config folder, or a pipeline no record claims: the family
+                # its keys or its denoiser's class (its profile) say, as plan takes it
                 found = source_profile(source, self.model.family if self.model and self.model.source == source
                                        else None)
                 record = families.by_denoiser_class(found.denoiser_class) or families.by_arch(found.arch)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from lowvram_gen import families
 from lowvram_gen.families import sampling
-from lowvram_gen.families.record import A1111_SAMPLING, Sampling
+from lowvram_gen.families.spec import index_folder, record_of_index
+from lowvram_gen.families.record import A1111_SAMPLING, Family, Sampling
 
 TINY = ("tiny", "tiny-sdxl")  # models/tiny.py's embedded models: SD 1.x and SDXL
 
@@ -28,21 +29,20 @@ def sampling_of(spec) -> Sampling | None:
     if text in TINY:
         return A1111_SAMPLING
     path = Path(text).expanduser()
-    if path.is_dir():
-        facts = sampling.folder_facts(text, path)
-        record = sampling.record_of(facts)
-        return record.default_sampling(facts) if record is not None else None
-    if path.exists() or text.startswith((".", "/", "~")):
+    if not path.is_dir() and (path.exists() or text.startswith((".", "/", "~"))):
         return None  # a single file (or a path that is not there): not read here
-    folder = None
-    if "/" in text:
-        from huggingface_hub import try_to_load_from_cache
-
-        index = try_to_load_from_cache(text, "model_index.json")
-        folder = Path(index).parent if isinstance(index, str) else None
+    folder = index_folder(text)  # a folder's model_index.json, or a hub id's in the HF cache
     facts = sampling.folder_facts(text, folder)
-    record = sampling.record_of(facts) or families.by_name(text)
+    record = _record(facts) or families.by_name(text)
     return record.default_sampling(facts) if record is not None else None
+
+
+def _record(facts) -> Family | None:
+    """The record the folder's model_index.json names (families/spec.py, as the Session asks it); a pipeline no
+    record claims shows A1111's defaults (GENERIC's), as the job runs them unless its denoiser says a family."""
+    if not facts.model_index:
+        return None
+    return record_of_index(facts.model_index) or families.GENERIC
 
 
 def on_pick(spec, steps, cfg, shown: tuple | None):
