@@ -22,9 +22,10 @@ RANK = {"highvram": 0, "medvram": 1, "lowvram": 2, "budget": 3, "novram": 4}
 
 
 def key(e):
-    """What the planner minimises among the candidates that fit: full size first, then what the weights lose
-    (4-bit, then 8-bit: an 8-bit candidate wins only by a clear margin of time), then time."""
-    return (e.capped, e.lossy, e.loss != "none", e.est_seconds_per_step)
+    """What the planner minimises among the candidates that fit: full size first (else the largest capped size),
+    then what the weights lose (4-bit, then 8-bit: an 8-bit candidate wins only by a clear margin of time), then
+    time."""
+    return (e.capped, -e.width * e.height, e.lossy, e.loss != "none", e.est_seconds_per_step)
 
 
 def chosen_row(result):
@@ -348,3 +349,32 @@ def test_a_lossy_pick_is_said_in_the_plan_json_and_in_the_png(tmp_path, monkeypa
         GenerationRequest(prompt="a fox", model="tiny", width=64, height=64, steps=2, seed=1))
     assert note in done.warnings
     assert read_png_metadata(done.images[0])[1]["plan_notes"] == [note]
+
+
+@pytest.mark.parametrize("vram", ["4GiB", "6GiB", "8GiB"])
+def test_where_nothing_fits_at_the_requested_size_the_largest_capped_size_wins(capsys, vram):
+    """Qwen-Image (20B) at 1328x1328 fits no card here at its full size: every candidate is capped. An A1111 or
+    ComfyUI user expects the largest size that fits, upscaled after, not a faster smaller one (the planner used to
+    pick lowvram at 768 px, or novram at 504, over budget at 1016); speed only breaks ties between equal sizes."""
+    assert main(["plan", "--model", "qwen-image", "--vram", vram, "--ram", "32GiB", "--width", "1328",
+                 "--height", "1328", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    fitting = [r for r in data["presets"] if r["fits"] and r["fits_host"] and not r["skipped_reason"]]
+    chosen = next(r for r in data["presets"] if r["name"] == data["preset"])
+    assert fitting and all(r["capped"] for r in fitting)
+    largest = max(r["width"] * r["height"] for r in fitting)
+    assert chosen["width"] * chosen["height"] == largest, (chosen["name"], chosen["width"])
+    assert (chosen["width"], chosen["height"]) == (1024, 1024)  # the 1 MP cap exactly, a size Qwen-Image takes
+    same = [r for r in fitting if r["width"] * r["height"] == largest and r["loss"] == chosen["loss"]]
+    assert chosen["est_seconds_per_step"] == min(r["est_seconds_per_step"] for r in same)
+    assert "largest size that fits (1024x1024" in chosen["why"]
+
+
+def test_capped_sizes_are_whole_multiples_of_what_the_model_takes():
+    """A 1328 px side capped at 1 MP is 1024 (floats gave 1023.99..., so 1016); a transformer's cap is a multiple
+    of its VAE factor times its patch, as the engine caps it (planning/sizes.size_multiple)."""
+    from lowvram_gen.planning.sizes import capped_size, size_multiple
+
+    assert capped_size(1328, 1328, 1024 * 1024) == (1024, 1024)
+    assert capped_size(1328, 1328, 1024 * 1024, 16) == (1024, 1024)
+    assert size_multiple(profile_builtin("sdxl")) == 8 and size_multiple(profile_builtin("qwen-image")) == 16

@@ -7,7 +7,8 @@ same with its text encoders read from disk for each job (+te-reload, a diffusers
 (planning/estimate.py) and of its seconds per step (planning/timing.py: compute plus the bytes moved
 over the bus). The plan is the fastest lossless candidate that fits; a slightly lossy one (int8, fp8
 weights) only when it is LOSSY_MARGIN faster or nothing lossless fits, a visibly lossy one (4-bit) only
-when nothing else fits; the plan says which and why in its warnings and `loss_note`. A forced preset (--medvram,
+when nothing else fits; the plan says which and why in its warnings and `loss_note`. Where nothing fits at the
+requested size, the largest capped size that fits wins (upscaled after), speed breaking ties. A forced preset (--medvram,
 --lowvram, --novram, --cpu, --preset) replaces the choice, as in A1111 and ComfyUI.
 
 The ladder the out-of-memory recovery steps down is this same list: from the chosen candidate, each
@@ -26,7 +27,7 @@ from lowvram_gen.planning import speed, timing
 from lowvram_gen import families
 from lowvram_gen.models.profile import calibration
 from lowvram_gen.planning.estimate import Estimate, estimate
-from lowvram_gen.planning.sizes import capped_size, vae_tile_size
+from lowvram_gen.planning.sizes import capped_size, size_multiple, vae_tile_size
 from lowvram_gen.presets import Preset, gpu_ladder
 from lowvram_gen.settings import precision_suffix
 
@@ -143,13 +144,14 @@ class _Rows:
         self.single_file = single_file  # one checkpoint file: its text encoders load whole, quantized after
         self.width, self.height, self.batch = width, height, batch
         self.tile = vae_tile_size(device)  # the tile apply_settings will give the VAE on this device
+        self.multiple = size_multiple(profile)  # a capped size the pipeline takes, as the engine caps it
         self.budgets: list[Preset] = []  # budget presets unsized (plan() fills it): the ladder sizes them per rung
         self.flops_coefficients = calibration().get("flops", {})
         self.bus = bus_mod.for_device(device.name)  # doctor's measurement of this GPU, else the assumption
         self.learned = speed.Learned(device.name, model, self.record_compute)  # what jobs measured here
 
     def size(self, p: Preset) -> tuple[int, int, int]:
-        w, h = capped_size(self.width, self.height, p.max_pixels)
+        w, h = capped_size(self.width, self.height, p.max_pixels, self.multiple)
         return w, h, min(self.batch, p.max_batch)
 
     def estimate(self, p: Preset) -> Estimate:
@@ -536,6 +538,12 @@ def _prefer_lossless(pool: list[tuple[Preset, PresetEstimate]]) -> tuple[tuple[P
                      f"a lossy candidate must be {LOSSY_MARGIN:.0%} faster")
 
 
+def _largest(pool: list[tuple[Preset, PresetEstimate]]) -> list[tuple[Preset, PresetEstimate]]:
+    """The candidates of `pool` that make the most pixels (each capped at its preset's max_pixels)."""
+    most = max((r.width * r.height for _, r in pool), default=0)
+    return [(p, r) for p, r in pool if r.width * r.height == most]
+
+
 def _stores(candidate: tuple[Preset, PresetEstimate]) -> str:
     bits = {"fp8": "8-bit floats", "int8": "8-bit integers", "int4": "4 bits"}.get(storage(candidate[0].memory), "")
     return f"{candidate[1].name} stores the weights in {bits} ({candidate[1].loss}ly lossy)"
@@ -546,24 +554,31 @@ def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]],
     usable = format_size(device.usable_bytes)
     fitting = [(p, r) for p, r in candidates if r.fits and r.fits_host and not r.skipped_reason]
     uncapped = [(p, r) for p, r in fitting if not r.capped]
-    # what loses least first: 4-bit weights before a lower resolution upscaled afterwards
-    pool = [(p, r) for p, r in uncapped if not r.lossy] or uncapped or fitting
+    # what loses least first: 4-bit weights before a lower resolution upscaled afterwards; where every candidate
+    # is capped, the largest size that fits (then upscaled to the requested one, as A1111 and ComfyUI users
+    # expect), speed breaking ties: never a smaller image because it is faster
+    pool = [(p, r) for p, r in uncapped if not r.lossy] or uncapped or _largest(fitting)
     estimates = [r for _, r in candidates]
     if pool:
         chosen, note = _prefer_lossless(pool)
         lossless = chosen[1].loss == "none" and not chosen[1].capped
+        at = (f" at the largest size that fits ({chosen[1].width}x{chosen[1].height}, upscaled after)"
+              if chosen[1].capped else "")
         chosen[1].why = (f"fastest estimated step ({chosen[1].est_seconds_per_step:.2f} s) of the candidates that fit "
-                         f"the {usable} usable" + (f"; {note}" if note else ""))
+                         f"the {usable} usable{at}" + (f"; {note}" if note else ""))
         for p, r in candidates:
             if r is not chosen[1]:
                 r.why = r.why or ("slower" if (p, r) in pool and (r.loss == "none" or not lossless) else
                                   f"loses detail ({r.loss}ly lossy weights) for less than {LOSSY_MARGIN:.0%} of speed"
                                   if (p, r) in pool else
+                                  f"a smaller size ({r.width}x{r.height})" if (p, r) in fitting and not uncapped else
                                   "loses more (4-bit weights or a capped size)" if (p, r) in fitting else
                                   r.skipped_reason or (f"host peak {format_size(r.host_peak_bytes)} does not fit the RAM"
                                                        if not r.fits_host else
                                                        f"estimate {format_size(r.estimate_bytes)} does not fit"))
         reason = f"fastest candidate whose estimate fits the {usable} usable"
+        if not uncapped:
+            reason += f" at the largest size that fits ({chosen[1].width}x{chosen[1].height}, upscaled after)"
         if not any(r.loss == "none" for _, r in uncapped):
             reason += " (nothing lossless fits at the full size)"
         result = Plan(chosen[0], _ladder(chosen, candidates, rows), estimates, reason)
@@ -583,11 +598,11 @@ def _choose(device: DeviceInfo, candidates: list[tuple[Preset, PresetEstimate]],
 
 def _ladder(chosen: tuple[Preset, PresetEstimate], candidates: list[tuple[Preset, PresetEstimate]],
             rows: _Rows) -> list[Preset]:
-    """The chosen candidate, then each time the fastest whose estimate is smaller: full size, lossless and
-    the chosen candidate's weight storage first (a rung that stores the weights otherwise is re-applied
-    with a quantization or a reload from disk, so it comes after those that only move them). Budget
-    presets are sized again under each rung (RUNG_STEP of it), so after an out-of-memory the next rung
-    can be the same split with fewer blocks resident."""
+    """The chosen candidate, then each time the fastest whose estimate is smaller: full size (else the largest
+    capped size), lossless and the chosen candidate's weight storage first (a rung that stores the weights
+    otherwise is re-applied with a quantization or a reload from disk, so it comes after those that only move
+    them). Budget presets are sized again under each rung (RUNG_STEP of it), so after an out-of-memory the next
+    rung can be the same split with fewer blocks resident."""
     kept = storage(chosen[0].memory)
     ladder = [chosen[0]]
     current = chosen[1].estimate_bytes
@@ -600,7 +615,8 @@ def _ladder(chosen: tuple[Preset, PresetEstimate], candidates: list[tuple[Preset
         below = [(p, r) for p, r in below if r.fits_host]  # a rung the RAM cannot hold would be killed
         if not below:
             return ladder
-        p, r = min(below, key=lambda pr: (pr[1].capped, pr[1].lossy, storage(pr[0].memory) != kept,
+        p, r = min(below, key=lambda pr: (pr[1].capped, -pr[1].width * pr[1].height, pr[1].lossy,
+                                          storage(pr[0].memory) != kept,
                                           pr[1].est_seconds_per_step, pr[1].estimate_bytes))
         ladder.append(p)
         current = r.estimate_bytes

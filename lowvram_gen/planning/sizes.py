@@ -15,13 +15,23 @@ MIN_SIDE = 64  # px: one 8x8 latent; the ladder never goes below it
 
 def capped_size(width: int, height: int, max_pixels: int, multiple: int = 8) -> tuple[int, int]:
     """The largest size within `max_pixels` with the same aspect ratio, sides multiples of `multiple`
-    (what the pipeline takes: 8 for SD/SDXL, 16 for SD3, Flux and VQGAN-CLIP), at least 64 px."""
+    (what the pipeline takes: 8 for SD/SDXL, 16 for SD3, Flux and VQGAN-CLIP), at least 64 px.
+    Integer square roots: width * sqrt(max / area) in floats is a hair under a whole side where the cap is exactly
+    a square of it (1328 px capped at 1024x1024 gave 1023.99..., so 1016)."""
     if width * height <= max_pixels:
         return width, height
-    scale = math.sqrt(max_pixels / (width * height))
     least = -(-MIN_SIDE // multiple) * multiple
-    return (max(least, int(width * scale) // multiple * multiple),
-            max(least, int(height * scale) // multiple * multiple))
+    return (max(least, math.isqrt(width * max_pixels // height) // multiple * multiple),
+            max(least, math.isqrt(height * max_pixels // width) // multiple * multiple))
+
+
+def size_multiple(profile) -> int:
+    """What a model profile's sides must be multiples of, as engines/sd/pipeline.size_multiple says of the loaded
+    pipeline: the VAE's scale factor, times the transformer's patch for a transformer denoiser (Flux, SD3,
+    Qwen-Image: 16; SANA's 32x VAE: 32; a UNet: 8), so the plan caps to a size the pipeline takes."""
+    vae = int(getattr(profile, "vae_scale_factor", 8) or 8)
+    patch = int(getattr(profile, "transformer_patch", 1) or 1) if getattr(profile, "transformer_hidden", 0) else 1
+    return vae * patch
 
 
 def vae_tile_size(device: DeviceInfo) -> int:
