@@ -87,7 +87,7 @@ def _meta_params(name: str, encoder: str) -> int:
 
 
 def test_the_new_families_are_in_the_table():
-    assert {"qwen-image", "z-image", "flux2-klein", "sana", "chroma", "lumina2"} <= set(TRANSFORMER_FAMILIES)
+    assert {"qwen-image", "z-image", "flux2-klein", "sana", "chroma", "lumina2", "bria"} <= set(TRANSFORMER_FAMILIES)
 
 
 @pytest.mark.parametrize("name", TRANSFORMER_FAMILIES)

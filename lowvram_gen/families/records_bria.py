@@ -9,7 +9,8 @@ What the record says and why:
   (and text ids the call makes again): 'encode_prompt_pair'.
 - Loading: the auto-pipelines of diffusers 0.42 do not map BriaPipeline; models/loading.py loads the folder with its
   own class. No LoRA loader, no img2img or inpaint pipeline in diffusers 0.42: refused in one sentence.
-- No shipped configs (a cheap record): `plan` reads a local folder's own configs.
+- Configs: lowvram_gen/configs/bria/ holds briaai/BRIA-3.2's (see its README.md), so `plan --model bria` plans the
+  real 4B transformer (2304 wide, 8 double- and 28 single-stream blocks) and T5-XXL offline.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ BRIA = Family(
     key="bria", group="bria", name="Bria",
     tasks={Task.TXT2IMG.value: "BriaPipeline"},
     denoiser="transformer", denoiser_classes=("BriaTransformer2DModel",),
+    builtin="bria", hub_id="briaai/BRIA-3.2", label="Bria 3.2",
+    aliases=("bria", "bria-3.2", "bria3.2", "bria-3", "briaai/bria-3.2"),
     native_side=1024, t5_tokens=128, joint_tokens=128, cfg_batch=True, file_dtype="bfloat16",
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_pair", lora=None, textual_inversion=False,
     sampling=Sampling(30, 5.0, "BRIA 3.2's model card"),
