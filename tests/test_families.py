@@ -71,7 +71,8 @@ def test_call_styles_agree_with_the_installed_pipelines():
         # a doubled CFG batch is classic CFG; classic CFG without one runs the prompt and the negative as two
         # forwards (Flux.2 Klein's base models): its __call__ never doubles the latents
         source = inspect.getsource(getattr(diffusers, record.tasks["txt2img"]).__call__)
-        doubled = "[latents] * 2" in source or "latents_typed.repeat(2" in source  # the batch of two halves
+        doubled = any(s in source for s in ("[latents] * 2", "latents_typed.repeat(2", "[latents] * (num_cfg + 1)"))
+        # the batch of two halves (OmniGen: num_cfg + 1 copies, two for a prompt without input images)
         assert record.cfg_batch == (call.guidance is Guidance.CFG and doubled), record.key
 
 
