@@ -28,7 +28,7 @@ def request(folder, tmp_path, **kw) -> GenerationRequest:
 
 def test_bria_is_its_own_family():
     record = families.by_pipeline("BriaPipeline")
-    assert record.key == "bria" and record.cfg_batch and record.lora is None and record.builtin is None
+    assert record.key == "bria" and record.cfg_batch and record.lora is None and record.builtin == "bria"
     assert record.pipeline_for("img2img") is None and record.pipeline_for("inpaint") is None
 
 
