@@ -40,6 +40,7 @@ from lowvram_gen.models.attached import attached
 from lowvram_gen.planning.controlnet import plan_profiles
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models import profile as profiles
+from lowvram_gen.models import transformer_file
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.networks.job import request_uses_networks
@@ -235,7 +236,8 @@ class Session:
             if record is None:  # a single file without a config folder: the family its keys (its profile) say
                 found = source_profile(source, self.model.family if self.model and self.model.source == source
                                        else None)
-                record = families.by_denoiser_class(found.denoiser_class) or families.by_arch(found.arch)
+                record = (single and transformer_file.source_family(source.path)
+                          or families.by_denoiser_class(found.denoiser_class) or families.by_arch(found.arch))
         chosen = record.default_sampling(facts)
         return request.with_sampling(chosen.steps, chosen.cfg)
 

@@ -27,6 +27,16 @@ def family_of(shapes: Mapping[str, tuple]) -> families.Family | None:
     return found
 
 
+def runs_in(family: families.Family, pipeline: str) -> bool:
+    """A components folder of the pipeline class `pipeline` runs this family's transformer file: its denoiser is of the
+    same class, and where the folder's record reads transformer files of its own, it is of the same family group (a
+    Flux.2 Klein folder does not take a Flux.2 dev file, though both are Flux2Transformer2DModel; a Qwen-Image-Edit
+    folder, which reads none, takes a Qwen-Image file)."""
+    theirs = families.by_pipeline(pipeline)
+    own_files = theirs.single_file is not None and theirs.single_file.gguf_match is not None
+    return family.denoiser_classes[0] in theirs.denoiser_classes and (not own_files or theirs.group == family.group)
+
+
 def local_components(family: families.Family) -> Path | None:
     """A diffusers folder whose pipeline runs this family's transformer, among the models the Model list offers (the
     models root and its checkpoint folders: networks/files.kind_dirs), the first by path; None when there is none, and
@@ -43,7 +53,7 @@ def local_components(family: families.Family) -> Path | None:
                 theirs = str(safe_json.load_file(entry / "model_index.json").get("_class_name", ""))
             except (OSError, ValueError):
                 continue
-            if family.denoiser_classes[0] in families.by_pipeline(theirs).denoiser_classes:
+            if runs_in(family, theirs):
                 return entry
     return None
 
@@ -81,6 +91,19 @@ def file_family(path) -> families.Family | None:
     return family_of({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
 
 
+def source_family(path) -> families.Family | None:
+    """The family of a single file whose keys alone tell it where its denoiser class does not (a Flux.2 dev file is
+    Flux2Transformer2DModel as Klein's is): a 2026 family's transformer file, or a GGUF denoiser; None for others."""
+    from lowvram_gen.models import gguf_file
+
+    if gguf_file.is_gguf(path):
+        try:
+            return gguf_file.family_of(gguf_file.read_header(path), path)
+        except ModelLoadError:
+            return None  # the loader refuses it with its own words
+    return file_family(path)
+
+
 def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
     """The pipeline class of the components folder, which must be one whose transformer is this file's class (a
     Qwen-Image-Edit folder takes a Qwen-Image transformer file; a Flux.2 dev folder a Flux.2 file): refused in one
@@ -90,7 +113,7 @@ def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'model_index.json'}: {exc}") from None
     wanted = family.denoiser_classes[0]
-    if wanted not in families.by_pipeline(theirs).denoiser_classes:
+    if not runs_in(family, theirs):
         raise ModelLoadError(f"{path.name} is a {family.name} transformer ({wanted}), but the components folder "
                              f"{folder} is a {theirs}: pass --components with a diffusers folder of {family.name}")
     return theirs
