@@ -131,3 +131,66 @@ def test_a_comfy_org_hidream_file_equals_the_folder(tmp_path, capsys):
     want, _ = _run(capsys, tmp_path, "folder", "--model", str(folder), *side)
     got, _ = _run(capsys, tmp_path, "file", "--model", str(path), "--components", str(folder), *side)
     assert np.abs(got - want).max() <= MAX_DIFF
+
+
+# ----------------------------------------------------------------------------------------------- FLUX.1 Kontext
+
+
+@pytest.fixture
+def small_kontext(monkeypatch):
+    """Kontext's call resizes the reference image to its preferred ~1024x1024 sizes: 64x64 here, for ours and
+    diffusers' alike (as tests/test_family_edit.py)."""
+    import diffusers.pipelines.flux.pipeline_flux_kontext as kontext
+
+    monkeypatch.setattr(kontext, "PREFERRED_KONTEXT_RESOLUTIONS", [(64, 64)])
+
+
+def test_a_kontext_file_is_kontext_where_its_components_folder_says_so(tmp_path, capsys, small_kontext):
+    """A city96-style GGUF of FLUX.1 Kontext (BFL's FLUX.1 keys, as QuantStack's flux1-kontext-dev-*.gguf; stored F32
+    here, so lossless) with a Kontext folder's components builds FluxKontextPipeline and edits equal to the folder;
+    with a FLUX.1 folder the same file is FLUX.1's (nothing in its keys says Kontext)."""
+    gguf = pytest.importorskip("gguf")
+    import gguf_files
+    from gguf_flux import flux_to_bfl
+    from PIL import Image
+    from tiny_edit import build_tiny_kontext
+    from tiny_transformers import build_tiny_flux
+
+    from lowvram_gen.models.loading import load
+    from lowvram_gen.models.resolve import resolve
+
+    kontext, flux = tmp_path / "tiny-kontext", tmp_path / "tiny-flux"
+    pipe = build_tiny_kontext()
+    pipe.save_pretrained(kontext, safe_serialization=True)
+    build_tiny_flux().save_pretrained(flux, safe_serialization=True)
+    path = tmp_path / "flux1-kontext-dev-F32.gguf"
+    gguf_files.write_gguf(path, flux_to_bfl(pipe.transformer.state_dict()), gguf.GGMLQuantizationType.F32, arch="flux")
+    assert type(load(resolve(str(path), str(flux)), "float32").pipe).__name__ == "FluxPipeline"
+    ref = tmp_path / "ref.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(ref)
+
+    def edit(*model) -> np.ndarray:
+        from tiny_transformers import pixels
+
+        code, out, err = cli(capsys, "edit", "make it blue", "--image", str(ref), *model, "--steps", "2", "--seed", "7",
+                             "--preset", "cpu", "--outdir", str(tmp_path / "out"), "--json")
+        assert code == 0, err
+        return pixels(__import__("json").loads(out)["images"][0])
+
+    want = edit("--model", str(kontext))
+    got = edit("--model", str(path), "--config", str(kontext))
+    assert np.abs(got - want).max() <= MAX_DIFF
+
+
+def test_a_whole_flux1_file_builds_the_kontext_pipeline_with_a_kontext_folder(tmp_path):
+    """The .safetensors route asks the same question (diffusers' FLUX.1 converter splits at the real width, 3072, so
+    no tiny FLUX.1 .safetensors converts: the choice is checked alone)."""
+    from lowvram_gen import families
+    from lowvram_gen.models.transformer_file import file_pipeline
+
+    flux1 = families.by_pipeline("FluxPipeline")
+    for name, want in (("FluxKontextPipeline", "FluxKontextPipeline"), ("FluxPipeline", "FluxPipeline"),
+                       ("FluxFillPipeline", "FluxPipeline"), ("StableDiffusionPipeline", "FluxPipeline")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model_index.json").write_text('{"_class_name": "%s"}' % name)
+        assert file_pipeline(tmp_path / name, flux1) == want, name

@@ -91,6 +91,22 @@ def file_family(path) -> families.Family | None:
     return family_of({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
 
 
+def file_pipeline(folder: Path, family: families.Family) -> str:
+    """The pipeline class a single file of `family` (a whole file, or its denoiser as a GGUF) builds with the config
+    folder `folder`: the family's own, or the folder's where that is another record of the same group that reads no
+    files of its own. FLUX.1 Kontext's files have FLUX.1's keys and nothing else tells them apart (ComfyUI loads both
+    with one loader and leaves Kontext to the workflow), so a Kontext folder's model_index.json says it is Kontext."""
+    own = family.single_file.pipeline
+    try:
+        theirs = str(safe_json.load_file(folder / "model_index.json").get("_class_name", ""))
+    except (OSError, ValueError):
+        return own  # the config check refuses an unreadable folder in its own words
+    record = families.by_pipeline(theirs)
+    if record.key != family.key and record.group == family.group and record.single_file is None:
+        return theirs
+    return own
+
+
 def source_family(path) -> families.Family | None:
     """The family of a single file whose keys alone tell it where its denoiser class does not (a Flux.2 dev file is
     Flux2Transformer2DModel as Klein's is): a 2026 family's transformer file, or a GGUF denoiser; None for others."""
