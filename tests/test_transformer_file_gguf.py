@@ -78,3 +78,25 @@ def test_the_gguf_generates_and_the_lossless_one_equals_the_folder(family, tmp_p
     got, _ = _run(capsys, tmp_path, "f32", "--model", str(files["F32"]), "--components", str(folder))
     assert np.abs(got - want).max() <= MAX_DIFF
     _run(capsys, tmp_path, "q8", "--model", str(files["Q8_0"]), "--components", str(folder))
+
+
+def test_a_flux1_gguf_without_config_takes_a_flux1_folder_among_the_models(tmp_path, capsys):
+    """FLUX.1's and SD3's GGUFs search the user's models for their components as the 2026 families' files do: a
+    city96 FLUX.1 GGUF in ComfyUI's unet/ with a FLUX.1 diffusers folder in checkpoints/ (and a Kontext one, earlier
+    by name, which runs the same transformer class but is not FLUX.1's own) generates as with --config."""
+    import gguf_files
+    from gguf_flux import flux_to_bfl
+    from tiny_edit import build_tiny_kontext
+    from tiny_transformers import build_tiny_flux
+
+    models = tmp_path / "models"
+    (models / "unet").mkdir(parents=True)
+    pipe = build_tiny_flux()
+    pipe.save_pretrained(models / "checkpoints" / "b-flux1-dev", safe_serialization=True)
+    build_tiny_kontext().save_pretrained(models / "checkpoints" / "a-kontext", safe_serialization=True)
+    path = models / "unet" / "flux1-dev-Q8_0.gguf"
+    gguf_files.write_gguf(path, flux_to_bfl(pipe.transformer.state_dict()), gguf.GGMLQuantizationType.Q8_0, arch="flux")
+    want, _ = _run(capsys, tmp_path, "config", "--model", str(path), "--config", str(models / "checkpoints" /
+                                                                                       "b-flux1-dev"))
+    got, report = _run(capsys, tmp_path, "found", "--models-dir", str(models), "--model", "flux1-dev-Q8_0")
+    assert np.array_equal(got, want)

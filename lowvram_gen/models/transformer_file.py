@@ -40,11 +40,13 @@ def runs_in(family: families.Family, pipeline: str) -> bool:
 def local_components(family: families.Family) -> Path | None:
     """A diffusers folder whose pipeline runs this family's transformer, among the models the Model list offers (the
     models root and its checkpoint folders: networks/files.kind_dirs), the first by path; None when there is none, and
-    for the families with whole-file checkpoints (SD, FLUX.1: their files' configs are found as before)."""
+    for UNet families. Asked only for a file that holds the denoiser alone (a 2026 family's transformer file, a GGUF
+    of FLUX.1's or SD3's): a whole checkpoint's configs are found as before (models/checkpoint.py)."""
     from lowvram_gen.networks import files
 
-    if family.denoiser != "transformer" or family.single_file is None or family.single_file.checkpoint_match:
+    if family.denoiser != "transformer" or family.single_file is None:
         return None
+    found = []
     for root in [files.models_root(), *files.kind_dirs("Stable-diffusion")]:
         if not root.is_dir():
             continue
@@ -54,8 +56,9 @@ def local_components(family: families.Family) -> Path | None:
             except (OSError, ValueError):
                 continue
             if runs_in(family, theirs):
-                return entry
-    return None
+                found.append((families.by_pipeline(theirs).key != family.key, entry))
+    # the family's own folder before one of another record that runs it (a FLUX.1 file: FLUX.1's, not Kontext's)
+    return min(found, key=lambda f: f[0])[1] if found else None
 
 
 def planned_components(family: families.Family, config: str | None) -> Path | None:
@@ -76,6 +79,16 @@ def planned_components(family: families.Family, config: str | None) -> Path | No
     if cached is not None and (cached / "model_index.json").is_file():
         return cached
     return local_components(family)
+
+
+def gguf_components(path) -> Path | None:
+    """The components folder a GGUF transformer's plan reads where no --config is given: as `planned_components` (the
+    family's repo in the HF cache, else a diffusers folder of it among the user's models); None for a UNet's GGUF and
+    where there is none (the plan then reads the family's shipped real-size configs)."""
+    from lowvram_gen.models import gguf_file
+
+    family = gguf_file.family_of(gguf_file.read_header(path), path)
+    return planned_components(family, None) if family.denoiser == "transformer" else None
 
 
 def file_family(path) -> families.Family | None:
