@@ -1,7 +1,8 @@
-"""city96-style GGUFs of Flux.2 Klein's and Qwen-Image's transformers (issue 30 item 3: "a city96-style GGUF of one
-new family runs"; Z-Image's is in tests/test_transformer_files.py), with the text encoders and VAE from the family's
-diffusers folder: diffusers' own GGUF loader reads them (Klein's in BFL's layout through its Flux.2 converter, which
-splits the fused q/k/v of the quantized blocks; Qwen-Image's in diffusers' own names).
+"""city96-style GGUFs of Flux.2 Klein's, Qwen-Image's and HiDream-I1's transformers (issue 30 item 3: "a city96-style
+GGUF of one new family runs"; Z-Image's is in tests/test_transformer_files.py), with the text encoders and VAE from the
+family's diffusers folder: diffusers' own GGUF loader reads them (Klein's in BFL's layout through its Flux.2 converter,
+which splits the fused q/k/v of the quantized blocks; Qwen-Image's and HiDream's in diffusers' own names). And a FLUX.1
+GGUF without --config finds a FLUX.1 folder among the user's models.
 
 Each is written Q8_0 (tests/gguf_files.py: 2-D weights block-quantized, 1-D F32) and F32: the Q8_0 file keeps its
 weights quantized, each within Q8_0's error of the folder's once dequantized, and the CLI generates with it; the F32
@@ -29,18 +30,24 @@ def _klein():
     return build_tiny_flux2_klein(), to_original_flux2
 
 
+def _hidream():
+    from tiny_hidream import build_tiny_hidream
+
+    return build_tiny_hidream(), lambda state: {k: v.detach().contiguous() for k, v in state.items()}
+
+
 def _qwen():
     from tiny_qwen import build_tiny_qwen_image
 
     return build_tiny_qwen_image(), lambda state: {k: v.detach().contiguous() for k, v in state.items()}
 
 
-@pytest.fixture(scope="module", params=["flux2-klein", "qwen-image"])
+@pytest.fixture(scope="module", params=["flux2-klein", "qwen-image", "hidream"])
 def family(request, tmp_path_factory) -> tuple[str, Path, dict]:
     """(family key, its tiny folder, {'Q8_0' | 'F32': the GGUF of its transformer})."""
     import gguf_files
 
-    pipe, original = {"flux2-klein": _klein, "qwen-image": _qwen}[request.param]()
+    pipe, original = {"flux2-klein": _klein, "qwen-image": _qwen, "hidream": _hidream}[request.param]()
     root = tmp_path_factory.mktemp(request.param)
     pipe.save_pretrained(root / "folder", safe_serialization=True)
     files = {}

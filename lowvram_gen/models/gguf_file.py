@@ -148,7 +148,7 @@ def family_of(header: GgufHeader, path) -> families.Family:
         f"{name} is a GGUF file but not a UNet or transformer we can load{what}: keys such as {shown} "
         f"({len(header.shapes)} tensors{arch}). --model takes a GGUF of an SD 1.x/2.x or SDXL UNet (keys "
         "input_blocks.*), a FLUX.1 transformer (double_blocks.*), an SD3 transformer (joint_blocks.*) or a Z-Image, "
-        "Qwen-Image, Flux.2, Chroma, Lumina 2 or SANA transformer, as ComfyUI-GGUF publishes them; the VAE and text "
+        "Qwen-Image, Flux.2, Chroma, Lumina 2, SANA or HiDream-I1 transformer, as ComfyUI-GGUF publishes them; the VAE and text "
         "encoders come from --config."
     )
 

@@ -1,5 +1,5 @@
-"""A 2026 family's transformer on its own, as ComfyUI publishes it (`models/diffusion_models/*.safetensors`: Z-Image,
-Qwen-Image, Flux.2, Chroma, Lumina 2, SANA), with the text encoders, VAE, tokenizer and scheduler taken from a
+"""A 2026 family's transformer on its own, as ComfyUI and BFL publish it (`models/diffusion_models/*.safetensors`:
+Z-Image, Qwen-Image, Flux.2 dev and Klein 4B/9B, Chroma, Lumina 2, SANA, HiDream-I1), with the text encoders, VAE, tokenizer and scheduler taken from a
 diffusers folder of the same family (`--config` / `--components FOLDER`, else the family's repo in the HF cache, else
 a diffusers folder of the family among the user's models: `local_components`, so the UI's Model list runs the file).
 
@@ -7,6 +7,10 @@ Which family a file's transformer is comes from its keys (the record's `SingleFi
 city96 GGUF of it passes: families/keys.py); diffusers' own `<Transformer>.from_single_file` converts the original
 layout (ComfyUI's / BFL's names) to its own, with the folder's transformer config. A GGUF of the same transformer
 takes models/gguf_file.py's route, which ends in `pipeline_around` too. Nothing is copied: the file is read where it is.
+
+A components folder runs the file where its pipeline's denoiser is the file's class and, if its record reads files of
+its own, of the file's family group (`runs_in`: a Flux.2 Klein folder does not run a Flux.2 dev file). FLUX.1 Kontext's
+files have FLUX.1's keys: a Kontext folder's model_index.json makes a FLUX.1 file Kontext's (`file_pipeline`).
 """
 
 from __future__ import annotations
