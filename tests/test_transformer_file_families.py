@@ -194,3 +194,66 @@ def test_a_whole_flux1_file_builds_the_kontext_pipeline_with_a_kontext_folder(tm
         (tmp_path / name).mkdir()
         (tmp_path / name / "model_index.json").write_text('{"_class_name": "%s"}' % name)
         assert file_pipeline(tmp_path / name, flux1) == want, name
+
+
+# ------------------------------------------------------------------------------------ SD3's transformer alone
+
+
+def to_original_sd3(state: dict) -> dict:
+    """A diffusers SD3Transformer2DModel state dict (no qk norms, no second attention: SD3 medium's kind) in
+    Stability's MMDiT layout, as sd3_medium.safetensors holds it: q, k, v fused per stream, the last context block's
+    and the final AdaLN's halves back in (shift, scale) order (the inverse of diffusers' converter)."""
+    from diffusers.loaders.single_file_utils import swap_scale_shift
+
+    src = {k: v.detach().clone().contiguous() for k, v in state.items()}
+    out = {"pos_embed": src.pop("pos_embed.pos_embed")}
+    top = {"pos_embed.proj": "x_embedder.proj", "time_text_embed.timestep_embedder.linear_1": "t_embedder.mlp.0",
+           "time_text_embed.timestep_embedder.linear_2": "t_embedder.mlp.2", "context_embedder": "context_embedder",
+           "time_text_embed.text_embedder.linear_1": "y_embedder.mlp.0",
+           "time_text_embed.text_embedder.linear_2": "y_embedder.mlp.2", "proj_out": "final_layer.linear"}
+    block = {"attn.to_out.0": "x_block.attn.proj", "attn.to_add_out": "context_block.attn.proj",
+             "norm1.linear": "x_block.adaLN_modulation.1", "norm1_context.linear": "context_block.adaLN_modulation.1",
+             "ff.net.0.proj": "x_block.mlp.fc1", "ff.net.2": "x_block.mlp.fc2",
+             "ff_context.net.0.proj": "context_block.mlp.fc1", "ff_context.net.2": "context_block.mlp.fc2"}
+    layers = sorted({int(k.split(".")[1]) for k in src if k.startswith("transformer_blocks.")})
+    for part in ("weight", "bias"):
+        out[f"final_layer.adaLN_modulation.1.{part}"] = swap_scale_shift(src.pop(f"norm_out.linear.{part}"), 0)
+        for a, b in top.items():
+            out[f"{b}.{part}"] = src.pop(f"{a}.{part}")
+        for i in layers:
+            ours, theirs = f"transformer_blocks.{i}.", f"joint_blocks.{i}."
+            out[f"{theirs}x_block.attn.qkv.{part}"] = torch.cat([src.pop(f"{ours}attn.to_{p}.{part}") for p in "qkv"])
+            out[f"{theirs}context_block.attn.qkv.{part}"] = torch.cat([src.pop(f"{ours}attn.add_{p}_proj.{part}")
+                                                                      for p in "qkv"])
+            for a, b in block.items():
+                if f"{ours}{a}.{part}" in src:
+                    value = src.pop(f"{ours}{a}.{part}")
+                    last = i == layers[-1] and a == "norm1_context.linear"
+                    out[f"{theirs}{b}.{part}"] = swap_scale_shift(value, 0) if last else value
+    assert not src, f"no MMDiT name for {sorted(src)[:3]}"
+    return out
+
+
+def test_sd3s_transformer_alone_finds_an_sd3_folder_among_the_models(tmp_path, capsys):
+    """SD3's transformer without its text encoders or VAE (sd3_medium.safetensors' kind, ComfyUI's diffusion_models/),
+    no --components: the SD3 diffusers folder among the user's models gives them, as for the 2026 families' files;
+    equal to running that folder. Its plan reads that folder."""
+    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
+    from tiny_transformers import build_tiny_sd3
+
+    from lowvram_gen.cli.main import build_parser, folder_flags
+    from lowvram_gen.models.profile import profile_from_folder, source_profile
+    from lowvram_gen.models.resolve import resolve
+
+    models = tmp_path / "models"
+    (models / "diffusion_models").mkdir(parents=True)
+    folder, original = _saved(models / "checkpoints" / "tiny-sd3", build_tiny_sd3(), to_original_sd3,
+                              convert_sd3_transformer_checkpoint_to_diffusers)
+    path = models / "diffusion_models" / "sd3_medium_tiny.safetensors"
+    save_file({COMFY + k: v for k, v in original.items()}, str(path))
+    assert transformer_file.file_family(path).key == "sd3"
+    want, _ = _run(capsys, tmp_path, "folder", "--model", str(folder))
+    got, _ = _run(capsys, tmp_path, "file", "--models-dir", str(models), "--model", "sd3_medium_tiny")
+    assert np.abs(got - want).max() <= MAX_DIFF
+    with folder_flags(build_parser().parse_args(["ui", "--models-dir", str(models)])):
+        assert source_profile(resolve(str(path))) == profile_from_folder(folder)

@@ -22,13 +22,22 @@ from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 
 
+# where whole files keep what is not the denoiser: ComfyUI's all-in-one text encoders (SD3's, FLUX.1's), the VAE
+NOT_DENOISER = ("text_encoders.", "cond_stage_model.", "conditioner.", "first_stage_model.", "vae.")
+
+
 def family_of(shapes: Mapping[str, tuple]) -> families.Family | None:
-    """The record whose transformer alone a .safetensors file's {key: shape} are: a family that has no whole-file
-    checkpoints (those are told by `by_checkpoint`), whose denoiser is a transformer; None for any other file."""
+    """The record whose transformer alone a .safetensors file's {key: shape} are: a family without whole-file
+    checkpoints whose denoiser is a transformer (told by its keys: `SingleFile.gguf_match`), or SD3's / FLUX.1's
+    transformer with nothing else (BFL's flux1-dev.safetensors, ComfyUI's diffusion_models/: no text encoder or VAE
+    keys; a whole file of theirs stays `by_checkpoint`'s); None for any other file."""
     found = families.by_gguf(shapes)
-    if found is None or found.denoiser != "transformer" or found.single_file.checkpoint_match is not None:
-        return None
-    return found
+    if found is not None and found.denoiser == "transformer" and found.single_file.checkpoint_match is None:
+        return found
+    whole = families.by_checkpoint(shapes)
+    if whole is not None and whole.denoiser == "transformer" and not any(k.startswith(NOT_DENOISER) for k in shapes):
+        return whole
+    return None
 
 
 def runs_in(family: families.Family, pipeline: str) -> bool:
