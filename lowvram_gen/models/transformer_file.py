@@ -1,7 +1,8 @@
-"""A 2026 family's transformer on its own, as ComfyUI and BFL publish it (`models/diffusion_models/*.safetensors`:
-Z-Image, Qwen-Image, Flux.2 dev and Klein 4B/9B, Chroma, Lumina 2, SANA, HiDream-I1), with the text encoders, VAE, tokenizer and scheduler taken from a
-diffusers folder of the same family (`--config` / `--components FOLDER`, else the family's repo in the HF cache, else
-a diffusers folder of the family among the user's models: `local_components`, so the UI's Model list runs the file).
+"""A transformer on its own, as ComfyUI and BFL publish it (`models/diffusion_models/*.safetensors`: Z-Image,
+Qwen-Image, Flux.2 dev and Klein 4B/9B, Chroma, Lumina 2, SANA, HiDream-I1; SD3's and FLUX.1's without their text
+encoders and VAE), with the text encoders, VAE, tokenizer and scheduler taken from a diffusers folder of the same
+family (`--config` / `--components FOLDER`, else the family's repo in the HF cache, else a diffusers folder of the
+family among the user's models: `local_components`, so the UI's Model list runs the file).
 
 Which family a file's transformer is comes from its keys (the record's `SingleFile.gguf_match`, the same test a
 city96 GGUF of it passes: families/keys.py); diffusers' own `<Transformer>.from_single_file` converts the original
@@ -94,16 +95,6 @@ def planned_components(family: families.Family, config: str | None) -> Path | No
     return local_components(family)
 
 
-def gguf_components(path) -> Path | None:
-    """The components folder a GGUF transformer's plan reads where no --config is given: as `planned_components` (the
-    family's repo in the HF cache, else a diffusers folder of it among the user's models); None for a UNet's GGUF and
-    where there is none (the plan then reads the family's shipped real-size configs)."""
-    from lowvram_gen.models import gguf_file
-
-    family = gguf_file.family_of(gguf_file.read_header(path), path)
-    return planned_components(family, None) if family.denoiser == "transformer" else None
-
-
 def file_family(path) -> families.Family | None:
     """`family_of` a .safetensors file, from its header alone (for a plan without --components); None for others."""
     from lowvram_gen.models.safe_files import safetensors_header
@@ -131,19 +122,6 @@ def file_pipeline(folder: Path, family: families.Family) -> str:
     if record.key != family.key and record.group == family.group and record.single_file is None:
         return theirs
     return own
-
-
-def source_family(path) -> families.Family | None:
-    """The family of a single file whose keys alone tell it where its denoiser class does not (a Flux.2 dev file is
-    Flux2Transformer2DModel as Klein's is): a 2026 family's transformer file, or a GGUF denoiser; None for others."""
-    from lowvram_gen.models import gguf_file
-
-    if gguf_file.is_gguf(path):
-        try:
-            return gguf_file.family_of(gguf_file.read_header(path), path)
-        except ModelLoadError:
-            return None  # the loader refuses it with its own words
-    return file_family(path)
 
 
 def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
