@@ -40,6 +40,7 @@ from lowvram_gen.models.attached import attached
 from lowvram_gen.planning.controlnet import plan_profiles
 from lowvram_gen.models.loading import LoadedModel, load
 from lowvram_gen.models import profile as profiles
+from lowvram_gen.models import gguf_file
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.networks.job import request_uses_networks
@@ -200,9 +201,12 @@ class Session:
             profile = self.profile_for(source, model, request), source.kind != "single_file"
         found, folder = profile
         # +te-reload needs the family's prompts encoded apart from the call (its record's text_encode_apart); the
-        # folder's pipeline class says the family first (Qwen-Image-Edit shares Qwen-Image's transformer class), and a
-        # built-in name its record (`plan --model kontext`: FLUX.1's transformer class)
-        record = ((source and record_of_spec(str(source.path))) or (source is None and families.by_name(request.model))
+        # folder's pipeline class says the family first (Qwen-Image-Edit shares Qwen-Image's transformer class), a
+        # built-in name its record (`plan --model kontext`: FLUX.1's transformer class); a single file's its config
+        # folder's (a Kontext file has FLUX.1's keys), else its keys' (a Flux.2 dev file is Klein's class)
+        record = ((source and (record_of_spec(str(source.path)) or source.config and record_of_spec(source.config)
+                               or source.kind == "single_file" and gguf_file.single_file_family(source.path)))
+                  or (source is None and families.by_name(request.model))
                   or families.by_denoiser_class(found.denoiser_class))
         found = edit.planned(found, record, request)  # an edit's reference images: tokens beside the image's
         apart = record is None or record.text_encode_apart is not None
@@ -236,7 +240,8 @@ class Session:
                 # its keys or its denoiser's class (its profile) say, as plan takes it
                 found = source_profile(source, self.model.family if self.model and self.model.source == source
                                        else None)
-                record = families.by_denoiser_class(found.denoiser_class) or families.by_arch(found.arch)
+                record = (single and gguf_file.single_file_family(source.path)
+                          or families.by_denoiser_class(found.denoiser_class) or families.by_arch(found.arch))
         chosen = record.default_sampling(facts)
         return request.with_sampling(chosen.steps, chosen.cfg)
 

@@ -199,7 +199,8 @@ def test_the_original_layout_is_what_diffusers_converts_from(zimage, comfy):
 
 def test_each_familys_transformer_alone_is_told_by_its_keys():
     """diffusers' marker keys (ComfyUI's prefix or none) name the family; Z-Image's layers are not Lumina 2's
-    (they share the caption embedder); a FLUX.1 file stays FLUX.1's whole-file route."""
+    (they share the caption embedder); FLUX.1's transformer alone is read as theirs are, a whole FLUX.1 file (text
+    encoders, VAE) stays FLUX.1's whole-file route."""
     from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES as names
 
     from lowvram_gen.models import transformer_file
@@ -210,8 +211,10 @@ def test_each_familys_transformer_alone_is_told_by_its_keys():
     for key, file_keys in cases.items():
         shapes = {k: (1,) for k in file_keys}
         assert transformer_file.family_of(shapes).key == key, key
-    flux1 = {k: (1,) for k in names["flux"]}
-    assert transformer_file.family_of(flux1) is None and families.by_checkpoint(flux1).key == "flux"
+    flux1 = {k: (1,) for k in names["flux"]}  # FLUX.1's transformer alone (BFL's flux1-dev.safetensors)
+    assert transformer_file.family_of(flux1).key == "flux"
+    whole = {**flux1, "text_encoders.t5xxl.transformer.shared.weight": (1,), "vae.decoder.conv_in.weight": (1,)}
+    assert transformer_file.family_of(whole) is None and families.by_checkpoint(whole).key == "flux"
     assert transformer_file.family_of({"model.diffusion_model.input_blocks.0.0.weight": (1,)}) is None
 
 

@@ -36,6 +36,8 @@ def diffusers_markers() -> dict[str, tuple[str, ...]]:
             "flux2": tuple(get("flux2")), "flux3": tuple(get("flux3")), "chroma": tuple(get("chroma")),
             "z-image": tuple(get("z-image-turbo")), "lumina2": tuple(get("lumina2")), "sana": tuple(get("sana")),
             "qwen-image-2.1": tuple(get("qwen-image-2.1")),
+            # HiDream's marker has no prefixed form in diffusers; Comfy-Org's files may carry ComfyUI's prefix
+            "hidream": tuple(get("hidream") + [UNET + k for k in get("hidream")]),
             "controlnet": tuple(get("z-image-turbo-controlnet") + get("z-image-turbo-controlnet-2.x"))}
 
 
@@ -74,6 +76,42 @@ def lumina2_transformer(keys) -> bool:
 
 def flux2_transformer(keys) -> bool:
     return _marked(keys, "flux2") and not _marked(keys, "flux3")
+
+
+# Flux.2 dev and Klein share the transformer class and diffusers' marker. dev is guidance-distilled: it alone has the
+# guidance embedder (`guidance_in`, its config's guidance_embeds; Klein 4B/9B and their base models have none); Klein
+# 9B is 4096 wide (img_in: 32 heads x 128), Klein 4B 3072. The real widths: dev 6144, 8 + 48 blocks; Klein 4B 5 + 20,
+# Klein 9B 8 + 24 (configs/flux2-*/transformer/config.json).
+FLUX2_GUIDANCE = ("guidance_in.", UNET + "guidance_in.")
+KLEIN_9B_WIDTH = 4096
+
+
+def _width(shapes, key: str) -> int:
+    """The output width of `key` (with or without ComfyUI's prefix) where `shapes` maps keys to shapes; 0 else."""
+    get = getattr(shapes, "get", None)
+    shape = (get(key) or get(UNET + key)) if get else None
+    return int(shape[0]) if shape else 0
+
+
+def flux2_dev_transformer(keys) -> bool:
+    return flux2_transformer(keys) and _has(keys, *FLUX2_GUIDANCE)
+
+
+def _klein(keys) -> bool:
+    return flux2_transformer(keys) and not _has(keys, *FLUX2_GUIDANCE)
+
+
+def flux2_klein_transformer(keys) -> bool:
+    """Klein 4B (and any Klein-layout file not 9B's width: the tiny test files)."""
+    return _klein(keys) and _width(keys, "img_in.weight") != KLEIN_9B_WIDTH
+
+
+def flux2_klein_9b_transformer(keys) -> bool:
+    return _klein(keys) and _width(keys, "img_in.weight") == KLEIN_9B_WIDTH
+
+
+def hidream_transformer(keys) -> bool:
+    return _marked(keys, "hidream")
 
 
 def chroma_transformer(keys) -> bool:

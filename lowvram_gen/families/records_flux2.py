@@ -46,7 +46,7 @@ FLUX2_KLEIN = Family(
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="Flux2KleinPipeline", components=("text_encoder", "vae"),
-                           gguf_match=keys.flux2_transformer),
+                           gguf_match=keys.flux2_klein_transformer),
     builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
     aliases=("flux2-klein", "flux.2-klein", "flux2-klein-4b", "flux.2-klein-4b", "klein", "klein-4b",
              "black-forest-labs/flux.2-klein-4b"),
@@ -67,4 +67,6 @@ FLUX2_KLEIN = Family(
 FLUX2_KLEIN_9B = replace(
     FLUX2_KLEIN, key="flux2-klein-9b", label="FLUX.2-klein-9B", builtin="flux2-klein-9b",
     hub_id="black-forest-labs/FLUX.2-klein-9B",
+    # its transformer file is told from 4B's by its width (families/keys.py)
+    single_file=replace(FLUX2_KLEIN.single_file, gguf_match=keys.flux2_klein_9b_transformer),
     aliases=("flux2-klein-9b", "flux.2-klein-9b", "klein-9b", "black-forest-labs/flux.2-klein-9b"))

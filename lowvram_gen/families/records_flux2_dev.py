@@ -23,12 +23,17 @@ What the record says and why:
 
 from __future__ import annotations
 
-from lowvram_gen.families.record import Call, Edit, Family, Guidance, Sampling, Task
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import Call, Edit, Family, Guidance, Sampling, SingleFile, Task
 
 FLUX2_DEV = Family(
     key="flux2-dev", group="flux2-dev", name="Flux.2 dev", label="FLUX.2-dev",
     tasks={Task.TXT2IMG.value: "Flux2Pipeline", Task.EDIT.value: "Flux2Pipeline"},
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
+    # its transformer alone (BFL's flux2-dev.safetensors, ComfyUI's diffusion_models/): models/transformer_file.py;
+    # told from Klein's by its guidance embedder (families/keys.py)
+    single_file=SingleFile(pipeline="Flux2Pipeline", components=("text_encoder", "vae"),
+                           gguf_match=keys.flux2_dev_transformer),
     builtin="flux2-dev", hub_id="black-forest-labs/FLUX.2-dev",
     aliases=("flux2", "flux2-dev", "flux.2", "flux.2-dev", "black-forest-labs/flux.2-dev"),
     native_side=1024,

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 
-from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task
+from lowvram_gen.families import keys
+from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, SingleFile, Task
 
 
 def hidream_size(pipe, width: int, height: int) -> tuple[int, int]:
@@ -56,6 +57,10 @@ HIDREAM = Family(
     key="hidream", group="hidream", name="HiDream-I1", label="HiDream-I1-Full",
     tasks={Task.TXT2IMG.value: "HiDreamImagePipeline"},
     denoiser="transformer", denoiser_classes=("HiDreamImageTransformer2DModel",),
+    # its transformer alone (Comfy-Org's hidream_i1_*.safetensors, in diffusers' own names): models/transformer_file.py
+    single_file=SingleFile(pipeline="HiDreamImagePipeline",
+                           components=("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", "vae"),
+                           gguf_match=keys.hidream_transformer),
     builtin="hidream", hub_id="HiDream-ai/HiDream-I1-Full",
     # Dev's and Fast's hub ids plan the same shapes (and load as given); no short names for them, which would load
     # the record's hub id (Full's)

@@ -537,7 +537,7 @@ def load_single_file(path, config: str | None, torch_dtype, quantize: str = "non
             pipe = gguf_file.load_pipeline(p, gguf, family, folder, torch_dtype)
         else:
             with weights_only_allowlist():  # diffusers loads pickles with weights_only=True itself
-                pipe = getattr(diffusers, cls_name).from_single_file(
+                pipe = getattr(diffusers, transformer_file.file_pipeline(folder, family)).from_single_file(
                     str(p), config=str(folder), torch_dtype=torch_dtype, local_files_only=True, **extra
                 )
     except (MemoryError, torch.OutOfMemoryError, ModelLoadError):

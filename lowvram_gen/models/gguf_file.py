@@ -148,8 +148,8 @@ def family_of(header: GgufHeader, path) -> families.Family:
         f"{name} is a GGUF file but not a UNet or transformer we can load{what}: keys such as {shown} "
         f"({len(header.shapes)} tensors{arch}). --model takes a GGUF of an SD 1.x/2.x or SDXL UNet (keys "
         "input_blocks.*), a FLUX.1 transformer (double_blocks.*), an SD3 transformer (joint_blocks.*) or a Z-Image, "
-        "Qwen-Image, Flux.2, Chroma, Lumina 2 or SANA transformer, as ComfyUI-GGUF publishes them; the VAE and text "
-        "encoders come from --config."
+        "Qwen-Image, Flux.2, Chroma, Lumina 2, SANA or HiDream-I1 transformer, as ComfyUI-GGUF publishes them; the VAE "
+        "and text encoders come from --config."
     )
 
 
@@ -297,7 +297,8 @@ def load_pipeline(path, header: GgufHeader, family: families.Family, folder: Pat
     from lowvram_gen.models import transformer_file
 
     alone = family.denoiser == "transformer" and family.single_file.checkpoint_match is None
-    pipeline = transformer_file.folder_pipeline(folder, family, Path(path)) if alone else family.single_file.pipeline
+    pipeline = (transformer_file.folder_pipeline(folder, family, Path(path)) if alone
+                else transformer_file.file_pipeline(folder, family))  # FLUX.1 Kontext's: its folder says so
     name, model = load_denoiser(path, header, family, folder, torch_dtype)
     return transformer_file.pipeline_around(pipeline, folder, torch_dtype, name, model)
 
@@ -328,6 +329,31 @@ def stored_sizes(path) -> tuple[int, int]:
     BF16): the memory estimate counts them at this size and the rest of the denoiser at the dtype."""
     header = read_header(path)
     return header.quantized_params, header.quantized_bytes
+
+
+def planned_components(path) -> Path | None:
+    """The components folder a GGUF transformer's plan reads where no --config is given, as its loader finds it (the
+    family's repo in the HF cache, else a diffusers folder of it among the user's models:
+    transformer_file.planned_components); None for a UNet's GGUF and where there is none (the plan then reads the
+    family's shipped real-size configs)."""
+    from lowvram_gen.models import transformer_file
+
+    family = family_of(read_header(path), path)
+    return transformer_file.planned_components(family, None) if family.denoiser == "transformer" else None
+
+
+def single_file_family(path) -> families.Family | None:
+    """The family of a single file whose keys alone tell it where its denoiser class does not (a Flux.2 dev file is
+    Flux2Transformer2DModel as Klein's is): a GGUF denoiser's, or a transformer file's (models/transformer_file.py);
+    None for others."""
+    from lowvram_gen.models import transformer_file
+
+    if is_gguf(path):
+        try:
+            return family_of(read_header(path), path)
+        except ModelLoadError:
+            return None  # the loader refuses it with its own words
+    return transformer_file.file_family(path)
 
 
 def builtin_arch(path) -> str:

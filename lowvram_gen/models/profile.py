@@ -438,8 +438,9 @@ def source_profile(source: ModelSource, family: str | None = None) -> ModelProfi
             profile = profile_from_folder(folder)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelLoadError(f"could not read the model configs in {folder}: {exc}") from exc
-    elif gguf:  # the architecture from the file's keys (no --config folder to read)
-        profile = profile_builtin(gguf_file.builtin_arch(source.path))
+    elif gguf:  # no --config: the folder its loader finds, else the architecture from the file's keys
+        found = gguf_file.planned_components(source.path)
+        profile = profile_from_folder(found) if found else profile_builtin(gguf_file.builtin_arch(source.path))
     elif source.kind == "single_file" and (alone := transformer_file.file_family(source.path)) is not None:
         found = transformer_file.planned_components(alone, source.config)  # a 2026 family's transformer file
         profile = profile_from_folder(found) if found else profile_builtin(alone.builtin)

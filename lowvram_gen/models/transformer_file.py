@@ -1,12 +1,17 @@
-"""A 2026 family's transformer on its own, as ComfyUI publishes it (`models/diffusion_models/*.safetensors`: Z-Image,
-Qwen-Image, Flux.2, Chroma, Lumina 2, SANA), with the text encoders, VAE, tokenizer and scheduler taken from a
-diffusers folder of the same family (`--config` / `--components FOLDER`, else the family's repo in the HF cache, else
-a diffusers folder of the family among the user's models: `local_components`, so the UI's Model list runs the file).
+"""A transformer on its own, as ComfyUI and BFL publish it (`models/diffusion_models/*.safetensors`: Z-Image,
+Qwen-Image, Flux.2 dev and Klein 4B/9B, Chroma, Lumina 2, SANA, HiDream-I1; SD3's and FLUX.1's without their text
+encoders and VAE), with the text encoders, VAE, tokenizer and scheduler taken from a diffusers folder of the same
+family (`--config` / `--components FOLDER`, else the family's repo in the HF cache, else a diffusers folder of the
+family among the user's models: `local_components`, so the UI's Model list runs the file).
 
 Which family a file's transformer is comes from its keys (the record's `SingleFile.gguf_match`, the same test a
 city96 GGUF of it passes: families/keys.py); diffusers' own `<Transformer>.from_single_file` converts the original
 layout (ComfyUI's / BFL's names) to its own, with the folder's transformer config. A GGUF of the same transformer
 takes models/gguf_file.py's route, which ends in `pipeline_around` too. Nothing is copied: the file is read where it is.
+
+A components folder runs the file where its pipeline's denoiser is the file's class and, if its record reads files of
+its own, of the file's family group (`runs_in`: a Flux.2 Klein folder does not run a Flux.2 dev file). FLUX.1 Kontext's
+files have FLUX.1's keys: a Kontext folder's model_index.json makes a FLUX.1 file Kontext's (`file_pipeline`).
 """
 
 from __future__ import annotations
@@ -18,23 +23,44 @@ from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 
 
+# where whole files keep what is not the denoiser: ComfyUI's all-in-one text encoders (SD3's, FLUX.1's), the VAE
+NOT_DENOISER = ("text_encoders.", "cond_stage_model.", "conditioner.", "first_stage_model.", "vae.")
+
+
 def family_of(shapes: Mapping[str, tuple]) -> families.Family | None:
-    """The record whose transformer alone a .safetensors file's {key: shape} are: a family that has no whole-file
-    checkpoints (those are told by `by_checkpoint`), whose denoiser is a transformer; None for any other file."""
+    """The record whose transformer alone a .safetensors file's {key: shape} are: a family without whole-file
+    checkpoints whose denoiser is a transformer (told by its keys: `SingleFile.gguf_match`), or SD3's / FLUX.1's
+    transformer with nothing else (BFL's flux1-dev.safetensors, ComfyUI's diffusion_models/: no text encoder or VAE
+    keys; a whole file of theirs stays `by_checkpoint`'s); None for any other file."""
     found = families.by_gguf(shapes)
-    if found is None or found.denoiser != "transformer" or found.single_file.checkpoint_match is not None:
-        return None
-    return found
+    if found is not None and found.denoiser == "transformer" and found.single_file.checkpoint_match is None:
+        return found
+    whole = families.by_checkpoint(shapes)
+    if whole is not None and whole.denoiser == "transformer" and not any(k.startswith(NOT_DENOISER) for k in shapes):
+        return whole
+    return None
+
+
+def runs_in(family: families.Family, pipeline: str) -> bool:
+    """A components folder of the pipeline class `pipeline` runs this family's transformer file: its denoiser is of the
+    same class, and where the folder's record reads transformer files of its own, it is of the same family group (a
+    Flux.2 Klein folder does not take a Flux.2 dev file, though both are Flux2Transformer2DModel; a Qwen-Image-Edit
+    folder, which reads none, takes a Qwen-Image file)."""
+    theirs = families.by_pipeline(pipeline)
+    own_files = theirs.single_file is not None and theirs.single_file.gguf_match is not None
+    return family.denoiser_classes[0] in theirs.denoiser_classes and (not own_files or theirs.group == family.group)
 
 
 def local_components(family: families.Family) -> Path | None:
     """A diffusers folder whose pipeline runs this family's transformer, among the models the Model list offers (the
     models root and its checkpoint folders: networks/files.kind_dirs), the first by path; None when there is none, and
-    for the families with whole-file checkpoints (SD, FLUX.1: their files' configs are found as before)."""
+    for UNet families. Asked only for a file that holds the denoiser alone (a 2026 family's transformer file, a GGUF
+    of FLUX.1's or SD3's): a whole checkpoint's configs are found as before (models/checkpoint.py)."""
     from lowvram_gen.networks import files
 
-    if family.denoiser != "transformer" or family.single_file is None or family.single_file.checkpoint_match:
+    if family.denoiser != "transformer" or family.single_file is None:
         return None
+    found = []
     for root in [files.models_root(), *files.kind_dirs("Stable-diffusion")]:
         if not root.is_dir():
             continue
@@ -43,9 +69,10 @@ def local_components(family: families.Family) -> Path | None:
                 theirs = str(safe_json.load_file(entry / "model_index.json").get("_class_name", ""))
             except (OSError, ValueError):
                 continue
-            if family.denoiser_classes[0] in families.by_pipeline(theirs).denoiser_classes:
-                return entry
-    return None
+            if runs_in(family, theirs):
+                found.append((families.by_pipeline(theirs).key != family.key, entry))
+    # the family's own folder before one of another record that runs it (a FLUX.1 file: FLUX.1's, not Kontext's)
+    return min(found, key=lambda f: f[0])[1] if found else None
 
 
 def planned_components(family: families.Family, config: str | None) -> Path | None:
@@ -81,6 +108,22 @@ def file_family(path) -> families.Family | None:
     return family_of({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
 
 
+def file_pipeline(folder: Path, family: families.Family) -> str:
+    """The pipeline class a single file of `family` (a whole file, or its denoiser as a GGUF) builds with the config
+    folder `folder`: the family's own, or the folder's where that is another record of the same group that reads no
+    files of its own. FLUX.1 Kontext's files have FLUX.1's keys and nothing else tells them apart (ComfyUI loads both
+    with one loader and leaves Kontext to the workflow), so a Kontext folder's model_index.json says it is Kontext."""
+    own = family.single_file.pipeline
+    try:
+        theirs = str(safe_json.load_file(folder / "model_index.json").get("_class_name", ""))
+    except (OSError, ValueError):
+        return own  # the config check refuses an unreadable folder in its own words
+    record = families.by_pipeline(theirs)
+    if record.key != family.key and record.group == family.group and record.single_file is None:
+        return theirs
+    return own
+
+
 def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
     """The pipeline class of the components folder, which must be one whose transformer is this file's class (a
     Qwen-Image-Edit folder takes a Qwen-Image transformer file; a Flux.2 dev folder a Flux.2 file): refused in one
@@ -90,7 +133,7 @@ def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read {folder / 'model_index.json'}: {exc}") from None
     wanted = family.denoiser_classes[0]
-    if wanted not in families.by_pipeline(theirs).denoiser_classes:
+    if not runs_in(family, theirs):
         raise ModelLoadError(f"{path.name} is a {family.name} transformer ({wanted}), but the components folder "
                              f"{folder} is a {theirs}: pass --components with a diffusers folder of {family.name}")
     return theirs
