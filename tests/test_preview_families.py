@@ -8,13 +8,12 @@ pack functions. Seeded random weights: the images are noise.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from preview_checks import tiny_channels
 from tiny_dit import BUILDERS
 from tiny_flux2 import build_tiny_flux2_klein
 from tiny_qwen import build_tiny_qwen_image
@@ -40,18 +39,6 @@ def folders(tmp_path_factory) -> dict[str, str]:
     return out
 
 
-def tiny_channels(monkeypatch, folder: str, key: str) -> None:
-    """The tiny folders' VAEs have fewer latent channels than the real ones (diffusers' test shapes: Qwen-Image's 4,
-    not 16): the family's format is given a map of their count (its own rows, repeated), so the run checks what it
-    can at this size: that the latents reach the preview laid out as the format reads them, at the image's size.
-    The published maps at the real channel counts are checked on latents of that count below."""
-    config = json.loads((Path(folder) / "vae" / "config.json").read_text())
-    channels = int(config.get("latent_channels") or config.get("z_dim"))
-    fmt = preview.FORMATS[FORMAT[key]]
-    monkeypatch.setitem(preview.FORMATS, FORMAT[key],
-                        replace(fmt, factors=tuple(fmt.factors[i % len(fmt.factors)] for i in range(channels))))
-
-
 def run(folder: str, tmp_path, method: str = "approx") -> list:
     shown = []
     request = GenerationRequest(prompt="a lighthouse", model=folder, width=96, height=64, steps=2, cfg_scale=2.0,
@@ -65,7 +52,7 @@ def run(folder: str, tmp_path, method: str = "approx") -> list:
 def test_each_familys_run_gives_approx_previews_of_the_image_size(folders, key, tmp_path, monkeypatch):
     record = families.by_key(key)
     assert record.latent_format == FORMAT[key]
-    tiny_channels(monkeypatch, folders[key], key)
+    tiny_channels(monkeypatch, folders[key])
     shown = run(folders[key], tmp_path)
     assert [(step, total) for _, step, total in shown] == [(1, 2), (2, 2)]
     for image, _, _ in shown:
@@ -84,26 +71,33 @@ def test_taesd_is_refused_in_one_sentence_where_no_decoder_is_known(tmp_path):
     assert preview.renderer(pipe, "auto", models=tmp_path)[1] == "approx"
 
 
-def test_flux2s_patchified_packed_latents_are_unpacked_as_comfyuis_flux2_reads_them():
-    """diffusers' Flux.2 patchifies 32 channels 2x2 into 128 and packs them into a sequence; the preview puts each of
-    the 32 channels back on its grid (ComfyUI's Flux2 latent_rgb_factors_reshape)."""
-    from diffusers import Flux2KleinPipeline
+@pytest.mark.parametrize("pipeline", ["Flux2KleinPipeline", "Flux2Pipeline"])
+def test_flux2s_patchified_packed_latents_are_unpacked_as_comfyuis_flux2_reads_them(pipeline):
+    """diffusers' Flux.2 (Klein, and dev with or without reference images) patchifies 32 channels 2x2 into 128 and
+    packs them into a sequence; the preview puts each of the 32 channels back on its grid (ComfyUI's Flux2
+    latent_rgb_factors_reshape)."""
+    import diffusers
 
+    cls = getattr(diffusers, pipeline)
     grid = torch.randn(1, 32, 8, 12, generator=torch.Generator().manual_seed(0))  # a 64x96 image's VAE latents
-    packed = Flux2KleinPipeline._pack_latents(Flux2KleinPipeline._patchify_latents(grid))
+    packed = cls._pack_latents(cls._patchify_latents(grid))
     assert packed.shape == (1, 4 * 6, 128)
-    fmt = preview.FORMATS["flux2"]
+    fmt = preview.FORMATS[families.by_pipeline(pipeline).latent_format]
     assert len(fmt.factors) == 32 and fmt.packed
     assert torch.equal(preview._unpacked(packed, fmt, 96, 64, 8), grid[0])
 
 
-def test_qwen_images_packed_latents_are_unpacked_onto_their_grid():
-    from diffusers import QwenImagePipeline
+@pytest.mark.parametrize("pipeline, channels", [("QwenImagePipeline", 16), ("QwenImageEditPipeline", 16),
+                                                 ("QwenImageEditPlusPipeline", 16), ("FluxKontextPipeline", 16)])
+def test_packed_latents_are_unpacked_onto_their_grid(pipeline, channels):
+    """Qwen-Image's (and its edit models') and FLUX.1 Kontext's 2x2 packing, by the pipeline's own pack function."""
+    import diffusers
 
-    grid = torch.randn(1, 16, 8, 12, generator=torch.Generator().manual_seed(1))
-    packed = QwenImagePipeline._pack_latents(grid, 1, 16, 8, 12)
-    fmt = preview.FORMATS["wan21"]
-    assert len(fmt.factors) == 16 and fmt.packed
+    grid = torch.randn(1, channels, 8, 12, generator=torch.Generator().manual_seed(1))
+    packed = getattr(diffusers, pipeline)._pack_latents(grid, 1, channels, 8, 12)
+    record = families.by_pipeline(pipeline)
+    fmt = replace(preview.FORMATS[record.latent_format], packed=record.packed_latents)
+    assert len(fmt.factors) == channels and fmt.packed
     assert torch.equal(preview._unpacked(packed, fmt, 96, 64, 8), grid[0])
 
 
