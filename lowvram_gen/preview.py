@@ -8,7 +8,9 @@ Two ways, as A1111 and ComfyUI offer them (`METHODS`; "auto" takes TAESD where i
   in `models/VAE-approx/` (under ./models or $LOWVRAM_GEN_MODELS), as A1111 keeps it (`taesd_decoder.pt`,
   `taesdxl_decoder.pt`; also `taesd3_decoder` and `taef1_decoder`, and ComfyUI's `.pth`/`.safetensors` of the
   same names), or a diffusers folder named as its hub repo (`models/VAE-approx/taesd`, ...), or that repo in the
-  Hugging Face cache (`madebyollin/taesd`, ...). Nothing is ever downloaded.
+  Hugging Face cache (`madebyollin/taesd`, ...). SANA, whose latents have no published linear map, has only this:
+  madebyollin's `taesana_decoder.pth` (the 32x variant, which AutoencoderTiny cannot hold: `f32_decoder`). Nothing is
+  ever downloaded.
 
 A preview never touches the GPU or its memory budget: the one latent it shows is copied to the CPU in float32
 first, and TAESD runs on the CPU. The approximation is made in the step (about 0.1 s for a 1024x1024 image on two
@@ -40,16 +42,18 @@ class LatentFormat:
     to the latents as the denoiser holds them (scaled, and shifted for SD3/Flux); `bias` added after; `packed`:
     Flux's 2x2 patches packed into a sequence; `taesd`: the decoder's A1111 file stem and its hub repo."""
 
-    factors: tuple[tuple[float, float, float], ...]
+    factors: tuple[tuple[float, float, float], ...]  # empty: no published map, no approximation (TAESD only)
     bias: tuple[float, float, float] | None
-    taesd: tuple[str, str] | None  # None: no TAESD decoder we know of for these latents (approx only)
+    taesd: tuple[str, str | None] | None  # None: no TAESD decoder we know of (approx only); repo None: file only
     packed: bool = False
+    taesd_f32: bool = False  # the decoder is madebyollin's 32x variant (F32Decoder), not diffusers' AutoencoderTiny
 
 
 # The factors are data published with ComfyUI: comfy/latent_formats.py, classes SD15, SDXL, SD3, Flux, Flux2 and Wan21
 # (latent_rgb_factors, latent_rgb_factors_bias), https://github.com/comfyanonymous/ComfyUI/blob/master/comfy/latent_formats.py
 # Z-Image, Lumina 2 and Chroma have FLUX.1's VAE ("flux"), Qwen-Image Wan 2.1's ("wan21"), Flux.2 its own ("flux2"), as
-# ComfyUI's comfy/supported_models.py gives them. SANA's 32-channel DC-AE has no published map: no preview for it.
+# ComfyUI's comfy/supported_models.py gives them. SANA's 32-channel DC-AE has no published map, so no approximation:
+# its previews are TAESANA's (madebyollin/taesd's taesana_decoder.pth, the 32x "f32" variant) where that file is here.
 FORMATS = {
     "sd": LatentFormat(  # SD 1.x / 2.x
         ((0.3512, 0.2297, 0.3227), (0.3250, 0.4974, 0.2350), (-0.2829, 0.1762, 0.2721), (-0.2120, -0.2616, -0.7177)),
@@ -91,6 +95,9 @@ FORMATS = {
          (-0.0412, 0.0267, -0.1364), (-0.1293, 0.0740, 0.1636), (0.0680, 0.3019, 0.1128), (0.0032, 0.0581, 0.0639),
          (-0.1251, 0.0927, 0.1699), (0.0060, -0.0633, 0.0005), (0.3477, 0.2275, 0.2950), (0.1984, 0.0913, 0.1861)),
         (-0.1835, -0.0868, -0.3360), None, packed=True),
+    # SANA's DC-AE (f32c32): no linear map published; madebyollin's TAESANA decoder file only (it is published in the
+    # taesd GitHub repository, not as a diffusers folder on the hub)
+    "dc-ae": LatentFormat((), None, ("taesana_decoder", None), taesd_f32=True),
 }
 
 Render = Callable[[object, int, int], object]  # (latents of one image on the CPU, width, height) -> PIL image
@@ -122,21 +129,28 @@ def renderer(pipe, method: str = "auto", models: Path | None = None) -> tuple[Re
     # whether the denoiser holds its latents packed into a sequence is the family's (its record), not the format's
     fmt = replace(FORMATS[key], packed=families.of_pipe(pipe).packed_latents)
     scale = int(getattr(pipe, "vae_scale_factor", 8) or 8)
+    if method == "approx" and not fmt.factors:
+        return None, "off"  # no published map (SANA): no preview, as for a family with no format
     if method == "taesd" and fmt.taesd is None:
         raise InvalidRequest("live preview method", "taesd", f"no TAESD decoder is known for {families.of_pipe(pipe).name}"
                              "'s latents: use auto or approx")
     if method in ("auto", "taesd") and fmt.taesd is not None:
         found = find_taesd(fmt, models)
         if found is not None:
-            decoder = _Taesd(found)
+            decoder = _Taesd(found, fmt.taesd_f32)
             return (lambda latents, width, height: decoder.image(_unpacked(latents, fmt, width, height, scale),
                                                                  (width, height))), "taesd"
         if method == "taesd":
             stem, repo = fmt.taesd
+            where = f"{stem}.pt (or .pth, .safetensors)" + (f" or the diffusers folder {repo.split('/')[1]}" if repo
+                                                              else "")
+            cache = f", or have {repo} in the Hugging Face cache" if repo else ""
             raise InvalidRequest("live preview method", "taesd",
-                                 f"no TAESD decoder for this model: put {stem}.pt (or .safetensors) or the diffusers "
-                                 f"folder {repo.split('/')[1]} in {(models or models_root()) / TAESD_FOLDER}, or have "
-                                 f"{repo} in the Hugging Face cache; or use auto/approx")
+                                 f"no TAESD decoder for this model: put {where} in "
+                                 f"{(models or models_root()) / TAESD_FOLDER}{cache}; or use auto"
+                                 + ("/approx" if fmt.factors else ""))
+    if not fmt.factors:  # auto, and no decoder here: no preview rather than a made-up map
+        return None, "off"
     return (lambda latents, width, height: approx(_unpacked(latents, fmt, width, height, scale), fmt,
                                                   (width, height))), "approx"
 
@@ -232,6 +246,8 @@ def find_taesd(fmt: LatentFormat, models: Path | None = None) -> Path | None:
     for suffix in TAESD_SUFFIXES:
         if (folder / f"{stem}{suffix}").is_file():
             return folder / f"{stem}{suffix}"
+    if repo is None:
+        return None
     local = folder / repo.split("/")[1]
     if (local / "config.json").is_file():
         return local
@@ -254,15 +270,19 @@ class _Taesd:
     them (as A1111 and ComfyUI feed it); a diffusers folder, as a pipeline feeds its VAE (its config's scaling and
     shift undone first)."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.model = load_taesd(path)
+    def __init__(self, path: Path, f32: bool = False):
+        self.path, self.f32 = path, f32
+        self.model = load_taesd(path, f32)
 
     def image(self, latents, size: tuple[int, int]):
         import torch
 
-        config = self.model.config
         x = latents.float()[None]
+        if self.f32:  # madebyollin's own module: the latents as the denoiser holds them in, [0, 1] out
+            with torch.inference_mode():
+                rgb = self.model(x)[0].clamp(0, 1) * 2 - 1
+            return _to_image(rgb, size)
+        config = self.model.config
         if self.path.is_dir():
             x = x / config.scaling_factor + config.shift_factor
         with torch.inference_mode():
@@ -270,10 +290,11 @@ class _Taesd:
         return _to_image(rgb, size)
 
 
-def load_taesd(path: Path):
+def load_taesd(path: Path, f32: bool = False):
     """An AutoencoderTiny on the CPU (float32) from a diffusers folder or an A1111/ComfyUI decoder file (the
     original TAESD layout: an nn.Sequential whose first entry is the clamp diffusers' DecoderTiny applies itself,
-    so its layer i is diffusers' decoder.layers[i - 1]), cached per file while the process runs."""
+    so its layer i is diffusers' decoder.layers[i - 1]), cached per file while the process runs. `f32`: the file is
+    madebyollin's 32x decoder (TAESANA), which AutoencoderTiny cannot hold: loaded into `f32_decoder`'s module."""
     key = (str(path), path.stat().st_mtime_ns)
     with _LOCK:
         if key in _DECODERS:
@@ -283,6 +304,8 @@ def load_taesd(path: Path):
 
         if path.is_dir():
             model = AutoencoderTiny.from_pretrained(str(path), torch_dtype=torch.float32, local_files_only=True)
+        elif f32:
+            model = _f32_from_file(path)
         else:
             model = _from_file(path)
         model = model.to("cpu", torch.float32).eval()
@@ -290,9 +313,7 @@ def load_taesd(path: Path):
         return model
 
 
-def _from_file(path: Path):
-    from diffusers import AutoencoderTiny
-
+def _decoder_state(path: Path) -> dict:
     if path.suffix.lower() == ".safetensors":
         from safetensors.torch import load_file
 
@@ -304,6 +325,13 @@ def _from_file(path: Path):
         from lowvram_gen.models.safe_files import load_pickle_weights_only
 
         state = load_pickle_weights_only(path)
+    return state
+
+
+def _from_file(path: Path):
+    from diffusers import AutoencoderTiny
+
+    state = _decoder_state(path)
     try:
         layers = {f"{int(k.split('.', 1)[0]) - 1}.{k.split('.', 1)[1]}": v for k, v in state.items()}
         first = layers["0.weight"]  # conv(latent channels -> width)
@@ -312,5 +340,46 @@ def _from_file(path: Path):
         model.decoder.layers.load_state_dict(layers)
     except (ValueError, KeyError, IndexError, RuntimeError) as exc:
         raise ModelLoadError(f"{path} is not a TAESD decoder (A1111's taesd_decoder.pt layout): "
+                             f"{str(exc).splitlines()[0]}") from None
+    return model
+
+
+def f32_decoder(latent_channels: int = 32):
+    """madebyollin's TAESD decoder with 32x upscaling (taesd.py's F32Decoder, TAESANA's), layer for layer, so its
+    published state dict loads by name: a clamp, conv to 256, then five stages of three residual blocks each
+    followed by a 2x upsample and a conv (256 -> 128 -> 64 ...), a last block and a conv to RGB in [0, 1]."""
+    import torch
+    from torch import nn
+
+    def conv(n_in, n_out, **kw):
+        return nn.Conv2d(n_in, n_out, 3, padding=1, **kw)
+
+    class Clamp(nn.Module):
+        def forward(self, x):
+            return torch.tanh(x / 3) * 3
+
+    class Block(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.conv = nn.Sequential(conv(n, n), nn.ReLU(), conv(n, n), nn.ReLU(), conv(n, n))
+            self.skip, self.fuse = nn.Identity(), nn.ReLU()
+
+        def forward(self, x):
+            return self.fuse(self.conv(x) + self.skip(x))
+
+    layers = [Clamp(), conv(latent_channels, 256), nn.ReLU()]
+    for n_in, n_out in ((256, 128), (128, 64), (64, 64), (64, 64), (64, 64)):
+        layers += [Block(n_in), Block(n_in), Block(n_in), nn.Upsample(scale_factor=2), conv(n_in, n_out, bias=False)]
+    return nn.Sequential(*layers, Block(64), conv(64, 3))
+
+
+def _f32_from_file(path: Path):
+    state = _decoder_state(path)
+    try:
+        first = state["1.weight"]  # conv(latent channels -> 256)
+        model = f32_decoder(first.shape[1])
+        model.load_state_dict(state)
+    except (ValueError, KeyError, IndexError, RuntimeError) as exc:
+        raise ModelLoadError(f"{path} is not a TAESANA decoder (madebyollin's taesana_decoder.pth layout): "
                              f"{str(exc).splitlines()[0]}") from None
     return model

@@ -85,9 +85,9 @@ def test_the_built_in_families_keep_their_call_and_decode():
         == ["clip", "clip_pair", None, None]
     assert preview.latent_format(_bare("StableDiffusionXLInpaintPipeline")) == "sdxl"
     assert preview.latent_format(_bare("FluxImg2ImgPipeline")) == "flux"
-    # a class-name prefix once gave Flux.2 FLUX.1's latent format; no record claims it, so it has none
+    # a class-name prefix once gave Flux.2 FLUX.1's latent format; its own record (Flux.2 dev) gives it Flux.2's
     if hasattr(diffusers, "Flux2Pipeline"):
-        assert preview.latent_format(_bare("Flux2Pipeline")) is None
+        assert preview.latent_format(_bare("Flux2Pipeline")) == "flux2"
 
 
 def test_the_call_style_comes_from_the_record():

@@ -9,6 +9,8 @@ download, built from seeded random numbers on the tiny transformer's real module
   Z-Image).
 - 'kohya-bfl': sd-scripts' flattened names on BFL's original layout (`lora_unet_double_blocks_0_img_attn_qkv`, fused
   q/k/v), as Flux.2 and Chroma LoRAs trained with sd-scripts / ComfyUI come.
+- 'ai-toolkit-bfl': ai-toolkit's Flux.2 files, BFL's original layout under `diffusion_model.`
+  (`diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight`), no alphas.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def lora_state(transformer, layout: str, seed: int = 0, scale: float = 0.5) -> d
     g = torch.Generator().manual_seed(seed)
     if layout.startswith("kohya-bfl"):
         return _bfl_state(transformer, g, scale, singles=layout == "kohya-bfl")
+    if layout == "ai-toolkit-bfl":
+        return _bfl_state(transformer, g, scale, singles=True, kohya=False)
     state = {}
     for name, m in _linears(transformer):
         down, up = _pair(g, m.out_features, m.in_features, scale)
@@ -56,14 +60,19 @@ def lora_state(transformer, layout: str, seed: int = 0, scale: float = 0.5) -> d
     return state
 
 
-def _bfl_state(transformer, g, scale: float, singles: bool) -> dict:
+def _bfl_state(transformer, g, scale: float, singles: bool, kohya: bool = True) -> dict:
     """BFL's layout: per double block the image stream's fused qkv and its out projection, per single block
-    linear1 (fused qkv + MLP in) and linear2, each kohya-flattened with an alpha."""
+    linear1 (fused qkv + MLP in) and linear2, each kohya-flattened with an alpha (`kohya`), else ai-toolkit's
+    dotted names under `diffusion_model.` with lora_A / lora_B."""
     state = {}
 
     def put(key: str, rows: int, cols: int):
-        state[f"lora_unet_{key}.lora_down.weight"], state[f"lora_unet_{key}.lora_up.weight"] = _pair(g, rows, cols,
-                                                                                                      scale)
+        down, up = _pair(g, rows, cols, scale)
+        if not kohya:
+            dotted = re.sub(r"_(\d+)_", r".\1.", key).replace("_attn_", "_attn.")  # double_blocks.0.img_attn.qkv
+            state[f"diffusion_model.{dotted}.lora_A.weight"], state[f"diffusion_model.{dotted}.lora_B.weight"] = down, up
+            return
+        state[f"lora_unet_{key}.lora_down.weight"], state[f"lora_unet_{key}.lora_up.weight"] = down, up
         state[f"lora_unet_{key}.alpha"] = torch.tensor(float(RANK) / 2)
 
     for i, block in enumerate(transformer.transformer_blocks):

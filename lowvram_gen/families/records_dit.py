@@ -41,8 +41,9 @@ SANA = Family(
     textual_inversion=False,
     # its model card (and SanaPipeline's defaults): num_inference_steps=20, guidance_scale=4.5
     sampling=Sampling(20, 4.5, "SANA's model card"),
-    # no preview: no published linear map of its 32-channel DC-AE latents to RGB (ComfyUI has none either)
-    latent_format=None,
+    # no published linear map of its 32-channel DC-AE latents to RGB (ComfyUI has none either): previews by
+    # madebyollin's TAESANA decoder where its file is in models/VAE-approx (preview.py's "dc-ae"), else none
+    latent_format="dc-ae",
 )
 
 CHROMA = Family(

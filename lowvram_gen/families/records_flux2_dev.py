@@ -40,6 +40,8 @@ FLUX2_DEV = Family(
     # Mistral's prompt padded to the call's max_sequence_length (512), carried beside the image tokens; guidance is
     # an input of the transformer: no CFG batch
     t5_tokens=512, joint_tokens=512, cfg_batch=False, file_dtype="bfloat16",
+    # Klein's 32-channel VAE latents, patchified and packed as Klein's (the reference images' joined only in a step)
+    latent_format="flux2", packed_latents=True,
     call=Call(Guidance.DISTILLED, negative_prompt=False, takes_negative_prompt=False),
     # FLUX.2 [dev]'s model card and Flux2Pipeline's defaults: 50 steps at (distilled) guidance 4
     sampling=Sampling(50, 4.0, "FLUX.2 [dev]'s model card"),

@@ -23,7 +23,10 @@ from lowvram_gen.families.records_qwen import QWEN_IMAGE
 _COMMON = dict(
     denoiser="transformer", denoiser_classes=QWEN_IMAGE.denoiser_classes, native_side=1024,
     transformer_shape=QWEN_IMAGE.transformer_shape, t5_tokens=512, joint_tokens=512, cfg_batch=False,
-    file_dtype="bfloat16", latent_format=None,
+    file_dtype="bfloat16",
+    # Qwen-Image's latents (Wan 2.1's VAE, packed 2x2 into a sequence): the reference images' latents are joined to
+    # them only inside each step, so the latents a step ends with are the output image's alone
+    latent_format="wan21", packed_latents=True,
     call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
     text_encode_apart=None, lora="diffusers", textual_inversion=False,
     # Qwen-Image-Edit's and -2509's model cards: 50 steps at true CFG 4

@@ -180,7 +180,11 @@ def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
         wanted = _targets(pipe, state)
     except _WidthMismatch as exc:
         raise ModelLoadError(_does_not_fit(path, name, cls, exc, _families_apart(pipe))) from None
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, AssertionError, IndexError, RuntimeError) as exc:
+        # diffusers' converters raise these (an AssertionError where a fused layer does not split at the widths
+        # they expect): a layout they do not read for this family is said as such, a broken file as one
+        if layout_of(state)[0] != "diffusers":
+            raise ModelLoadError(_not_converted(pipe, path, state)) from None
         raise ModelLoadError(f"LoRA {path} could not be read as a LoRA ({_first_line(exc)})") from None
     denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
     try:
@@ -188,19 +192,54 @@ def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
         with libraries_silenced("Already found a `peft_config`"), \
                 (fp8_lifted(denoiser) if denoiser is not None else _nothing()):
             pipe.load_lora_weights(dict(state), adapter_name=name)
-    except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+    except (ValueError, RuntimeError, KeyError, TypeError, AssertionError) as exc:
         _delete(pipe, name)
-        raise ModelLoadError(_does_not_fit(path, name, cls, exc, _families_apart(pipe))) from None
+        raise ModelLoadError(_does_not_fit(path, name, cls, exc, _families_apart(pipe), layout_of(state)[1])) \
+            from None
     got = injected(pipe, name)
     total, matched = sum(wanted.values()), sum(got.values())
     if matched == 0:
         _delete(pipe, name)
+        if not set(wanted) & set(getattr(pipe, "_lora_loadable_modules", ())) and layout_of(state)[0] != "diffusers":
+            raise ModelLoadError(_not_converted(pipe, path, state))  # diffusers left its keys as they were
         raise ModelLoadError(f"LoRA {path}: none of its {total} layers match a layer of this {cls}; {hint}")
     warnings = []
     if matched < total:
         warnings.append(f"LoRA {path.name}: {total - matched} of its {total} layers match nothing in this {cls} "
                         f"and are ignored (loaded into {', '.join(got)})")
     return tuple(got), warnings
+
+
+def layout_of(state: dict) -> tuple[str, str]:
+    """(kind, how a sentence names it) of a LoRA file's keys, as its users' tools save them: 'kohya' (sd-scripts'
+    flattened `lora_unet_...` names, on BFL's original blocks or the model's own), 'comfy' (ComfyUI's and
+    ai-toolkit's `diffusion_model.` prefix), 'peft' (`base_model.model.`), 'lycoris' (LoKr/LoHa), 'diffusers' (a
+    pipeline component's name first: `transformer.`, `unet.`, `text_encoder.`) or 'unknown'."""
+    keys = [k for k in state if isinstance(k, str)]
+    example = next((k for k in keys if re.search(r"lora_A|lora_down|lokr_|hada_", k)), keys[0] if keys else "")
+    bfl = " on BFL's original block names" if any("double_blocks" in k or "single_blocks" in k for k in keys) else ""
+    if any(".lokr_" in k or ".hada_" in k for k in keys):
+        kind, said = "lycoris", "LyCORIS's (LoKr/LoHa) layout"
+    elif any(k.startswith(("lora_unet_", "lora_te", "lora_transformer_")) for k in keys):
+        kind, said = "kohya", f"kohya/sd-scripts' layout{bfl}"
+    elif any(k.startswith("diffusion_model.") for k in keys):
+        kind, said = "comfy", f"ComfyUI/ai-toolkit's layout{bfl}"
+    elif any(k.startswith("base_model.model.") for k in keys):
+        kind, said = "peft", "PEFT's layout"
+    elif any(k.split(".", 1)[0] in ("transformer", "unet", "text_encoder", "text_encoder_2", "prior") for k in keys):
+        kind, said = "diffusers", "diffusers' layout"
+    else:
+        kind, said = "unknown", "a layout diffusers does not name"
+    return kind, f"{said} ({example})" if example else said
+
+
+def _not_converted(pipe, path: Path, state: dict) -> str:
+    """One sentence for a LoRA whose key layout diffusers' loader of this family does not convert (its converters'
+    own errors are lists of the keys they could not place: not repeated here)."""
+    family = families.of_pipe(pipe).name or type(pipe).__name__
+    return (f"LoRA {path.name} is in {layout_of(state)[1]}, which diffusers' LoRA loader does not convert for "
+            f"{family}; a LoRA for {family} in diffusers' layout (transformer.<module>.lora_A/lora_B) loads "
+            f"({path})")
 
 
 @contextmanager
@@ -219,13 +258,16 @@ def _families_apart(pipe) -> str:
     return "SD 1.x/2.x vs SDXL" if record.lora == "a1111" or record.is_generic else f"not {record.name}"
 
 
-def _does_not_fit(path: Path, adapter: str, cls: str, exc: BaseException, apart: str = "SD 1.x/2.x vs SDXL") -> str:
+def _does_not_fit(path: Path, adapter: str, cls: str, exc: BaseException, apart: str = "SD 1.x/2.x vs SDXL",
+                  layout: str = "") -> str:
     """One complete sentence for a LoRA that failed to load: torch's 'size mismatch' list (one line per layer,
-    its first line only a heading) becomes the count and one layer's shapes in the file and in the model."""
+    its first line only a heading) becomes the count and one layer's shapes in the file and in the model; any other
+    failure names the file's key layout (`layout_of`) beside the loader's first line."""
     found = _MISMATCH.findall(str(exc))
     if not found:
-        return (f"LoRA {path} does not fit this {cls}: {_first_line(exc)}; is it a LoRA for another model family "
-                f"({apart})?")
+        said = f" ({layout})" if layout else ""
+        return (f"LoRA {path.name}{said} does not fit this {cls}: {_first_line(exc).rstrip('.')}; is it a LoRA for "
+                f"another model family ({apart})? ({path})")
     key, in_file, in_model = found[0]
     key = key.replace(f".{adapter}.", ".")  # peft's per-adapter key: the layer as the file names it
     return (f"LoRA {path.name} is for another base model than this {cls} ({apart}?): "
