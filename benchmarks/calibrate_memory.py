@@ -119,12 +119,20 @@ FAMILY_LAYERS = {
     "sana": {"num_layers": 1},
     "chroma": {"num_layers": 1, "num_single_layers": 1},
     "lumina2": {"num_layers": 1, "num_refiner_layers": 1},
+    "flux2-dev": {"num_layers": 1, "num_single_layers": 1},
+    "cogview4": {"num_layers": 1},
 }
-JOBS += [(f"transformer-{key}-512-b1", "transformer", key, 512, 512, 1, {"layers": layers, "pipeline": True})
-         for key, layers in FAMILY_LAYERS.items()]
-# Qwen-Image at a second size: its peak grows faster with the image tokens than the one coefficient says (docs)
-JOBS.append(("transformer-qwen-image-768-b1", "transformer", "qwen-image", 768, 768, 1,
-             {"layers": FAMILY_LAYERS["qwen-image"], "pipeline": True}))
+# Families streamed_families.py has no row for, run the same way (its FAMILIES table: tests module, tiny builder,
+# config key of the text width, mask argument, call extras); HiDream (four text encoders, a mixture-of-experts
+# block) is not measured
+EXTRA_FAMILIES = {
+    "flux2-dev": ("tiny_flux2_dev", "build_tiny_flux2_dev", "joint_attention_dim", "", {"guidance_scale": 4.0}),
+    "cogview4": ("tiny_cogview4", "build_tiny_cogview4", "text_embed_dim", "", {"guidance_scale": 1.0}),
+}
+# Three sizes each; masked SDPA runs as a GPU kernel would hold it (benchmarks/gpu_attention.py, "gpu_attention")
+JOBS += [(f"transformer-{key}-{side}-b1", "transformer", key, side, side, 1,
+          {"layers": layers, "pipeline": True, "gpu_attention": True})
+         for key, layers in FAMILY_LAYERS.items() for side in (512, 768, 1024)]
 
 
 # Published GPU peaks (torch.cuda.max_memory_allocated of a whole pipeline call) to check totals against.
@@ -329,6 +337,7 @@ def family_worker(job: dict) -> dict:
     import diffusers
     import torch
 
+    import gpu_attention
     import streamed_families as fam
 
     sys.path.insert(0, str(ROOT))
@@ -336,23 +345,35 @@ def family_worker(job: dict) -> dict:
 
     torch.set_num_threads(int(os.environ.get("CALIB_THREADS", "2")))
     key = job["arch"]
+    fam.FAMILIES.update({k: v for k, v in EXTRA_FAMILIES.items() if k not in fam.FAMILIES})
     t0 = time.perf_counter()
     model, cfg = fam.build_transformer(key, job["options"]["layers"])
     pipe = fam.build_pipeline(key, model)
     n_params = sum(p.numel() for p in model.parameters())
     build_s = time.perf_counter() - t0
     tokens = families.by_key(key).t5_prompt_tokens()  # the pipeline's max_sequence_length: what it feeds at most
-    fam.run_job(pipe, key, cfg, 1, side=128, tokens=8)  # warm-up: the same code paths, small
-    gc.collect()
-    reset_peak()
-    before = status()["VmRSS"]
-    t1 = time.perf_counter()
-    fam.run_job(pipe, key, cfg, 1, side=job["width"], tokens=tokens)
-    run_s = time.perf_counter() - t1
-    peak = status()["VmHWM"]
+    # The tiny pipeline's VAE downsamples less than the real one (Qwen-Image's 4x, Z-Image's 2x, Klein's 1x against
+    # 8x): ask it for the side that gives the real model's latent, hence its image tokens, at the job's size.
+    # (Before, the 512 px points ran 4x, 16x and 64x the real image tokens.)
+    from lowvram_gen.models.profile import profile_builtin
+
+    scale = pipe.vae_scale_factor / profile_builtin(key).vae_scale_factor
+    side, warm = int(job["width"] * scale), max(int(128 * scale), 16 * int(pipe.vae_scale_factor))
+    # masked attention in query chunks (what CUDA's memory-efficient kernel holds), not the CPU's math kernel
+    attention = gpu_attention.installed() if job["options"].get("gpu_attention") else contextlib.nullcontext({})
+    with attention as calls:
+        fam.run_job(pipe, key, cfg, 1, side=warm, tokens=8)  # warm-up: the same code paths, small
+        gc.collect()
+        reset_peak()
+        before = status()["VmRSS"]
+        t1 = time.perf_counter()
+        fam.run_job(pipe, key, cfg, 1, side=side, tokens=tokens)
+        run_s = time.perf_counter() - t1
+        peak = status()["VmHWM"]
     return {**job, "params": n_params, "rss_before_bytes": before, "peak_rss_bytes": peak,
             "activation_bytes": peak - before, "build_s": round(build_s, 1), "run_s": round(run_s, 1),
             "torch": torch.__version__, "diffusers": diffusers.__version__, "text_tokens": tokens,
+            "sdpa_calls": dict(calls), "pipeline_side": side,
             "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
 
 
@@ -526,7 +547,7 @@ def markdown() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         m = meas[row["id"]]
-        if m["component"] == "transformer":
+        if m["component"] == "transformer" and not m["options"].get("pipeline"):
             prof = profiles.profile_builtin(m["arch"])
             image = (m["height"] // 8 // prof.transformer_patch) * (m["width"] // 8 // prof.transformer_patch)
             layers = m["options"]["layers"]
@@ -536,6 +557,8 @@ def markdown() -> None:
                   f"| {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} | {row['error_pct']:+.1f} % "
                   f"| {m['run_s']:.0f} |")
     print()
+    print(family_markdown(rows, meas))
+    print()
     print("| published run | published max_memory_allocated (GiB) | estimated, no overhead (GiB) | error | peak phase |")
     print("|---|---|---|---|---|")
     for row in memory_fit.published_report():
@@ -543,6 +566,32 @@ def markdown() -> None:
               f"| {row['error_pct']:+.1f} % | {row['phase']} |")
     print()
     print("fit:", json.dumps(load().get("fit")))
+
+
+def family_markdown(rows: list[dict], meas: dict) -> str:
+    """The table of the issue-30 families' pipeline points (docs/benchmarks.md)."""
+    from lowvram_gen.models.profile import profile_builtin
+    from lowvram_gen.planning import estimate
+
+    fit = load().get("fit", {}).get("transformer", {})
+    out = ["| family | px | tokens (image + text) | longest attention seen | blocks | measured (MiB) | estimated (MiB) "
+           "| error | with the global coefficient | CPU time (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        m = meas[row["id"]]
+        if not m["options"].get("pipeline"):
+            continue
+        prof = profile_builtin(m["arch"])
+        hw = (m["height"] // prof.vae_scale_factor) * (m["width"] // prof.vae_scale_factor)
+        image = int(hw / prof.transformer_patch**2)
+        text = int(estimate.transformer_tokens(prof, hw)) - image
+        blocks = " + ".join(f"{v} {k}" for k, v in m["options"]["layers"].items())
+        at_global = row["estimated_mib"] * fit.get("global", 1) / fit.get(m["arch"], fit.get("global", 1))
+        out.append(f"| {m['arch']} | {m['width']} | {image} + {text} | {m.get('sdpa_calls', {}).get('longest_sequence', '')} "
+                   f"| {blocks} | {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} | {row['error_pct']:+.1f} % "
+                   f"| {at_global:.0f} ({100 * (at_global - row['measured_mib']) / row['measured_mib']:+.0f} %) "
+                   f"| {m['run_s']:.0f} |")
+    coefs = ", ".join(f"{k} {v}" for k, v in sorted(fit.items()) if k not in ("global", "per_call"))
+    return "\n".join(out) + f"\n\nfit.transformer: {coefs}; global {fit.get('global')}, per_call {fit.get('per_call')}"
 
 
 def main(argv: list[str] | None = None) -> int:
