@@ -134,6 +134,10 @@ EXTRA_FAMILIES = {
 JOBS += [(f"transformer-{key}-{side}-b1", "transformer", key, side, side, 1,
           {"layers": layers, "pipeline": True, "gpu_attention": True})
          for key, layers in FAMILY_LAYERS.items() for side in (512, 768, 1024)]
+# Qwen-Image's VAE (a causal video VAE decoding one frame): its decode held 2.6x what the SD VAE's feature and
+# coefficient say (host_peaks.py's Qwen-Image cell erred -23 % for it), so it has its own points and coefficient
+JOBS += [(f"vae-qwen-image-{side}", "vae", "qwen-image", side, side, 1, {"own_coefficient": True})
+         for side in (512, 768)]
 # Points kept apart from the fit, in HELD_OUT_FILE instead of calibration.json: SANA's step peaked at 92-96 MiB at 256,
 # 576 and 1024 image tokens alike (inside the transformer's forward; a fixed cost the per-token model cannot follow,
 # docs/benchmarks.md), so it keeps the global coefficient, not calibrated
@@ -186,8 +190,8 @@ def _build(component: str, arch: str, dtype, overrides: dict | None = None):
         from diffusers import UNet2DConditionModel as cls
     elif component == "transformer":
         cls = getattr(diffusers, cfg["_class_name"])
-    else:
-        from diffusers import AutoencoderKL as cls
+    else:  # the SD VAE, or a family's own (Qwen-Image's AutoencoderKLQwenImage)
+        cls = getattr(diffusers, cfg.get("_class_name", "AutoencoderKL"))
     with init_empty_weights():
         model = cls.from_config(cfg)
     gen = torch.Generator().manual_seed(0)
@@ -258,6 +262,8 @@ def _inputs(component: str, cfg: dict, width: int, height: int, batch: int, dtyp
     g = torch.Generator().manual_seed(1)
     h, w = height // 8, width // 8
     if component == "vae":
+        if cfg.get("z_dim"):  # Qwen-Image's video-style VAE: (batch, channels, frames, h, w), one frame
+            return {"z": torch.randn(batch, cfg["z_dim"], 1, h, w, generator=g).to(dtype)}
         return {"z": torch.randn(batch, cfg.get("latent_channels", 4), h, w, generator=g).to(dtype)}
     if component == "transformer":
         return _transformer_inputs(cfg, arch, h, w, batch, dtype, g)
@@ -597,7 +603,8 @@ def family_markdown(rows: list[dict], meas: dict) -> str:
         text = int(estimate.transformer_tokens(prof, hw)) - image
         blocks = " + ".join(f"{v} {k}" for k, v in m["options"]["layers"].items())
         at_global = row["estimated_mib"] * fit.get("global", 1) / fit.get(m["arch"], fit.get("global", 1))
-        out.append(f"| {m['arch']} | {m['width']} | {image} + {text} | {m.get('sdpa_calls', {}).get('longest_sequence', '')} "
+        seen = m.get("sdpa_calls", {}).get("longest_sequence", "")
+        out.append(f"| {m['arch']} | {m['width']} | {image} + {text} | {seen} "
                    f"| {blocks} | {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} | {row['error_pct']:+.1f} % "
                    f"| {at_global:.0f} ({100 * (at_global - row['measured_mib']) / row['measured_mib']:+.0f} %) "
                    f"| {m['run_s']:.0f} |")

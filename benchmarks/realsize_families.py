@@ -75,6 +75,10 @@ def build(key: str, dest: Path | None = None) -> Path:
         if name.startswith("_") or not isinstance(spec, list) or not (CONFIGS / key / name / "config.json").is_file():
             continue
         model = _component(spec[0], spec[1], _config(key, name), seed, "bfloat16")
+        if _config(key, name).get("tie_word_embeddings") and hasattr(model, "lm_head"):
+            # one tensor, stored once, as Qwen3's published files have it (built apart, the file held both: 2.6
+            # bytes a parameter, which the planner does not take for a bf16 file it can keep mapped)
+            model.lm_head.weight = model.get_input_embeddings().weight
         model.save_pretrained(tmp / name, safe_serialization=True, max_shard_size="5GB")
         parts[name] = spec
         print(f"built {key}/{name}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters",

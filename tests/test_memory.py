@@ -403,6 +403,20 @@ def test_a_measured_family_coefficient_is_the_one_its_estimate_uses(key, monkeyp
     assert memory.unet_activation_bytes(prof, 1024, 1024, 1, 2, "sdpa") == pytest.approx(2 * before, rel=1e-9)
 
 
+def test_a_variant_of_a_measured_family_takes_its_coefficient_by_denoiser_class():
+    """Klein 9B, Qwen-Image-Edit and a folder of Klein at another depth (arch 'custom') have no points of their own:
+    their denoiser class is a pipeline-measured family's, so they take its coefficients, not the global ones."""
+    fit = profiles.calibration()["fit"]
+    klein, edit = profiles.profile_builtin("flux2-klein-9b"), profiles.profile_builtin("qwen-image-edit")
+    assert memory._coefficient("transformer", klein) == fit["transformer"]["flux2-klein"] != fit["transformer"]["global"]
+    assert memory._coefficient("transformer", edit) == fit["transformer"]["qwen-image"]
+    assert memory._coefficient("vae", edit) == fit["vae"]["qwen-image"] != fit["vae"]["global"]
+    cut = replace(profiles.profile_builtin("flux2-klein"), arch="custom")
+    assert memory._coefficient("transformer", cut) == fit["transformer"]["flux2-klein"]
+    # a class no family was measured through keeps the global one (FLUX.1's Kontext: bare-forward points only)
+    assert memory._coefficient("transformer", profiles.profile_builtin("kontext")) == fit["transformer"]["global"]
+
+
 def test_transformer_peak_does_not_depend_on_depth():
     """The transformer points are measured with 2 blocks (Flux 1 + 1); 4 blocks (2 + 2) peak the same."""
     meas = {m["id"]: m for m in profiles.calibration()["measurements"]}
