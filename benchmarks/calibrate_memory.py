@@ -38,8 +38,9 @@ to the flash-attention CPU kernel (no full score matrix), as SDPA does on CUDA.
 The issue-30 families (FAMILY_LAYERS) are measured through one step of their own pipeline instead
 (benchmarks/streamed_families.py: the tiny test pipeline around the real-width transformer at reduced depth,
 prompt embeddings of the real width and length): their forwards take the pipeline's packing, rotary ids and
-masks. A pipeline that passes an attention mask runs SDPA's math kernel on this CPU (a score matrix CUDA's
-memory-efficient kernel does not hold): such a point measures the CPU, not the GPU (docs/benchmarks.md).
+masks. The tiny pipeline is asked for the size whose latent is the real model's at the job's size (its VAE
+downsamples less). A masked SDPA call would run the math kernel on this CPU (a score matrix CUDA's memory-efficient
+kernel does not hold), so these steps run under benchmarks/gpu_attention.py (docs/benchmarks.md).
 
 The results go to lowvram_gen/configs/calibration.json ("measurements"), written after every job,
 next to published GPU figures ("published"); then the fitted coefficients ("fit") that
@@ -119,12 +120,29 @@ FAMILY_LAYERS = {
     "sana": {"num_layers": 1},
     "chroma": {"num_layers": 1, "num_single_layers": 1},
     "lumina2": {"num_layers": 1, "num_refiner_layers": 1},
+    "flux2-dev": {"num_layers": 1, "num_single_layers": 1},
+    "cogview4": {"num_layers": 1},
 }
-JOBS += [(f"transformer-{key}-512-b1", "transformer", key, 512, 512, 1, {"layers": layers, "pipeline": True})
-         for key, layers in FAMILY_LAYERS.items()]
-# Qwen-Image at a second size: its peak grows faster with the image tokens than the one coefficient says (docs)
-JOBS.append(("transformer-qwen-image-768-b1", "transformer", "qwen-image", 768, 768, 1,
-             {"layers": FAMILY_LAYERS["qwen-image"], "pipeline": True}))
+# Families streamed_families.py has no row for, run the same way (its FAMILIES table: tests module, tiny builder,
+# config key of the text width, mask argument, call extras); HiDream (four text encoders, a mixture-of-experts
+# block) is not measured
+EXTRA_FAMILIES = {
+    "flux2-dev": ("tiny_flux2_dev", "build_tiny_flux2_dev", "joint_attention_dim", "", {"guidance_scale": 4.0}),
+    "cogview4": ("tiny_cogview4", "build_tiny_cogview4", "text_embed_dim", "", {"guidance_scale": 1.0}),
+}
+# Three sizes each; masked SDPA runs as a GPU kernel would hold it (benchmarks/gpu_attention.py, "gpu_attention")
+JOBS += [(f"transformer-{key}-{side}-b1", "transformer", key, side, side, 1,
+          {"layers": layers, "pipeline": True, "gpu_attention": True})
+         for key, layers in FAMILY_LAYERS.items() for side in (512, 768, 1024)]
+# Qwen-Image's VAE (a causal video VAE decoding one frame): its decode held 2.6x what the SD VAE's feature and
+# coefficient say (host_peaks.py's Qwen-Image cell erred -23 % for it), so it has its own points and coefficient
+JOBS += [(f"vae-qwen-image-{side}", "vae", "qwen-image", side, side, 1, {"own_coefficient": True})
+         for side in (512, 768)]
+# Points kept apart from the fit, in HELD_OUT_FILE instead of calibration.json: SANA's step peaked at 92-96 MiB at 256,
+# 576 and 1024 image tokens alike (inside the transformer's forward; a fixed cost the per-token model cannot follow,
+# docs/benchmarks.md), so it keeps the global coefficient, not calibrated
+HELD_OUT = {"sana"}
+HELD_OUT_FILE = ROOT / "docs" / "bench" / "family_activation_held_out.json"
 
 
 # Published GPU peaks (torch.cuda.max_memory_allocated of a whole pipeline call) to check totals against.
@@ -172,8 +190,8 @@ def _build(component: str, arch: str, dtype, overrides: dict | None = None):
         from diffusers import UNet2DConditionModel as cls
     elif component == "transformer":
         cls = getattr(diffusers, cfg["_class_name"])
-    else:
-        from diffusers import AutoencoderKL as cls
+    else:  # the SD VAE, or a family's own (Qwen-Image's AutoencoderKLQwenImage)
+        cls = getattr(diffusers, cfg.get("_class_name", "AutoencoderKL"))
     with init_empty_weights():
         model = cls.from_config(cfg)
     gen = torch.Generator().manual_seed(0)
@@ -244,6 +262,8 @@ def _inputs(component: str, cfg: dict, width: int, height: int, batch: int, dtyp
     g = torch.Generator().manual_seed(1)
     h, w = height // 8, width // 8
     if component == "vae":
+        if cfg.get("z_dim"):  # Qwen-Image's video-style VAE: (batch, channels, frames, h, w), one frame
+            return {"z": torch.randn(batch, cfg["z_dim"], 1, h, w, generator=g).to(dtype)}
         return {"z": torch.randn(batch, cfg.get("latent_channels", 4), h, w, generator=g).to(dtype)}
     if component == "transformer":
         return _transformer_inputs(cfg, arch, h, w, batch, dtype, g)
@@ -329,6 +349,7 @@ def family_worker(job: dict) -> dict:
     import diffusers
     import torch
 
+    import gpu_attention
     import streamed_families as fam
 
     sys.path.insert(0, str(ROOT))
@@ -336,23 +357,35 @@ def family_worker(job: dict) -> dict:
 
     torch.set_num_threads(int(os.environ.get("CALIB_THREADS", "2")))
     key = job["arch"]
+    fam.FAMILIES.update({k: v for k, v in EXTRA_FAMILIES.items() if k not in fam.FAMILIES})
     t0 = time.perf_counter()
     model, cfg = fam.build_transformer(key, job["options"]["layers"])
     pipe = fam.build_pipeline(key, model)
     n_params = sum(p.numel() for p in model.parameters())
     build_s = time.perf_counter() - t0
     tokens = families.by_key(key).t5_prompt_tokens()  # the pipeline's max_sequence_length: what it feeds at most
-    fam.run_job(pipe, key, cfg, 1, side=128, tokens=8)  # warm-up: the same code paths, small
-    gc.collect()
-    reset_peak()
-    before = status()["VmRSS"]
-    t1 = time.perf_counter()
-    fam.run_job(pipe, key, cfg, 1, side=job["width"], tokens=tokens)
-    run_s = time.perf_counter() - t1
-    peak = status()["VmHWM"]
+    # The tiny pipeline's VAE downsamples less than the real one (Qwen-Image's 4x, Z-Image's 2x, Klein's 1x against
+    # 8x): ask it for the side that gives the real model's latent, hence its image tokens, at the job's size.
+    # (Before, the 512 px points ran 4x, 16x and 64x the real image tokens.)
+    from lowvram_gen.models.profile import profile_builtin
+
+    scale = pipe.vae_scale_factor / profile_builtin(key).vae_scale_factor
+    side, warm = int(job["width"] * scale), max(int(128 * scale), 16 * int(pipe.vae_scale_factor))
+    # masked attention in query chunks (what CUDA's memory-efficient kernel holds), not the CPU's math kernel
+    attention = gpu_attention.installed() if job["options"].get("gpu_attention") else contextlib.nullcontext({})
+    with attention as calls:
+        fam.run_job(pipe, key, cfg, 1, side=warm, tokens=8)  # warm-up: the same code paths, small
+        gc.collect()
+        reset_peak()
+        before = status()["VmRSS"]
+        t1 = time.perf_counter()
+        fam.run_job(pipe, key, cfg, 1, side=side, tokens=tokens)
+        run_s = time.perf_counter() - t1
+        peak = status()["VmHWM"]
     return {**job, "params": n_params, "rss_before_bytes": before, "peak_rss_bytes": peak,
             "activation_bytes": peak - before, "build_s": round(build_s, 1), "run_s": round(run_s, 1),
             "torch": torch.__version__, "diffusers": diffusers.__version__, "text_tokens": tokens,
+            "sdpa_calls": dict(calls), "pipeline_side": side,
             "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
 
 
@@ -471,6 +504,11 @@ def measure(only: str | None, redo: bool, timeout: int) -> None:
               f"{'%.0f MiB' % (result['activation_bytes'] / 2**20) if 'activation_bytes' in result else result.get('error')}",
               flush=True)
         order = [j[0] for j in JOBS]
+        if arch in HELD_OUT:
+            held = json.loads(HELD_OUT_FILE.read_text()) if HELD_OUT_FILE.is_file() else {"measurements": []}
+            held["measurements"] = [m for m in held["measurements"] if m["id"] != job_id] + [result]
+            HELD_OUT_FILE.write_text(json.dumps(held, indent=1) + "\n")
+            continue
         with locked():
             data = load()
             rows = [m for m in data.get("measurements", []) if m["id"] != job_id] + [result]
@@ -526,7 +564,7 @@ def markdown() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         m = meas[row["id"]]
-        if m["component"] == "transformer":
+        if m["component"] == "transformer" and not m["options"].get("pipeline"):
             prof = profiles.profile_builtin(m["arch"])
             image = (m["height"] // 8 // prof.transformer_patch) * (m["width"] // 8 // prof.transformer_patch)
             layers = m["options"]["layers"]
@@ -536,6 +574,8 @@ def markdown() -> None:
                   f"| {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} | {row['error_pct']:+.1f} % "
                   f"| {m['run_s']:.0f} |")
     print()
+    print(family_markdown(rows, meas))
+    print()
     print("| published run | published max_memory_allocated (GiB) | estimated, no overhead (GiB) | error | peak phase |")
     print("|---|---|---|---|---|")
     for row in memory_fit.published_report():
@@ -543,6 +583,33 @@ def markdown() -> None:
               f"| {row['error_pct']:+.1f} % | {row['phase']} |")
     print()
     print("fit:", json.dumps(load().get("fit")))
+
+
+def family_markdown(rows: list[dict], meas: dict) -> str:
+    """The table of the issue-30 families' pipeline points (docs/benchmarks.md)."""
+    from lowvram_gen.models.profile import profile_builtin
+    from lowvram_gen.planning import estimate
+
+    fit = load().get("fit", {}).get("transformer", {})
+    out = ["| family | px | tokens (image + text) | longest attention seen | blocks | measured (MiB) | estimated (MiB) "
+           "| error | with the global coefficient | CPU time (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        m = meas[row["id"]]
+        if not m["options"].get("pipeline"):
+            continue
+        prof = profile_builtin(m["arch"])
+        hw = (m["height"] // prof.vae_scale_factor) * (m["width"] // prof.vae_scale_factor)
+        image = int(hw / prof.transformer_patch**2)
+        text = int(estimate.transformer_tokens(prof, hw)) - image
+        blocks = " + ".join(f"{v} {k}" for k, v in m["options"]["layers"].items())
+        at_global = row["estimated_mib"] * fit.get("global", 1) / fit.get(m["arch"], fit.get("global", 1))
+        seen = m.get("sdpa_calls", {}).get("longest_sequence", "")
+        out.append(f"| {m['arch']} | {m['width']} | {image} + {text} | {seen} "
+                   f"| {blocks} | {row['measured_mib']:.0f} | {row['estimated_mib']:.0f} | {row['error_pct']:+.1f} % "
+                   f"| {at_global:.0f} ({100 * (at_global - row['measured_mib']) / row['measured_mib']:+.0f} %) "
+                   f"| {m['run_s']:.0f} |")
+    coefs = ", ".join(f"{k} {v}" for k, v in sorted(fit.items()) if k not in ("global", "per_call"))
+    return "\n".join(out) + f"\n\nfit.transformer: {coefs}; global {fit.get('global')}, per_call {fit.get('per_call')}"
 
 
 def main(argv: list[str] | None = None) -> int:

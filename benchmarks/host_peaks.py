@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "bench" / "host_peaks.json"
 CGROOT = Path("/sys/fs/cgroup/memory")
 GiB = 1 << 30
-MODELS = ("sd15", "sdxl", "flux")
+MODELS = ("sd15", "sdxl", "flux", "z-image", "flux2-klein", "qwen-image")  # the last three: realsize_families.py
 MODES = ("default", "int8", "int4", "diffusers-fp32", "diffusers-bf16")
 PROMPT = "a red fox"
 SIZE = 512
@@ -457,8 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"host_peaks: skipped: {why}", file=sys.stderr)
         return 0
     import realsize
+    import realsize_families
 
-    folders = {m: str(realsize.build(m)) for m in models}
+    folders = {m: str((realsize_families if m in realsize_families.KEYS else realsize).build(m)) for m in models}
     commit = git_commit()
     with_plan = plan_supports_ram()
     if not with_plan:

@@ -94,7 +94,14 @@ def _component(library: str, class_name: str, config: dict, seed: int, dtype: st
                 p.normal_(0.0, 0.02, generator=g)
         for name, b in model.named_buffers():  # position ids and the like: as the config builds them
             if b.dtype in (torch.int64, torch.int32):
-                b.copy_(torch.arange(b.shape[-1]).expand_as(b))
+                if b.dim():
+                    b.copy_(torch.arange(b.shape[-1]).expand_as(b))
+                else:  # a batch norm's num_batches_tracked (Flux.2's VAE)
+                    b.zero_()
+            elif name.endswith("running_var"):  # a batch norm's statistics, left unset by to_empty
+                b.fill_(1.0)
+            elif name.endswith("running_mean"):
+                b.zero_()
         # tied weights as a published checkpoint has them (T5's encoder.embed_tokens is its `shared`): built
         # on the meta device they come out as two tensors, filled with different values, and transformers then
         # refuses to tie them at load and keeps both (0.25 GB more of T5-XXL than the real model holds)

@@ -17,8 +17,9 @@ its resolution). Both are elements per latent pixel per image; times pixels, ima
 element, times the coefficient that benchmarks/calibrate_memory.py fits to real forward passes of SD 1.5,
 SD 2.1 and SDXL. A transformer denoiser (SD3, Flux, PixArt ...) is a stack of same-width blocks over
 one token stream: its feature is (image tokens + the text tokens joint attention carries beside them)
-x hidden width per image, and the coefficient (fitted to SD3-medium and FLUX.1-dev blocks) is how
-many stream-sized tensors its largest block holds at once. Attention adds no tokens^2 term: SDPA runs
+x hidden width per image, and the coefficient (fitted to SD3-medium and FLUX.1-dev blocks, and per family to one
+step of each issue-30 family's own pipeline at 512-1024 px) is how many stream-sized tensors its largest block holds
+at once. Attention adds no tokens^2 term: SDPA runs
 flash / memory-efficient kernels on CUDA and a flash kernel on the CPU, and the measurements grow
 linearly in tokens. Built-in architectures (and folders whose denoiser matches one) use their own
 fitted coefficient; other models use the coefficient fitted over all of them.
@@ -95,9 +96,26 @@ def _fit_table(kind: str) -> dict:
     return _fit().get(kind) or _DEFAULT_FIT[kind]
 
 
-def _coefficient(kind: str, arch: str) -> float:
+def _coefficient(kind: str, profile: ModelProfile) -> float:
+    """The profile's architecture's fitted coefficient; else that of a family measured through its own pipeline
+    whose denoiser is the same class (a folder at another depth or width of it, Klein 9B beside Klein 4B, Qwen-Image
+    Edit beside Qwen-Image: the coefficient is a block's working set in stream-sized tensors, so the class carries
+    it); else the global one."""
     table = _fit_table(kind)
-    return float(table.get(arch, table["global"]))
+    if profile.arch in table:
+        return float(table[profile.arch])
+    same = _own_fit_by_class(kind).get(profile.denoiser_class) if profile.denoiser_class else None
+    return float(table[same] if same in table else table["global"])
+
+
+def _own_fit_by_class(kind: str) -> dict[str, str]:
+    """Denoiser class -> the architecture whose own-pipeline points (calibrate_memory.py "pipeline" or
+    "own_coefficient") fitted `kind`'s coefficient (a few dozen entries: cheap enough to read each time)."""
+    cal = calibration()
+    archs = {m["arch"] for m in cal.get("measurements", []) if m.get("component") == kind
+             and any(m.get("options", {}).get(k) for k in ("pipeline", "own_coefficient"))}
+    profiles = cal.get("profiles", {})
+    return {profiles[a]["denoiser_class"]: a for a in sorted(archs) if profiles.get(a, {}).get("denoiser_class")}
 
 
 def _per_call(kind: str) -> float:
@@ -219,7 +237,7 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
     sf = profile.vae_scale_factor
     hw = math.ceil(height / sf) * math.ceil(width / sf)
     kind, elements = _denoiser_elements(profile, hw)
-    coef = _coefficient(kind, profile.arch)
+    coef = _coefficient(kind, profile)
     n = images + _per_call(kind)
     act = coef * elements * n * dtype_bytes
     if attention == "slicing" and profile.unet_channels:
@@ -261,7 +279,7 @@ def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images:
     `tile_px` pixels, as apply.vae_tile_size picks them; None: the VAE config's own tile size)."""
     sf = profile.vae_scale_factor
     lh, lw = math.ceil(height / sf), math.ceil(width / sf)
-    coef = _coefficient("vae", profile.arch) * vae_feature(profile) * dtype_bytes
+    coef = _coefficient("vae", profile) * vae_feature(profile) * dtype_bytes
     image = 3 * (lh * sf) * (lw * sf) * dtype_bytes  # one decoded image
 
     def decode(h: int, w: int, n: int) -> float:

@@ -59,7 +59,8 @@ def fit_coefficients(measurements: list[dict]) -> dict:
         # 'global' (models no point measures) stays the mean over the bare-forward points (SD3, FLUX.1, the UNets): the
         # issue-30 families, measured through their pipelines ("pipeline"), get their own coefficients; moving the
         # global one with them would move every unmeasured folder's plan at once, which wants its own check
-        bare = {m["arch"] for m in rows if not m.get("options", {}).get("pipeline")}
+        own_fit = ("pipeline", "own_coefficient")  # measured for a family's own coefficient only
+        bare = {m["arch"] for m in rows if not any(m.get("options", {}).get(k) for k in own_fit)}
         own = [v for arch, v in table.items() if arch in bare] or list(table.values())
         table["global"] = round(sum(own) / len(own), 4) if own else 1.0
         table["per_call"] = per_call

@@ -1,0 +1,105 @@
+"""Scaled real folders of the issue-30 families (Z-Image, Flux.2 Klein, Qwen-Image) for the host-memory benchmark.
+
+`build(key)` writes an ordinary diffusers folder from the family's shipped configs (lowvram_gen/configs/KEY) with
+seeded random bfloat16 weights (as the published repos store them), every component at its real width but fewer
+blocks, as realsize.py cuts FLUX.1 (the whole models are 12-41 GB; this machine's agents share 24 GiB): SCALE gives
+the overrides. The planner profiles the folder's own configs, so its estimate is for exactly what was built, and
+host_peaks.py compares the two. The tokenizer is tests/tiny_tokenizers.py's offline Qwen2 one (its ids fit the real
+vocabulary; the pipelines pad or cut the prompt to their own lengths), the scheduler the family's shipped config.
+
+Flux2KleinPipeline reads the hidden states of its text encoder's layers 9, 18 and 27, so Klein's Qwen3 keeps 28
+layers and has its MLP width cut to 1/16 instead (the attention and the 2560-wide stream it hands on stay real).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+CONFIGS = Path(__file__).resolve().parents[1] / "lowvram_gen" / "configs"
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+
+# component -> config overrides; a text encoder's are applied to its text_config too where it has one
+SCALE = {
+    "z-image": {"transformer": {"n_layers": 2, "n_refiner_layers": 1},
+                "text_encoder": {"num_hidden_layers": 4}},
+    "flux2-klein": {"transformer": {"num_layers": 1, "num_single_layers": 1},
+                    "text_encoder": {"num_hidden_layers": 28, "intermediate_size": 608}},
+    "qwen-image": {"transformer": {"num_layers": 1},
+                   "text_encoder": {"num_hidden_layers": 1, "vision_config": {"depth": 2}}},
+}
+KEYS = tuple(SCALE)
+
+
+def folder(key: str) -> Path:
+    root = os.environ.get("LOWVRAM_GEN_BENCH") or Path.home() / ".cache" / "lowvram-gen" / "bench"
+    return Path(root) / f"{key}-scaled-bf16"
+
+
+def _config(key: str, name: str) -> dict:
+    config = json.loads((CONFIGS / key / name / "config.json").read_text())
+    for field, value in SCALE[key].get(name, {}).items():
+        if isinstance(value, dict):
+            config[field] = {**config.get(field, {}), **value}
+        else:
+            config[field] = value
+            if isinstance(config.get("text_config"), dict):
+                config["text_config"][field] = value
+    if name.startswith("text_encoder"):
+        config["torch_dtype"] = "bfloat16"
+    return config
+
+
+def build(key: str, dest: Path | None = None) -> Path:
+    """The scaled folder of `key`, built if it is not there yet."""
+    if key not in SCALE:
+        raise ValueError(f"family {key!r}: use one of {', '.join(KEYS)}")
+    dest = Path(dest or folder(key))
+    if (dest / "model_index.json").is_file():
+        return dest
+    import diffusers
+
+    sys.path.insert(0, str(TESTS))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from realsize import _component
+    from tiny_tokenizers import qwen2_tokenizer
+
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    index = json.loads((CONFIGS / key / "model_index.json").read_text())
+    parts = {}
+    for seed, (name, spec) in enumerate(sorted(index.items())):
+        if name.startswith("_") or not isinstance(spec, list) or not (CONFIGS / key / name / "config.json").is_file():
+            continue
+        model = _component(spec[0], spec[1], _config(key, name), seed, "bfloat16")
+        if _config(key, name).get("tie_word_embeddings") and hasattr(model, "lm_head"):
+            # one tensor, stored once, as Qwen3's published files have it (built apart, the file held both: 2.6
+            # bytes a parameter, which the planner does not take for a bf16 file it can keep mapped)
+            model.lm_head.weight = model.get_input_embeddings().weight
+        model.save_pretrained(tmp / name, safe_serialization=True, max_shard_size="5GB")
+        parts[name] = spec
+        print(f"built {key}/{name}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters",
+              file=sys.stderr, flush=True)
+        del model
+    scheduler = json.loads((CONFIGS / key / "scheduler" / "scheduler_config.json").read_text())
+    getattr(diffusers, scheduler["_class_name"]).from_config(scheduler).save_pretrained(tmp / "scheduler")
+    parts["scheduler"] = ["diffusers", scheduler["_class_name"]]
+    tokenizer = qwen2_tokenizer()
+    tokenizer.save_pretrained(tmp / "tokenizer")
+    parts["tokenizer"] = ["transformers", type(tokenizer).__name__]
+    extra = {k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)}
+    model_index = {"_class_name": index["_class_name"], "_diffusers_version": diffusers.__version__, **extra, **parts}
+    (tmp / "model_index.json").write_text(json.dumps(model_index, indent=2))
+    os.rename(tmp, dest)
+    return dest
+
+
+if __name__ == "__main__":
+    from realsize import stored_bytes
+
+    for k in sys.argv[1:] or KEYS:
+        p = build(k)
+        print(f"{k}: {p} ({stored_bytes(p) / 1e9:.2f} GB of safetensors)")
