@@ -5,7 +5,7 @@ The builders are the families' own test utilities (tests/tiny_qwen.py, tiny_flux
 tiny_flux2_dev.py, tiny_hidream.py, tiny_cogview4.py, tiny_bria.py, tiny_edit.py): diffusers' own test shapes, seeded,
 offline. Flux.2 Klein 9B's folder is the step-distilled Klein (as the 9B is; the 4B base folder runs CFG): a loaded
 Klein pipeline is the 4B record's, the two differ in no execution fact (families/records_flux2.py), so it is read as
-`flux2-klein` (READ_AS). `family_folders()` makes a module-scoped `folders` fixture:
+`flux2-klein` (READ_AS). `plain_image` is plain diffusers' image from one of them, the call as the family takes it. `family_folders()` makes a module-scoped `folders` fixture:
 {family key: folder path}. Not a test module: test modules import from here, never from each other.
 """
 
@@ -91,3 +91,36 @@ def small_references(monkeypatch) -> None:
     monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", SMALL_REFERENCE)
     monkeypatch.setattr(plus, "CONDITION_IMAGE_SIZE", SMALL_REFERENCE)
     monkeypatch.setattr(kontext, "PREFERRED_KONTEXT_RESOLUTIONS", [(64, 64), (96, 64), (64, 96)])
+
+
+def plain_image(pipes: dict, folder: str, seed: int, cfg: float, negative: str | None = None, task: str = "txt2img",
+                references: list | None = None, **kw):
+    """Plain diffusers' image (int RGB) for our job, from the folder's pipeline loaded as a user would (from_pretrained;
+    the task's pipeline with from_pipe), kept in `pipes`: the CFG as the family's call takes it (Qwen-Image and its
+    edit models: `true_cfg_scale`, with the model card's blank negative where none is given), the negative prompt
+    where the call takes one, an edit's reference images (one image or a list, as the call takes them) and the output
+    area where the call rescales the asked size (Kontext's `max_area`: the asked one)."""
+    import diffusers
+    import numpy as np
+    import torch
+
+    record = record_of(folder)
+    if (folder, "txt2img") not in pipes:
+        pipes[folder, "txt2img"] = diffusers.DiffusionPipeline.from_pretrained(folder)
+    if (folder, task) not in pipes:
+        pipes[folder, task] = getattr(diffusers, record.pipeline_for(task)).from_pipe(pipes[folder, "txt2img"])
+    pipe = pipes[folder, task]
+    pipe.set_progress_bar_config(disable=True)
+    call, edit = record.call, record.edit
+    if call.cfg_argument == "true_cfg_scale":
+        kw.update(true_cfg_scale=cfg, negative_prompt=negative or call.blank_negative)
+    else:
+        kw.update(guidance_scale=cfg)
+        if negative and call.takes_negative_prompt:
+            kw["negative_prompt"] = negative
+    if edit is not None and edit.max_area_argument:
+        kw[edit.max_area_argument] = kw["width"] * kw["height"]
+    if references:
+        kw[edit.argument] = references[0] if edit.max_images == 1 else list(references)
+    image = pipe(generator=torch.Generator().manual_seed(seed), **kw).images[0]
+    return np.asarray(image.convert("RGB"), dtype=int)
