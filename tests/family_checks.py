@@ -1,6 +1,6 @@
 """Test utility: the checks each issue-30 family's tiny folder goes through, shared by tests/test_family_flux2_dev.py,
-test_family_hidream.py and test_family_cogview4.py: the folder saved, plain diffusers' image, a refusal in one
-sentence, int8 on a wide folder, the VRAM budget, +te-reload picked and equal. (The simulated out-of-memory is
+test_family_hidream.py, test_family_cogview4.py and test_family_bria.py: the folder saved, plain diffusers' image, the
+test job from the CLI, a refusal in one sentence, int8 on a wide folder, the VRAM budget, +te-reload picked and equal. (The simulated out-of-memory is
 tests/ladder_checks.py.)"""
 
 from __future__ import annotations
@@ -41,6 +41,17 @@ def plain(folder: str, **kw) -> np.ndarray:
     pipe = diffusers.DiffusionPipeline.from_pretrained(folder)
     seed = kw.pop("seed")
     return np.asarray(pipe(**kw, generator=torch.Generator().manual_seed(seed)).images[0].convert("RGB"), dtype=int)
+
+
+def cli_image(capsys, folder, tmp_path, *args) -> np.ndarray:
+    """The test job from `lowvram-gen generate ... --json` with `args` on top: it exits 0, with no warning, at the
+    first attempt's preset or a later one that finished; its image as int RGB."""
+    code, out, err = cli(capsys, "generate", "a castle", "--model", folder, "--width", "64", "--height", "64",
+                         "--steps", "2", "--seed", "7", "--preset", "cpu", "--outdir", str(tmp_path), "--json", *args)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["warnings"] == [] and result["attempts"][-1]["outcome"] == "ok"
+    return pixels(result["images"][0])
 
 
 def refused(capsys, folder, tmp_path, args: list[str], said: str, side: int = 64) -> None:

@@ -5,14 +5,12 @@ images are noise.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from family_checks import MAX_DIFF, job, int8_quantizes_the_transformer, plain, refused, saved, te_reload_equal
+from family_checks import (MAX_DIFF, cli_image, int8_quantizes_the_transformer, job, plain, refused, saved,
+                           te_reload_equal)
 from ladder_checks import out_of_memory_steps_down
 from tiny_bria import build_tiny_bria
-from tiny_transformers import cli, pixels
 
 from lowvram_gen import GenerationRequest, families
 
@@ -36,13 +34,7 @@ def test_bria_is_its_own_family():
 def test_txt2img_from_the_cli_equals_plain_diffusers(folder, tmp_path, capsys, cfg, negative):
     """CFG as a doubled batch above 1, against the negative prompt (or the pipeline's zeros without one); the
     folder loads although the auto-pipelines do not map its class."""
-    code, out, err = cli(capsys, "generate", "a castle", "--negative", negative, "--model", folder, "--width", "64",
-                         "--height", "64", "--steps", "2", "--seed", "7", "--cfg", cfg, "--preset", "cpu",
-                         "--outdir", str(tmp_path), "--json")
-    assert code == 0, err
-    result = json.loads(out)
-    assert result["warnings"] == [] and result["attempts"][-1]["outcome"] == "ok"
-    ours = pixels(result["images"][0])
+    ours = cli_image(capsys, folder, tmp_path, "--negative", negative, "--cfg", cfg)
     theirs = plain(folder, prompt="a castle", negative_prompt=negative or None, width=64, height=64,
                    num_inference_steps=2, guidance_scale=float(cfg), seed=7)
     assert ours.std() > 1 and np.abs(ours - theirs).max() <= MAX_DIFF, (cfg, negative)

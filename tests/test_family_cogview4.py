@@ -9,11 +9,11 @@ import json
 
 import numpy as np
 import pytest
-from family_checks import (MAX_DIFF, job, int8_quantizes_the_transformer, plain, refused, saved,
+from family_checks import (MAX_DIFF, cli_image, int8_quantizes_the_transformer, job, plain, refused, saved,
                            te_reload_equal)
 from ladder_checks import out_of_memory_steps_down
 from tiny_cogview4 import build_tiny_cogview4
-from tiny_transformers import cli, pixels
+from tiny_transformers import cli
 
 from lowvram_gen import GenerationRequest, families
 
@@ -42,13 +42,7 @@ def test_cogview4_is_its_own_family():
 @pytest.mark.parametrize("cfg", ["3.5", "1"])
 def test_txt2img_from_the_cli_equals_plain_diffusers(folder, tmp_path, capsys, cfg):
     """CFG (two forwards against the negative prompt) above 1; 1 turns it off."""
-    code, out, err = cli(capsys, "generate", "a castle", "--negative", "fog", "--model", folder, "--width", "64",
-                         "--height", "64", "--steps", "2", "--seed", "7", "--cfg", cfg, "--preset", "cpu",
-                         "--outdir", str(tmp_path), "--json")
-    assert code == 0, err
-    result = json.loads(out)
-    assert result["warnings"] == [] and result["attempts"][-1]["outcome"] == "ok"
-    ours = pixels(result["images"][0])
+    ours = cli_image(capsys, folder, tmp_path, "--negative", "fog", "--cfg", cfg)
     theirs = plain(folder, prompt="a castle", negative_prompt="fog", width=64, height=64, num_inference_steps=2,
                    guidance_scale=float(cfg), seed=7)
     assert ours.std() > 1 and np.abs(ours - theirs).max() <= MAX_DIFF, cfg

@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from family_folders import small_references
 from PIL import Image
 from tiny_transformers import cli, pixels
 
@@ -24,21 +25,12 @@ from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.session import Session
 
 TOLERANCE = 2  # of 255: the issue's "equal to plain diffusers"
-SMALL = 64 * 64
 
 
 @pytest.fixture(autouse=True)
 def small_refs(monkeypatch):
     """The pipelines' reference-image sizes made 64x64 (see the module doc), for ours and diffusers' alike."""
-    import diffusers.pipelines.flux.pipeline_flux_kontext as kontext
-    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
-    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus as plus
-
-    original = edit.calculate_dimensions
-    monkeypatch.setattr(edit, "calculate_dimensions", lambda _area, ratio: original(SMALL, ratio))
-    monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", SMALL)
-    monkeypatch.setattr(plus, "CONDITION_IMAGE_SIZE", SMALL)
-    monkeypatch.setattr(kontext, "PREFERRED_KONTEXT_RESOLUTIONS", [(64, 64), (96, 64), (64, 96)])
+    small_references(monkeypatch)
 
 
 def _save(pipe, path) -> str:

@@ -2,7 +2,8 @@
 combination; what is not built is refused in one sentence naming the family").
 
 Every family with a record and a tiny folder (tests/family_folders.py) meets every task (txt2img, img2img, inpaint
-with A1111's mask options, hires fix with a latent and a pixel upscaler, ControlNet) and the flags users combine
+with A1111's mask options, hires fix with a latent and a pixel upscaler, ControlNet, an edit with a reference image)
+and the flags users combine
 (A1111 and ComfyUI sampler names, schedule types, clip skip, variation seeds, batch size 2, a missing LoRA, a VAE,
 presets and precision flags). Each either runs (and makes its images) or is refused with the app's own error
 (`LowVramError`, InvalidRequest for a request) in one line that names the family or its pipeline class (or, for a
@@ -11,13 +12,16 @@ file that is not there, the file) - never an AttributeError/TypeError traceback.
 `RUNS` says which families run a case today; a case that starts to run (or stops) fails here, so the table stays
 true. The ControlNet rows give the embedded SD ControlNet, one made for another family: refused for every family here
 (their own ControlNets run in tests/test_controlnet_families.py, their LoRAs in tests/test_lora_families.py).
-Tiny sizes (64x64), 2 steps; one Session per family, so a folder loads once per family. Seeded random weights.
+The editing models that need a reference image (Qwen-Image-Edit and Edit-Plus) meet every case that has no init
+image with a reference image added: the flags on an edit. Tiny sizes (64x64), 2 steps, the editing pipelines'
+reference sizes made 64x64 (family_folders.small_references); one Session per family, so a folder loads once per
+family. Seeded random weights.
 """
 
 from __future__ import annotations
 
 import pytest
-from family_folders import BUILDERS, family_folders, record_of
+from family_folders import BUILDERS, EDIT_ONLY, family_folders, record_of, small_references
 from inpaint_files import init_image, mask_image
 from tiny_transformers import cli
 
@@ -30,12 +34,15 @@ folders = family_folders("matrix-models")
 ALL = frozenset(BUILDERS)
 NONE: frozenset = frozenset()
 IMG2IMG = frozenset({"qwen-image", "z-image", "chroma"})  # diffusers has an img2img pipeline of the family
-INPAINT = frozenset({"qwen-image", "z-image", "flux2-klein"})  # ... an inpaint pipeline that runs (Chroma's fails)
+# ... an inpaint pipeline that runs (Chroma's fails; Kontext's and Qwen-Image-Edit's are not built)
+INPAINT = frozenset({"qwen-image", "z-image", "flux2-klein", "flux2-klein-9b"})
+EDIT = frozenset({"flux2-klein", "flux2-klein-9b", "flux2-dev", "flux-kontext", *EDIT_ONLY})  # reference images
 # Z-Image's inpaint pipeline encodes the init image inside its latents step: the latent masked contents are refused
 LATENT_CONTENT = INPAINT - {"z-image"}
 
 INIT = dict(init_image="{init}", strength=0.6)
 MASKED = dict(init_image="{init}", mask="{mask}", strength=0.8)
+REFERENCE = dict(reference_images=("{init}",))
 CONTROL = "tiny-controlnet"  # the embedded SD ControlNet: the only ControlNet at hand, made for another family
 
 # case -> (request fields, the families it runs for, why it is refused elsewhere when it is not about the family)
@@ -77,6 +84,12 @@ CASES: dict[str, tuple[dict, frozenset, str]] = {
     "inpaint-fill": (dict(MASKED, masked_content="fill"), INPAINT, ""),
     "inpaint-latent-noise": (dict(MASKED, masked_content="latent-noise"), LATENT_CONTENT, ""),
     "inpaint-latent-nothing": (dict(MASKED, masked_content="latent-nothing", batch_size=2), LATENT_CONTENT, ""),
+    # an edit (ids apart from the edit models' own: 'qwen-image-reference-...' is not 'qwen-image-edit-...')
+    "reference-image": (REFERENCE, EDIT, ""),
+    "reference-negative-prompt": (dict(REFERENCE, negative_prompt="fog"), EDIT, ""),
+    "reference-batch-size-2": (dict(REFERENCE, batch_size=2), EDIT, ""),
+    "two-reference-images": (dict(reference_images=("{init}", "{init}")), EDIT - {"flux-kontext", "qwen-image-edit"},
+                             ""),
     "controlnet": (dict(controlnets=CONTROL), NONE, ""),
     "controlnet-img2img": (dict(INIT, controlnets=CONTROL), NONE, ""),
     "controlnet-hires": (dict(controlnets=CONTROL, hires_scale=2.0, hires_upscaler="Lanczos", hires_steps=1), NONE,
@@ -84,6 +97,11 @@ CASES: dict[str, tuple[dict, frozenset, str]] = {
 }
 HEAVY = {"preset-lowvram", "preset-medvram", "hires-lanczos", "hires-resize-lanczos", "batch-count-2",
          "inpaint-latent-nothing", "img2img-batch-size-2"}
+
+
+@pytest.fixture(autouse=True)
+def _small_references(monkeypatch):
+    small_references(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +124,8 @@ def _request(folder: str, fields: dict, images: dict, outdir) -> GenerationReque
 
     fields = {k: v.format(**images) if isinstance(v, str) and "{" in v and k != "prompt" else v
               for k, v in fields.items()}
+    if "reference_images" in fields:
+        fields["reference_images"] = tuple(p.format(**images) for p in fields["reference_images"])
     if "controlnets" in fields:
         fields["controlnets"] = (ControlNetUnit(fields["controlnets"], images["init"]),)
     base = dict(prompt="a lighthouse", model=folder, width=64, height=64, steps=2, seed=5, cfg_scale=4.0,
@@ -138,6 +158,9 @@ def _params():
 @pytest.mark.parametrize("key, case", list(_params()))
 def test_every_family_runs_or_refuses_each_case_in_one_sentence(key, case, folders, sessions, images, tmp_path):
     fields, runs, about = CASES[case]
+    if key in EDIT_ONLY and "init_image" not in fields and "reference_images" not in fields:
+        fields = {**fields, **REFERENCE}  # the case on an edit (see the module doc)
+        about = about or "an edit (reference images)"  # what takes no hires fix or ControlNet: the request's sentence
     record = record_of(folders[key])
     session = sessions.setdefault(key, Session(outdir=str(tmp_path)))
     try:
@@ -180,15 +203,28 @@ def _flag_params():
 
 
 @pytest.mark.parametrize("key, flag", list(_flag_params()))
-def test_cli_flags_run_or_exit_2_with_one_line(key, flag, folders, tmp_path, capsys):
-    code, out, err = cli(capsys, "generate", "a lighthouse", "--model", folders[key], "--width", "64", "--height",
-                         "64", "--steps", "2", "--seed", "3", "--outdir", str(tmp_path), *FLAGS[flag])
+def test_cli_flags_run_or_exit_2_with_one_line(key, flag, folders, images, tmp_path, capsys):
+    # an edit-only model is run as its users run it: `lowvram-gen edit PROMPT --image IMG`
+    command = ["edit", "a lighthouse", "--image", images["init"]] if key in EDIT_ONLY else ["generate", "a lighthouse"]
+    code, out, err = cli(capsys, *command, "--model", folders[key], "--width", "64", "--height", "64", "--steps", "2",
+                         "--seed", "3", "--outdir", str(tmp_path), *FLAGS[flag])
     assert "Traceback" not in err
     if flag == "--sampler-flow-name":
         assert code == 2 and "invalid sampler: 'FlowMatchEuler'; use 'default'" in err
         return
     assert code == 0, err
     assert out.strip().endswith(".png")
+
+
+def test_hidream_renders_a_non_square_size_at_its_native_area(folders, sessions, images, tmp_path):
+    """HiDream's pipeline scales every size to its native area (the tiny folder's: 128x128) and pads a non-square
+    latent to its transformer's max_resolution: 96x64 runs, at 156x104, and says so in one line."""
+    session = sessions.setdefault("hidream", Session(outdir=str(tmp_path)))
+    result = session.generate(_request(folders["hidream"], dict(width=96, height=64), images, tmp_path))
+    from PIL import Image
+
+    assert Image.open(result.images[0]).size == (156, 104)
+    assert "HiDreamImagePipeline renders 156x104 when asked for 96x64" in " ".join(result.warnings)
 
 
 def test_a_vae_of_another_family_is_refused_in_one_line_naming_it(folders, tmp_path, capsys, monkeypatch):

@@ -2,7 +2,9 @@
 at least Qwen-Image)").
 
 The Model box lists the families' folders of the models folder (models/discover.py, ui/pickers.py); picked there,
-each generates what plain diffusers makes from its folder (gradio_client, as the UI's own event runs it). In the
+each generates what plain diffusers makes from its folder (gradio_client, as the UI's own event runs it): txt2img, and
+for the editing models that need a reference image (Qwen-Image-Edit, Edit-Plus) the img2img tab's edit of its init image
+(their reference sizes 64x64: family_folders.small_references). In the
 browser (Debian's Chromium, tests/ui_helpers.py): Qwen-Image picked in the Model box after Refresh, generated, its
 image and infotext shown; the controls that do not apply to it (clip skip, variation seed) say so in one line in
 What ran, never a traceback. Seeded random weights: the images are noise.
@@ -14,28 +16,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from family_folders import BUILDERS, family_folders, record_of
+from family_folders import BUILDERS, EDIT_ONLY, family_folders, plain_image, small_references
 from PIL import Image
 from ui_helpers import _fill_job, _gallery_image, _set_slider, browser, needs_browser, page, server  # noqa: F401
 
 folders = family_folders("ui-models")
 
 MAX_DIFF = 2  # of 255
+PIPES: dict = {}  # plain diffusers' pipelines, one per folder (family_folders.plain_image)
+
+
+@pytest.fixture(autouse=True)
+def _small_references(monkeypatch):
+    small_references(monkeypatch)
 
 
 def plain(folder: str, seed: int, cfg: float, **kw) -> np.ndarray:
     """Plain diffusers' image, the CFG as the family's call takes it (Qwen-Image: true CFG with the blank negative)."""
-    import diffusers
-
-    record = record_of(folder)
-    pipe = diffusers.DiffusionPipeline.from_pretrained(folder)
-    if record.key == "qwen-image":
-        kw.update(true_cfg_scale=cfg, negative_prompt=" ")
-    else:
-        kw.update(guidance_scale=cfg)
-    image = pipe(generator=torch.Generator().manual_seed(seed), **kw).images[0]
-    return np.asarray(image.convert("RGB"), dtype=int)
+    return plain_image(PIPES, folder, seed, cfg, **kw)
 
 
 @pytest.fixture()
@@ -52,7 +50,7 @@ def test_the_model_list_has_every_family_folder(models_root, folders):
     assert all(folders[key] in listed for key in BUILDERS)
 
 
-@pytest.mark.parametrize("key", list(BUILDERS))
+@pytest.mark.parametrize("key", [key for key in BUILDERS if key not in EDIT_ONLY])
 def test_each_family_picked_in_the_model_box_generates_as_plain_diffusers(key, server, models_root, folders):
     """The UI's /generate event with the Model box set to the family's folder (what picking it sends)."""
     from gradio_client import Client
@@ -66,6 +64,25 @@ def test_each_family_picked_in_the_model_box_generates_as_plain_diffusers(key, s
     theirs = plain(folders[key], 31, 4.0, prompt="a lighthouse", width=64, height=64, num_inference_steps=2)
     assert np.abs(ours - theirs).max() <= MAX_DIFF
     assert f"Model: {folders[key]}," in info and "CFG scale: 4," in info
+
+
+@pytest.mark.parametrize("key", EDIT_ONLY)
+def test_an_editing_model_picked_in_the_img2img_tab_edits_its_init_image_as_plain_diffusers(key, server, models_root,
+                                                                                           folders, tmp_path):
+    """The img2img tab's /img2img event with the Model box set to an editing model that needs a reference image: the
+    init image is what it edits (the strength unused), as its pipeline edits it."""
+    from gradio_client import Client, handle_file
+
+    source = tmp_path / "init.png"
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(source)
+    gallery, info, summary, _ = Client(server.url, verbose=False).predict(
+        init_image=handle_file(str(source)), prompt="make it blue", strength=0.5, width=64, height=64, steps=2,
+        cfg_scale=4, seed=33, sampler="default", model=folders[key], api_name="/img2img")
+    assert len(gallery) == 1 and "Traceback" not in summary and "Reference images: " in info
+    ours = np.asarray(Image.open(_newest(server.outdir, 33)).convert("RGB"), dtype=int)
+    theirs = plain(folders[key], 33, 4.0, prompt="make it blue", width=64, height=64, num_inference_steps=2,
+                   references=[Image.open(source).convert("RGB")])
+    assert np.abs(ours - theirs).max() <= MAX_DIFF
 
 
 def _newest(outdir: Path, seed: int) -> Path:

@@ -5,7 +5,9 @@ AutoencoderKL and a GLM text model of width 32.
 Changes from diffusers' dummies, so it builds offline and loads as the published folder does: the tokenizer is a
 byte-level BPE built here with GLM-4's <|endoftext|> as its pad token (diffusers' test downloads CogView4-6B's), the
 text encoder is a GlmModel (the published folder's class; the test's GlmForCausalLM gives the same hidden states),
-and its vocabulary is the tokenizer's. Seeded random weights: the images are noise.
+and its vocabulary is the tokenizer's. The tokenizer starts every prompt with "[gMASK]<sop>", as GLM-4's does: an empty
+(negative) prompt is those two tokens, never none (the pipeline's CFG without a negative prompt encodes ""). Seeded
+random weights: the images are noise.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def build_tiny_cogview4(wide: bool = False):
                                                 use_dynamic_shifting=True, time_shift_type="linear")
     tokenizer = byte_level_tokenizer(("<|endoftext|>", "[gMASK]", "<sop>"), eos_token="<|endoftext|>",
                                      pad_token="<|endoftext|>")
+    from tokenizers.processors import TemplateProcessing
+
+    ids = tokenizer.convert_tokens_to_ids
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single="[gMASK] <sop> $A", special_tokens=[("[gMASK]", ids("[gMASK]")), ("<sop>", ids("<sop>"))])
     torch.manual_seed(0)
     text_encoder = GlmModel(GlmConfig(hidden_size=32, intermediate_size=8, num_hidden_layers=2,
                                       num_attention_heads=4, head_dim=8, vocab_size=len(tokenizer),

@@ -7,7 +7,9 @@ Changes from diffusers' dummies, so it builds offline: the tokenizers are built 
 lowvram_gen.models.tiny, T5's from tests/tiny_transformers.py, Llama's a byte-level BPE as Llama 3's is, with its
 <|begin_of_text|> / <|eot_id|> tokens), and the T5 and Llama models are made from small configs of the widths the
 dummy transformer's caption_channels name (T5 32, Llama 16), not downloaded. The CLIP encoders take 128 positions:
-the pipeline pads CLIP prompts to 128 tokens. Seeded random weights: the images are noise.
+the pipeline pads CLIP prompts to 128 tokens. The transformer's max_resolution is (128, 128), as the real config's:
+the pipeline scales every size to its native area (128x128 latent pixels here, the VAE's scale factor being 1), and a
+non-square latent is padded to max_resolution's patches, which diffusers' dummy (32, 32) is too small for. Seeded random weights: the images are noise.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def build_tiny_hidream(wide: bool = False):
         patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1,
         attention_head_dim=32 if wide else 8, num_attention_heads=4, caption_channels=[T5_WIDTH, LLAMA_WIDTH],
         text_emb_dim=2 * CLIP_WIDTH, num_routed_experts=4, num_activated_experts=2,
-        axes_dims_rope=(16, 8, 8) if wide else (4, 2, 2), max_resolution=(32, 32), llama_layers=(0, 1)).eval()
+        axes_dims_rope=(16, 8, 8) if wide else (4, 2, 2), max_resolution=(128, 128), llama_layers=(0, 1)).eval()
     torch.manual_seed(0)
     vae = AutoencoderKL(scaling_factor=0.3611, shift_factor=0.1159)
     tokenizer_3 = t5_tokenizer()

@@ -102,7 +102,7 @@ class Edit:
     # the call argument that rescales the asked size to this area (Kontext's `max_area`; its call runs at about
     # 1024x1024 pixels whatever width and height say): given width x height, so the image is the asked size
     max_area_argument: str | None = None
-    batches: bool = True  # its call takes a batch of prompts (False: Qwen-Image-Edit-Plus, one image per call)
+    batches: bool = True  # its call takes a batch of prompts (False: Qwen-Image-Edit and Edit-Plus, one a call)
 
 
 @dataclass(frozen=True)

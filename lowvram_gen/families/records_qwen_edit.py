@@ -39,8 +39,9 @@ QWEN_IMAGE_EDIT = Family(
     other_pipelines=("QwenImageEditInpaintPipeline",),
     # its shipped configs (configs/qwen-image-edit) are Qwen-Image's with this pipeline's model_index.json
     builtin="qwen-image-edit", hub_id="Qwen/Qwen-Image-Edit", aliases=("qwen-image-edit", "qwen/qwen-image-edit"),
+    # its call refuses more than one prompt too (the processor wants an image per prompt's image token)
     edit=Edit(argument="image", max_images=1, resize="area", pixels=1024 * 1024, needs_image=True,
-              text_reads_images=True),
+              text_reads_images=True, batches=False),
     **_COMMON,
 )
 

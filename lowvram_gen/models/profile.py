@@ -125,6 +125,9 @@ class ModelProfile:
     controlnet_hidden: int = 0
     # the denoiser's class (SD3Transformer2DModel, FluxTransformer2DModel, ...): which family's ControlNets fit it
     denoiser_class: str = ""
+    # the record key of the folder's pipeline class ('' : none, or not read): a family that shares another's
+    # denoiser class (FLUX.1 Kontext FLUX.1's, Flux.2 dev Klein's) is named as itself, not as the first claimant
+    family: str = field(default="", compare=False)
     # the UNet's input channels: 4, or 9 for an inpainting UNet (the mask and the masked image's latents beside
     # the latents: inpaint_input_bytes)
     unet_in_channels: int = 4
@@ -325,7 +328,7 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                         text_fp32_kept={k: v for k, v in fp32_kept.items() if v},
                         text_hidden=tuple(text_hidden) or (768,),
                         text_layers=tuple(text_layers) or (12,), text_tokens=tuple(text_tokens) or (TEXT_TOKENS,),
-                        classes=classes, leaf_window=windows, **kw)
+                        classes=classes, leaf_window=windows, family="" if family.is_generic else family.key, **kw)
 
 
 def leaf_window(model) -> int:

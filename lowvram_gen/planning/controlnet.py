@@ -238,7 +238,10 @@ def base_family(profile: ModelProfile) -> str | None:
 
 
 def _record_of(profile: ModelProfile) -> families.Family | None:
-    """The record of a transformer base model, from its profile (None: none claims it)."""
+    """The record of a transformer base model, from its profile (None: none claims it): its folder's pipeline class
+    where read, else its denoiser's class."""
+    if profile.family:
+        return families.by_key(profile.family)
     return families.by_denoiser_class(profile.denoiser_class) if profile.denoiser_class else \
         families.by_arch(profile.arch)
 
