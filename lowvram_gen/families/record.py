@@ -182,6 +182,15 @@ class ControlNetFacts:
     # embedders and refiners); the engine lends them for each ControlNet forward only, so the memory settings never
     # see the transformer's weights twice (engines/sd/controlnet.lend_transformer)
     borrows: tuple[str, ...] = ()
+    # how its ControlNet inpaint pipeline (the record's controlnet_inpaint task) takes the image to repaint and the
+    # mask: 'control' (they are the control image and its mask, read by an inpainting ControlNet: Qwen-Image's),
+    # 'image' (beside the unit's control map, read by a ControlNet with their input channels: Z-Image's); both
+    # repaint the masked area from noise (no strength). None: no ControlNet inpainting
+    inpaint: str | None = None
+    # a ControlNet of this config reads the image to repaint and its mask (the ones the inpaint pipeline takes), and
+    # a published one that does (named in the refusal of another)
+    inpaint_model: Callable[[Mapping], bool] | None = None
+    inpaint_example: str = ""
 
 
 def transformer_shape(config: Mapping) -> tuple[int, int]:
