@@ -175,6 +175,10 @@ class ControlNetFacts:
     guidance_window: bool = True
     # several units run together (diffusers has a multi-ControlNet model for the family); False: one unit a job
     multi: bool = True
+    # several units go through diffusers' multi-ControlNet class of this name, which runs the units' control images
+    # through ONE ControlNet (a union one: Qwen-Image's QwenImageMultiControlNetModel, which its pipeline does not make
+    # of a list itself); None: the pipeline takes a list of ControlNets (SD3's, Flux's)
+    multi_union: str | None = None
     # (width, residual streams it hands the transformer) from its config (planning/controlnet.py); None: heads x head
     # width, and num_layers + num_single_layers (SD3's, Flux's, Qwen-Image's, SANA's configs)
     stream: Callable[[Mapping], tuple[int, int]] | None = None

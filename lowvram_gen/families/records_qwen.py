@@ -69,6 +69,7 @@ QWEN_IMAGE = Family(
         from_base=controlnet_shapes.qwen_image_from_base,
         # its ControlNet inpaint pipeline: the image and mask are an inpainting ControlNet's (InstantX's), whose VAE
         # latents it samples from torch's global random state
+        multi_union="QwenImageMultiControlNetModel",  # several units: several control images of one ControlNet
         inpaint="control", global_rng_control_latents=True,
         inpaint_model=lambda c: int(c.get("extra_condition_channels") or 0) > 0,  # the mask and masked image's
         inpaint_example="InstantX's Qwen-Image-ControlNet-Inpainting"),

@@ -307,9 +307,21 @@ def check_job(cns: list[ControlNetProfile], img2img: bool, hires: bool, control_
     `inpaint`: the job has a mask (its first pass is the ControlNet inpaint pipeline, hires fix's second img2img)."""
     for cn in cns:
         if is_transformer_kind(cn.family):
-            why = transformer_refusal(cn.family, img2img or hires, control_mode, inpaint and not hires)
+            why = transformer_refusal(cn.family, img2img or hires, control_mode, inpaint and not hires) or \
+                union_refusal(cn.family, len(cns))
             if why:
                 raise InvalidRequest("controlnet", cn.name, why)
+
+
+def union_refusal(family: str, models: int) -> str | None:
+    """Why `models` distinct ControlNets of `family` cannot run in one job where its multi-ControlNet runs the units
+    of one (union) ControlNet alone (Qwen-Image's); None: they can."""
+    facts = _kind_family(family).controlnet
+    if facts.multi_union is None or models <= 1:
+        return None
+    return (f"diffusers' {facts.label} ControlNet pipeline runs several units of one ControlNet (a union one, "
+            f"{facts.multi_union}), not {models} different ControlNets: give every unit the same ControlNet, each "
+            "with its own control image")
 
 
 def plan_profiles(specs: list[str], base, model: str, known_sizes: bool = False) -> list:

@@ -194,7 +194,7 @@ def transformer_controlnet(pipe) -> ControlNetFacts | None:
 def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
     """(diffusers' SD3/Flux ControlNet pipeline, its control arguments) for a denoise pass (see for_pass)."""
     from lowvram_gen.control.preprocess import control_map
-    from lowvram_gen.planning.controlnet import transformer_refusal
+    from lowvram_gen.planning.controlnet import transformer_refusal, union_refusal
 
     units = step.request.controlnets
     img2img = step.init is not None
@@ -212,10 +212,11 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
         raise InvalidRequest("controlnet", units[1].model, f"{facts.label} ControlNets of the two kinds (XLabs', with "
                              "a conditioning embedding, and InstantX's, on VAE latents) cannot run together in "
                              "diffusers")
-    why = unit_refusal(facts, units)
+    why = unit_refusal(facts, units) or union_refusal(facts.kind, len({id(m) for m in modules}))
     if why:
         raise InvalidRequest("controlnet", units[-1].model, why)
-    control = _transformer_control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules, inpaint)
+    control = _transformer_control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else several(facts, modules),
+                                        inpaint)
     lend_transformer(pipe, modules, facts)
     control.set_progress_bar_config(disable=True)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
@@ -265,6 +266,17 @@ def _transformer_control_pipe(pipe, img2img: bool, controlnet, inpaint: bool = F
     expected, _optional = cls._get_signature_keys(cls)
     parts = {k: v for k, v in pipe.components.items() if k in expected}
     return cls(**parts, controlnet=controlnet)
+
+
+def several(facts: ControlNetFacts, modules: list):
+    """What the family's ControlNet pipeline takes for several units: the list of their ControlNets, or where diffusers
+    has a union wrapper for the family (`facts.multi_union`: Qwen-Image's QwenImageMultiControlNetModel) that wrapper
+    around their one ControlNet (planning/controlnet.union_refusal refuses two)."""
+    if facts.multi_union is None:
+        return modules
+    import diffusers
+
+    return getattr(diffusers, facts.multi_union)(list({id(m): m for m in modules}.values()))
 
 
 def inpaint_refusal(facts: ControlNetFacts, request, modules: list) -> str | None:
