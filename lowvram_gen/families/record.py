@@ -165,6 +165,12 @@ class ControlNetFacts:
     # the config a single file of this ControlNet gives from its {key: shape} (families/controlnet_shapes.py); None:
     # read by diffusers' own loaders (a UNet's ControlNet)
     config_from_shapes: Callable[[Mapping[str, tuple]], dict] | None = None
+    # corrects that config in place from the file's values where its shapes cannot tell (`tensor(key)` reads one
+    # tensor: Z-Image's Union 2.0 may carry an unused refiner of zeros, which diffusers reads as 2.0, not 2.1)
+    config_from_values: Callable[[dict, Callable[[str], object]], None] | None = None
+    # a single file of this family's ControlNet in a layout diffusers does not read ({key: shape}): the one sentence
+    # saying what to give instead; None where the file is not one of those
+    other_layout: Callable[[Mapping[str, tuple]], str | None] | None = None
 
   
     # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run

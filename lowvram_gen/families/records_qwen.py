@@ -66,6 +66,7 @@ QWEN_IMAGE = Family(
         img2img=False, guess_mode=False,  # diffusers has no Qwen-Image ControlNet img2img pipeline, nor guess mode
         latent_per_token=lambda c: 4,  # one token: 2x2 latent pixels (its patch_size 2 is that packing)
         file_match=controlnet_shapes.is_qwen_image, config_from_shapes=controlnet_shapes.qwen_image_config,
+        other_layout=controlnet_shapes.qwen_image_other_layout,
         from_base=controlnet_shapes.qwen_image_from_base,
         # its ControlNet inpaint pipeline: the image and mask are an inpainting ControlNet's (InstantX's), whose VAE
         # latents it samples from torch's global random state

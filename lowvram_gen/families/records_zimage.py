@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families import keys
+from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import (Call, ControlNetFacts, Family, FolderFacts, Guidance, Sampling, SingleFile, Task,
                                          spatial_patch)
 
@@ -72,6 +72,9 @@ Z_IMAGE = Family(
         kind="z-image", model_class="ZImageControlNetModel", label="Z-Image", img2img=False, guess_mode=False,
         latent_per_token=lambda c: spatial_patch(list(c.get("all_patch_size") or [2])[0]) ** 2,
         guidance_window=False, multi=False, stream=_zimage_controlnet_stream,
+        # alibaba-pai's Z-Image-Turbo-Fun-Controlnet-Union files (1.0, 2.0, 2.1) as they download them
+        file_match=controlnet_shapes.is_zimage, config_from_shapes=controlnet_shapes.zimage_config,
+        config_from_values=controlnet_shapes.zimage_from_values, from_base=controlnet_shapes.zimage_from_base,
         borrows=("t_embedder", "all_x_embedder", "cap_embedder", "noise_refiner", "context_refiner", "x_pad_token",
                  "cap_pad_token"),
         # ZImageControlNetInpaintPipeline: the init image and mask beside the control map, read by a ControlNet whose
