@@ -160,7 +160,8 @@ def test_what_the_controlnet_inpaint_pipeline_has_not_is_refused_in_one_sentence
     if not plain_cn.exists():
         BUILDERS[key]().save_pretrained(plain_cn, safe_serialization=True)
     unit = ControlNetUnit(made["cn"], made["control"], 0.8)
-    cases = [(dict(masked_content="fill"), "masked content 'fill' has nothing to act on"),
+    # latent noise: Qwen-Image's refused here, Z-Image's already by its plain inpaint pipeline's check (inpaint.py)
+    cases = [(dict(masked_content="latent-noise"), "masked content: 'latent-noise'|masked content 'latent-noise'"),
              (dict(controlnets=(ControlNetUnit(str(plain_cn), made["control"]),)),
               f"{label} ControlNet inpainting takes a ControlNet that reads the image and its mask"),
              (dict(controlnets=(unit, unit)), "runs one ControlNet unit, not 2"),
@@ -199,3 +200,32 @@ def test_out_of_memory_in_a_controlnet_inpaint_step_steps_down_without_reloading
     assert session.model.pipe.controlnet0 is net and calls == [1]
     m = inside()
     assert np.abs(pixels(result.images[0])[m] - plain(made)[m]).max() <= MAX_DIFF
+
+
+def test_an_api_inpaint_body_with_a_unit_is_the_same_job(made, tmp_path):
+    """A1111's img2img body with a mask and alwayson_scripts' unit, its masked content left at the API's default
+    (inpainting_fill 0: fill, pixels the pipeline blanks anyway), maps onto the same job (a1111/api_body.map_body, as
+    the REST API's img2img route runs it): diffusers' image inside the mask, the init image outside it."""
+    import base64
+
+    from lowvram_gen.a1111.api_body import map_body
+
+    def b64(path) -> str:
+        return base64.b64encode(open(path, "rb").read()).decode()
+
+    def stored(value, field=None):
+        path = tmp_path / f"in-{len(list(tmp_path.glob('in-*')))}.png"
+        path.write_bytes(base64.b64decode(value))
+        return str(path)
+
+    body = dict(prompt="a castle", negative_prompt="fog", seed=7, steps=2, width=64, height=64, cfg_scale=4,
+                init_images=[b64(made["init"])], mask=b64(made["mask"]), mask_blur=0, denoising_strength=1.0,
+                inpaint_full_res=False,  # A1111 defaults it to only masked (true)
+                alwayson_scripts={"controlnet": {"args": [{"image": b64(made["control"]), "module": "none",
+                                                           "model": made["cn"], "weight": 0.8}]}})
+    mapped = map_body(body, "img2img", made["model"], 1, str(tmp_path), lambda title: None, init_image=stored)
+    assert mapped.request.masked_content == "fill" and len(mapped.request.controlnets) == 1
+    ours = pixels(Session(preset="cpu").generate(mapped.request).images[0])
+    m = inside()
+    assert np.abs(ours[m] - plain(made)[m]).max() <= MAX_DIFF
+    assert np.array_equal(ours[~m], pixels(made["init"])[~m])

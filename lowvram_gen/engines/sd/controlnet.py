@@ -282,7 +282,8 @@ def several(facts: ControlNetFacts, modules: list):
 def inpaint_refusal(facts: ControlNetFacts, request, modules: list) -> str | None:
     """Why the job's units cannot inpaint in the family's ControlNet inpaint pipeline (None: they can): it runs one
     ControlNet; Qwen-Image's ('control') needs an inpainting ControlNet (the image's latents and the mask as extra
-    input channels); it repaints the masked area from noise, so A1111's masked content has nothing to act on."""
+    input channels); it repaints the masked area from noise, so A1111's latent masked contents have nothing to act
+    on."""
     label = facts.label
     if len(modules) > 1 or len(request.controlnets) > 1:
         return (f"diffusers' {label} ControlNet inpaint pipeline runs one ControlNet unit, not "
@@ -291,9 +292,10 @@ def inpaint_refusal(facts: ControlNetFacts, request, modules: list) -> str | Non
         return (f"{label} ControlNet inpainting takes a ControlNet that reads the image and its mask "
                 f"({facts.inpaint_example}), not this one: give such a one, or use this one in txt2img")
     content = getattr(request, "masked_content", "original")
-    if content != "original":
+    if content in ("latent-noise", "latent-nothing"):  # original and fill are pixels: what it blanks anyway
         return (f"masked content {content!r} has nothing to act on in diffusers' {label} ControlNet inpaint "
-                "pipeline (it repaints the masked area from noise): leave it at original")
+                "pipeline (it repaints the masked area from noise, not from the image's latents): use original or "
+                "fill")
     return None
 
 
