@@ -14,7 +14,10 @@ and the control maps at the pass's size (control/preprocess.py): hires fix's sec
 resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both"); an inpaint
 pass with "Only masked" gets it cut with the init image's crop box first (Pass.control_crop), as the extension
 does for `inpaint_full_res`.
-SD3 and Flux pipelines get diffusers' SD3/Flux ControlNet pipelines the same way (`transformer_pass`, at the end).
+SD3 and Flux pipelines get diffusers' SD3/Flux ControlNet pipelines the same way (`transformer_pass`, at the end), and
+so do the issue-30 families with one (Qwen-Image, Z-Image, SANA): several Qwen-Image units through its union wrapper
+(`several`), and Qwen-Image's and Z-Image's ControlNet inpaint pipelines taking the engine's inpaint call
+(`inpaint_class`).
 """
 
 from __future__ import annotations
@@ -171,8 +174,9 @@ def infotext_fields(pipe, request) -> dict:
     return controlnet_fields(request, labels)
 
 
-# ------------------------------------------------------------------------------------------ SD3 and Flux
-# diffusers' StableDiffusion3ControlNetPipeline, FluxControlNetPipeline and FluxControlNetImg2ImgPipeline, made over
+# ------------------------------------------------------------------------------------------ SD3, Flux and the others
+# diffusers' StableDiffusion3ControlNetPipeline, FluxControlNetPipeline and FluxControlNetImg2ImgPipeline (and the
+# Qwen-Image, Z-Image and SANA ones their records name), made over
 # the loaded pipeline by the same auto-pipelines' `from_pipe` (no weight copied, cast or read). They take the control
 # map as `control_image` in txt2img too, have no guess mode, and SD3's has no img2img: planning/controlnet.py's
 # `transformer_refusal` says so, before the model loads (session) and here. Several units: diffusers'
