@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pytest
 import torch
-from controlnet_files import out_of_memory_once
+from controlnet_files import out_of_memory_once, random_image
 from PIL import Image
 from tiny_controlnets import BUILDERS as CONTROLNETS
 from tiny_controlnets import tiny_sana_two_blocks
@@ -53,12 +53,6 @@ WITHOUT = {"chroma": (DIT["chroma"], "Chroma"), "lumina2": (DIT["lumina2"], "Lum
            "flux2-klein": (build_tiny_flux2_klein, "Flux.2 Klein")}
 
 
-def _control_image(path) -> str:
-    rng = np.random.default_rng(0)
-    Image.fromarray((rng.random((64, 64, 3)) * 255).astype("uint8")).save(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(family key, its tiny folder, its tiny ControlNet's folder, a control image)."""
@@ -66,7 +60,7 @@ def family(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"cn-{key}")
     FAMILIES[key].build().save_pretrained(root / "model", safe_serialization=True)
     CONTROLNETS[key]().save_pretrained(root / "controlnet", safe_serialization=True)
-    return key, str(root / "model"), str(root / "controlnet"), _control_image(root / "control.png")
+    return key, str(root / "model"), str(root / "controlnet"), random_image(root / "control.png")
 
 
 def plain(key, folder, controlnet, image, scale=0.8, seed=7) -> np.ndarray:
@@ -234,7 +228,7 @@ def test_a_family_without_a_controlnet_pipeline_is_refused_naming_it(key, tmp_pa
     code, _out, err = cli(capsys, "generate", "a castle", "--model", str(root / "model"), "--width", "64",
                           "--height", "64", "--steps", "1", "--preset", "cpu", "--outdir", str(root),
                           "--controlnet", str(root / "controlnet"), "--control-image",
-                          _control_image(root / "control.png"))
+                          random_image(root / "control.png"))
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert name in lines[0] and "ControlNet" in lines[0], lines[0]

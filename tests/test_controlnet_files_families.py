@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from controlnet_files import random_image
 from tiny_controlnets import BUILDERS, _randomised, tiny_sana_two_blocks
 from tiny_qwen import build_tiny_qwen_image
 from tiny_transformers import cli, pixels
@@ -43,12 +43,6 @@ def save_file(net, path, extra: dict | None = None):
     return str(path)
 
 
-def _image(path) -> str:
-    rng = np.random.default_rng(0)
-    Image.fromarray((rng.random((64, 64, 3)) * 255).astype("uint8")).save(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module", params=list(MODELS))
 def made(request, tmp_path_factory):
     key = request.param
@@ -59,7 +53,7 @@ def made(request, tmp_path_factory):
     (root / "models" / "ControlNet").mkdir(parents=True)
     file = save_file(net, root / "models" / "ControlNet" / f"{key}-union.safetensors")
     return dict(key=key, model=str(root / "model"), folder=str(root / "folder"), file=file, root=root,
-                control=_image(root / "control.png"))
+                control=random_image(root / "control.png"))
 
 
 def _run(capsys, made, controlnet, tmp_path) -> np.ndarray:

@@ -17,7 +17,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from controlnet_files import out_of_memory_once
+from controlnet_files import random_image, steps_down_once
 from PIL import Image
 from tiny_controlnets import _randomised
 from tiny_qwen import build_tiny_qwen_image
@@ -27,7 +27,6 @@ from tiny_zimage import build_tiny_zimage
 from lowvram_gen import GenerationRequest
 from lowvram_gen.control.units import ControlNetUnit
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.models import controlnet as models
 from lowvram_gen.session import Session
 
 MAX_DIFF = 2  # of 255: "equal to plain diffusers"
@@ -63,12 +62,6 @@ CASES = {  # family: (model builder, inpainting ControlNet builder, pipeline, Co
 }
 
 
-def _image(path, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    Image.fromarray((rng.random((64, 64, 3)) * 255).astype("uint8")).save(path)
-    return str(path)
-
-
 def inside() -> np.ndarray:
     m = np.zeros((64, 64), bool)
     m[BOX[1]:BOX[3], BOX[0]:BOX[2]] = True
@@ -85,8 +78,8 @@ def made(request, tmp_path_factory):
     mask = Image.new("L", (64, 64), 0)
     mask.paste(255, BOX)
     mask.save(root / "mask.png")
-    return dict(key=key, model=str(root / "model"), cn=str(root / "cn"), init=_image(root / "init.png", 1),
-                control=_image(root / "control.png", 2), mask=str(root / "mask.png"), root=root)
+    return dict(key=key, model=str(root / "model"), cn=str(root / "cn"), init=random_image(root / "init.png", 1),
+                control=random_image(root / "control.png", 2), mask=str(root / "mask.png"), root=root)
 
 
 def request(made, tmp_path, **fields) -> GenerationRequest:
@@ -149,8 +142,6 @@ def test_mask_blur_and_only_masked_act(made, tmp_path):
 
 
 def test_what_the_controlnet_inpaint_pipeline_has_not_is_refused_in_one_sentence(made, tmp_path):
-    from diffusers import QwenImageControlNetModel, ZImageControlNetModel
-
     key, session = made["key"], Session(preset="cpu")
     label = "Qwen-Image" if key == "qwen-image" else "Z-Image"
     # a ControlNet that does not read the mask: the family's plain one (the txt2img tests' shape)
@@ -172,7 +163,6 @@ def test_what_the_controlnet_inpaint_pipeline_has_not_is_refused_in_one_sentence
         with pytest.raises(InvalidRequest, match=words) as caught:
             session.generate(request(made, tmp_path, **fields))
         assert len(str(caught.value).splitlines()) == 1, caught.value
-    assert QwenImageControlNetModel and ZImageControlNetModel
 
 
 def test_the_plan_counts_the_inpainting_controlnet(made, capsys):
@@ -187,17 +177,7 @@ def test_the_plan_counts_the_inpainting_controlnet(made, capsys):
 def test_out_of_memory_in_a_controlnet_inpaint_step_steps_down_without_reloading_it(made, tmp_path, monkeypatch):
     """Simulated: the ControlNet's forward raises torch.OutOfMemoryError once at highvram; the job finishes one rung
     down with the same ControlNet object, not loaded again, diffusers' image inside the mask."""
-    calls = []
-    real = models.load_controlnet
-    monkeypatch.setattr(models, "load_controlnet", lambda *a, **k: calls.append(1) or real(*a, **k))
-    session = Session(preset="highvram")
-    session.generate(request(made, tmp_path, steps=1))
-    net = session.model.pipe.controlnet0
-    failed = out_of_memory_once(net)
-    result = session.generate(request(made, tmp_path))
-    assert failed and [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts][:2] == [
-        ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]
-    assert session.model.pipe.controlnet0 is net and calls == [1]
+    _session, result = steps_down_once(monkeypatch, request(made, tmp_path, steps=1), request(made, tmp_path))
     m = inside()
     assert np.abs(pixels(result.images[0])[m] - plain(made)[m]).max() <= MAX_DIFF
 
