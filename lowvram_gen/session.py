@@ -167,7 +167,8 @@ class Session:
             profile = profiles.with_vae(profile, request.vae)
         if request is not None and request.controlnets:
             cns = plan_profiles([u.model for u in request.controlnets], profile, request.model)
-            check_job(cns, request.init_image is not None, bool(request.hires), request.control_mode)
+            check_job(cns, request.init_image is not None, bool(request.hires), request.control_mode,
+                      inpaint=request.mask is not None)
             profile = with_controlnets(profile, cns, len(request.controlnets))
         return profile
 

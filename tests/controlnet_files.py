@@ -111,3 +111,34 @@ def out_of_memory_once(net) -> list:
 
     net.register_forward_pre_hook(once, with_kwargs=True)
     return failed
+
+
+def random_image(path, seed: int = 0, side: int = 64) -> str:
+    """A seeded noise image of `side` px saved at `path` (a control, init or reference image); its path."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray((rng.random((side, side, 3)) * 255).astype("uint8")).save(path)
+    return str(path)
+
+
+def steps_down_once(monkeypatch, first, second):
+    """Simulated OOM (see out_of_memory_once): `first` (a request) runs at highvram and loads the job's ControlNet;
+    its forward then raises torch.OutOfMemoryError once in `second`, which must finish one rung down (medvram) with
+    the same ControlNet object, loaded once. (the session, `second`'s result)."""
+    from lowvram_gen.models import controlnet as models
+    from lowvram_gen.session import Session
+
+    calls = []
+    real = models.load_controlnet
+    monkeypatch.setattr(models, "load_controlnet", lambda *a, **k: calls.append(1) or real(*a, **k))
+    session = Session(preset="highvram")
+    session.generate(first)
+    net = session.model.pipe.controlnet0
+    failed = out_of_memory_once(net)
+    result = session.generate(second)
+    assert failed and [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts][:2] == [
+        ("highvram", "denoise", "oom"), ("medvram", "denoise", "ok")]
+    assert session.model.pipe.controlnet0 is net and calls == [1]
+    return session, result

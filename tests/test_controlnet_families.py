@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pytest
 import torch
-from controlnet_files import out_of_memory_once
+from controlnet_files import out_of_memory_once, random_image
 from PIL import Image
 from tiny_controlnets import BUILDERS as CONTROLNETS
 from tiny_controlnets import tiny_sana_two_blocks
@@ -53,12 +53,6 @@ WITHOUT = {"chroma": (DIT["chroma"], "Chroma"), "lumina2": (DIT["lumina2"], "Lum
            "flux2-klein": (build_tiny_flux2_klein, "Flux.2 Klein")}
 
 
-def _control_image(path) -> str:
-    rng = np.random.default_rng(0)
-    Image.fromarray((rng.random((64, 64, 3)) * 255).astype("uint8")).save(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     """(family key, its tiny folder, its tiny ControlNet's folder, a control image)."""
@@ -66,7 +60,7 @@ def family(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"cn-{key}")
     FAMILIES[key].build().save_pretrained(root / "model", safe_serialization=True)
     CONTROLNETS[key]().save_pretrained(root / "controlnet", safe_serialization=True)
-    return key, str(root / "model"), str(root / "controlnet"), _control_image(root / "control.png")
+    return key, str(root / "model"), str(root / "controlnet"), random_image(root / "control.png")
 
 
 def plain(key, folder, controlnet, image, scale=0.8, seed=7) -> np.ndarray:
@@ -202,14 +196,17 @@ def test_offload_and_budget_take_the_controlnet_with_the_transformer(family, tmp
 
 def test_what_the_pipeline_has_not_is_refused_in_one_sentence(family, tmp_path):
     """Z-Image's and SANA's ControlNet pipelines have no guidance window and run one ControlNet; none has an img2img
-    one nor a guess mode."""
+    one nor a guess mode; SANA has no ControlNet inpaint one, and Qwen-Image's and Z-Image's take a ControlNet that
+    reads the mask (tests/test_controlnet_inpaint_families.py), which these plain ones do not."""
     key, folder, controlnet, image = family
     session = Session(preset="cpu")
     label = families.by_name(key).controlnet.label
     mask = tmp_path / "mask.png"
     Image.new("L", (64, 64), 255).save(mask)
     cases = [(dict(init_image=image), f"diffusers has no {label} ControlNet img2img pipeline"),
-             (dict(init_image=image, mask=str(mask)), f"ControlNet inpainting is not built for {label}"),
+             (dict(init_image=image, mask=str(mask)),
+              f"{label} ControlNet inpainting takes a ControlNet that reads the image and its mask" if
+              families.by_name(key).controlnet.inpaint else f"ControlNet inpainting is not built for {label}"),
              (dict(control_mode="controlnet"), f"not in diffusers' {label} ControlNet pipeline")]
     if key in ("z-image", "sana"):
         cases += [(dict(controlnets=(ControlNetUnit(controlnet, image, 0.8, 0.0, 0.5),)),
@@ -231,7 +228,7 @@ def test_a_family_without_a_controlnet_pipeline_is_refused_naming_it(key, tmp_pa
     code, _out, err = cli(capsys, "generate", "a castle", "--model", str(root / "model"), "--width", "64",
                           "--height", "64", "--steps", "1", "--preset", "cpu", "--outdir", str(root),
                           "--controlnet", str(root / "controlnet"), "--control-image",
-                          _control_image(root / "control.png"))
+                          random_image(root / "control.png"))
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert name in lines[0] and "ControlNet" in lines[0], lines[0]

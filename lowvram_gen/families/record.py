@@ -165,6 +165,12 @@ class ControlNetFacts:
     # the config a single file of this ControlNet gives from its {key: shape} (families/controlnet_shapes.py); None:
     # read by diffusers' own loaders (a UNet's ControlNet)
     config_from_shapes: Callable[[Mapping[str, tuple]], dict] | None = None
+    # corrects that config in place from the file's values where its shapes cannot tell (`tensor(key)` reads one
+    # tensor: Z-Image's Union 2.0 may carry an unused refiner of zeros, which diffusers reads as 2.0, not 2.1)
+    config_from_values: Callable[[dict, Callable[[str], object]], None] | None = None
+    # a single file of this family's ControlNet in a layout diffusers does not read ({key: shape}): the one sentence
+    # saying what to give instead; None where the file is not one of those
+    other_layout: Callable[[Mapping[str, tuple]], str | None] | None = None
 
   
     # its ControlNets of both kinds (with a conditioning embedding, `input_hint_block`, and without) can run
@@ -175,6 +181,10 @@ class ControlNetFacts:
     guidance_window: bool = True
     # several units run together (diffusers has a multi-ControlNet model for the family); False: one unit a job
     multi: bool = True
+    # several units go through diffusers' multi-ControlNet class of this name, which runs the units' control images
+    # through ONE ControlNet (a union one: Qwen-Image's QwenImageMultiControlNetModel, which its pipeline does not make
+    # of a list itself); None: the pipeline takes a list of ControlNets (SD3's, Flux's)
+    multi_union: str | None = None
     # (width, residual streams it hands the transformer) from its config (planning/controlnet.py); None: heads x head
     # width, and num_layers + num_single_layers (SD3's, Flux's, Qwen-Image's, SANA's configs)
     stream: Callable[[Mapping], tuple[int, int]] | None = None
@@ -182,6 +192,15 @@ class ControlNetFacts:
     # embedders and refiners); the engine lends them for each ControlNet forward only, so the memory settings never
     # see the transformer's weights twice (engines/sd/controlnet.lend_transformer)
     borrows: tuple[str, ...] = ()
+    # how its ControlNet inpaint pipeline (the record's controlnet_inpaint task) takes the image to repaint and the
+    # mask: 'control' (they are the control image and its mask, read by an inpainting ControlNet: Qwen-Image's),
+    # 'image' (beside the unit's control map, read by a ControlNet with their input channels: Z-Image's); both
+    # repaint the masked area from noise (no strength). None: no ControlNet inpainting
+    inpaint: str | None = None
+    # a ControlNet of this config reads the image to repaint and its mask (the ones the inpaint pipeline takes), and
+    # a published one that does (named in the refusal of another)
+    inpaint_model: Callable[[Mapping], bool] | None = None
+    inpaint_example: str = ""
 
 
 def transformer_shape(config: Mapping) -> tuple[int, int]:

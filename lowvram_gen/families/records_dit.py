@@ -17,7 +17,7 @@ them offline.
 
 from __future__ import annotations
 
-from lowvram_gen.families import keys
+from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import Call, ControlNetFacts, Family, Guidance, Sampling, SingleFile, Task, spatial_patch
 
 SANA = Family(
@@ -36,7 +36,10 @@ SANA = Family(
     # SanaControlNetPipeline (diffusers folders, as Efficient-Large-Model publishes them): one unit, no guidance window
     controlnet=ControlNetFacts(
         kind="sana", model_class="SanaControlNetModel", label="SANA", img2img=False, guess_mode=False,
-        latent_per_token=lambda c: spatial_patch(c.get("patch_size", 1)) ** 2, guidance_window=False, multi=False),
+        latent_per_token=lambda c: spatial_patch(c.get("patch_size", 1)) ** 2, guidance_window=False, multi=False,
+        # a single file in diffusers' layout (a folder's diffusion_pytorch_model.safetensors downloaded alone)
+        file_match=controlnet_shapes.is_sana, config_from_shapes=controlnet_shapes.sana_config,
+        from_base=controlnet_shapes.sana_from_base, other_layout=controlnet_shapes.sana_other_layout),
     call=Call(Guidance.CFG, empty_negative=""), text_encode_apart="encode_prompt_masks", lora="diffusers",
     textual_inversion=False,
     # its model card (and SanaPipeline's defaults): num_inference_steps=20, guidance_scale=4.5

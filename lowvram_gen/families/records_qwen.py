@@ -42,9 +42,10 @@ QWEN_IMAGE = Family(
         Task.IMG2IMG.value: "QwenImageImg2ImgPipeline",
         Task.INPAINT.value: "QwenImageInpaintPipeline",
         Task.CONTROLNET.value: "QwenImageControlNetPipeline",
+        Task.CONTROLNET_INPAINT.value: "QwenImageControlNetInpaintPipeline",
     },
     # the edit pipelines are Qwen-Image-Edit's (families/records_qwen_edit.py)
-    other_pipelines=("QwenImageControlNetInpaintPipeline", "QwenImageLayeredPipeline"),
+    other_pipelines=("QwenImageLayeredPipeline",),
     denoiser="transformer", denoiser_classes=("QwenImageTransformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="QwenImagePipeline", components=("text_encoder", "vae"),
@@ -65,7 +66,14 @@ QWEN_IMAGE = Family(
         img2img=False, guess_mode=False,  # diffusers has no Qwen-Image ControlNet img2img pipeline, nor guess mode
         latent_per_token=lambda c: 4,  # one token: 2x2 latent pixels (its patch_size 2 is that packing)
         file_match=controlnet_shapes.is_qwen_image, config_from_shapes=controlnet_shapes.qwen_image_config,
-        from_base=controlnet_shapes.qwen_image_from_base),
+        other_layout=controlnet_shapes.qwen_image_other_layout,
+        from_base=controlnet_shapes.qwen_image_from_base,
+        # its ControlNet inpaint pipeline: the image and mask are an inpainting ControlNet's (InstantX's), whose VAE
+        # latents it samples from torch's global random state
+        multi_union="QwenImageMultiControlNetModel",  # several units: several control images of one ControlNet
+        inpaint="control", global_rng_control_latents=True,
+        inpaint_model=lambda c: int(c.get("extra_condition_channels") or 0) > 0,  # the mask and masked image's
+        inpaint_example="InstantX's Qwen-Image-ControlNet-Inpainting"),
     call=Call(Guidance.TRUE_CFG, negative_prompt=True, takes_negative_prompt=True, blank_negative=" "),
     text_encode_apart="encode_prompt_masked", lora="diffusers", textual_inversion=False,
 )

@@ -7,14 +7,15 @@ would fall back to PixArt's 1152). CFG is a doubled batch (prompt and negative p
 scale is above 0: Turbo is run at guidance 0 (no CFG) and few steps, as its model card does.
 
 diffusers 0.42 has its img2img (ZImageImg2ImgPipeline) and inpaint (ZImageInpaintPipeline) pipelines, which the
-auto-pipelines reach from the txt2img one; its ControlNet and Omni pipelines are recognised, not run.
+auto-pipelines reach from the txt2img one, its ControlNet and ControlNet inpaint pipelines (engines/sd/controlnet.py);
+its Omni pipeline is recognised, not run.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from lowvram_gen.families import keys
+from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import (Call, ControlNetFacts, Family, FolderFacts, Guidance, Sampling, SingleFile, Task,
                                          spatial_patch)
 
@@ -52,8 +53,9 @@ Z_IMAGE = Family(
         Task.IMG2IMG.value: "ZImageImg2ImgPipeline",
         Task.INPAINT.value: "ZImageInpaintPipeline",
         Task.CONTROLNET.value: "ZImageControlNetPipeline",
+        Task.CONTROLNET_INPAINT.value: "ZImageControlNetInpaintPipeline",
     },
-    other_pipelines=("ZImageControlNetInpaintPipeline", "ZImageOmniPipeline"),
+    other_pipelines=("ZImageOmniPipeline",),
     denoiser="transformer", denoiser_classes=("ZImageTransformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="ZImagePipeline", components=("text_encoder", "vae"),
@@ -70,8 +72,16 @@ Z_IMAGE = Family(
         kind="z-image", model_class="ZImageControlNetModel", label="Z-Image", img2img=False, guess_mode=False,
         latent_per_token=lambda c: spatial_patch(list(c.get("all_patch_size") or [2])[0]) ** 2,
         guidance_window=False, multi=False, stream=_zimage_controlnet_stream,
+        # alibaba-pai's Z-Image-Turbo-Fun-Controlnet-Union files (1.0, 2.0, 2.1) as they download them
+        file_match=controlnet_shapes.is_zimage, config_from_shapes=controlnet_shapes.zimage_config,
+        config_from_values=controlnet_shapes.zimage_from_values, from_base=controlnet_shapes.zimage_from_base,
         borrows=("t_embedder", "all_x_embedder", "cap_embedder", "noise_refiner", "context_refiner", "x_pad_token",
-                 "cap_pad_token")),
+                 "cap_pad_token"),
+        # ZImageControlNetInpaintPipeline: the init image and mask beside the control map, read by a ControlNet whose
+        # input is the control latents, the mask and the masked image's latents (16 + 1 + 16 channels; its txt2img
+        # pipeline pads the two with zeros)
+        inpaint="image", inpaint_model=lambda c: int(c.get("control_in_dim") or 0) > 2 * 16,
+        inpaint_example="alibaba-pai's Z-Image-Turbo-Fun-Controlnet-Union-2.0"),
     call=Call(Guidance.CFG), text_encode_apart="encode_prompt_lists", lora="diffusers", textual_inversion=False,
     sampling=TURBO, sampling_for=zimage_sampling,
     latent_format="flux",  # FLUX.1's VAE (scaling 0.3611, shift 0.1159); its latents unpacked: ComfyUI previews it so

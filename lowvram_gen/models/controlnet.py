@@ -20,7 +20,7 @@ family check (planning/controlnet.py) need no weights. What shapes do not show (
 time embedding settings) is the base model's UNet's, taken at load as diffusers' ControlNetModel.from_unet
 takes it, so diffusers' `from_single_file` needs no config from the hub.
 
-SD3 and Flux ControlNets (SD3ControlNetModel, FluxControlNetModel) are found the same ways; their configs and loading
+Transformer ControlNets (SD3's, Flux's, Qwen-Image's, Z-Image's, SANA's) are found the same ways; their configs and loading
 are models/transformer_controlnet.py's (`transformer_config`), completed from the base transformer's config.
 
 Loading (`load_controlnet`): at the dtype the pipeline's first preset loads it at, int8/int4 while loading

@@ -1,5 +1,5 @@
-"""SD3 and Flux ControlNets (diffusers' SD3ControlNetModel, FluxControlNetModel): their family, a single file's config,
-and loading. models/controlnet.py finds them as it finds any ControlNet (by name in models/ControlNet, a folder, a
+"""Transformer ControlNets (diffusers' SD3ControlNetModel, FluxControlNetModel, and the issue-30 families' Qwen-Image,
+Z-Image and SANA ones, each by its record's ControlNetFacts): their family, a single file's config, and loading. models/controlnet.py finds them as it finds any ControlNet (by name in models/ControlNet, a folder, a
 hub id, a file) and hands them here when their config or tensors say they are one of these.
 
 Config of a single file (`shape_config`), in diffusers' key layout only (a `.safetensors` as diffusers saves it; the
@@ -12,8 +12,12 @@ the header without the weights, as the SD/SDXL path does:
   and Stability's SD3.5 ones (no context embedder, no pos_embed: they take the transformer's; false).
 - Flux: the width, input channels, text and pooled widths, the double and single block counts, the guidance
   embedder, XLabs' conditioning embedding (`input_hint_block`) and a union ControlNet's mode embedder.
-What shapes do not show (the head count where no norm gives the head width, Flux's rotary axes, SD3's sample size)
-is the base transformer's, taken at load (`base` config), as the SD path takes the UNet's.
+- Qwen-Image, Z-Image (alibaba-pai's Fun ControlNet Union files: their keys are diffusers'; a 2.0 file's zero
+  refiner read from one tensor, as diffusers does), SANA: the records' `config_from_shapes` (families/controlnet_shapes.py).
+What shapes do not show (the head count where no norm gives the head width, Flux's rotary axes, SD3's sample size,
+Z-Image's control layer places) is the base transformer's, taken at load (`base` config), as the SD path takes the
+UNet's. A family's ControlNet in a layout diffusers does not read (DiffSynth's Qwen-Image Blockwise, SANA's original
+.pth) is refused in the record's one sentence (`other_layout`).
 
 Loading (`load`): a folder with the class its config names, a single file through a temporary folder holding the
 derived config.json and a link to the file, so both go through `from_pretrained`: the dtype, and int8/int4 while
@@ -48,6 +52,10 @@ def family_of_shapes(shapes: dict) -> str | None:
     for kind, facts in _transformer_kinds().items():
         if facts.file_match is not None and facts.file_match(shapes):
             return kind
+    for facts in _transformer_kinds().values():  # a family's ControlNet in a layout diffusers does not read
+        why = facts.other_layout(shapes) if facts.other_layout is not None else None
+        if why:
+            raise ModelLoadError(why)
     if any(k.startswith(("double_blocks.", "single_blocks.", "controlnet_blocks.")) for k in shapes) \
             and "controlnet_cond_embedding.conv_in.weight" not in shapes:
         raise ModelLoadError("this looks like an SD3/Flux ControlNet in another key layout than diffusers' (XLabs' "
@@ -57,13 +65,27 @@ def family_of_shapes(shapes: dict) -> str | None:
 
 
 def shape_config(shapes: dict, family: str, where: str = "the file") -> dict:
-    """The config fields a transformer ControlNet's tensors give (see the module doc)."""
+    """The config fields a transformer ControlNet's tensors give (see the module doc); where `where` is the file and
+    the family's record reads a value its shapes cannot tell (`config_from_values`), that one tensor is read."""
     facts = _transformer_kinds()[family]
     try:
-        return facts.config_from_shapes(shapes)
+        config = facts.config_from_shapes(shapes)
+        if facts.config_from_values is not None and Path(where).is_file():
+            facts.config_from_values(config, lambda key: _tensor(Path(where), key))
+        return config
     except KeyError as exc:
         raise ModelLoadError(f"{where}: its tensors are not laid out as diffusers' {facts.label} ControlNets are "
                              f"(no {exc})") from None
+
+
+def _tensor(path: Path, key: str):
+    """One tensor of a .safetensors file (KeyError when it has none of that name)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        if key not in f.keys():
+            raise KeyError(key)
+        return f.get_tensor(key)
 
 
 def with_base(config: dict, base: dict) -> dict:

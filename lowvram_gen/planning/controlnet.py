@@ -283,29 +283,48 @@ def check_transformer_match(profile: ModelProfile, cn: ControlNetProfile, model:
                                                     "unit: not built here; use a single-type Flux ControlNet")
 
 
-def transformer_refusal(family: str, img2img: bool, control_mode: str) -> str | None:
-    """Why diffusers has no pipeline for an SD3/Flux ControlNet job of this kind (None: it has): SD3's has no img2img
+def transformer_refusal(family: str, img2img: bool, control_mode: str, inpaint: bool = False) -> str | None:
+    """Why diffusers has no pipeline for a transformer ControlNet job of this kind (None: it has): SD3's has no img2img
     (hires fix's second pass is one), neither has a guess mode (A1111's 'ControlNet is more important') nor the
-    residuals of a UNet's ControlNet that A1111's 'My prompt is more important' scales."""
+    residuals of a UNet's ControlNet that A1111's 'My prompt is more important' scales; `inpaint` (a mask) runs where
+    the family's record has a ControlNet inpaint pipeline (Qwen-Image's, Z-Image's)."""
     facts = _kind_family(family).controlnet
     label = facts.label
     if control_mode != "balanced" and not facts.guess_mode:
         return (f"control mode {control_mode!r} is not in diffusers' {label} ControlNet pipeline: use balanced (A1111's "
                 "other modes act on a UNet ControlNet's residuals)")
-    if img2img and not facts.img2img:
-        return (f"diffusers has no {label} ControlNet img2img pipeline (hires fix's second pass is img2img too) and "
-                f"ControlNet inpainting is not built for {label}: run {label} ControlNets in txt2img without hires "
-                "fix")
+    if inpaint and facts.inpaint is None:
+        return (f"ControlNet inpainting is not built for {label} (diffusers has no {label} ControlNet inpaint "
+                f"pipeline): inpaint without ControlNet, or run {label} ControlNets in txt2img")
+    if img2img and not inpaint and not facts.img2img:
+        return (f"diffusers has no {label} ControlNet img2img pipeline (hires fix's second pass is img2img too)"
+                + ("" if facts.inpaint else f" and ControlNet inpainting is not built for {label}")
+                + f": run {label} ControlNets in txt2img without hires fix"
+                + (" or inpaint with a mask" if facts.inpaint else ""))
     return None
 
 
-def check_job(cns: list[ControlNetProfile], img2img: bool, hires: bool, control_mode: str) -> None:
-    """`transformer_refusal` for the job's SD3/Flux ControlNets, before anything loads (one sentence, exit 2)."""
+def check_job(cns: list[ControlNetProfile], img2img: bool, hires: bool, control_mode: str,
+              inpaint: bool = False) -> None:
+    """`transformer_refusal` for the job's transformer ControlNets, before anything loads (one sentence, exit 2);
+    `inpaint`: the job has a mask (its first pass is the ControlNet inpaint pipeline, hires fix's second img2img)."""
     for cn in cns:
         if is_transformer_kind(cn.family):
-            why = transformer_refusal(cn.family, img2img or hires, control_mode)
+            why = transformer_refusal(cn.family, img2img or hires, control_mode, inpaint and not hires) or \
+                union_refusal(cn.family, len(cns))
             if why:
                 raise InvalidRequest("controlnet", cn.name, why)
+
+
+def union_refusal(family: str, models: int) -> str | None:
+    """Why `models` distinct ControlNets of `family` cannot run in one job where its multi-ControlNet runs the units
+    of one (union) ControlNet alone (Qwen-Image's); None: they can."""
+    facts = _kind_family(family).controlnet
+    if facts.multi_union is None or models <= 1:
+        return None
+    return (f"diffusers' {facts.label} ControlNet pipeline runs several units of one ControlNet (a union one, "
+            f"{facts.multi_union}), not {models} different ControlNets: give every unit the same ControlNet, each "
+            "with its own control image")
 
 
 def plan_profiles(specs: list[str], base, model: str, known_sizes: bool = False) -> list:

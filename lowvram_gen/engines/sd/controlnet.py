@@ -14,12 +14,16 @@ and the control maps at the pass's size (control/preprocess.py): hires fix's sec
 resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both"); an inpaint
 pass with "Only masked" gets it cut with the init image's crop box first (Pass.control_crop), as the extension
 does for `inpaint_full_res`.
-SD3 and Flux pipelines get diffusers' SD3/Flux ControlNet pipelines the same way (`transformer_pass`, at the end).
+SD3 and Flux pipelines get diffusers' SD3/Flux ControlNet pipelines the same way (`transformer_pass`, at the end), and
+so do the issue-30 families with one (Qwen-Image, Z-Image, SANA): several Qwen-Image units through its union wrapper
+(`several`), and Qwen-Image's and Z-Image's ControlNet inpaint pipelines taking the engine's inpaint call
+(`inpaint_class`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 from lowvram_gen.errors import InvalidRequest
@@ -170,8 +174,9 @@ def infotext_fields(pipe, request) -> dict:
     return controlnet_fields(request, labels)
 
 
-# ------------------------------------------------------------------------------------------ SD3 and Flux
-# diffusers' StableDiffusion3ControlNetPipeline, FluxControlNetPipeline and FluxControlNetImg2ImgPipeline, made over
+# ------------------------------------------------------------------------------------------ SD3, Flux and the others
+# diffusers' StableDiffusion3ControlNetPipeline, FluxControlNetPipeline and FluxControlNetImg2ImgPipeline (and the
+# Qwen-Image, Z-Image and SANA ones their records name), made over
 # the loaded pipeline by the same auto-pipelines' `from_pipe` (no weight copied, cast or read). They take the control
 # map as `control_image` in txt2img too, have no guess mode, and SD3's has no img2img: planning/controlnet.py's
 # `transformer_refusal` says so, before the model loads (session) and here. Several units: diffusers'
@@ -193,12 +198,17 @@ def transformer_controlnet(pipe) -> ControlNetFacts | None:
 def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
     """(diffusers' SD3/Flux ControlNet pipeline, its control arguments) for a denoise pass (see for_pass)."""
     from lowvram_gen.control.preprocess import control_map
-    from lowvram_gen.planning.controlnet import transformer_refusal
+    from lowvram_gen.planning.controlnet import transformer_refusal, union_refusal
 
     units = step.request.controlnets
     img2img = step.init is not None
+    inpaint = step.mask is not None
     facts = transformer_controlnet(pipe)
-    why = transformer_refusal(facts.kind, img2img, step.request.control_mode)
+    why = transformer_refusal(facts.kind, img2img, step.request.control_mode, inpaint) or \
+        (inpaint_refusal(facts, step.request, modules) if inpaint else None)
+    if not inpaint and facts.inpaint == "control" and any(facts.inpaint_model(m.config) for m in modules):
+        why = (f"this is a {facts.label} inpainting ControlNet (it reads the image to repaint and its mask): "
+               "inpaint with it, an init image and a mask")
     if why:
         raise InvalidRequest("controlnet", units[0].model, why)
     if not facts.mixes_kinds and len({getattr(m, "input_hint_block", None) is None for m in modules}) > 1:
@@ -206,14 +216,16 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
         raise InvalidRequest("controlnet", units[1].model, f"{facts.label} ControlNets of the two kinds (XLabs', with "
                              "a conditioning embedding, and InstantX's, on VAE latents) cannot run together in "
                              "diffusers")
-    why = unit_refusal(facts, units)
+    why = unit_refusal(facts, units) or union_refusal(facts.kind, len({id(m) for m in modules}))
     if why:
         raise InvalidRequest("controlnet", units[-1].model, why)
-    control = _transformer_control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules)
+    control = _transformer_control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else several(facts, modules),
+                                        inpaint)
     lend_transformer(pipe, modules, facts)
     control.set_progress_bar_config(disable=True)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
-    maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high) for u in units]
+    maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high,
+                        crop=step.control_crop) for u in units]
     one = len(units) == 1
     kwargs = {"control_image": maps[0] if one else maps,
               "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units]}
@@ -235,25 +247,86 @@ def unit_refusal(facts: ControlNetFacts, units) -> str | None:
     return None
 
 
-def _transformer_control_pipe(pipe, img2img: bool, controlnet):
+def _transformer_control_pipe(pipe, img2img: bool, controlnet, inpaint: bool = False):
     """The family's ControlNet pipeline over `pipe`'s components: the auto-pipelines' `from_pipe` where they map the
     family (SD3, Flux, Qwen-Image), else the record's ControlNet pipeline class built of the same component objects
-    (SANA: the auto-pipelines have no ControlNet entry for it). Neither copies, casts nor reads a weight."""
+    (SANA: the auto-pipelines have no ControlNet entry for it); an inpaint one (`inpaint`) as `inpaint_class` makes it.
+    Neither copies, casts nor reads a weight."""
     import diffusers
     from diffusers import AutoPipelineForImage2Image, AutoPipelineForText2Image
 
     record, _task = task_of(pipe)
-    name = record.pipeline_for(Task.CONTROLNET_IMG2IMG if img2img else Task.CONTROLNET)
-    auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
-    try:
-        return auto.from_pipe(pipe, controlnet=controlnet)
-    except ValueError:  # "AutoPipeline can't find a pipeline linked to ..."
-        if name is None:
-            raise
-    cls = getattr(diffusers, name)
+    if inpaint:
+        cls = inpaint_class(record.pipeline_for(Task.CONTROLNET_INPAINT), record.controlnet.inpaint)
+    else:
+        name = record.pipeline_for(Task.CONTROLNET_IMG2IMG if img2img else Task.CONTROLNET)
+        auto = AutoPipelineForImage2Image if img2img else AutoPipelineForText2Image
+        try:
+            return auto.from_pipe(pipe, controlnet=controlnet)
+        except ValueError:  # "AutoPipeline can't find a pipeline linked to ..."
+            if name is None:
+                raise
+        cls = getattr(diffusers, name)
     expected, _optional = cls._get_signature_keys(cls)
     parts = {k: v for k, v in pipe.components.items() if k in expected}
     return cls(**parts, controlnet=controlnet)
+
+
+def several(facts: ControlNetFacts, modules: list):
+    """What the family's ControlNet pipeline takes for several units: the list of their ControlNets, or where diffusers
+    has a union wrapper for the family (`facts.multi_union`: Qwen-Image's QwenImageMultiControlNetModel) that wrapper
+    around their one ControlNet (planning/controlnet.union_refusal refuses two)."""
+    if facts.multi_union is None:
+        return modules
+    import diffusers
+
+    return getattr(diffusers, facts.multi_union)(list({id(m): m for m in modules}.values()))
+
+
+def inpaint_refusal(facts: ControlNetFacts, request, modules: list) -> str | None:
+    """Why the job's units cannot inpaint in the family's ControlNet inpaint pipeline (None: they can): it runs one
+    ControlNet; Qwen-Image's ('control') needs an inpainting ControlNet (the image's latents and the mask as extra
+    input channels); it repaints the masked area from noise, so A1111's latent masked contents have nothing to act
+    on."""
+    label = facts.label
+    if len(modules) > 1 or len(request.controlnets) > 1:
+        return (f"diffusers' {label} ControlNet inpaint pipeline runs one ControlNet unit, not "
+                f"{len(request.controlnets)}: inpaint with one unit")
+    if facts.inpaint_model is not None and not facts.inpaint_model(modules[0].config):
+        return (f"{label} ControlNet inpainting takes a ControlNet that reads the image and its mask "
+                f"({facts.inpaint_example}), not this one: give such a one, or use this one in txt2img")
+    content = getattr(request, "masked_content", "original")
+    if content in ("latent-noise", "latent-nothing"):  # original and fill are pixels: what it blanks anyway
+        return (f"masked content {content!r} has nothing to act on in diffusers' {label} ControlNet inpaint "
+                "pipeline (it repaints the masked area from noise, not from the image's latents): use original or "
+                "fill")
+    return None
+
+
+@functools.cache
+def inpaint_class(name: str, style: str):
+    """diffusers' ControlNet inpaint pipeline `name` taking the call the engine makes of every inpaint pipeline
+    (`image`: the images to repaint, `mask_image`, `strength`): 'control' hands them over as `control_image` and
+    `control_mask` (Qwen-Image's: the unit's ControlNet reads them; its control map is unused), 'image' as `image`
+    and `mask_image` beside the unit's `control_image` (Z-Image's). Both repaint the masked area from noise:
+    `strength` has nothing to act on and is dropped (logged)."""
+    import diffusers
+
+    base = getattr(diffusers, name)
+
+    def __call__(self, *args, image=None, mask_image=None, strength=None, **kwargs):
+        if strength is not None and strength < 1:
+            log.warning("%s repaints the masked area from noise: denoising strength %g is not used", name, strength)
+        one = isinstance(mask_image, list) and len(mask_image) == 1
+        mask = mask_image[0] if one else mask_image
+        if style == "control":
+            kwargs.update(control_image=image[0] if one and isinstance(image, list) else image, control_mask=mask)
+        else:
+            kwargs.update(image=image, mask_image=mask)
+        return base.__call__(self, *args, **kwargs)
+
+    # a subclass of diffusers' class (task_of reads the record's task through the MRO), named as it is
+    return type(name, (base,), {"__call__": __call__, "__doc__": base.__doc__, "__module__": __name__})
 
 
 def lend_transformer(pipe, modules: list, facts: ControlNetFacts) -> None:

@@ -304,8 +304,14 @@ class _Job:
         self.ladder.went_down(f"{self.ladder.preset_name}, batch {self.per_pass}, {self.size[0]}x{self.size[1]}")
 
     def _native_side(self) -> int:
-        """The side the denoiser was trained at (SD 1.x 512, SDXL 1024): its sample size in latents, in pixels."""
-        return int(self.pipe.unet.config.sample_size) * int(self.pipe.vae_scale_factor)
+        """The side the denoiser was trained at (SD 1.x 512, SDXL 1024): its sample size in latents, in pixels; a
+        transformer's (no UNet: Qwen-Image, Z-Image) is its record's."""
+        unet = getattr(self.pipe, "unet", None)
+        if unet is None:
+            from lowvram_gen import families
+
+            return int(families.of_pipe(self.pipe).native_side)
+        return int(unet.config.sample_size) * int(self.pipe.vae_scale_factor)
 
     def _decode(self, latents, size: tuple[int, int], safety_check: bool = True) -> tuple[list, list[bool]]:
         """Decode; on out-of-memory tiled, then cheaper presets; NaN/black half output again in float32."""
