@@ -94,6 +94,8 @@ def test_kind_dirs_adds_comfyuis_folder_names_where_they_exist(no_flags, comfy, 
     assert files.kind_dirs("Lora") == [comfy / "Lora", comfy / "loras"]
     assert files.kind_dirs("VAE") == [comfy / "VAE", comfy / "vae"]
     assert files.kind_dirs("ControlNet") == [comfy / "ControlNet", comfy / "controlnet"]
+    (comfy / "model_patches").mkdir()  # ComfyUI's folder for Z-Image's Fun ControlNets, looked in once it exists
+    assert files.kind_dirs("ControlNet") == [comfy / "ControlNet", comfy / "controlnet", comfy / "model_patches"]
     assert files.kind_dirs("ESRGAN") == [comfy / "ESRGAN", comfy / "upscale_models"]
     assert files.kind_dirs("text_encoders") == [comfy / "text_encoders", comfy / "clip"]
     assert files.kind_dirs("embeddings") == [comfy / "embeddings"]

@@ -8,7 +8,7 @@ else `./models` (A1111's layout: `models/Lora`, `embeddings` -> here `models/emb
 
 The models root may be ComfyUI's or A1111/Forge's own `models/` folder, read as it is (nothing copied, no link
 made): the other names a kind's folder has there (`SHARED_NAMES`: ComfyUI's `checkpoints/`, `diffusion_models/` and
-its old name `unet/`, `diffusers/`, `loras/`, `vae/`, `controlnet/`, `upscale_models/`, `text_encoders/` and its old
+its old name `unet/`, `diffusers/`, `loras/`, `vae/`, `controlnet/` and `model_patches/`, `upscale_models/`, `text_encoders/` and its old
 name `clip/`) are looked in after the A1111 name, where they exist, and so is A1111's `embeddings/` beside `models/`.
 Sub-folders are searched too, symlinked ones included (users link one drive's folders into another's).
 """
@@ -40,7 +40,8 @@ SHARED_NAMES = {
     "Stable-diffusion": ("checkpoints", "diffusion_models", "unet", "diffusers"),
     "Lora": ("loras",),
     "VAE": ("vae",),
-    "ControlNet": ("controlnet",),
+    # model_patches/: where ComfyUI keeps the ControlNets it loads as patches (alibaba-pai's Z-Image Fun files)
+    "ControlNet": ("controlnet", "model_patches"),
     "ESRGAN": ("upscale_models",),
     "text_encoders": ("clip",),
 }
