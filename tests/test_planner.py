@@ -205,7 +205,8 @@ def test_quantized_weights_shrink_the_estimate_and_int4_is_chosen_only_when_noth
              (("sd15", 512, coarse), ("sdxl", 1024, coarse), ("flux", 1024, coarse + fine)) for gib in cards]
     cases += [("flux", 1024, 2, None)] * 4
     for arch, side, gib, failing in cases:
-        result = plan(fake(gib), profile_builtin(arch), side, side, 1, presets, failed=failed if failing is None else failing)
+        result = plan(fake(gib), profile_builtin(arch), side, side, 1, presets,
+                      failed=failed if failing is None else failing)
         chosen = chosen_row(result)
         if chosen.lossy:
             seen_lossy = True

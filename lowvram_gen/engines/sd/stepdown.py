@@ -91,7 +91,8 @@ class Runner:
             reload_components(self.model, stale, apply_mod.load_dtype(effective, half), effective.quantize,
                               self.device.torch_device)
             apply_mod.forget_components(pipe, stale)
-        self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe), place_resident=False))
+        self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe),
+                                               place_resident=False))
         self.applied = settings
 
     def encode(self, texts: sd.Texts, cfg: bool, hires_cfg: bool | None = None) -> tuple[dict | None, dict | None]:
