@@ -154,7 +154,7 @@ class Runner:
         if self.residency is None:
             return
         if self.resident_on_device:  # before the decode; or before a pass, left there by one that died in its steps
-            self.ops_factory(self.model.pipe).resident_to("cpu", self.residency.streamed)
+            self._move("cpu")
             self.resident_on_device = False  # torch's allocator reuses the freed blocks for the decode
         if denoising and not self._placing:
             # prepend: before diffusers' group-offload hooks and any other pre-hook, so the forward finds it there
@@ -165,8 +165,17 @@ class Runner:
         """The forward pre-hook of place_resident(True): the resident part onto the device, once."""
         self._unhook()
         if self.residency is not None and not self.resident_on_device:
-            self.ops_factory(self.model.pipe).resident_to(self.device.torch_device, self.residency.streamed)
+            self._move(self.device.torch_device)
             self.resident_on_device = True
+
+    def _move(self, device: str) -> None:
+        """The resident part to `device`. Outside inference mode even inside the pipeline call (where the moves
+        happen): weights copied there would be inference tensors, which a later in-place change of the weights
+        outside it (a LoRA fused, a quantization) is refused."""
+        import torch
+
+        with torch.inference_mode(False):
+            self.ops_factory(self.model.pipe).resident_to(device, self.residency.streamed)
 
     def _unhook(self) -> None:
         for handle in self._placing:
