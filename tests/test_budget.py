@@ -252,18 +252,22 @@ def test_resident_to_moves_the_resident_blocks_and_the_fixed_part_and_leaves_the
 
 
 def test_the_resident_part_is_on_the_device_while_the_unet_runs_and_off_it_while_the_vae_decodes(model):
-    """Where the runner says the budget split's resident part is, seen from the UNet's forwards and the
-    VAE decode of real jobs: on for every step, off for the decode (planning/estimate.py plans the
-    decode without it), back on for the next job's steps; the moves go through PipelineOps.resident_to."""
+    """Where the runner says the budget split's resident part is, seen from the text encoder's, the UNet's and
+    the VAE decode's calls of real jobs: off while the prompts are encoded (planning/estimate.py counts the text
+    phase without it), moved on at the UNet's first forward, on for every step, off for the decode (planned
+    without it too), and the same again for the next job; the moves go through PipelineOps.resident_to, in that
+    order. (Before, apply placed it and it stayed on through the next job's prompt encoding.)"""
+    from itertools import groupby
+
     from lowvram_gen.engines.sd.stepdown import Runner
     from lowvram_gen.presets import gpu_ladder
     from lowvram_gen.request import GenerationRequest
 
-    moves = []
+    events = []
 
     class Ops(apply_mod.PipelineOps):
         def resident_to(self, device, streamed):
-            moves.append((device, streamed))
+            events.append(("move", device, streamed))
             super().resident_to(device, streamed)
 
     pipe = model.pipe
@@ -273,26 +277,26 @@ def test_the_resident_part_is_on_the_device_while_the_unet_runs_and_off_it_while
 
     planned = replace(preset, memory=replace(preset.memory, dtype="float32", resident_bytes=resident))
     runner = Runner(model, probe("cpu"), ops_factory=Ops)
-    seen = []
-    pipe.unet.register_forward_pre_hook(lambda *_: seen.append(("unet", runner.resident_on_device)))
+    pipe.text_encoder.register_forward_pre_hook(lambda *_: events.append(("text", runner.resident_on_device)))
+    pipe.unet.register_forward_pre_hook(lambda *_: events.append(("unet", runner.resident_on_device)))
     decode = pipe.vae.decode
 
     def watched_decode(*args, **kwargs):
-        seen.append(("vae", runner.resident_on_device))
+        events.append(("vae", runner.resident_on_device))
         return decode(*args, **kwargs)
 
     pipe.vae.decode = watched_decode
     request = GenerationRequest(prompt="a boat", width=64, height=64, steps=2, batch_size=1)
     for seed in (1, 2):
         runner.run(request, [seed], [planned], lambda done: None)
-    from itertools import groupby
-
-    assert len(seen) > 4  # every step's UNet forward, then the decode, twice
-    assert [key for key, _ in groupby(seen)] == [("unet", True), ("vae", False)] * 2
     streamed = runner.residency.streamed
     assert streamed  # half the blocks stream: the split is a real one
-    # applied (the split's placement), then off after each job's last step and on before the next job's first
-    assert moves == [("cpu", streamed)] * 4
+    move = ("move", "cpu", streamed)  # this CPU is the device: the order of the moves is what shows
+    assert len([e for e in events if e[0] == "unet"]) >= 4  # every step's UNet forward, twice
+    # apply leaves it on the host; each job: prompts encoded without it, on at the UNet's first forward, off before
+    # the decode
+    job = [("text", False), move, ("unet", True), move, ("vae", False)]
+    assert [key for key, _ in groupby(events)] == [move] + job * 2
 
 
 def test_oom_in_the_decode_under_budget_retries_only_the_decode_without_the_resident_part(model):
@@ -366,7 +370,7 @@ def test_budget_preset_on_cuda_makes_exactly_its_calls(model):
     assert [c[0] for c in ops.log] == ["reset", "cast", "free_bytes", "budget_offload", "vae_slicing", "vae_tiling"]
     assert applied.skipped == []
     # 8 GiB free, 0.5 GiB reserve, 2 GiB margin: the tiny UNet fits whole
-    assert ("budget_offload", ("cuda:0", ()), {"use_stream": True, "pinned": True}) in ops.log
+    assert ("budget_offload", ("cuda:0", ()), {"use_stream": True, "pinned": True, "place": True}) in ops.log
     assert f"budget_offload:{sum(b for _, b in blocks)}:cuda:0" in applied.calls
 
 
@@ -404,7 +408,8 @@ def test_a_planned_resident_bytes_is_used_as_given_on_cuda(model):
     applied = apply_mod.apply_settings(pipe, MemorySettings(offload="budget", resident_bytes=wanted), fake(4), ops)
     expected = split(blocks, wanted)
     assert "free_bytes" not in [c[0] for c in ops.log]  # the plan decided: the device is not asked
-    assert ("budget_offload", ("cuda:0", expected.streamed), {"use_stream": True, "pinned": True}) in ops.log
+    assert ("budget_offload", ("cuda:0", expected.streamed),
+            {"use_stream": True, "pinned": True, "place": True}) in ops.log
     assert f"budget_offload:{expected.resident_bytes}:cuda:0" in applied.calls
 
 

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 # UNet blocks run resnets[i] then attentions[i]; the other lists of a block (samplers) run after them.
 _INTERLEAVED = ("resnets", "attentions")
+# The largest piece of a transformer block streamed as one unit (elements, 64 MiB in 16 bits): while one streams,
+# the next is prefetched, so what a split streams beyond the bytes that cannot stay is about two pieces in flight and
+# less than one left over by whole pieces (FLUX.1's 648 MiB double blocks cost 1.3 GiB in flight; pieces 0.2 GiB).
+PIECE = 1 << 25
 
 
 def _is_list(module) -> bool:
@@ -39,7 +43,7 @@ def _units(name: str, module) -> list[tuple[str, object]]:
     if not lists or _numel(*(c for _, c in lists)) * 2 < _numel(module):
         # no lists, or lists that are not the module's body: a transformer block whose small Sequentials (Qwen-Image's
         # img_mod / txt_mod modulation, a third of it) would leave its attention and MLPs in the fixed part
-        return [(name, module)]
+        return _pieces(name, module)
     by_name = dict(lists)
     out = []
     interleaved = [by_name[n] for n in _INTERLEAVED if n in by_name]
@@ -52,6 +56,40 @@ def _units(name: str, module) -> list[tuple[str, object]]:
             for i, m in enumerate(child):
                 out.extend(_inner_blocks(f"{name}.{list_name}.{i}", m))
     return out
+
+
+def _pieces(name: str, module) -> list[tuple[str, object]]:
+    """A transformer block as streamable pieces of at most PIECE elements where its layers allow: the block whole
+    when it is that small, else its children, each split the same way (a layer larger than PIECE, such as FLUX.1's
+    56.6 M-element modulation, is one piece). Pieces are modules the forward calls: a ModuleList/ModuleDict (which
+    has no forward) is always split into its elements. Children of fewer than PIECE // 64 elements (norms, the
+    block's own parameters) join the fixed part, where a hook would cost more than the bytes it saves. A module
+    holding a list of like modules (HiDream's mixture of experts) stays whole: the router may skip an expert in a
+    step, and a skipped piece would not move what the plan counts (nor free what its prefetch brought)."""
+    if _numel(module) <= PIECE and not isinstance(module, _NO_FORWARD()) or not any(True for _ in module.children()) \
+            or _routed(module):
+        return [(name, module)]
+    out = []
+    for child_name, child in module.named_children():
+        if _numel(child) >= PIECE // 64:
+            out.extend(_pieces(f"{name}.{child_name}", child))
+    return out
+
+
+def _routed(module) -> bool:
+    """Whether `module` holds a list of two or more modules of one class with weights (experts a router picks)."""
+    for child in module.children():
+        if isinstance(child, _NO_FORWARD()) and len(child) > 1:
+            members = list(child.values() if hasattr(child, "values") else child)
+            if len({type(m) for m in members}) == 1 and _numel(members[0]) > 0:
+                return True
+    return False
+
+
+def _NO_FORWARD() -> tuple:
+    import torch
+
+    return (torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
 def _numel(*modules) -> int:

@@ -400,7 +400,8 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                 # the resident part is on the GPU only while the denoiser runs: moved in before the
                 # denoise and out before the VAE decode (engines/sd/stepdown.py), so the decode has its room
                 per_job = sum(te_each) + vae_w_decode + 2 * kept
-                phases = {"text": (kept + group["text"][0], text_act),
+                # nor while the prompts are encoded: it goes on at the denoiser's first forward (Runner.place_resident)
+                phases = {"text": group["text"],
                           "unet": (min(kept + split.in_flight_bytes + scratch, den_w), unet_act),
                           "vae": group["vae"]}
             if off == "sequential":

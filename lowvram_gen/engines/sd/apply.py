@@ -256,7 +256,8 @@ class PipelineOps:
             else:
                 apply_group_offloading(module=component, **kwargs)
 
-    def budget_offload(self, device: str, streamed: tuple[str, ...], use_stream: bool, pinned: bool = True) -> None:
+    def budget_offload(self, device: str, streamed: tuple[str, ...], use_stream: bool, pinned: bool = True,
+                       place: bool = True) -> None:
         """Partial residency of the denoiser: the blocks named in `streamed` are streamed in with diffusers'
         group offloading (one group per block, prefetched on a CUDA stream with `use_stream`), everything
         else of the denoiser (the resident blocks, embeddings, norms, conv_in/out) is moved to `device`.
@@ -269,7 +270,9 @@ class PipelineOps:
         one ModuleGroup per block (hooks on the blocks themselves, one stream for all). With a stream,
         diffusers prefetches only along an execution order traced by a hook on the module that runs, so
         that hook (and the empty group it needs) is put on the denoiser as diffusers does for leaf-level
-        offloading with streams; without it, a group would onload on the side stream unsynchronised."""
+        offloading with streams; without it, a group would onload on the side stream unsynchronised.
+        `place` False: the resident part goes to the host instead (the runner brings it on at the denoiser's first
+        forward, after the prompts are encoded: engines/sd/stepdown.Runner.place_resident)."""
         import torch
         from diffusers.hooks import apply_group_offloading
 
@@ -292,7 +295,7 @@ class PipelineOps:
                                    exclude_kwargs=getattr(module, "_skip_keys", None))
             if use_stream:
                 _prefetch_in_execution_order(module, units[0])
-        self.resident_to(device, streamed)
+        self.resident_to(device if place else "cpu", streamed)
 
     def resident_to(self, device: str, streamed: tuple[str, ...]) -> None:
         """Budget offload: move the denoiser's resident part (its blocks not in `streamed`, and the fixed
@@ -424,8 +427,10 @@ def component_swapped(pipe, name: str) -> bool:
     return True
 
 
-def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps | None = None) -> Applied:
-    """Configure `pipe` for `settings` on `device`; safe to call again with other settings.
+def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: PipelineOps | None = None,
+                   place_resident: bool = True) -> Applied:
+    """Configure `pipe` for `settings` on `device`; safe to call again with other settings. `place_resident` False
+    (the runner): a budget split's resident part is left on the host, for the runner to place when the denoiser runs.
 
     Raises RuntimeError if a component needs reloading first (see `needs_reload`).
     """
@@ -502,7 +507,8 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         calls.append(f"model_offload:{target}")
     elif effective.offload == "budget":
         split = budget_split(pipe, effective, device, ops)
-        ops.budget_offload(target, split.streamed, use_stream=device.kind == "cuda", pinned=effective.pin_memory)
+        ops.budget_offload(target, split.streamed, use_stream=device.kind == "cuda", pinned=effective.pin_memory,
+                           place=place_resident)
         calls.append(f"budget_offload:{split.resident_bytes}:{target}")
         applied.residency = split
     else:

@@ -66,7 +66,8 @@ class Runner:
         self.ops_factory = ops_factory
         self.applied: MemorySettings | None = None
         self.residency = None  # offload = "budget": the denoiser's split as applied (None: another offload)
-        self.resident_on_device = True  # where the split's resident part is now (apply puts it on the device)
+        self.resident_on_device = False  # where the split's resident part is now (the runner's apply leaves it off)
+        self._placing: list = []  # the one-shot forward pre-hooks that will place it (place_resident(True))
 
     def use(self, settings: MemorySettings) -> None:
         """Reconfigure the loaded pipeline for `settings` (a no-op when they are already applied)."""
@@ -90,7 +91,8 @@ class Runner:
             reload_components(self.model, stale, apply_mod.load_dtype(effective, half), effective.quantize,
                               self.device.torch_device)
             apply_mod.forget_components(pipe, stale)
-        self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe)))
+        self._applied(apply_mod.apply_settings(pipe, settings, self.device, self.ops_factory(pipe),
+                                               place_resident=False))
         self.applied = settings
 
     def encode(self, texts: sd.Texts, cfg: bool, hires_cfg: bool | None = None) -> tuple[dict | None, dict | None]:
@@ -130,26 +132,55 @@ class Runner:
     def reapply(self) -> None:
         """Apply the current settings again (after LoRAs or embeddings were loaded with hooks lifted)."""
         self._applied(apply_mod.apply_settings(self.model.pipe, self.applied, self.device,
-                                               self.ops_factory(self.model.pipe)))
+                                               self.ops_factory(self.model.pipe), place_resident=False))
 
     def _applied(self, applied: apply_mod.Applied) -> None:
+        self._unhook()
         self.residency = applied.residency
-        self.resident_on_device = True
+        self.resident_on_device = False  # apply_settings(place_resident=False) left it on the host
 
     def place_resident(self, denoising: bool) -> None:
         """Budget offload: the denoiser's resident part (kept blocks and fixed part) is on the device only
-        while the denoiser runs. Before the VAE decode or an upscaler it goes to the host, so they get its
-        room (planning/estimate.py plans the decode without it); it comes back before the next denoise.
-        That moves the resident bytes once each way per pass, which the plan counts. A no-op under the
-        other offload modes. Under model offload the job's ControlNets leave the device here
-        (apply.controlnets_off)."""
+        while the denoiser runs. It goes on at the first forward of the pass's denoiser (or of a ControlNet,
+        which runs first), not when the pass starts: the pipeline call encodes the prompts (and an img2img's
+        init image) before that, and those phases get the room (planning/estimate.py counts the text phase
+        without it). Before the VAE decode or an upscaler it goes to the host, so they get its room too; it
+        comes back at the next denoise's first forward. That moves the resident bytes once each way per pass,
+        which the plan counts. A no-op under the other offload modes. Under model offload the job's ControlNets
+        leave the device here (apply.controlnets_off)."""
         if not denoising:
             self.ops_factory(self.model.pipe).controlnets_off()
-        if self.residency is None or denoising == self.resident_on_device:
+            self._unhook()  # a pass that ended before its first forward (stopped, out of memory) placed nothing
+        if self.residency is None:
             return
-        target = self.device.torch_device if denoising else "cpu"
-        self.ops_factory(self.model.pipe).resident_to(target, self.residency.streamed)
-        self.resident_on_device = denoising  # torch's allocator reuses the freed blocks for the decode
+        if self.resident_on_device:  # before the decode; or before a pass, left there by one that died in its steps
+            self._move("cpu")
+            self.resident_on_device = False  # torch's allocator reuses the freed blocks for the decode
+        if denoising and not self._placing:
+            # prepend: before diffusers' group-offload hooks and any other pre-hook, so the forward finds it there
+            self._placing = [module.register_forward_pre_hook(self._place_now, prepend=True)
+                             for _, module in apply_mod._stepped(self.model.pipe)]
+
+    def _place_now(self, *_) -> None:
+        """The forward pre-hook of place_resident(True): the resident part onto the device, once."""
+        self._unhook()
+        if self.residency is not None and not self.resident_on_device:
+            self._move(self.device.torch_device)
+            self.resident_on_device = True
+
+    def _move(self, device: str) -> None:
+        """The resident part to `device`. Outside inference mode even inside the pipeline call (where the moves
+        happen): weights copied there would be inference tensors, which a later in-place change of the weights
+        outside it (a LoRA fused, a quantization) is refused."""
+        import torch
+
+        with torch.inference_mode(False):
+            self.ops_factory(self.model.pipe).resident_to(device, self.residency.streamed)
+
+    def _unhook(self) -> None:
+        for handle in self._placing:
+            handle.remove()
+        self._placing = []
 
     def run(self, request: GenerationRequest, seeds: list[int], presets: list[Preset],
             on_chunk: Callable[[ChunkDone], None], on_step: sd.ProgressFn | None = None,
@@ -264,7 +295,8 @@ class _Job:
                 log.info("skipped batch %d at step %s", batch + 1, f"{at[0]} of {at[1]}" if at else "the end of its first pass")
 
     def _denoise(self, step: sd.Pass) -> sd.Denoised:
-        """One pass of the denoiser, with the budget split's resident part on the device only while it runs."""
+        """One pass of the denoiser, with the budget split's resident part on the device only while it runs
+        (placed at its first forward, after the pipeline call has encoded the prompts)."""
         self.runner.place_resident(True)
         return sd.denoise(self.pipe, step, self.device, self.on_step, self.cancel,
                           after_last_step=lambda: self.runner.place_resident(False), skip=self.skip,
