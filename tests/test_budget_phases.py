@@ -108,3 +108,57 @@ def test_a_transformer_block_streams_as_pieces_the_forward_calls(key):
     assert blocks_mod.fixed_bytes(model, 2) < total // 50  # what stays whatever the budget: a few percent
     if key == "hidream":  # the mixture of experts of each block is one piece
         assert any(n.endswith(".ff_i") and blocks_mod._routed(m) for n, m in pieces)
+
+
+def test_a_child_the_forward_calls_twice_is_never_a_streamed_piece():
+    """models/blocks.py: a hook onloads a piece each time the forward calls it, while the plan counts it once. So a
+    child called twice on one path (CogView4's `ff`, on the image then the text tokens) is no piece of its own: a
+    large one keeps its block whole, a small one joins the fixed part; calls in the two arms of an `if` are one."""
+    import torch
+
+    from lowvram_gen.models import blocks as blocks_mod
+
+    big = blocks_mod.PIECE // 1024 + 1  # a Linear of big x 1024 elements is over PIECE
+
+    class TwiceBig(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.ff = torch.nn.Linear(1024, big, bias=False), torch.nn.Linear(1024, big, bias=False)
+
+        def forward(self, x, y):
+            return self.ff(self.attn(x)), self.ff(y)
+
+    class TwiceSmall(TwiceBig):
+        def __init__(self):
+            super().__init__()
+            self.mod = torch.nn.Linear(1024, 1024, bias=False)
+
+        def forward(self, x, y):
+            return self.attn(x) * self.mod(y) + self.ff(x) * self.mod(x)
+
+    class EachArm(TwiceBig):
+        def forward(self, x, y=None):
+            if y is None:
+                return self.ff(self.attn(x))
+            else:
+                return self.ff(self.attn(y))
+
+    with torch.device("meta"):
+        model = torch.nn.Module()
+        model.blocks = torch.nn.ModuleList([TwiceBig(), TwiceSmall(), EachArm()])
+    names = [name for name, _ in blocks_mod.blocks_of(model)]
+    assert names == ["blocks.0", "blocks.1.attn", "blocks.1.ff", "blocks.2.attn", "blocks.2.ff"]
+    assert blocks_mod.fixed_bytes(model, 2) == 1024 * 1024 * 2  # TwiceSmall's `mod`, called twice, stays resident
+
+
+def test_cogview4s_block_streams_whole_and_the_others_in_pieces():
+    """The real classes: CogView4's block calls its 256 MiB `ff` twice a forward (measured: 10.47 GiB a step moved
+    against 7.60 planned at 6 GiB while it was split), so it is one unit; FLUX.1's blocks call each child once."""
+    from diffusers.models.transformers import transformer_cogview4, transformer_flux
+
+    from lowvram_gen.models import blocks as blocks_mod
+
+    cog = transformer_cogview4.CogView4TransformerBlock
+    assert blocks_mod._called_twice(cog, frozenset({"ff", "attn1", "norm1", "norm2"})) == {"ff"}
+    for cls in (transformer_flux.FluxTransformerBlock, transformer_flux.FluxSingleTransformerBlock):
+        assert blocks_mod._called_twice(cls, frozenset({"ff", "ff_context", "attn", "norm1", "proj_mlp"})) == set()

@@ -19,6 +19,12 @@ is always resident and is not counted in `resident_bytes` (`fixed_bytes`).
 
 from __future__ import annotations
 
+import ast
+import collections
+import functools
+import inspect
+import textwrap
+
 # UNet blocks run resnets[i] then attentions[i]; the other lists of a block (samplers) run after them.
 _INTERLEAVED = ("resnets", "attentions")
 # The largest piece of a transformer block streamed as one unit (elements, 64 MiB in 16 bits): while one streams,
@@ -65,13 +71,17 @@ def _pieces(name: str, module) -> list[tuple[str, object]]:
     has no forward) is always split into its elements. Children of fewer than PIECE // 64 elements (norms, the
     block's own parameters) join the fixed part, where a hook would cost more than the bytes it saves. A module
     holding a list of like modules (HiDream's mixture of experts) stays whole: the router may skip an expert in a
-    step, and a skipped piece would not move what the plan counts (nor free what its prefetch brought)."""
+    step, and a skipped piece would not move what the plan counts (nor free what its prefetch brought). So does a
+    module whose forward calls a large child twice; a small one called twice stays in the fixed part (`_called_twice`)."""
     if _numel(module) <= PIECE and not isinstance(module, _NO_FORWARD()) or not any(True for _ in module.children()) \
             or _routed(module):
         return [(name, module)]
+    twice = _called_twice(type(module), frozenset(n for n, _ in module.named_children()))
+    if any(_numel(getattr(module, n)) > PIECE for n in twice):
+        return [(name, module)]
     out = []
     for child_name, child in module.named_children():
-        if _numel(child) >= PIECE // 64:
+        if _numel(child) >= PIECE // 64 and child_name not in twice:
             out.extend(_pieces(f"{name}.{child_name}", child))
     return out
 
@@ -84,6 +94,47 @@ def _routed(module) -> bool:
             if len({type(m) for m in members}) == 1 and _numel(members[0]) > 0:
                 return True
     return False
+
+
+@functools.cache
+def _called_twice(cls, children: frozenset) -> frozenset:
+    """The children that `cls.forward` calls twice on one path through it (CogView4's block runs its `ff` on the
+    image tokens, then on the text tokens; Z-Image's its `adaLN_modulation` on the noisy and the clean tokens of an
+    edit). A hook would onload such a piece twice a step while the plan counts it once, so `_pieces` keeps a small
+    one in the fixed part (always resident, no traffic) and streams the block whole around a large one. Calls in
+    the two arms of an `if` are one path's alternatives (Lumina 2's blocks call `attention` in each arm), so they
+    count once; a call in a loop counts as twice. Read from the forward's source; where there is none (a compiled
+    class), nothing is taken as called twice."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls.forward))
+    except (OSError, TypeError, AttributeError):
+        return frozenset()
+    calls = _self_calls(ast.parse(source).body[0].body)
+    return frozenset(name for name, n in calls.items() if n > 1 and name in children)
+
+
+def _self_calls(statements) -> collections.Counter:
+    """The most times each `self.NAME(...)` is called on any one path through `statements` (see above)."""
+    total = collections.Counter()
+    for node in statements:
+        if isinstance(node, ast.If):
+            total += _calls_in(node.test) | (_self_calls(node.body) | _self_calls(node.orelse))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            total += _calls_in(getattr(node, "iter", None) or node.test)
+            total += collections.Counter({k: 2 for k in _self_calls(node.body)})
+        elif isinstance(node, (ast.With, ast.AsyncWith, ast.Try)):
+            total += _self_calls(node.body) + _self_calls(getattr(node, "orelse", []))
+        else:
+            total += _calls_in(node)
+    return total
+
+
+def _calls_in(node) -> collections.Counter:
+    """The `self.NAME(...)` calls anywhere inside one statement or expression (a conditional expression's two
+    arms both counted: the safe side)."""
+    return collections.Counter(
+        call.func.attr for call in ast.walk(node) if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+        and isinstance(call.func.value, ast.Name) and call.func.value.id == "self")
 
 
 def _NO_FORWARD() -> tuple:
