@@ -650,3 +650,53 @@ def test_the_flux_profile_counts_t5s_float32_wo_in_a_float16_plan():
     settings = MemorySettings(dtype="float16", offload="model")
     assert host_mod.kept_bytes(flux, settings)["text_encoder_2"] == memory.text_encoder_bytes(flux, "text_encoder_2",
                                                                                          "float16")
+
+
+# ------------------------------------------------------------------------- the check for NaN after the load
+
+
+def test_the_nan_check_after_the_load_holds_isfinites_temporaries_of_the_largest_tensor():
+    """models/checkpoint.check_finite runs torch.isfinite over each weight after the load: 7 bytes a weight of
+    the largest float32 tensor, 5 of a 16-bit one (measured, CHECK_FINITE_BYTES). Z-Image at int8 on a CPU keeps
+    its Qwen3 embedding (151936 x 2560) in float32: 2.5 GiB of temporaries over every weight, the job's peak
+    (the scaled folder measured 6.13 GiB where the plan without the term said 5.15)."""
+    z = profiles.profile_builtin("z-image")
+    emb = z.largest_layer["text_encoder"]
+    assert emb == 151936 * 2560
+    s = MemorySettings(dtype="float32", quantize="int8")
+    est = host_mod.host_estimate(z, s, "cpu", 512, 512, 1)
+    kept = host_mod.kept_bytes(z, s)
+    assert est.load_bytes == host_mod.BASELINE_BYTES + sum(kept.values()) + emb * 7
+    without = replace(z, largest_layer={**z.largest_layer, "text_encoder": 0})
+    assert host_mod.host_estimate(without, s, "cpu", 512, 512, 1).load_bytes < est.load_bytes - 2 * GiB
+
+
+def test_the_nan_check_of_a_mapped_component_reads_its_file_pages_beside_the_temporaries():
+    """Qwen-Image in bfloat16 from its bf16 files: every weight stays mapped, so what must fit at the check is
+    the process plus the embedding's temporaries (5 bytes a weight), and the text encoder's pages, read by the
+    check, show on top in an unlimited run's RSS (the scaled folder: 6.25 GiB peak RSS in the check)."""
+    q = profiles.profile_builtin("qwen-image")
+    s = MemorySettings(dtype="bfloat16", half_storage=True)
+    assert all(host_mod.mapped(q, s, n) for n in q.params)
+    emb = q.largest_layer["text_encoder"]
+    assert emb == 152064 * 3584
+    est = host_mod.host_estimate(q, s, "cpu", 512, 512, 1)
+    assert est.load_bytes == host_mod.BASELINE_BYTES + emb * 5
+    assert est.load_file_pages_bytes >= host_mod.profile_file_bytes(q, "text_encoder")
+    assert est.rss_peak_bytes >= est.load_bytes + host_mod.profile_file_bytes(q, "text_encoder")
+
+
+def test_the_nan_check_skips_a_quantized_denoisers_layers_and_counts_reloaded_encoders():
+    z = profiles.profile_builtin("z-image")
+    big = replace(z, largest_layer={**z.largest_layer, "transformer": 10**9})
+    s = MemorySettings(dtype="float32", quantize="int8")
+    # int8 layers are not floating: the check skips them, so the largest it meets is the embedding sdnq leaves
+    assert host_mod._check_finite_transient(big, s) == (z.largest_layer["text_encoder"] * 7, "text_encoder")
+    assert host_mod._check_finite_transient(big, MemorySettings(dtype="float32")) == (10**9 * 7, "transformer")
+    plain = MemorySettings(dtype="float32")
+    assert host_mod.host_estimate(big, plain, "cpu", 512, 512, 1).load_bytes >= \
+        host_mod.BASELINE_BYTES + 10**9 * 7
+    # text encoders reloaded per job: the whole pipeline is checked again once they are back
+    reloaded = host_mod.host_estimate(z, replace(s, text_encoders="reloaded"), "cpu", 512, 512, 1)
+    assert reloaded.encode_bytes >= reloaded.baseline_bytes + reloaded.weights_bytes + \
+        z.largest_layer["text_encoder"] * 7

@@ -11,6 +11,11 @@ is the larger of two phases, plus the process itself:
            largest phase, plus (on a GPU streaming from RAM with a CUDA stream) the pinned copies
            diffusers' group offloading makes of the denoiser's streamed groups
 
+    check  after the load, every floating weight is checked for NaN/Inf (models/checkpoint.check_finite):
+           the converted components at the bytes they keep, plus torch.isfinite's temporaries for the
+           largest tensor (CHECK_FINITE_BYTES a weight: a text encoder's token embedding, 0.4-0.7 B
+           weights in the 2026 families' encoders), the checked component's mapped pages on top
+
     + BASELINE: Python, torch, diffusers and transformers themselves (+ CUDA_HOST on a GPU)
 
 With paged_weights (+disk, the last rung) the weights that stay memory-mapped from their files (`paged`)
@@ -80,6 +85,12 @@ CPU_ACTIVATION_FACTOR = 1.2
 # diffusers' own hook, which casts back to fresh copies, SDXL's cpu+half run held 2.24 GiB over the weights
 # against 1.39 GiB of activations; with ours the same run held 2.05 GiB of anonymous memory in all, its
 # 6.4 GiB of weights staying in the files' pages (docs/benchmarks.md).
+# models/checkpoint.check_finite runs torch.isfinite(param) over every floating weight after the load (and after
+# text encoders are reloaded): on the CPU it holds, for the tensor being checked, a float32 upcast and boolean
+# temporaries. Measured (VmHWM over a 100M-weight tensor, torch 2.14 CPU): 5.0 bytes a weight for bfloat16, 7.0
+# for float32; in the CLI's load of the scaled Qwen-Image folder, anonymous memory rose by 2.5 GiB while its
+# text encoder's 545M-weight embedding and lm_head were checked (host_peaks.py --trace), the job's peak.
+CHECK_FINITE_BYTES = {1: 5, 2: 5, 4: 7}  # per weight, by the checked tensor's bytes a weight (fp8: upcast too)
 # paged_weights: the pages of the files that must stay resident for a layer to run (the layer being computed
 # and the next one the kernel reads ahead), as a floor under everything else: a judgement, checked by running
 # real-size SDXL under a limit below its weights (docs/benchmarks.md, "offload to disk")
@@ -232,6 +243,31 @@ def _load_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, 
     return int(sum(kept[n] for n in converted) + whole), int(pages)
 
 
+def _check_finite_transient(profile: ModelProfile, settings: MemorySettings) -> tuple[int, str | None]:
+    """torch.isfinite's temporaries at the largest floating tensor the check after the load meets
+    (CHECK_FINITE_BYTES), and its component. A quantized denoiser's largest layers are int8/int4 or GGUF blocks,
+    which the check skips; a text encoder's embedding stays at the load dtype under int8/int4 (sdnq leaves it)."""
+    width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
+    worst, at = 0, None
+    for name, n in profile.params.items():
+        if not n or (name == profile.denoiser and (profile.denoiser_quantized or settings.quantize != "none")):
+            continue
+        t = profile.largest_layer.get(name, 0) * CHECK_FINITE_BYTES.get(width, 7)
+        if t > worst:
+            worst, at = t, name
+    return int(worst), at
+
+
+def _check_finite_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> tuple[int, int]:
+    """The check after the load: (what must fit, the mapped pages on top) at the worst tensor: the converted
+    components at their kept bytes plus its temporaries, and its component's file pages if that one is mapped
+    (the check reads them; the pages of components checked before it are clean and may have been dropped)."""
+    worst, at = _check_finite_transient(profile, settings)
+    held = sum(kept[n] for n in profile.params if not mapped(profile, settings, n))
+    pages = profile_file_bytes(profile, at) if at and mapped(profile, settings, at) else 0
+    return int(held + worst), int(pages)
+
+
 def _largest_quantized_layer(profile: ModelProfile, name: str) -> int:
     """Weights of `name`'s largest layer sdnq quantizes: a text encoder's largest is its token embedding, which
     sdnq leaves alone, so its feed-forward projection is taken (4 x hidden squared: CLIP's is 4x, T5's 2.5x)."""
@@ -295,6 +331,10 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
         # VAE, which run once per job, stream unpinned: engines/sd/apply.PipelineOps.group_offload)
         pinned_bytes = min(in_ram, max(0, kept.get(profile.denoiser, 0) - int(resident_bytes)))
     load, pages = _load_peak(profile, settings, kept, single_file)
+    check, check_pages = _check_finite_peak(profile, settings, kept)
+    rss_load = max(load + pages, check + check_pages)
+    load = max(load, check)
+    pages = rss_load - load
     in_file = paged(profile, settings, kept)
     mapped_bytes = min(in_ram, sum(in_file.values()))
     paged_bytes = 0
@@ -327,6 +367,8 @@ def _with_encoders_reloaded(profile: ModelProfile, settings: MemorySettings, dev
     scratch = 0
     if settings.quantize != "none":  # one at a time: load_component quantizes each as it loads
         scratch = max(int(QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, n) * 4) for n in encoders)
+    # the whole pipeline is checked for NaN/Inf once the encoders are back (models/loading.reload_components)
+    scratch = max(scratch, _check_finite_transient(profile, kept)[0])
     encode = (without.baseline_bytes + without.weights_bytes + without.pinned_bytes
               + sum(enc_kept[n] for n in encoders) + scratch)
     peak, phase = max((without.peak_bytes, without.phase), (encode, "encode"))
