@@ -34,9 +34,10 @@ SCALE = {
     "lumina2": {"transformer": {"num_layers": 1, "num_refiner_layers": 1},
                 "text_encoder": {"num_hidden_layers": 2}},
     "cogview4": {"transformer": {"num_layers": 1}, "text_encoder": {"num_hidden_layers": 1}},
+    "sana": {"transformer": {"num_layers": 1}, "text_encoder": {"num_hidden_layers": 2}},
 }
 # the offline tokenizer each family's folder gets (tests/): its ids must fit the real vocabulary
-TOKENIZERS = {"chroma": "t5", "lumina2": "gemma", "cogview4": "glm"}
+TOKENIZERS = {"chroma": "t5", "lumina2": "gemma", "cogview4": "glm", "sana": "gemma"}
 KEYS = tuple(SCALE)
 
 
@@ -101,6 +102,12 @@ def build(key: str, dest: Path | None = None) -> Path:
         from tiny_flux2_dev import byte_level_tokenizer
         tokenizer = byte_level_tokenizer(("<|endoftext|>", "[gMASK]", "<sop>"), eos_token="<|endoftext|>",
                                          pad_token="<|endoftext|>")
+        from tokenizers.processors import TemplateProcessing
+
+        # GLM-4's tokenizer starts every text with [gMASK]<sop>: without them the pipeline's empty negative prompt
+        # is zero tokens, which the encoder cannot reshape
+        ids = [(t, tokenizer.convert_tokens_to_ids(t)) for t in ("[gMASK]", "<sop>")]
+        tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="[gMASK] <sop> $A", special_tokens=ids)
     else:
         tokenizer = gemma_tokenizer() if kind == "gemma" else qwen2_tokenizer()
     tokenizer.save_pretrained(tmp / "tokenizer")

@@ -12,9 +12,9 @@ is the larger of two phases, plus the process itself:
            diffusers' group offloading makes of the denoiser's streamed groups
 
     check  after the load, every floating weight is checked for NaN/Inf (models/checkpoint.check_finite):
-           the converted components at the bytes they keep, plus torch.isfinite's temporaries for the
-           largest tensor (CHECK_FINITE_BYTES a weight: a text encoder's token embedding, 0.4-0.7 B
-           weights in the 2026 families' encoders), the checked component's mapped pages on top
+           the converted components at the bytes they keep, plus torch.isfinite's temporaries for
+           the largest piece it checks (CHECK_FINITE_BYTES a weight of CHECK_FINITE_CHUNK weights), the
+           checked component's mapped pages on top
 
     + BASELINE: Python, torch, diffusers and transformers themselves (+ CUDA_HOST on a GPU)
 
@@ -85,12 +85,14 @@ CPU_ACTIVATION_FACTOR = 1.2
 # diffusers' own hook, which casts back to fresh copies, SDXL's cpu+half run held 2.24 GiB over the weights
 # against 1.39 GiB of activations; with ours the same run held 2.05 GiB of anonymous memory in all, its
 # 6.4 GiB of weights staying in the files' pages (docs/benchmarks.md).
-# models/checkpoint.check_finite runs torch.isfinite(param) over every floating weight after the load (and after
-# text encoders are reloaded): on the CPU it holds, for the tensor being checked, a float32 upcast and boolean
-# temporaries. Measured (VmHWM over a 100M-weight tensor, torch 2.14 CPU): 5.0 bytes a weight for bfloat16, 7.0
-# for float32; in the CLI's load of the scaled Qwen-Image folder, anonymous memory rose by 2.5 GiB while its
-# text encoder's 545M-weight embedding and lm_head were checked (host_peaks.py --trace), the job's peak.
+# models/checkpoint.check_finite runs torch.isfinite over every floating weight after the load (and after text
+# encoders are reloaded): on the CPU it holds, for what it checks, a float32 upcast and boolean temporaries.
+# Measured (VmHWM over a 100M-weight tensor, torch 2.14 CPU): 5.0 bytes a weight for bfloat16, 7.0 for float32.
+# Checked a tensor at a time, the scaled Qwen-Image folder's 545M-weight embedding and lm_head each added 2.5 GiB
+# of anonymous memory, the job's peak (host_peaks.py --trace); check_finite now checks CHECK_FINITE_CHUNK weights
+# at a time (models/checkpoint.CHECK_FINITE_CHUNK, the same number), so the term is at most 112 MB.
 CHECK_FINITE_BYTES = {1: 5, 2: 5, 4: 7}  # per weight, by the checked tensor's bytes a weight (fp8: upcast too)
+CHECK_FINITE_CHUNK = 1 << 24
 # paged_weights: the pages of the files that must stay resident for a layer to run (the layer being computed
 # and the next one the kernel reads ahead), as a floor under everything else: a judgement, checked by running
 # real-size SDXL under a limit below its weights (docs/benchmarks.md, "offload to disk")
@@ -165,10 +167,22 @@ def mapped(profile: ModelProfile, settings: MemorySettings, name: str) -> bool:
     if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
         return False
     width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
-    if round(profile_file_bytes(profile, name) / n) != width:
+    if round(profile_file_bytes(profile, name) / n) != width and not tied_twice(profile, name, width):
         return False
     # 16-bit files: float16 and bfloat16 are the same width, and loading one as the other converts it
     return width != 2 or settings.half_storage or settings.dtype == file_half_dtype(profile)
+
+
+def tied_twice(profile: ModelProfile, name: str, width: int) -> int:
+    """The bytes of a text encoder's token embedding stored a second time in its `width`-byte file, else 0: T5's
+    `shared` and `encoder.embed_tokens` are one tensor that transformers saves under both names (the scaled Chroma
+    folder's T5: 2.5 bytes a weight). It loads mapped all the same, and the whole file's pages show in the RSS
+    (measured: host_peaks.py's Chroma cell held every page of it)."""
+    n, emb = profile.params.get(name, 0), profile.largest_layer.get(name, 0)
+    if not name.startswith("text_encoder") or not n or not emb:
+        return 0
+    extra = profile_file_bytes(profile, name) - n * width
+    return emb * width if abs(extra - emb * width) <= 0.01 * n * width else 0
 
 
 def file_half_dtype(profile: ModelProfile) -> str:
@@ -201,6 +215,11 @@ def half_files(profile: ModelProfile) -> bool:
     and folders whose denoiser file holds about 2 bytes a parameter."""
     n = profile.params.get(profile.denoiser, 0)
     return bool(n) and not profile.denoiser_quantized and round(profile_file_bytes(profile, profile.denoiser) / n) == 2
+
+
+def _mapped_twice(profile: ModelProfile, settings: MemorySettings) -> int:
+    width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
+    return sum(tied_twice(profile, n, width) for n in profile.params if mapped(profile, settings, n))
 
 
 def _load_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, int],
@@ -252,7 +271,7 @@ def _check_finite_transient(profile: ModelProfile, settings: MemorySettings) -> 
     for name, n in profile.params.items():
         if not n or (name == profile.denoiser and (profile.denoiser_quantized or settings.quantize != "none")):
             continue
-        t = profile.largest_layer.get(name, 0) * CHECK_FINITE_BYTES.get(width, 7)
+        t = min(profile.largest_layer.get(name, 0), CHECK_FINITE_CHUNK) * CHECK_FINITE_BYTES.get(width, 7)
         if t > worst:
             worst, at = t, name
     return int(worst), at
@@ -316,7 +335,8 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
         # glibc keeps the step's freed blocks under its mmap threshold in the heap, so the decode's come
         # on top of them: the two add up, they do not take turns as on a GPU's caching allocator
         act = int(CPU_ACTIVATION_FACTOR * (unet + vae))
-        in_ram = total_kept
+        # a mapped text encoder's file read whole at the load, its embedding's second copy too (tied_twice)
+        in_ram = total_kept + _mapped_twice(profile, settings)
     elif settings.offload == "none":
         # placed on the device after loading; moving a mapped component reads its whole file once
         in_ram = max((profile_file_bytes(profile, n) for n in profile.params if mapped(profile, settings, n)),
