@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "bench" / "host_peaks.json"
 CGROOT = Path("/sys/fs/cgroup/memory")
 GiB = 1 << 30
-MODELS = ("sd15", "sdxl", "flux", "z-image", "flux2-klein", "qwen-image")  # the last three: realsize_families.py
+MODELS = ("sd15", "sdxl", "flux", "z-image", "flux2-klein", "qwen-image", "chroma", "lumina2",
+          "cogview4", "sana")  # from z-image on: realsize_families.py
 MODES = ("default", "int8", "int4", "diffusers-fp32", "diffusers-bf16")
 PROMPT = "a red fox"
 SIZE = 512
@@ -151,6 +152,20 @@ def _read_bytes(pid: int) -> int:
     return 0
 
 
+def _trace(trace: list, seconds: float, st: dict, err) -> None:
+    """One row of a cell's memory timeline: where the anonymous memory goes through load, encode, steps and decode
+    (what the peak alone does not say). A row is kept when anonymous or file memory moved by 16 MiB or the child
+    printed a new stderr line (the pipeline's progress bars and warnings mark its phases)."""
+    fd = err.fileno()  # pread: the child shares the file's offset, which a read would move
+    size = os.fstat(fd).st_size
+    tail = os.pread(fd, 4096, max(0, size - 4096)).decode("utf-8", "replace")
+    lines = [ln for ln in tail.replace("\r", "\n").splitlines() if ln.strip()]
+    row = [round(seconds, 1), st.get("RssAnon", 0) >> 20, st.get("RssFile", 0) >> 20, lines[-1][-80:] if lines else ""]
+    last = trace[-1] if trace else None
+    if last is None or abs(row[1] - last[1]) >= 16 or abs(row[2] - last[2]) >= 16 or row[3] != last[3]:
+        trace.append(row)
+
+
 def run_cell(job: dict) -> dict:
     """Create the cgroup, run the child in it, measure, remove the cgroup."""
     cg = CGROOT / f"lowvram-bench-{job['cell']}"
@@ -186,8 +201,11 @@ def run_cell(job: dict) -> dict:
                                     stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=enter_cgroup)
             hwm = anon = file_ = cache = read = 0
             timed_out = False
+            trace: list = []  # --trace: [seconds, anon MiB, file MiB, the child's last stderr line] at each change
             while proc.poll() is None:
                 st = status(("VmHWM", "VmRSS", "RssAnon", "RssFile"), proc.pid)
+                if job.get("trace"):
+                    _trace(trace, time.monotonic() - t0, st, err)
                 read = max(read, _read_bytes(proc.pid))
                 hwm = max(hwm, st.get("VmHWM", 0))
                 anon = max(anon, st.get("RssAnon", 0))
@@ -239,6 +257,8 @@ def run_cell(job: dict) -> dict:
             polled_read_bytes=read,  # bytes the child read from storage (/proc/PID/io), to the last poll
             stderr_tail=[ln for ln in stderr.splitlines() if ln.strip()][-6:],
         )
+        if job.get("trace"):
+            rec["trace"] = trace
         if result is not None:
             rec["child_result"] = {k: result[k] for k in ("preset", "load_s", "run_s", "seconds", "dtype", "quantize")
                                    if k in result}
@@ -423,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the table (alone: of the stored results)")
     ap.add_argument("--replan", action="store_true",
                     help="recompute the plan's figures of the stored cells with this checkout (runs no job)")
+    ap.add_argument("--trace", action="store_true",
+                    help="keep each cell's memory timeline (anonymous / file MiB against the child's stderr)")
     ap.add_argument("--_cell", help=argparse.SUPPRESS)
     ap.add_argument("--_diffusers", help=argparse.SUPPRESS)
     args, rest = ap.parse_known_args(argv)
@@ -469,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     for model, limit_gib, mode in order([(m, lim, md) for m in models for lim in limits for md in modes]):
         key = cell_key(model, limit_gib, mode, args.steps)
         job = {"cell": key, "model": model, "limit_gib": limit_gib, "mode": mode, "folder": folders[model],
-               "size": size_of(model), "timeout": args.timeout, "steps": args.steps}
+               "size": size_of(model), "timeout": args.timeout, "steps": args.steps, "trace": args.trace}
         print(f"host_peaks: {key} ...", file=sys.stderr, flush=True)
         rec = run_worker(__file__, "--_cell", job, timeout=args.timeout + 300)
         rec.pop("timeout", None)

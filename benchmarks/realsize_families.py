@@ -1,4 +1,4 @@
-"""Scaled real folders of the issue-30 families (Z-Image, Flux.2 Klein, Qwen-Image) for the host-memory benchmark.
+"""Scaled real folders of the issue-30 families (Z-Image, Flux.2 Klein, Qwen-Image, Chroma, Lumina 2, CogView4) for the host-memory benchmark.
 
 `build(key)` writes an ordinary diffusers folder from the family's shipped configs (lowvram_gen/configs/KEY) with
 seeded random bfloat16 weights (as the published repos store them), every component at its real width but fewer
@@ -30,7 +30,14 @@ SCALE = {
                     "text_encoder": {"num_hidden_layers": 28, "intermediate_size": 608}},
     "qwen-image": {"transformer": {"num_layers": 1},
                    "text_encoder": {"num_hidden_layers": 1, "vision_config": {"depth": 2}}},
+    "chroma": {"transformer": {"num_layers": 1, "num_single_layers": 1}, "text_encoder": {"num_layers": 2}},
+    "lumina2": {"transformer": {"num_layers": 1, "num_refiner_layers": 1},
+                "text_encoder": {"num_hidden_layers": 2}},
+    "cogview4": {"transformer": {"num_layers": 1}, "text_encoder": {"num_hidden_layers": 1}},
+    "sana": {"transformer": {"num_layers": 1}, "text_encoder": {"num_hidden_layers": 2}},
 }
+# the offline tokenizer each family's folder gets (tests/): its ids must fit the real vocabulary
+TOKENIZERS = {"chroma": "t5", "lumina2": "gemma", "cogview4": "glm", "sana": "gemma"}
 KEYS = tuple(SCALE)
 
 
@@ -65,7 +72,7 @@ def build(key: str, dest: Path | None = None) -> Path:
     sys.path.insert(0, str(TESTS))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from realsize import _component
-    from tiny_tokenizers import qwen2_tokenizer
+    from tiny_tokenizers import gemma_tokenizer, qwen2_tokenizer
 
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -87,7 +94,22 @@ def build(key: str, dest: Path | None = None) -> Path:
     scheduler = json.loads((CONFIGS / key / "scheduler" / "scheduler_config.json").read_text())
     getattr(diffusers, scheduler["_class_name"]).from_config(scheduler).save_pretrained(tmp / "scheduler")
     parts["scheduler"] = ["diffusers", scheduler["_class_name"]]
-    tokenizer = qwen2_tokenizer()
+    kind = TOKENIZERS.get(key, "qwen2")
+    if kind == "t5":
+        from tiny_transformers import t5_tokenizer
+        tokenizer = t5_tokenizer()
+    elif kind == "glm":  # CogView4's: byte-level, GLM's specials first (tests/tiny_cogview4.py)
+        from tiny_flux2_dev import byte_level_tokenizer
+        tokenizer = byte_level_tokenizer(("<|endoftext|>", "[gMASK]", "<sop>"), eos_token="<|endoftext|>",
+                                         pad_token="<|endoftext|>")
+        from tokenizers.processors import TemplateProcessing
+
+        # GLM-4's tokenizer starts every text with [gMASK]<sop>: without them the pipeline's empty negative prompt
+        # is zero tokens, which the encoder cannot reshape
+        ids = [(t, tokenizer.convert_tokens_to_ids(t)) for t in ("[gMASK]", "<sop>")]
+        tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="[gMASK] <sop> $A", special_tokens=ids)
+    else:
+        tokenizer = gemma_tokenizer() if kind == "gemma" else qwen2_tokenizer()
     tokenizer.save_pretrained(tmp / "tokenizer")
     parts["tokenizer"] = ["transformers", type(tokenizer).__name__]
     extra = {k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)}

@@ -650,3 +650,86 @@ def test_the_flux_profile_counts_t5s_float32_wo_in_a_float16_plan():
     settings = MemorySettings(dtype="float16", offload="model")
     assert host_mod.kept_bytes(flux, settings)["text_encoder_2"] == memory.text_encoder_bytes(flux, "text_encoder_2",
                                                                                          "float16")
+
+
+# ------------------------------------------------------------------------- the check for NaN after the load
+
+
+def test_the_nan_check_after_the_load_holds_isfinites_temporaries_of_one_chunk():
+    """models/checkpoint.check_finite runs torch.isfinite over each weight after the load: 7 bytes a weight of a
+    float32 tensor, 5 of a 16-bit one (measured, CHECK_FINITE_BYTES), CHECK_FINITE_CHUNK weights at a time. Whole,
+    Z-Image's float32 Qwen3 embedding (151936 x 2560, at int8 on a CPU) held 2.5 GiB over every weight, the job's
+    peak (the scaled folder: 6.13 GiB where the plan said 5.15); in chunks, 112 MB."""
+    from lowvram_gen.models import checkpoint
+
+    assert host_mod.CHECK_FINITE_CHUNK == checkpoint.CHECK_FINITE_CHUNK == 1 << 24
+    z = profiles.profile_builtin("z-image")
+    assert z.largest_layer["text_encoder"] == 151936 * 2560 > host_mod.CHECK_FINITE_CHUNK
+    s = MemorySettings(dtype="float32", quantize="int8")
+    kept = host_mod.kept_bytes(z, s)
+    assert host_mod._check_finite_peak(z, s, kept) == (sum(kept.values()) + (1 << 24) * 7, 0)
+    small = replace(z, largest_layer={name: 1000 for name in z.largest_layer})
+    assert host_mod._check_finite_peak(small, s, kept) == (sum(kept.values()) + 1000 * 7, 0)
+    est = host_mod.host_estimate(z, s, "cpu", 512, 512, 1)
+    assert est.load_bytes >= host_mod.BASELINE_BYTES + sum(kept.values()) + (1 << 24) * 7
+
+
+def test_the_nan_check_of_a_mapped_component_reads_its_file_pages_beside_the_temporaries():
+    """Qwen-Image in bfloat16 from its bf16 files: every weight stays mapped, so what must fit at the check is the
+    converted nothing plus one chunk's temporaries (5 bytes a weight), and the text encoder's pages, which the
+    check reads, show on top in an unlimited run's RSS."""
+    q = profiles.profile_builtin("qwen-image")
+    s = MemorySettings(dtype="bfloat16", half_storage=True)
+    assert all(host_mod.mapped(q, s, n) for n in q.params)
+    assert host_mod._check_finite_transient(q, s) == ((1 << 24) * 5, "text_encoder")
+    kept = host_mod.kept_bytes(q, s)
+    assert host_mod._check_finite_peak(q, s, kept) == ((1 << 24) * 5, host_mod.profile_file_bytes(q, "text_encoder"))
+
+
+def test_the_nan_check_skips_a_quantized_denoisers_layers_and_counts_reloaded_encoders():
+    z = profiles.profile_builtin("z-image")
+    s = MemorySettings(dtype="float32", quantize="int8")
+    tiny = replace(z, largest_layer={"text_encoder": 1000, "transformer": 5000, "vae": 10})
+    # int8 layers are not floating: the check skips them, so the largest it meets is the embedding sdnq leaves
+    assert host_mod._check_finite_transient(tiny, s) == (1000 * 7, "text_encoder")
+    assert host_mod._check_finite_transient(tiny, MemorySettings(dtype="float32")) == (5000 * 7, "transformer")
+    # text encoders reloaded per job: the whole pipeline is checked again once they are back
+    reloaded = host_mod.host_estimate(z, replace(s, text_encoders="reloaded"), "cpu", 512, 512, 1)
+    assert reloaded.encode_bytes >= reloaded.baseline_bytes + reloaded.weights_bytes + (1 << 24) * 7
+
+
+def test_check_finite_checks_in_chunks_and_finds_a_nan_in_the_last_one(monkeypatch):
+    """The chunked check (models/checkpoint.check_finite) still finds a NaN past the first chunk and counts every
+    bad value of the tensor."""
+    import torch
+    from types import SimpleNamespace
+
+    from lowvram_gen.errors import ModelLoadError
+    from lowvram_gen.models import checkpoint
+
+    monkeypatch.setattr(checkpoint, "CHECK_FINITE_CHUNK", 7)
+    layer = torch.nn.Linear(10, 10)
+    checkpoint.check_finite(SimpleNamespace(components={"text_encoder": layer}))  # all finite: no error
+    with torch.no_grad():
+        layer.weight[9, 8] = float("nan")
+        layer.weight[9, 9] = float("inf")
+    with pytest.raises(ModelLoadError, match="text_encoder weights contain NaN/Inf: weight has 2 non-finite"):
+        checkpoint.check_finite(SimpleNamespace(components={"text_encoder": layer}))
+
+
+def test_a_t5_file_that_stores_its_tied_embedding_twice_stays_mapped_and_its_whole_file_is_resident():
+    """T5's `shared` and `encoder.embed_tokens` are one tensor transformers saves under both names: a bf16 file of
+    2.5 bytes a weight (the scaled Chroma folder's). It loads mapped all the same, and every page of the file was
+    resident in the measured run (host_peaks.py's Chroma cell): the estimate holds the second copy too."""
+    chroma = profiles.profile_builtin("chroma")
+    n, emb = chroma.params["text_encoder"], chroma.largest_layer["text_encoder"]
+    assert emb == 32128 * 4096
+    s = MemorySettings(dtype="bfloat16", half_storage=True)
+    once = replace(chroma, file_bytes={**(chroma.file_bytes or {}), "text_encoder": n * 2})
+    twice = replace(chroma, file_bytes={**(chroma.file_bytes or {}), "text_encoder": (n + emb) * 2})
+    converted = replace(chroma, file_bytes={**(chroma.file_bytes or {}), "text_encoder": n * 4})
+    assert host_mod.tied_twice(twice, "text_encoder", 2) == emb * 2 and not host_mod.tied_twice(once, "text_encoder", 2)
+    assert host_mod.mapped(twice, s, "text_encoder") and host_mod.mapped(once, s, "text_encoder")
+    assert not host_mod.mapped(converted, s, "text_encoder")  # a float32 file is converted, as before
+    run_once, run_twice = (host_mod.host_estimate(p, s, "cpu", 512, 512, 1).run_bytes for p in (once, twice))
+    assert run_twice - run_once == emb * 2

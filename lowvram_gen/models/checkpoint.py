@@ -554,10 +554,23 @@ def load_single_file(path, config: str | None, torch_dtype, quantize: str = "non
     return pipe
 
 
+# Weights per torch.isfinite call in check_finite: on the CPU it holds a float32 upcast and boolean temporaries of
+# what it checks (5 bytes a weight of a 16-bit tensor, 7 of a float32 one), so a 0.5-0.7 B-weight text-encoder
+# embedding checked whole held 2.5-4.7 GB for a moment (docs/benchmarks.md); 16M at a time hold at most 112 MB.
+# planning/host.py's CHECK_FINITE_CHUNK is this number.
+CHECK_FINITE_CHUNK = 1 << 24
+
+
 def check_finite(pipe) -> None:
     """Every floating parameter of every module component is finite (docs/FAULTS.md 6): a NaN weight would
     otherwise surface only as black or noise images, and be blamed on the memory preset."""
     import torch
+
+    def finite(part):
+        try:
+            return torch.isfinite(part)
+        except (RuntimeError, NotImplementedError):  # float8 storage on some builds
+            return torch.isfinite(part.float())
 
     for name, comp in pipe.components.items():
         if not isinstance(comp, torch.nn.Module):
@@ -565,12 +578,10 @@ def check_finite(pipe) -> None:
         for pname, param in comp.named_parameters():
             if not param.is_floating_point() or param.device.type == "meta":
                 continue
-            try:
-                finite = torch.isfinite(param.detach())
-            except (RuntimeError, NotImplementedError):  # float8 storage on some builds
-                finite = torch.isfinite(param.detach().float())
-            if not bool(finite.all()):
-                bad = int(finite.numel() - finite.sum())
+            flat = param.detach().reshape(-1)
+            parts = [flat[i:i + CHECK_FINITE_CHUNK] for i in range(0, flat.numel(), CHECK_FINITE_CHUNK)]
+            if not all(bool(finite(part).all()) for part in parts):
+                bad = sum(int(part.numel() - finite(part).sum()) for part in parts)
                 raise ModelLoadError(
                     f"the {name} weights contain NaN/Inf: {pname} has {bad} non-finite value(s) of "
                     f"{param.numel()}; the model file is damaged (or was saved in a precision too small for "

@@ -11,6 +11,11 @@ is the larger of two phases, plus the process itself:
            largest phase, plus (on a GPU streaming from RAM with a CUDA stream) the pinned copies
            diffusers' group offloading makes of the denoiser's streamed groups
 
+    check  after the load, every floating weight is checked for NaN/Inf (models/checkpoint.check_finite):
+           the converted components at the bytes they keep, plus torch.isfinite's temporaries for
+           the largest piece it checks (CHECK_FINITE_BYTES a weight of CHECK_FINITE_CHUNK weights), the
+           checked component's mapped pages on top
+
     + BASELINE: Python, torch, diffusers and transformers themselves (+ CUDA_HOST on a GPU)
 
 With paged_weights (+disk, the last rung) the weights that stay memory-mapped from their files (`paged`)
@@ -80,6 +85,14 @@ CPU_ACTIVATION_FACTOR = 1.2
 # diffusers' own hook, which casts back to fresh copies, SDXL's cpu+half run held 2.24 GiB over the weights
 # against 1.39 GiB of activations; with ours the same run held 2.05 GiB of anonymous memory in all, its
 # 6.4 GiB of weights staying in the files' pages (docs/benchmarks.md).
+# models/checkpoint.check_finite runs torch.isfinite over every floating weight after the load (and after text
+# encoders are reloaded): on the CPU it holds, for what it checks, a float32 upcast and boolean temporaries.
+# Measured (VmHWM over a 100M-weight tensor, torch 2.14 CPU): 5.0 bytes a weight for bfloat16, 7.0 for float32.
+# Checked a tensor at a time, the scaled Qwen-Image folder's 545M-weight embedding and lm_head each added 2.5 GiB
+# of anonymous memory, the job's peak (host_peaks.py --trace); check_finite now checks CHECK_FINITE_CHUNK weights
+# at a time (models/checkpoint.CHECK_FINITE_CHUNK, the same number), so the term is at most 112 MB.
+CHECK_FINITE_BYTES = {1: 5, 2: 5, 4: 7}  # per weight, by the checked tensor's bytes a weight (fp8: upcast too)
+CHECK_FINITE_CHUNK = 1 << 24
 # paged_weights: the pages of the files that must stay resident for a layer to run (the layer being computed
 # and the next one the kernel reads ahead), as a floor under everything else: a judgement, checked by running
 # real-size SDXL under a limit below its weights (docs/benchmarks.md, "offload to disk")
@@ -154,10 +167,22 @@ def mapped(profile: ModelProfile, settings: MemorySettings, name: str) -> bool:
     if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
         return False
     width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
-    if round(profile_file_bytes(profile, name) / n) != width:
+    if round(profile_file_bytes(profile, name) / n) != width and not tied_twice(profile, name, width):
         return False
     # 16-bit files: float16 and bfloat16 are the same width, and loading one as the other converts it
     return width != 2 or settings.half_storage or settings.dtype == file_half_dtype(profile)
+
+
+def tied_twice(profile: ModelProfile, name: str, width: int) -> int:
+    """The bytes of a text encoder's token embedding stored a second time in its `width`-byte file, else 0: T5's
+    `shared` and `encoder.embed_tokens` are one tensor that transformers saves under both names (the scaled Chroma
+    folder's T5: 2.5 bytes a weight). It loads mapped all the same, and the whole file's pages show in the RSS
+    (measured: host_peaks.py's Chroma cell held every page of it)."""
+    n, emb = profile.params.get(name, 0), profile.largest_layer.get(name, 0)
+    if not name.startswith("text_encoder") or not n or not emb:
+        return 0
+    extra = profile_file_bytes(profile, name) - n * width
+    return emb * width if abs(extra - emb * width) <= 0.01 * n * width else 0
 
 
 def file_half_dtype(profile: ModelProfile) -> str:
@@ -190,6 +215,11 @@ def half_files(profile: ModelProfile) -> bool:
     and folders whose denoiser file holds about 2 bytes a parameter."""
     n = profile.params.get(profile.denoiser, 0)
     return bool(n) and not profile.denoiser_quantized and round(profile_file_bytes(profile, profile.denoiser) / n) == 2
+
+
+def _mapped_twice(profile: ModelProfile, settings: MemorySettings) -> int:
+    width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
+    return sum(tied_twice(profile, n, width) for n in profile.params if mapped(profile, settings, n))
 
 
 def _load_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, int],
@@ -230,6 +260,31 @@ def _load_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, 
         quantized = settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder"))
         pages = max(pages, (QUANTIZE_LOAD_PAGES if quantized else LOAD_TRANSIENT) * profile_file_bytes(profile, name))
     return int(sum(kept[n] for n in converted) + whole), int(pages)
+
+
+def _check_finite_transient(profile: ModelProfile, settings: MemorySettings) -> tuple[int, str | None]:
+    """torch.isfinite's temporaries at the largest floating tensor the check after the load meets
+    (CHECK_FINITE_BYTES), and its component. A quantized denoiser's largest layers are int8/int4 or GGUF blocks,
+    which the check skips; a text encoder's embedding stays at the load dtype under int8/int4 (sdnq leaves it)."""
+    width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
+    worst, at = 0, None
+    for name, n in profile.params.items():
+        if not n or (name == profile.denoiser and (profile.denoiser_quantized or settings.quantize != "none")):
+            continue
+        t = min(profile.largest_layer.get(name, 0), CHECK_FINITE_CHUNK) * CHECK_FINITE_BYTES.get(width, 7)
+        if t > worst:
+            worst, at = t, name
+    return int(worst), at
+
+
+def _check_finite_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, int]) -> tuple[int, int]:
+    """The check after the load: (what must fit, the mapped pages on top) at the worst tensor: the converted
+    components at their kept bytes plus its temporaries, and its component's file pages if that one is mapped
+    (the check reads them; the pages of components checked before it are clean and may have been dropped)."""
+    worst, at = _check_finite_transient(profile, settings)
+    held = sum(kept[n] for n in profile.params if not mapped(profile, settings, n))
+    pages = profile_file_bytes(profile, at) if at and mapped(profile, settings, at) else 0
+    return int(held + worst), int(pages)
 
 
 def _largest_quantized_layer(profile: ModelProfile, name: str) -> int:
@@ -280,7 +335,8 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
         # glibc keeps the step's freed blocks under its mmap threshold in the heap, so the decode's come
         # on top of them: the two add up, they do not take turns as on a GPU's caching allocator
         act = int(CPU_ACTIVATION_FACTOR * (unet + vae))
-        in_ram = total_kept
+        # a mapped text encoder's file read whole at the load, its embedding's second copy too (tied_twice)
+        in_ram = total_kept + _mapped_twice(profile, settings)
     elif settings.offload == "none":
         # placed on the device after loading; moving a mapped component reads its whole file once
         in_ram = max((profile_file_bytes(profile, n) for n in profile.params if mapped(profile, settings, n)),
@@ -295,6 +351,10 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
         # VAE, which run once per job, stream unpinned: engines/sd/apply.PipelineOps.group_offload)
         pinned_bytes = min(in_ram, max(0, kept.get(profile.denoiser, 0) - int(resident_bytes)))
     load, pages = _load_peak(profile, settings, kept, single_file)
+    check, check_pages = _check_finite_peak(profile, settings, kept)
+    rss_load = max(load + pages, check + check_pages)
+    load = max(load, check)
+    pages = rss_load - load
     in_file = paged(profile, settings, kept)
     mapped_bytes = min(in_ram, sum(in_file.values()))
     paged_bytes = 0
@@ -327,6 +387,8 @@ def _with_encoders_reloaded(profile: ModelProfile, settings: MemorySettings, dev
     scratch = 0
     if settings.quantize != "none":  # one at a time: load_component quantizes each as it loads
         scratch = max(int(QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, n) * 4) for n in encoders)
+    # the whole pipeline is checked for NaN/Inf once the encoders are back (models/loading.reload_components)
+    scratch = max(scratch, _check_finite_transient(profile, kept)[0])
     encode = (without.baseline_bytes + without.weights_bytes + without.pinned_bytes
               + sum(enc_kept[n] for n in encoders) + scratch)
     peak, phase = max((without.peak_bytes, without.phase), (encode, "encode"))
