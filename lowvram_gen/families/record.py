@@ -301,6 +301,10 @@ class Family:
     # tasks whose pipeline __call__ takes no negative prompt although its txt2img one does (FLUX.1's ControlNet
     # img2img); where `call.takes_negative_prompt` is False no task takes one
     no_negative_prompt_tasks: tuple[str, ...] = ()
+    # fixed call arguments a task's pipeline needs to run as our job means it (Task value -> arguments): FLUX.1
+    # Kontext's inpaint pipeline resizes the init image to one of its trained resolutions unless `_auto_resize` is
+    # False, where our inpaint keeps the size asked, as A1111's does
+    task_arguments: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     # its pipelines load textual-inversion embeddings (load_textual_inversion); None: a family no record knows,
     # whose pipeline object is asked
     textual_inversion: bool | None = None

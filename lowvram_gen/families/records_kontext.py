@@ -20,8 +20,10 @@ from lowvram_gen.families.record import Call, Edit, Family, Guidance, Sampling, 
 
 FLUX_KONTEXT = Family(
     key="flux-kontext", group="flux", name="FLUX.1 Kontext", label="FLUX.1-Kontext-dev",
-    tasks={Task.TXT2IMG.value: "FluxKontextPipeline", Task.EDIT.value: "FluxKontextPipeline"},
-    other_pipelines=("FluxKontextInpaintPipeline",),
+    tasks={Task.TXT2IMG.value: "FluxKontextPipeline", Task.EDIT.value: "FluxKontextPipeline",
+           Task.INPAINT.value: "FluxKontextInpaintPipeline"},
+    # inpaint at the size asked, not at the nearest of Kontext's trained resolutions (the call's default)
+    task_arguments={Task.INPAINT.value: {"_auto_resize": False}},
     # FLUX.1's transformer class, named here: records.py (FLUX1) imports this module
     denoiser="transformer", denoiser_classes=("FluxTransformer2DModel",),
     # its shipped configs (configs/flux-kontext) are FLUX.1-dev's with this pipeline's model_index.json

@@ -674,9 +674,11 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             else:
                 i2i = control[0] if control is not None else img2img_pipe(pipe)
                 task = Task.CONTROLNET_IMG2IMG if control is not None else Task.IMG2IMG
-            if families.of_pipe(pipe).takes_size(task):
+            record = families.of_pipe(pipe)
+            if record.takes_size(task):
                 # SD3, Flux, ...: without a size they resize the init image to the model's native size
                 kwargs.update(width=step.width, height=step.height)
+            kwargs.update(record.task_arguments.get(task.value, {}))
             with _variation_noise(i2i, step, device), content, \
                     _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=step.strength, **kwargs)
