@@ -21,6 +21,7 @@ from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
 from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
+from lowvram_gen.rng import DEFAULT as DEFAULT_RNG, check_rng
 from lowvram_gen.samplers import check_installed, split_sampler  # light: tables of names, no torch
 from lowvram_gen.schedules import AUTOMATIC, check_schedule_type, label
 
@@ -167,6 +168,9 @@ class GenerationRequest:
     # A1111's "SD VAE": a VAE of models/VAE by name (its file name), or a path, to decode (and encode) with instead of
     # the model's own; "Automatic" and "None" are the model's own (models/vae.py says why both)
     vae: str = "Automatic"
+    # A1111's "Random number generator source" (rng.py): gpu draws the noise on the compute device, cpu on the CPU
+    # (then moved), nv as an NVIDIA card's torch.randn does, computed on any device
+    rng: str = DEFAULT_RNG
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -226,6 +230,7 @@ class GenerationRequest:
             quantize=check_quantize(self.quantize),
             clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
             vae=check_vae(self.vae),
+            rng=check_rng(self.rng),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),

@@ -10,7 +10,7 @@ body (a1111/api_body.py) with A1111's API default, and the other names a batch l
   script sending them keeps working), at any other a warning naming the field and saying why it is not used here;
 - refused: a clear error naming the value and what to do instead, unless the value is `neutral` (left out).
 
-Standard library only, and nothing of the project but errors: the request imports this.
+Standard library only, and nothing of the project but errors and rng.py's words: the request imports this.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.rng import WORDS as RNG_WORDS
+from lowvram_gen.rng import check_rng
 
 USED, WARNED, REFUSED = "used", "warned", "refused"
 ANY = "any value"  # `neutral` of a field that changes nothing whatever it says
@@ -44,6 +46,14 @@ def read_float(label: str, value: Any) -> float:
 
 def read_text(label: str, value: Any) -> str:
     return str(value)
+
+
+def read_rng(label: str, value: Any) -> str:
+    """`RNG: CPU` / `RNG: NV` (A1111's words, any case) as the request's cpu / nv; an error naming the field."""
+    try:
+        return check_rng(str(value))
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"{label!r} in the image's parameters", value, exc.allowed) from None
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,9 @@ FIELDS: tuple[Field, ...] = (
     Field("clip_skip", api="override_settings.CLIP_stop_at_last_layers", label="Clip skip", read=read_int),
     # A1111's "SD VAE" (models/vae.py): written with `VAE hash` (the file's sha256, 10 hex digits) where a VAE file ran
     Field("vae", api="override_settings.sd_vae", label="VAE", said=("vae", "VAE"), read=read_text),
+    # A1111's "Random number generator source" setting; its PNG says `RNG: CPU`/`RNG: NV`, nothing for the default GPU
+    Field("rng", api="override_settings.randn_source", label="RNG", aliases=("randn_source",), words=RNG_WORDS,
+          read=read_rng),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
     # inpainting (A1111's img2img > Inpaint): the API sets them with a mask only, as A1111 uses them

@@ -16,6 +16,7 @@ request's subseed, subseed_strength and seed_resize_from_w/h). Hires fix's field
 or `Hires resize: WxH`, `Hires upscaler` in A1111's names, our old lower-case ones too, `Hires steps`, `Hires
 sampler`, `Hires schedule type`, `Hires prompt`, `Hires negative prompt`) and Forge's `Hires CFG Scale`; a
 `Hires sampler` or `Hires schedule type` our own PNG wrote for a request's "default" / "same" reads back as that.
+`RNG: CPU` / `RNG: NV` is the request's noise source (rng.py; A1111 writes none for its default GPU).
 `ControlNet N` (A1111's sd-webui-controlnet) is a unit of the request's `controlnets` without its control image,
 which a PNG does not hold (control/units.py). Fields we do not use (ENSD, VAE, Eta...) are listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
 Ranges are checked later, by `GenerationRequest.validated()`, with the CLI's messages. Standard library only:
@@ -35,6 +36,7 @@ from lowvram_gen.control.units import unit_from_text, unit_text
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
 from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest, check_quantize
+from lowvram_gen.rng import DEFAULT as DEFAULT_RNG
 from lowvram_gen.samplers import A1111_AUTOMATIC, DEFAULT, SAMPLERS, split_sampler
 from lowvram_gen.schedules import AUTOMATIC, check_schedule_type
 
@@ -279,6 +281,8 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
     clip_skip = request.clip_skip if clip_skip is None else clip_skip
     if clip_skip > 1:
         fields[label("clip_skip")] = clip_skip
+    if request.rng != DEFAULT_RNG:  # A1111 writes its RNG source only when it is not its default, GPU
+        fields[label("rng")] = BY_NAME["rng"].words[request.rng]
     if request.hires:
         fields.update(hires_fields(request, (sampler, schedule), hires_sampler))
     fields[PRESET] = preset

@@ -1,5 +1,6 @@
 """What A1111's `/options` reads and sets: the API's model (`sd_model_checkpoint`), clip skip
-(`CLIP_stop_at_last_layers`), VAE (`sd_vae`: Automatic, None or a name of /sdapi/v1/sd-vae) and live previews (`show_progress_every_n_steps`, `live_previews_enable`: A1111's
+(`CLIP_stop_at_last_layers`), VAE (`sd_vae`: Automatic, None or a name of /sdapi/v1/sd-vae), RNG source
+(`randn_source`: GPU, CPU or NV) and live previews (`show_progress_every_n_steps`, `live_previews_enable`: A1111's
 defaults, every 10 steps), the defaults of later API jobs. The web UI has its own Model box and preview setting;
 they are not changed by these, nor are these by them.
 
@@ -17,13 +18,15 @@ from typing import Any
 
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_CLIP_SKIP, MAX_STEPS, as_int
+from lowvram_gen.rng import WORDS as RNG_WORDS
+from lowvram_gen.rng import check_rng
 
 from lowvram_gen.api import listings
 from lowvram_gen.request import as_bool
 
 log = logging.getLogger(__name__)
 SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable",
-            "sd_vae")
+            "sd_vae", "randn_source")
 
 
 @dataclass
@@ -35,6 +38,7 @@ class ApiState:
     preview_steps: int = 10  # show_progress_every_n_steps (0: none), A1111's default
     previews_on: bool = True  # live_previews_enable
     vae: str = "Automatic"  # sd_vae: later API jobs' VAE (models/vae.py)
+    rng: str = "gpu"  # randn_source: later API jobs' noise source (rng.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def find_model(self, name: str) -> str | None:
@@ -48,6 +52,10 @@ class ApiState:
         with self._lock:
             return self.vae
 
+    def current_rng(self) -> str:
+        with self._lock:
+            return self.rng
+
     def preview_every(self) -> int:
         """How often (steps) an API job makes a live preview for /progress: 0 for none."""
         with self._lock:
@@ -59,6 +67,7 @@ class ApiState:
         return {
             "sd_model_checkpoint": listings.title_of(model), "sd_checkpoint_hash": None,
             "CLIP_stop_at_last_layers": clip_skip, "sd_vae": self.current_vae(),
+            "randn_source": RNG_WORDS[self.current_rng()],
             "samples_save": True, "samples_format": "png", "outdir_samples": self.outdir,
             "outdir_txt2img_samples": self.outdir, "outdir_img2img_samples": self.outdir, "enable_pnginfo": True,
             "show_progress_every_n_steps": self.preview_steps, "live_previews_enable": self.previews_on,
@@ -66,7 +75,7 @@ class ApiState:
         }
 
     def set_options(self, body: Any, allowed: tuple = ()) -> list[str]:
-        """POST /options: set the model, clip skip, VAE and live previews (all checked before any changes; `allowed`:
+        """POST /options: set the model, clip skip, VAE, RNG source and live previews (all checked before any changes; `allowed`:
         the folders of --api-allow-paths, where sd_vae may name a path); returns the keys ignored."""
         if not isinstance(body, dict):
             raise InvalidRequest("options", body, 'send a JSON object of settings, e.g. {"sd_model_checkpoint": "tiny"}')
@@ -86,6 +95,8 @@ class ApiState:
             from lowvram_gen.request import check_vae as vae_text
 
             changes["vae"] = vae_text(check_vae(body["sd_vae"], "sd_vae", allowed))
+        if "randn_source" in body:
+            changes["rng"] = check_rng(body["randn_source"], "randn_source")
         if "show_progress_every_n_steps" in body:
             changes["preview_steps"] = as_int("show_progress_every_n_steps", body["show_progress_every_n_steps"], 0,
                                               MAX_STEPS, " (0: no live previews)")
@@ -98,7 +109,7 @@ class ApiState:
         return ignored
 
     def keep(self, changes: dict) -> None:
-        """Set `model`, `clip_skip`, `vae`, `preview_steps`, `previews_on` for later jobs (POST /options, or override_settings
+        """Set `model`, `clip_skip`, `vae`, `rng`, `preview_steps`, `previews_on` for later jobs (POST /options, or override_settings
         not restored)."""
         with self._lock:
             for name, value in changes.items():

@@ -167,8 +167,9 @@ def request_hash(engine: str, request) -> str:
         data.pop("vae", None)
     for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0),
                       ("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_sampler", ""),
-                      ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", "")):
-        if data.get(name) == off:  # the variation seed and hires fields, added later: off, the hash stays
+                      ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", ""),
+                      ("rng", "gpu")):
+        if data.get(name) == off:  # variation seed, hires, RNG source: added later; off, the hash stays
             data.pop(name, None)
     if data.get("hires_upscaler") in _OLD_UPSCALER:  # A1111's spelling now: a line's job keeps its hash
         data["hires_upscaler"] = _OLD_UPSCALER[data["hires_upscaler"]]

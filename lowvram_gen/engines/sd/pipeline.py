@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen import families
-from lowvram_gen.engines.sd import controlnet, edit, inpaint
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, rng_source
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import Task
@@ -401,12 +401,8 @@ def ignores_negative_prompt(pipe) -> bool:
     return not families.of_pipe(pipe).call.negative_prompt
 
 
-def _generators(seeds: list[int], device: str):
-    import torch
-
-    # One generator per image: image i depends on its seed alone, whatever the batch split.
-    gen_device = "cpu" if device.startswith("mps") else device
-    return [torch.Generator(gen_device).manual_seed(s) for s in seeds]
+def _generators(seeds: list[int], device: str, rng: str = "gpu"):
+    return rng_source.generators(seeds, device, rng)  # one per image, where the request's RNG source draws
 
 
 def slerp(val: float, low, high):
@@ -487,8 +483,6 @@ def _variation_noise(pipe, step: Pass, device: str):
     if not varies_noise(step):
         yield
         return
-    from diffusers.utils.torch_utils import randn_tensor
-
     if step.init is None:
         original = pipe.prepare_latents
         signature = inspect.signature(original)  # to bind the call's own arguments by name, not to guess a family
@@ -500,8 +494,8 @@ def _variation_noise(pipe, step: Pass, device: str):
 
             def draw(seeds, size=None):
                 width, height = size or (call["width"], call["height"])
-                return original(**dict(call, generator=_generators(seeds, device), width=width, height=height,
-                                       latents=None))
+                return original(**dict(call, generator=_generators(seeds, device, step.request.rng), width=width,
+                                       height=height, latents=None))
 
             return _vary(original(**dict(call, latents=None)), step, draw)  # the images' generators first
 
@@ -517,8 +511,9 @@ def _variation_noise(pipe, step: Pass, device: str):
 
         def draw(seeds, size=None):
             height, width = (size[1] // factor, size[0] // factor) if size else noise.shape[-2:]
-            return randn_tensor((noise.shape[0], noise.shape[1], height, width),
-                                generator=_generators(seeds, device), device=noise.device, dtype=noise.dtype)
+            return rng_source.randn_tensor((noise.shape[0], noise.shape[1], height, width),  # or the NV source's
+                                           generator=_generators(seeds, device, step.request.rng),
+                                           device=noise.device, dtype=noise.dtype)
 
         return add_noise(original_samples, _vary(noise, step, draw), timesteps)
 
@@ -646,7 +641,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         **text,
         num_inference_steps=step.num_steps,
         **guidance_kwargs(pipe, step.guidance),
-        generator=_generators(step.seeds, device),
+        generator=_generators(step.seeds, device, request.rng),
         output_type="latent" if splits_decode(pipe) else "pil",
         callback_on_step_end=step_end,
     )
@@ -657,7 +652,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     try:
         if step.init is None:
             txt2img = control[0] if control is not None else edit.edit_pipe(pipe) if step.references else pipe
-            with _variation_noise(txt2img, step, device), \
+            with rng_source.drawing(request.rng, txt2img, txt2img.scheduler), \
+                    _variation_noise(txt2img, step, device), \
                     controlnet.seeded(control[0] if control is not None else None, step.seeds, device), \
                     _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = txt2img(width=step.width, height=step.height, **kwargs,
@@ -679,7 +675,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                 # SD3, Flux, ...: without a size they resize the init image to the model's native size
                 kwargs.update(width=step.width, height=step.height)
             kwargs.update(record.task_arguments.get(task.value, {}))
-            with _variation_noise(i2i, step, device), content, \
+            with rng_source.drawing(request.rng, i2i, i2i.scheduler), _variation_noise(i2i, step, device), content, \
                     _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=step.strength, **kwargs)
     except _Stopped:
