@@ -16,7 +16,7 @@ from pathlib import Path
 import gradio as gr
 
 from lowvram_gen.session import Session
-from lowvram_gen.ui import remembered, vae_picker
+from lowvram_gen.ui import remembered, rng_setting, vae_picker
 from lowvram_gen.ui.context import TabContext, UiOptions
 from lowvram_gen.jobs.registry import Registry
 from lowvram_gen.ui.tabs import img2img, inpaint, pnginfo, system, txt2img, upscale, vqgan
@@ -48,6 +48,7 @@ def build_app(session: Session, options: UiOptions, jobs: Registry | None = None
                     "abstract noise: pick a real model for real images.")
         ctx = TabContext(session=session, options=options, app=app, jobs=jobs if jobs is not None else Registry())
         vae_picker.row(ctx)  # A1111's SD VAE quicksetting: above the tabs, for every SD tab
+        rng_setting.row(ctx)  # and its RNG source setting
         with gr.Tabs() as ctx.tabs:
             for tab in TABS:
                 tab.build(ctx)

@@ -77,6 +77,8 @@ class TabContext:
     wiring: list[Callable[[], None]] = field(default_factory=list)
     # the SD VAE box's value (ui/vae_picker.py): a setting of the page, as A1111's quicksetting is, for every SD tab
     vae: str = "Automatic"
+    rng: str = "gpu"  # the RNG source radio's value (ui/rng_setting.py), a setting of the page as A1111's is
+    page_controls: dict[str, Any] = field(default_factory=dict)  # request field -> a page setting's component
 
     def later(self, wire: Callable[[], None]) -> None:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""
@@ -99,7 +101,7 @@ class TabContext:
         says when the job (`what`: its tab) starts and ends, with a tqdm bar of its steps (jobs/console.py).
         """
         try:
-            job_request = GenerationRequest(outdir=self.options.outdir, **{"vae": self.vae, **fields}).validated()
+            job_request = GenerationRequest(outdir=self.options.outdir, **{"vae": self.vae, "rng": self.rng, **fields}).validated()
             preview_every = check_preview_every(0 if preview_every is None else preview_every)
             preview_method = check_method(preview_method or "auto")
         except LowVramError as exc:

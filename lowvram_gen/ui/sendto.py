@@ -6,7 +6,7 @@ tab. What the PNG does not say stays as it is, except hires fix, which is switch
 without it (or the same seed would not give the same image), and whose own settings (resize, sampler, schedule type,
 CFG scale, prompts, steps) go back to "the first pass's" where the PNG has none, the Schedule type, Automatic for a PNG whose
 sampler has none, Clip skip, which goes back to 1 for an image without `Clip skip:` (A1111 writes it only
-above 1), the Extra seed options, off (and hidden) for an image without `Variation seed strength:` / `Seed resize
+above 1), the page's RNG source, GPU for an image without `RNG:` (A1111 writes it only when not GPU), the Extra seed options, off (and hidden) for an image without `Variation seed strength:` / `Seed resize
 from:` and shown with its values for one with them, and Quantize, which goes back to "as the
 preset says" for an image whose weights were not int8/int4 (our PNGs write `Quantize:` only when they
 were). A model the PNG names that is not here leaves the Model box as it is.
@@ -41,7 +41,7 @@ EXTRA_SEED = ("seed_extra", "subseed", "subseed_strength", "seed_resize_from_w",
 # the controls a send fills, per tab id (their order is the order of the event's outputs): the ones every SD tab has
 # (ui/form.py builds them), then each tab's own
 SD_FORM = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
-           "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED)
+           "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED, "rng")
 HIRES = ("hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "hires_resize_w", "hires_resize_h",
          "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative")
 INPAINT_SETTINGS = ("mask_blur", "invert_mask", "masked_content", "inpaint_area", "mask_padding")
@@ -92,6 +92,7 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
             fields["hires_sampler"] = fields.get("hires_sampler") or SAME_SAMPLER
             fields["hires_schedule_type"] = fields.get("hires_schedule_type") or SAME_SCHEDULER
             fields.setdefault("clip_skip", 1)  # A1111 writes Clip skip only when it is above 1
+            fields.setdefault("rng", "gpu")  # and RNG only when not GPU (its parser reads none as GPU)
             for name, off in (("subseed_strength", 0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
                 fields.setdefault(name, off)  # written only when used: a PNG without them had them off
             fields["seed_extra"] = bool(fields["subseed_strength"] or fields["seed_resize_from_w"])
@@ -195,7 +196,8 @@ def wire_send(ctx, button, tab: str, inputs: list, source) -> None:
     """`button` fills `tab`'s controls from the image `source(*inputs)` gives ((path, need_parameters)),
     and selects that tab."""
     keys = KEYS[tab]
-    outputs = [ctx.controls[tab][key] for key in keys]
+    # the RNG source is a setting of the page (ui/rng_setting.py), not a tab's control
+    outputs = [ctx.controls[tab][key] if key in ctx.controls[tab] else ctx.page_controls[key] for key in keys]
     notes = [ctx.sent_notes[tab]] if tab in ctx.sent_notes else []
 
     def send(first, second=None, request: gr.Request = None):  # the inputs: one or two components
