@@ -10,28 +10,10 @@ import threading
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from folder_sampler import own_sampler  # tests/folder_sampler.py
-from lowvram_gen import GenerationRequest, rng
+from lowvram_gen import rng
 from lowvram_gen.engines.sd import rng_source
-from lowvram_gen.session import Session
-
-SIZE = dict(width=64, height=64, steps=2)
-
-
-def pixels(path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB")).astype(int)
-
-
-@pytest.fixture(scope="module")
-def session():
-    return Session()
-
-
-def make(session, tmp_path, **fields):
-    return session.generate(GenerationRequest(prompt="a lighthouse", outdir=str(tmp_path),
-                                              **{"sampler": own_sampler("tiny"), **SIZE, **fields}))
+from test_variation_seeds import make, pixels, session  # noqa: F401 (session: a fixture); the tiny model, 64x64
 
 
 def nv(seed, shape=(1, 4, 8, 8)):
