@@ -64,6 +64,10 @@ def _key(text: str) -> str:
 
 
 _BY_KEY = {_key(name): name for name in SAMPLERS}
+# a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
+# diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()})
+_AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 
 
@@ -82,6 +86,8 @@ def split_sampler(name: object, field: str = "sampler") -> tuple[str, str | None
             return DEFAULT, None
         if key in _BY_KEY:
             return _BY_KEY[key], None
+        if key in _AS_DIFFUSERS_BY_KEY:
+            return _AS_DIFFUSERS_BY_KEY[key], None
         if key in _REFUSED_BY_KEY:
             raise InvalidRequest(field, name, refusal(_REFUSED_BY_KEY[key]))
         for schedule in sorted(schedules.SCHEDULE_TYPES, key=lambda k: -len(schedules.label(k))):
@@ -89,7 +95,8 @@ def split_sampler(name: object, field: str = "sampler") -> tuple[str, str | None
             if schedule != AUTOMATIC and key.endswith(suffix) and key[: -len(suffix)] in _BY_KEY:
                 return _BY_KEY[key[: -len(suffix)]], schedule
     raise InvalidRequest(field, name, "use 'default' or one of: " + ", ".join(SAMPLERS)
-                         + " (a schedule type may follow the name, as A1111 wrote them: 'DPM++ 2M Karras')")
+                         + " (a schedule type may follow the name, as A1111 wrote them: 'DPM++ 2M Karras'; a "
+                         "diffusers class name, 'EulerDiscreteScheduler', runs it as plain diffusers does)")
 
 
 def check_installed(sampler: str) -> None:
@@ -183,6 +190,13 @@ def build_scheduler(sampler: str, schedule_type: str, base, family_default: str 
     model's Align Your Steps table, schedules.align_table); a flow-matching one keeps diffusers' schedule, where a
     type its class does not have runs its own schedule and the warning says so."""
     sampler, schedule_type = default_sampling(sampler, schedule_type, family_default)
+    if sampler in AS_DIFFUSERS:
+        import diffusers
+
+        cls = getattr(diffusers, sampler)
+        changes, supported = schedules.overrides(cls, schedule_type, named=False)
+        return cls.from_config(base.config, **changes), None if supported else _unsupported(sampler, cls,
+                                                                                              schedule_type)
     if sampler != DEFAULT and not _flow(base):  # a noise-prediction model: A1111's samplers as A1111 runs them
         return make_scheduler(sampler, base.config, schedule_type, table), None
     if sampler == DEFAULT and not _flow(base):
