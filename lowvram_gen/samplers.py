@@ -129,6 +129,11 @@ TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "LCM", "DDPM"}
 DISCARD_PENULTIMATE = {"DPM2", "DPM2 a", "DPM++ 3M SDE"}
 
 
+def timestep_only() -> list[str]:
+    """The samplers whose class steps through timesteps of its own: they take the Automatic schedule type only."""
+    return [name for name, (cls, _) in SAMPLERS.items() if cls not in SIGMA_CLASSES]
+
+
 def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC, table: str = "sd15"):
     """A scheduler for sampler `name` built from the model's own scheduler config (betas, prediction type) that steps
     through A1111's levels of `schedule_type` (`build_scheduler` says when it cannot)."""
