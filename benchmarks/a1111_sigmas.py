@@ -1,7 +1,7 @@
 """Writes tests/data/a1111_sigmas.json: A1111's noise levels for each schedule type, 10/20/30 steps, on SD 1.x and
 SDXL, the numbers tests/test_schedules_a1111.py holds the schedulers to.
 
-A second, separate reading of the published formulas (plain Python floats, no numpy, not lowvram_gen/sigmas.py), so
+A second, separate reading of the published formulas (plain Python floats, no numpy, not lowvram_gen/a1111/sigmas.py), so
 that the test compares two implementations; docs/a1111-schedules.md cites each formula's source:
 - the model's levels: sigma_t = sqrt((1 - alphas_cumprod_t) / alphas_cumprod_t), SD's "scaled_linear" betas
   (linspace(sqrt(0.00085), sqrt(0.012), 1000) ** 2), which SD 1.x and SDXL share;

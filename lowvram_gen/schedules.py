@@ -139,7 +139,7 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
     import numpy as np
     import torch
 
-    from lowvram_gen import sigmas
+    from lowvram_gen.a1111 import sigmas
 
     kind = "uniform" if schedule_type == AUTOMATIC else schedule_type
     alphas = scheduler.alphas_cumprod.double().cpu().numpy()

@@ -2,7 +2,7 @@
 models' own scheduler configs, for 10, 20 and 30 steps, with A1111's number of model calls.
 
 The expected levels are numbers in tests/data/a1111_sigmas.json, written once by benchmarks/a1111_sigmas.py from
-the published formulas (a second implementation, not lowvram_gen/sigmas.py; docs/a1111-schedules.md cites them).
+the published formulas (a second implementation, not lowvram_gen/a1111/sigmas.py; docs/a1111-schedules.md cites them).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def test_the_sdxl_unet_takes_sdxls_align_your_steps_table():
 
 
 def test_the_sigma_module_needs_no_torch():
-    code = "import sys, lowvram_gen.sigmas as s; s.a1111('karras', 3, [0.99, 0.5, 0.01]); print('torch' in sys.modules)"
+    code = "import sys, lowvram_gen.a1111.sigmas as s; s.a1111('karras', 3, [0.99, 0.5, 0.01]); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
