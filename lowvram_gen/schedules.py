@@ -17,6 +17,7 @@ Standard library only at import (the request validates with it before torch load
 from __future__ import annotations
 
 import inspect
+import types
 
 from lowvram_gen.errors import InvalidRequest
 
@@ -154,22 +155,23 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
         ("timestep_spacing", "linspace")) if key in takes})
     vp_start = not isinstance(getattr(type(scheduler), "init_noise_sigma", None), property)
 
-    def set_timesteps(num_inference_steps=None, device=None, **kwargs):
+    def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
         if num_inference_steps is None or any(v is not None for v in kwargs.values()):
             raise ValueError(f"the {label(schedule_type)} schedule is set by a step count alone, not {kwargs}")
         levels = sigmas.a1111(kind, int(num_inference_steps), alphas, discard_penultimate=discard_penultimate,
                               table=table)
-        scheduler._convert_to_exponential = lambda in_sigmas, num_inference_steps=None: np.array(levels[:-1])
+        self._convert_to_exponential = lambda in_sigmas, num_inference_steps=None: np.array(levels[:-1])
         # A1111's DDIM type has more levels than steps where the count does not divide 1000: the class is set to them
-        own(scheduler, len(levels) - 1, device=device)
+        own(self, len(levels) - 1, device=device)
         if vp_start:  # DPM-Solver and UniPC step x / sqrt(1 + sigma^2): the first level's noise in those units
-            scheduler.init_noise_sigma = levels[0] / (1 + levels[0] ** 2) ** 0.5
+            self.init_noise_sigma = levels[0] / (1 + levels[0] ** 2) ** 0.5
         if interleaved:
             return
         model = sigmas.Discrete(alphas)
-        scheduler.sigmas = torch.tensor(levels, dtype=torch.float32)
-        scheduler.timesteps = torch.from_numpy(model.sigma_to_t(levels[:-1])).to(device=device, dtype=torch.float32)
+        self.sigmas = torch.tensor(levels, dtype=torch.float32)
+        self.timesteps = torch.from_numpy(model.sigma_to_t(levels[:-1])).to(device=device, dtype=torch.float32)
 
-    scheduler.set_timesteps = set_timesteps
+    # bound to the scheduler (a copy of it binds to the copy): pipelines call scheduler.set_timesteps(steps, device=)
+    scheduler.set_timesteps = types.MethodType(set_timesteps, scheduler)
     setattr(scheduler, HANDED, schedule_type)
     return scheduler
