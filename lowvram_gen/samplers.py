@@ -64,6 +64,10 @@ def _key(text: str) -> str:
 
 
 _BY_KEY = {_key(name): name for name in SAMPLERS}
+# a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
+# diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()})
+_AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 
 
@@ -82,6 +86,8 @@ def split_sampler(name: object, field: str = "sampler") -> tuple[str, str | None
             return DEFAULT, None
         if key in _BY_KEY:
             return _BY_KEY[key], None
+        if key in _AS_DIFFUSERS_BY_KEY:
+            return _AS_DIFFUSERS_BY_KEY[key], None
         if key in _REFUSED_BY_KEY:
             raise InvalidRequest(field, name, refusal(_REFUSED_BY_KEY[key]))
         for schedule in sorted(schedules.SCHEDULE_TYPES, key=lambda k: -len(schedules.label(k))):
@@ -89,7 +95,8 @@ def split_sampler(name: object, field: str = "sampler") -> tuple[str, str | None
             if schedule != AUTOMATIC and key.endswith(suffix) and key[: -len(suffix)] in _BY_KEY:
                 return _BY_KEY[key[: -len(suffix)]], schedule
     raise InvalidRequest(field, name, "use 'default' or one of: " + ", ".join(SAMPLERS)
-                         + " (a schedule type may follow the name, as A1111 wrote them: 'DPM++ 2M Karras')")
+                         + " (a schedule type may follow the name, as A1111 wrote them: 'DPM++ 2M Karras'; a "
+                         "diffusers class name, 'EulerDiscreteScheduler', runs it as plain diffusers does)")
 
 
 def check_installed(sampler: str) -> None:
@@ -109,15 +116,64 @@ def _class(sampler: str):
     return getattr(diffusers, SAMPLERS[sampler][0])
 
 
-def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC):
-    """A scheduler for sampler `name` built from the model's own scheduler config (betas, timestep spacing), with
-    `schedule_type` where its class has it (`build_scheduler` says when it does not)."""
+# diffusers' classes that step through a discrete model's noise levels as k-diffusion's samplers do, handed A1111's
+# levels (schedules.hand_over); True: second order, two model calls per level (diffusers repeats each level)
+SIGMA_CLASSES = {"EulerDiscreteScheduler": False, "EulerAncestralDiscreteScheduler": False,
+                 "LMSDiscreteScheduler": False, "HeunDiscreteScheduler": True, "KDPM2DiscreteScheduler": True,
+                 "KDPM2AncestralDiscreteScheduler": True, "DPMSolverMultistepScheduler": False,
+                 "DPMSolverSinglestepScheduler": False, "DPMSolverSDEScheduler": True, "UniPCMultistepScheduler": False}
+# A1111's samplers that step through timesteps of their own (its sd_samplers_timesteps.py; UniPC's class takes levels
+# too, so a schedule type named for it runs): their Automatic is the class's own schedule
+TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "LCM", "DDPM"}
+# A1111's samplers with `discard_next_to_last_sigma`: one more level computed, the next-to-last dropped
+DISCARD_PENULTIMATE = {"DPM2", "DPM2 a", "DPM++ 3M SDE"}
+
+
+def timestep_only() -> list[str]:
+    """The samplers whose class steps through timesteps of its own: they take the Automatic schedule type only."""
+    return [name for name, (cls, _) in SAMPLERS.items() if cls not in SIGMA_CLASSES]
+
+
+def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC, table: str = "sd15"):
+    """A scheduler for sampler `name` built from the model's own scheduler config (betas, prediction type) that steps
+    through A1111's levels of `schedule_type` (`build_scheduler` says when it cannot)."""
     cls = _class(name)
-    changes, _ = schedules.overrides(cls, schedule_type)
+    changes = schedules.overrides(cls, AUTOMATIC)[0]  # the folder's Karras/Exponential/Beta flags cleared
     try:
-        return cls.from_config(base_config, **SAMPLERS[name][1], **changes)
+        scheduler = cls.from_config(base_config, **SAMPLERS[name][1], **changes)
     except ImportError as exc:  # a backend diffusers checks itself (NEEDS names the ones we know first)
         raise InvalidRequest("sampler", name, f"its diffusers scheduler cannot load: {exc}") from None
+    return _handed(scheduler, name, schedule_type, table)
+
+
+def _sigma_scheduler(scheduler) -> bool:
+    config = scheduler.config  # the scheduler object's kind and settings (any family's folder may hold one)
+    return (type(scheduler).__name__ in SIGMA_CLASSES and config.get("prediction_type") != "flow_prediction"
+            and not config.get("use_flow_sigmas"))
+
+
+def _handed(scheduler, sampler: str, schedule_type: str, table: str):
+    """`scheduler` (A1111 sampler `sampler`) set to step through A1111's levels of `schedule_type`: Automatic is the
+    sampler's A1111 Automatic (DPM++ 2M: Karras; Euler: Uniform); a timestep sampler's Automatic is its class's own
+    schedule; a type the sampler cannot take is refused in one sentence."""
+    label = schedules.label(schedule_type)
+    if not _sigma_scheduler(scheduler):
+        if schedule_type == AUTOMATIC:
+            return scheduler
+        raise InvalidRequest("schedule type", label, f"sampler {sampler!r} steps through timesteps of its own, so it "
+                                                     "cannot take a schedule type (A1111 ignores one there): "
+                                                     "use Automatic")
+    if schedule_type == AUTOMATIC:
+        if sampler in TIMESTEP_SAMPLERS:
+            return scheduler
+        schedule_type = A1111_AUTOMATIC.get(sampler, AUTOMATIC)
+    interleaved = SIGMA_CLASSES[type(scheduler).__name__]
+    if schedule_type == "kl-optimal" and interleaved:
+        raise InvalidRequest("schedule type", label, f"sampler {sampler!r} cannot take it: KL Optimal ends at the "
+                                                     "model's lowest noise level instead of 0, which diffusers' "
+                                                     "second-order schedulers step once where A1111 steps twice")
+    return schedules.hand_over(scheduler, schedule_type, interleaved=interleaved,
+                               discard_penultimate=sampler in DISCARD_PENULTIMATE, table=table)
 
 
 def default_sampling(sampler: str, schedule_type: str, family_default: str | None) -> tuple[str, str]:
@@ -131,19 +187,41 @@ def default_sampling(sampler: str, schedule_type: str, family_default: str | Non
     return family_default, schedule_type
 
 
-def build_scheduler(sampler: str, schedule_type: str, base, family_default: str | None = None) -> tuple:
+def build_scheduler(sampler: str, schedule_type: str, base, family_default: str | None = None,
+                    table: str = "sd15") -> tuple:
     """(the scheduler, a warning or None) for `sampler` and `schedule_type` on the model's own scheduler `base`:
     'default' is the family's default sampler (`default_sampling`) where it has one, else `base` itself, rebuilt
-    only where the schedule type changes it. A schedule type the class does not have runs the sampler's own
-    schedule, and the warning says so."""
+    only where the schedule type changes it. A sigma scheduler steps through A1111's levels (`_handed`; `table`: the
+    model's Align Your Steps table, schedules.align_table); a flow-matching one keeps diffusers' schedule, where a
+    type its class does not have runs its own schedule and the warning says so."""
     sampler, schedule_type = default_sampling(sampler, schedule_type, family_default)
+    if sampler in AS_DIFFUSERS:
+        import diffusers
+
+        cls = getattr(diffusers, sampler)
+        changes, supported = schedules.overrides(cls, schedule_type, named=False)
+        return cls.from_config(base.config, **changes), None if supported else _unsupported(sampler, cls,
+                                                                                              schedule_type)
+    if sampler != DEFAULT and not _flow(base):  # a noise-prediction model: A1111's samplers as A1111 runs them
+        return make_scheduler(sampler, base.config, schedule_type, table), None
+    if sampler == DEFAULT and not _flow(base):
+        if schedule_type == AUTOMATIC:
+            return base, None
+        name = a1111_name(base)
+        return _handed(type(base).from_config(base.config), name, schedule_type, table), None
     named = sampler != DEFAULT
     cls = _class(sampler) if named else type(base)
     changes, supported = schedules.overrides(cls, schedule_type, named)
     warning = None if supported else _unsupported(sampler, cls, schedule_type)
     if named:
-        return make_scheduler(sampler, base.config, schedule_type), warning
+        return cls.from_config(base.config, **SAMPLERS[sampler][1], **changes), warning
     return (cls.from_config(base.config, **changes) if changes else base), warning
+
+
+def _flow(scheduler) -> bool:
+    name = type(scheduler).__name__  # the scheduler object's kind (any family's folder may hold one), not a family
+    return name.startswith("FlowMatch") or scheduler.config.get("prediction_type") == "flow_prediction" \
+        or bool(scheduler.config.get("use_flow_sigmas"))
 
 
 def _unsupported(sampler: str, cls, schedule_type: str) -> str:

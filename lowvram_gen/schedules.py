@@ -1,27 +1,29 @@
-"""A1111 1.9+ schedule types (`Schedule type: Karras`) as diffusers scheduler config.
+"""A1111 1.9+ schedule types (`Schedule type: Karras`): A1111's own noise levels handed to diffusers' schedulers.
 
 A1111 1.9 split the old combined sampler names ("DPM++ 2M Karras") into a sampler and a schedule type
-(the noise levels the sampler steps through). diffusers has no schedule object: a scheduler class takes
-the schedule as config keys, and not every class has every key. Mapped here (diffusers' scheduler docs,
-"Noise schedules and schedule types"): Karras, Exponential and Beta are `use_karras_sigmas`,
-`use_exponential_sigmas`, `use_beta_sigmas`; SGM Uniform and Simple are `timestep_spacing="trailing"`;
-Normal (timesteps evenly spaced from the first to the last, k-diffusion's and ComfyUI's) is
-`timestep_spacing="linspace"`. Automatic and Uniform keep the model's own timestep spacing.
-Polyexponential, KL Optimal, Align Your Steps and DDIM have no diffusers config: they run the sampler's
-plain schedule, with a warning, as does a type the chosen sampler's class lacks (Karras on Euler a).
+(the noise levels the sampler steps through). For the schedulers that step through noise levels (sigmas) of a
+discrete noise-prediction model (Euler, LMS, Heun, DPM2, DPM++, UniPC: `samplers.SIGMA_CLASSES`), `hand_over` makes
+the scheduler step through exactly A1111's levels for every step count it is set to (sigmas.py computes them from
+the model's own alphas_cumprod): this is the one place they are handed to diffusers.
 
-Standard library only (the request validates with it before torch loads); `overrides` reads the
-scheduler class it is given.
+The flow-matching schedulers keep diffusers' own schedules (`overrides`, the config keys of diffusers' scheduler
+docs, "Noise schedules and schedule types": Karras, Exponential and Beta are `use_karras_sigmas`,
+`use_exponential_sigmas`, `use_beta_sigmas`; SGM Uniform and Simple `timestep_spacing="trailing"`; Normal
+`timestep_spacing="linspace"`); a type with no config there runs the plain schedule with a warning.
+
+Standard library only at import (the request validates with it before torch loads).
 """
 
 from __future__ import annotations
 
 import inspect
+import types
 
 from lowvram_gen.errors import InvalidRequest
 
 AUTOMATIC = "automatic"
-# key (what --schedule-type takes) -> (A1111's label, the diffusers config, or None where diffusers has none)
+# key (what --schedule-type takes) -> (A1111's label, the diffusers config of a flow-matching scheduler, or None where
+# diffusers has none); every key but Automatic is a function of sigmas.py for the sigma schedulers
 SCHEDULE_TYPES: dict[str, tuple[str, dict | None]] = {
     "automatic": ("Automatic", {}),
     "uniform": ("Uniform", {}),
@@ -94,7 +96,9 @@ def overrides(cls, key: str, named: bool = True) -> tuple[dict, bool]:
 
 def applied_label(scheduler) -> str | None:
     """The A1111 label of the schedule a built scheduler runs, where its config says one (Karras, Exponential,
-    Beta, SGM Uniform); None for its plain schedule."""
+    Beta, SGM Uniform, or the one `hand_over` gave it); None for its plain schedule."""
+    if handed(scheduler) is not None:
+        return None if handed(scheduler) == AUTOMATIC else label(handed(scheduler))
     config, takes = scheduler.config, _takes(type(scheduler))
     for flag, key in zip(SIGMA_FLAGS, ("karras", "exponential", "beta")):
         if flag in takes and config.get(flag):
@@ -102,3 +106,72 @@ def applied_label(scheduler) -> str | None:
     if "timestep_spacing" in takes and config.get("timestep_spacing") == "trailing":
         return label("sgm-uniform")
     return None
+
+
+# A1111's label of the schedule a scheduler was handed (`hand_over`); absent: the scheduler's own config says it
+HANDED = "_a1111_schedule"
+
+
+def handed(scheduler) -> str | None:
+    """The schedule type `hand_over` gave `scheduler` (AUTOMATIC where A1111's Automatic is the plain Uniform), or
+    None where it runs its own config's schedule."""
+    return getattr(scheduler, HANDED, None)
+
+
+def align_table(unet_config) -> str:
+    """Which Align Your Steps table a UNet takes: SDXL's where it takes SDXL's added size/crop embedding (A1111's
+    `is_sdxl`), else SD 1.5's."""
+    get = getattr(unet_config, "get", None)
+    return "sdxl" if get is not None and get("addition_embed_type") == "text_time" else "sd15"
+
+
+def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penultimate: bool = False,
+              table: str = "sd15"):
+    """Make `scheduler` (a sigma scheduler) step through A1111's noise levels of `schedule_type` (a key of
+    SCHEDULE_TYPES; AUTOMATIC: A1111's plain Uniform) at whatever step count it is set to; returns it.
+
+    The class builds its own derived arrays from the levels (a second-order class, `interleaved`, repeats each one
+    for its two model calls, DPM2 its midpoints): set to `use_exponential_sigmas`, its `_convert_to_exponential`
+    gives A1111's levels in place of diffusers' exponential ones. A one-call-per-level class then gets the levels and
+    their continuous timesteps as they are (diffusers' DPM-Solver and UniPC cast the timesteps the UNet is given to
+    whole numbers; A1111 gives the UNet t as it is, and the last level where it is not 0: KL Optimal).
+    The first noise is the first level times the seed's noise, as A1111 draws it (diffusers' "leading" spacing and
+    its DPM-Solver start sqrt(1 + sigma^2) times it)."""
+    import numpy as np
+    import torch
+
+    from lowvram_gen.a1111 import sigmas
+
+    kind = "uniform" if schedule_type == AUTOMATIC else schedule_type
+    alphas = scheduler.alphas_cumprod.double().cpu().numpy()
+    own = type(scheduler).set_timesteps
+    takes = _takes(type(scheduler))
+    if interleaved and "use_exponential_sigmas" not in takes:
+        raise ValueError(f"{type(scheduler).__name__} cannot be handed a schedule")
+    # the class's own exponential branch is the door A1111's levels come in by; "linspace" makes a k-diffusion
+    # class's init_noise_sigma the first level (a property of the class that reads the spacing)
+    scheduler.register_to_config(**{key: value for key, value in (
+        ("use_exponential_sigmas", True), ("use_karras_sigmas", False), ("use_beta_sigmas", False),
+        ("timestep_spacing", "linspace")) if key in takes})
+    vp_start = not isinstance(getattr(type(scheduler), "init_noise_sigma", None), property)
+
+    def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
+        if num_inference_steps is None or any(v is not None for v in kwargs.values()):
+            raise ValueError(f"the {label(schedule_type)} schedule is set by a step count alone, not {kwargs}")
+        levels = sigmas.a1111(kind, int(num_inference_steps), alphas, discard_penultimate=discard_penultimate,
+                              table=table)
+        self._convert_to_exponential = lambda in_sigmas, num_inference_steps=None: np.array(levels[:-1])
+        # A1111's DDIM type has more levels than steps where the count does not divide 1000: the class is set to them
+        own(self, len(levels) - 1, device=device)
+        if vp_start:  # DPM-Solver and UniPC step x / sqrt(1 + sigma^2): the first level's noise in those units
+            self.init_noise_sigma = levels[0] / (1 + levels[0] ** 2) ** 0.5
+        if interleaved:
+            return
+        model = sigmas.Discrete(alphas)
+        self.sigmas = torch.tensor(levels, dtype=torch.float32)
+        self.timesteps = torch.from_numpy(model.sigma_to_t(levels[:-1])).to(device=device, dtype=torch.float32)
+
+    # bound to the scheduler (a copy of it binds to the copy): pipelines call scheduler.set_timesteps(steps, device=)
+    scheduler.set_timesteps = types.MethodType(set_timesteps, scheduler)
+    setattr(scheduler, HANDED, schedule_type)
+    return scheduler

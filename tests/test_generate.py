@@ -13,6 +13,7 @@ from lowvram_gen import GenerationRequest
 from lowvram_gen.cli.main import main
 from lowvram_gen.errors import Cancelled
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.schedules import handed
 from lowvram_gen.session import Session
 
 from folder_sampler import own_sampler  # tests/folder_sampler.py
@@ -94,20 +95,22 @@ def test_the_default_sampler_of_sd_models_is_a1111s_dpm_2m_with_its_automatic_sc
     ours = session.generate(GenerationRequest(prompt="a castle", negative_prompt="fog", width=64, height=64, steps=3,
                                               cfg_scale=6.5, seed=99, model=model, outdir=str(tmp_path)))
     ran = session.model.pipe.scheduler
-    assert type(ran) is DPMSolverMultistepScheduler and ran.config.use_karras_sigmas
+    assert type(ran) is DPMSolverMultistepScheduler and handed(ran) == "karras"
     assert ran.config.algorithm_type == "dpmsolver++" and ran.config.solver_order == 2
+    # issue 31: A1111's Karras levels, which diffusers' own Karras flag gives too; the UNet is given the continuous
+    # timestep (diffusers rounds it) and the first noise is sigma_max's, so the image is A1111's, not diffusers'
     pipe = AutoPipelineForText2Image.from_pretrained(str(folder))
-    pipe.scheduler = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, use_karras_sigmas=True)
-    plain = pipe("a castle", negative_prompt="fog", width=64, height=64, num_inference_steps=3, guidance_scale=6.5,
-                 generator=torch.Generator().manual_seed(99))
-    assert np.array_equal(pixels(ours.images[0]), np.asarray(plain.images[0].convert("RGB")))
+    plain = DPMSolverMultistepScheduler.from_config(pipe.scheduler.config, use_karras_sigmas=True)
+    plain.set_timesteps(3)
+    assert np.allclose(ran.sigmas.numpy(), plain.sigmas.numpy(), rtol=1e-5)
+    assert not np.array_equal(ran.timesteps.numpy(), plain.timesteps.numpy())
     params = parse_a1111_parameters(read_png_metadata(ours.images[0])[0])
     assert (params["Sampler"], params["Schedule type"]) == ("DPM++ 2M", "Karras")
     assert ours.sampler == "DPM++ 2M"  # the result (generate --json) too
     # an explicit schedule type goes with the default sampler, as A1111's Schedule type box does
     other = session.generate(GenerationRequest(prompt="a castle", width=64, height=64, steps=3, seed=99, model=model,
                                                schedule_type="exponential", outdir=str(tmp_path)))
-    assert session.model.pipe.scheduler.config.use_exponential_sigmas
+    assert handed(session.model.pipe.scheduler) == "exponential"
     assert parse_a1111_parameters(read_png_metadata(other.images[0])[0])["Schedule type"] == "Exponential"
 
 
@@ -179,31 +182,28 @@ def test_dpm_sde_noise_follows_the_seed(tmp_path):
     assert not np.array_equal(pixels(again.images[0]), pixels(other.images[0]))
 
 
-def test_a_schedule_type_the_sampler_lacks_is_warned_and_not_written(tmp_path, capsys):
-    """Issue 19: a schedule type diffusers' class for the sampler does not have runs the plain schedule, with a warning
-    in --json's warnings, and the PNG does not say it ran; one it has changes the image."""
-    def run(*flags):
-        code = main(["generate", "x", "--width", "64", "--height", "64", "--steps", "2", "--seed", "3",
-                     "--outdir", str(tmp_path), "--json", *flags])
+def test_every_schedule_type_runs_on_a_sigma_sampler_and_a_timestep_sampler_refuses_one(tmp_path, capsys):
+    """Issue 31 (was issue 19's warning): every schedule type runs on the samplers that step through noise levels,
+    Euler a with Karras and Euler with Polyexponential too (A1111's levels), with no warning, and the PNG says it;
+    DDIM, which steps through timesteps of its own, refuses one in one line (exit 2)."""
+    def run(*flags, code=0):
+        got = main(["generate", "x", "--width", "64", "--height", "64", "--steps", "3", "--seed", "3",
+                    "--outdir", str(tmp_path), "--json", *flags])
         captured = capsys.readouterr()
-        assert code == 0, captured.err
-        return json.loads(captured.out), captured.err
+        assert got == code, captured.err
+        return (json.loads(captured.out) if code == 0 else None), captured.err
 
     out, err = run("--sampler", "Euler a", "--schedule-type", "karras")
-    said = "sampler 'Euler a' has no 'Karras' schedule in diffusers: it ran its own schedule"
-    assert any(w.startswith(said) and "Euler, LMS" in w for w in out["warnings"]) and f"warning: {said}" in err
-    assert "Schedule type" not in read_png_metadata(out["images"][0])[0]
+    assert not any("schedule" in w for w in out["warnings"])
+    assert not any("schedule" in line for line in err.splitlines() if line.startswith("warning"))
+    assert "Sampler: Euler a, Schedule type: Karras," in read_png_metadata(out["images"][0])[0]
     plain, _ = run("--sampler", "Euler a")
-    assert np.array_equal(pixels(out["images"][0]), pixels(plain["images"][0]))
+    assert not np.array_equal(pixels(out["images"][0]), pixels(plain["images"][0]))
     out, _ = run("--sampler", "Euler", "--schedule-type", "polyexponential")
-    assert any("'Polyexponential' has no diffusers equivalent" in w for w in out["warnings"])
-    # 3 steps: diffusers 0.42.1 builds Karras sigmas between the leading schedule's first and last sigma, so at 2
-    # steps both schedules are those two sigmas and the images are equal
-    karras, _ = run("--sampler", "Euler", "--schedule-type", "karras", "--steps", "3")
-    euler, _ = run("--sampler", "Euler", "--steps", "3")
-    assert not any("schedule" in w for w in karras["warnings"])
-    assert "Sampler: Euler, Schedule type: Karras," in read_png_metadata(karras["images"][0])[0]
-    assert not np.array_equal(pixels(karras["images"][0]), pixels(euler["images"][0]))
+    assert not any("schedule" in w for w in out["warnings"])
+    assert "Sampler: Euler, Schedule type: Polyexponential," in read_png_metadata(out["images"][0])[0]
+    _, err = run("--sampler", "DDIM", "--schedule-type", "karras", code=2)
+    assert "sampler 'DDIM' steps through timesteps of its own" in err and len(err.strip().splitlines()) == 1
 
 
 def test_progress_per_step_and_cancel_keeps_finished_images_and_the_interrupted_one(tmp_path):
@@ -286,7 +286,8 @@ def test_the_folders_scheduler_is_written_with_its_a1111_name(tmp_path):
     for name in ("DPM++ 2M SDE", "DPM++ 2M", "Euler a", "LMS", "UniPC", "DPM++ 2M SDE Heun", "DPM++ 3M SDE", "DDPM",
                  "DPM++ SDE"):
         assert a1111_name(make_scheduler(name, config)) == name
-        assert a1111_name(make_scheduler(name, config, "karras")) == name  # the schedule type is not the sampler
+        if name != "DDPM":  # a timestep sampler: it refuses a schedule type (test_schedules_a1111.py)
+            assert a1111_name(make_scheduler(name, config, "karras")) == name  # the schedule type is not the sampler
     from diffusers import PNDMScheduler
 
     assert a1111_name(PNDMScheduler(skip_prk_steps=False)) == "PNDMScheduler"  # with Runge-Kutta steps: not PLMS

@@ -34,7 +34,7 @@ def session():
     {"sampler": "Euler a", "cfg_scale": 5.5, "negative_prompt": "blurry, (ugly:1.3)"},
     {"sampler": "DPM++ 2M Karras", "hires_scale": 1.5, "hires_steps": 1, "hires_denoise": 0.4,
      "hires_upscaler": "lanczos"},
-    {"sampler": "DPM++ 2M"},  # Automatic: written "Schedule type: Uniform" for A1111, read back as Automatic
+    {"sampler": "DPM++ 2M"},  # Automatic: written "Schedule type: Karras" as A1111 does, read back as Automatic
     {"sampler": "DPM++ SDE", "schedule_type": "exponential"},
     {"clip_skip": 2, "sampler": "Euler"},
 ])
@@ -252,10 +252,11 @@ def test_a1111_schedule_types_are_read_not_dropped(text, sampler, schedule):
 
 @pytest.mark.parametrize("sampler, schedule, a1111, back", [
     ("DPM++ SDE", "karras", ("DPM++ SDE", "Karras"), "karras"),
-    ("DPM++ 2M", "automatic", ("DPM++ 2M", "Uniform"), "automatic"),  # not A1111's Automatic (Karras): it did not run
+    # issue 31: A1111's Automatic (Karras for DPM++ 2M) runs, and is written as A1111 writes it
+    ("DPM++ 2M", "automatic", ("DPM++ 2M", "Karras"), "automatic"),
     ("Euler", "sgm-uniform", ("Euler", "SGM Uniform"), "sgm-uniform"),
     ("Euler a", "automatic", ("Euler a", "Uniform"), "automatic"),
-    ("Euler a", "karras", ("Euler a", "Uniform"), "automatic"),  # diffusers' Euler a has no Karras: not written
+    ("Euler a", "karras", ("Euler a", "Karras"), "karras"),  # A1111's Karras levels run on Euler a too
     ("DPM++ 3M SDE", "beta", ("DPM++ 3M SDE", "Beta"), "beta"),
 ])
 def test_a1111_reads_our_png_as_what_ran(session, tmp_path, sampler, schedule, a1111, back):

@@ -1,24 +1,20 @@
-"""A1111 1.9+ schedule types as diffusers scheduler config (schedules.py, samplers.py): no generation, only the
-schedulers built, and what the PNG text says of them."""
+"""A1111 1.9+ schedule types (schedules.py, samplers.py): A1111's levels handed to the sigma schedulers, diffusers'
+config for the flow-matching ones; no generation, only the schedulers built, and what the PNG text says of them."""
 
 from __future__ import annotations
 
 import pytest
 
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.samplers import (A1111_AUTOMATIC, SAMPLERS, a1111_name, build_scheduler, infotext_schedule,
-                                  make_scheduler, split_sampler)
-from lowvram_gen.schedules import SCHEDULE_TYPES
+from lowvram_gen.samplers import SAMPLERS, a1111_name, build_scheduler, infotext_schedule, make_scheduler, split_sampler
+from lowvram_gen.schedules import SCHEDULE_TYPES, handed
 
 SD15 = {"num_train_timesteps": 1000, "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
         "steps_offset": 1, "skip_prk_steps": True, "set_alpha_to_one": False}
-# what each schedule type diffusers has sets in the built scheduler's config
-EXPECTED = {"karras": {"use_karras_sigmas": True, "use_exponential_sigmas": False, "use_beta_sigmas": False},
-            "exponential": {"use_exponential_sigmas": True, "use_karras_sigmas": False},
-            "beta": {"use_beta_sigmas": True, "use_karras_sigmas": False},
-            "sgm-uniform": {"timestep_spacing": "trailing"}, "simple": {"timestep_spacing": "trailing"},
-            "normal": {"timestep_spacing": "linspace"},
-            "uniform": {"use_karras_sigmas": False}, "automatic": {"use_karras_sigmas": False}}
+# what each schedule type diffusers has sets in a flow-matching scheduler's config (those keep diffusers' schedules)
+FLOW_EXPECTED = {"karras": {"use_karras_sigmas": True, "use_exponential_sigmas": False, "use_beta_sigmas": False},
+                 "exponential": {"use_exponential_sigmas": True, "use_karras_sigmas": False},
+                 "beta": {"use_beta_sigmas": True, "use_karras_sigmas": False}}
 
 
 def pndm():
@@ -27,14 +23,32 @@ def pndm():
     return PNDMScheduler.from_config(SD15)
 
 
-@pytest.mark.parametrize("schedule", sorted(EXPECTED))
-@pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M", "DPM++ SDE", "DPM++ 3M SDE", "LMS", "UniPC"])
-def test_each_schedule_type_reaches_the_scheduler_config(sampler, schedule):
+def flow():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler()
+
+
+@pytest.mark.parametrize("sampler, schedule", [
+    (sampler, schedule) for sampler in ("Euler", "Euler a", "DPM++ 2M", "DPM++ SDE", "DPM++ 3M SDE", "LMS", "UniPC")
+    for schedule in SCHEDULE_TYPES if schedule != "automatic"
+    and (sampler, schedule) != ("DPM++ SDE", "kl-optimal")])  # refused: test_schedules_a1111.py
+def test_each_schedule_type_is_handed_to_the_scheduler(sampler, schedule):
+    """Issue 31: a sampler that steps through noise levels is handed A1111's levels of every schedule type (the
+    numbers: test_schedules_a1111.py); the PNG says the type, the sampler is still named as it is."""
     scheduler, warning = build_scheduler(sampler, schedule, pndm())
-    assert warning is None
-    assert {key: scheduler.config[key] for key in EXPECTED[schedule]} == EXPECTED[schedule]
+    assert warning is None and handed(scheduler) == schedule
     assert type(scheduler).__name__ == SAMPLERS[sampler][0] and a1111_name(scheduler) == sampler
-    scheduler.set_timesteps(5)  # and it runs: diffusers refuses some combinations only here
+    assert infotext_schedule(scheduler, sampler, schedule, applied=True) == SCHEDULE_TYPES[schedule][0]
+    scheduler.set_timesteps(5)
+
+
+@pytest.mark.parametrize("schedule", sorted(FLOW_EXPECTED))
+def test_a_flow_matching_scheduler_keeps_diffusers_schedule_config(schedule):
+    scheduler, warning = build_scheduler("default", schedule, flow())
+    assert warning is None and handed(scheduler) is None
+    assert {key: scheduler.config[key] for key in FLOW_EXPECTED[schedule]} == FLOW_EXPECTED[schedule]
+    scheduler.set_timesteps(5)
 
 
 def test_the_new_samplers_are_diffusers_own():
@@ -48,23 +62,25 @@ def test_the_new_samplers_are_diffusers_own():
     assert type(make_scheduler("DDPM", SD15)).__name__ == "DDPMScheduler"
 
 
-@pytest.mark.parametrize("sampler, schedule, said", [
-    ("Euler a", "karras", "sampler 'Euler a' has no 'Karras' schedule in diffusers: it ran its own schedule"),
-    ("DDIM", "exponential", "sampler 'DDIM' has no 'Exponential' schedule"),
-    ("DPM++ 2S a", "sgm-uniform", "sampler 'DPM++ 2S a' has no 'SGM Uniform' schedule"),
-    ("LCM", "sgm-uniform", "sampler 'LCM' has no 'SGM Uniform' schedule"),  # it takes the key and ignores it
-    ("Euler", "polyexponential", "schedule type 'Polyexponential' has no diffusers equivalent"),
-    ("DPM++ 2M", "align-your-steps", "schedule type 'Align Your Steps' has no diffusers equivalent"),
-    ("default", "karras", "the model's own scheduler (PNDMScheduler) has no 'Karras' schedule"),
+@pytest.mark.parametrize("schedule, said", [
+    ("polyexponential", "schedule type 'Polyexponential' has no diffusers equivalent"),
+    ("align-your-steps", "schedule type 'Align Your Steps' has no diffusers equivalent"),
+    ("kl-optimal", "schedule type 'KL Optimal' has no diffusers equivalent"),
 ])
-def test_a_schedule_type_diffusers_lacks_warns_and_runs_the_plain_schedule(sampler, schedule, said):
-    scheduler, warning = build_scheduler(sampler, schedule, pndm())
-    plain, none = build_scheduler(sampler, "automatic", pndm())
+def test_a_type_a_flow_matching_scheduler_lacks_warns_and_runs_its_plain_schedule(schedule, said):
+    """The flow-matching families keep diffusers' schedulers: a type with no config there runs the plain schedule and
+    the warning says so (the A1111 samplers, which would take it, are refused on those models: pipeline.py)."""
+    scheduler, warning = build_scheduler("default", schedule, flow())
+    plain, none = build_scheduler("default", "automatic", flow())
     assert warning is not None and warning.startswith(said) and none is None
     assert dict(scheduler.config) == dict(plain.config)
-    name = a1111_name(scheduler)
-    assert infotext_schedule(scheduler, name, schedule, applied=False) == ("Uniform" if name in A1111_AUTOMATIC
-                                                                           else None)
+
+
+def test_a_type_a_timestep_scheduler_cannot_take_is_refused():
+    """The model folder's own PNDM (A1111's PLMS) steps through timesteps of its own: Karras asked of it is refused,
+    naming it, where it used to run its own schedule with a warning."""
+    with pytest.raises(InvalidRequest, match="sampler 'PLMS' steps through timesteps of its own"):
+        build_scheduler("default", "karras", pndm())
 
 
 def test_default_keeps_the_models_own_scheduler_unless_the_schedule_type_changes_it():
@@ -72,11 +88,11 @@ def test_default_keeps_the_models_own_scheduler_unless_the_schedule_type_changes
 
     own = EulerDiscreteScheduler.from_config({**SD15, "use_karras_sigmas": True})
     assert build_scheduler("default", "automatic", own) == (own, None)
-    karras_too = build_scheduler("default", "exponential", own)[0]
-    assert (karras_too.config.use_exponential_sigmas, karras_too.config.use_karras_sigmas) == (True, False)
-    assert build_scheduler("default", "uniform", own)[0].config.use_karras_sigmas is False
+    exponential = build_scheduler("default", "exponential", own)[0]
+    assert handed(exponential) == "exponential" and exponential is not own
+    assert handed(build_scheduler("default", "uniform", own)[0]) == "uniform"
     # a named sampler says its schedule: the model folder's Karras flag is not carried over to it
-    assert build_scheduler("Euler", "automatic", own)[0].config.use_karras_sigmas is False
+    assert handed(build_scheduler("Euler", "automatic", own)[0]) == "automatic"
     assert infotext_schedule(own, "Euler", "automatic", applied=True) == "Karras"  # what the folder's config runs
 
 
@@ -85,10 +101,9 @@ def test_default_is_the_familys_default_sampler_with_its_a1111_automatic_schedul
     schedule type goes with it; a family without one (the flow-matching ones) keeps the folder's scheduler."""
     scheduler, warning = build_scheduler("default", "automatic", pndm(), "DPM++ 2M")
     assert warning is None and type(scheduler).__name__ == "DPMSolverMultistepScheduler"
-    assert scheduler.config.use_karras_sigmas and a1111_name(scheduler) == "DPM++ 2M"
+    assert handed(scheduler) == "karras" and a1111_name(scheduler) == "DPM++ 2M"
     assert infotext_schedule(scheduler, "DPM++ 2M", "automatic", applied=True) == "Karras"
-    beta = build_scheduler("default", "beta", pndm(), "DPM++ 2M")[0]
-    assert (beta.config.use_beta_sigmas, beta.config.use_karras_sigmas) == (True, False)
+    assert handed(build_scheduler("default", "beta", pndm(), "DPM++ 2M")[0]) == "beta"
     own = pndm()
     assert build_scheduler("default", "automatic", own, None) == (own, None)
 
@@ -98,8 +113,10 @@ def test_what_the_png_says_of_the_schedule():
     assert infotext_schedule(euler, "Euler", "karras", applied=True) == "Karras"
     assert infotext_schedule(make_scheduler("Euler", SD15, "simple"), "Euler", "simple", applied=True) == "Simple"
     assert infotext_schedule(make_scheduler("Euler", SD15), "Euler", "automatic", applied=True) is None
-    # A1111 reads a DPM++ 2M with no schedule type as Karras (its Automatic): ours says the Uniform that ran
-    assert infotext_schedule(make_scheduler("DPM++ 2M", SD15), "DPM++ 2M", "automatic", applied=True) == "Uniform"
+    # issue 31: DPM++ 2M on Automatic runs A1111's Automatic for it, Karras, and says so as A1111 does
+    assert infotext_schedule(make_scheduler("DPM++ 2M", SD15), "DPM++ 2M", "automatic", applied=True) == "Karras"
+    assert infotext_schedule(make_scheduler("DPM++ 2M SDE", SD15), "DPM++ 2M SDE", "automatic",
+                             applied=True) == "Exponential"
 
 
 def test_every_a1111_schedule_type_has_an_entry():

@@ -765,9 +765,10 @@ def test_send_to_fills_the_schedule_type_from_either_form_and_automatic_without_
         assert not sendto.values_for(keys, new)[1]  # nothing "not used"
 
 
-def test_the_schedule_type_box_runs_it_and_says_what_diffusers_lacks(server):
-    """The Schedule type from the API (the box beside the Sampler) reaches the job; one the sampler does not have
-    in diffusers is said in the summary ("What ran"), named as the UI's box, and the PNG does not claim it."""
+def test_the_schedule_type_box_runs_it_and_refuses_what_the_sampler_cannot_take(server):
+    """The Schedule type from the API (the box beside the Sampler) reaches the job and the PNG says it, Euler a with
+    Karras too (issue 31: A1111's levels, no fallback); DDIM, which steps through timesteps of its own, refuses one
+    in one sentence."""
     from gradio_client import Client
 
     client = Client(server.url, verbose=False)
@@ -776,8 +777,12 @@ def test_the_schedule_type_box_runs_it_and_says_what_diffusers_lacks(server):
     assert "Sampler: Euler, Schedule type: Karras," in info and "schedule" not in summary
     _, info, summary, _ = client.predict(prompt="ancestral fox", width=64, height=64, steps=2, seed=9,
                                          sampler="Euler a", schedule_type="karras", api_name="/generate")
-    assert "Schedule type" not in info
-    assert "sampler 'Euler a' has no 'Karras' schedule in diffusers: it ran its own schedule" in summary
+    assert "Sampler: Euler a, Schedule type: Karras," in info and "schedule" not in summary
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="sampler 'DDIM' steps through timesteps of its own"):
+        client.predict(prompt="ddim fox", width=64, height=64, steps=2, seed=9, sampler="DDIM",
+                       schedule_type="karras", api_name="/generate")
 
 
 def test_send_to_sets_clip_skip_from_the_png_and_resets_it_without_one(tmp_path):

@@ -8,6 +8,7 @@ message (and the browser clamps a typed one into the range), and a Number with `
 
 import gradio as gr
 
+from lowvram_gen.samplers import timestep_only
 from lowvram_gen.schedules import AUTOMATIC, SCHEDULE_TYPES
 from lowvram_gen.settings import QUANTIZE
 from lowvram_gen.a1111.upscaler_names import available
@@ -48,10 +49,12 @@ def Quantize(value: str, elem_id: str) -> gr.Dropdown:
 
 def ScheduleType(elem_id: str, value: str = AUTOMATIC) -> gr.Dropdown:
     """The "Schedule type" box beside the Sampler (A1111 1.9+'s; the CLI's --schedule-type): A1111's names shown, the
-    request's values sent (an API client's own value reaches our validation). A type the sampler does not have in
-    diffusers runs the sampler's own schedule, and the job's summary says so."""
+    request's values sent (an API client's own value reaches our validation). Every type runs A1111's noise levels on
+    the samplers that step through them; the few a sampler cannot take are refused in one sentence (samplers.py),
+    never run as another schedule."""
     dropdown = gr.Dropdown([(label, key) for key, (label, _) in SCHEDULE_TYPES.items()], value=value,
-                           label="Schedule type", elem_id=elem_id)
+                           label="Schedule type", elem_id=elem_id,
+                           info="A1111's noise levels; " + ", ".join(timestep_only()) + " take Automatic only")
     dropdown.preprocess = _as_sent
     return dropdown
 

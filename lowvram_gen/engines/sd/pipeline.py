@@ -31,7 +31,7 @@ from lowvram_gen.families.execution import task_of
 from lowvram_gen.prompting.encode import encode_prompts, plain_prompt_for
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT, build_scheduler
-from lowvram_gen.schedules import AUTOMATIC
+from lowvram_gen.schedules import AUTOMATIC, align_table
 
 ProgressFn = Callable[[int, int], None]  # (step done, total steps)
 INTERRUPT, SKIP = "interrupt", "skip"  # why a pass stopped before its last step (Denoised.stopped)
@@ -339,8 +339,9 @@ def _scheduler(pipe, sampler: str, schedule_type: str, field: str) -> tuple:
                              f"{type(pipe).__name__} is a flow-matching model ({type(base).__name__}); "
                              "the A1111 samplers are for noise-prediction models: use 'default'")
     # 'default': A1111's default sampler for the families that have one (SD 1.x/2.x, SDXL), else the folder's own
+    unet = getattr(pipe, "unet", None)  # its config says which Align Your Steps table (SD 1.5's or SDXL's)
     return build_scheduler(sampler, schedule_type, base, None if _flow_matching(base)
-                           else families.of_pipe(pipe).default_sampler)
+                           else families.of_pipe(pipe).default_sampler, align_table(getattr(unet, "config", None)))
 
 
 def hires_scheduler(pipe, request) -> tuple:
