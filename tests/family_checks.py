@@ -1,8 +1,8 @@
 """Test utility: the checks each issue-30 family's tiny folder goes through, shared by tests/test_family_flux2_dev.py,
 test_family_hidream.py, test_family_cogview4.py and test_family_bria.py: the folder saved, plain diffusers' image, the
 test job from the CLI, a refusal in one sentence, int8 on a wide folder, the VRAM budget, +te-reload picked and equal,
-and an inpaint pipeline's mask options (`inpaint_files`, `mask_options_act`: the Flux.2 Klein, Kontext and
-Qwen-Image-Edit inpaint tests). (The simulated out-of-memory is tests/ladder_checks.py.)"""
+an inpaint pipeline's mask options (`inpaint_files`, `mask_options_act`: the Flux.2 Klein, Kontext and Qwen-Image-Edit
+inpaint tests), and a REST API body's images (`b64`, `stored_images`). (The simulated out-of-memory is tests/ladder_checks.py.)"""
 
 from __future__ import annotations
 
@@ -96,6 +96,25 @@ def mask_options_act(capsys, init, boxed, box: tuple[int, int, int, int], common
         inner = (slice(y0 + 4, y1 - 4), slice(x0 + 4, x1 - 4))
         assert np.abs(painted[inner] - original[inner]).mean() > 10, extra  # repainted inside
         assert np.abs(painted[:8] - original[:8]).max() <= MAX_DIFF, extra  # the original outside, as A1111
+
+
+def b64(path) -> str:
+    """An image file as the REST API's bodies carry it (base64)."""
+    import base64
+
+    return base64.b64encode(open(path, "rb").read()).decode()
+
+
+def stored_images(tmp_path) -> Callable:
+    """`a1111.api_body.map_body`'s `init_image` reader for a test: each base64 image written to a file of its own."""
+    import base64
+
+    def stored(value, field=None) -> str:
+        path = tmp_path / f"in-{len(list(tmp_path.glob('in-*')))}.png"
+        path.write_bytes(base64.b64decode(value))
+        return str(path)
+
+    return stored
 
 
 def int8_quantizes_the_transformer(make_request: Callable[..., GenerationRequest]) -> None:

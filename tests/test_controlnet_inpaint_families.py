@@ -206,24 +206,17 @@ def test_an_api_inpaint_body_with_a_unit_is_the_same_job(made, tmp_path):
     """A1111's img2img body with a mask and alwayson_scripts' unit, its masked content left at the API's default
     (inpainting_fill 0: fill, pixels the pipeline blanks anyway), maps onto the same job (a1111/api_body.map_body, as
     the REST API's img2img route runs it): diffusers' image inside the mask, the init image outside it."""
-    import base64
+    from family_checks import b64, stored_images
 
     from lowvram_gen.a1111.api_body import map_body
-
-    def b64(path) -> str:
-        return base64.b64encode(open(path, "rb").read()).decode()
-
-    def stored(value, field=None):
-        path = tmp_path / f"in-{len(list(tmp_path.glob('in-*')))}.png"
-        path.write_bytes(base64.b64decode(value))
-        return str(path)
 
     body = dict(prompt="a castle", negative_prompt="fog", seed=7, steps=2, width=64, height=64, cfg_scale=4,
                 init_images=[b64(made["init"])], mask=b64(made["mask"]), mask_blur=0, denoising_strength=1.0,
                 inpaint_full_res=False,  # A1111 defaults it to only masked (true)
                 alwayson_scripts={"controlnet": {"args": [{"image": b64(made["control"]), "module": "none",
                                                            "model": made["cn"], "weight": 0.8}]}})
-    mapped = map_body(body, "img2img", made["model"], 1, str(tmp_path), lambda title: None, init_image=stored)
+    mapped = map_body(body, "img2img", made["model"], 1, str(tmp_path), lambda title: None,
+                      init_image=stored_images(tmp_path))
     assert mapped.request.masked_content == "fill" and len(mapped.request.controlnets) == 1
     ours = pixels(Session(preset="cpu").generate(mapped.request).images[0])
     m = inside()

@@ -12,12 +12,10 @@ tests do: what is compared is the same pipeline code, called by us and by hand.
 
 from __future__ import annotations
 
-import base64
-
 import numpy as np
 import pytest
 import torch
-from family_checks import inpaint_files, inpainted, mask_options_act
+from family_checks import b64, inpaint_files, inpainted, mask_options_act, stored_images
 from family_folders import BUILDERS, SMALL_REFERENCE, small_references
 from PIL import Image
 from tiny_transformers import pixels
@@ -133,8 +131,10 @@ def test_out_of_memory_steps_down_a_preset_without_reloading(small_refs, qwen_ed
     from ladder_checks import out_of_memory_steps_down
 
     init, _white, boxed = inpaint_files(tmp_path, 128, 128, (32, 32, 96, 96))
-    result = out_of_memory_steps_down(lambda **kw: job(qwen_edit, tmp_path, init, boxed, **{
-        **dict(width=128, height=128), **kw}))
+    def request(**kw) -> GenerationRequest:
+        return job(qwen_edit, tmp_path, init, boxed, **{"width": 128, "height": 128, **kw})
+
+    result = out_of_memory_steps_down(request)
     assert [(a["width"], a["height"]) for a in result.attempts] == [(SIDE, SIDE)] * 2
 
 
@@ -144,19 +144,11 @@ def test_the_rest_apis_img2img_with_a_mask_inpaints(small_refs, qwen_edit, tmp_p
     from lowvram_gen.a1111.api_body import map_body
 
     init, white, _ = inpaint_files(tmp_path)
-
-    def b64(path) -> str:
-        return base64.b64encode(open(path, "rb").read()).decode()
-
-    def stored(value, field=None):
-        path = tmp_path / f"in-{len(list(tmp_path.glob('in-*')))}.png"
-        path.write_bytes(base64.b64decode(value))
-        return str(path)
-
     body = dict(prompt="a castle", seed=4, steps=2, width=64, height=64, cfg_scale=4, init_images=[b64(init)],
                 mask=b64(white), mask_blur=0, denoising_strength=0.5, inpaint_full_res=False, inpainting_fill=1,
                 sampler_name="default")
-    mapped = map_body(body, "img2img", qwen_edit, 1, str(tmp_path / "out"), lambda _: None, init_image=stored)
+    mapped = map_body(body, "img2img", qwen_edit, 1, str(tmp_path / "out"), lambda _: None,
+                      init_image=stored_images(tmp_path))
     assert mapped.request.mask and mapped.request.init_image and not mapped.request.reference_images
     ours = pixels(Session(preset="cpu").generate(mapped.request).images[0])
     assert np.abs(ours - plain(qwen_edit, init, white)).max() <= TOLERANCE

@@ -98,7 +98,8 @@ def planned(profile, record, request):
     size = tuple(made(request.width, request.height))
     if profile.denoiser == "transformer":
         side = int(profile.vae_scale_factor) * int(profile.transformer_patch)
-        profile = dataclasses.replace(profile, reference_tokens=profile.reference_tokens + size[0] * size[1] // side ** 2)
+        init_tokens = size[0] * size[1] // side ** 2
+        profile = dataclasses.replace(profile, reference_tokens=profile.reference_tokens + init_tokens)
     return profile, size
 
 
@@ -114,15 +115,15 @@ def job_warnings(pipe, request) -> list[str]:
     made = rendered(pipe, request, size)
     if made != size:
         out.append(f"{record.pipeline_for(Task.INPAINT)} renders {made[0]}x{made[1]} when given {size[0]}x{size[1]} "
-                   "(its call renders a size of its own at the image's aspect, whatever width and height it is given): the "
-                   f"image is resized to {size[0]}x{size[1]}")
+                   "(its call renders a size of its own at the image's aspect, whatever width and height it is "
+                   f"given): the image is resized to {size[0]}x{size[1]}")
     facts = record.controlnet
     if request.controlnets and facts is not None and facts.inpaint:
         name = record.pipeline_for(Task.CONTROLNET_INPAINT)
         if request.strength < 1:
             out.append(f"{name} repaints the masked area from noise: denoising strength {request.strength:g} is not "
                        "used")
-        if facts.inpaint == "control" and any(not _same_image(u.image, request.init_image)
+        if facts.inpaint == "control" and any(u.image and not _same_image(u.image, request.init_image)
                                               for u in request.controlnets):
             out.append(f"{name} reads the init image and the mask (its inpainting ControlNet's input), not a control "
                        "image: the unit's control image is not used")
@@ -131,8 +132,8 @@ def job_warnings(pipe, request) -> list[str]:
 
 def _same_image(a, b) -> bool:
     """Whether two image files hold the same pixels (the same file, or a copy: the REST API stores each image apart)."""
-    if not a or not b or a == b:
-        return a == b
+    if a == b:
+        return True
     import numpy as np
     from PIL import Image
 
