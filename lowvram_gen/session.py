@@ -28,7 +28,7 @@ from lowvram_gen.families import sampling
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
-from lowvram_gen.engines.sd import edit
+from lowvram_gen.engines.sd import edit, inpaint
 from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
@@ -210,15 +210,17 @@ class Session:
                   or (source is None and families.by_name(request.model))
                   or families.by_denoiser_class(found.denoiser_class))
         found = edit.planned(found, record, request)  # an edit's reference images: tokens beside the image's
+        # an inpaint pipeline that renders its own size (Qwen-Image-Edit's): that size, never capped, its init beside
+        found, own = inpaint.planned(found, record, request)
         apart = record is None or record.text_encode_apart is not None
-        width, height = request.output_size()  # with hires fix the second pass is the bigger one
+        width, height = own or request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
         return plan(device, found, width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
                     quantize_forced=request.quantize is not None, model=request.model,
                     reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
-                    full_precision=self.precision.full)
+                    full_precision=self.precision.full, own_size=own is not None)
 
     def with_sampling_defaults(self, request: GenerationRequest, source: ModelSource | None = None,
                                profile: profiles.ModelProfile | None = None) -> GenerationRequest:

@@ -1,7 +1,8 @@
 """Test utility: the checks each issue-30 family's tiny folder goes through, shared by tests/test_family_flux2_dev.py,
 test_family_hidream.py, test_family_cogview4.py and test_family_bria.py: the folder saved, plain diffusers' image, the
-test job from the CLI, a refusal in one sentence, int8 on a wide folder, the VRAM budget, +te-reload picked and equal. (The simulated out-of-memory is
-tests/ladder_checks.py.)"""
+test job from the CLI, a refusal in one sentence, int8 on a wide folder, the VRAM budget, +te-reload picked and equal,
+an inpaint pipeline's mask options (`inpaint_files`, `mask_options_act`: the Flux.2 Klein, Kontext and Qwen-Image-Edit
+inpaint tests), and a REST API body's images (`b64`, `stored_images`). (The simulated out-of-memory is tests/ladder_checks.py.)"""
 
 from __future__ import annotations
 
@@ -65,6 +66,55 @@ def refused(capsys, folder, tmp_path, args: list[str], said: str, side: int = 64
                        "--preset", "cpu", "--outdir", str(tmp_path))
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines() == ["error: " + said]
+
+
+def inpaint_files(tmp_path, width: int = 64, height: int = 64, box: tuple[int, int, int, int] = (16, 16, 48, 48)):
+    """(init image, white mask, box mask) files of an inpaint test: a seeded random init image of width x height, a
+    mask that repaints all of it, and one that repaints `box` (x0, y0, x1, y1) only."""
+    init, white, boxed = tmp_path / "init.png", tmp_path / "white.png", tmp_path / "box.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)).save(init)
+    Image.new("L", (width, height), 255).save(white)
+    inside = np.zeros((height, width), np.uint8)
+    inside[box[1]:box[3], box[0]:box[2]] = 255
+    Image.fromarray(inside).save(boxed)
+    return init, white, boxed
+
+
+def inpainted(capsys, mask, common: list[str], *extra: str) -> np.ndarray:
+    """The image of `lowvram-gen inpaint "a castle" --mask MASK` with `common` and `extra` (it exits 0), as int RGB."""
+    code, out, err = cli(capsys, "inpaint", "a castle", "--mask", str(mask), *common, *extra)
+    assert code == 0, (extra, err)
+    return pixels(json.loads(out)["images"][0])
+
+
+def mask_options_act(capsys, init, boxed, box: tuple[int, int, int, int], common: list[str]) -> None:
+    """The box mask with our mask options (none, latent noise, only masked): each repaints inside the box (4 px in
+    from its edge) and keeps the init image in its first 8 rows (above the box), as A1111 does."""
+    x0, y0, x1, y1 = box
+    for extra in ([], ["--masked-content", "latent-noise"], ["--inpaint-area", "masked"]):
+        painted, original = inpainted(capsys, boxed, common, *extra), pixels(init)
+        inner = (slice(y0 + 4, y1 - 4), slice(x0 + 4, x1 - 4))
+        assert np.abs(painted[inner] - original[inner]).mean() > 10, extra  # repainted inside
+        assert np.abs(painted[:8] - original[:8]).max() <= MAX_DIFF, extra  # the original outside, as A1111
+
+
+def b64(path) -> str:
+    """An image file as the REST API's bodies carry it (base64)."""
+    import base64
+
+    return base64.b64encode(open(path, "rb").read()).decode()
+
+
+def stored_images(tmp_path) -> Callable:
+    """`a1111.api_body.map_body`'s `init_image` reader for a test: each base64 image written to a file of its own."""
+    import base64
+
+    def stored(value, field=None) -> str:
+        path = tmp_path / f"in-{len(list(tmp_path.glob('in-*')))}.png"
+        path.write_bytes(base64.b64decode(value))
+        return str(path)
+
+    return stored
 
 
 def int8_quantizes_the_transformer(make_request: Callable[..., GenerationRequest]) -> None:

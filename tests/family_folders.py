@@ -84,10 +84,13 @@ def small_references(monkeypatch) -> None:
     unchanged: the same pipeline code, called by us and by hand."""
     import diffusers.pipelines.flux.pipeline_flux_kontext as kontext
     import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit as edit
+    import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_inpaint as edit_inpaint
     import diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus as plus
 
     original = edit.calculate_dimensions
     monkeypatch.setattr(edit, "calculate_dimensions", lambda _area, ratio: original(SMALL_REFERENCE, ratio))
+    # Qwen-Image-Edit's inpaint renders that area too (our plan and result read the same function)
+    monkeypatch.setattr(edit_inpaint, "calculate_dimensions", lambda _area, ratio: original(SMALL_REFERENCE, ratio))
     monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", SMALL_REFERENCE)
     monkeypatch.setattr(plus, "CONDITION_IMAGE_SIZE", SMALL_REFERENCE)
     monkeypatch.setattr(kontext, "PREFERRED_KONTEXT_RESOLUTIONS", [(64, 64), (96, 64), (64, 96)])

@@ -2,7 +2,8 @@
 (ZImageControlNetInpaintPipeline): an inpaint job with one ControlNet unit runs the family's pipeline over the loaded
 components, equal to plain diffusers inside the mask and the init image outside it; our mask options (blur, only
 masked) act; what the pipelines have not (several units, masked content, a ControlNet that does not read the mask) is
-refused in one sentence; the plan counts the ControlNet; a simulated out-of-memory steps down without reloading it.
+refused in one sentence, and what they do not use (the denoising strength; Qwen-Image's, the unit's control image) is
+one of the job's warnings; the plan counts the ControlNet; a simulated out-of-memory steps down without reloading it.
 
 Both pipelines repaint the masked area from noise. Qwen-Image's reads the image to repaint and its mask through an
 inpainting ControlNet (InstantX's: 4 more packed input channels, the mask beside the image's latents); Z-Image's takes
@@ -141,6 +142,25 @@ def test_mask_blur_and_only_masked_act(made, tmp_path):
     assert np.abs(cropped[inside()] - whole[inside()]).max() > 10
 
 
+def test_what_the_pipeline_does_not_use_is_one_of_the_jobs_warnings(made, tmp_path):
+    """Both pipelines repaint the masked area from noise: a denoising strength below 1 is one warning. Qwen-Image's
+    reads the init image through its inpainting ControlNet (diffusers' `control_image` is the image to repaint), so a
+    unit's other control image is another warning; the init image given as the unit's image (a copy too) is none."""
+    import shutil
+
+    session, name = Session(preset="cpu"), CASES[made["key"]][2]
+    result = session.generate(request(made, tmp_path, strength=0.6, steps=1))
+    said = [f"{name} repaints the masked area from noise: denoising strength 0.6 is not used"]
+    if made["key"] == "qwen-image":
+        said.append(f"{name} reads the init image and the mask (its inpainting ControlNet's input), not a control "
+                    "image: the unit's control image is not used")
+    assert result.warnings == said
+    if made["key"] == "qwen-image":
+        copy = shutil.copy(made["init"], tmp_path / "init-copy.png")
+        same = session.generate(request(made, tmp_path, steps=1, controlnets=(ControlNetUnit(made["cn"], copy, 0.8),)))
+        assert same.warnings == []
+
+
 def test_what_the_controlnet_inpaint_pipeline_has_not_is_refused_in_one_sentence(made, tmp_path):
     key, session = made["key"], Session(preset="cpu")
     label = "Qwen-Image" if key == "qwen-image" else "Z-Image"
@@ -186,24 +206,17 @@ def test_an_api_inpaint_body_with_a_unit_is_the_same_job(made, tmp_path):
     """A1111's img2img body with a mask and alwayson_scripts' unit, its masked content left at the API's default
     (inpainting_fill 0: fill, pixels the pipeline blanks anyway), maps onto the same job (a1111/api_body.map_body, as
     the REST API's img2img route runs it): diffusers' image inside the mask, the init image outside it."""
-    import base64
+    from family_checks import b64, stored_images
 
     from lowvram_gen.a1111.api_body import map_body
-
-    def b64(path) -> str:
-        return base64.b64encode(open(path, "rb").read()).decode()
-
-    def stored(value, field=None):
-        path = tmp_path / f"in-{len(list(tmp_path.glob('in-*')))}.png"
-        path.write_bytes(base64.b64decode(value))
-        return str(path)
 
     body = dict(prompt="a castle", negative_prompt="fog", seed=7, steps=2, width=64, height=64, cfg_scale=4,
                 init_images=[b64(made["init"])], mask=b64(made["mask"]), mask_blur=0, denoising_strength=1.0,
                 inpaint_full_res=False,  # A1111 defaults it to only masked (true)
                 alwayson_scripts={"controlnet": {"args": [{"image": b64(made["control"]), "module": "none",
                                                            "model": made["cn"], "weight": 0.8}]}})
-    mapped = map_body(body, "img2img", made["model"], 1, str(tmp_path), lambda title: None, init_image=stored)
+    mapped = map_body(body, "img2img", made["model"], 1, str(tmp_path), lambda title: None,
+                      init_image=stored_images(tmp_path))
     assert mapped.request.masked_content == "fill" and len(mapped.request.controlnets) == 1
     ours = pixels(Session(preset="cpu").generate(mapped.request).images[0])
     m = inside()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from family_checks import inpaint_files, inpainted, mask_options_act
 from tiny_flux2 import build_tiny_flux2_klein
 from tiny_transformers import cli, pixels
 from tiny_zimage import DIM, build_tiny_zimage
@@ -109,27 +110,15 @@ def test_flux2_klein_refuses_what_diffusers_has_no_pipeline_for_in_one_sentence(
 def test_flux2_klein_inpaint_equals_its_diffusers_pipeline_and_takes_our_mask_options(flux2, tmp_path, capsys):
     """Flux2KleinInpaintPipeline, which the auto-pipelines do not map, over the loaded components. A white mask
     repaints everything (no overlay of the original): equal to plain diffusers; a box repaints inside it."""
-    init, white, box = tmp_path / "init.png", tmp_path / "white.png", tmp_path / "box.png"
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(init)
-    Image.new("L", (64, 64), 255).save(white)
-    inside = np.zeros((64, 64), np.uint8)
-    inside[16:48, 16:48] = 255
-    Image.fromarray(inside).save(box)
+    init, white, boxed = inpaint_files(tmp_path)
     common = ["--init", str(init), "--model", flux2, "--width", "64", "--height", "64", "--steps", "4", "--seed", "4",
               "--cfg", "4", "--strength", "0.5", "--mask-blur", "0", "--preset", "cpu", "--outdir", str(tmp_path),
               "--json"]
-    code, out, err = cli(capsys, "inpaint", "a castle", "--mask", str(white), *common)
-    assert code == 0, err
     theirs = plain(flux2, "Flux2KleinInpaintPipeline", prompt="a castle", image=Image.open(init).convert("RGB"),
                    mask_image=Image.open(white), strength=0.5, width=64, height=64, num_inference_steps=4,
                    guidance_scale=4.0, seed=4)
-    assert np.abs(pixels(json.loads(out)["images"][0]) - theirs).max() <= MAX_DIFF
-    for extra in ([], ["--masked-content", "latent-noise"], ["--inpaint-area", "masked"]):
-        code, out, err = cli(capsys, "inpaint", "a castle", "--mask", str(box), *common, *extra)
-        assert code == 0, (extra, err)
-        painted, original = pixels(json.loads(out)["images"][0]), pixels(init)
-        assert np.abs(painted[20:44, 20:44] - original[20:44, 20:44]).mean() > 10, extra  # repainted inside
-        assert np.abs(painted[:8] - original[:8]).max() <= MAX_DIFF, extra  # the original outside, as A1111
+    assert np.abs(inpainted(capsys, white, common) - theirs).max() <= MAX_DIFF
+    mask_options_act(capsys, init, boxed, (16, 16, 48, 48), common)
 
 
 # ====================================================================================== Z-Image

@@ -314,6 +314,11 @@ class Family:
     # the (width, height) its txt2img pipeline renders when asked for (pipe, width, height), where that is not always
     # the size asked (HiDream scales every size to its native area, keeping the aspect); None: the size asked
     rendered_size: Callable[..., tuple[int, int]] | None = None
+    # tasks whose pipeline renders a size of its own whatever width and height it is given (Task value -> (width,
+    # height of the image it is given) -> (width, height) it renders): Qwen-Image-Edit's inpaint renders about 1024x1024
+    # pixels at the init image's aspect. The plan, the ladder (no resolution step, no preset's cap) and the result's
+    # generated size count that one (engines/sd/inpaint.rendered)
+    rendered_sizes: Mapping[str, Callable[[int, int], tuple[int, int]]] = field(default_factory=dict)
 
     def default_sampling(self, facts: FolderFacts | None = None) -> Sampling:
         """The steps and CFG scale of a job that gives none, for the folder `facts` describes (None: the record's)."""

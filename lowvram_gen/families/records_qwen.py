@@ -16,6 +16,10 @@ What the record says and why:
   longest prompt only, so 512 is the bound the planner takes.
 - Text encoders reloaded per job (`+te-reload`): the pipeline's encode_prompt gives the embeddings and their masks,
   the negative prompt's too when CFG is on (engines/sd/pipeline.encode_texts, 'encode_prompt_masked').
+- ControlNet inpaint: QwenImageControlNetInpaintPipeline's `control_image` IS the image to repaint (with
+  `control_mask`, the inpainting ControlNet reads its masked latents and the mask): the job's init image goes there,
+  and a unit's other control image is not used (one of the job's warnings, engines/sd/inpaint.job_warnings), nor is
+  the denoising strength (it repaints the masked area from noise).
 - Configs: lowvram_gen/configs/qwen-image/ holds the published Qwen/Qwen-Image configs, so
   `plan --model qwen-image` plans the real shapes offline.
 """

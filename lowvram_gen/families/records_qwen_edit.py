@@ -3,8 +3,14 @@ QwenImageEditPipeline (one reference image) and QwenImageEditPlusPipeline (Qwen-
 
 What the records say and why:
 - Task: edit (Task.EDIT). Its txt2img task names the same class, as every record's does, but the call reads the
-  reference image's size before anything else, so it cannot run without one: txt2img, img2img and inpaint are
-  refused in one sentence (`Edit.needs_image`, engines/sd/edit.py); they are Qwen-Image's.
+  reference image's size before anything else, so it cannot run without one: txt2img and img2img are refused in one
+  sentence (`Edit.needs_image`, engines/sd/edit.py); they are Qwen-Image's.
+- Inpaint (Qwen-Image-Edit only): QwenImageEditInpaintPipeline, the init image being the image it edits and repaints
+  inside the mask. Its call ignores width and height: it renders about 1024x1024 pixels at the init image's aspect
+  (its module's calculate_dimensions), and its VAE latents of the init image join the image tokens in every block
+  (as an edit's reference). `rendered_sizes` says so, so the plan counts that size twice over, no preset caps it, the
+  ladder takes no resolution step, and the image, made at that size, is resized to the asked one (its PNG's
+  "Generated size" says what was made).
 - The reference images go to the call's `image` argument. The pipeline resizes each to about 1024x1024 pixels (its
   aspect kept) for its VAE, whatever the output size, so each adds (1024/16)^2 = 4096 latent tokens beside the image
   tokens in every block (what the plan counts); Edit-Plus also gives Qwen2.5-VL each image at 384x384.
@@ -19,6 +25,19 @@ from __future__ import annotations
 
 from lowvram_gen.families.record import Call, Edit, Family, Guidance, Sampling, Task
 from lowvram_gen.families.records_qwen import QWEN_IMAGE
+
+EDIT_AREA = 1024 * 1024  # the pixels QwenImageEditInpaintPipeline renders, whatever the size asked
+
+
+def edit_inpaint_size(width: int, height: int) -> tuple[int, int]:
+    """What QwenImageEditInpaintPipeline renders for an init image of width x height: its call sets width and height
+    from the image's aspect, calculate_dimensions(1024 * 1024, aspect) (multiples of 32; the multiple of its VAE's
+    scale factor x 2 it rounds down to after divides them). diffusers' own function, read from its module as the call
+    reads it."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_inpaint as module
+
+    w, h, _ = module.calculate_dimensions(EDIT_AREA, width / height)
+    return int(w), int(h)
 
 _COMMON = dict(
     denoiser="transformer", denoiser_classes=QWEN_IMAGE.denoiser_classes, native_side=1024,
@@ -35,8 +54,9 @@ _COMMON = dict(
 
 QWEN_IMAGE_EDIT = Family(
     key="qwen-image-edit", group="qwen-image-edit", name="Qwen-Image-Edit", label="Qwen-Image-Edit",
-    tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline"},
-    other_pipelines=("QwenImageEditInpaintPipeline",),
+    tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline",
+           Task.INPAINT.value: "QwenImageEditInpaintPipeline"},
+    rendered_sizes={Task.INPAINT.value: edit_inpaint_size},
     # its shipped configs (configs/qwen-image-edit) are Qwen-Image's with this pipeline's model_index.json
     builtin="qwen-image-edit", hub_id="Qwen/Qwen-Image-Edit", aliases=("qwen-image-edit", "qwen/qwen-image-edit"),
     # its call refuses more than one prompt too (the processor wants an image per prompt's image token)

@@ -138,8 +138,10 @@ class _Rows:
     """Estimates of candidates for one job on one device."""
 
     def __init__(self, device: DeviceInfo, profile, width: int, height: int, batch: int, cfg: bool, steps: int,
-                 failed: set[str], model: str = "", reloadable: bool = True, single_file: bool = False):
+                 failed: set[str], model: str = "", reloadable: bool = True, single_file: bool = False,
+                 own_size: bool = False):
         self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
+        self.own_size = own_size  # the pipeline renders width x height whatever it is given: no preset caps it
         self.reloadable = reloadable  # the text encoders can come back from their own files (a diffusers folder)
         self.single_file = single_file  # one checkpoint file: its text encoders load whole, quantized after
         self.width, self.height, self.batch = width, height, batch
@@ -151,7 +153,8 @@ class _Rows:
         self.learned = speed.Learned(device.name, model, self.record_compute)  # what jobs measured here
 
     def size(self, p: Preset) -> tuple[int, int, int]:
-        w, h = capped_size(self.width, self.height, p.max_pixels, self.multiple)
+        w, h = (self.width, self.height) if self.own_size else capped_size(self.width, self.height, p.max_pixels,
+                                                                           self.multiple)
         return w, h, min(self.batch, p.max_batch)
 
     def estimate(self, p: Preset) -> Estimate:
@@ -277,15 +280,18 @@ def _resident(p: Preset, nbytes: int) -> Preset:
 def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, presets: dict[str, Preset],
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
          steps: int = ASSUMED_STEPS, quantize_forced: bool = False, model: str = "",
-         reloadable: bool = True, single_file: bool = False, full_precision: bool = False) -> Plan:
+         reloadable: bool = True, single_file: bool = False, full_precision: bool = False,
+         own_size: bool = False) -> Plan:
     """`full_precision` (--no-half, --precision full): no candidate computes in 16 bits (the presets' own dtypes
     are float32 already: Session applies the flag to them), so no cpu+bf16 either. `model`: the name the user gave the model (its spec), under which this device's measured step times
     are kept (planning/speed.py). `reloadable`: the model is a diffusers folder, whose text encoders can be
     read again from their own subfolders (+te-reload candidates); a single-file checkpoint has no
     per-component files (reloading an encoder would read the whole checkpoint), so it gets none.
     `single_file`: such a checkpoint's text encoders load at full precision and are quantized after (its denoiser
-    is quantized as it loads: planning/host._load_peak)."""
-    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable, single_file)
+    is quantized as it loads: planning/host._load_peak). `own_size`: width x height is what the pipeline renders
+    whatever it is given (Qwen-Image-Edit's inpaint): no preset's max_pixels caps it."""
+    rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable, single_file,
+                 own_size)
     candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
         result = _choose_cpu(rows, {forced.name: forced}, quantize_forced, named=True)

@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import ControlNetFacts, Task
 from lowvram_gen.families.execution import task_of
 from lowvram_gen.models import controlnet as models
 from lowvram_gen.networks.hooks import unhook
-
-log = logging.getLogger(__name__)
-
 
 
 def sources(request) -> list:
@@ -309,14 +305,12 @@ def inpaint_class(name: str, style: str):
     (`image`: the images to repaint, `mask_image`, `strength`): 'control' hands them over as `control_image` and
     `control_mask` (Qwen-Image's: the unit's ControlNet reads them; its control map is unused), 'image' as `image`
     and `mask_image` beside the unit's `control_image` (Z-Image's). Both repaint the masked area from noise:
-    `strength` has nothing to act on and is dropped (logged)."""
+    `strength` has nothing to act on and is dropped (the job's warnings say so: engines/sd/inpaint.job_warnings)."""
     import diffusers
 
     base = getattr(diffusers, name)
 
     def __call__(self, *args, image=None, mask_image=None, strength=None, **kwargs):
-        if strength is not None and strength < 1:
-            log.warning("%s repaints the masked area from noise: denoising strength %g is not used", name, strength)
         one = isinstance(mask_image, list) and len(mask_image) == 1
         mask = mask_image[0] if one else mask_image
         if style == "control":

@@ -6,7 +6,7 @@ Flux2KleinPipeline's `image`, ...) called as the txt2img pass is, with the refer
 same ladder, presets, budget and saving. Where the loaded pipeline is not that class it is made over the same
 components (kept_pipe), as img2img's is. What a family cannot do is refused in one sentence naming it before any
 step runs: an edit on a model without an edit pipeline, more reference images than it takes, and txt2img/img2img on
-a model whose call needs a reference image (Qwen-Image-Edit).
+a model whose call needs a reference image (Qwen-Image-Edit; its inpaint pipeline takes the init image, and runs).
 
 Nothing here imports torch or diffusers at import time: `edit_record_of_spec` is read by the CLI and the REST API
 before any model loads.
@@ -41,9 +41,11 @@ def check(pipe, request) -> None:
     if refs:
         check_references(record, len(refs), _named(record, pipe))
         return
+    mask = getattr(request, "mask", None)
+    if mask and record.has_task(Task.INPAINT):  # its inpaint pipeline edits the init image (Qwen-Image-Edit's)
+        return
     if record.edit is not None and record.edit.needs_image:
-        what = "img2img" if getattr(request, "mask", None) is None and getattr(request, "init_image", None) else \
-            "inpaint" if getattr(request, "mask", None) else "txt2img"
+        what = "img2img" if mask is None and getattr(request, "init_image", None) else "inpaint" if mask else "txt2img"
         raise InvalidRequest("task", what, f"{record.name} edits images and needs a reference image: use lowvram-gen "
                                            "edit PROMPT --image IMAGE")
 

@@ -9,6 +9,11 @@ step's level, put back outside the mask after each step, as A1111 does with an o
 
 `masked_content` is A1111's "latent noise" / "latent nothing": the init image's latents inside the mask replaced
 by the image's own seeded noise, or by zeros, before the pipeline noises them to the first step's level.
+
+An inpaint pipeline that renders a size of its own whatever it is asked (its record's `rendered_sizes`: Qwen-Image-
+Edit's, about 1024x1024 pixels at the init image's aspect) is planned, stepped down and reported at that size
+(`rendered`, `planned`, `job_warnings`): the init image and mask go to it at the job's size, as a user gives them to
+diffusers, and what it makes is resized to the job's size.
 """
 
 from __future__ import annotations
@@ -59,6 +64,81 @@ def check(pipe, request) -> None:
         names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
         built = " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))  # 'SD 1.x/2.x and SDXL'
         raise InvalidRequest("mask", request.mask, f"inpainting is built for {built}, not {type(pipe).__name__}")
+
+
+def own_size(record, request):
+    """The function giving the size the job's inpaint pipeline renders for an init image of (width, height), where
+    it renders one of its own (the record's `rendered_sizes`); None where it renders the size asked, or the job is
+    not a plain inpaint (no mask, or a ControlNet's inpaint pipeline)."""
+    if record is None or not getattr(request, "mask", None) or getattr(request, "controlnets", ()):
+        return None
+    return record.rendered_sizes.get(Task.INPAINT.value)
+
+
+def renders_own_size(pipe, request) -> bool:
+    """Whether the job's inpaint pipeline renders a size of its own (see `own_size`)."""
+    return own_size(families.of_pipe(pipe), request) is not None
+
+
+def rendered(pipe, request, size: tuple[int, int]) -> tuple[int, int]:
+    """The size the job's pass renders when given an init image of `size`: `size`, or its pipeline's own."""
+    made = own_size(families.of_pipe(pipe), request)
+    return tuple(made(*size)) if made else tuple(size)
+
+
+def planned(profile, record, request):
+    """(`profile`, the size the plan counts or None for the request's): where the family's inpaint pipeline renders a
+    size of its own (Qwen-Image-Edit's), that size, and its init image's VAE latents at that size counted beside the
+    image tokens, as the pipeline joins them in every block (an edit's reference, engines/sd/edit.planned)."""
+    import dataclasses
+
+    made = own_size(record, request)
+    if made is None:
+        return profile, None
+    size = tuple(made(request.width, request.height))
+    if profile.denoiser == "transformer":
+        side = int(profile.vae_scale_factor) * int(profile.transformer_patch)
+        init_tokens = size[0] * size[1] // side ** 2
+        profile = dataclasses.replace(profile, reference_tokens=profile.reference_tokens + init_tokens)
+    return profile, size
+
+
+def job_warnings(pipe, request) -> list[str]:
+    """What the job's inpaint pass does not do as asked, one line each, for the result's warnings: a pipeline that
+    renders its own size (made at that size, resized to the asked one); a ControlNet inpaint pipeline's unused
+    denoising strength, and the unit's control image where it reads the init image instead (Qwen-Image's)."""
+    if not getattr(request, "mask", None):
+        return []
+    record = families.of_pipe(pipe)
+    out = []
+    size = (request.width, request.height)
+    made = rendered(pipe, request, size)
+    if made != size:
+        out.append(f"{record.pipeline_for(Task.INPAINT)} renders {made[0]}x{made[1]} when given {size[0]}x{size[1]} "
+                   "(its call renders a size of its own at the image's aspect, whatever width and height it is "
+                   f"given): the image is resized to {size[0]}x{size[1]}")
+    facts = record.controlnet
+    if request.controlnets and facts is not None and facts.inpaint:
+        name = record.pipeline_for(Task.CONTROLNET_INPAINT)
+        if request.strength < 1:
+            out.append(f"{name} repaints the masked area from noise: denoising strength {request.strength:g} is not "
+                       "used")
+        if facts.inpaint == "control" and any(u.image and not _same_image(u.image, request.init_image)
+                                              for u in request.controlnets):
+            out.append(f"{name} reads the init image and the mask (its inpainting ControlNet's input), not a control "
+                       "image: the unit's control image is not used")
+    return out
+
+
+def _same_image(a, b) -> bool:
+    """Whether two image files hold the same pixels (the same file, or a copy: the REST API stores each image apart)."""
+    if a == b:
+        return True
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(a) as x, Image.open(b) as y:
+        return x.size == y.size and np.array_equal(np.asarray(x.convert("RGB")), np.asarray(y.convert("RGB")))
 
 
 def _encodes_apart(record) -> bool:

@@ -18,7 +18,7 @@ from lowvram_gen import families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
-from lowvram_gen.engines.sd import controlnet, edit, vae_swap
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, vae_swap
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.stepdown import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
@@ -105,6 +105,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     if made and made != (request.width, request.height):
         warnings.append(f"{type(pipe).__name__} renders {made[0]}x{made[1]} when asked for {request.width}x"
                         f"{request.height} (it scales every size to its native area, keeping the aspect)")
+    warnings += inpaint.job_warnings(pipe, request)  # its own size; a ControlNet inpaint's unused strength and image
     for w in warnings:
         log.info(w)
     if request.mask:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
-from lowvram_gen.engines.sd import edit
+from lowvram_gen.engines.sd import edit, inpaint
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd import vae_swap
 from lowvram_gen.errors import BadOutput, Cancelled
@@ -222,7 +222,9 @@ class _Job:
         self.embeds, self.hires_embeds = runner.encode(texts or sd.Texts.of(request), request.cfg_scale > 1,
                                                        request.hires_cfg_scale > 1 if request.hires else None)
         self.multiple = sd.size_multiple(self.pipe)  # the sides this pipeline takes
-        self.size = capped_size(request.width, request.height, ladder.preset.max_pixels, self.multiple)
+        # an inpaint pipeline that renders its own size (Qwen-Image-Edit's): no preset caps it, no resolution step
+        self.own_size = inpaint.renders_own_size(self.pipe, request)
+        self.size = self._capped(request.width, request.height, ladder.preset.max_pixels)
         self.per_batch = max(1, len(seeds) // request.batch_count)  # batch size: a pass holds one batch's images
         self.per_pass = min(self.per_batch, ladder.preset.max_batch)
         self.references = edit.read(request.reference_images) if request.reference_images else None
@@ -232,8 +234,11 @@ class _Job:
         self.init = _init_image(request)
         self.area = area_for(request, self.init) if self.init is not None else None  # inpainting: the mask's
 
+    def _capped(self, width: int, height: int, pixels: int) -> tuple[int, int]:
+        return (width, height) if self.own_size else capped_size(width, height, pixels, self.multiple)
+
     def where(self, size: tuple[int, int] | None = None) -> dict:
-        width, height = size or self.size
+        width, height = size or inpaint.rendered(self.pipe, self.request, self.size)  # what the pass renders
         return dict(batch=self.per_pass, width=width, height=height, unit=f"batch {self.per_pass}")
 
     def _use(self, settings: MemorySettings, tiled: bool = False) -> None:
@@ -269,6 +274,7 @@ class _Job:
             timed = {"seconds_per_step": round(out.seconds_per_step, 4)} if out.seconds_per_step else {}
             self.ladder.record("denoise", "ok", started, **self.where(), extra=timed)
             size, target = self.size, self.request.output_size()
+            made = inpaint.rendered(self.pipe, self.request, size)  # its inpaint pipeline's own size, or `size`
             if self.area is not None and self.area.out_size is not None:
                 target = size  # the ladder's only-masked box: pasted back into the canvas as it was made
             stopped, at = out.stopped, out.stopped_at
@@ -280,12 +286,16 @@ class _Job:
                 stopped, at = out.stopped, out.stopped_at
             images, nsfw = (out.images, out.nsfw) if out.decoded else self._decode(out.latents, size)
             del out
+            if made != size:  # made at the pipeline's own size: brought to the pass's, as its init image was given
+                from PIL import Image
+
+                images = [im.resize(size, Image.LANCZOS) for im in images]
             if size != target and images:
                 self.runner.place_resident(False)
                 images = upscale_images(images, target, self.ladder.preset.upscaler, self.device, ladder=self.ladder)
             if self.area is not None:  # inpainting: the original kept outside the mask, the crop pasted back
                 images = self.area.finish(images)
-            on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, size, nsfw, indices, stopped,
+            on_chunk(ChunkDone(images, seeds, self.ladder.preset_name, made, nsfw, indices, stopped,
                                only_masked=self.area is not None and self.area.out_size is not None))
             pending = [i for i in pending if i not in indices]
             if stopped == sd.INTERRUPT:
@@ -307,8 +317,9 @@ class _Job:
             return sd.Pass(self.request, seeds, *self.size, texts=self.texts, embeds=self.embeds,
                            references=self.references)
         if self.area is not None:  # inpainting: the init and mask at this pass's size (the crop, for only masked)
-            init, mask = self.area.for_pass(self.size)
-            return sd.Pass(self.request, seeds, *self.size, init=[init] * len(seeds), strength=self.request.strength,
+            init, mask = self.area.for_pass(self.size)  # at the job's size, whatever size the pipeline renders
+            made = inpaint.rendered(self.pipe, self.request, self.size)
+            return sd.Pass(self.request, seeds, *made, init=[init] * len(seeds), strength=self.request.strength,
                            texts=self.texts, embeds=self.embeds, mask=mask, control_crop=self.area.control_crop)
         resized = self.init if self.init.size == self.size else self.init.resize(self.size)
         return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength,
@@ -317,7 +328,8 @@ class _Job:
     def _step_down(self) -> None:
         """After a denoise out-of-memory: an inpaint job on a big canvas goes on as only masked (inpaint/area.py),
         then fewer images per pass, the next preset, then fewer pixels."""
-        rung = self.area.masked_rung(self.size, self.multiple, self._native_side()) if self.area is not None else None
+        rung = self.area.masked_rung(self.size, self.multiple, self._native_side()) \
+            if self.area is not None and not self.own_size else None  # its own size: the box would cost the same
         if rung is not None:
             self.area, self.size = rung
             self.ladder.went_down(f"only masked, {self.size[0]}x{self.size[1]} around the mask, "
@@ -327,8 +339,8 @@ class _Job:
             self.per_pass = math.ceil(self.per_pass / 2)
         elif self.ladder.step_preset():
             self._use(self.ladder.preset.memory)
-            self.size = capped_size(*self.size, self.ladder.preset.max_pixels, self.multiple)
-        elif self.lowered < MAX_RESOLUTION_STEPS and min(self.size) > 64:
+            self.size = self._capped(*self.size, self.ladder.preset.max_pixels)
+        elif self.lowered < MAX_RESOLUTION_STEPS and min(self.size) > 64 and not self.own_size:
             self.lowered += 1
             self.size = capped_size(*self.size, self.size[0] * self.size[1] // 2, self.multiple)
         else:
