@@ -314,6 +314,11 @@ class Family:
     # the (width, height) its txt2img pipeline renders when asked for (pipe, width, height), where that is not always
     # the size asked (HiDream scales every size to its native area, keeping the aspect); None: the size asked
     rendered_size: Callable[..., tuple[int, int]] | None = None
+    # the resolution bins its txt2img pipeline renders a job at, from its transformer's config: ((aspect ratio, height,
+    # width), ...) in the pipeline's order; the one whose ratio is nearest the job's runs the denoiser and the decode,
+    # and the image is resized to the size asked after (SANA's use_resolution_binning, on by default: 1024 x 1024 for
+    # any square job of the 1024 px model). The profile keeps them (models/profile.py) for the estimate. None: none
+    resolution_bins: Callable[[Mapping], tuple[tuple[float, int, int], ...]] | None = None
 
     def default_sampling(self, facts: FolderFacts | None = None) -> Sampling:
         """The steps and CFG scale of a job that gives none, for the folder `facts` describes (None: the record's)."""
