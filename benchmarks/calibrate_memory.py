@@ -131,18 +131,29 @@ EXTRA_FAMILIES = {
     "cogview4": ("tiny_cogview4", "build_tiny_cogview4", "text_embed_dim", "", {"guidance_scale": 1.0}),
 }
 # Three sizes each; masked SDPA runs as a GPU kernel would hold it (benchmarks/gpu_attention.py, "gpu_attention")
-JOBS += [(f"transformer-{key}-{side}-b1", "transformer", key, side, side, 1,
-          {"layers": layers, "pipeline": True, "gpu_attention": True})
-         for key, layers in FAMILY_LAYERS.items() for side in (512, 768, 1024)]
+# SANA's pipeline snaps every job to the aspect-ratio bin nearest it (use_resolution_binning, on by default: 1024 x
+# 1024 for any square job of the 1024 px model) and resizes the image after: its points run at the size asked with
+# binning off ("call"), and the "-binned" checks as the app calls it, estimated at the bin (profile.resolution_bins)
+FAMILY_CALL = {"sana": {"use_resolution_binning": False}}
+
+
+def _family_jobs(key: str, layers: dict) -> list[tuple]:
+    """A family's three sizes (SANA's with binning off), then SANA's binned checks."""
+    base = {"layers": layers, "pipeline": True, "gpu_attention": True}
+    call = {"call": FAMILY_CALL[key]} if key in FAMILY_CALL else {}
+    jobs = [(f"transformer-{key}-{side}-b1", "transformer", key, side, side, 1, {**base, **call})
+            for side in (512, 768, 1024)]
+    return jobs + [(f"transformer-{key}-{side}-b1-binned", "transformer", key, side, side, 1,
+                    {**base, "check": "binning"}) for side in ((512, 768) if call else ())]
+
+
+JOBS += [job for key, layers in FAMILY_LAYERS.items() for job in _family_jobs(key, layers)]
 # Qwen-Image's VAE (a causal video VAE decoding one frame): its decode held 2.6x what the SD VAE's feature and
 # coefficient say (host_peaks.py's Qwen-Image cell erred -23 % for it), so it has its own points and coefficient
 JOBS += [(f"vae-qwen-image-{side}", "vae", "qwen-image", side, side, 1, {"own_coefficient": True})
          for side in (512, 768)]
-# Points kept apart from the fit, in HELD_OUT_FILE instead of calibration.json: SANA's step peaked at 92-96 MiB at 256,
-# 576 and 1024 image tokens alike (inside the transformer's forward; a fixed cost the per-token model cannot follow,
-# docs/benchmarks.md), so it keeps the global coefficient, not calibrated
-HELD_OUT = {"sana"}
-HELD_OUT_FILE = ROOT / "docs" / "bench" / "family_activation_held_out.json"
+# SANA's DC-AE (AutoencoderDC, 32x, EfficientViT stages): host_peaks.py's SANA cell erred -26 % at its decode
+JOBS += [(f"vae-sana-{side}", "vae", "sana", side, side, 1, {"own_coefficient": True}) for side in (512, 768, 1024)]
 
 
 # Published GPU peaks (torch.cuda.max_memory_allocated of a whole pipeline call) to check totals against.
@@ -261,6 +272,9 @@ def _inputs(component: str, cfg: dict, width: int, height: int, batch: int, dtyp
 
     g = torch.Generator().manual_seed(1)
     h, w = height // 8, width // 8
+    if cfg.get("decoder_block_out_channels"):  # a DC-AE (SANA's): each of its stages halves the side (32x)
+        f = 2 ** (len(cfg["decoder_block_out_channels"]) - 1)
+        h, w = height // f, width // f
     if component == "vae":
         if cfg.get("z_dim"):  # Qwen-Image's video-style VAE: (batch, channels, frames, h, w), one frame
             return {"z": torch.randn(batch, cfg["z_dim"], 1, h, w, generator=g).to(dtype)}
@@ -374,18 +388,27 @@ def family_worker(job: dict) -> dict:
     # masked attention in query chunks (what CUDA's memory-efficient kernel holds), not the CPU's math kernel
     attention = gpu_attention.installed() if job["options"].get("gpu_attention") else contextlib.nullcontext({})
     with attention as calls:
-        fam.run_job(pipe, key, cfg, 1, side=warm, tokens=8)  # warm-up: the same code paths, small
+        fam.run_job(pipe, key, cfg, 1, side=warm, tokens=8, call=job["options"].get("call"))  # warm-up: small
         gc.collect()
+        # the latents the transformer is given (SANA's self-attention is linear, not SDPA: the calls above see only its
+        # cross-attention's text keys, so its image tokens are checked on its input)
+        seen: dict = {}
+
+        def record_input(_module, args, kwargs) -> None:
+            seen.setdefault("shape", list((args or (kwargs["hidden_states"],))[0].shape))
+
+        hook = model.register_forward_pre_hook(record_input, with_kwargs=True)
         reset_peak()
         before = status()["VmRSS"]
         t1 = time.perf_counter()
-        fam.run_job(pipe, key, cfg, 1, side=side, tokens=tokens)
+        fam.run_job(pipe, key, cfg, 1, side=side, tokens=tokens, call=job["options"].get("call"))
         run_s = time.perf_counter() - t1
         peak = status()["VmHWM"]
+        hook.remove()
     return {**job, "params": n_params, "rss_before_bytes": before, "peak_rss_bytes": peak,
             "activation_bytes": peak - before, "build_s": round(build_s, 1), "run_s": round(run_s, 1),
             "torch": torch.__version__, "diffusers": diffusers.__version__, "text_tokens": tokens,
-            "sdpa_calls": dict(calls), "pipeline_side": side,
+            "sdpa_calls": dict(calls), "pipeline_side": side, "transformer_input_shape": seen.get("shape"),
             "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
 
 
@@ -504,11 +527,6 @@ def measure(only: str | None, redo: bool, timeout: int) -> None:
               f"{'%.0f MiB' % (result['activation_bytes'] / 2**20) if 'activation_bytes' in result else result.get('error')}",
               flush=True)
         order = [j[0] for j in JOBS]
-        if arch in HELD_OUT:
-            held = json.loads(HELD_OUT_FILE.read_text()) if HELD_OUT_FILE.is_file() else {"measurements": []}
-            held["measurements"] = [m for m in held["measurements"] if m["id"] != job_id] + [result]
-            HELD_OUT_FILE.write_text(json.dumps(held, indent=1) + "\n")
-            continue
         with locked():
             data = load()
             rows = [m for m in data.get("measurements", []) if m["id"] != job_id] + [result]
@@ -587,8 +605,8 @@ def markdown() -> None:
 
 def family_markdown(rows: list[dict], meas: dict) -> str:
     """The table of the issue-30 families' pipeline points (docs/benchmarks.md)."""
-    from lowvram_gen.models.profile import profile_builtin
     from lowvram_gen.planning import estimate
+    from lowvram_gen.planning.fit import _point_profile
 
     fit = load().get("fit", {}).get("transformer", {})
     out = ["| family | px | tokens (image + text) | longest attention seen | blocks | measured (MiB) | estimated (MiB) "
@@ -597,8 +615,9 @@ def family_markdown(rows: list[dict], meas: dict) -> str:
         m = meas[row["id"]]
         if not m["options"].get("pipeline"):
             continue
-        prof = profile_builtin(m["arch"])
-        hw = (m["height"] // prof.vae_scale_factor) * (m["width"] // prof.vae_scale_factor)
+        prof = _point_profile(m)  # SANA's binned checks: the bin's tokens
+        width, height = estimate.rendered_size(prof, m["width"], m["height"])
+        hw = (height // prof.vae_scale_factor) * (width // prof.vae_scale_factor)
         image = int(hw / prof.transformer_patch**2)
         text = int(estimate.transformer_tokens(prof, hw)) - image
         blocks = " + ".join(f"{v} {k}" for k, v in m["options"]["layers"].items())

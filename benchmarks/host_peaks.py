@@ -299,9 +299,13 @@ def plan_host_peak(folder: str, limit_gib: int, mode: str, size: int = SIZE, env
     if row is None:
         return {"plan_preset": plan.get("preset"), "plan_error": "no presets[] row for the chosen preset"}
     host = row.get("host") or {}
+    from lowvram_gen.models.profile import profile_from_folder  # noqa: PLC0415 (this checkout's, as `plan` ran it)
+
     return {"plan_preset": row["name"], "plan_host_peak_bytes": row.get("host_peak_bytes"),
             "plan_rss_peak_bytes": host.get("rss_peak_bytes"), "plan_fits_host": row.get("fits_host"),
-            "plan_mapped_bytes": host.get("mapped_bytes", 0), "plan_paged_bytes": host.get("paged_bytes", 0)}
+            "plan_mapped_bytes": host.get("mapped_bytes", 0), "plan_paged_bytes": host.get("paged_bytes", 0),
+            # what the planner read of the folder: tests replan the cell from it (the folder is not kept)
+            "plan_profile": profile_from_folder(folder).as_dict()}
 
 
 # --- driver --------------------------------------------------------------------------------------

@@ -116,13 +116,16 @@ def build_pipeline(key: str, transformer):
     return pipe
 
 
-def run_job(pipe, key: str, cfg: dict, steps: int, side: int = 64, tokens: int = TEXT_TOKENS) -> None:
-    """One job of `steps` steps at side x side px with `tokens` text tokens, CFG off, latents out."""
+def run_job(pipe, key: str, cfg: dict, steps: int, side: int = 64, tokens: int = TEXT_TOKENS,
+            call: dict | None = None) -> None:
+    """One job of `steps` steps at side x side px with `tokens` text tokens, CFG off, latents out (`call`: further
+    pipeline arguments, SANA's use_resolution_binning for calibrate_memory.py)."""
     import torch
 
     _, _, width_key, mask, extra, *shapes = FAMILIES[key]
     kwargs = dict(num_inference_steps=steps, width=side, height=side, generator=torch.Generator().manual_seed(1),
                   output_type="latent", **extra, **_extra(cfg, shapes[0] if shapes else {}, tokens),
-                  **(_embeds(int(cfg[width_key]), mask, as_list=key == "z-image", tokens=tokens) if width_key else {}))
+                  **(_embeds(int(cfg[width_key]), mask, as_list=key == "z-image", tokens=tokens) if width_key else {}),
+                  **(call or {}))
     with torch.inference_mode():
         pipe(**kwargs)

@@ -319,6 +319,11 @@ class Family:
     # pixels at the init image's aspect. The plan, the ladder (no resolution step, no preset's cap) and the result's
     # generated size count that one (engines/sd/inpaint.rendered)
     rendered_sizes: Mapping[str, Callable[[int, int], tuple[int, int]]] = field(default_factory=dict)
+    # the resolution bins its txt2img pipeline renders a job at, from its transformer's config: ((aspect ratio, height,
+    # width), ...) in the pipeline's order; the one whose ratio is nearest the job's runs the denoiser and the decode,
+    # and the image is resized to the size asked after (SANA's use_resolution_binning, on by default: 1024 x 1024 for
+    # any square job of the 1024 px model). The profile keeps them (models/profile.py) for the estimate. None: none
+    resolution_bins: Callable[[Mapping], tuple[tuple[float, int, int], ...]] | None = None
 
     def default_sampling(self, facts: FolderFacts | None = None) -> Sampling:
         """The steps and CFG scale of a job that gives none, for the folder `facts` describes (None: the record's)."""

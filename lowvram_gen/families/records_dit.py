@@ -17,8 +17,22 @@ them offline.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from lowvram_gen.families import controlnet_shapes, keys
 from lowvram_gen.families.record import Call, ControlNetFacts, Family, Guidance, Sampling, SingleFile, Task, spatial_patch
+
+
+def sana_bins(transformer: Mapping) -> tuple[tuple[float, int, int], ...]:
+    """The bins SanaPipeline's resolution binning picks by its transformer's sample_size (its __call__'s table: 512,
+    1024, 2048 or 4096 px, from the installed diffusers), as (ratio, height, width); () for a size it has none for."""
+    from diffusers.pipelines.sana import pipeline_sana
+
+    table = {128: "ASPECT_RATIO_4096_BIN", 64: "ASPECT_RATIO_2048_BIN", 32: "ASPECT_RATIO_1024_BIN",
+             16: "ASPECT_RATIO_512_BIN"}.get(int(transformer.get("sample_size") or 0))
+    bins = getattr(pipeline_sana, table, {}) if table else {}
+    return tuple((float(r), int(h), int(w)) for r, (h, w) in bins.items())
+
 
 SANA = Family(
     key="sana", group="sana", name="SANA", label="SANA 1600M",
@@ -47,6 +61,8 @@ SANA = Family(
     # no published linear map of its 32-channel DC-AE latents to RGB (ComfyUI has none either): previews by
     # madebyollin's TAESANA decoder where its file is in models/VAE-approx (preview.py's "dc-ae"), else none
     latent_format="dc-ae",
+    # SanaPipeline renders a job at its aspect's bin and resizes the image after: the estimate plans the bin's tokens
+    resolution_bins=sana_bins,
 )
 
 CHROMA = Family(

@@ -66,11 +66,17 @@ class ModelProfile:
     # 2x2 into 64 channels, so 2 as well)
     transformer_hidden: int = 0
     transformer_patch: int = 2
+    # elements of the transformer's largest pointwise (1x1) convolution weight (SANA's GLUMBConv feed-forward, 2240 x
+    # 11200): a copy of it is held during the forward beside the activations (estimate.unet_activation_bytes); 0: none
+    pointwise_conv: int = 0
     joint_text_tokens: int = 0  # text tokens carried next to the image tokens (the family record's joint_tokens)
     # latent tokens an edit's reference images add next to the image tokens (engines/sd/edit.planned: the job's, not
     # the model's; 0 for any other job)
     reference_tokens: int = 0
     cfg_batch: bool = True  # CFG doubles the denoiser batch (not for guidance-distilled Flux)
+    # (aspect ratio, height, width) of each bin the pipeline's resolution binning renders a job at (the family record's
+    # resolution_bins: SANA's); (): the size asked
+    resolution_bins: tuple[tuple[float, int, int], ...] = ()
     # VAE
     latent_channels: int = 4
     vae_scale_factor: int = 8
@@ -149,6 +155,7 @@ class ModelProfile:
         known = {f for f in cls.__dataclass_fields__}
         kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
         kw["residency_blocks"] = tuple((str(n), int(c)) for n, c in d.get("residency_blocks", ()))
+        kw["resolution_bins"] = tuple((float(r), int(h), int(w)) for r, h, w in d.get("resolution_bins", ()))
         kw["params"] = dict(d["params"])
         kw["largest_layer"] = dict(d.get("largest_layer", {}))
         kw["text_quant_kept"] = {str(k): int(v) for k, v in dict(d.get("text_quant_kept", {})).items()}
@@ -295,6 +302,8 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
             kw.update(_denoiser_fields(name, model, family))
             # text in the image stream: a joint_attention_dim, or the record says so (Lumina 2's cap_feat_dim, Z-Image)
             joint = name == "transformer" and ("joint_attention_dim" in cfg or bool(family.joint_tokens))
+            if name == "transformer" and family.resolution_bins is not None:
+                kw["resolution_bins"] = family.resolution_bins(cfg)
             in_channels = int(cfg.get("in_channels", 4))
         elif name == "vae":
             kw.update(_vae_fields(model))
@@ -386,7 +395,9 @@ def _denoiser_fields(name: str, model, family: families.Family = families.GENERI
     else:  # a transformer: its width and patch as the family's record reads its config (a 3-D patch: the spatial)
         hidden, patch = family.transformer_shape(cfg)
         out.update(transformer_hidden=int(hidden), transformer_patch=int(patch),
-                   latent_channels=int(cfg.get("in_channels", 4)))
+                   latent_channels=int(cfg.get("in_channels", 4)),
+                   pointwise_conv=max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Conv2d)
+                                       and m.kernel_size == (1, 1) and m.groups == 1), default=0))
     return out
 
 

@@ -22,7 +22,10 @@ step of each issue-30 family's own pipeline at 512-1024 px) is how many stream-s
 at once. Attention adds no tokens^2 term: SDPA runs
 flash / memory-efficient kernels on CUDA and a flash kernel on the CPU, and the measurements grow
 linearly in tokens. Built-in architectures (and folders whose denoiser matches one) use their own
-fitted coefficient; other models use the coefficient fitted over all of them.
+fitted coefficient; other models use the coefficient fitted over all of them. SANA's blocks add a term that does
+not grow with the tokens: a copy of their largest 1x1 convolution's weight (profile.pointwise_conv, times the
+fitted fit.pointwise_conv), and its pipeline renders every job at a resolution bin (rendered_size): the step and
+the decode are the bin's, the image is resized to the size asked after.
 
 No torch import: this module is the formula alone.
 """
@@ -118,6 +121,17 @@ def _own_fit_by_class(kind: str) -> dict[str, str]:
     return {profiles[a]["denoiser_class"]: a for a in sorted(archs) if profiles.get(a, {}).get("denoiser_class")}
 
 
+def _weight_copies(profile: ModelProfile) -> float:
+    """Copies of the largest pointwise convolution's weight (profile.pointwise_conv) a transformer forward holds at
+    its peak beside the per-token working set: fit.pointwise_conv by architecture, or by denoiser class as the
+    coefficient is; 1.0 where none is fitted (the weight reordered once for the kernel)."""
+    table = _fit().get("pointwise_conv") or {}
+    if profile.arch in table:
+        return float(table[profile.arch])
+    same = _own_fit_by_class("transformer").get(profile.denoiser_class) if profile.denoiser_class else None
+    return float(table.get(same, 1.0))
+
+
 def _per_call(kind: str) -> float:
     """Images' worth of activations a forward needs whatever its batch (fitted from batch pairs)."""
     return float(_fit_table(kind).get("per_call", 0.0))
@@ -151,6 +165,16 @@ def unet_feature(profile: ModelProfile) -> float:
     for res, held, c, c_in, attn, _ in _unet_levels(profile):
         best = max(best, held + res * max(3.5 * c_in, ff * c if attn else 0.0))
     return best
+
+
+def rendered_size(profile: ModelProfile, width: int, height: int) -> tuple[int, int]:
+    """(width, height) the pipeline renders a width x height job at: the size asked, or where it bins resolutions
+    (profile.resolution_bins: SANA) the bin whose aspect ratio is nearest the job's, as diffusers'
+    classify_height_width_bin picks it; the denoiser and the decode run at that size, the image is resized after."""
+    if not profile.resolution_bins:
+        return width, height
+    _, h, w = min(profile.resolution_bins, key=lambda b: abs(b[0] - height / width))
+    return w, h
 
 
 def transformer_tokens(profile: ModelProfile, hw: int) -> float:
@@ -234,12 +258,15 @@ class Estimate:
 def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images: int, dtype_bytes: int,
                           attention: str = "sdpa") -> int:
     """Activations of one denoiser forward over `images` latents (CFG: 2 per image)."""
+    width, height = rendered_size(profile, width, height)
     sf = profile.vae_scale_factor
     hw = math.ceil(height / sf) * math.ceil(width / sf)
     kind, elements = _denoiser_elements(profile, hw)
     coef = _coefficient(kind, profile)
     n = images + _per_call(kind)
-    act = coef * elements * n * dtype_bytes
+    # SANA's 1x1 convolutions: a copy of the largest weight per forward, whatever the tokens and the batch (on the CPU
+    # oneDNN reorders it for its kernel; the measured peak has it: docs/benchmarks.md)
+    act = coef * elements * n * dtype_bytes + _weight_copies(profile) * profile.pointwise_conv * dtype_bytes
     if attention == "slicing" and profile.unet_channels:
         # the score slices are live during self-attention, not at the feed-forward peak: the peak is
         # the larger of the two
@@ -277,6 +304,7 @@ def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images:
                          slicing: bool = False, tiling: bool = False, tile_px: int | None = None) -> int:
     """Activations of decoding `images` latents, with diffusers' VAE slicing and tiling (tiles of
     `tile_px` pixels, as apply.vae_tile_size picks them; None: the VAE config's own tile size)."""
+    width, height = rendered_size(profile, width, height)
     sf = profile.vae_scale_factor
     lh, lw = math.ceil(height / sf), math.ceil(width / sf)
     coef = _coefficient("vae", profile) * vae_feature(profile) * dtype_bytes

@@ -16,11 +16,41 @@ from lowvram_gen.models.profile import ModelProfile, calibration, profile_builti
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.settings import MemorySettings
 
+def _point_profile(m: dict) -> ModelProfile:
+    """The profile a measurement ran: its architecture's, without resolution bins where it ran at the size asked
+    (SANA's points whose pipeline call turned binning off, options "call"; a VAE point, a bare decode)."""
+    prof = profile_builtin(m["arch"])
+    opts = m.get("options", {})
+    if m["component"] == "vae" or opts.get("call", {}).get("use_resolution_binning") is False:
+        prof = replace(prof, resolution_bins=())
+    return prof
+
+
+def _with_weight_copies(rows: list[dict], per_call: float) -> tuple[float, float]:
+    """(copies of the pointwise convolution's weight, coefficient) for one architecture's points at several token
+    counts: least squares on the relative error of copies x weight + coefficient x feature (the copy is held whatever
+    the tokens, the working set grows with them). One token count: one copy, the coefficient the mean of the rest."""
+    sums = [0.0] * 5  # a.a, a.b, b.b, a, b, with a = weight bytes / measured, b = feature / measured
+    for m in rows:
+        prof = _point_profile(m)
+        y = m["activation_bytes"]
+        a = prof.pointwise_conv * memory.DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")] / y
+        b = _measured_feature(m, prof, per_call) / y
+        for i, v in enumerate((a * a, a * b, b * b, a, b)):
+            sums[i] += v
+    aa, ab, bb, a1, b1 = sums
+    det = aa * bb - ab * ab
+    if abs(det) < 1e-9 * aa * bb:
+        return 1.0, (b1 - ab) / bb  # sum of (1 - a) b / b.b: the coefficient of the rest, one copy held
+    return (a1 * bb - b1 * ab) / det, (aa * b1 - ab * a1) / det
+
+
 def _measured_feature(m: dict, profile: ModelProfile, per_call: float = 0.0) -> float:
     """The model's activation bytes for one measurement with coefficient 1 (no slicing term)."""
     b = memory.DTYPE_BYTES[m.get("options", {}).get("dtype", "bfloat16")]
     sf = profile.vae_scale_factor
-    hw = math.ceil(m["height"] / sf) * math.ceil(m["width"] / sf)
+    width, height = memory.rendered_size(profile, m["width"], m["height"])
+    hw = math.ceil(height / sf) * math.ceil(width / sf)
     if m["component"] == "vae":
         elements = memory.vae_feature(profile) * hw
     else:
@@ -41,6 +71,7 @@ def fit_coefficients(measurements: list[dict]) -> dict:
     ok = [m for m in measurements if "activation_bytes" in m]
     plain = [m for m in ok if not any(m.get("options", {}).get(k) for k in ("attention", "tiling", "check"))]
     fit: dict[str, Any] = {}
+    copies: dict[str, float] = {}
     for kind in ("unet", "vae", "transformer"):
         rows = [m for m in plain if m["component"] == kind]
         ks = []
@@ -53,9 +84,15 @@ def fit_coefficients(measurements: list[dict]) -> dict:
         per_call = round(sum(ks) / len(ks), 4) if ks else 0.0
         ratios: dict[str, list[float]] = {}
         for m in rows:
-            prof = profile_builtin(m["arch"])
+            prof = _point_profile(m)
             ratios.setdefault(m["arch"], []).append(m["activation_bytes"] / _measured_feature(m, prof, per_call))
         table: dict[str, float] = {arch: round(sum(v) / len(v), 4) for arch, v in sorted(ratios.items())}
+        if kind == "transformer":  # SANA's 1x1 convolutions: a copy of a weight beside the working set (estimate.py)
+            for arch in table:
+                own = [m for m in rows if m["arch"] == arch]
+                if _point_profile(own[0]).pointwise_conv:
+                    k, coef = _with_weight_copies(own, per_call)
+                    copies[arch], table[arch] = round(k, 4), round(coef, 4)
         # 'global' (models no point measures) stays the mean over the bare-forward points (SD3, FLUX.1, the UNets): the
         # issue-30 families, measured through their pipelines ("pipeline"), get their own coefficients; moving the
         # global one with them would move every unmeasured folder's plan at once, which wants its own check
@@ -65,6 +102,8 @@ def fit_coefficients(measurements: list[dict]) -> dict:
         table["global"] = round(sum(own) / len(own), 4) if own else 1.0
         table["per_call"] = per_call
         fit[kind] = table
+    if copies:
+        fit["pointwise_conv"] = copies
     fit["slicing"] = 1.0
     for m in ok:
         if m.get("options", {}).get("attention") == "slicing" and m["component"] == "unet":
@@ -83,7 +122,7 @@ def predicted_activation(m: dict) -> int:
     """What the estimator predicts for one calibration measurement ("estimate_as": 'custom' estimates
     it as an architecture that is not built in, i.e. with the global coefficient)."""
     opts = m.get("options", {})
-    prof = profile_builtin(m["arch"])
+    prof = _point_profile(m)
     if opts.get("estimate_as"):
         prof = replace(prof, arch=opts["estimate_as"])
     b = memory.DTYPE_BYTES[opts.get("dtype", "bfloat16")]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from lowvram_gen.models.profile import TEXT_TOKENS, ModelProfile
-from lowvram_gen.planning.estimate import DTYPE_BYTES, text_encoder_bytes
+from lowvram_gen.planning.estimate import DTYPE_BYTES, rendered_size, text_encoder_bytes
 
 
 def image_tokens(profile: ModelProfile, width: int, height: int) -> int:
@@ -21,6 +21,7 @@ def image_tokens(profile: ModelProfile, width: int, height: int) -> int:
     is the image side over the VAE's scale, the tokens its whole patches."""
     if profile.denoiser != "transformer":
         return 0
+    width, height = rendered_size(profile, width, height)  # SANA's resolution bins: the bin's tokens
     sf, p = profile.vae_scale_factor, profile.transformer_patch
     return (height // sf // p) * (width // sf // p)
 
@@ -38,6 +39,7 @@ def model_shapes(profile: ModelProfile, width: int, height: int, dtype: str = "b
                 for name, t, h, layers in zip(profile.text_encoders, tokens, profile.text_hidden, profile.text_layers)]
     transformer = den == "transformer"
     sf = profile.vae_scale_factor
+    rendered = rendered_size(profile, width, height)
     return {
         "dtype": dtype, "quantize": quantize,  # what the bytes below are counted at (the plan's pick)
         "denoiser": den, "denoiser_class": profile.denoiser_class,
@@ -46,7 +48,7 @@ def model_shapes(profile: ModelProfile, width: int, height: int, dtype: str = "b
         # transformer: hidden width and the edge in latent pixels one image token covers; a UNet: its widest level
         "width": int(profile.transformer_hidden if transformer else max(profile.unet_channels, default=0)),
         "patch": int(profile.transformer_patch if transformer else 1),
-        "latent": [math.ceil(height / sf), math.ceil(width / sf)],
+        "latent": [math.ceil(rendered[1] / sf), math.ceil(rendered[0] / sf)],
         "tokens": image_tokens(profile, width, height),
         "text_tokens": int(profile.joint_text_tokens),  # carried beside the image tokens (joint attention)
         "cfg_batch": bool(profile.cfg_batch),
