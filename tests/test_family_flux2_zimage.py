@@ -120,8 +120,9 @@ def test_flux2_klein_inpaint_equals_its_diffusers_pipeline_and_takes_our_mask_op
               "--json"]
     code, out, err = cli(capsys, "inpaint", "a castle", "--mask", str(white), *common)
     assert code == 0, err
+    # --strength 0.5 of 4 steps runs A1111's int(0.5 x 4) + 1 = 3 of 4 (lowvram_gen/img2img_steps.py): diffusers' 0.75
     theirs = plain(flux2, "Flux2KleinInpaintPipeline", prompt="a castle", image=Image.open(init).convert("RGB"),
-                   mask_image=Image.open(white), strength=0.5, width=64, height=64, num_inference_steps=4,
+                   mask_image=Image.open(white), strength=0.75, width=64, height=64, num_inference_steps=4,
                    guidance_scale=4.0, seed=4)
     assert np.abs(pixels(json.loads(out)["images"][0]) - theirs).max() <= MAX_DIFF
     for extra in ([], ["--masked-content", "latent-noise"], ["--inpaint-area", "masked"]):
@@ -160,8 +161,9 @@ def test_zimage_img2img_equals_its_diffusers_pipeline_and_inpaint_runs(zimage, t
     code, out, err = cli(capsys, "img2img", "a harbour", "--init", str(init), "--strength", "0.5", *common)
     assert code == 0, err
     ours = pixels(json.loads(out)["images"][0])
+    # --strength 0.5 of 4 steps runs A1111's int(0.5 x 4) + 1 = 3 of 4 (lowvram_gen/img2img_steps.py): diffusers' 0.75
     theirs = plain(zimage, "ZImageImg2ImgPipeline", prompt="a harbour", image=Image.open(init).convert("RGB"),
-                   strength=0.5, width=64, height=64, num_inference_steps=4, guidance_scale=3.0, seed=2)
+                   strength=0.75, width=64, height=64, num_inference_steps=4, guidance_scale=3.0, seed=2)
     assert np.abs(ours - theirs).max() <= MAX_DIFF
     code, out, err = cli(capsys, "inpaint", "a harbour", "--init", str(init), "--mask", str(mask), *common)
     assert code == 0, err
