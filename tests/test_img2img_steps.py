@@ -230,3 +230,18 @@ def test_a_batch_line_takes_it(tmp_path):
     jobs = expand(read_entries(path), {})
     assert not jobs.bad and [j.request.img2img_fix_steps for j in jobs.jobs] == [True, False]
     assert jobs.jobs[0].request_hash != jobs.jobs[1].request_hash  # another job, resumed apart
+
+
+def test_the_ui_has_a_checkbox_for_it_in_img2img_and_inpaint(tmp_path):
+    """Under Denoising strength, off as A1111's setting is; the tabs' Generate takes it last before the ControlNet
+    units (older positional API calls keep working)."""
+    from lowvram_gen.ui import controlnet
+    from lowvram_gen.ui.app import build_app
+    from lowvram_gen.ui.context import UiOptions
+
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
+    by_name = {f.api_name: f for f in app.fns.values()}
+    for name, elem in (("img2img", "i2i-fix-steps"), ("inpaint", "inp-fix-steps")):
+        inputs = by_name[name].inputs
+        box = inputs[len(inputs) - len(controlnet.KEYS) - 1]
+        assert (box.elem_id, box.value) == (elem, False)
