@@ -145,6 +145,9 @@ class GenerationRequest:
     # img2img: start from this image (path) instead of noise; strength 0 keeps it, 1 ignores it
     init_image: str | None = None
     strength: float = 0.75  # A1111's default denoising strength
+    # A1111's setting "With img2img, do exactly the amount of steps the slider specifies": img2img and inpaint run
+    # `steps` (from a longer schedule) instead of int(steps x strength) + 1 (img2img_steps.py); not in the PNG
+    img2img_fix_steps: bool = False
     # hires fix (A1111): generate at width x height, upscale by hires_scale (or to hires_resize_w x hires_resize_h),
     # then a second img2img pass. It is on when hires_scale is above 1 or a resize is given
     hires_scale: float = 1.0  # 1: off
@@ -218,6 +221,7 @@ class GenerationRequest:
             model=_non_empty("model", self.model),
             init_image=check_image_path("init image", self.init_image) if self.init_image else None,
             strength=as_float("strength", self.strength, 0.0, 1.0),
+            img2img_fix_steps=as_bool("img2img fix steps", self.img2img_fix_steps),
             hires_scale=as_float("hires scale", self.hires_scale, 1.0, MAX_HIRES_SCALE),
             hires_upscaler=check_upscaler_name("hires upscaler", self.hires_upscaler, latent_ok=True),
             hires_steps=as_int("hires steps", self.hires_steps, 0, MAX_STEPS, " (0: as many as steps)"),

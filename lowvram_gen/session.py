@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from lowvram_gen import failures, families, outputs
+from lowvram_gen import failures, families, img2img_steps, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.families import sampling
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
@@ -217,7 +217,8 @@ class Session:
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
         return plan(device, found, width, height, request.batch_size,
                     self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
-                    cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1, steps=request.steps,
+                    cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
+                    steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
                     quantize_forced=request.quantize is not None, model=request.model,
                     reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
                     full_precision=self.precision.full, own_size=own is not None)
@@ -258,7 +259,7 @@ class Session:
             if a.stage != "denoise" or a.outcome != "ok" or not measured or a.preset not in by_name:
                 continue
             parts = step_parts(device, profile, by_name[a.preset], a.width, a.height, a.batch, request.cfg_scale > 1,
-                               request.steps, request.model)
+                               img2img_steps.job_steps(request), request.model)
             speed.record(dataclasses.replace(parts, measured_s=float(measured)))
 
     def generate(self, request: GenerationRequest, on_step: ProgressFn | None = None,

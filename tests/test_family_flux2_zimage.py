@@ -114,8 +114,9 @@ def test_flux2_klein_inpaint_equals_its_diffusers_pipeline_and_takes_our_mask_op
     common = ["--init", str(init), "--model", flux2, "--width", "64", "--height", "64", "--steps", "4", "--seed", "4",
               "--cfg", "4", "--strength", "0.5", "--mask-blur", "0", "--preset", "cpu", "--outdir", str(tmp_path),
               "--json"]
+    # --strength 0.5 of 4 steps runs A1111's int(0.5 x 4) + 1 = 3 of 4 (lowvram_gen/img2img_steps.py): diffusers' 0.75
     theirs = plain(flux2, "Flux2KleinInpaintPipeline", prompt="a castle", image=Image.open(init).convert("RGB"),
-                   mask_image=Image.open(white), strength=0.5, width=64, height=64, num_inference_steps=4,
+                   mask_image=Image.open(white), strength=0.75, width=64, height=64, num_inference_steps=4,
                    guidance_scale=4.0, seed=4)
     assert np.abs(inpainted(capsys, white, common) - theirs).max() <= MAX_DIFF
     mask_options_act(capsys, init, boxed, (16, 16, 48, 48), common)
@@ -149,8 +150,9 @@ def test_zimage_img2img_equals_its_diffusers_pipeline_and_inpaint_runs(zimage, t
     code, out, err = cli(capsys, "img2img", "a harbour", "--init", str(init), "--strength", "0.5", *common)
     assert code == 0, err
     ours = pixels(json.loads(out)["images"][0])
+    # --strength 0.5 of 4 steps runs A1111's int(0.5 x 4) + 1 = 3 of 4 (lowvram_gen/img2img_steps.py): diffusers' 0.75
     theirs = plain(zimage, "ZImageImg2ImgPipeline", prompt="a harbour", image=Image.open(init).convert("RGB"),
-                   strength=0.5, width=64, height=64, num_inference_steps=4, guidance_scale=3.0, seed=2)
+                   strength=0.75, width=64, height=64, num_inference_steps=4, guidance_scale=3.0, seed=2)
     assert np.abs(ours - theirs).max() <= MAX_DIFF
     code, out, err = cli(capsys, "inpaint", "a harbour", "--init", str(init), "--mask", str(mask), *common)
     assert code == 0, err

@@ -165,6 +165,9 @@ FIELDS: tuple[Field, ...] = (
           read=read_rng),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
+    # A1111's setting "With img2img, do exactly the amount of steps the slider specifies" (img2img_steps.py); no
+    # label: A1111 writes nothing of it in the PNG
+    Field("img2img_fix_steps", api="override_settings.img2img_fix_steps", said=("img2img fix steps",)),
     # inpainting (A1111's img2img > Inpaint): the API sets them with a mask only, as A1111 uses them
     Field("mask", api="mask", body=IMG2IMG, when="inpaint"),
     Field("mask_blur", api="mask_blur", label="Mask blur", body=IMG2IMG, when="inpaint", read=read_int),

@@ -1,7 +1,8 @@
 """What A1111's `/options` reads and sets: the API's model (`sd_model_checkpoint`), clip skip
 (`CLIP_stop_at_last_layers`), VAE (`sd_vae`: Automatic, None or a name of /sdapi/v1/sd-vae), RNG source
-(`randn_source`: GPU, CPU or NV) and live previews (`show_progress_every_n_steps`, `live_previews_enable`: A1111's
-defaults, every 10 steps), the defaults of later API jobs. The web UI has its own Model box and preview setting;
+(`randn_source`: GPU, CPU or NV), live previews (`show_progress_every_n_steps`, `live_previews_enable`: A1111's
+defaults, every 10 steps) and `img2img_fix_steps` (img2img runs exactly its steps: img2img_steps.py), the defaults
+of later API jobs. The web UI has its own Model box and preview setting;
 they are not changed by these, nor are these by them.
 
 Setting the model checks that it is one of /sd-models' (an unknown one is refused with A1111's error body);
@@ -26,7 +27,7 @@ from lowvram_gen.request import as_bool
 
 log = logging.getLogger(__name__)
 SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable",
-            "sd_vae", "randn_source")
+            "sd_vae", "randn_source", "img2img_fix_steps")
 
 
 @dataclass
@@ -39,6 +40,7 @@ class ApiState:
     previews_on: bool = True  # live_previews_enable
     vae: str = "Automatic"  # sd_vae: later API jobs' VAE (models/vae.py)
     rng: str = "gpu"  # randn_source: later API jobs' noise source (rng.py)
+    img2img_fix_steps: bool = False  # A1111's img2img_fix_steps: later img2img jobs run exactly their steps
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def find_model(self, name: str) -> str | None:
@@ -56,6 +58,10 @@ class ApiState:
         with self._lock:
             return self.rng
 
+    def fix_steps(self) -> bool:
+        with self._lock:
+            return self.img2img_fix_steps
+
     def preview_every(self) -> int:
         """How often (steps) an API job makes a live preview for /progress: 0 for none."""
         with self._lock:
@@ -71,7 +77,7 @@ class ApiState:
             "samples_save": True, "samples_format": "png", "outdir_samples": self.outdir,
             "outdir_txt2img_samples": self.outdir, "outdir_img2img_samples": self.outdir, "enable_pnginfo": True,
             "show_progress_every_n_steps": self.preview_steps, "live_previews_enable": self.previews_on,
-            "sd_checkpoints_limit": 1,
+            "sd_checkpoints_limit": 1, "img2img_fix_steps": self.fix_steps(),
         }
 
     def set_options(self, body: Any, allowed: tuple = ()) -> list[str]:
@@ -102,6 +108,8 @@ class ApiState:
                                               MAX_STEPS, " (0: no live previews)")
         if "live_previews_enable" in body:
             changes["previews_on"] = as_bool("live_previews_enable", body["live_previews_enable"])
+        if "img2img_fix_steps" in body:
+            changes["img2img_fix_steps"] = as_bool("img2img_fix_steps", body["img2img_fix_steps"])
         self.keep(changes)
         ignored = sorted(k for k in body if k not in SETTINGS)
         if ignored:
@@ -109,8 +117,8 @@ class ApiState:
         return ignored
 
     def keep(self, changes: dict) -> None:
-        """Set `model`, `clip_skip`, `vae`, `rng`, `preview_steps`, `previews_on` for later jobs (POST /options, or override_settings
-        not restored)."""
+        """Set `model`, `clip_skip`, `vae`, `rng`, `preview_steps`, `previews_on`, `img2img_fix_steps` for later
+        jobs (POST /options, or override_settings not restored)."""
         with self._lock:
             for name, value in changes.items():
                 setattr(self, name, value)

@@ -182,6 +182,8 @@ def request_hash(engine: str, request) -> str:
             data.pop(name, None)
     if not data.get("reference_images"):  # edit, added later: a job without reference images keeps its hash
         data.pop("reference_images", None)
+    if not data.get("img2img_fix_steps"):  # A1111's img2img_fix_steps, added later: off, the hash stays
+        data.pop("img2img_fix_steps", None)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

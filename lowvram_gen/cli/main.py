@@ -124,6 +124,12 @@ def _add_job_fields(p, every_job: bool) -> None:
                         "(a seed found at 512x512 keeps its look at 512x768); sides multiples of 8, 0x0: off")
 
 
+def _add_fix_steps(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--img2img-fix-steps", dest="img2img_fix_steps", action="store_const", const=True, default=None,
+                   help="A1111's setting of that name: run exactly --steps steps (the end of a schedule of steps / "
+                        "strength) instead of int(steps x strength) + 1 (A1111's default: 10 at 0.5 runs 6)")
+
+
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     """What generate and img2img share: the prompt, the A1111 fields, hires fix, model and memory flags.
 
@@ -204,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Generate from an init image: --strength 0 keeps it, 1 ignores it.")
     i2i.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to start from")
     i2i.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
+    _add_fix_steps(i2i)
     _add_generation_args(i2i)
 
     inp = sub.add_parser("inpaint", help="repaint the masked part of an image (A1111's img2img > Inpaint)",
@@ -211,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "mask (and its blur) stays the init image's. Every img2img flag works here too.")
     inp.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to repaint")
     inp.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
+    _add_fix_steps(inp)
     from lowvram_gen.cli.inpaint import add_inpaint_args  # no heavy imports
 
     add_inpaint_args(inp)
@@ -381,7 +389,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "vae",
-                 "reference_images", "rng")
+                 "reference_images", "rng", "img2img_fix_steps")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

@@ -77,9 +77,13 @@ class SdForm:
                                                       lines=negative_lines, elem_id=self._id("negative"))
 
     def strength(self, label: str) -> None:
-        """img2img's and Inpaint's Denoising strength."""
+        """img2img's and Inpaint's Denoising strength, and A1111's img2img_fix_steps setting under it."""
         self.controls["strength"] = Slider(0, 1, value=DEFAULTS.strength, step=0.01, label=label,
                                            elem_id=self._id("strength"))
+        self.controls["img2img_fix_steps"] = gr.Checkbox(
+            DEFAULTS.img2img_fix_steps, label="Do exactly the amount of steps the slider specifies",
+            info="A1111's setting: off runs int(Steps x strength) + 1 (10 at 0.5: 6), as A1111 does by default",
+            elem_id=self._id("fix-steps"))
 
     def settings(self, *, size_from_image: bool = False, model_label: str = "Model", hires: bool = False) -> None:
         """Everything from the size row to the live preview's settings. `size_from_image`: A1111's 📐 beside

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
 import statistics
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from lowvram_gen import families
+from lowvram_gen import families, img2img_steps
 from lowvram_gen.engines.sd import controlnet, edit, inpaint, rng_source
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
@@ -660,8 +659,6 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                 out = txt2img(width=step.width, height=step.height, **kwargs,
                               **edit.call_kwargs(pipe, step.references, step.width, step.height))
         else:
-            # diffusers runs int(steps * strength) steps; at least one, or the result is empty
-            kwargs["num_inference_steps"] = max(step.num_steps, math.ceil(1 / step.strength))
             content = contextlib.nullcontext()
             if step.mask is not None:  # inpainting: diffusers' inpaint pipeline (its ControlNet one), the mask too
                 i2i = control[0] if control is not None else inpaint.inpaint_pipe(pipe)
@@ -676,9 +673,10 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                 # SD3, Flux, ...: without a size they resize the init image to the model's native size
                 kwargs.update(width=step.width, height=step.height)
             kwargs.update(record.task_arguments.get(task.value, {}))
+            kwargs["num_inference_steps"], strength = _img2img_schedule(i2i, step)
             with rng_source.drawing(request.rng, i2i, i2i.scheduler), _variation_noise(i2i, step, device), content, \
                     _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
-                out = i2i(image=step.init, strength=step.strength, **kwargs)
+                out = i2i(image=step.init, strength=strength, **kwargs)
     except _Stopped:
         return Denoised(images=[], nsfw=[], stopped=stop["kind"], stopped_at=stop["at"])
     per_step = statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None
@@ -687,6 +685,19 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         return Denoised(latents=out.images, seconds_per_step=per_step, **stopped)
     flags = getattr(out, "nsfw_content_detected", None) or [False] * n  # black images from its own checker
     return Denoised(images=list(out.images), nsfw=[bool(f) for f in flags], seconds_per_step=per_step, **stopped)
+
+
+def _img2img_schedule(i2i, step: Pass) -> tuple[int, float]:
+    """The schedule's length and the strength to hand `i2i` for A1111's step count (img2img_steps.py): a hires
+    second pass's steps are explicit (`step.steps`), an img2img or inpaint pass's are the request's. A pipeline
+    without a strength (repainting from noise) runs the pass's steps."""
+    counts = img2img_steps.pipeline_counts(i2i)
+    if counts is None:
+        return step.num_steps, step.strength
+    longest = getattr(i2i.scheduler.config, "num_train_timesteps", None) or img2img_steps.LONGEST
+    plan = img2img_steps.pass_steps(step.request.steps, step.strength, step.steps,
+                                    step.request.img2img_fix_steps, longest)
+    return plan.schedule, plan.strength(counts)
 
 
 def decode(pipe, latents, upcast: bool = False, safety_check: bool = True):

@@ -40,7 +40,8 @@ def build(ctx: TabContext) -> None:
                 schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed,
                 subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=DEFAULTS.seed_resize_from_w,
                 seed_resize_from_h=DEFAULTS.seed_resize_from_h, batch_count=DEFAULTS.batch_count, preview_every=0,
-                preview_method="auto", *units, request: gr.Request = None, progress=gr.Progress()):
+                preview_method="auto", img2img_fix_steps=DEFAULTS.img2img_fix_steps, *units,
+                request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
             return
@@ -50,7 +51,8 @@ def build(ctx: TabContext) -> None:
             width=width, height=height, steps=steps, cfg_scale=cfg_scale, seed=seed, batch_size=batch_size,
             sampler=sampler, model=model, quantize=quantize, schedule_type=schedule_type, clip_skip=clip_skip,
             batch_count=batch_count, subseed=subseed, subseed_strength=subseed_strength,
-            seed_resize_from_w=seed_resize_from_w, seed_resize_from_h=seed_resize_from_h)), request,
+            seed_resize_from_w=seed_resize_from_w, seed_resize_from_h=seed_resize_from_h,
+            img2img_fix_steps=bool(img2img_fix_steps))), request,
             progress, preview_every, preview_method)
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
@@ -71,4 +73,4 @@ def build(ctx: TabContext) -> None:
     form.generate(img2img, ["init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps",
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "quantize", "schedule_type",
                             "clip_skip", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h",
-                            "batch_count", "preview_every", "preview_method"], api_name="img2img")
+                            "batch_count", "preview_every", "preview_method", "img2img_fix_steps"], api_name="img2img")

@@ -70,7 +70,8 @@ def build(ctx: TabContext) -> None:
                 preview_every=0, preview_method="auto", quantize=AS_PRESET, schedule_type=DEFAULTS.schedule_type,
                 clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed, subseed_strength=DEFAULTS.subseed_strength,
                 seed_resize_from_w=DEFAULTS.seed_resize_from_w, seed_resize_from_h=DEFAULTS.seed_resize_from_h,
-                batch_count=DEFAULTS.batch_count, *units, request: gr.Request = None, progress=gr.Progress()):
+                batch_count=DEFAULTS.batch_count, img2img_fix_steps=DEFAULTS.img2img_fix_steps, *units,
+                request: gr.Request = None, progress=gr.Progress()):
         init = background(editor)
         if not init:
             yield gr.skip(), gr.skip(), messages.failure("choose an image first", request), gr.skip()
@@ -90,7 +91,8 @@ def build(ctx: TabContext) -> None:
                 inpaint_area=inpaint_area or DEFAULTS.inpaint_area, mask_padding=mask_padding, quantize=quantize,
                 schedule_type=schedule_type, clip_skip=clip_skip, batch_count=batch_count, subseed=subseed,
                 subseed_strength=subseed_strength, seed_resize_from_w=seed_resize_from_w,
-                seed_resize_from_h=seed_resize_from_h), request, progress, preview_every, preview_method)
+                seed_resize_from_h=seed_resize_from_h, img2img_fix_steps=bool(img2img_fix_steps)), request, progress,
+                preview_every, preview_method)
         finally:
             if drawn:  # the drawn mask's file lives as long as its job
                 forget(drawn)
@@ -134,4 +136,5 @@ def build(ctx: TabContext) -> None:
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "mask_blur", "invert_mask",
                             "masked_content", "inpaint_area", "mask_padding", uploaded, "preview_every",
                             "preview_method", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
-                            "seed_resize_from_w", "seed_resize_from_h", "batch_count"], api_name="inpaint")
+                            "seed_resize_from_w", "seed_resize_from_h", "batch_count", "img2img_fix_steps"],
+                  api_name="inpaint")
