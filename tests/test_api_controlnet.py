@@ -175,9 +175,9 @@ def test_bad_units_are_422_naming_the_unit_and_its_field(server, api, models):
     assert weight["loc"][-1] == "weight" and "ControlNet unit 0 weight: 3" in weight["msg"]
     field = _refused(server, [{**good, "ipadapter_input": None}])
     assert field["loc"][-1] == "ipadapter_input" and "ControlNet unit 0 field" in field["msg"]
-    # Crop and Resize would crop the square image for a 2:1 job: refused, where Just Resize is what runs
-    crop = _refused(server, [{**good, "resize_mode": "Crop and Resize"}], width=2 * SIDE)
-    assert crop["loc"][-1] == "resize_mode" and "the image is 64x64, the job 128x64" in crop["msg"]
+    # the extension's three resize modes run (Crop and Resize, Resize and Fill: tests/test_controlnet_resize.py)
+    resize = _refused(server, [{**good, "resize_mode": "Stretch"}], width=2 * SIDE)
+    assert resize["loc"][-1] == "resize_mode" and "use resize, crop or fill" in resize["msg"]
     mixed = _refused(server, [{**good, "control_mode": 0}, {**good, "control_mode": 2}])  # one mode per job
     assert mixed["loc"] == ["body", "alwayson_scripts", "controlnet"] and "one control mode" in mixed["msg"]
     prompt = api.txt2img(**_job(), controlnet_units=[webuiapi.ControlNetUnit(image=Image.open(models / "control.png"),
