@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from lowvram_gen.a1111.fields import BY_NAME, request_name
 from lowvram_gen.a1111.upscaler_names import check_upscaler, latent_mode  # names only: no upscaler loading
+from lowvram_gen.control.resize import check_init_resize
 from lowvram_gen.control.units import ControlNetUnit, check_control_mode, check_units
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
@@ -144,6 +145,8 @@ class GenerationRequest:
     # img2img: start from this image (path) instead of noise; strength 0 keeps it, 1 ignores it
     init_image: str | None = None
     strength: float = 0.75  # A1111's default denoising strength
+    # img2img: how an init image of another aspect meets width x height (control/resize.py): resize | crop | fill
+    resize_mode: str = "resize"
     # hires fix (A1111): generate at width x height, upscale by hires_scale (or to hires_resize_w x hires_resize_h),
     # then a second img2img pass. It is on when hires_scale is above 1 or a resize is given
     hires_scale: float = 1.0  # 1: off
@@ -230,6 +233,7 @@ class GenerationRequest:
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),
             control_mode=check_control_mode(self.control_mode),
+            resize_mode=check_init_resize(self.resize_mode, bool(self.mask)),
         )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize() \
             ._check_inpaint()._check_edit()
 

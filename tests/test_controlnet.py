@@ -7,7 +7,6 @@ simulated as the ladder tests do it: a forward pre-hook on the ControlNet raises
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from dataclasses import replace
@@ -30,6 +29,7 @@ from lowvram_gen.session import Session
 from lowvram_gen.settings import MemorySettings
 
 import controlnet_files as files  # tests/controlnet_files.py
+from controlnet_reference import extension_forward  # tests/controlnet_reference.py
 from folder_sampler import own_sampler  # tests/folder_sampler.py
 
 STEPS, SIDE, SEED, CFG = 3, 64, 5, 7.0
@@ -199,32 +199,10 @@ def test_img2img_with_controlnet_mode_equals_plain_diffusers(cn, tmp_path, tiny_
     ours = Session(device="cpu").generate(request(tmp_path, ControlNetUnit(str(cn["sd"]), str(cn["image"])), steps=4,
                                                   init_image=str(cn["image"]), strength=0.5, control_mode="controlnet"))
     control = Image.open(cn["image"])
-    with _soft_forward():
+    with extension_forward():
         plain = reference(tiny_path, cn["sd"], image=control, control_image=control, strength=0.5, guess_mode=True,
                           steps=4)
     assert np.array_equal(pixels(ours.images[0]), plain)
-
-
-@contextlib.contextmanager
-def _soft_forward():
-    """Plain diffusers' ControlNets with sd-webui-controlnet's soft weights on their outputs (down residuals, then the
-    mid block's), written here from the extension's rule: output i times weight * 0.825 ** (12 - i), zipped from the
-    first (guess mode's own scaling left out: the pipeline's guess mode only picks the conditional half)."""
-    from diffusers import ControlNetModel
-
-    factors = [0.825 ** float(12 - i) for i in range(13)]
-    forward = ControlNetModel.forward
-
-    def soft(self, *args, conditioning_scale=1.0, guess_mode=False, **kwargs):
-        down, mid = forward(self, *args, conditioning_scale=1.0, **kwargs)
-        outs = [r * (conditioning_scale * f) for r, f in zip([*down, mid], factors)]
-        return tuple(outs[:-1]), outs[-1]
-
-    ControlNetModel.forward = soft
-    try:
-        yield
-    finally:
-        ControlNetModel.forward = forward
 
 
 def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn, tmp_path, tiny_path):
@@ -236,7 +214,7 @@ def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn
     balanced = pixels(session.generate(request(tmp_path / "b", unit)).images[0])
     prompt = session.generate(request(tmp_path / "p", unit, control_mode="My prompt is more important"))
     assert 'Control Mode: My prompt is more important' in read_png_metadata(prompt.images[0])[0]
-    with _soft_forward():
+    with extension_forward():
         plain = reference(tiny_path, cn["sd"], image=Image.open(cn["image"]))
     assert np.array_equal(pixels(prompt.images[0]), plain)
     assert not np.array_equal(plain, balanced)
@@ -285,11 +263,12 @@ def test_weight_zero_equals_no_controlnet_and_two_units_run(cn, tmp_path, tiny_p
     two = session.generate(request(tmp_path, *units))
     from lowvram_gen.control.preprocess import control_map
 
-    # guidance end 0.3 of 3 steps: the extension runs steps 0 and 1 (call i sees step max(i - 1, 0) of 3: 0, 0, 1/3),
-    # which diffusers' window runs with an end of 2/3 (its rule: (i + 1) / 3 <= end)
+    # guidance end 0.3 of 3 steps: the extension runs steps 0 and 1 (step i sees max(i - 1, 0) / 3: 0, 0, 1/3). The
+    # tiny model's PLMS makes 4 calls for 3 steps (its first step two, as A1111's PLMS does): calls 0-2 run, which
+    # diffusers' window runs with an end of 3/4 (its rule over the 4 calls: (i + 1) / 4 <= end)
     plain = reference(tiny_path, cn["sd"], cn["other"], image=[Image.open(cn["image"]), control_map(str(cn["image"]),
                       SIDE, SIDE, "canny")], scale=[0.7, 1.0], control_guidance_start=[0.0, 0.0],
-                      control_guidance_end=[2 / 3, 1.0])
+                      control_guidance_end=[3 / 4, 1.0])
     assert np.array_equal(pixels(two.images[0]), plain)
     text = read_png_metadata(two.images[0])[0]
     assert 'ControlNet 0: "Module: none, Model: tiny-cn, Weight: 0.7, Resize Mode: Just Resize, Low Vram: False, ' \
@@ -583,7 +562,7 @@ def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upsca
     pass the control image resized to the hires size (its preprocessor run there). With a pixel upscaler the
     result equals diffusers' ControlNet txt2img pipeline, its image upscaled (Lanczos), then diffusers' ControlNet
     img2img pipeline on it with the map at the hires size and the extension's soft weights on the ControlNet's
-    residuals (it scales them in every hires pass: _soft_forward)."""
+    residuals (it scales a canny unit's in a hires pass: extension_forward)."""
     from lowvram_gen.engines.sd import controlnet as engine
 
     calls = []
@@ -618,7 +597,7 @@ def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upsca
               width=SIDE, height=SIDE, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED)).images[0]
     i2i = diffusers.StableDiffusionControlNetImg2ImgPipeline.from_pipe(txt)
     i2i.set_progress_bar_config(disable=True)
-    with _soft_forward():
+    with extension_forward():
         high = i2i("a boat", image=low.resize((2 * SIDE, 2 * SIDE), Image.LANCZOS), control_image=second,
                    strength=0.5, num_inference_steps=STEPS, guidance_scale=CFG,
                    generator=torch.Generator().manual_seed(SEED),

@@ -12,8 +12,10 @@ against plain diffusers.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from lowvram_gen.control import weights
 
@@ -167,3 +169,66 @@ def test_the_hooks_run_a_unit_in_the_extensions_steps_and_soften_hires_canny_onl
     plan(pipe, [net], units[:1], "balanced", hires=False)
     ran = [i for i in range(19) if _call(net, 1.0, False)[0].abs().sum() > 0]
     assert sorted({i // 2 for i in ran}) == weights.steps_run(10, 0.0, 0.5) == list(range(7))
+
+
+# ------------------------------------------------------------------------------------------ jobs, by pixels
+
+
+@pytest.fixture(scope="module")
+def xl_net(tmp_path_factory, tiny_sdxl_path):
+    from diffusers import UNet2DConditionModel
+
+    import controlnet_files as files  # tests/controlnet_files.py
+
+    root = tmp_path_factory.mktemp("xl-rules")
+    net = files.build(UNet2DConditionModel.from_pretrained(tiny_sdxl_path, subfolder="unet"), seed=3)
+    return files.save_folder(net, root / "tiny-xl-cn"), files.random_image(root / "control.png", seed=4)
+
+
+def _job(tmp_path, folder, image, **fields):
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.control.units import ControlNetUnit
+    from lowvram_gen.session import Session
+
+    from folder_sampler import own_sampler  # tests/folder_sampler.py
+
+    unit = ControlNetUnit(str(folder), image, guidance_end=fields.pop("end", 1.0))
+    request = GenerationRequest(prompt="a boat", width=64, height=64, steps=4, seed=5, cfg_scale=7.0,
+                                outdir=str(tmp_path), model="tiny-sdxl", sampler=own_sampler("tiny-sdxl"),
+                                controlnets=(unit,), **fields)
+    return np.asarray(Image.open(Session(device="cpu").generate(request).images[0]).convert("RGB")).astype(int)
+
+
+def _plain(tiny_sdxl_path, folder, image, **call):
+    from diffusers import ControlNetModel, StableDiffusionXLControlNetPipeline
+
+    pipe = StableDiffusionXLControlNetPipeline.from_pretrained(str(tiny_sdxl_path),
+                                                              controlnet=ControlNetModel.from_pretrained(folder))
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe("a boat", image=Image.open(image), num_inference_steps=4, width=64, height=64, guidance_scale=7.0,
+               generator=torch.Generator().manual_seed(5), **call).images[0]
+    return np.asarray(out.convert("RGB")).astype(int)
+
+
+def test_controlnet_is_more_important_on_sdxl_has_the_extensions_scales(xl_net, tmp_path, tiny_sdxl_path):
+    """Issue 31: diffusers' guess mode put 1.0 on SDXL's mid block where the extension puts 0.825 ** 3. The job
+    equals diffusers' guess-mode pipeline with the extension's factors on the ControlNet's outputs, not the plain
+    guess-mode one."""
+    from controlnet_reference import extension_forward  # tests/controlnet_reference.py
+
+    folder, image = xl_net
+    ours = _job(tmp_path, folder, image, control_mode="controlnet")
+    with extension_forward():
+        expected = _plain(tiny_sdxl_path, folder, image, guess_mode=True)
+    assert np.array_equal(ours, expected)
+    assert not np.array_equal(ours, _plain(tiny_sdxl_path, folder, image, guess_mode=True))
+
+
+def test_a_guidance_end_runs_the_extensions_steps(xl_net, tmp_path, tiny_sdxl_path):
+    """Guidance end 0.3 of 4 steps: the extension runs steps 0-2 (calls see steps 0, 0, 1/4, 2/4), which diffusers'
+    own window runs with an end of 3/4 ((i + 1) / 4 <= end); diffusers' window at 0.3 would run step 0 only."""
+    folder, image = xl_net
+    assert weights.steps_run(4, 0.0, 0.3) == [0, 1, 2]
+    ours = _job(tmp_path, folder, image, end=0.3)
+    assert np.array_equal(ours, _plain(tiny_sdxl_path, folder, image, control_guidance_end=0.75))
+    assert not np.array_equal(ours, _plain(tiny_sdxl_path, folder, image, control_guidance_end=0.3))

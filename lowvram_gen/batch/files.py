@@ -177,6 +177,8 @@ def request_hash(engine: str, request) -> str:
     for unit in data.get("controlnets") or ():  # a unit's resize mode, added later: Just Resize keeps the hash
         if unit.get("resize_mode") == "resize":
             unit.pop("resize_mode")
+    if data.get("resize_mode") == "resize":  # img2img's resize mode, added later: Just resize keeps the hash
+        data.pop("resize_mode", None)
     if data.get("control_mode") == "balanced":
         data.pop("control_mode", None)
     if data.get("mask") is None:  # inpainting, added later: a job without a mask keeps its hash

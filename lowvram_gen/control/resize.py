@@ -42,16 +42,18 @@ def check_control_resize(field: str, value: Any) -> str:
     text = "resize" if value is None or value == "" else str(value).strip()
     if isinstance(value, float) and value.is_integer():
         text = str(int(value))
-    key = text.lower() if text.lower() in CONTROL_RESIZE else \
-        {label.lower(): k for k, label in CONTROL_RESIZE.items()}.get(text.lower()) or _CONTROL_ALIASES.get(text.lower())
+    by_label = {label.lower(): k for k, label in CONTROL_RESIZE.items()}
+    key = text.lower() if text.lower() in CONTROL_RESIZE else by_label.get(text.lower()) or \
+        _CONTROL_ALIASES.get(text.lower())
     if key is None or isinstance(value, bool):
         raise InvalidRequest(field, value, "use resize, crop or fill (the extension's Just Resize, Crop and Resize, "
                                            "Resize and Fill, or 0, 1, 2)")
     return key
 
 
-def check_init_resize(value: Any) -> str:
-    """img2img's resize mode: resize | crop | fill | latent, A1111's labels, or its API integers 0-3."""
+def check_init_resize(value: Any, masked: bool = False) -> str:
+    """img2img's resize mode: resize | crop | fill, A1111's labels, or its API integers 0-2 (3, its latent upscale,
+    and crop or fill for an inpaint job (`masked`) are refused: not built)."""
     text = "resize" if value is None or value == "" else str(value).strip()
     if isinstance(value, float) and value.is_integer():
         text = str(int(value))
@@ -62,6 +64,12 @@ def check_init_resize(value: Any) -> str:
     if key is None or isinstance(value, bool):
         raise InvalidRequest("resize mode", value, "use resize, crop, fill or latent (A1111's Just resize, Crop and "
                                                    "resize, Resize and fill, Just resize (latent upscale), or 0-3)")
+    if key == "latent":
+        raise InvalidRequest("resize mode", value, "A1111's Just resize (latent upscale) is not built here: use "
+                                                   "resize, crop or fill")
+    if masked and key != "resize":
+        raise InvalidRequest("resize mode", value, "inpainting resizes the init image and its mask to the job's size "
+                                                   "(Just resize) here: use resize, or crop or fill the image first")
     return key
 
 

@@ -9,8 +9,10 @@ the ladder re-applies to them without a reload.
 `for_pass` gives a denoise pass its pipeline and arguments: diffusers' ControlNet pipeline for the pass
 (`StableDiffusionControlNetPipeline`, its Img2Img and Inpaint, and the SDXL ones) made over the loaded pipeline's
 components with the auto-pipelines' `from_pipe`, as engines/sd/pipeline.img2img_pipe makes the img2img one (no
-weights copied, cast or read), with `controlnet_conditioning_scale`, `control_guidance_start/end`, `guess_mode`
-and the control maps at the pass's size (control/preprocess.py): hires fix's second pass gets the control image
+weights copied, cast or read), with `controlnet_conditioning_scale`, `guess_mode` (the conditional half only, for
+"ControlNet is more important") and the control maps at the pass's size (control/preprocess.py); `plan` puts A1111's
+extension's rules on the ControlNets for the pass (control/weights.py: the per-output scales of the control modes,
+the guidance start/end steps, hires fix's softening) with forward hooks. Hires fix's second pass gets the control image
 resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both"); an inpaint
 pass with "Only masked" gets it cut with the init image's crop box first (Pass.control_crop), as the extension
 does for `inpaint_full_res`.
@@ -166,13 +168,18 @@ def plan(control, modules: list, units, control_mode: str, hires: bool) -> None:
 def _pass_step(module, call: int) -> tuple[int, int] | None:
     """(the step of the pass this denoiser call is in, the pass's steps) for the `call`-th call of this unit: the
     pipeline's timesteps (what it runs, img2img's and hires fix's counted from their start) over its scheduler's
-    order (a second-order sampler calls the model twice a step); None outside a diffusers pipeline's loop."""
+    order (a second-order sampler calls the model twice a step), a warm-up call (PLMS's: its schedule's timesteps
+    beyond steps x order) counted with the first step, as A1111's PLMS makes two calls in its first step; None
+    outside a diffusers pipeline's loop."""
     control = module._lowvram_pass()
     timesteps = getattr(control, "_num_timesteps", None) if control is not None else None
-    order = max(1, int(getattr(getattr(control, "scheduler", None), "order", 1) or 1))
     if not timesteps:
         return None
-    return call // order, -(-int(timesteps) // order)
+    scheduler = getattr(control, "scheduler", None)
+    order = max(1, int(getattr(scheduler, "order", 1) or 1))
+    schedule, asked = getattr(scheduler, "timesteps", None), getattr(scheduler, "num_inference_steps", None)
+    warmup = max(0, len(schedule) - int(asked) * order) if schedule is not None and asked else 0
+    return max(0, call - warmup) // order, max(1, -(-(int(timesteps) - warmup) // order))
 
 
 def _before(module, args, kwargs):
