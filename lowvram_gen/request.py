@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from lowvram_gen.a1111.fields import BY_NAME, request_name
 from lowvram_gen.a1111.upscaler_names import check_upscaler, latent_mode  # names only: no upscaler loading
+from lowvram_gen.control.resize import check_init_resize
 from lowvram_gen.control.units import ControlNetUnit, check_control_mode, check_units
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
@@ -148,6 +149,8 @@ class GenerationRequest:
     # A1111's setting "With img2img, do exactly the amount of steps the slider specifies": img2img and inpaint run
     # `steps` (from a longer schedule) instead of int(steps x strength) + 1 (img2img_steps.py); not in the PNG
     img2img_fix_steps: bool = False
+    # img2img: how an init image of another aspect meets width x height (control/resize.py): resize | crop | fill
+    resize_mode: str = "resize"
     # hires fix (A1111): generate at width x height, upscale by hires_scale (or to hires_resize_w x hires_resize_h),
     # then a second img2img pass. It is on when hires_scale is above 1 or a resize is given
     hires_scale: float = 1.0  # 1: off
@@ -239,6 +242,7 @@ class GenerationRequest:
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),
             control_mode=check_control_mode(self.control_mode),
+            resize_mode=check_init_resize(self.resize_mode, bool(self.mask)),
         )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize() \
             ._check_inpaint()._check_edit()
 

@@ -72,12 +72,12 @@ def _job(**more) -> dict:
 def test_webuiapi_txt2img_with_a_canny_unit_is_the_sessions_controlnet_job_and_writes_its_infotext(server, api,
                                                                                                   models, tmp_path):
     control = Image.open(models / "control.png")
-    # webuiapi's own unit defaults: Resize and Fill (the same map as Just Resize for a square image on a square job),
-    # processor_res 512, pixel_perfect false (not used: the map is made at the job's size)
+    # webuiapi's own unit defaults: Resize and Fill (written as such; the same map as Just Resize for a square image on
+    # a square job), processor_res 512, pixel_perfect false (not used: the map is made at the job's size)
     unit = webuiapi.ControlNetUnit(image=control, module="canny", model="tiny-cn", threshold_a=50, threshold_b=150)
     result = api.txt2img(**_job(), controlnet_units=[unit])
     text = result.info["infotexts"][0]
-    assert 'ControlNet 0: "Module: canny, Model: tiny-cn, Weight: 1, Resize Mode: Just Resize, Low Vram: False, ' \
+    assert 'ControlNet 0: "Module: canny, Model: tiny-cn, Weight: 1, Resize Mode: Resize and Fill, Low Vram: False, ' \
            'Processor Res: 64, Threshold A: 50, Threshold B: 150, Guidance Start: 0, Guidance End: 1, ' \
            'Pixel Perfect: True, Control Mode: Balanced' in text
     assert result.info["extra_generation_params"]["ControlNet 0"].startswith("Module: canny, Model: tiny-cn")
@@ -85,7 +85,8 @@ def test_webuiapi_txt2img_with_a_canny_unit_is_the_sessions_controlnet_job_and_w
     fields = {k: v for k, v in _job().items() if k != "alwayson_scripts"}
     alone = server.session.generate(GenerationRequest(
         **fields, outdir=str(tmp_path), sampler="Euler a", controlnets=(ControlNetUnit(  # webuiapi's sampler
-            "tiny-cn", str(models / "control.png"), preprocessor="canny", canny_low=50, canny_high=150),)))
+            "tiny-cn", str(models / "control.png"), preprocessor="canny", canny_low=50, canny_high=150,
+            resize_mode="fill"),)))
     assert np.array_equal(_pixels(result.image), _pixels(Image.open(alone.images[0])))
 
     # weight 0 is no ControlNet (same seed); a unit at weight 1 changed the image
@@ -175,9 +176,9 @@ def test_bad_units_are_422_naming_the_unit_and_its_field(server, api, models):
     assert weight["loc"][-1] == "weight" and "ControlNet unit 0 weight: 3" in weight["msg"]
     field = _refused(server, [{**good, "ipadapter_input": None}])
     assert field["loc"][-1] == "ipadapter_input" and "ControlNet unit 0 field" in field["msg"]
-    # Crop and Resize would crop the square image for a 2:1 job: refused, where Just Resize is what runs
-    crop = _refused(server, [{**good, "resize_mode": "Crop and Resize"}], width=2 * SIDE)
-    assert crop["loc"][-1] == "resize_mode" and "the image is 64x64, the job 128x64" in crop["msg"]
+    # the extension's three resize modes run (Crop and Resize, Resize and Fill: tests/test_controlnet_resize.py)
+    resize = _refused(server, [{**good, "resize_mode": "Stretch"}], width=2 * SIDE)
+    assert resize["loc"][-1] == "resize_mode" and "use resize, crop or fill" in resize["msg"]
     mixed = _refused(server, [{**good, "control_mode": 0}, {**good, "control_mode": 2}])  # one mode per job
     assert mixed["loc"] == ["body", "alwayson_scripts", "controlnet"] and "one control mode" in mixed["msg"]
     prompt = api.txt2img(**_job(), controlnet_units=[webuiapi.ControlNetUnit(image=Image.open(models / "control.png"),

@@ -7,9 +7,9 @@ simulated as the ladder tests do it: a forward pre-hook on the ControlNet raises
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from lowvram_gen.session import Session
 from lowvram_gen.settings import MemorySettings
 
 import controlnet_files as files  # tests/controlnet_files.py
+from controlnet_reference import extension_forward  # tests/controlnet_reference.py
 from folder_sampler import own_sampler  # tests/folder_sampler.py
 
 STEPS, SIDE, SEED, CFG = 3, 64, 5, 7.0
@@ -193,34 +194,16 @@ def test_the_embedded_tiny_controlnet_is_listed_and_runs_a_job_with_no_models_fo
 
 
 def test_img2img_with_controlnet_mode_equals_plain_diffusers(cn, tmp_path, tiny_path):
+    """"ControlNet is more important": diffusers' guess mode (the ControlNet on the conditional half only) with the
+    extension's soft factors in place of guess mode's own (issue 31: they differ, up to 78% on SDXL)."""
     ours = Session(device="cpu").generate(request(tmp_path, ControlNetUnit(str(cn["sd"]), str(cn["image"])), steps=4,
                                                   init_image=str(cn["image"]), strength=0.5, control_mode="controlnet"))
     control = Image.open(cn["image"])
     # denoise 0.5 of 4 steps runs A1111's int(0.5 x 4) + 1 = 3 of 4 (lowvram_gen/img2img_steps.py): diffusers' 0.75
-    plain = reference(tiny_path, cn["sd"], image=control, control_image=control, strength=0.75, guess_mode=True,
-                      steps=4)
+    with extension_forward():
+        plain = reference(tiny_path, cn["sd"], image=control, control_image=control, strength=0.75, guess_mode=True,
+                          steps=4)
     assert np.array_equal(pixels(ours.images[0]), plain)
-
-
-@contextlib.contextmanager
-def _soft_forward():
-    """Plain diffusers' ControlNets with sd-webui-controlnet's soft weights on their outputs (down residuals, then the
-    mid block's), written here from the extension's rule: output i times 0.825 ** (12 - i), zipped from the first."""
-    from diffusers import ControlNetModel
-
-    factors = [0.825 ** float(12 - i) for i in range(13)]
-    forward = ControlNetModel.forward
-
-    def soft(self, *args, **kwargs):
-        down, mid = forward(self, *args, **kwargs)
-        outs = [r * f for r, f in zip([*down, mid], factors)]
-        return tuple(outs[:-1]), outs[-1]
-
-    ControlNetModel.forward = soft
-    try:
-        yield
-    finally:
-        ControlNetModel.forward = forward
 
 
 def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn, tmp_path, tiny_path):
@@ -232,7 +215,7 @@ def test_my_prompt_is_more_important_scales_the_residuals_as_a1111s_extension(cn
     balanced = pixels(session.generate(request(tmp_path / "b", unit)).images[0])
     prompt = session.generate(request(tmp_path / "p", unit, control_mode="My prompt is more important"))
     assert 'Control Mode: My prompt is more important' in read_png_metadata(prompt.images[0])[0]
-    with _soft_forward():
+    with extension_forward():
         plain = reference(tiny_path, cn["sd"], image=Image.open(cn["image"]))
     assert np.array_equal(pixels(prompt.images[0]), plain)
     assert not np.array_equal(plain, balanced)
@@ -276,18 +259,21 @@ def test_weight_zero_equals_no_controlnet_and_two_units_run(cn, tmp_path, tiny_p
     one = session.generate(request(tmp_path, ControlNetUnit(str(cn["sd"]), str(cn["image"]))))
     assert np.array_equal(pixels(none.images[0]), pixels(zero.images[0]))
     assert not np.array_equal(pixels(none.images[0]), pixels(one.images[0]))  # a ControlNet that does something
-    units = (ControlNetUnit(str(cn["sd"]), str(cn["image"]), 0.7, 0.0, 0.8),
+    units = (ControlNetUnit(str(cn["sd"]), str(cn["image"]), 0.7, 0.0, 0.3),
              ControlNetUnit(str(cn["other"]), str(cn["image"]), preprocessor="canny"))
     two = session.generate(request(tmp_path, *units))
     from lowvram_gen.control.preprocess import control_map
 
+    # guidance end 0.3 of 3 steps: the extension runs steps 0 and 1 (step i sees max(i - 1, 0) / 3: 0, 0, 1/3). The
+    # tiny model's PLMS makes 4 calls for 3 steps (its first step two, as A1111's PLMS does): calls 0-2 run, which
+    # diffusers' window runs with an end of 3/4 (its rule over the 4 calls: (i + 1) / 4 <= end)
     plain = reference(tiny_path, cn["sd"], cn["other"], image=[Image.open(cn["image"]), control_map(str(cn["image"]),
                       SIDE, SIDE, "canny")], scale=[0.7, 1.0], control_guidance_start=[0.0, 0.0],
-                      control_guidance_end=[0.8, 1.0])
+                      control_guidance_end=[3 / 4, 1.0])
     assert np.array_equal(pixels(two.images[0]), plain)
     text = read_png_metadata(two.images[0])[0]
     assert 'ControlNet 0: "Module: none, Model: tiny-cn, Weight: 0.7, Resize Mode: Just Resize, Low Vram: False, ' \
-           'Guidance Start: 0, Guidance End: 0.8, Pixel Perfect: True, Control Mode: Balanced, Hr Option: Both, ' \
+           'Guidance Start: 0, Guidance End: 0.3, Pixel Perfect: True, Control Mode: Balanced, Hr Option: Both, ' \
            'Save Detected Map: False"' in text
     assert 'ControlNet 1: "Module: canny, Model: tiny-cn-2, Weight: 1, Resize Mode: Just Resize, Low Vram: False, ' \
            'Processor Res: 64, Threshold A: 100, Threshold B: 200, Guidance Start: 0' in text
@@ -408,8 +394,9 @@ def test_the_controlnet_pipeline_shares_the_weights_as_they_are(cn, tiny_path):
         assert control.unet is model.pipe.unet and control.controlnet is net and control.vae is model.pipe.vae
         assert {model.pipe.unet.dtype, net.dtype, model.pipe.text_encoder.dtype} == {torch.float16}
         assert kwargs["image" if init is None else "control_image"].size == (SIDE, SIDE)
-        assert (kwargs["controlnet_conditioning_scale"], kwargs["control_guidance_start"], kwargs["guess_mode"]) == (
-            0.5, 0.2, True)
+        # the guidance window is the extension's (control/weights.py), put on the ControlNet, not diffusers' window
+        assert (kwargs["controlnet_conditioning_scale"], kwargs["guess_mode"]) == (0.5, True)
+        assert "control_guidance_start" not in kwargs and net._lowvram_rules[0].start == 0.2
 
 
 def test_offload_presets_put_their_hooks_on_the_controlnet_and_give_the_same_result(attached, cn):
@@ -561,8 +548,8 @@ def test_an_a1111_controlnet_field_reads_as_a_unit():
                                 "Threshold B: 200, Guidance Start: 0, Guidance End: 1, Pixel Perfect: False, "
                                 "Control Mode: My prompt is more important, Hr Option: Both, Save Detected Map: True",
                                 notes)
-    assert unit == ControlNetUnit("control_v11p_sd15_canny", None, 1.0, 0.0, 1.0, "canny", 100, 200)
-    assert mode == "prompt" and "runs as Just Resize" in notes[0]
+    assert unit == ControlNetUnit("control_v11p_sd15_canny", None, 1.0, 0.0, 1.0, "canny", 100, 200, "crop")
+    assert mode == "prompt" and not notes
     assert GenerationRequest(prompt="x", control_mode=mode).validated().control_mode == "prompt"
 
 
@@ -576,7 +563,7 @@ def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upsca
     pass the control image resized to the hires size (its preprocessor run there). With a pixel upscaler the
     result equals diffusers' ControlNet txt2img pipeline, its image upscaled (Lanczos), then diffusers' ControlNet
     img2img pipeline on it with the map at the hires size and the extension's soft weights on the ControlNet's
-    residuals (it scales them in every hires pass: _soft_forward)."""
+    residuals (it scales a canny unit's in a hires pass: extension_forward)."""
     from lowvram_gen.engines.sd import controlnet as engine
 
     calls = []
@@ -611,7 +598,7 @@ def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upsca
               width=SIDE, height=SIDE, guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED)).images[0]
     i2i = diffusers.StableDiffusionControlNetImg2ImgPipeline.from_pipe(txt)
     i2i.set_progress_bar_config(disable=True)
-    with _soft_forward():
+    with extension_forward():
         # hires fix runs exactly its STEPS, the end of a schedule of int(STEPS / 0.5) (A1111's; img2img_steps.py)
         high = i2i("a boat", image=low.resize((2 * SIDE, 2 * SIDE), Image.LANCZOS), control_image=second,
                    strength=0.5, num_inference_steps=2 * STEPS, guidance_scale=CFG,
@@ -648,11 +635,9 @@ def test_batch_lines_take_units_with_our_keys_the_extensions_and_its_api_shape(c
     file.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     jobs = expand(read_entries(file), {})
     unit = ControlNetUnit(model, image, 0.7, 0.0, 0.8, "canny", 50, 150)
-    assert [(j.request.controlnets, j.request.control_mode) for j in jobs.jobs] == [((unit,), "controlnet")] * 3
-    assert [b.line for b in jobs.bad] == [4, 5]
-    # Crop and Resize would crop a square image for a 2:1 job (of the job's aspect it makes the Just Resize map)
-    assert "Resize and Fill only for a control image of the job's aspect ratio: the image is 64x64, the job 128x64" \
-        in jobs.bad[0].error and "one control mode for every unit" in jobs.bad[1].error
+    assert [(j.request.controlnets, j.request.control_mode) for j in jobs.jobs[:3]] == [((unit,), "controlnet")] * 3
+    assert [b.line for b in jobs.bad] == [5] and "one control mode for every unit" in jobs.bad[0].error
+    assert jobs.jobs[3].request.controlnets == (replace(unit, resize_mode="crop"),)  # Crop and Resize runs
 
     file.write_text(json.dumps(lines[1]) + "\n")
     out = tmp_path / "out"

@@ -155,7 +155,8 @@ LAYERS = (
     # what a job is, in our words and A1111's: plain data and parsing
     ("lowvram_gen.request", "lowvram_gen.hires", "lowvram_gen.img2img_steps", "lowvram_gen.samplers",
      "lowvram_gen.schedules", "lowvram_gen.a1111", "lowvram_gen.rng",
-     "lowvram_gen.result", "lowvram_gen.settings", "lowvram_gen.control.units", "lowvram_gen.networks.tags",
+     "lowvram_gen.result", "lowvram_gen.settings", "lowvram_gen.control.units", "lowvram_gen.control.resize",
+     "lowvram_gen.networks.tags",
      "lowvram_gen.networks.files", "lowvram_gen.prompting.parse", "lowvram_gen.inpaint.masks",
      "lowvram_gen.outputs", "lowvram_gen.models.discover", "lowvram_gen.models.resolve", "lowvram_gen.models.tiny"),
     ("lowvram_gen.families", "lowvram_gen.hardware", "lowvram_gen.errors", "lowvram_gen.paths", "lowvram_gen.records",

@@ -2,15 +2,15 @@
 sd-webui-controlnet API shape too: one parser for both.
 
 `controlnets` is a list of unit objects. Besides the request's own unit fields (control/units.py ControlNetUnit:
-model, image, weight, guidance_start, guidance_end, preprocessor, canny_low, canny_high), a unit takes the names
+model, image, weight, guidance_start, guidance_end, preprocessor, canny_low, canny_high, resize_mode), a unit takes
+the names
 of A1111's sd-webui-controlnet API (its ControlNetUnit's JSON):
 - `module` (the preprocessor), `input_image` (the image), `threshold_a`/`threshold_b` (canny's thresholds; -1,
   the extension's "unset", is the default), `guidance` (its old name of guidance_end), `enabled` (false: the unit
   is left out);
 - `control_mode`: per unit there, one per job here (the units must agree); its labels and integer form 0/1/2 too;
-- `resize_mode`: Just Resize (0, or 3, its latent variant) is what runs (the control image resized to the job's
-  size). Crop and Resize (1) and Resize and Fill (2) are taken for an image of the job's aspect ratio, where
-  the three make the same map; for another aspect they are refused (they would crop or pad it);
+- `resize_mode`: Just Resize (0, or 3, its latent variant), Crop and Resize (1), Resize and Fill (2), by name or
+  integer (control/resize.py: the unit's `resize_mode`);
 - `mask` (empty only: a unit's own mask is not supported) and `hr_option` (Both only: the hires pass gets the
   map too);
 - `pixel_perfect`, `processor_res`, `low_vram`/`lowvram` and `save_detected_map`: accepted and not used (the
@@ -33,11 +33,6 @@ from lowvram_gen.errors import InvalidRequest
 RENAMED = {"module": "preprocessor", "input_image": "image", "threshold_a": "canny_low", "threshold_b": "canny_high",
            "guidance": "guidance_end"}
 NOT_USED = frozenset({"pixel_perfect", "processor_res", "low_vram", "lowvram", "save_detected_map"})
-JUST_RESIZE = ("Just Resize", "0", "3", "ResizeMode.RESIZE", "just_resize", "Just Resize (Latent upscale)")
-SAME_AT_THE_JOBS_ASPECT = {  # the extension's other resize modes (and their aliases): Crop and Resize, Resize and Fill
-    "1": max, "Crop and Resize": max, "ResizeMode.INNER_FIT": max, "Inner Fit (Scale to Fit)": max,
-    "Scale to Fit (Inner Fit)": max, "2": min, "Resize and Fill": min, "ResizeMode.OUTER_FIT": min,
-    "Outer Fit (Shrink to Fit)": min, "Envelope (Outer Fit)": min}
 BOTH = ("Both", "HiResFixOption.BOTH", "0")
 MODES = {"0": "balanced", "1": "prompt", "2": "controlnet"}  # the extension API's integer control modes
 _HASH = re.compile(r"\s*\[[0-9a-fA-F]{8,10}\]\s*$")  # the extension lists model files as `name [hash]`
@@ -47,7 +42,7 @@ SCRIPT_NAMES = ("controlnet", "ControlNet")
 def with_units(fields: Mapping[str, Any], image: Callable[[str, Any], str] | None = None) -> dict:
     """`fields` with `controlnets` (and A1111's `alwayson_scripts`) as the request's unit mappings and
     `control_mode`; other fields as they are. `image(field, value)`: a unit's image value -> a path (None: the
-    value is a path already); `width`/`height` in `fields` (else the request's defaults) are the job's size."""
+    value is a path already)."""
     out = dict(fields)
     scripts = out.pop("alwayson_scripts", None)
     if scripts is not None:
@@ -76,7 +71,6 @@ def with_units(fields: Mapping[str, Any], image: Callable[[str, Any], str] | Non
         mode = unit.pop("control_mode", None)
         if mode is not None:
             modes.add(MODES.get(str(mode), mode))
-        resize = unit.pop("resize_mode", None)
         if unit.pop("mask", None) not in (None, ""):
             raise InvalidRequest(f"{where} mask", "<image>", "a unit's own mask is not supported: leave it out")
         hr_option = unit.pop("hr_option", None)
@@ -98,8 +92,6 @@ def with_units(fields: Mapping[str, Any], image: Callable[[str, Any], str] | Non
                 unit["model"] = ""
         if image is not None:
             unit["image"] = image(f"{where} image", unit.get("image"))
-        if resize is not None and str(resize) not in JUST_RESIZE:
-            _check_resize(where, resize, unit.get("image"), fields)
         converted.append(unit)
     out["controlnets"] = converted
     if modes:
@@ -110,49 +102,10 @@ def with_units(fields: Mapping[str, Any], image: Callable[[str, Any], str] | Non
     return out
 
 
-def _check_resize(where: str, resize: Any, path: Any, fields: Mapping[str, Any]) -> None:
-    """Crop and Resize or Resize and Fill, taken where it makes the Just Resize map: the image scaled by the larger
-    (crop) or smaller (fill) of the job's side ratios is the job's size, nothing cropped or padded."""
-    from lowvram_gen.request import GenerationRequest
-
-    allowed = ("Just Resize (the control image is resized to the job's size); Crop and Resize and Resize and Fill "
-               "only for a control image of the job's aspect ratio")
-    pick = SAME_AT_THE_JOBS_ASPECT.get(str(resize))
-    if pick is None:
-        raise InvalidRequest(f"{where} resize_mode", resize, allowed)
-    size = _image_size(path)
-    if size is None:
-        return  # no image, or not one: the request's check of the image says so
-    defaults = GenerationRequest.__dataclass_fields__
-    try:
-        width = int(fields.get("width") or defaults["width"].default)
-        height = int(fields.get("height") or defaults["height"].default)
-    except (TypeError, ValueError):
-        return  # the request's check of the size says what is wrong
-    w, h = size
-    k = pick(width / w, height / h)
-    if (round(w * k), round(h * k)) != (width, height):
-        raise InvalidRequest(f"{where} resize_mode", resize,
-                             f"{allowed}: the image is {w}x{h}, the job {width}x{height} (resize or crop the image "
-                             "to the job's aspect, or send Just Resize)")
-
-
-def _image_size(path: Any) -> tuple[int, int] | None:
-    if not isinstance(path, str) or not path.strip():
-        return None
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return im.size
-    except Exception:  # noqa: BLE001 - not readable: the request's image check names the problem
-        return None
-
-
 # the unit's field as its errors name it (control/units.py, this module) -> the extension's JSON key
 UNIT_KEYS = {"image": "image", "control image": "image", "model": "model", "weight": "weight",
              "guidance start": "guidance_start", "guidance end": "guidance_end", "preprocessor": "module",
-             "canny low threshold": "threshold_a", "canny high threshold": "threshold_b", "resize_mode": "resize_mode",
+             "canny low threshold": "threshold_a", "canny high threshold": "threshold_b", "resize mode": "resize_mode",
              "mask": "mask", "hr_option": "hr_option"}
 _UNIT = re.compile(r"^ControlNet unit (\d+)(?: (.+))?$")
 

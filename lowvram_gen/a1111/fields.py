@@ -260,8 +260,8 @@ FIELDS: tuple[Field, ...] = (
     Field("image_cfg_scale", request=False, api="image_cfg_scale", policy=WARNED, neutral=ANY, body=IMG2IMG),
     Field("initial_noise_multiplier", request=False, api="initial_noise_multiplier", policy=WARNED,
           neutral=(None, 1), body=IMG2IMG, why="the init image's noise is not scaled"),
-    Field("resize_mode", request=False, api="resize_mode", policy=WARNED, neutral=(None, 0), default=0, body=IMG2IMG,
-          why="the init image is resized to width x height (resize_mode 0, A1111's Just resize)"),
+    Field("resize_mode", api="resize_mode", default=0, body=IMG2IMG,
+          api_values={0: "resize", 1: "crop", 2: "fill", 3: "latent"}),
     Field("latent_mask", request=False, api="latent_mask", policy=REFUSED, neutral=(None, ""), body=IMG2IMG,
           shown="<image>", why="a latent mask apart from the mask is not supported: send the mask alone"),
     # A1111's "prompts from file" script's own options: its saving and display

@@ -175,6 +175,11 @@ def request_hash(engine: str, request) -> str:
         data["hires_upscaler"] = _OLD_UPSCALER[data["hires_upscaler"]]
     if not data.get("controlnets"):  # ControlNet, added later: a job without it keeps its hash
         data.pop("controlnets", None)
+    for unit in data.get("controlnets") or ():  # a unit's resize mode, added later: Just Resize keeps the hash
+        if unit.get("resize_mode") == "resize":
+            unit.pop("resize_mode")
+    if data.get("resize_mode") == "resize":  # img2img's resize mode, added later: Just resize keeps the hash
+        data.pop("resize_mode", None)
     if data.get("control_mode") == "balanced":
         data.pop("control_mode", None)
     if data.get("mask") is None:  # inpainting, added later: a job without a mask keeps its hash

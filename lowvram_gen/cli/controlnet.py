@@ -1,5 +1,5 @@
 """generate/img2img's ControlNet flags: `--controlnet MODEL[:WEIGHT[:START[:END]]]`, `--control-image IMAGE`,
-`--preprocessor NAME` (each repeatable, one per unit, in order) and `--control-mode`. No heavy imports."""
+`--preprocessor NAME`, `--control-resize MODE` (each repeatable, one per unit, in order) and `--control-mode`. No heavy imports."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def add_controlnet_args(p: argparse.ArgumentParser) -> None:
                         "models/ControlNetPreprocessor or the Hugging Face cache): depth_midas (depth), openpose, "
                         "openpose_hand, openpose_face, openpose_faceonly, openpose_full, lineart_realistic "
                         "(lineart), lineart_coarse, lineart_anime, lineart_standard")
+    g.add_argument("--control-resize", action="append", default=[], metavar="resize|crop|fill",
+                   help="how each unit's control image of another aspect ratio meets the job's size, in order (or "
+                        "once for all units): resize (A1111's Just Resize, the default: stretched), crop (Crop and "
+                        "Resize: scaled to cover, the centre kept) or fill (Resize and Fill: scaled to fit, the "
+                        "borders filled with the map's border colour)")
     g.add_argument("--control-mode", metavar="balanced|prompt|controlnet",
                    help="balanced (default), prompt (A1111's 'My prompt is more important': the residuals scaled "
                         "down the layers) or controlnet (A1111's 'ControlNet is more important': diffusers' guess "
@@ -34,15 +39,16 @@ def controlnet_fields(args, fields: dict) -> dict:
 
     out: dict = {}
     models, images, preprocessors = args.controlnet, args.control_image, args.preprocessor
+    resizes = getattr(args, "control_resize", [])
     if models:
-        out["controlnets"] = units_from_flags(models, images, preprocessors)
-    elif fields.get("controlnets") and (images or preprocessors):
-        out["controlnets"] = with_flags(tuple(fields["controlnets"]), images, preprocessors)
-    elif images or preprocessors:
+        out["controlnets"] = units_from_flags(models, images, preprocessors, resizes)
+    elif fields.get("controlnets") and (images or preprocessors or resizes):
+        out["controlnets"] = with_flags(tuple(fields["controlnets"]), images, preprocessors, resizes)
+    elif images or preprocessors or resizes:
         from lowvram_gen.errors import InvalidRequest
 
-        flag = "--control-image" if images else "--preprocessor"
-        raise InvalidRequest(flag, (images or preprocessors)[0], "goes with --controlnet MODEL (one per unit, in "
+        flag = "--control-image" if images else "--preprocessor" if preprocessors else "--control-resize"
+        raise InvalidRequest(flag, (images or preprocessors or resizes)[0], "goes with --controlnet MODEL (one per unit, in "
                                                                   "order), or with --from-png of an image that has "
                                                                   "ControlNet units")
     if args.control_mode is not None:

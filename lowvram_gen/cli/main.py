@@ -211,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     i2i.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to start from")
     i2i.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
     _add_fix_steps(i2i)
+    i2i.add_argument("--resize-mode", dest="resize_mode", metavar="resize|crop|fill",
+                     help="an init image of another aspect ratio: resize (A1111's Just resize, the default), crop "
+                          "(Crop and resize: the centre kept) or fill (Resize and fill: the edges stretched over the "
+                          "rest)")
     _add_generation_args(i2i)
 
     inp = sub.add_parser("inpaint", help="repaint the masked part of an image (A1111's img2img > Inpaint)",
@@ -389,7 +393,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "vae",
-                 "reference_images", "rng", "img2img_fix_steps")
+                 "reference_images", "rng", "img2img_fix_steps", "resize_mode")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

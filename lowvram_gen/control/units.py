@@ -6,14 +6,12 @@ in, diffusers' `control_guidance_start/end`) and the preprocessor with its thres
 `control_mode` applies to all of them (in A1111 each unit has its own; diffusers has one `guess_mode`
 per call, so several units must share it).
 
-Control modes, as A1111's extension means them (scripts/enums.py ControlMode, applied in its hook.py):
-- "balanced": the ControlNet on both halves of the CFG batch at full weight: diffusers' default.
-- "controlnet" ("ControlNet is more important"): the ControlNet only on the conditional half, its 13
-  residuals scaled by 0.825^(12-i): diffusers' `guess_mode=True` (which scales by 10^(-1+i/12), the same
-  factors to three digits, and runs the ControlNet on the conditional half only).
-- "prompt" ("My prompt is more important"): those scaled residuals on both halves. diffusers has no
-  such mode (its `guess_mode` is the other one): engines/sd/controlnet.soften scales the residuals with a forward
-  hook on each ControlNet, the pipeline runs as balanced.
+Control modes, as A1111's extension means them (its ControlMode; the per-output scales, the CFG halves and the
+guidance start/end steps are control/weights.py's numbers, engines/sd/controlnet.plan applies them):
+- "balanced": the ControlNet on both halves of the CFG batch at the unit's weight: diffusers' default.
+- "prompt" ("My prompt is more important"): its outputs scaled by 0.825^(12-i) (soft injection), both halves.
+- "controlnet" ("ControlNet is more important"): those scaled outputs on the conditional half only (diffusers'
+  `guess_mode` runs it there; its own 10^(-1+i/(n-1)) scales are replaced by the extension's).
 
 The PNG text (`ControlNet 0: "Module: canny, Model: ..., Weight: 1, ..."`) is the extension's own
 (scripts/infotext.py serialize_unit: the unit's fields in its order, `Field Name: value`, hidden slider
@@ -29,6 +27,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
+from lowvram_gen.control.resize import CONTROL_RESIZE, check_control_resize
 from lowvram_gen.errors import InvalidRequest
 
 MAX_UNITS = 4  # A1111's default number of ControlNet units is 3; more is a typo's cost, not a card's
@@ -58,6 +57,8 @@ class ControlNetUnit:
     preprocessor: str = "none"
     canny_low: int = CANNY_DEFAULTS[0]
     canny_high: int = CANNY_DEFAULTS[1]
+    resize_mode: str = "resize"  # control/resize.py: resize (Just Resize), crop (Crop and Resize), fill (Resize and
+    # Fill): how a control image of another aspect ratio is brought to the job's size
 
 
 def parse_controlnet_flag(value: str) -> ControlNetUnit:
@@ -178,7 +179,8 @@ def check_unit(index: int, unit: Any, check_image: Callable[[str, Any], str],
                    weight=_number(f"{where} weight", unit.weight, 0.0, MAX_WEIGHT),
                    guidance_start=start, guidance_end=end,
                    preprocessor=check_preprocessor(f"{where} preprocessor", unit.preprocessor),
-                   canny_low=low, canny_high=high)
+                   canny_low=low, canny_high=high,
+                   resize_mode=check_control_resize(f"{where} resize mode", unit.resize_mode))
 
 
 def check_units(value: Any, check_image: Callable[[str, Any], str],
@@ -196,31 +198,48 @@ def check_units(value: Any, check_image: Callable[[str, Any], str],
     return tuple(check_unit(i, u, check_image, image_required) for i, u in enumerate(units))
 
 
-def units_from_flags(models: list[str], images: list[str], preprocessors: list[str]) -> tuple[ControlNetUnit, ...]:
-    """--controlnet, --control-image and --preprocessor (each repeatable, one per unit, in order) as units."""
-    if images and len(images) != len(models):
-        raise InvalidRequest("--control-image", f"{len(images)} given",
-                             f"give one per --controlnet, in order ({len(models)} ControlNet(s))")
-    if preprocessors and len(preprocessors) != len(models):
-        raise InvalidRequest("--preprocessor", f"{len(preprocessors)} given",
-                             f"give none (each unit: none) or one per --controlnet, in order ({len(models)} "
-                             "ControlNet(s))")
-    units = [parse_controlnet_flag(m) for m in models]
+def _per_unit(flag: str, given: list, count: int, what: str) -> list:
+    """A repeatable flag's values, one per unit in order ([] when not given); `--control-resize` alone may be given
+    once for all units."""
+    if not given:
+        return []
+    if flag == "--control-resize" and len(given) == 1:
+        return given * count
+    if len(given) != count:
+        extra = " (or once for all)" if flag == "--control-resize" else ""
+        raise InvalidRequest(flag, f"{len(given)} given", f"give one per {what}, in order{extra} ({count} unit(s))")
+    return given
+
+
+def _with(units: list, images: list, preprocessors: list, resizes: list) -> tuple[ControlNetUnit, ...]:
     units = [replace(u, image=images[i]) if images else u for i, u in enumerate(units)]
-    return tuple(replace(u, **parse_preprocessor_flag(preprocessors[i])) if preprocessors else u
-                 for i, u in enumerate(units))
+    units = [replace(u, **parse_preprocessor_flag(preprocessors[i])) if preprocessors else u
+             for i, u in enumerate(units)]
+    return tuple(replace(u, resize_mode=resizes[i]) if resizes else u for i, u in enumerate(units))
 
 
-def with_flags(units: tuple[ControlNetUnit, ...], images: list[str],
-               preprocessors: list[str]) -> tuple[ControlNetUnit, ...]:
-    """A PNG's units (read without their images) given --control-image and --preprocessor, one per unit in order."""
-    for flag, given in (("--control-image", images), ("--preprocessor", preprocessors)):
-        if given and len(given) != len(units):
-            raise InvalidRequest(flag, f"{len(given)} given", f"give one per ControlNet unit of the PNG, in order "
-                                                              f"({len(units)} unit(s))")
-    units = tuple(replace(u, image=images[i]) if images else u for i, u in enumerate(units))
-    return tuple(replace(u, **parse_preprocessor_flag(preprocessors[i])) if preprocessors else u
-                 for i, u in enumerate(units))
+def units_from_flags(models: list[str], images: list[str], preprocessors: list[str],
+                     resizes: list[str] = ()) -> tuple[ControlNetUnit, ...]:
+    """--controlnet, --control-image, --preprocessor and --control-resize (each repeatable, one per unit, in order)
+    as units."""
+    count = len(models)
+    images = _per_unit("--control-image", images, count, "--controlnet")
+    if preprocessors and len(preprocessors) != count:
+        raise InvalidRequest("--preprocessor", f"{len(preprocessors)} given",
+                             f"give none (each unit: none) or one per --controlnet, in order ({count} "
+                             "ControlNet(s))")
+    resizes = _per_unit("--control-resize", list(resizes), count, "--controlnet")
+    return _with([parse_controlnet_flag(m) for m in models], images, preprocessors, resizes)
+
+
+def with_flags(units: tuple[ControlNetUnit, ...], images: list[str], preprocessors: list[str],
+               resizes: list[str] = ()) -> tuple[ControlNetUnit, ...]:
+    """A PNG's units (read without their images) given --control-image, --preprocessor and --control-resize, one
+    per unit in order."""
+    what = "ControlNet unit of the PNG"
+    return _with(list(units), _per_unit("--control-image", images, len(units), what),
+                 _per_unit("--preprocessor", preprocessors, len(units), what),
+                 _per_unit("--control-resize", list(resizes), len(units), what))
 
 
 # ------------------------------------------------------------------------------------------------ infotext
@@ -233,10 +252,10 @@ def _shown(value: float) -> str:
 def unit_text(unit: ControlNetUnit, model_label: str, control_mode: str, processor_res: int) -> str:
     """The extension's `ControlNet N` value for `unit` (its fields in its order; hidden slider values left out).
     `model_label`: the model as the extension lists it, `name [hash]` for a file. What ran: the control image
-    resized to the job's size (Just Resize), the preprocessor at that size (Pixel Perfect, `processor_res` its
+    brought to the job's size by the unit's resize mode, the preprocessor at that size (Pixel Perfect, `processor_res` its
     shorter side), no low-VRAM mode of the extension's own, the detected map not saved."""
     fields = {"Module": unit.preprocessor, "Model": model_label, "Weight": _shown(unit.weight),
-              "Resize Mode": "Just Resize", "Low Vram": "False"}
+              "Resize Mode": CONTROL_RESIZE[unit.resize_mode], "Low Vram": "False"}
     if unit.preprocessor == "canny":
         fields.update({"Processor Res": str(processor_res), "Threshold A": str(unit.canny_low),
                        "Threshold B": str(unit.canny_high)})
@@ -253,8 +272,7 @@ _HASH = re.compile(r"\s*\[[0-9a-fA-F]{8,10}\]\s*$")  # the extension lists files
 
 def unit_from_text(key: str, text: str, notes: list[str]) -> tuple[ControlNetUnit, str | None]:
     """(the unit, its control mode key or None) from the extension's `ControlNet N` value, image left out.
-    Fields we do not use are said in `notes` where they change the result (a resize mode or a preprocessor
-    resolution other than what runs here); the old format (1.1.2xx: `preprocessor: canny, model: ...`) too."""
+    Fields we do not use are said in `notes` where they change the result; the old format (1.1.2xx: `preprocessor: canny, model: ...`) too."""
     pairs = {}
     for item in str(text).split(","):
         name, sep, value = item.partition(":")
@@ -283,10 +301,7 @@ def unit_from_text(key: str, text: str, notes: list[str]) -> tuple[ControlNetUni
             unit = replace(unit, canny_low=int(float(unit.canny_low)), canny_high=int(float(unit.canny_high)))
         except ValueError:
             raise InvalidRequest(f"{where} Threshold A/B", text, "expected whole numbers") from None
-    resize = pairs.get("resize mode", "Just Resize")
-    if resize not in ("Just Resize", "0", "ResizeMode.RESIZE"):
-        notes.append(f"{key}: resize mode {resize!r} runs as Just Resize here (the control image is resized to "
-                     "the job's size)")
+    unit = replace(unit, resize_mode=check_control_resize(f"{where} Resize Mode", pairs.get("resize mode")))
     mode = pairs.get("control mode")
     key_mode = None
     if mode is not None:

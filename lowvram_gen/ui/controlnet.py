@@ -7,7 +7,8 @@ controlnet_aux and their weights are here: Preview and Generate say in one sente
 Preview (the preprocessed map at the tab's width x height, as the job computes it: control/preprocess.py), the
 model (the embedded `tiny-controlnet`, for the `tiny` model, and the names in models/ControlNet, as the CLI finds
 them: models/controlnet.py `available()`, with Refresh; a
-folder, file or hub id can be typed), the weight and the guidance start/end; then one control mode for all units
+folder, file or hub id can be typed), the weight, the guidance start/end and the resize mode (Just Resize, Crop and
+Resize, Resize and Fill: control/resize.py); then one control mode for all units
 (diffusers has one per call). An enabled unit becomes one of the request's `controlnets` (its fields as a mapping,
 checked by the request as the CLI's are); the uploaded image is gradio's temp file, which the request checks as it
 checks --control-image. A unit with an image but Enable off is left out, and the job's "What ran" says so
@@ -18,8 +19,8 @@ The unit's inputs go LAST in the Generate event's inputs (the API's positional o
 and calls the handler with the unit values as extra positional arguments (`*controlnet`); it adds the `ignored`
 note to the summary ("What ran") the handler yields, the third of its outputs (ui/form.py `generate`).
 
-Remembered per browser (ui/remembered.py): the model, preprocessor, thresholds, weight, start/end and control mode;
-not Enable and not the image (a restored unit without its image would be refused by the first Generate). A PNG's
+Remembered per browser (ui/remembered.py): the model, preprocessor, thresholds, weight, start/end, resize and control
+mode; not Enable and not the image (a restored unit without its image would be refused by the first Generate). A PNG's
 units fill these fields through Send to (ui/sendto.py `unit_values`), the image excepted: a PNG does not hold it.
 
 (No `from __future__ import annotations`: gradio finds `gr.Request` through real annotations.)
@@ -31,6 +32,7 @@ import inspect
 import gradio as gr
 
 from lowvram_gen.control.detectors import NAMES
+from lowvram_gen.control.resize import CONTROL_RESIZE
 from lowvram_gen.control.units import CANNY_DEFAULTS, CONTROL_MODES, MAX_WEIGHT, PREPROCESSORS, check_control_mode
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.ui import messages
@@ -40,9 +42,12 @@ UNITS = 2  # units shown (A1111's default is 3; the request takes up to MAX_UNIT
 # one unit's controls, in the order of the event's inputs
 FIELDS = ("enabled", "image", "preprocessor", "canny_low", "canny_high", "model", "weight", "guidance_start",
           "guidance_end")
+LATER = ("resize_mode",)  # unit controls added later: their inputs come after control_mode (older API calls' order)
+UNIT_FIELDS = FIELDS + LATER
 NOT_REMEMBERED = ("enabled", "image")
 SUMMARY = 2  # the place of "What ran" in a Generate event's outputs (gallery, info, summary, last seed: ui/form.py)
 MODE_CHOICES = [(CONTROL_MODES[key], key) for key in ("balanced", "prompt", "controlnet")]
+RESIZE_CHOICES = [(label, key) for key, label in CONTROL_RESIZE.items()]
 
 
 def key(index: int, name: str) -> str:
@@ -50,7 +55,8 @@ def key(index: int, name: str) -> str:
     return f"cn{index}_{name}"
 
 
-KEYS = tuple(key(i, name) for i in range(UNITS) for name in FIELDS) + ("control_mode",)
+KEYS = tuple(key(i, name) for i in range(UNITS) for name in FIELDS) + ("control_mode",) + \
+    tuple(key(i, name) for i in range(UNITS) for name in LATER)
 SENT_KEYS = tuple(k for k in KEYS if not k.endswith("_image"))  # what a PNG's text fills
 
 
@@ -60,8 +66,8 @@ def model_choices() -> list[str]:
     return sorted(available(), key=str.lower)
 
 
-def preview(image, preprocessor, low, high, width, height, request: gr.Request = None):
-    """The unit's control map as the job makes it (resized to width x height, then its preprocessor)."""
+def preview(image, preprocessor, low, high, width, height, resize="resize", request: gr.Request = None):
+    """The unit's control map as the job makes it (brought to width x height by its resize mode, its preprocessor)."""
     from lowvram_gen.control.preprocess import control_map
     from lowvram_gen.control.units import check_unit
     from lowvram_gen.request import as_int, check_image_path
@@ -70,9 +76,10 @@ def preview(image, preprocessor, low, high, width, height, request: gr.Request =
         raise messages.error("upload a control image first: Preview shows the map made from it", request)
     try:
         unit = check_unit(0, {"model": "preview", "image": image, "preprocessor": preprocessor or "none",
-                              "canny_low": low, "canny_high": high}, check_image_path)
+                              "canny_low": low, "canny_high": high, "resize_mode": resize}, check_image_path)
         w, h = as_int("width", width, 8, 8192), as_int("height", height, 8, 8192)
-        return control_map(unit.image, w, h, unit.preprocessor, unit.canny_low, unit.canny_high)
+        return control_map(unit.image, w, h, unit.preprocessor, unit.canny_low, unit.canny_high,
+                           resize=unit.resize_mode)
     except LowVramError as exc:
         raise messages.error(exc, request) from None
 
@@ -85,15 +92,18 @@ def show_thresholds(name) -> gr.Row:
 def build(prefix: str, width, height) -> dict:
     """The accordion (call inside the tab's layout); returns {KEYS name: component}, in KEYS order."""
     controls: dict = {}
+    later: dict = {}
     with gr.Accordion("ControlNet", open=False, elem_id=f"{prefix}controlnet"):
         for i in range(UNITS):  # accordions, not tabs: the app's tabs (ui/layout.py tabs()) are its pages
             with gr.Accordion(f"ControlNet Unit {i}", open=i == 0, elem_id=f"{prefix}cn{i}"):
-                controls.update(_unit(f"{prefix}cn{i}-", i, width, height))
+                made = _unit(f"{prefix}cn{i}-", i, width, height)
+                controls.update({k: c for k, c in made.items() if not k.endswith(LATER)})
+                later.update({k: c for k, c in made.items() if k.endswith(LATER)})
         mode = gr.Radio(MODE_CHOICES, value="balanced", label="Control Mode (all units)",
                         elem_id=f"{prefix}control-mode")
         mode.preprocess = _as_sent  # an API client's value ("prompt", a label) reaches the request's check
         controls["control_mode"] = mode
-    return controls
+    return {**controls, **later}
 
 
 def _unit(ids: str, i: int, width, height) -> dict:
@@ -118,15 +128,17 @@ def _unit(ids: str, i: int, width, height) -> dict:
         weight = Slider(0, MAX_WEIGHT, value=1, step=0.05, label="Control Weight", elem_id=f"{ids}weight")
         start = Slider(0, 1, value=0, step=0.01, label="Starting Control Step", elem_id=f"{ids}start")
         end = Slider(0, 1, value=1, step=0.01, label="Ending Control Step", elem_id=f"{ids}end")
+    resize = gr.Radio(RESIZE_CHOICES, value="resize", label="Resize Mode", elem_id=f"{ids}resize-mode")
+    resize.preprocess = _as_sent  # an API client's value (a label, 0-2) reaches the request's check
     preprocessor.change(show_thresholds, [preprocessor], [thresholds], queue=False, api_visibility="private")
     # an upload ticks Enable, as the extension's does (clearing the image leaves it: unticking is the user's)
     image.upload(lambda: True, None, [enabled], queue=False, api_visibility="private", show_progress="hidden")
     # queued: a preview's error (no image, an unreadable one) reaches the browser
-    go.click(preview, [image, preprocessor, low, high, width, height], [shown], api_visibility="private")
+    go.click(preview, [image, preprocessor, low, high, width, height, resize], [shown], api_visibility="private")
     refresh.click(lambda: gr.Dropdown(choices=model_choices()), None, [model], api_visibility="private",
                   show_progress="hidden")
-    values = (enabled, image, preprocessor, low, high, model, weight, start, end)
-    return {key(i, name): c for name, c in zip(FIELDS, values)}
+    values = (enabled, image, preprocessor, low, high, model, weight, start, end, resize)
+    return {key(i, name): c for name, c in zip(UNIT_FIELDS, values)}
 
 
 def request_fields(values) -> dict:
@@ -138,7 +150,7 @@ def request_fields(values) -> dict:
     for i in range(UNITS):
         if not named[key(i, "enabled")]:
             continue
-        unit = {name: named[key(i, name)] for name in FIELDS[1:] if named[key(i, name)] is not None}
+        unit = {name: named[key(i, name)] for name in UNIT_FIELDS[1:] if named[key(i, name)] is not None}
         unit["model"] = unit.get("model") or ""  # missing: the request says to pick one
         units.append(unit)
     return {"controlnets": tuple(units), "control_mode": named["control_mode"] or "balanced"}
@@ -173,7 +185,8 @@ def appended(handler):
     params = [p for p in inspect.signature(handler).parameters.values()
               if p.kind is p.POSITIONAL_OR_KEYWORD]
     defaults = {"enabled": False, "preprocessor": "none", "canny_low": CANNY_DEFAULTS[0],
-                "canny_high": CANNY_DEFAULTS[1], "weight": 1.0, "guidance_start": 0.0, "guidance_end": 1.0}
+                "canny_high": CANNY_DEFAULTS[1], "weight": 1.0, "guidance_start": 0.0, "guidance_end": 1.0,
+                "resize_mode": "resize"}
     ours = [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                               default=defaults.get(k.split("_", 1)[-1], "balanced" if k == "control_mode" else None))
             for k in KEYS]

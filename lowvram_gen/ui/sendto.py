@@ -134,7 +134,7 @@ def unit_fields(fields: dict) -> list[str]:
         fields[controlnet.key(i, "enabled")] = unit is not None
         if unit is None:
             continue
-        for name in controlnet.FIELDS[2:]:
+        for name in controlnet.UNIT_FIELDS[2:]:
             fields[controlnet.key(i, name)] = getattr(unit, name)
         try:  # a model-based one needs controlnet_aux and its weights here
             fields[controlnet.key(i, "preprocessor")] = check_preprocessor("preprocessor", unit.preprocessor)

@@ -9,8 +9,10 @@ the ladder re-applies to them without a reload.
 `for_pass` gives a denoise pass its pipeline and arguments: diffusers' ControlNet pipeline for the pass
 (`StableDiffusionControlNetPipeline`, its Img2Img and Inpaint, and the SDXL ones) made over the loaded pipeline's
 components with the auto-pipelines' `from_pipe`, as engines/sd/pipeline.img2img_pipe makes the img2img one (no
-weights copied, cast or read), with `controlnet_conditioning_scale`, `control_guidance_start/end`, `guess_mode`
-and the control maps at the pass's size (control/preprocess.py): hires fix's second pass gets the control image
+weights copied, cast or read), with `controlnet_conditioning_scale`, `guess_mode` (the conditional half only, for
+"ControlNet is more important") and the control maps at the pass's size (control/preprocess.py); `plan` puts A1111's
+extension's rules on the ControlNets for the pass (control/weights.py: the per-output scales of the control modes,
+the guidance start/end steps, hires fix's softening) with forward hooks. Hires fix's second pass gets the control image
 resized to the hires size (its preprocessor run there), as A1111's extension does ("Hr Option: Both"); an inpaint
 pass with "Only masked" gets it cut with the init image's crop box first (Pass.control_crop), as the extension
 does for `inpaint_full_res`.
@@ -24,7 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
+from dataclasses import dataclass
 
+from lowvram_gen.control.weights import cond_only, is_soft, runs_at, soft_scales
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import ControlNetFacts, Task
 from lowvram_gen.families.execution import task_of
@@ -118,44 +123,91 @@ def for_pass(pipe, step) -> tuple[object, dict] | None:
     control = control_pipe(pipe, img2img, modules[0] if len(modules) == 1 else modules, inpaint=step.mask is not None)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
     maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high,
-                        crop=step.control_crop) for u in units]
+                        crop=step.control_crop, resize=u.resize_mode) for u in units]
     one = len(units) == 1
+    # guidance start/end and the per-output scales are the extension's (control/weights.py), applied by `plan`'s
+    # hooks: diffusers' own window (control_guidance_start/end) is left at the whole run. Its guess mode stays for
+    # "ControlNet is more important": it runs the ControlNet on the conditional half of the CFG batch only.
     kwargs = {"image" if not img2img else "control_image": maps[0] if one else maps,
               "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units],
-              "control_guidance_start": units[0].guidance_start if one else [u.guidance_start for u in units],
-              "control_guidance_end": units[0].guidance_end if one else [u.guidance_end for u in units],
-              "guess_mode": step.request.control_mode == "controlnet"}
-    # A1111's extension scales the residuals in hires fix's second pass whatever the mode ("use the soft weights with
-    # high-res fix can significantly reduce artifacts"); in guess mode diffusers' own scaling stands for them
-    soften(modules, step.request.control_mode == "prompt" or (step.hires and step.request.control_mode == "balanced"))
+              "guess_mode": cond_only(step.request.control_mode)}
+    plan(control, modules, units, step.request.control_mode, step.hires)
     return control, kwargs
 
 
-SOFT_BASE = 0.825  # A1111's extension (hook.py): ControlNet output i of 13 (12 down residuals, the mid) x 0.825**(12-i)
+@dataclass(frozen=True)
+class UnitRule:
+    """What one unit's call of its ControlNet gets in a pass: the soft factors or not, and its guidance window."""
+
+    soft: bool
+    start: float
+    end: float
 
 
-def soften(modules: list, on: bool) -> None:
-    """A1111's "My prompt is more important" (soft injection), and any hires fix second pass, for this pass: each
-    ControlNet's residuals scaled by
-    SOFT_BASE**(12 - i) in output order, the mid block's last (an SDXL ControlNet's 10 outputs take the first 10
-    factors, as the extension's zip gives them), on both halves of the CFG batch: diffusers' guess mode scales the
-    conditional half alone. A forward hook put on each module once, acting only in a pass that asks for it."""
-    for module in modules:
-        module._lowvram_soft = on
-        if on and not getattr(module, "_lowvram_soft_hook", None):
-            module._lowvram_soft_hook = module.register_forward_hook(_soft_residuals)
+def plan(control, modules: list, units, control_mode: str, hires: bool) -> None:
+    """Put the extension's rules for this pass on the units' ControlNets: each module's units in call order (two units
+    may share one module; diffusers' MultiControlNetModel calls them in unit order, each once a step), its call count
+    reset, the pass's pipeline (weakly) to read the steps it runs. The hooks go on each module once."""
+    rules: dict[int, list[UnitRule]] = {}
+    for module, unit in zip(modules, units):
+        rules.setdefault(id(module), []).append(UnitRule(is_soft(control_mode, unit.preprocessor, hires),
+                                                         unit.guidance_start, unit.guidance_end))
+    for module in {id(m): m for m in modules}.values():
+        module._lowvram_rules = rules[id(module)]
+        module._lowvram_calls = 0
+        module._lowvram_pass = weakref.ref(control)
+        if not getattr(module, "_lowvram_rule_hooks", None):
+            module._lowvram_rule_hooks = (module.register_forward_pre_hook(_before, with_kwargs=True),
+                                          module.register_forward_hook(_after))
 
 
-def _soft_residuals(module, _args, output):
-    if not getattr(module, "_lowvram_soft", False):
+def _pass_step(module, call: int) -> tuple[int, int] | None:
+    """(the step of the pass this denoiser call is in, the pass's steps) for the `call`-th call of this unit: the
+    pipeline's timesteps (what it runs, img2img's and hires fix's counted from their start) over its scheduler's
+    order (a second-order sampler calls the model twice a step), a warm-up call (PLMS's: its schedule's timesteps
+    beyond steps x order) counted with the first step, as A1111's PLMS makes two calls in its first step; None
+    outside a diffusers pipeline's loop."""
+    control = module._lowvram_pass()
+    timesteps = getattr(control, "_num_timesteps", None) if control is not None else None
+    if not timesteps:
+        return None
+    scheduler = getattr(control, "scheduler", None)
+    order = max(1, int(getattr(scheduler, "order", 1) or 1))
+    schedule, asked = getattr(scheduler, "timesteps", None), getattr(scheduler, "num_inference_steps", None)
+    warmup = max(0, len(schedule) - int(asked) * order) if schedule is not None and asked else 0
+    return max(0, call - warmup) // order, max(1, -(-(int(timesteps) - warmup) // order))
+
+
+def _before(module, args, kwargs):
+    """Before a ControlNet call: this unit's scale for it taken off diffusers' arguments (its weight, and guess mode's
+    own scaling, are put on by `_after`, as the extension scales), the step counted."""
+    rules = getattr(module, "_lowvram_rules", None)
+    module._lowvram_now = None
+    if not rules or isinstance(kwargs.get("conditioning_scale", ()), (list, tuple)):
+        return None  # not a pass's unit, or a union ControlNet's per-condition scales: diffusers' own rules
+    call = module._lowvram_calls
+    module._lowvram_calls += 1
+    rule = rules[call % len(rules)]
+    at = _pass_step(module, call // len(rules))
+    weight = kwargs["conditioning_scale"]
+    weight = float(weight) if not hasattr(weight, "item") else float(weight.item())
+    module._lowvram_now = (weight if at is None or runs_at(*at, rule.start, rule.end) else 0.0, rule.soft)
+    return args, {**kwargs, "conditioning_scale": 1.0, "guess_mode": False}
+
+
+def _after(module, _args, output):
+    now = getattr(module, "_lowvram_now", None)
+    if now is None:
         return output
+    weight, soft = now
     # the output object's kind (diffusers' ControlNetOutput, or a plain tuple), not a family
-    down, mid = (output.down_block_res_samples, output.mid_block_res_sample) if hasattr(output, "mid_block_res_sample") \
-        else output
-    scaled = [r * SOFT_BASE ** float(12 - i) for i, r in enumerate([*down, mid])]
+    named = hasattr(output, "mid_block_res_sample")
+    down, mid = (output.down_block_res_samples, output.mid_block_res_sample) if named else output
+    outputs = [*down, mid]
+    scales = [weight * f for f in soft_scales(len(outputs))] if soft else [weight] * len(outputs)
+    scaled = [r * s for r, s in zip(outputs, scales)]
     down, mid = tuple(scaled[:-1]), scaled[-1]
-    return type(output)(down_block_res_samples=down, mid_block_res_sample=mid) \
-        if hasattr(output, "mid_block_res_sample") else (down, mid)
+    return type(output)(down_block_res_samples=down, mid_block_res_sample=mid) if named else (down, mid)
 
 
 def infotext_fields(pipe, request) -> dict:
@@ -221,7 +273,7 @@ def transformer_pass(pipe, step, modules: list) -> tuple[object, dict]:
     control.set_progress_bar_config(disable=True)
     control.scheduler = pipe.scheduler  # the sampler chosen for this job
     maps = [control_map(u.image, step.width, step.height, u.preprocessor, u.canny_low, u.canny_high,
-                        crop=step.control_crop) for u in units]
+                        crop=step.control_crop, resize=u.resize_mode) for u in units]
     one = len(units) == 1
     kwargs = {"control_image": maps[0] if one else maps,
               "controlnet_conditioning_scale": units[0].weight if one else [u.weight for u in units]}

@@ -62,7 +62,7 @@ class Pass:
     # inpainting's only masked: ((canvas width, height), crop box) the ControlNet units' images are cut with, as the
     # init image was (control/preprocess.py); None: the control images whole
     control_crop: tuple | None = None
-    hires: bool = False  # hires fix's second pass (its ControlNets take A1111's soft weights: controlnet.soften)
+    hires: bool = False  # hires fix's second pass (canny/mlsd units take A1111's soft weights: control/weights.py)
     references: "list | None" = None  # an edit's reference images (PIL), given to the family's edit pipeline
 
     @property

@@ -24,6 +24,7 @@ from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import edit, inpaint
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd import vae_swap
+from lowvram_gen.control.resize import init_resized
 from lowvram_gen.errors import BadOutput, Cancelled
 from lowvram_gen.inpaint.area import area_for
 from lowvram_gen.ladder import Ladder
@@ -321,7 +322,8 @@ class _Job:
             made = inpaint.rendered(self.pipe, self.request, self.size)
             return sd.Pass(self.request, seeds, *made, init=[init] * len(seeds), strength=self.request.strength,
                            texts=self.texts, embeds=self.embeds, mask=mask, control_crop=self.area.control_crop)
-        resized = self.init if self.init.size == self.size else self.init.resize(self.size)
+        resized = self.init if self.init.size == self.size else self.init.resize(self.size) \
+            if self.request.resize_mode == "resize" else init_resized(self.init, *self.size, self.request.resize_mode)
         return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength,
                        texts=self.texts, embeds=self.embeds)
 
