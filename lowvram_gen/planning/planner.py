@@ -19,6 +19,7 @@ so every step down needs less memory and costs as little time as it can.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 from lowvram_gen.hardware.device import DeviceInfo, format_size
 from lowvram_gen.planning import bus as bus_mod
@@ -134,6 +135,16 @@ def variants(preset: Preset, quantize_forced: bool = False, half_files: bool = F
     return out
 
 
+def rendered_size(profile, width: int, height: int) -> tuple[int, int]:
+    """The size the profile's pipeline renders when asked for width x height: that size, but where the family's
+    pipeline picks its own (HiDream: its native area, keeping the aspect), what its record says a pipeline with this
+    profile's VAE renders, so the estimates count the image tokens that run (a 512 px HiDream job runs 4096)."""
+    record = families.by_key(profile.family) if profile.family else families.by_arch(profile.arch)
+    if record.rendered_size is None:
+        return width, height
+    return record.rendered_size(SimpleNamespace(vae_scale_factor=profile.vae_scale_factor), width, height)
+
+
 class _Rows:
     """Estimates of candidates for one job on one device."""
 
@@ -152,7 +163,7 @@ class _Rows:
 
     def size(self, p: Preset) -> tuple[int, int, int]:
         w, h = capped_size(self.width, self.height, p.max_pixels, self.multiple)
-        return w, h, min(self.batch, p.max_batch)
+        return (*rendered_size(self.profile, w, h), min(self.batch, p.max_batch))
 
     def estimate(self, p: Preset) -> Estimate:
         w, h, b = self.size(p)
