@@ -122,18 +122,24 @@ FAMILY_LAYERS = {
     "lumina2": {"num_layers": 1, "num_refiner_layers": 1},
     "flux2-dev": {"num_layers": 1, "num_single_layers": 1},
     "cogview4": {"num_layers": 1},
+    # one double-stream and one single-stream block, each with its mixture-of-experts feed-forward; the forward
+    # projects one Llama layer per block (llama_layers: one index a block), the last (31) carried from the start
+    "hidream": {"num_layers": 1, "num_single_layers": 1, "llama_layers": [0, 31]},
 }
 # Families streamed_families.py has no row for, run the same way (its FAMILIES table: tests module, tiny builder,
-# config key of the text width, mask argument, call extras); HiDream (four text encoders, a mixture-of-experts
-# block) is not measured
+# config key of the text width, mask argument, call extras); HiDream has its row there
 EXTRA_FAMILIES = {
     "flux2-dev": ("tiny_flux2_dev", "build_tiny_flux2_dev", "joint_attention_dim", "", {"guidance_scale": 4.0}),
     "cogview4": ("tiny_cogview4", "build_tiny_cogview4", "text_embed_dim", "", {"guidance_scale": 1.0}),
 }
 # Three sizes each; masked SDPA runs as a GPU kernel would hold it (benchmarks/gpu_attention.py, "gpu_attention")
-JOBS += [(f"transformer-{key}-{side}-b1", "transformer", key, side, side, 1,
+# HiDream's pipeline renders every size at its native area (1024 x 1024 at real size, keeping the aspect; the planner
+# plans it so: planning/planner.rendered_size), so its points are sizes it renders as asked, three aspects of that area
+FAMILY_SIZES = {"hidream": ((1024, 1024), (1248, 832), (1344, 768))}
+JOBS += [(f"transformer-{key}-{w if w == h else f'{w}x{h}'}-b1", "transformer", key, w, h, 1,
           {"layers": layers, "pipeline": True, "gpu_attention": True})
-         for key, layers in FAMILY_LAYERS.items() for side in (512, 768, 1024)]
+         for key, layers in FAMILY_LAYERS.items()
+         for w, h in FAMILY_SIZES.get(key, ((512, 512), (768, 768), (1024, 1024)))]
 # Qwen-Image's VAE (a causal video VAE decoding one frame): its decode held 2.6x what the SD VAE's feature and
 # coefficient say (host_peaks.py's Qwen-Image cell erred -23 % for it), so it has its own points and coefficient
 JOBS += [(f"vae-qwen-image-{side}", "vae", "qwen-image", side, side, 1, {"own_coefficient": True})
@@ -371,21 +377,26 @@ def family_worker(job: dict) -> dict:
 
     scale = pipe.vae_scale_factor / profile_builtin(key).vae_scale_factor
     side, warm = int(job["width"] * scale), max(int(128 * scale), 16 * int(pipe.vae_scale_factor))
+    height = int(job["height"] * scale)
     # masked attention in query chunks (what CUDA's memory-efficient kernel holds), not the CPU's math kernel
     attention = gpu_attention.installed() if job["options"].get("gpu_attention") else contextlib.nullcontext({})
     with attention as calls:
         fam.run_job(pipe, key, cfg, 1, side=warm, tokens=8)  # warm-up: the same code paths, small
+        # the prompt embeddings made before the window: inputs, as the latents are (HiDream's hold every Llama
+        # layer's hidden states, 32 MiB at 128 tokens; the other families' points, measured before this, had their
+        # few MiB of embeddings inside the window)
+        kwargs = fam.job_kwargs(key, cfg, 1, side=side, tokens=tokens, height=height)
         gc.collect()
         reset_peak()
         before = status()["VmRSS"]
         t1 = time.perf_counter()
-        fam.run_job(pipe, key, cfg, 1, side=side, tokens=tokens)
+        fam.run_job(pipe, key, cfg, 1, kwargs=kwargs)
         run_s = time.perf_counter() - t1
         peak = status()["VmHWM"]
     return {**job, "params": n_params, "rss_before_bytes": before, "peak_rss_bytes": peak,
             "activation_bytes": peak - before, "build_s": round(build_s, 1), "run_s": round(run_s, 1),
             "torch": torch.__version__, "diffusers": diffusers.__version__, "text_tokens": tokens,
-            "sdpa_calls": dict(calls), "pipeline_side": side,
+            "sdpa_calls": dict(calls), "pipeline_side": side, "pipeline_height": height,
             "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
 
 
