@@ -122,10 +122,12 @@ FAMILY_LAYERS = {
     "lumina2": {"num_layers": 1, "num_refiner_layers": 1},
     "flux2-dev": {"num_layers": 1, "num_single_layers": 1},
     "cogview4": {"num_layers": 1},
+    # one double-stream and one single-stream block, each with its mixture-of-experts feed-forward; the forward
+    # projects one Llama layer per block (llama_layers: one index a block), the last (31) carried from the start
+    "hidream": {"num_layers": 1, "num_single_layers": 1, "llama_layers": [0, 31]},
 }
 # Families streamed_families.py has no row for, run the same way (its FAMILIES table: tests module, tiny builder,
-# config key of the text width, mask argument, call extras); HiDream (four text encoders, a mixture-of-experts
-# block) is not measured
+# config key of the text width, mask argument, call extras); HiDream has its row there
 EXTRA_FAMILIES = {
     "flux2-dev": ("tiny_flux2_dev", "build_tiny_flux2_dev", "joint_attention_dim", "", {"guidance_scale": 4.0}),
     "cogview4": ("tiny_cogview4", "build_tiny_cogview4", "text_embed_dim", "", {"guidance_scale": 1.0}),
@@ -135,14 +137,17 @@ EXTRA_FAMILIES = {
 # 1024 for any square job of the 1024 px model) and resizes the image after: its points run at the size asked with
 # binning off ("call"), and the "-binned" checks as the app calls it, estimated at the bin (profile.resolution_bins)
 FAMILY_CALL = {"sana": {"use_resolution_binning": False}}
+# HiDream's pipeline renders every size at its native area (1024 x 1024 at real size, keeping the aspect; the planner
+# plans it so: planning/estimate.rendered_size), so its points are sizes it renders as asked, three aspects of that area
+FAMILY_SIZES = {"hidream": ((1024, 1024), (1248, 832), (1344, 768))}
 
 
 def _family_jobs(key: str, layers: dict) -> list[tuple]:
     """A family's three sizes (SANA's with binning off), then SANA's binned checks."""
     base = {"layers": layers, "pipeline": True, "gpu_attention": True}
     call = {"call": FAMILY_CALL[key]} if key in FAMILY_CALL else {}
-    jobs = [(f"transformer-{key}-{side}-b1", "transformer", key, side, side, 1, {**base, **call})
-            for side in (512, 768, 1024)]
+    jobs = [(f"transformer-{key}-{w if w == h else f'{w}x{h}'}-b1", "transformer", key, w, h, 1, {**base, **call})
+            for w, h in FAMILY_SIZES.get(key, ((512, 512), (768, 768), (1024, 1024)))]
     return jobs + [(f"transformer-{key}-{side}-b1-binned", "transformer", key, side, side, 1,
                     {**base, "check": "binning"}) for side in ((512, 768) if call else ())]
 
@@ -385,10 +390,16 @@ def family_worker(job: dict) -> dict:
 
     scale = pipe.vae_scale_factor / profile_builtin(key).vae_scale_factor
     side, warm = int(job["width"] * scale), max(int(128 * scale), 16 * int(pipe.vae_scale_factor))
+    height = int(job["height"] * scale)
     # masked attention in query chunks (what CUDA's memory-efficient kernel holds), not the CPU's math kernel
     attention = gpu_attention.installed() if job["options"].get("gpu_attention") else contextlib.nullcontext({})
     with attention as calls:
-        fam.run_job(pipe, key, cfg, 1, side=warm, tokens=8, call=job["options"].get("call"))  # warm-up: small
+        call = job["options"].get("call")
+        fam.run_job(pipe, key, cfg, 1, side=warm, tokens=8, call=call)  # warm-up: the same code paths, small
+        # the prompt embeddings made before the window: inputs, as the latents are (HiDream's hold every Llama
+        # layer's hidden states, 32 MiB at 128 tokens; the other families' points, measured before this, had their
+        # few MiB of embeddings inside the window)
+        kwargs = fam.job_kwargs(key, cfg, 1, side=side, tokens=tokens, height=height, call=call)
         gc.collect()
         # the latents the transformer is given (SANA's self-attention is linear, not SDPA: the calls above see only its
         # cross-attention's text keys, so its image tokens are checked on its input)
@@ -401,14 +412,15 @@ def family_worker(job: dict) -> dict:
         reset_peak()
         before = status()["VmRSS"]
         t1 = time.perf_counter()
-        fam.run_job(pipe, key, cfg, 1, side=side, tokens=tokens, call=job["options"].get("call"))
+        fam.run_job(pipe, key, cfg, 1, kwargs=kwargs)
         run_s = time.perf_counter() - t1
         peak = status()["VmHWM"]
         hook.remove()
     return {**job, "params": n_params, "rss_before_bytes": before, "peak_rss_bytes": peak,
             "activation_bytes": peak - before, "build_s": round(build_s, 1), "run_s": round(run_s, 1),
             "torch": torch.__version__, "diffusers": diffusers.__version__, "text_tokens": tokens,
-            "sdpa_calls": dict(calls), "pipeline_side": side, "transformer_input_shape": seen.get("shape"),
+            "sdpa_calls": dict(calls), "pipeline_side": side, "pipeline_height": height,
+            "transformer_input_shape": seen.get("shape"),
             "command": f"python benchmarks/calibrate_memory.py --only {job['id']} --redo"}
 
 

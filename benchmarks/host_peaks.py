@@ -47,7 +47,7 @@ RESULTS = ROOT / "docs" / "bench" / "host_peaks.json"
 CGROOT = Path("/sys/fs/cgroup/memory")
 GiB = 1 << 30
 MODELS = ("sd15", "sdxl", "flux", "z-image", "flux2-klein", "qwen-image", "chroma", "lumina2",
-          "cogview4", "sana")  # from z-image on: realsize_families.py
+          "cogview4", "sana", "hidream", "flux2-dev")  # from z-image on: realsize_families.py
 MODES = ("default", "int8", "int4", "diffusers-fp32", "diffusers-bf16")
 PROMPT = "a red fox"
 SIZE = 512

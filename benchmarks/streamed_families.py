@@ -116,16 +116,24 @@ def build_pipeline(key: str, transformer):
     return pipe
 
 
-def run_job(pipe, key: str, cfg: dict, steps: int, side: int = 64, tokens: int = TEXT_TOKENS,
-            call: dict | None = None) -> None:
-    """One job of `steps` steps at side x side px with `tokens` text tokens, CFG off, latents out (`call`: further
+def job_kwargs(key: str, cfg: dict, steps: int, side: int = 64, tokens: int = TEXT_TOKENS,
+               height: int | None = None, call: dict | None = None) -> dict:
+    """The call of one job of `steps` steps at side x side px (side x `height`) with `tokens` text tokens, CFG off,
+    latents out (the prompt embeddings made here: calibrate_memory.py makes them before it measures; `call`: further
     pipeline arguments, SANA's use_resolution_binning for calibrate_memory.py)."""
     import torch
 
     _, _, width_key, mask, extra, *shapes = FAMILIES[key]
-    kwargs = dict(num_inference_steps=steps, width=side, height=side, generator=torch.Generator().manual_seed(1),
-                  output_type="latent", **extra, **_extra(cfg, shapes[0] if shapes else {}, tokens),
-                  **(_embeds(int(cfg[width_key]), mask, as_list=key == "z-image", tokens=tokens) if width_key else {}),
-                  **(call or {}))
+    return dict(num_inference_steps=steps, width=side, height=height or side, generator=torch.Generator().manual_seed(1),
+                output_type="latent", **extra, **_extra(cfg, shapes[0] if shapes else {}, tokens),
+                **(_embeds(int(cfg[width_key]), mask, as_list=key == "z-image", tokens=tokens) if width_key else {}),
+                **(call or {}))
+
+
+def run_job(pipe, key: str, cfg: dict, steps: int, side: int = 64, tokens: int = TEXT_TOKENS,
+            kwargs: dict | None = None, call: dict | None = None) -> None:
+    """One job (`job_kwargs`, or the `kwargs` made before)."""
+    import torch
+
     with torch.inference_mode():
-        pipe(**kwargs)
+        pipe(**(kwargs or job_kwargs(key, cfg, steps, side, tokens, call=call)))

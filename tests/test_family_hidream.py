@@ -149,3 +149,27 @@ def test_plan_the_real_model_offline(capsys):
     assert result["preset"] and not result["refusal"]
     chosen = next(p for p in result["presets"] if p["name"] == result["preset"])
     assert chosen["fits"] and chosen["fits_host"] and (chosen["width"], chosen["height"]) == (1024, 1024)
+
+
+def test_a_job_of_another_size_is_planned_at_the_native_area_it_renders(capsys):
+    """HiDreamImagePipeline renders every size at its native area (1024x1024 at real size, keeping the aspect): a
+    512 px plan estimates the 4096 image tokens that run, as a 1024 px one does (it counted a quarter of them), and
+    a 768x512 one the 1248x832 it renders; another family's plan keeps the size asked."""
+    from lowvram_gen.models.profile import profile_builtin
+    from lowvram_gen.planning.estimate import rendered_size
+
+    def plan(side_w: int, side_h: int) -> dict:
+        code, out, err = cli(capsys, "plan", "--model", "hidream", "--vram", "12", "--ram", "32", "--width",
+                             str(side_w), "--height", str(side_h), "--json")
+        assert code == 0, err
+        return {p["name"]: p for p in json.loads(out)["presets"]}
+
+    small, native = plan(512, 512), plan(1024, 1024)
+    assert small.keys() == native.keys()
+    for name, row in small.items():
+        assert (row["width"], row["height"]) == (1024, 1024), name
+        assert row["estimate_bytes"] == native[name]["estimate_bytes"], name
+        assert row["host_peak_bytes"] == native[name]["host_peak_bytes"], name
+    assert {(r["width"], r["height"]) for r in plan(768, 512).values()} == {(1248, 832)}
+    assert rendered_size(profile_builtin("hidream"), 512, 512) == (1024, 1024)
+    assert rendered_size(profile_builtin("flux"), 512, 512) == (512, 512)

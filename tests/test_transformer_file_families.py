@@ -92,6 +92,55 @@ def test_a_flux2_file_with_the_other_flux2s_components_is_refused_naming_both(fl
     assert ("Flux2KleinPipeline" in line) == which.startswith("dev")
 
 
+def _keys_only(path: Path, shapes: dict) -> Path:
+    """A .safetensors holding zeros of `shapes` (one element where the shape is (1,)): the keys that tell a file's
+    family and variant apart, nothing a load could run (the refusals below come before any weight is read)."""
+    save_file({k: torch.zeros(v, dtype=torch.bfloat16) for k, v in shapes.items()}, str(path))
+    return path
+
+
+def test_a_klein_9b_file_with_a_klein_4b_folder_is_refused_naming_both_variants(klein, tmp_path, capsys):
+    """Klein 9B's file (4096 wide: its img_in) with a Klein 4B components folder: the same pipeline class and family
+    group, so only the variant tells; refused in one sentence naming both, before diffusers' size mismatch."""
+    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES as names
+
+    from lowvram_gen.families.keys import KLEIN_9B_WIDTH
+
+    path = _keys_only(tmp_path / "flux-2-klein-9b.safetensors",
+                      {names["flux2"][1]: (1,), "img_in.weight": (KLEIN_9B_WIDTH, 1)})
+    assert transformer_file.file_family(path).key == "flux2-klein-9b"
+    code, _, err = cli(capsys, "generate", "x", *SMALL, "--outdir", str(tmp_path), "--model", str(path),
+                       "--components", str(klein[0]))
+    line = _one_sentence(err)
+    assert code == 2 and path.name in line and str(klein[0]) in line
+    assert "a Flux.2 Klein 9B transformer" in line and "holds a Flux.2 Klein 4B one" in line
+
+
+def test_a_flux1_schnell_file_with_a_dev_folder_is_refused_and_a_dev_file_taken(tmp_path, capsys):
+    """FLUX.1 schnell's transformer (no guidance embedder) with a FLUX.1 dev folder (guidance_embeds): refused naming
+    both; a dev file's keys pass the same check (diffusers' FLUX.1 converter splits at the real width, so no tiny file
+    converts: the check is asked alone there)."""
+    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES as names
+    from tiny_transformers import build_tiny_flux
+
+    from lowvram_gen import families
+    from lowvram_gen.errors import ModelLoadError
+
+    folder = tmp_path / "tiny-flux-dev"
+    build_tiny_flux().save_pretrained(folder, safe_serialization=True)
+    schnell = _keys_only(tmp_path / "flux1-schnell.safetensors", {names["flux"][0]: (1,)})
+    code, _, err = cli(capsys, "generate", "x", *SMALL, "--outdir", str(tmp_path), "--model", str(schnell),
+                       "--components", str(folder))
+    line = _one_sentence(err)
+    assert code == 2 and schnell.name in line and str(folder) in line
+    assert "a FLUX.1 schnell transformer" in line and "holds a FLUX.1 dev one" in line
+    dev = _keys_only(tmp_path / "flux1-dev.safetensors", {names["flux"][0]: (1,), "guidance_in.in_layer.weight": (1,)})
+    flux1 = families.by_pipeline("FluxPipeline")
+    transformer_file.refuse_other_variant(folder, flux1, dev)  # the same variant: no refusal
+    with pytest.raises(ModelLoadError, match="FLUX.1 schnell transformer"):
+        transformer_file.refuse_other_variant(folder, flux1, schnell)
+
+
 def test_without_components_a_flux2_dev_file_finds_a_dev_folder_not_a_klein_one(flux2_dev, klein, tmp_path, capsys):
     """The user's models hold both Flux.2 folders: the dev file takes the dev one (both are Flux2Transformer2DModel)."""
     models = tmp_path / "models"

@@ -110,6 +110,25 @@ def flux2_klein_9b_transformer(keys) -> bool:
     return _klein(keys) and _width(keys, "img_in.weight") == KLEIN_9B_WIDTH
 
 
+# Which variant a transformer file is, and which one a components folder's transformer config is, named alike (the
+# records' `SingleFile.file_variant` / `config_variant`): variants of one family whose transformers differ in shape
+def klein_file_variant(shapes) -> str:
+    return "Flux.2 Klein 9B" if _width(shapes, "img_in.weight") == KLEIN_9B_WIDTH else "Flux.2 Klein 4B"
+
+
+def klein_config_variant(config) -> str:
+    width = int(config.get("num_attention_heads", 0)) * int(config.get("attention_head_dim", 0))
+    return "Flux.2 Klein 9B" if width == KLEIN_9B_WIDTH else "Flux.2 Klein 4B"
+
+
+def flux1_file_variant(shapes) -> str:
+    return "FLUX.1 dev" if flux1_variant(shapes) == "flux-dev" else "FLUX.1 schnell"
+
+
+def flux1_config_variant(config) -> str:
+    return "FLUX.1 dev" if config.get("guidance_embeds") else "FLUX.1 schnell"  # diffusers' default: False
+
+
 def hidream_transformer(keys) -> bool:
     return _marked(keys, "hidream")
 

@@ -138,6 +138,11 @@ class SingleFile:
     offline_variant: Callable[..., str] | None = None
     # its T5 encoder and tokenizer, which diffusers lets it run without (None) when no weights are given (SD3's)
     optional_t5: tuple[str, ...] = ()
+    # the variant a transformer file is, from its {key: shape}, and the one a components folder's transformer config
+    # is, named alike ('FLUX.1 schnell', 'Flux.2 Klein 9B'): a folder of another variant is refused before loading
+    # (models/transformer_file.py); None: the family's variants are not told apart
+    file_variant: Callable[[Mapping[str, tuple]], str] | None = None
+    config_variant: Callable[[Mapping], str] | None = None
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,8 @@ FLUX2_KLEIN = Family(
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="Flux2KleinPipeline", components=("text_encoder", "vae"),
-                           gguf_match=keys.flux2_klein_transformer),
+                           gguf_match=keys.flux2_klein_transformer, file_variant=keys.klein_file_variant,
+                           config_variant=keys.klein_config_variant),
     builtin="flux2-klein", hub_id="black-forest-labs/FLUX.2-klein-4B",
     aliases=("flux2-klein", "flux.2-klein", "flux2-klein-4b", "flux.2-klein-4b", "klein", "klein-4b",
              "black-forest-labs/flux.2-klein-4b"),

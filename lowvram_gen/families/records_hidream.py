@@ -32,11 +32,17 @@ from lowvram_gen.families import keys
 from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, SingleFile, Task
 
 
+# HiDreamImagePipeline's default_sample_size (latent pixels a side), whatever its VAE
+DEFAULT_SAMPLE_SIZE = 128
+
+
 def hidream_size(pipe, width: int, height: int) -> tuple[int, int]:
     """What HiDreamImagePipeline renders when asked for width x height: its __call__ scales the size to the area of
-    its default sample size, keeping the aspect, to multiples of twice the VAE's scale factor."""
+    its default sample size, keeping the aspect, to multiples of twice the VAE's scale factor. `pipe`: the pipeline,
+    or anything with its VAE's `vae_scale_factor` (the planner's stand-in: the pipeline's default sample size)."""
     division = pipe.vae_scale_factor * 2
-    scale = math.sqrt((pipe.default_sample_size * pipe.vae_scale_factor) ** 2 / (width * height))
+    sample = getattr(pipe, "default_sample_size", DEFAULT_SAMPLE_SIZE)
+    scale = math.sqrt((sample * pipe.vae_scale_factor) ** 2 / (width * height))
     return int(width * scale // division * division), int(height * scale // division * division)
 
 

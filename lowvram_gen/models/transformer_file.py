@@ -10,8 +10,10 @@ layout (ComfyUI's / BFL's names) to its own, with the folder's transformer confi
 takes models/gguf_file.py's route, which ends in `pipeline_around` too. Nothing is copied: the file is read where it is.
 
 A components folder runs the file where its pipeline's denoiser is the file's class and, if its record reads files of
-its own, of the file's family group (`runs_in`: a Flux.2 Klein folder does not run a Flux.2 dev file). FLUX.1 Kontext's
-files have FLUX.1's keys: a Kontext folder's model_index.json makes a FLUX.1 file Kontext's (`file_pipeline`).
+its own, of the file's family group (`runs_in`: a Flux.2 Klein folder does not run a Flux.2 dev file), and of the
+file's variant where the record tells its variants apart (`refuse_other_variant`: Klein 9B / 4B, FLUX.1 dev /
+schnell). FLUX.1 Kontext's files have FLUX.1's keys: a Kontext folder's model_index.json makes a FLUX.1 file Kontext's
+(`file_pipeline`).
 """
 
 from __future__ import annotations
@@ -136,7 +138,33 @@ def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
     if not runs_in(family, theirs):
         raise ModelLoadError(f"{path.name} is a {family.name} transformer ({wanted}), but the components folder "
                              f"{folder} is a {theirs}: pass --components with a diffusers folder of {family.name}")
+    refuse_other_variant(folder, family, path)
     return theirs
+
+
+def refuse_other_variant(folder: Path, family: families.Family, path: Path) -> None:
+    """Refuse, before any weight is read, a components folder of another variant of the file's family whose
+    transformer has other shapes (a Klein 9B file with a Klein 4B folder, a FLUX.1 schnell file with a dev folder:
+    diffusers would fail late on a size mismatch naming the file alone), from the record's variant facts
+    (`SingleFile.file_variant` of the file's keys, `config_variant` of the folder's transformer config). A file that is
+    not a .safetensors (a GGUF) or a folder whose config cannot be read is left to the loader."""
+    from lowvram_gen.models.safe_files import safetensors_header
+
+    single = family.single_file
+    if single is None or single.file_variant is None or single.config_variant is None:
+        return
+    if Path(path).suffix.lower() != ".safetensors":
+        return
+    try:
+        header = safetensors_header(path)
+        config = safe_json.load_file(folder / family.denoiser / "config.json")
+    except Exception:  # noqa: BLE001 - an unreadable file or config is the loader's to refuse, in its own words
+        return
+    mine = single.file_variant({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    theirs = single.config_variant(config)
+    if mine != theirs:
+        raise ModelLoadError(f"{Path(path).name} is a {mine} transformer, but the components folder {folder} holds a "
+                             f"{theirs} one: pass --components with a diffusers folder of {mine}")
 
 
 def load_denoiser(path, family: families.Family, folder: Path, torch_dtype, quantize: str = "none",

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 
+from lowvram_gen import families
 from lowvram_gen.models.profile import TEXT_TOKENS, ModelProfile, calibration
 from lowvram_gen.planning import residency
 from lowvram_gen.settings import MemorySettings
@@ -168,13 +170,18 @@ def unet_feature(profile: ModelProfile) -> float:
 
 
 def rendered_size(profile: ModelProfile, width: int, height: int) -> tuple[int, int]:
-    """(width, height) the pipeline renders a width x height job at: the size asked, or where it bins resolutions
-    (profile.resolution_bins: SANA) the bin whose aspect ratio is nearest the job's, as diffusers'
-    classify_height_width_bin picks it; the denoiser and the decode run at that size, the image is resized after."""
-    if not profile.resolution_bins:
+    """(width, height) the pipeline renders a width x height job at, so the estimates count the image tokens that run:
+    the size asked; where it bins resolutions (profile.resolution_bins: SANA) the bin whose aspect ratio is nearest the
+    job's, as diffusers' classify_height_width_bin picks it; where its family's record says its pipeline picks a size
+    of its own (record.rendered_size: HiDream's native area, keeping the aspect) that size, for a pipeline with this
+    profile's VAE. The denoiser and the decode run at that size; the image is resized after."""
+    if profile.resolution_bins:
+        _, h, w = min(profile.resolution_bins, key=lambda b: abs(b[0] - height / width))
+        return w, h
+    record = families.by_key(profile.family) if profile.family else families.by_arch(profile.arch)
+    if record.rendered_size is None:
         return width, height
-    _, h, w = min(profile.resolution_bins, key=lambda b: abs(b[0] - height / width))
-    return w, h
+    return record.rendered_size(SimpleNamespace(vae_scale_factor=profile.vae_scale_factor), width, height)
 
 
 def transformer_tokens(profile: ModelProfile, hw: int) -> float:

@@ -26,7 +26,7 @@ from lowvram_gen.planning import host as host_mod
 from lowvram_gen.planning import speed, timing
 from lowvram_gen import families
 from lowvram_gen.models.profile import calibration
-from lowvram_gen.planning.estimate import Estimate, estimate
+from lowvram_gen.planning.estimate import Estimate, estimate, rendered_size
 from lowvram_gen.planning.sizes import capped_size, size_multiple, vae_tile_size
 from lowvram_gen.presets import Preset, gpu_ladder
 from lowvram_gen.settings import precision_suffix
@@ -155,7 +155,7 @@ class _Rows:
     def size(self, p: Preset) -> tuple[int, int, int]:
         w, h = (self.width, self.height) if self.own_size else capped_size(self.width, self.height, p.max_pixels,
                                                                            self.multiple)
-        return w, h, min(self.batch, p.max_batch)
+        return (*rendered_size(self.profile, w, h), min(self.batch, p.max_batch))
 
     def estimate(self, p: Preset) -> Estimate:
         w, h, b = self.size(p)
