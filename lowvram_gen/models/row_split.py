@@ -6,8 +6,9 @@ planning/residency.py names the parts `<layer>.parts.<i>` (k parts of rows[i*r//
 Linears back (networks/hooks.remove_offload_hooks calls it, so LoRA loading, casting and every other offload see the
 model as it was). The forward concatenates the parts' outputs: the same rows of the same product (tested equal).
 Only a plain float nn.Linear is cut (models/blocks._rows): a quantized layer, or one with casting hooks of its own,
-stays whole. The parts are copies of their rows (the layer's own storage is dropped), so a part that stays resident
-frees its host copy as the whole layer would, and joining copies them back into one weight.
+stays whole. The parts are views of their rows (nothing is copied; the layer itself lets go of its weight), so once
+the hooks have moved the streamed parts to their pinned copies and the resident ones to the device, the layer's host
+storage goes as the whole layer's would; joining copies the parts back into one weight on the host.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ class RowSplitLinear(torch.nn.Module):
         rows = linear.out_features
         self.in_features, self.out_features = linear.in_features, rows
         self.parts = torch.nn.ModuleList()
-        weight, bias = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
+        # on the host first: a view of a layer on the device would keep all of its rows there (meta stays meta)
+        host = "meta" if linear.weight.device.type == "meta" else "cpu"
+        weight = linear.weight.detach().to(host)
+        bias = None if linear.bias is None else linear.bias.detach().to(host)
         for i in range(k):
             a, b = rows * i // k, rows * (i + 1) // k
             part = torch.nn.Linear(linear.in_features, b - a, bias=bias is not None, device="meta")
-            part.weight = torch.nn.Parameter(weight[a:b].clone(), requires_grad=False)
+            part.weight = torch.nn.Parameter(weight[a:b], requires_grad=False)  # a view: nothing copied
             if bias is not None:
-                part.bias = torch.nn.Parameter(bias[a:b].clone(), requires_grad=False)
+                part.bias = torch.nn.Parameter(bias[a:b], requires_grad=False)
             self.parts.append(part)
         linear.weight = linear.bias = None  # its rows live in the parts now (join_rows puts them back)
         self.__dict__["whole"] = linear  # not a submodule: its tensors would count twice
