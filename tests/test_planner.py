@@ -254,7 +254,7 @@ def test_the_plans_streamed_bytes_are_the_split_of_the_real_sdxl_unets_blocks():
     from diffusers import UNet2DConditionModel
 
     import lowvram_gen
-    from lowvram_gen.models.blocks import blocks_of
+    from lowvram_gen.models.blocks import piece_tree
     from lowvram_gen.planning.residency import split
 
     result = plan(fake(4), profile_builtin("sdxl"), 1024, 1024, 1, load_presets())
@@ -263,7 +263,7 @@ def test_the_plans_streamed_bytes_are_the_split_of_the_real_sdxl_unets_blocks():
     config = Path(lowvram_gen.__file__).parent / "configs" / "sdxl" / "unet" / "config.json"
     with init_empty_weights(include_buffers=True):
         unet = UNet2DConditionModel.from_config(_json.loads(config.read_text()))
-    expected = split(blocks_of(unet, 2), memory.resident_bytes)
+    expected = split(piece_tree(unet, 2), memory.resident_bytes)  # the pieces apply cuts them into too
     assert chosen_row(result).streamed_bytes_per_step == expected.streamed_bytes_per_step
     assert chosen_row(result).breakdown["resident_bytes"] == expected.resident_bytes
 

@@ -15,6 +15,18 @@ is 0.6 GB in fp16 instead of a 1.3 GB down block). Execution order inside such a
 then the other lists (the samplers) in definition order. Everything that is in no block (conv_in/out,
 the time and text embeddings, the output norm, parameters of the blocks' own) is the fixed part: it
 is always resident and is not counted in `resident_bytes` (`fixed_bytes`).
+
+Pieces. A transformer block (or any unit over PIECE elements) is cut into the modules its forward calls, down to
+pieces of at most PIECE elements (`block_modules`, `blocks_of`: the coarsest units, which add up with the fixed part
+to the whole model). How fine the units that stream must be depends on how much streams: two of them are in flight
+beside the resident part, so a split that streams little wants small ones and one that streams much does not need
+them (and pays a hook per unit). `piece_tree` therefore lists, below each of those pieces, the finer pieces it may
+be cut into, down to FLOOR elements, in pre-order (a piece's finer pieces follow it, named below it), with two
+annotations after a name: `[rows=N]` on a plain Linear that may be cut by output rows into sub-linears
+(models/row_split.py; a quantized or hooked layer is not plain and stays whole), `[held]` on a child the block's
+forward calls twice (CogView4's `ff`), which stays on the card from its first call until its block's forward ends.
+planning/residency.py cuts the tree where the bytes that stream ask for it (`residency.piece_limit`: one rule for the
+plan and for what is applied).
 """
 
 from __future__ import annotations
@@ -31,6 +43,9 @@ _INTERLEAVED = ("resnets", "attentions")
 # the next is prefetched, so what a split streams beyond the bytes that cannot stay is about two pieces in flight and
 # less than one left over by whole pieces (FLUX.1's 648 MiB double blocks cost 1.3 GiB in flight; pieces 0.2 GiB).
 PIECE = 1 << 25
+# The finest piece (elements, 1 MiB in 16 bits): a child smaller than this joins the fixed part where its parent is
+# cut, since a hook on it would cost more than the bytes it saves; the tree stops above it.
+FLOOR = PIECE // 64
 
 
 def _is_list(module) -> bool:
@@ -67,22 +82,73 @@ def _units(name: str, module) -> list[tuple[str, object]]:
 def _pieces(name: str, module) -> list[tuple[str, object]]:
     """A transformer block as streamable pieces of at most PIECE elements where its layers allow: the block whole
     when it is that small, else its children, each split the same way (a layer larger than PIECE, such as FLUX.1's
-    56.6 M-element modulation, is one piece). Pieces are modules the forward calls: a ModuleList/ModuleDict (which
-    has no forward) is always split into its elements. Children of fewer than PIECE // 64 elements (norms, the
-    block's own parameters) join the fixed part, where a hook would cost more than the bytes it saves. A module
-    holding a list of like modules (HiDream's mixture of experts) stays whole: the router may skip an expert in a
-    step, and a skipped piece would not move what the plan counts (nor free what its prefetch brought). So does a
-    module whose forward calls a large child twice; a small one called twice stays in the fixed part (`_called_twice`)."""
-    if _numel(module) <= PIECE and not isinstance(module, _NO_FORWARD()) or not any(True for _ in module.children()) \
-            or _routed(module):
-        return [(name, module)]
+    56.6 M-element modulation, is one piece here; residency may cut it by rows). Pieces are modules the forward calls:
+    a ModuleList/ModuleDict (which has no forward) is always split into its elements. Children of fewer than FLOOR
+    elements (norms, the block's own parameters) join the fixed part, where a hook would cost more than the bytes it
+    saves. A module holding a list of like modules (HiDream's mixture of experts) stays whole: the router may skip an
+    expert in a step, and a skipped piece would not move what the plan counts (nor free what its prefetch brought). A
+    child the forward calls twice is a piece of its own, held on the card until the block's forward ends (`_tree`),
+    or in the fixed part when it is smaller than FLOOR."""
+    return [(node.name, node.module) for node in _cut(_tree(name, module), PIECE)]
+
+
+class _Node:
+    """A piece and the finer pieces it may be cut into (`children`, none under FLOOR elements); `rows`: the output
+    rows of a plain Linear that may be cut by rows; `held`: a child its parent's forward calls twice."""
+
+    __slots__ = ("name", "module", "numel", "children", "rows", "held")
+
+    def __init__(self, name, module, children=(), rows=0, held=False):
+        self.name, self.module, self.numel = name, module, _numel(module)
+        self.children, self.rows, self.held = list(children), rows, held
+
+
+def _tree(name: str, module, held: bool = False) -> _Node:
+    """`module` with the finer pieces it may be cut into: its children of FLOOR elements or more (a ModuleList's or
+    ModuleDict's elements in its place), except where it is routed (`_routed`) or held (a held piece is one unit)."""
+    if held or _routed(module) or not any(True for _ in module.children()):
+        return _Node(name, module, rows=_rows(module) if not held else 0, held=held)
     twice = _called_twice(type(module), frozenset(n for n, _ in module.named_children()))
-    if any(_numel(getattr(module, n)) > PIECE for n in twice):
-        return [(name, module)]
-    out = []
+    children = []
     for child_name, child in module.named_children():
-        if _numel(child) >= PIECE // 64 and child_name not in twice:
-            out.extend(_pieces(f"{name}.{child_name}", child))
+        path = f"{name}.{child_name}"
+        if _numel(child) < FLOOR:
+            continue  # the fixed part where this module is cut
+        if isinstance(child, _NO_FORWARD()):
+            children += [_tree(f"{path}.{i}", m) for i, m in child.named_children() if _numel(m) >= FLOOR]
+        else:
+            children.append(_tree(path, child, held=child_name in twice))
+    return _Node(name, module, children)
+
+
+def _rows(module) -> int:
+    """Output rows of a plain float Linear over FLOOR elements, which models/row_split.py can cut; 0 otherwise (a
+    quantized layer, one with hooks of its own such as layerwise casting, or a Linear subclass stays whole)."""
+    import torch
+
+    registry = getattr(module, "_diffusers_hook", None)
+    if type(module) is not torch.nn.Linear or _numel(module) <= FLOOR or not module.weight.dtype.is_floating_point \
+            or hasattr(module, "_hf_hook") or registry is not None and registry.get_hook("layerwise_casting"):
+        return 0
+    return int(module.out_features)
+
+
+def _cut(node: _Node, limit: int) -> list[_Node]:
+    """The pieces of `node` of at most `limit` elements (a node with no finer pieces as it is); ModuleLists and
+    ModuleDicts are never pieces (the tree holds none)."""
+    if node.numel <= limit or not node.children:
+        return [node]
+    return [piece for child in node.children for piece in _cut(child, limit)]
+
+
+def _label(node: _Node) -> str:
+    return node.name + (f"[rows={node.rows}]" if node.rows else "") + ("[held]" if node.held else "")
+
+
+def _pre_order(node: _Node, bytes_per_element: int | None, out: list) -> list:
+    out.append((_label(node), module_bytes(node.module, bytes_per_element)))
+    for child in node.children:
+        _pre_order(child, bytes_per_element, out)
     return out
 
 
@@ -177,6 +243,28 @@ def block_modules(module) -> list[tuple[str, object]]:
         elif any(_is_list(c) for c in child.children()):
             out.extend(_units(name, child))
     return out
+
+
+def piece_tree(module, bytes_per_element: int | None = None) -> list[tuple[str, int]]:
+    """[(label, bytes)]: each of `blocks_of`'s blocks followed by the finer pieces it may be cut into, in pre-order
+    (see the module doc for the labels); planning/residency.py cuts it. A block that is not cut further is listed
+    alone, so on a model with no piece over FLOOR elements (the tiny test models) this is `blocks_of`."""
+    out = []
+    for name, m in block_modules(module):
+        _pre_order(_tree(name, m, held=held_piece(module, name)), bytes_per_element, out)
+    return out
+
+
+def held_piece(model, name: str) -> bool:
+    """Whether the piece `name` of `model` is a child its parent's forward calls twice: then it is one unit, and
+    budget offload holds it on the card until its parent's forward ends (models/held.py)."""
+    parent, _, child = name.rpartition(".")
+    if not parent:
+        return False
+    owner = model.get_submodule(parent)
+    if isinstance(owner, _NO_FORWARD()):
+        return False
+    return child in _called_twice(type(owner), frozenset(n for n, _ in owner.named_children()))
 
 
 def _tensor_bytes(tensors, bytes_per_element: int | None) -> int:

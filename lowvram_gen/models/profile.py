@@ -30,7 +30,7 @@ from typing import Any
 from lowvram_gen import families, safe_json
 from lowvram_gen.errors import ModelLoadError
 from lowvram_gen.models import gguf_file, transformer_file
-from lowvram_gen.models.blocks import block_sizes, blocks_of, fixed_bytes
+from lowvram_gen.models.blocks import block_sizes, fixed_bytes, piece_tree
 from lowvram_gen.models.counting import instantiate_meta, sdnq_kept, text_fp32_kept, text_quant_kept
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.resolve import ModelSource
@@ -108,7 +108,8 @@ class ModelProfile:
     denoiser_quantized: int = 0
     denoiser_quantized_bytes: int = 0
     # partial residency (offload = "budget"): the denoiser's streamable blocks in execution order as
-    # (name, elements), and the elements outside them (always resident); planning/residency.py
+    # (name, elements), each followed by the finer pieces it may be cut into (models.blocks.piece_tree), and the
+    # elements outside them (always resident); planning/residency.py
     residency_blocks: tuple[tuple[str, int], ...] = ()
     residency_fixed: int = 0
     # bytes of each component's weight files as the folder stores them (fp32, fp16 ...): what loading
@@ -363,7 +364,7 @@ def _denoiser_fields(name: str, model, family: families.Family = families.GENERI
     blocks, in_blocks, total = block_sizes(model)
     out["denoiser_blocks"] = tuple(blocks)
     out["denoiser_unmatched"] = total - in_blocks
-    out["residency_blocks"] = tuple(blocks_of(model, bytes_per_element=1))
+    out["residency_blocks"] = tuple(piece_tree(model, bytes_per_element=1))
     out["residency_fixed"] = fixed_bytes(model, bytes_per_element=1)
     try:
         model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)

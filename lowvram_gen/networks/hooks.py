@@ -56,10 +56,12 @@ def unhook(module) -> None:
         from accelerate.hooks import remove_hook_from_module
 
         remove_hook_from_module(module, recurse=True)
+    from lowvram_gen.models.held import hook_names
+
     for sub in module.modules():
         registry = getattr(sub, "_diffusers_hook", None)
         if isinstance(registry, HookRegistry):
-            for name in GROUP_HOOKS:
+            for name in (*GROUP_HOOKS, *hook_names(sub)):  # budget's held pieces (models/held.py) too
                 registry.remove_hook(name, recurse=False)
 
 
@@ -68,9 +70,12 @@ def remove_offload_hooks(pipe) -> None:
     (models/attached.py: not components, so diffusers' remove_all_hooks does not see them)."""
     from lowvram_gen.models.attached import attached
 
+    from lowvram_gen.models.row_split import join_rows
+
     pipe.remove_all_hooks()  # accelerate hooks of model offload
     for module in {**_torch_modules(pipe), **attached(pipe)}.values():
         unhook(module)
+        join_rows(module)  # budget's layers cut by rows whole again, as LoRA loading and the next apply expect
 
 
 @contextmanager

@@ -35,7 +35,7 @@ from lowvram_gen import families
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.models import control_lora
 from lowvram_gen.models import controlnet as controlnet_files
-from lowvram_gen.models.blocks import block_sizes, blocks_of, fixed_bytes
+from lowvram_gen.models.blocks import block_sizes, fixed_bytes, piece_tree
 from lowvram_gen.models.counting import instantiate_meta, sdnq_kept
 from lowvram_gen.models.profile import ModelProfile
 from lowvram_gen.planning import estimate as memory
@@ -59,7 +59,7 @@ class ControlNetProfile:
     channels: tuple[int, ...]
     blocks: tuple[int, ...]  # group offload's block groups (elements of its top-level ModuleLists)
     unmatched: int  # what group offload keeps in its one remaining group
-    residency_blocks: tuple[tuple[str, int], ...]  # budget's streamable blocks, as models.blocks.blocks_of names them
+    residency_blocks: tuple[tuple[str, int], ...]  # budget's streamable blocks and their pieces (models.blocks.piece_tree)
     residency_fixed: int
     largest_layer: int
     quant_kept: int  # what sdnq leaves unquantized (estimate.sdnq_kept)
@@ -96,7 +96,7 @@ def _profile(config_json: str) -> ControlNetProfile:
     held, peak = _features(config, channels)
     return ControlNetProfile(name="", params=total, cross_attention_dim=cross, channels=channels,
                              blocks=tuple(blocks), unmatched=total - in_blocks,
-                             residency_blocks=tuple(blocks_of(model, bytes_per_element=1)),
+                             residency_blocks=tuple(piece_tree(model, bytes_per_element=1)),
                              residency_fixed=fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
                              quant_kept=sdnq_kept(model), held=held, peak=peak)
 
@@ -221,7 +221,7 @@ def _transformer_profile(config: dict) -> ControlNetProfile:
     latent_per_token = facts.latent_per_token(config)
     return ControlNetProfile(name="", params=total, cross_attention_dim=int(config.get("joint_attention_dim") or 0),
                              channels=(), blocks=tuple(blocks), unmatched=total - in_blocks,
-                             residency_blocks=tuple(blocks_of(model, bytes_per_element=1)),
+                             residency_blocks=tuple(piece_tree(model, bytes_per_element=1)),
                              residency_fixed=fixed_bytes(model, bytes_per_element=1), largest_layer=largest,
                              quant_kept=sdnq_kept(model), held=residuals * hidden / latent_per_token, peak=0.0,
                              family=family, hidden=hidden, union=config.get("num_mode") is not None)

@@ -423,13 +423,14 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                 # the rest streamed one block at a time with the next one prefetched
                 bpe = b * den_scale  # bytes per denoiser element as stored (fp8 or quantized: fewer)
                 blocks = [(n, int(c * bpe)) for n, c in profile.residency_blocks]
-                split = residency.split(blocks, settings.resident_bytes)
+                # a quantized, GGUF or casting-hooked layer is no plain Linear, which alone is cut by rows
+                plain = not (q_bytes or settings.fp8_storage or settings.half_storage or profile.denoiser_quantized)
+                split = residency.split(blocks, settings.resident_bytes, rows=plain)
                 kept = int(profile.residency_fixed * bpe) + split.resident_bytes
                 if cn_n:  # the ControlNets' blocks in the same split (planning/controlnet.py names them); their
                     # fixed part (embeddings, conv_in, the last zero convolution) stays with the resident part
-                    on_gpu = set(split.resident)
-                    cn_streamed = min(cn_w, sum(c for n, c in blocks
-                                                if n.startswith(controlnet_prefix) and n not in on_gpu))
+                    cn_streamed = min(cn_w, sum(c for n, c in zip(split.streamed, split.streamed_sizes)
+                                                if n.startswith(controlnet_prefix)))
                     cn_resident = cn_w - cn_streamed
                 streamed, resident = split.streamed_bytes_per_step, split.resident_bytes
                 # the resident part is on the GPU only while the denoiser runs: moved in before the

@@ -24,6 +24,15 @@ small and uses the budget about as fully as any order (a block that does not fit
 smaller ones after it still fill the rest). In a UNet the small blocks are the high-resolution ones,
 which also have the most compute per byte to hide their transfer behind.
 
+Pieces. `blocks` may be `models.blocks.piece_tree`'s list: each block followed by the finer pieces it may be cut
+into. `split` cuts each block only as fine as the bytes that stream ask (`piece_limit`: a unit that streams is at
+most SHARE of them), so where much streams the units stay whole blocks' pieces (few hooks) and where little streams
+the two in flight stay a few percent of it; a plain Linear larger than that is cut by output rows (`[rows=N]`, its
+chunks named `<layer>.parts.<i>`, models/row_split.py), and what a cut module holds outside its finer pieces (its
+norms, its own parameters) stays resident with it. A `[held]` piece (a child its block calls twice) stays on the card
+from its first call to its block's end, so the largest streamed one is in flight on top of the two. A flat list of
+blocks is a tree with nothing to cut: `split` then is the plain first-fit decreasing below.
+
 Per step. diffusers batches CFG's two halves into one forward, so every streamed block moves once
 per step (`streamed_bytes_per_step`); a pipeline that runs several forwards per step (true CFG run
 as two passes) moves it once per forward. Nothing moves back: the offload drops the GPU copy and
@@ -32,7 +41,14 @@ keeps the (pinned) host copy.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# The largest unit that streams, as a share of the bytes that stream (see "Pieces" above): two are in flight, so the
+# split streams about 2 * SHARE beyond what cannot stay, plus what whole pieces leave over; finer costs more hooks
+# (benchmarks/bench_hook_overhead.py measures what a hook costs a step; docs/benchmarks.md).
+SHARE = 0.02
+_LABEL = re.compile(r"^(?P<name>.*?)(?:\[rows=(?P<rows>\d+)\])?(?P<held>\[held\])?$")
 
 
 @dataclass(frozen=True)
@@ -41,38 +57,105 @@ class Residency:
     streamed: tuple[str, ...]  # block names streamed in every step, in execution order
     resident_bytes: int  # bytes of the resident blocks (the fixed part comes on top)
     streamed_bytes_per_step: int  # bytes moved host-to-device per denoiser forward (= per step with CFG batched)
-    largest_streamed: int = 0  # bytes of the largest streamed block
+    largest_streamed: int = 0  # bytes of the largest streamed block (a held one aside)
+    held: tuple[str, ...] = ()  # the streamed pieces held on the card until their block's forward ends
+    largest_held: int = 0  # bytes of the largest of them
+    streamed_sizes: tuple[int, ...] = ()  # bytes of each streamed piece, as `streamed` lists them
 
     @property
     def in_flight_bytes(self) -> int:
-        """Streamed weights on the GPU at once: the running block and the prefetched next one."""
-        return 2 * self.largest_streamed
+        """Streamed weights on the GPU at once: the running block and the prefetched next one, and a held piece
+        that stays until its block ends."""
+        return 2 * self.largest_streamed + self.largest_held
 
     def as_dict(self) -> dict:
         return {"resident": list(self.resident), "streamed": list(self.streamed),
                 "resident_bytes": self.resident_bytes, "streamed_bytes_per_step": self.streamed_bytes_per_step,
-                "largest_streamed": self.largest_streamed}
+                "largest_streamed": self.largest_streamed, "held": list(self.held), "largest_held": self.largest_held}
 
 
-def split(blocks: list[tuple[str, int]], resident_bytes: int) -> Residency:
-    """Keep blocks resident, largest first, while their bytes stay within `resident_bytes`; stream the rest."""
+def piece_limit(streamed_bytes: int) -> int:
+    """The largest unit a split that streams `streamed_bytes` cuts its blocks to (the one rule, see "Pieces")."""
+    return max(1, int(SHARE * streamed_bytes))
+
+
+class _Piece:
+    __slots__ = ("name", "nbytes", "rows", "held", "children")
+
+    def __init__(self, label: str, nbytes: int):
+        m = _LABEL.match(label)
+        self.name, self.nbytes, self.held = m["name"], nbytes, bool(m["held"])
+        self.rows, self.children = int(m["rows"] or 0), []
+
+
+def _forest(blocks: list[tuple[str, int]], rows: bool = True) -> list[_Piece]:
+    """The blocks of a piece tree (pre-order; a piece is below the one before it whose name is its prefix)."""
+    roots, stack = [], []
+    for label, nbytes in blocks:
+        piece = _Piece(label, nbytes)
+        piece.rows = piece.rows if rows else 0
+        while stack and not piece.name.startswith(stack[-1].name + "."):
+            stack.pop()
+        (stack[-1].children if stack else roots).append(piece)
+        stack.append(piece)
+    return roots
+
+
+def roots(blocks: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """[(name, bytes)] of a piece tree's blocks, without the finer pieces below them or the labels: what adds up
+    with the fixed part to the whole model (models.blocks.blocks_of's list)."""
+    return [(r.name, r.nbytes) for r in _forest(blocks)]
+
+
+def _cut(piece: _Piece, limit: int, units: list) -> int:
+    """Append the units of `piece` cut to at most `limit` bytes where it can be; return the bytes it leaves resident
+    (what a cut module holds outside its finer pieces)."""
+    if piece.nbytes <= limit or not (piece.children or piece.rows > 1):
+        units.append((piece.name, piece.nbytes, piece.held))
+        return 0
+    if not piece.children:  # a plain Linear: k chunks of rows, as models/row_split.py cuts it
+        k = -(-piece.rows // max(1, limit * piece.rows // piece.nbytes))  # parts of whole rows, none over limit
+        bounds = [piece.rows * i // k for i in range(k + 1)]
+        units.extend((f"{piece.name}.parts.{i}", piece.nbytes * bounds[i + 1] // piece.rows
+                      - piece.nbytes * bounds[i] // piece.rows, False) for i in range(k))
+        return 0
+    left = piece.nbytes - sum(c.nbytes for c in piece.children)
+    return left + sum(_cut(c, limit, units) for c in piece.children)
+
+
+def split(blocks: list[tuple[str, int]], resident_bytes: int, rows: bool = True) -> Residency:
+    """Keep blocks resident, largest first, while their bytes stay within `resident_bytes`; stream the rest. A piece
+    tree's blocks are cut first to `piece_limit` of the bytes that would stream (see "Pieces"); `rows` False: no
+    layer is cut by rows (the plan of a quantized or fp8-stored denoiser, whose layers are no plain Linears)."""
     if isinstance(resident_bytes, bool) or not isinstance(resident_bytes, int) or resident_bytes < 0:
         raise ValueError(f"resident_bytes = {resident_bytes!r} must be a whole number of bytes, 0 or more")
     names = [n for n, _ in blocks]
     if len(set(names)) != len(names):
         raise ValueError(f"block names repeat: {sorted({n for n in names if names.count(n) > 1})}")
-    left = resident_bytes
+    roots = _forest(blocks, rows)
+    total = sum(r.nbytes for r in roots)
+    units: list[tuple[str, int, bool]] = []
+    if resident_bytes >= total:  # everything stays: nothing to cut
+        units = [(r.name, r.nbytes, r.held) for r in roots]
+        kept = 0
+    else:
+        limit = piece_limit(total - resident_bytes)
+        kept = sum(_cut(r, limit, units) for r in roots)
+    left = resident_bytes - kept
     keep = set()
-    for i, (_, nbytes) in sorted(enumerate(blocks), key=lambda ib: (-ib[1][1], ib[0])):
+    for i, (_, nbytes, _) in sorted(enumerate(units), key=lambda ib: (-ib[1][1], ib[0])):
         if nbytes <= left:
             keep.add(i)
             left -= nbytes
-    resident = [(n, b) for i, (n, b) in enumerate(blocks) if i in keep]
-    streamed = [(n, b) for i, (n, b) in enumerate(blocks) if i not in keep]
-    return Residency(resident=tuple(n for n, _ in resident), streamed=tuple(n for n, _ in streamed),
-                     resident_bytes=sum(b for _, b in resident),
-                     streamed_bytes_per_step=sum(b for _, b in streamed),
-                     largest_streamed=max((b for _, b in streamed), default=0))
+    resident = [(n, b) for i, (n, b, _) in enumerate(units) if i in keep]
+    streamed = [(n, b, h) for i, (n, b, h) in enumerate(units) if i not in keep]
+    return Residency(resident=tuple(n for n, _ in resident), streamed=tuple(n for n, _, _ in streamed),
+                     resident_bytes=kept + sum(b for _, b in resident),
+                     streamed_bytes_per_step=sum(b for _, b, _ in streamed),
+                     largest_streamed=max((b for _, b, h in streamed if not h), default=0),
+                     held=tuple(n for n, _, h in streamed if h),
+                     largest_held=max((b for _, b, h in streamed if h), default=0),
+                     streamed_sizes=tuple(b for _, b, _ in streamed))
 
 
 def fit(blocks: list[tuple[str, int]], available: int) -> Residency:

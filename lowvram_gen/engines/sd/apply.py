@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from lowvram_gen.hardware.device import GiB, DeviceInfo
 from lowvram_gen.models.attached import attached
-from lowvram_gen.models.blocks import blocks_of, fixed_bytes
+from lowvram_gen.models.blocks import fixed_bytes, piece_tree
 from lowvram_gen.models.gguf_file import follow_dtype, gguf_bits
 from lowvram_gen.networks.hooks import remove_offload_hooks
 from lowvram_gen.planning import residency
@@ -276,6 +276,9 @@ class PipelineOps:
         import torch
         from diffusers.hooks import apply_group_offloading
 
+        from lowvram_gen.models.blocks import held_piece
+        from lowvram_gen.models.held import hold
+
         _quiet_group_offload_moves()
         stepped = _stepped(self.pipe)  # the denoiser, and the job's ControlNets split the same way
         self.group_offload(device, leaf=False, use_stream=use_stream,
@@ -284,7 +287,12 @@ class PipelineOps:
             log.info("budget offload: this diffusers has no lazy-prefetch hook to reuse; streaming without a CUDA stream")
             use_stream = False
         for prefix, module in stepped:
-            units = [module.get_submodule(n) for n in _own(prefix, streamed)]
+            names = _own(prefix, streamed)
+            held = [n for n in names if held_piece(module, n)]  # called twice by its block: held until it ends
+            for n in held:
+                hold(module.get_submodule(n), module.get_submodule(n.rpartition(".")[0]), torch.device(device),
+                     use_stream, low_cpu_mem_usage=use_stream and not pinned)
+            units = [module.get_submodule(n) for n in names if n not in held]
             if not units:
                 continue
             holder = torch.nn.Module()
@@ -506,7 +514,11 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         ops.model_offload(target)
         calls.append(f"model_offload:{target}")
     elif effective.offload == "budget":
+        from lowvram_gen.models.row_split import cut_rows
+
         split = budget_split(pipe, effective, device, ops)
+        for prefix, module in _stepped(pipe):  # the layers the split cuts by rows, in place before the hooks go on
+            cut_rows(module, _own(prefix, split.resident + split.streamed))
         ops.budget_offload(target, split.streamed, use_stream=device.kind == "cuda", pinned=effective.pin_memory,
                            place=place_resident)
         calls.append(f"budget_offload:{split.resident_bytes}:{target}")
@@ -575,7 +587,7 @@ def budget_split(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipeli
     (`residency.fit`); on MPS the same from the probed free memory; on a CPU every block stays (there is
     no device memory to save, and nothing is streamed)."""
     stepped = _stepped(pipe)  # the denoiser's blocks, then its ControlNets' (as planning/controlnet.py lists them)
-    blocks = [(prefix + name, nbytes) for prefix, module in stepped for name, nbytes in blocks_of(module)]
+    blocks = [(prefix + name, nbytes) for prefix, module in stepped for name, nbytes in piece_tree(module)]
     if settings.resident_bytes:
         return residency.split(blocks, settings.resident_bytes)
     if device.kind == "cpu":

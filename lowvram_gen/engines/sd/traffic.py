@@ -44,9 +44,16 @@ class Meter:
 
     def watch(self, module) -> "Meter":
         """Count only `module`'s tensors, and record the bytes onloaded during each of its forwards."""
-        self._only = {id(m) for m in module.modules()} | {id(t) for t in [*module.parameters(), *module.buffers()]}
+        def members():  # again at each forward: budget offload may have cut layers into parts since (row_split.py)
+            self._only = {id(m) for m in module.modules()} | {id(t) for t in [*module.parameters(), *module.buffers()]}
+
+        def begin(*_):
+            members()
+            start.append(self.bytes)
+
+        members()
         start = []
-        self._handles += [module.register_forward_pre_hook(lambda *_: start.append(self.bytes)),
+        self._handles += [module.register_forward_pre_hook(begin),
                           module.register_forward_hook(lambda *_: self.forwards.append(self.bytes - start.pop()))]
         return self
 
