@@ -884,8 +884,9 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     seed checkbox (it only shows its row, or hides it and sets numbers to 0: nothing to raise), the live preview's
     show, refresh and hide (they set visibility, or read the job's latest preview and progress line), a ControlNet unit's canny thresholds
     shown for canny only (visibility), a ControlNet upload ticking its Enable (sets a checkbox), the SD VAE box and
-    its Refresh (keep a name, list a folder: an unknown VAE is refused by the job), and the remembered values (they
-    validate, and log what they drop). A new unqueued handler fails here."""
+    its Refresh (keep a name, list a folder: an unknown VAE is refused by the job), the RNG source radio (it keeps one
+    of the three values it offers), and the remembered values (they validate, and log what they drop). A new unqueued
+    handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
@@ -897,7 +898,7 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("sendto", "gallery_buttons.<locals>.remember"), ("sendto", "gallery_buttons.<locals>.<lambda>"),
         ("context", "TabContext.cancel"), ("vqgan", "build.<locals>.cancel"), ("vqgan", "build.<locals>.<lambda>"),
         ("widgets", "seed_buttons.<locals>.<lambda>"), ("widgets", "swap_button.<locals>.<lambda>"),
-        ("img2img", "size_from"), ("inpaint", "build.<locals>.editor_size"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
+        ("img2img", "size_from"), ("inpaint", "build.<locals>.editor_size"), ("rng_setting", "row.<locals>.chosen"), ("system", "build.<locals>.device_text"), ("remembered", "wire.<locals>.remember"),
         ("remembered", "wire.<locals>.restore"), ("widgets", "seed_extras.<locals>.toggle"),
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
         ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end"),

@@ -47,8 +47,10 @@ def build_app(session: Session, options: UiOptions, jobs: Registry | None = None
                     "recovery that finishes the job. The embedded `tiny` model has random weights and makes "
                     "abstract noise: pick a real model for real images.")
         ctx = TabContext(session=session, options=options, app=app, jobs=jobs if jobs is not None else Registry())
-        vae_picker.row(ctx)  # A1111's SD VAE quicksetting: above the tabs, for every SD tab
-        rng_setting.row(ctx)  # and its RNG source setting
+        with gr.Row():  # A1111's quicksettings row: above the tabs, for every SD tab
+            vae_picker.row(ctx)  # SD VAE
+            rng_setting.row(ctx)  # Random number generator source
+            gr.Column(scale=1, min_width=0)
         with gr.Tabs() as ctx.tabs:
             for tab in TABS:
                 tab.build(ctx)

@@ -13,8 +13,7 @@ from lowvram_gen.rng import DEFAULT, SOURCES, WORDS, check_rng
 
 KEY = "rng"  # the request field, and its key in ctx.page_controls and a send's fields
 LABEL = "Random number generator source"
-INFO = ("GPU: the compute device's own; CPU: the same image on every machine; NV: an NVIDIA card's noise on any "
-        "device (AMD, CPU)")
+INFO = "CPU: the same image on any machine; NV: an NVIDIA card's noise on any device"
 
 
 def request_field(value) -> dict:
@@ -23,13 +22,11 @@ def request_field(value) -> dict:
 
 
 def row(ctx) -> gr.Radio:
-    """The radio in a row of its own (call above the tabs); a change sets `ctx.rng` (unqueued: it raises nothing
-    for the three values it offers)."""
-    with gr.Row():
-        with gr.Column(scale=1, min_width=320):
-            box = gr.Radio([(WORDS[s], s) for s in SOURCES], value=ctx.rng, label=LABEL, info=INFO,
-                           elem_id="rng-source")
-        gr.Column(scale=2, min_width=0)
+    """The radio, a column of the quicksettings row above the tabs (ui/app.py); a change sets `ctx.rng` (unqueued:
+    it raises nothing for the three values it offers)."""
+    with gr.Column(scale=1, min_width=320):
+        box = gr.Radio([(WORDS[s], s) for s in SOURCES], value=ctx.rng, label=LABEL, info=INFO,
+                       elem_id="rng-source")
 
     def chosen(value):
         ctx.rng = request_field(value)[KEY]

@@ -38,16 +38,14 @@ def request_field(value: str | None) -> dict:
 
 
 def row(ctx) -> gr.Dropdown:
-    """The SD VAE box with its Refresh, in a row of its own (call above the tabs); a change sets `ctx.vae`. Both
-    handlers are unqueued: they raise nothing (an unknown name is refused when a job is planned)."""
+    """The SD VAE box with its Refresh, a column of the quicksettings row above the tabs (ui/app.py); a change sets
+    `ctx.vae`. Both handlers are unqueued: they raise nothing (an unknown name is refused when a job is planned)."""
     from lowvram_gen.ui.pickers import refresh_button
 
-    with gr.Row():
-        with gr.Column(scale=1, min_width=320):  # a third of the page, as A1111's quicksettings row
-            with gr.Row():
-                box = build(ctx, value=ctx.vae)
-                refresh = refresh_button("sd-vae-refresh")
-        gr.Column(scale=2, min_width=0)
+    with gr.Column(scale=1, min_width=320):
+        with gr.Row():
+            box = build(ctx, value=ctx.vae)
+            refresh = refresh_button("sd-vae-refresh")
 
     def chosen(value):
         ctx.vae = request_field(value)["vae"]
