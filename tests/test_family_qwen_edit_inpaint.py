@@ -48,13 +48,14 @@ def job(folder, tmp_path, init, mask, **kw) -> GenerationRequest:
 
 def plain(folder: str, init, mask, seed: int = 4, steps: int = 2) -> np.ndarray:
     """Plain diffusers' QwenImageEditInpaintPipeline from the folder, as its model card calls it (true CFG 4 with the
-    blank negative " ")."""
+    blank negative " "). Our denoise 0.5 of 2 steps runs A1111's int(0.5 x 2) + 1 = 2 of 2 (lowvram_gen/img2img_steps.py):
+    diffusers' strength 1.0."""
     import diffusers
 
     pipe = diffusers.QwenImageEditInpaintPipeline.from_pipe(diffusers.DiffusionPipeline.from_pretrained(folder))
     pipe.set_progress_bar_config(disable=True)
     out = pipe(prompt="a castle", negative_prompt=" ", image=Image.open(init).convert("RGB"),
-               mask_image=Image.open(mask), strength=0.5, num_inference_steps=steps, true_cfg_scale=4.0,
+               mask_image=Image.open(mask), strength=1.0, num_inference_steps=steps, true_cfg_scale=4.0,
                generator=torch.Generator().manual_seed(seed)).images[0]
     return np.asarray(out.convert("RGB"), dtype=int)
 

@@ -275,7 +275,6 @@ class _Job:
             timed = {"seconds_per_step": round(out.seconds_per_step, 4)} if out.seconds_per_step else {}
             self.ladder.record("denoise", "ok", started, **self.where(), extra=timed)
             size, target = self.size, self.request.output_size()
-            made = inpaint.rendered(self.pipe, self.request, size)  # its inpaint pipeline's own size, or `size`
             if self.area is not None and self.area.out_size is not None:
                 target = size  # the ladder's only-masked box: pasted back into the canvas as it was made
             stopped, at = out.stopped, out.stopped_at
@@ -285,6 +284,8 @@ class _Job:
             elif self.request.hires:
                 out, size = self._hires(first, out)
                 stopped, at = out.stopped, out.stopped_at
+            # what the last pass made: its inpaint pipeline's own size, or `size` (the hires pass's, after one)
+            made = inpaint.rendered(self.pipe, self.request, size)
             images, nsfw = (out.images, out.nsfw) if out.decoded else self._decode(out.latents, size)
             del out
             if made != size:  # made at the pipeline's own size: brought to the pass's, as its init image was given
