@@ -2,7 +2,7 @@
 test_family_hidream.py, test_family_cogview4.py and test_family_bria.py: the folder saved, plain diffusers' image, the
 test job from the CLI, a refusal in one sentence, int8 on a wide folder, the VRAM budget, +te-reload picked and equal,
 an inpaint pipeline's mask options (`inpaint_files`, `mask_options_act`: the Flux.2 Klein, Kontext and Qwen-Image-Edit
-inpaint tests), and a REST API body's images (`b64`, `stored_images`). (The simulated out-of-memory is tests/ladder_checks.py.)"""
+inpaint tests), and a REST API body's images (`b64`, `stored_images`) and inpaint request (`api_inpaint`). (The simulated out-of-memory is tests/ladder_checks.py.)"""
 
 from __future__ import annotations
 
@@ -115,6 +115,20 @@ def stored_images(tmp_path) -> Callable:
         return str(path)
 
     return stored
+
+
+def api_inpaint(tmp_path, folder: str, init, mask, steps: int, seed: int) -> GenerationRequest:
+    """The request of A1111's REST API img2img body with a mask (the inpaint tests' "a castle", 64x64, CFG 4, denoise
+    0.5, no blur, the whole picture, original content) on `folder`: an inpaint, its images stored as files."""
+    from lowvram_gen.a1111.api_body import map_body
+
+    body = dict(prompt="a castle", seed=seed, steps=steps, width=64, height=64, cfg_scale=4, init_images=[b64(init)],
+                mask=b64(mask), mask_blur=0, denoising_strength=0.5, inpaint_full_res=False, inpainting_fill=1,
+                sampler_name="default")
+    mapped = map_body(body, "img2img", folder, 1, str(tmp_path / "out"), lambda _: None,
+                      init_image=stored_images(tmp_path))
+    assert mapped.request.mask and mapped.request.init_image and not mapped.request.reference_images
+    return mapped.request
 
 
 def int8_quantizes_the_transformer(make_request: Callable[..., GenerationRequest]) -> None:

@@ -49,6 +49,11 @@ def test_every_task_class_exists_and_is_claimed_by_its_record():
         for task, cls in record.tasks.items():
             Task(task)  # a known task
             assert hasattr(diffusers, cls), cls
+        for task, arguments in record.task_arguments.items():  # each a parameter of that task's __call__
+            params = inspect.signature(getattr(diffusers, record.tasks[task]).__call__).parameters
+            assert set(arguments) <= set(params), (record.key, task)
+        for task, components in record.task_configs.items():  # each a component of that task's pipeline
+            assert set(components) <= set(inspect.signature(getattr(diffusers, record.tasks[task])).parameters)
         for cls in record.other_pipelines:
             assert hasattr(diffusers, cls), cls
         for cls in record.denoiser_classes:

@@ -34,8 +34,9 @@ folders = family_folders("matrix-models")
 ALL = frozenset(BUILDERS)
 NONE: frozenset = frozenset()
 IMG2IMG = frozenset({"qwen-image", "z-image", "chroma"})  # diffusers has an img2img pipeline of the family
-# ... an inpaint pipeline that runs (Chroma's fails; Qwen-Image-Edit-Plus has none)
-INPAINT = frozenset({"qwen-image", "z-image", "flux2-klein", "flux2-klein-9b", "flux-kontext", "qwen-image-edit"})
+# ... an inpaint pipeline that runs (Qwen-Image-Edit-Plus has none)
+INPAINT = frozenset({"qwen-image", "z-image", "flux2-klein", "flux2-klein-9b", "flux-kontext", "qwen-image-edit",
+                     "chroma"})
 EDIT = frozenset({"flux2-klein", "flux2-klein-9b", "flux2-dev", "flux-kontext", *EDIT_ONLY})  # reference images
 # Z-Image's inpaint pipeline encodes the init image inside its latents step: the latent masked contents are refused
 LATENT_CONTENT = INPAINT - {"z-image"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from family_checks import b64, inpaint_files, inpainted, mask_options_act, stored_images
+from family_checks import api_inpaint, inpaint_files, inpainted, mask_options_act
 from family_folders import BUILDERS, SMALL_REFERENCE, small_references
 from PIL import Image
 from tiny_transformers import pixels
@@ -142,15 +142,6 @@ def test_out_of_memory_steps_down_a_preset_without_reloading(small_refs, qwen_ed
 def test_the_rest_apis_img2img_with_a_mask_inpaints(small_refs, qwen_edit, tmp_path):
     """A1111's img2img body with a mask on Qwen-Image-Edit is an inpaint (not an edit of its init images): equal to
     plain diffusers with a white mask."""
-    from lowvram_gen.a1111.api_body import map_body
-
     init, white, _ = inpaint_files(tmp_path)
-    body = dict(prompt="a castle", seed=4, steps=2, width=64, height=64, cfg_scale=4, init_images=[b64(init)],
-                mask=b64(white), mask_blur=0, denoising_strength=0.5, inpaint_full_res=False, inpainting_fill=1,
-                sampler_name="default")
-    mapped = map_body(body, "img2img", qwen_edit, 1, str(tmp_path / "out"), lambda _: None,
-                      init_image=stored_images(tmp_path))
-    assert mapped.request.mask and mapped.request.init_image and not mapped.request.reference_images
-    ours = pixels(Session(preset="cpu").generate(mapped.request).images[0])
+    ours = pixels(Session(preset="cpu").generate(api_inpaint(tmp_path, qwen_edit, init, white, 2, 4)).images[0])
     assert np.abs(ours - plain(qwen_edit, init, white)).max() <= TOLERANCE
-

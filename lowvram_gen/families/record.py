@@ -310,6 +310,10 @@ class Family:
     # Kontext's inpaint pipeline resizes the init image to one of its trained resolutions unless `_auto_resize` is
     # False, where our inpaint keeps the size asked, as A1111's does
     task_arguments: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    # config entries a task's pipeline reads off a loaded component whose own config has none (Task value ->
+    # component -> entries), set on it (register_to_config, where missing) as that pipeline is made over the loaded
+    # components: diffusers 0.42's ChromaInpaintPipeline reads FLUX.1's `guidance_embeds` off Chroma's transformer
+    task_configs: Mapping[str, Mapping[str, Mapping[str, object]]] = field(default_factory=dict)
     # its pipelines load textual-inversion embeddings (load_textual_inversion); None: a family no record knows,
     # whose pipeline object is asked
     textual_inversion: bool | None = None

@@ -7,7 +7,12 @@ what a record holds; records.py lists them in `FAMILIES`).
   for the Sprint models, whose call takes no negative prompt: not this record's).
 - Chroma (ChromaPipeline): FLUX.1-schnell's layout without CLIP or a guidance input, a T5 prompt (512 tokens) in the
   joint stream, real CFG as two forwards (`guidance_scale` > 1 with the negative prompt); img2img with
-  ChromaImg2ImgPipeline.
+  ChromaImg2ImgPipeline, inpaint with ChromaInpaintPipeline (its init latents put back outside the mask after each
+  step, as A1111 does with an ordinary model; not joined to the image tokens). That pipeline reads
+  `transformer.config.guidance_embeds`, a FLUX.1 entry ChromaTransformer2DModel's config has not (an AttributeError
+  in plain diffusers 0.42): `task_configs` sets it False on the loaded transformer as the pipeline is made (only the
+  unused `guidance` tensor reads it; ChromaPipeline and ChromaImg2ImgPipeline never do). Its call reads 256 prompt
+  tokens where the others read 512: it is given 512, so a prompt reads the same in every task.
 - Lumina 2 (Lumina2Pipeline): a unified transformer, a Gemma 2 prompt (256 tokens) beside the image tokens, real
   CFG as two forwards with its normalisation; no img2img or inpaint pipeline in diffusers 0.42.
 
@@ -67,10 +72,14 @@ SANA = Family(
 
 CHROMA = Family(
     key="chroma", group="chroma", name="Chroma", label="Chroma1-HD",
-    tasks={Task.TXT2IMG.value: "ChromaPipeline", Task.IMG2IMG.value: "ChromaImg2ImgPipeline"},
+    tasks={Task.TXT2IMG.value: "ChromaPipeline", Task.IMG2IMG.value: "ChromaImg2ImgPipeline",
+           Task.INPAINT.value: "ChromaInpaintPipeline"},
+    # ChromaInpaintPipeline's max_sequence_length defaults to 256 (its txt2img and img2img pipelines', the plan's and
+    # +te-reload's: 512): the prompt is read as in the other tasks
+    task_arguments={Task.INPAINT.value: {"max_sequence_length": 512}},
     # diffusers 0.42's ChromaInpaintPipeline reads `guidance_embeds` off the transformer's config, which
-    # ChromaTransformer2DModel has not: it fails in plain diffusers too, so inpainting is refused (not a task here)
-    other_pipelines=("ChromaInpaintPipeline",),
+    # ChromaTransformer2DModel has not (FLUX.1's entry; it only decides an unused `guidance` tensor): set False
+    task_configs={Task.INPAINT.value: {"transformer": {"guidance_embeds": False}}},
     denoiser="transformer", denoiser_classes=("ChromaTransformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="ChromaPipeline", components=("text_encoder", "vae"),

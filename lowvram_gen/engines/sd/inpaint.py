@@ -150,13 +150,28 @@ def _encodes_apart(record) -> bool:
 
 
 def inpaint_pipe(pipe):
-    """The inpaint pipeline over the same components (no copy, no reload), kept on `pipe`."""
+    """The inpaint pipeline over the same components (no copy, no reload), kept on `pipe`; the config entries its
+    record says the pipeline reads and the loaded components lack set on them first (`complete_configs`)."""
     from diffusers import AutoPipelineForInpainting
     from diffusers.pipelines.auto_pipeline import AUTO_INPAINT_PIPELINES_MAPPING
 
-    name = families.of_pipe(pipe).pipeline_for(Task.INPAINT)
+    record = families.of_pipe(pipe)
+    name = record.pipeline_for(Task.INPAINT)
+    complete_configs(pipe, record.task_configs.get(Task.INPAINT.value, {}))
     mapped = name in (cls.__name__ for cls in AUTO_INPAINT_PIPELINES_MAPPING.values())
     return kept_pipe(pipe, AutoPipelineForInpainting if mapped or not name else _Direct(name), "_lowvram_inpaint")
+
+
+def complete_configs(pipe, entries) -> None:
+    """Each of `entries` ({component: {key: value}}) set on the loaded component's config where it has no such key
+    (Chroma's `guidance_embeds`, which ChromaInpaintPipeline reads and ChromaTransformer2DModel's config lacks). Done
+    on every call, as the pipeline is taken: a component loaded again (int8, a LoRA's reload) gets it too. A key the
+    config has is left as it is; no other pipeline of the family reads these, so its other tasks run as before."""
+    for name, values in entries.items():
+        component = getattr(pipe, name, None)
+        missing = {k: v for k, v in values.items() if k not in component.config} if component is not None else {}
+        if missing:
+            component.register_to_config(**missing)
 
 
 class _Direct:
