@@ -328,6 +328,10 @@ class Family:
     # pixels at the init image's aspect. The plan, the ladder (no resolution step, no preset's cap) and the result's
     # generated size count that one (engines/sd/inpaint.rendered)
     rendered_sizes: Mapping[str, Callable[[int, int], tuple[int, int]]] = field(default_factory=dict)
+    # tasks whose pipeline joins the init image's VAE latents to the image tokens in every block, as an edit joins its
+    # references (FLUX.1 Kontext's, Flux.2 Klein's and Qwen-Image-Edit's inpaint): the plan counts them beside the
+    # image's tokens (engines/sd/inpaint.planned), twice the attention of a txt2img at that size
+    joined_init_tasks: tuple[str, ...] = ()
     # the resolution bins its txt2img pipeline renders a job at, from its transformer's config: ((aspect ratio, height,
     # width), ...) in the pipeline's order; the one whose ratio is nearest the job's runs the denoiser and the decode,
     # and the image is resized to the size asked after (SANA's use_resolution_binning, on by default: 1024 x 1024 for

@@ -43,6 +43,7 @@ FLUX2_KLEIN = Family(
     tasks={Task.TXT2IMG.value: "Flux2KleinPipeline", Task.INPAINT.value: "Flux2KleinInpaintPipeline",
            Task.EDIT.value: "Flux2KleinPipeline"},
     other_pipelines=("Flux2KleinKVPipeline",),
+    joined_init_tasks=(Task.INPAINT.value,),
     denoiser="transformer", denoiser_classes=("Flux2Transformer2DModel",),
     # its transformer alone (ComfyUI's diffusion_models/, a city96 GGUF): models/transformer_file.py
     single_file=SingleFile(pipeline="Flux2KleinPipeline", components=("text_encoder", "vae"),

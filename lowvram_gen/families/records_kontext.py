@@ -24,6 +24,7 @@ FLUX_KONTEXT = Family(
            Task.INPAINT.value: "FluxKontextInpaintPipeline"},
     # inpaint at the size asked, not at the nearest of Kontext's trained resolutions (the call's default)
     task_arguments={Task.INPAINT.value: {"_auto_resize": False}},
+    joined_init_tasks=(Task.INPAINT.value,),
     # FLUX.1's transformer class, named here: records.py (FLUX1) imports this module
     denoiser="transformer", denoiser_classes=("FluxTransformer2DModel",),
     # its shipped configs (configs/flux-kontext) are FLUX.1-dev's with this pipeline's model_index.json

@@ -57,6 +57,7 @@ QWEN_IMAGE_EDIT = Family(
     tasks={Task.TXT2IMG.value: "QwenImageEditPipeline", Task.EDIT.value: "QwenImageEditPipeline",
            Task.INPAINT.value: "QwenImageEditInpaintPipeline"},
     rendered_sizes={Task.INPAINT.value: edit_inpaint_size},
+    joined_init_tasks=(Task.INPAINT.value,),
     # its shipped configs (configs/qwen-image-edit) are Qwen-Image's with this pipeline's model_index.json
     builtin="qwen-image-edit", hub_id="Qwen/Qwen-Image-Edit", aliases=("qwen-image-edit", "qwen/qwen-image-edit"),
     # its call refuses more than one prompt too (the processor wants an image per prompt's image token)

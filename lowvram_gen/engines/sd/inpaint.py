@@ -88,19 +88,26 @@ def rendered(pipe, request, size: tuple[int, int]) -> tuple[int, int]:
 
 def planned(profile, record, request):
     """(`profile`, the size the plan counts or None for the request's): where the family's inpaint pipeline renders a
-    size of its own (Qwen-Image-Edit's), that size, and its init image's VAE latents at that size counted beside the
-    image tokens, as the pipeline joins them in every block (an edit's reference, engines/sd/edit.planned)."""
+    size of its own (Qwen-Image-Edit's), that size; where it joins its init image's VAE latents to the image tokens in
+    every block (the record's `joined_init_tasks`: Kontext's, Klein's, Qwen-Image-Edit's), those latents counted as an
+    edit's reference (engines/sd/edit.planned), at the size rendered."""
     import dataclasses
 
     made = own_size(record, request)
-    if made is None:
-        return profile, None
-    size = tuple(made(request.width, request.height))
-    if profile.denoiser == "transformer":
+    size = tuple(made(request.width, request.height)) if made else None
+    if joins_init(record, request) and profile.denoiser == "transformer":
+        width, height = size or (request.width, request.height)
         side = int(profile.vae_scale_factor) * int(profile.transformer_patch)
-        init_tokens = size[0] * size[1] // side ** 2
+        init_tokens = width * height // side ** 2
         profile = dataclasses.replace(profile, reference_tokens=profile.reference_tokens + init_tokens)
     return profile, size
+
+
+def joins_init(record, request) -> bool:
+    """Whether the job is a plain inpaint (a mask, no ControlNet) whose pipeline joins the init latents to the image
+    tokens (the record's `joined_init_tasks`)."""
+    return (record is not None and bool(getattr(request, "mask", None)) and not getattr(request, "controlnets", ())
+            and Task.INPAINT.value in record.joined_init_tasks)
 
 
 def job_warnings(pipe, request) -> list[str]:
