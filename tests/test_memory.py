@@ -498,3 +498,23 @@ def test_published_gpu_totals_within_15_percent():
     for r in rows:
         assert abs(r["error_pct"]) <= 15, r
         assert r["source"].startswith("https://")
+
+
+def test_pixart_renders_a_job_at_diffusers_resolution_bin():
+    """PixArt-Alpha and PixArt-Sigma bin resolutions as SANA does (use_resolution_binning, on by default), from the
+    table of their transformer's sample_size (Sigma also has 2048 px: 256): the records give the plan the bins the
+    pipelines pick, () for a sample size their call refuses."""
+    pytest.importorskip("diffusers")
+    from diffusers.pipelines.pixart_alpha.pipeline_pixart_alpha import ASPECT_RATIO_256_BIN, ASPECT_RATIO_1024_BIN
+    from diffusers.pipelines.pixart_alpha.pipeline_pixart_sigma import ASPECT_RATIO_2048_BIN
+
+    from lowvram_gen import families
+
+    def table(bins):
+        return tuple((float(r), int(h), int(w)) for r, (h, w) in bins.items())
+
+    alpha, sigma = families.by_key("pixart-alpha"), families.by_key("pixart-sigma")
+    assert alpha.resolution_bins({"sample_size": 128}) == table(ASPECT_RATIO_1024_BIN)
+    assert sigma.resolution_bins({"sample_size": 256}) == table(ASPECT_RATIO_2048_BIN)
+    assert sigma.resolution_bins({"sample_size": 32}) == table(ASPECT_RATIO_256_BIN)
+    assert alpha.resolution_bins({"sample_size": 256}) == () == sigma.resolution_bins({"sample_size": 8})

@@ -226,6 +226,23 @@ FLUX1 = Family(
 # ------------------------------------------------------------------------------------------------ PixArt
 # Cross-attention transformers over a T5 prompt (the text is not in the image stream); no built-in configs.
 
+
+def _pixart_bins(tables: Mapping[int, str]):
+    """The bins a PixArt pipeline's resolution binning (use_resolution_binning, on by default) picks by its
+    transformer's sample_size (`tables`: sample_size -> the name of the table in diffusers' PixArt modules, as its
+    __call__ picks it), as (ratio, height, width); () for a size it has none for (its call refuses that size)."""
+    def bins(transformer: Mapping) -> tuple[tuple[float, int, int], ...]:
+        from diffusers.pipelines.pixart_alpha import pipeline_pixart_alpha, pipeline_pixart_sigma
+
+        name = tables.get(int(transformer.get("sample_size") or 0))
+        table = (getattr(pipeline_pixart_sigma, name, None) or getattr(pipeline_pixart_alpha, name, {})) if name else {}
+        return tuple((float(r), int(h), int(w)) for r, (h, w) in table.items())
+
+    return bins
+
+
+_PIXART_ALPHA_BINS = {128: "ASPECT_RATIO_1024_BIN", 64: "ASPECT_RATIO_512_BIN", 32: "ASPECT_RATIO_256_BIN"}
+
 PIXART_SIGMA = Family(
     key="pixart-sigma", group="pixart-sigma", name="PixArt-Sigma",
     tasks={Task.TXT2IMG.value: "PixArtSigmaPipeline"}, other_pipelines=("PixArtSigmaPAGPipeline",),
@@ -233,6 +250,7 @@ PIXART_SIGMA = Family(
     native_side=1024, t5_tokens=300, joint_tokens=0, cfg_batch=True,
     call=Call(Guidance.CFG), lora=None,
     textual_inversion=False,
+    resolution_bins=_pixart_bins({256: "ASPECT_RATIO_2048_BIN", **_PIXART_ALPHA_BINS}),
 )
 
 PIXART_ALPHA = Family(
@@ -242,6 +260,7 @@ PIXART_ALPHA = Family(
     native_side=1024, t5_tokens=120, joint_tokens=0, cfg_batch=True,
     call=Call(Guidance.CFG), lora=None,
     textual_inversion=False,
+    resolution_bins=_pixart_bins(_PIXART_ALPHA_BINS),
 )
 
 # ------------------------------------------------------------------------------------------------ generic
