@@ -116,6 +116,34 @@ def test_a_klein_9b_file_with_a_klein_4b_folder_is_refused_naming_both_variants(
     assert "a Flux.2 Klein 9B transformer" in line and "holds a Flux.2 Klein 4B one" in line
 
 
+def test_a_klein_9b_gguf_with_a_klein_4b_folder_is_refused_as_its_safetensors_is(klein, tmp_path, capsys):
+    """The same check on a city96-style GGUF (its logical shapes from the header, under the original names): a Klein
+    9B GGUF with a Klein 4B folder is refused naming both variants before any weight is read; a 4B one is not."""
+    import gguf
+    from diffusers.loaders.single_file_utils import CHECKPOINT_KEY_NAMES as names
+
+    import gguf_files  # tests/gguf_files.py
+    from lowvram_gen.errors import ModelLoadError
+    from lowvram_gen.families.keys import KLEIN_9B_WIDTH
+
+    def written(name, width):
+        path = tmp_path / name
+        gguf_files.write_gguf(path, {names["flux2"][1]: torch.zeros(1), "img_in.weight": torch.zeros(width, 1)},
+                              gguf.GGMLQuantizationType.F16, arch="flux")
+        return path
+
+    nine = written("flux-2-klein-9b-Q8_0.gguf", KLEIN_9B_WIDTH)
+    four = written("flux-2-klein-4b-Q8_0.gguf", 3072)
+    family = transformer_file.families.by_key("flux2-klein-9b")
+    with pytest.raises(ModelLoadError, match="is a Flux.2 Klein 9B transformer.*holds a Flux.2 Klein 4B one"):
+        transformer_file.refuse_other_variant(klein[0], family, nine)
+    transformer_file.refuse_other_variant(klein[0], family, four)  # the folder's own variant: no refusal
+    code, _, err = cli(capsys, "generate", "x", *SMALL, "--outdir", str(tmp_path), "--model", str(nine),
+                       "--components", str(klein[0]))
+    line = _one_sentence(err)
+    assert code == 2 and nine.name in line and "holds a Flux.2 Klein 4B one" in line
+
+
 def test_a_flux1_schnell_file_with_a_dev_folder_is_refused_and_a_dev_file_taken(tmp_path, capsys):
     """FLUX.1 schnell's transformer (no guidance embedder) with a FLUX.1 dev folder (guidance_embeds): refused naming
     both; a dev file's keys pass the same check (diffusers' FLUX.1 converter splits at the real width, so no tiny file

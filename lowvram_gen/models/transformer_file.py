@@ -146,25 +146,37 @@ def refuse_other_variant(folder: Path, family: families.Family, path: Path) -> N
     """Refuse, before any weight is read, a components folder of another variant of the file's family whose
     transformer has other shapes (a Klein 9B file with a Klein 4B folder, a FLUX.1 schnell file with a dev folder:
     diffusers would fail late on a size mismatch naming the file alone), from the record's variant facts
-    (`SingleFile.file_variant` of the file's keys, `config_variant` of the folder's transformer config). A file that is
-    not a .safetensors (a GGUF) or a folder whose config cannot be read is left to the loader."""
-    from lowvram_gen.models.safe_files import safetensors_header
-
+    (`SingleFile.file_variant` of the file's keys and shapes, a .safetensors header's or a GGUF's, `config_variant` of
+    the folder's transformer config). A file or folder config that cannot be read is left to the loader."""
     single = family.single_file
     if single is None or single.file_variant is None or single.config_variant is None:
         return
-    if Path(path).suffix.lower() != ".safetensors":
-        return
     try:
-        header = safetensors_header(path)
+        shapes = _file_shapes(Path(path))
         config = safe_json.load_file(folder / family.denoiser / "config.json")
     except Exception:  # noqa: BLE001 - an unreadable file or config is the loader's to refuse, in its own words
         return
-    mine = single.file_variant({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    if shapes is None:
+        return
+    mine = single.file_variant(shapes)
     theirs = single.config_variant(config)
     if mine != theirs:
         raise ModelLoadError(f"{Path(path).name} is a {mine} transformer, but the components folder {folder} holds a "
                              f"{theirs} one: pass --components with a diffusers folder of {mine}")
+
+
+def _file_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """Each tensor's shape by its name as stored, from the file's header alone: a .safetensors or a GGUF (its logical
+    shapes, under the original layout's names); None for another kind of file."""
+    from lowvram_gen.models import gguf_file
+    from lowvram_gen.models.safe_files import safetensors_header
+
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return {k: tuple(v["shape"]) for k, v in safetensors_header(path).items() if k != "__metadata__"}
+    if gguf_file.is_gguf(path):
+        return gguf_file.checkpoint_shapes(gguf_file.read_header(path))
+    return None
 
 
 def load_denoiser(path, family: families.Family, folder: Path, torch_dtype, quantize: str = "none",
