@@ -61,6 +61,34 @@ def test_a_grey_mask_stays_grey_and_an_alpha_layer_is_cut_at_128():
     assert _values(masks.mask_of(layer, rounded=False)) == [0, 128, 129, 255]
 
 
+def test_the_blur_is_opencvs_8_bit_gaussian():
+    """A1111 blurs with cv2.GaussianBlur across then down (sigma = mask blur, 2 x int(2.5 sigma + 0.5) + 1 taps):
+    OpenCV's 8-bit kernel in 256ths, and a white dot's blur the rounded product of two passes."""
+    assert masks.gaussian_taps(1) == [1, 14, 62, 102, 62, 14, 1]
+    assert masks.gaussian_taps(2) == [2, 7, 17, 31, 45, 52, 45, 31, 17, 7, 2]
+    assert len(masks.gaussian_taps(4)) == 21 and sum(masks.gaussian_taps(4)) == 256
+    dot = Image.new("L", (15, 15))
+    dot.putpixel((7, 7), 255)
+    taps = np.array(masks.gaussian_taps(1))
+    across = (255 * taps + 128) // 256  # the first pass, 8-bit
+    expected = (np.outer(taps, across) + 128) // 256
+    got = np.asarray(masks.blurred(dot, 1)).astype(int)
+    assert np.array_equal(got[4:11, 4:11], expected) and got.sum() == expected.sum()
+
+
+def test_the_blur_equals_opencvs_where_it_is_installed():
+    cv2 = pytest.importorskip("cv2")  # an optional dependency (the ControlNet extras)
+    rng = np.random.default_rng(0)
+    for shape in ((64, 64), (37, 100), (300, 7)):
+        pixels = np.zeros(shape, np.uint8)
+        pixels[2:30, 3:25] = 255
+        pixels[-3:] = rng.integers(0, 256, (3, shape[1]))
+        for sigma in (1, 4, 7, 16, 64):
+            size = 2 * int(2.5 * sigma + 0.5) + 1
+            theirs = cv2.GaussianBlur(cv2.GaussianBlur(pixels, (size, 1), sigma), (1, size), sigma)
+            assert np.array_equal(np.asarray(masks.blurred(Image.fromarray(pixels), sigma)), theirs), (shape, sigma)
+
+
 def test_latent_weights_are_the_bicubic_mask_over_255_rounded_or_not():
     """A uniform grey v: v/255 everywhere (rounded: 0 or 1); a ramp of 4 levels a pixel: bicubic keeps a linear ramp
     where its support (16 px each side at this scale) stays inside the image, so latent column i (pixels 8i..8i+7,

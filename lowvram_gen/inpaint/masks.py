@@ -2,8 +2,8 @@
 
 White is repainted, black kept, grey in between (A1111 1.10's `create_binary_mask`): a grey or RGB mask is kept
 grey; a mask with an alpha channel that is not all opaque (a layer drawn in an editor) is the alpha, cut at 128
-(above: white) unless the request's `mask_round` is off. The blur is a Gaussian of radius `mask_blur` (A1111's
-default 4). The pixel steps (the crop box, "fill", the paste back) use the grey mask as it is; the latents are
+(above: white) unless the request's `mask_round` is off. The blur is OpenCV's Gaussian of standard deviation
+`mask_blur` (A1111's default 4), written here with scipy (OpenCV is an optional dependency). The pixel steps (the crop box, "fill", the paste back) use the grey mask as it is; the latents are
 blended with the mask resized to the latent size (Pillow's bicubic), rounded to 0/1 with `mask_round` on (A1111's
 default), kept grey with it off (`latent_weights`, the rule engines/sd/inpaint.py applies). The crop of "only
 masked" is the mask's box grown by the padding, then to the job's aspect ratio as A1111's `expand_crop_region`
@@ -48,10 +48,39 @@ def read(path: str, invert: bool = False, rounded: bool = True):
 
 
 def blurred(mask, radius: int):
-    """The mask blurred by a Gaussian of `radius` pixels (0: as it is)."""
-    from PIL import ImageFilter
+    """The mask blurred by a Gaussian of standard deviation `radius` pixels (0: as it is) as A1111 blurs it: OpenCV's
+    GaussianBlur across, then down, each a kernel of 2 x int(2.5 x radius + 0.5) + 1 taps (`gaussian_taps`) with
+    the edge mirrored (OpenCV's default border), each pass's sum rounded to 8 bits."""
+    if radius <= 0:
+        return mask
+    import numpy as np
+    from PIL import Image
+    from scipy.ndimage import correlate1d
 
-    return mask.filter(ImageFilter.GaussianBlur(radius)) if radius > 0 else mask
+    taps = np.asarray(gaussian_taps(radius), dtype=np.float64)
+    out = np.asarray(mask.convert("L"), dtype=np.float64)
+    for axis in (1, 0):  # whole numbers over 256: float64 holds the sums exactly
+        out = np.minimum(255.0, np.floor((correlate1d(out, taps, axis=axis, mode="mirror") + 128) / 256))
+    return Image.fromarray(out.astype(np.uint8), "L")
+
+
+def gaussian_taps(sigma: float) -> list[int]:
+    """OpenCV's 8-bit Gaussian kernel (its bit-exact one, the one it uses for 8-bit images): the normalised Gaussian
+    of 2 x int(2.5 x sigma + 0.5) + 1 taps in 256ths, each outer tap rounded (half to even) with the last one's
+    rounding error carried into the next, from the outside in; the centre tap takes what is left of 256."""
+    import math
+
+    n = 2 * int(2.5 * sigma + 0.5) + 1
+    half = n // 2
+    values = [math.exp(-((i - half) ** 2) / (2.0 * sigma * sigma)) for i in range(half)]
+    total = 2 * sum(values) + 1.0
+    taps, carried = [0] * n, 0.0
+    for i, value in enumerate(values):
+        wanted = value / total * 256 + carried
+        taps[i] = taps[n - 1 - i] = round(wanted)
+        carried = wanted - taps[i]
+    taps[half] = 256 - 2 * sum(taps[:half])
+    return taps
 
 
 def latent_weights(mask, size: tuple[int, int], rounded: bool = True):
