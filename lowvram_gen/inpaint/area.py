@@ -93,7 +93,8 @@ class Area:
         box = self.box
         if box is None:
             base = _sized(self.init, self.size, "resize")
-            overlay = _sized(self.prepared.soft, self.size, "resize").point(lambda v: min(255, v * 2))  # A1111's, doubled
+            soft = _sized(self.prepared.soft, self.size, "resize")
+            overlay = soft.point(lambda v: min(255, v * 2))  # A1111's whole-picture overlay mask, doubled
             return [masks.overlay(_sized(im.convert("RGB"), self.size, "resize"), base, overlay) for im in images]
         x0, y0, x1, y1 = box
         out = []

@@ -3,12 +3,13 @@
 White is repainted, black kept, grey in between (A1111 1.10's `create_binary_mask`): a grey or RGB mask is kept
 grey; a mask with an alpha channel that is not all opaque (a layer drawn in an editor) is the alpha, cut at 128
 (above: white) unless the request's `mask_round` is off. The blur is OpenCV's Gaussian of standard deviation
-`mask_blur` (A1111's default 4), written here with scipy (OpenCV is an optional dependency). The pixel steps (the crop box, "fill", the paste back) use the grey mask as it is; the latents are
-blended with the mask resized to the latent size (Pillow's bicubic), rounded to 0/1 with `mask_round` on (A1111's
-default), kept grey with it off (`latent_weights`, the rule engines/sd/inpaint.py applies). The crop of "only
-masked" is the mask's box grown by the padding, then to the job's aspect ratio as A1111's `expand_crop_region`
-grows it; "fill" paints the masked area with the colours around it as A1111's masking.fill does; the result keeps
-the original outside the (blurred) mask.
+`mask_blur` (A1111's default 4), written here with scipy (OpenCV is an optional dependency). The pixel steps (the
+crop box, "fill", the paste back) use the grey mask as it is; the latents are blended with the mask resized to the
+latent size (Pillow's bicubic), rounded to 0/1 with `mask_round` on (A1111's default), kept grey with it off
+(`latent_weights`, the rule engines/sd/inpaint.py applies). The crop of "only masked" is the mask's box grown by
+the padding, then to the job's aspect ratio as A1111's `expand_crop_region` grows it; "fill" paints the masked
+area with the colours around it as A1111's masking.fill does; the result keeps the original outside the (blurred)
+mask.
 """
 
 from __future__ import annotations

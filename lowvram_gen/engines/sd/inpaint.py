@@ -237,8 +237,9 @@ def latent_mask(pipe, mask, rounded: bool):
 def masked_content(pipe, content: str, masks: list, seeds: list[int], device: str, rounded: bool = True):
     """A1111's latent noise / latent nothing on the init latents the inpaint pipeline prepares (its
     `prepare_latents` encodes the init image with `_encode_vae_image`): inside the mask (each pass mask's latent
-    weights, masks.latent_weights: rounded unless mask_round is off) they become the image's seeded noise or zeros. "original" and "fill" (pixels) change nothing
-    here. The masked-image latents a 9-channel UNet reads are encoded later, outside `prepare_latents`, and stay."""
+    weights, masks.latent_weights: rounded unless mask_round is off) they become the image's seeded noise or zeros.
+    "original" and "fill" (pixels) change nothing here. The masked-image latents a 9-channel UNet reads are encoded
+    later, outside `prepare_latents`, and stay."""
     if content not in ("latent-noise", "latent-nothing"):
         yield
         return
