@@ -199,6 +199,9 @@ class GenerationRequest:
     mask_padding: int = 32
     masked_content: str = "original"
     invert_mask: bool = False
+    # A1111's img2img `mask_round` (its API's, on by default; its Soft inpainting turns it off): the latent mask is
+    # rounded to 0/1 and an alpha layer cut at 128; off, both stay grey (inpaint/masks.py)
+    mask_round: bool = True
     # edit (an editing model: Qwen-Image-Edit, FLUX.1 Kontext, Flux.2): the reference images its pipeline edits or
     # takes from, paths; how many the model takes is its family's (engines/sd/edit.py checks it once loaded)
     reference_images: tuple[str, ...] = ()
@@ -256,7 +259,8 @@ class GenerationRequest:
         checked = dataclasses.replace(
             self, mask_blur=as_int("mask blur", self.mask_blur, 0, MAX_BLUR),
             inpaint_area=area, mask_padding=as_int("mask padding", self.mask_padding, 0, MAX_PADDING),
-            masked_content=content, invert_mask=as_bool("invert mask", self.invert_mask))
+            masked_content=content, invert_mask=as_bool("invert mask", self.invert_mask),
+            mask_round=as_bool("mask round", self.mask_round))
         if not self.mask:
             return dataclasses.replace(checked, mask=None)
         if not self.init_image:
@@ -266,7 +270,7 @@ class GenerationRequest:
             raise InvalidRequest("hires fix", "on", "hires fix with inpainting is not built yet (A1111's img2img has "
                                  "none either): inpaint, then upscale or hires the result")
         path = check_image_path("mask", self.mask)
-        check_mask_pixels(path, checked.invert_mask)
+        check_mask_pixels(path, checked.invert_mask, checked.mask_round)
         return dataclasses.replace(checked, mask=path)
 
 
@@ -587,14 +591,14 @@ def check_references(value: Any) -> tuple[str, ...]:
     return tuple(paths)
 
 
-def check_mask_pixels(path: str, invert: bool) -> None:
+def check_mask_pixels(path: str, invert: bool, rounded: bool = True) -> None:
     """A mask with nothing to repaint (all black, or all white inverted) is refused: the job would change nothing."""
     from PIL import Image
 
     from lowvram_gen.inpaint.masks import read
 
     try:
-        mask = read(path, invert)
+        mask = read(path, invert, rounded)
     except (OSError, Image.DecompressionBombError) as exc:
         raise InvalidRequest("mask", path, unreadable_image(exc)) from None
     if mask.getbbox() is None:

@@ -261,7 +261,7 @@ def _img2img(specs: list[Field], got: dict, warnings: list[str], init_image: Cal
 def _inpaint(specs: list[Field], got: dict, warnings: list[str], init_image: Callable[..., str]) -> dict:
     """A1111's inpaint fields as the request's (its API's defaults: mask blur 4, masked content 0 = fill, only
     masked with padding 0): the mask blur (else mask_blur_x), masked content 0-3, the inpaint area, its padding,
-    the mask's inversion; the mask stored as the init image is."""
+    the mask's inversion, mask_round; the mask stored as the init image is."""
     fields = {f.name: got[f.name] for f in specs if f.when == "inpaint"}
     blur_x, blur_y = got["mask_blur_x"], got["mask_blur_y"]
     if got["mask_blur"] is None:
@@ -269,8 +269,6 @@ def _inpaint(specs: list[Field], got: dict, warnings: list[str], init_image: Cal
         if blur_x != blur_y:
             warnings.append(f"mask_blur_y {blur_y!r} is not used: the mask is blurred the same both ways "
                             "(mask_blur_x)")
-    if got["mask_round"] not in (True, None):
-        warnings.append("mask_round false is not used: the mask is rounded to black and white")
     fields["mask"] = init_image(got["mask"], "mask")
     return fields
 

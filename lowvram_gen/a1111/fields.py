@@ -184,7 +184,8 @@ FIELDS: tuple[Field, ...] = (
           api_values=_numbered(_CONTENTS)),
     Field("mask_blur_x", request=False, api="mask_blur_x", default=4, body=IMG2IMG),  # mask_blur's, where it is null
     Field("mask_blur_y", request=False, api="mask_blur_y", default=4, body=IMG2IMG),
-    Field("mask_round", request=False, api="mask_round", default=True, body=IMG2IMG),
+    # A1111's img2img mask_round (no UI control, no PNG label: its Soft inpainting turns it off); inpaint/masks.py
+    Field("mask_round", api="mask_round", default=True, body=IMG2IMG, when="inpaint"),
     # hires fix: the API sets them with enable_hr only (A1111 ignores them without it)
     Field("enable_hr", request=False, api="enable_hr", default=False, body=TXT2IMG),
     Field("hires_denoise", api="denoising_strength", label="Denoising strength", default=0.75, body=TXT2IMG,

@@ -183,8 +183,11 @@ def request_hash(engine: str, request) -> str:
     if data.get("control_mode") == "balanced":
         data.pop("control_mode", None)
     if data.get("mask") is None:  # inpainting, added later: a job without a mask keeps its hash
-        for name in ("mask", "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask"):
+        for name in ("mask", "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask",
+                     "mask_round"):
             data.pop(name, None)
+    if data.get("mask_round") is True:  # A1111's mask_round, added later: on (its default), the hash stays
+        data.pop("mask_round")
     if not data.get("reference_images"):  # edit, added later: a job without reference images keeps its hash
         data.pop("reference_images", None)
     if not data.get("img2img_fix_steps"):  # A1111's img2img_fix_steps, added later: off, the hash stays

@@ -1,5 +1,5 @@
 """inpaint's own flags (A1111's img2img > Inpaint): `--mask`, `--mask-blur`, `--inpaint-area`, `--mask-padding`,
-`--masked-content`, `--invert-mask`. No heavy imports."""
+`--masked-content`, `--invert-mask`, `--no-mask-round`. No heavy imports."""
 
 from __future__ import annotations
 
@@ -23,3 +23,7 @@ def add_inpaint_args(p: argparse.ArgumentParser) -> None:
                         "latent-noise, latent-nothing (A1111's)")
     g.add_argument("--invert-mask", dest="invert_mask", action="store_const", const=True, default=None,
                    help="repaint the mask's black part instead (A1111's 'Inpaint not masked')")
+    g.add_argument("--no-mask-round", dest="mask_round", action="store_const", const=False, default=None,
+                   help="keep a grey mask grey in the latents too (A1111's API mask_round false, as its Soft "
+                        "inpainting sets it): by default the latent mask is rounded to black and white and an alpha "
+                        "layer cut at 128; the blur, fill and paste back use the grey either way")

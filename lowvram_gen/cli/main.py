@@ -392,7 +392,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "sampler", "model", "init_image", "strength", "hires_scale", "hires_upscaler", "hires_steps",
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
-                 "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "vae",
+                 "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "mask_round", "vae",
                  "reference_images", "rng", "img2img_fix_steps", "resize_mode")
 
 

@@ -1,10 +1,15 @@
 """Where an inpaint pass works and how its images go back: A1111's "Whole picture" and "Only masked".
 
-Whole picture: the init image and the mask resized to the pass's size; the result keeps the (resized) init image
-outside the blurred mask, the overlay mask doubled as A1111's is, so the repainted area reaches the mask's edge.
-Only masked: the mask's box grown by the padding and to the job's aspect ratio is cut from the init image and
-resized to the pass's size (the denoiser sees that size, never the canvas); the result is resized back into the
-box of the init image at its own size, and keeps the original outside the blurred mask.
+Whole picture: the init image and the mask resized to the pass's size (Lanczos, as A1111's "Just resize"); the
+result keeps the (resized) init image outside the blurred mask, the overlay mask doubled as A1111's is, so the
+repainted area reaches the mask's edge.
+Only masked: the mask's box grown by the padding and to the job's aspect ratio (masks.to_aspect) is cut from the
+init image and the mask and brought to the pass's size with A1111's "resize and fill" (control/resize.py's
+init_resized: a box the canvas's edge kept from the job's aspect is scaled to fit and its edge rows or columns
+stretched over the rest, never distorted); the denoiser sees that size, never the canvas. The result is brought
+back to the box's size with "crop and resize" (the fill's bands cut off again), pasted into the init image at its
+own size, and keeps the original outside the blurred mask.
+"Fill" (and the latent contents, which A1111 fills first too) paints the masked area of the pass's init image first.
 
 The ladder's first step on a big canvas (`masked_rung`): a whole-picture job that ran out of memory goes on as only
 masked, the mask's box denoised at the scale the whole picture had (never below the model's native side), so the
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from lowvram_gen.control.resize import init_resized
 from lowvram_gen.inpaint import masks
 
 
@@ -49,17 +55,15 @@ class Area:
         return None if box is None else (tuple(self.init.size), tuple(box))
 
     def for_pass(self, size: tuple[int, int]) -> tuple[object, object]:
-        """(init image, mask) at the pass's size: whole, or the box cut and resized; masked content "fill" paints
-        the masked area of the init first."""
-        from PIL import Image
-
+        """(init image, mask) at the pass's size: whole, resized, or the box cut and resized and filled; masked content
+        other than "original" paints the masked area of the init first (A1111 fills for its latent contents too)."""
         init, mask = self.init, self.prepared.soft
         box = self.box
+        mode = "resize"
         if box is not None:
-            init, mask = init.crop(box), mask.crop(box)
-        if init.size != size:
-            init, mask = init.resize(size), mask.resize(size, Image.BILINEAR)  # init: as img2img resizes it
-        if self.content == "fill":
+            init, mask, mode = init.crop(box), mask.crop(box), "fill"
+        init, mask = _sized(init, size, mode), _sized(mask, size, mode)
+        if self.content != "original":
             init = masks.fill(init, mask)
         return init, mask
 
@@ -88,26 +92,33 @@ class Area:
 
         box = self.box
         if box is None:
-            base = self.init if self.init.size == self.size else self.init.resize(self.size)
-            soft = self.prepared.soft if self.prepared.soft.size == self.size else \
-                self.prepared.soft.resize(self.size, Image.BILINEAR)
+            base = _sized(self.init, self.size, "resize")
+            soft = _sized(self.prepared.soft, self.size, "resize")
             overlay = soft.point(lambda v: min(255, v * 2))  # A1111's whole-picture overlay mask, doubled
-            return [masks.overlay(im if im.size == self.size else im.resize(self.size, Image.LANCZOS), base, overlay)
-                    for im in images]
+            return [masks.overlay(_sized(im.convert("RGB"), self.size, "resize"), base, overlay) for im in images]
         x0, y0, x1, y1 = box
         out = []
         for im in images:
             pasted = self.init.copy()
-            pasted.paste(im.convert("RGB").resize((x1 - x0, y1 - y0), Image.LANCZOS), (x0, y0))
+            pasted.paste(init_resized(im.convert("RGB"), x1 - x0, y1 - y0, "crop"), (x0, y0))
             done = masks.overlay(pasted, self.init, self.prepared.soft)
             out.append(done if self.out_size in (None, done.size) else done.resize(self.out_size, Image.LANCZOS))
         return out
+
+
+def _sized(image, size: tuple[int, int], mode: str):
+    """`image` at `size` by A1111's resize `mode` (resize, or fill for an only-masked cut), in its own mode (a mask
+    stays L: the fill's canvas is RGB)."""
+    if image.size == tuple(size):
+        return image
+    return init_resized(image, *size, mode).convert(image.mode)
 
 
 def area_for(request, init) -> Area | None:
     """The request's inpaint geometry for its init image (None without a mask)."""
     if not request.mask:
         return None
-    prepared = masks.prepare(request.mask, init.size, request.invert_mask, request.mask_blur)
+    prepared = masks.prepare(request.mask, init.size, request.invert_mask, request.mask_blur,
+                             getattr(request, "mask_round", True))
     return Area(init, prepared, request.inpaint_area == "masked", request.mask_padding, request.masked_content,
                 (request.width, request.height))

@@ -106,7 +106,9 @@ class SdForm:
             c["steps"] = Slider(1, MAX_STEPS, value=first.steps, step=1, label="Steps", elem_id=self._id("steps"))
             c["cfg_scale"] = Slider(0, MAX_CFG, value=first.cfg, step=0.5, label="CFG scale",
                                     elem_id=self._id("cfg"))
+            # A1111 ignores clip skip on SDXL; we act on it as Forge does (README): said where it is set
             c["clip_skip"] = Slider(1, MAX_CLIP_SKIP, value=DEFAULTS.clip_skip, step=1, label="Clip skip (1: off)",
+                                    info="on SDXL as Forge's (3+ acts); A1111 ignores it on SDXL",
                                     elem_id=self._id("clip-skip"))
         with gr.Row():
             c["seed"] = Number("Seed (-1: random)", DEFAULTS.seed, elem_id=self._id("seed"))

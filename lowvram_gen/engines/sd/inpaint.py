@@ -7,6 +7,11 @@ runs both kinds of checkpoint: an inpainting UNet (9 input channels: the latents
 latents) gets the mask as its input; an ordinary one (4 channels) has the init image's latents, noised to the
 step's level, put back outside the mask after each step, as A1111 does with an ordinary model.
 
+`latent_mask` is A1111's latent mask on the UNet families' pipelines: an ordinary UNet's latents are blended with
+the pass's mask resized to the latent size and rounded to 0/1 (the request's `mask_round`, on by default) or kept
+grey (off), not diffusers' nearest sample of its mask cut at half (inpaint/masks.py's `latent_weights`); an
+inpainting UNet reads the mask unrounded with `mask_round` off.
+
 `masked_content` is A1111's "latent noise" / "latent nothing": the init image's latents inside the mask replaced
 by the image's own seeded noise, or by zeros, before the pipeline noises them to the first step's level.
 
@@ -60,6 +65,9 @@ def check(pipe, request) -> None:
             field, given = ("hires resize", "%dx%d" % resize) if resize else ("hires scale", request.hires_scale)
             raise InvalidRequest(field, given, f"{record.name} has no img2img pipeline in diffusers for {img2img}: "
                                  "leave hires fix off and upscale after")
+    if request.mask and not getattr(request, "mask_round", True) and record.denoiser != "unet":
+        raise InvalidRequest("mask round", False, f"{record.name}'s inpaint pipeline rounds the mask itself (the grey "
+                             "latent mask is built for the UNet models: SD 1.x/2.x and SDXL): leave mask_round on")
     if request.mask and (task not in (Task.TXT2IMG, Task.IMG2IMG) or not record.has_task(Task.INPAINT)):
         names = list(dict.fromkeys(r.name for r in families.all_families() if r.has_task(Task.INPAINT)))
         built = " and ".join(filter(None, (", ".join(names[:-1]), names[-1])))  # 'SD 1.x/2.x and SDXL'
@@ -198,16 +206,69 @@ class _Direct:
 
 
 @contextlib.contextmanager
-def masked_content(pipe, content: str, masks: list, seeds: list[int], device: str):
+def mask_hooks(pipe, request, mask, seeds: list[int], device: str):
+    """The pass's inpaint hooks on `pipe`: the request's masked content and A1111's latent mask (its mask_round)."""
+    rounded = getattr(request, "mask_round", True)
+    with masked_content(pipe, request.masked_content, [mask], seeds, device, rounded), \
+            latent_mask(pipe, mask, rounded):
+        yield
+
+
+def latent_mask_tensor(mask, like, inpainting: bool, rounded: bool):
+    """The mask `like` (the pipeline's, B x 1 x h x w) becomes: an ordinary UNet's blend weights by A1111's rule
+    (masks.latent_weights); an inpainting UNet's input the pixel mask over 255 sampled nearest to the latent size,
+    rounded with `rounded` (A1111's conditioning mask)."""
+    import numpy as np
+    import torch
+
+    from lowvram_gen.inpaint.masks import latent_weights
+
+    h, w = like.shape[-2:]
+    if inpainting:
+        pixels = torch.from_numpy(np.asarray(mask.convert("L"), dtype=np.float32) / 255.0)[None, None]
+        small = torch.nn.functional.interpolate(torch.round(pixels) if rounded else pixels, size=(h, w))
+    else:
+        small = torch.from_numpy(latent_weights(mask, (w, h), rounded))[None, None]
+    return small.to(like.device, like.dtype).expand(like.shape).contiguous()
+
+
+@contextlib.contextmanager
+def latent_mask(pipe, mask, rounded: bool):
+    """A1111's latent mask (`latent_mask_tensor`) in place of the one a UNet inpaint pipeline's prepare_mask_latents
+    makes from its mask cut at half; a pipeline without a UNet keeps its own (check refuses mask_round off there)."""
+    if getattr(pipe, "unet", None) is None or not hasattr(pipe, "prepare_mask_latents"):
+        yield
+        return
+    inpainting = is_inpainting_model(pipe)
+    original = pipe.prepare_mask_latents
+
+    def prepare(*args, **kwargs):
+        made, masked_image_latents = original(*args, **kwargs)
+        if inpainting and rounded:  # diffusers' own: its mask cut at half, sampled nearest, as A1111's rounded one
+            return made, masked_image_latents
+        return latent_mask_tensor(mask, made, inpainting, rounded), masked_image_latents
+
+    pipe.prepare_mask_latents = prepare
+    try:
+        yield
+    finally:
+        del pipe.prepare_mask_latents
+
+
+@contextlib.contextmanager
+def masked_content(pipe, content: str, masks: list, seeds: list[int], device: str, rounded: bool = True):
     """A1111's latent noise / latent nothing on the init latents the inpaint pipeline prepares (its
-    `prepare_latents` encodes the init image with `_encode_vae_image`): inside the mask (each pass mask, at latent
-    size, rounded) they become the image's seeded noise or zeros. "original" and "fill" (pixels) change nothing
-    here. The masked-image latents a 9-channel UNet reads are encoded later, outside `prepare_latents`, and stay."""
+    `prepare_latents` encodes the init image with `_encode_vae_image`): inside the mask (each pass mask's latent
+    weights, masks.latent_weights: rounded unless mask_round is off) they become the image's seeded noise or zeros.
+    "original" and "fill" (pixels) change nothing here. The masked-image latents a 9-channel UNet reads are encoded
+    later, outside `prepare_latents`, and stay."""
     if content not in ("latent-noise", "latent-nothing"):
         yield
         return
     import numpy as np
     import torch
+
+    from lowvram_gen.inpaint.masks import latent_weights
 
     original_prepare = pipe.prepare_latents
     encode = pipe._encode_vae_image
@@ -217,8 +278,7 @@ def masked_content(pipe, content: str, masks: list, seeds: list[int], device: st
         h, w = latents.shape[-2:]
         rows = []
         for i in range(latents.shape[0]):
-            small = masks[i % len(masks)].convert("L").resize((w, h))
-            rows.append(np.round(np.asarray(small, dtype=np.float32) / 255.0))
+            rows.append(latent_weights(masks[i % len(masks)], (w, h), rounded))
         # (B, 1, h, w), or (B, 1, 1, h, w) for a video-style VAE's frame axis (Qwen-Image's latents are B, C, 1, h, w)
         inside = torch.from_numpy(np.stack(rows)).reshape(latents.shape[0], *([1] * (latents.ndim - 3)), h, w)
         inside = inside.to(latents.device, latents.dtype)

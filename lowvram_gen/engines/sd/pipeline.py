@@ -664,7 +664,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                 i2i = control[0] if control is not None else inpaint.inpaint_pipe(pipe)
                 task = Task.CONTROLNET_INPAINT if control is not None else Task.INPAINT
                 kwargs["mask_image"] = [step.mask] * n
-                content = inpaint.masked_content(i2i, request.masked_content, [step.mask], step.seeds, device)
+                content = inpaint.mask_hooks(i2i, request, step.mask, step.seeds, device)
             else:
                 i2i = control[0] if control is not None else img2img_pipe(pipe)
                 task = Task.CONTROLNET_IMG2IMG if control is not None else Task.IMG2IMG

@@ -8,7 +8,7 @@ as the CLI's `inpaint`. The inputs added after the first version come last in th
 quantize, schedule type, clip skip, Extra seed and batch count, then the ControlNet units), so an older positional API
 call keeps working.
 
-The drawn mask is every layer's opaque pixels (masks.binary reads an RGBA layer's alpha), written to a temporary
+The drawn mask is every layer's opaque pixels (masks.mask_of reads an RGBA layer's alpha), written to a temporary
 PNG for the request, as an uploaded one is a file already. The width and height follow the image.
 
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real
