@@ -239,3 +239,16 @@ def test_unipc_steps_through_a1111s_times(steps, times):
     assert got == pytest.approx(times or list(np.linspace(999, 0, n + 1)[:-1]), abs=1e-3)
     assert float(scheduler.sigmas[0]) == pytest.approx(14.6146, rel=1e-4)
     assert float(scheduler.sigmas[-1]) == pytest.approx(0.029168, rel=1e-4) and len(scheduler.sigmas) == n + 1
+
+
+def test_an_a1111_unipc_png_reruns_with_no_unused_note(tmp_path, capsys):
+    """A1111 writes no schedule type for UniPC (a timestep sampler): its PNG reruns as UniPC, and ours says the same."""
+    from a1111_png import rerun_with_no_unused_note
+
+    from lowvram_gen.outputs import parse_a1111_parameters
+
+    out = rerun_with_no_unused_note("a fox\nSteps: 3, Sampler: UniPC, CFG scale: 7, Seed: 5, Size: 64x64, Model: tiny, "
+                                    "Version: v1.10.1", (64, 64), tmp_path, capsys)
+    assert (out["sampler"], out["schedule_type"]) == ("UniPC", "automatic")
+    written = parse_a1111_parameters(Image.open(out["images"][0]).text["parameters"])
+    assert written["Sampler"] == "UniPC" and "Schedule type" not in written
