@@ -69,7 +69,8 @@ def _key(text: str) -> str:
 _BY_KEY = {_key(name): name for name in SAMPLERS}
 # a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
 # diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
-AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN))
+# (diffusers' deterministic DPM++ 2S too, which "DPM++ 2S a" ran before issue 31)
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN) | {"DPMSolverSinglestepScheduler"})
 _AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 
