@@ -9,7 +9,8 @@ diffusers pipeline loaded from the same folder; the PNG names that scheduler.
 
 A sampler name with a schedule type's label after it, as A1111 wrote them before 1.9 ("DPM++ 2M Karras",
 "DPM++ SDE Karras"), is that sampler and that schedule type.
-A1111 samplers diffusers has no scheduler for are refused naming the nearest one offered.
+A1111 samplers diffusers has no scheduler for are ours (lowvram_gen/ksamplers/, `OWN`: DPM++ 2S a) or refused naming
+the nearest one offered.
 """
 
 from __future__ import annotations
@@ -33,14 +34,16 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++"}),
     "DPM++ 2M SDE Heun": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_type": "heun"}),
     "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
-    "DPM++ 2S a": ("DPMSolverSinglestepScheduler", {}),
+    "DPM++ 2S a": ("DPMPP2SAncestralScheduler", {}),  # ours (ksamplers/): diffusers' 2S is not ancestral
     "DDIM": ("DDIMScheduler", {}),
     "PLMS": ("PNDMScheduler", {}),
-    "UniPC": ("UniPCMultistepScheduler", {}),
+    "UniPC": ("UniPCMultistepScheduler", {"solver_type": "bh1", "solver_order": 3}),  # A1111's uni_pc_* defaults
     "LCM": ("LCMScheduler", {}),
     "DDPM": ("DDPMScheduler", {}),
 }
 DEFAULT = "default"
+# the classes of SAMPLERS that are lowvram_gen's own (diffusers has none): class name -> its module
+OWN = {"DPMPP2SAncestralScheduler": "lowvram_gen.ksamplers.dpmpp_2s_ancestral"}
 # A1111 1.9+'s "Automatic" schedule type of a sampler where it is not Uniform (its sd_samplers_kdiffusion.py):
 # a PNG that says `Schedule type: Automatic` means this one, and ours says Uniform where that is what ran
 A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
@@ -66,7 +69,8 @@ def _key(text: str) -> str:
 _BY_KEY = {_key(name): name for name in SAMPLERS}
 # a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
 # diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
-AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()})
+# (diffusers' deterministic DPM++ 2S too, which "DPM++ 2S a" ran before issue 31)
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN) | {"DPMSolverSinglestepScheduler"})
 _AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 
@@ -110,10 +114,15 @@ def check_installed(sampler: str) -> None:
 
 
 def _class(sampler: str):
-    import diffusers
-
     check_installed(sampler)
-    return getattr(diffusers, SAMPLERS[sampler][0])
+    return class_named(SAMPLERS[sampler][0])
+
+
+def class_named(name: str):
+    """The scheduler class of a SAMPLERS entry: diffusers' own, or ours (`OWN`)."""
+    import importlib
+
+    return getattr(importlib.import_module(OWN.get(name, "diffusers")), name)
 
 
 # diffusers' classes that step through a discrete model's noise levels as k-diffusion's samplers do, handed A1111's
@@ -121,17 +130,23 @@ def _class(sampler: str):
 SIGMA_CLASSES = {"EulerDiscreteScheduler": False, "EulerAncestralDiscreteScheduler": False,
                  "LMSDiscreteScheduler": False, "HeunDiscreteScheduler": True, "KDPM2DiscreteScheduler": True,
                  "KDPM2AncestralDiscreteScheduler": True, "DPMSolverMultistepScheduler": False,
-                 "DPMSolverSinglestepScheduler": False, "DPMSolverSDEScheduler": True, "UniPCMultistepScheduler": False}
+                 "DPMSolverSinglestepScheduler": False, "DPMSolverSDEScheduler": True, "UniPCMultistepScheduler": False,
+                 "DPMPP2SAncestralScheduler": False}  # ours takes the levels as they are: KL Optimal runs
 # A1111's samplers that step through timesteps of their own (its sd_samplers_timesteps.py; UniPC's class takes levels
-# too, so a schedule type named for it runs): their Automatic is the class's own schedule
+# too): their Automatic is the class's own schedule (UniPC's: A1111's times, OWN_TIMES)
 TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "LCM", "DDPM"}
+# those of them whose A1111 times are handed to the class (UniPC: bh1 cannot step to a level of 0): Automatic only
+OWN_TIMES = {"UniPC"}
+# diffusers' DPM-Solver steps its last step (its last two below 15 steps) at first order and wherever its config's
+# final level is "zero"; k-diffusion's 2M only where the next level is 0 (KL Optimal ends above 0): configured so
+K_ORDER_AT_THE_END = {"DPM++ 2M"}
 # A1111's samplers with `discard_next_to_last_sigma`: one more level computed, the next-to-last dropped
 DISCARD_PENULTIMATE = {"DPM2", "DPM2 a", "DPM++ 3M SDE"}
 
 
 def timestep_only() -> list[str]:
     """The samplers whose class steps through timesteps of its own: they take the Automatic schedule type only."""
-    return [name for name, (cls, _) in SAMPLERS.items() if cls not in SIGMA_CLASSES]
+    return [name for name, (cls, _) in SAMPLERS.items() if cls not in SIGMA_CLASSES or name in OWN_TIMES]
 
 
 def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC, table: str = "sd15"):
@@ -163,6 +178,14 @@ def _handed(scheduler, sampler: str, schedule_type: str, table: str):
         raise InvalidRequest("schedule type", label, f"sampler {sampler!r} steps through timesteps of its own, so it "
                                                      "cannot take a schedule type (A1111 ignores one there): "
                                                      "use Automatic")
+    if sampler in OWN_TIMES:  # A1111's UniPC: time-uniform continuous times (a1111/unipc_time.py)
+        if schedule_type != AUTOMATIC:
+            raise InvalidRequest("schedule type", label, f"sampler {sampler!r} steps through timesteps of its own, so "
+                                                         "it cannot take a schedule type (A1111 ignores one there): "
+                                                         "use Automatic")
+        from lowvram_gen.a1111 import unipc_time
+
+        return unipc_time.hand_over(scheduler)
     if schedule_type == AUTOMATIC:
         if sampler in TIMESTEP_SAMPLERS:
             return scheduler
@@ -172,6 +195,9 @@ def _handed(scheduler, sampler: str, schedule_type: str, table: str):
         raise InvalidRequest("schedule type", label, f"sampler {sampler!r} cannot take it: KL Optimal ends at the "
                                                      "model's lowest noise level instead of 0, which diffusers' "
                                                      "second-order schedulers step once where A1111 steps twice")
+    if sampler in K_ORDER_AT_THE_END:  # k-diffusion: first order only where the next level is 0
+        scheduler.register_to_config(lower_order_final=False, final_sigmas_type="sigma_min" if schedule_type ==
+                                     "kl-optimal" else "zero")
     return schedules.hand_over(scheduler, schedule_type, interleaved=interleaved,
                                discard_penultimate=sampler in DISCARD_PENULTIMATE, table=table)
 
@@ -236,11 +262,9 @@ def _unsupported(sampler: str, cls, schedule_type: str) -> str:
 
 def with_schedule(schedule_type: str) -> list[str]:
     """The samplers whose diffusers class has `schedule_type` (a sampler whose package is missing is left out)."""
-    import diffusers
-
     names = []
     for name, (cls_name, _) in SAMPLERS.items():
-        if _installed(name) and schedules.overrides(getattr(diffusers, cls_name), schedule_type)[1]:
+        if _installed(name) and schedules.overrides(class_named(cls_name), schedule_type)[1]:
             names.append(name)
     return names
 

@@ -160,6 +160,8 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
             raise ValueError(f"the {label(schedule_type)} schedule is set by a step count alone, not {kwargs}")
         levels = sigmas.a1111(kind, int(num_inference_steps), alphas, discard_penultimate=discard_penultimate,
                               table=table)
+        if getattr(self, "takes_levels", False):  # a lowvram_gen.ksamplers class: the levels as they are
+            return own(self, device=device, sigmas=levels)
         self._convert_to_exponential = lambda in_sigmas, num_inference_steps=None: np.array(levels[:-1])
         # A1111's DDIM type has more levels than steps where the count does not divide 1000: the class is set to them
         own(self, len(levels) - 1, device=device)

@@ -286,7 +286,7 @@ def test_the_folders_scheduler_is_written_with_its_a1111_name(tmp_path):
     for name in ("DPM++ 2M SDE", "DPM++ 2M", "Euler a", "LMS", "UniPC", "DPM++ 2M SDE Heun", "DPM++ 3M SDE", "DDPM",
                  "DPM++ SDE"):
         assert a1111_name(make_scheduler(name, config)) == name
-        if name != "DDPM":  # a timestep sampler: it refuses a schedule type (test_schedules_a1111.py)
+        if name not in ("DDPM", "UniPC"):  # timestep samplers: they refuse a schedule type (test_schedules_a1111.py)
             assert a1111_name(make_scheduler(name, config, "karras")) == name  # the schedule type is not the sampler
     from diffusers import PNDMScheduler
 

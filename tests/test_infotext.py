@@ -274,7 +274,8 @@ def test_a1111_reads_our_png_as_what_ran(session, tmp_path, sampler, schedule, a
 
 
 @pytest.mark.parametrize("text", ["Sampler: DPM++ SDE, Schedule type: Karras", "Sampler: DPM++ 2M Karras",
-                                  "Sampler: DPM++ SDE Karras, Schedule type: Exponential"])
+                                  "Sampler: DPM++ SDE Karras, Schedule type: Exponential",
+                                  "Sampler: DPM++ 2S a, Schedule type: Karras"])
 def test_from_png_of_an_a1111_schedule_type_uses_it(tmp_path, capsys, text):
     """The issue's "done when": an A1111 PNG's sampler and schedule type rerun with no "not used" note for them, and
     the new PNG says them as A1111 1.9+ does."""

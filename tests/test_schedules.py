@@ -30,7 +30,7 @@ def flow():
 
 
 @pytest.mark.parametrize("sampler, schedule", [
-    (sampler, schedule) for sampler in ("Euler", "Euler a", "DPM++ 2M", "DPM++ SDE", "DPM++ 3M SDE", "LMS", "UniPC")
+    (sampler, schedule) for sampler in ("Euler", "Euler a", "DPM++ 2M", "DPM++ SDE", "DPM++ 3M SDE", "LMS")
     for schedule in SCHEDULE_TYPES if schedule != "automatic"
     and (sampler, schedule) != ("DPM++ SDE", "kl-optimal")])  # refused: test_schedules_a1111.py
 def test_each_schedule_type_is_handed_to_the_scheduler(sampler, schedule):

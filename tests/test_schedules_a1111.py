@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.samplers import (A1111_AUTOMATIC, DISCARD_PENULTIMATE, SAMPLERS, SIGMA_CLASSES, TIMESTEP_SAMPLERS,
-                                  build_scheduler, infotext_schedule, make_scheduler)
+from lowvram_gen.samplers import (A1111_AUTOMATIC, DISCARD_PENULTIMATE, OWN_TIMES, SAMPLERS, SIGMA_CLASSES,
+                                  TIMESTEP_SAMPLERS, build_scheduler, infotext_schedule, make_scheduler)
 from lowvram_gen.schedules import AUTOMATIC, SCHEDULE_TYPES
 
 DATA = json.loads((Path(__file__).parent / "data" / "a1111_sigmas.json").read_text(encoding="utf-8"))
@@ -30,9 +30,12 @@ SDXL = {"_class_name": "EulerDiscreteScheduler", "beta_start": 0.00085, "beta_en
         "beta_schedule": "scaled_linear", "num_train_timesteps": 1000, "steps_offset": 1, "timestep_spacing": "leading",
         "interpolation_type": "linear", "prediction_type": "epsilon"}
 MODELS = {"sd15": SD15, "sdxl": SDXL}
-SIGMA_SAMPLERS = [name for name, (cls, _) in SAMPLERS.items() if cls in SIGMA_CLASSES]
-SECOND_ORDER = {"Heun", "DPM2", "DPM2 a", "DPM++ SDE"}  # A1111: two model calls a step, one where the next level is 0
-KL_REFUSED = SECOND_ORDER  # KL Optimal's last level is not 0: refused for diffusers' second-order classes
+# UniPC steps through A1111's own UniPC times, Automatic only (test_samplers_singlestep_a1111.py)
+SIGMA_SAMPLERS = [name for name, (cls, _) in SAMPLERS.items() if cls in SIGMA_CLASSES and name not in OWN_TIMES]
+# A1111: two model calls a step, one where the next level is 0
+SECOND_ORDER = {"Heun", "DPM2", "DPM2 a", "DPM++ SDE", "DPM++ 2S a"}
+# KL Optimal's last level is not 0: refused for diffusers' second-order classes (ours, DPM++ 2S a, takes it)
+KL_REFUSED = SECOND_ORDER - {"DPM++ 2S a"}
 
 
 def expected(sampler: str, schedule: str, table: str, steps: int) -> list[float]:
@@ -50,6 +53,8 @@ def stepped(scheduler) -> list[float]:
         return [*levels[0::2], levels[-1]]
     if name.startswith("KDPM2"):
         return list(levels[0::2])
+    if name == "DPMPP2SAncestralScheduler":  # ours: the levels, and per call the sigma it is called at (a midpoint)
+        return list(scheduler.levels.numpy())
     return list(levels)
 
 
@@ -81,8 +86,7 @@ def test_every_schedule_type_steps_through_a1111s_levels(sampler, table):
             assert len(got) == len(want) and relative(got, want) <= 1e-4, (sampler, schedule, steps, got[:3], want[:3])
             levels = len(want) - 1  # A1111's steps (DDIM's type: more than asked where the count does not divide 1000)
             calls = 2 * levels - (want[-1] == 0) if sampler in SECOND_ORDER else levels
-            if sampler != "DPM++ 2S a":  # ours is one call a step (issue 31, item 4: not A1111's ancestral 2S)
-                assert len(scheduler.timesteps) == calls, (sampler, schedule, steps)
+            assert len(scheduler.timesteps) == calls, (sampler, schedule, steps)
             start = float(scheduler.init_noise_sigma)
             if not isinstance(getattr(type(scheduler), "init_noise_sigma", None), property):
                 start = start / math.sqrt(1 - start ** 2)  # DPM-Solver/UniPC: x / sqrt(1 + sigma^2) units
@@ -107,7 +111,7 @@ def _base(table: str):
     return getattr(diffusers, config["_class_name"]).from_config(config)
 
 
-@pytest.mark.parametrize("sampler", ["Euler", "Heun", "DPM++ 2M", "DPM2"])
+@pytest.mark.parametrize("sampler", ["Euler", "Heun", "DPM++ 2M", "DPM2", "DPM++ 2S a"])
 def test_img2img_starts_at_the_level_of_its_start_index(sampler):
     """img2img slices the timesteps (diffusers' get_timesteps) and sets the begin index: the first step's level is
     A1111's level at that index."""
@@ -131,6 +135,7 @@ def test_img2img_starts_at_the_level_of_its_start_index(sampler):
 @pytest.mark.parametrize("sampler, schedule, said", [
     ("DDIM", "karras", "sampler 'DDIM' steps through timesteps of its own, so it cannot take a schedule type"),
     ("PLMS", "uniform", "sampler 'PLMS' steps through timesteps of its own"),
+    ("UniPC", "karras", "sampler 'UniPC' steps through timesteps of its own"),
     ("Heun", "kl-optimal", "sampler 'Heun' cannot take it: KL Optimal ends at the model's lowest noise level"),
     ("DPM2", "kl-optimal", "sampler 'DPM2' cannot take it"),
 ])
