@@ -1,6 +1,7 @@
 """Where an inpaint pass works and how its images go back: A1111's "Whole picture" and "Only masked".
 
-Whole picture: the init image and the mask resized to the pass's size; the result keeps the (resized) init image
+Whole picture: the init image and the mask resized to the pass's size, by the request's resize mode (Just resize,
+Crop and resize, Resize and fill: control/resize.py, the mask as its image); the result keeps the (resized) init image
 outside the blurred mask, the overlay mask doubled as A1111's is, so the repainted area reaches the mask's edge.
 Only masked: the mask's box grown by the padding and to the job's aspect ratio is cut from the init image and
 resized to the pass's size (the denoiser sees that size, never the canvas); the result is resized back into the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from lowvram_gen.control.resize import init_resized
 from lowvram_gen.inpaint import masks
 
 
@@ -29,6 +31,9 @@ class Area:
     content: str  # masks.CONTENTS
     size: tuple[int, int]  # the job's size (request width x height)
     out_size: tuple[int, int] | None = None  # masked_rung: the size the whole picture's images had
+    # the request's resize mode (control/resize.py): how the whole picture's init and mask meet the job's size, and
+    # how a masked rung's canvas goes back to it; only masked's box ignores it, as A1111's does
+    resize: str = "resize"
 
     # a step down must save at least this much: a box nearly the canvas's costs what the whole picture did
     RUNG_MOST_PIXELS = 0.75
@@ -57,7 +62,9 @@ class Area:
         box = self.box
         if box is not None:
             init, mask = init.crop(box), mask.crop(box)
-        if init.size != size:
+        if init.size != size and box is None and self.resize != "resize":  # A1111 resizes the mask as the image
+            init, mask = init_resized(init, *size, self.resize), init_resized(mask, *size, self.resize)
+        elif init.size != size:
             init, mask = init.resize(size), mask.resize(size, Image.BILINEAR)  # init: as img2img resizes it
         if self.content == "fill":
             init = masks.fill(init, mask)
@@ -88,9 +95,11 @@ class Area:
 
         box = self.box
         if box is None:
-            base = self.init if self.init.size == self.size else self.init.resize(self.size)
-            soft = self.prepared.soft if self.prepared.soft.size == self.size else \
-                self.prepared.soft.resize(self.size, Image.BILINEAR)
+            base, soft = self.init, self.prepared.soft
+            if self.init.size != self.size and self.resize != "resize":
+                base, soft = init_resized(base, *self.size, self.resize), init_resized(soft, *self.size, self.resize)
+            elif self.init.size != self.size:
+                base, soft = base.resize(self.size), soft.resize(self.size, Image.BILINEAR)
             overlay = soft.point(lambda v: min(255, v * 2))  # A1111's whole-picture overlay mask, doubled
             return [masks.overlay(im if im.size == self.size else im.resize(self.size, Image.LANCZOS), base, overlay)
                     for im in images]
@@ -100,7 +109,7 @@ class Area:
             pasted = self.init.copy()
             pasted.paste(im.convert("RGB").resize((x1 - x0, y1 - y0), Image.LANCZOS), (x0, y0))
             done = masks.overlay(pasted, self.init, self.prepared.soft)
-            out.append(done if self.out_size in (None, done.size) else done.resize(self.out_size, Image.LANCZOS))
+            out.append(done if self.out_size in (None, done.size) else init_resized(done, *self.out_size, self.resize))
         return out
 
 
@@ -110,4 +119,4 @@ def area_for(request, init) -> Area | None:
         return None
     prepared = masks.prepare(request.mask, init.size, request.invert_mask, request.mask_blur)
     return Area(init, prepared, request.inpaint_area == "masked", request.mask_padding, request.masked_content,
-                (request.width, request.height))
+                (request.width, request.height), resize=request.resize_mode)
