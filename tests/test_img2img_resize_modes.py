@@ -7,7 +7,7 @@ diffusers with the same arguments but, as its image, the latents made here by ha
 init image at its own size, normalised as the family's pipeline normalises them, interpolated to the job's latent
 size. The two must be equal: SD 1.x, SDXL (they keep the init's size), SD3 and FLUX.1 (a shift factor; FLUX.1's
 latents packed; their pipelines resize the init image unless told not to) and Qwen-Image (5-D latents, a mean and
-std). Z-Image and Chroma run it in tests/test_family_matrix.py.
+std), and SD's ControlNet img2img pipeline. Z-Image and Chroma run it in tests/test_family_matrix.py.
 
 Masks: the mask is brought to the job's size by the image's mode (A1111's resize_image on the mask), so the
 repainted area moves with the picture; its geometry is checked with numbers.
@@ -23,6 +23,7 @@ from PIL import Image
 
 from lowvram_gen import GenerationRequest
 from lowvram_gen.control import resize
+from lowvram_gen.control.units import ControlNetUnit
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.session import Session
 
@@ -91,6 +92,8 @@ def _tiny_qwen(tmp_path_factory):
 
 CASES = {  # model -> (its img2img pipeline class, the latents by hand, how its folder is made)
     "sd": ("StableDiffusionImg2ImgPipeline", _sd_latents, lambda f: "tiny"),
+    # a ControlNet unit beside it (the embedded SD one, the init image as its control image)
+    "sd-controlnet": ("StableDiffusionControlNetImg2ImgPipeline", _sd_latents, lambda f: "tiny"),
     "sdxl": ("StableDiffusionXLImg2ImgPipeline", _sd_latents, lambda f: "tiny-sdxl"),
     "sd3": ("StableDiffusion3Img2ImgPipeline", _flux_latents, _tiny_sd3),  # a shift factor too
     "flux": ("FluxImg2ImgPipeline", _flux_latents, _tiny_flux),
@@ -116,9 +119,10 @@ def test_latent_upscale_equals_plain_diffusers_given_the_interpolated_latents(ca
         return out
 
     monkeypatch.setattr(cls, "__call__", watch)
+    units = (ControlNetUnit("tiny-controlnet", wide),) if case == "sd-controlnet" else ()
     request = GenerationRequest(prompt="a boat", model=folder(tmp_path_factory), init_image=wide,
                                 resize_mode="latent", width=64, height=64, steps=3, strength=0.6, seed=5,
-                                outdir=str(tmp_path))
+                                outdir=str(tmp_path), controlnets=units)
     result = Session(device="cpu").generate(request)
     assert (result.width, result.height) == (64, 64) and seen, "the job ran its family's img2img pipeline"
     pipe, kwargs = seen["pipe"], dict(seen["kwargs"])
@@ -183,11 +187,31 @@ def test_the_cli_and_the_api_give_it(tmp_path):
     Image.new("RGB", (64, 64)).save(init)
     args = build_parser().parse_args(["img2img", "x", "--init", str(init), "--resize-mode", "latent"])
     assert GenerationRequest(**_request_fields(args)[0]).validated().resize_mode == "latent"
-    args = build_parser().parse_args(["inpaint", "x", "--init", str(init), "--mask", str(init), "--resize-mode", "fill"])
+    args = build_parser().parse_args(["inpaint", "x", "--init", str(init), "--mask", str(init),
+                                      "--resize-mode", "fill"])
     assert _request_fields(args)[0]["resize_mode"] == "fill"
     body = map_body(dict(prompt="x", init_images=["<base64>"], resize_mode=3), "img2img", "tiny", 1, str(tmp_path),
                     find_model=lambda title: None, init_image=lambda value, *w: str(init))
     assert body.request.validated().resize_mode == "latent"
+
+
+def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
+    """Above the size, Just resize first; the tabs' Generate takes it last before the ControlNet units (after
+    img2img_fix_steps: older positional API calls keep working). Inpaint offers no latent upscale (refused with a
+    mask)."""
+    from lowvram_gen.ui import controlnet
+    from lowvram_gen.ui.app import build_app
+    from lowvram_gen.ui.context import UiOptions
+
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
+    by_name = {f.api_name: f for f in app.fns.values()}
+    labels = ["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"]
+    for name, elem, offered in (("img2img", "i2i-resize-mode", labels), ("inpaint", "inp-resize-mode", labels[:3])):
+        inputs = by_name[name].inputs
+        radio = inputs[len(inputs) - len(controlnet.KEYS) - 1]
+        assert (radio.elem_id, radio.value, radio.label) == (elem, "resize", "Resize mode")
+        assert [label for label, _ in radio.choices] == offered
+        assert [key for _, key in radio.choices] == ["resize", "crop", "fill", "latent"][:len(offered)]
 
 
 # ---------------------------------------------------------------------------------------------------- masks
