@@ -286,3 +286,28 @@ def test_only_masked_keeps_a1111s_crop_whatever_the_mode(wide, tmp_path, monkeyp
                                            strength=0.5, seed=5, outdir=str(tmp_path / mode)))
     assert np.array_equal(np.asarray(seen["resize"].init[0]), np.asarray(seen["fill"].init[0]))
     assert np.array_equal(np.asarray(seen["resize"].mask), np.asarray(seen["fill"].mask))
+
+
+def test_the_ladders_only_masked_step_goes_back_by_the_mode():
+    """The ladder's only-masked step (inpaint/area.py masked_rung) pastes its box into the canvas, then brings the
+    canvas to the job's size as the whole picture was: by the resize mode. A mask in the part Crop and resize cuts
+    away (x 0-20 of 96; the centre kept is x 24-72) leaves the job's image the cropped init, as the whole picture's
+    pass would."""
+    from lowvram_gen.inpaint.area import Area
+    from lowvram_gen.inpaint.masks import Prepared
+
+    rng = np.random.default_rng(0)
+    canvas = Image.fromarray(rng.integers(0, 255, (48, 96, 3), dtype=np.uint8))
+    mask = Image.new("L", canvas.size)
+    mask.paste(255, (0, 10, 20, 30))
+    whole = Area(canvas, Prepared(mask, mask, None), False, 0, "original", (64, 64), resize="crop")
+    area, size = whole.masked_rung((64, 64), 8, 8)
+    assert area.only_masked and area.out_size == (64, 64)
+    painted = Image.new("RGB", size, (255, 0, 255))  # what the denoiser made of the box
+    out = area.finish([painted])[0]
+    assert out.size == (64, 64)
+    assert np.array_equal(np.asarray(out), np.asarray(resize.init_resized(canvas, 64, 64, "crop")))
+    fill = Area(canvas, Prepared(mask, mask, None), False, 0, "original", (64, 64), resize="fill")
+    area, size = fill.masked_rung((64, 64), 8, 8)
+    out = np.asarray(area.finish([Image.new("RGB", size, (255, 0, 255))])[0], dtype=int)
+    assert (out[26:33, 0:10] == (255, 0, 255)).all()  # the box (x 0-20, y 10-30) scaled by 2/3 and put at y 16
