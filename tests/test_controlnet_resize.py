@@ -106,10 +106,9 @@ def test_img2img_resize_modes_by_name_and_number():
         ["resize", "crop", "fill", "crop", "fill", "resize"]
     with pytest.raises(InvalidRequest, match="use resize, crop, fill or latent"):
         resize.check_init_resize(4)
-    with pytest.raises(InvalidRequest, match="latent upscale.* is not built here"):
-        resize.check_init_resize(3)
-    with pytest.raises(InvalidRequest, match="inpainting resizes the init image and its mask"):
-        resize.check_init_resize("crop", masked=True)
+    assert [resize.check_init_resize(v, masked=True) for v in (1, 2)] == ["crop", "fill"]  # the mask with it
+    with pytest.raises(InvalidRequest, match="latent upscale.* with a mask .*is not built here"):
+        resize.check_init_resize(3, masked=True)  # built without a mask: tests/test_img2img_resize_modes.py
 
 
 @pytest.mark.parametrize("mode", ["crop", "fill"])

@@ -78,6 +78,8 @@ CASES: dict[str, tuple[dict, frozenset, str]] = {
                              IMG2IMG, ""),
     "img2img": (INIT, IMG2IMG, ""),
     "img2img-batch-size-2": (dict(INIT, batch_size=2), IMG2IMG, ""),
+    # A1111's Just resize (latent upscale): the 64x64 init encoded at its size, its latents stretched to 96x64
+    "img2img-latent-resize": (dict(INIT, resize_mode="latent", width=96), IMG2IMG, ""),
     "inpaint": (MASKED, INPAINT, ""),
     "inpaint-only-masked": (dict(MASKED, inpaint_area="masked", mask_padding=8), INPAINT, ""),
     "inpaint-blur": (dict(MASKED, mask_blur=4), INPAINT, ""),

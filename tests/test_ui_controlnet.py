@@ -202,7 +202,7 @@ def test_img2img_takes_the_units_last_too(server, models):
     init = handle_file(str(models / "control.png"))
     info = client.predict(
         init, "img2img with a unit", "", 0.6, SIDE, SIDE, 2, 7, 3, 1, "default", "tiny", "as the preset says",
-        "automatic", 1, -1, 0, 0, 0, 1, 0, "auto", False,  # False: A1111's img2img_fix_steps, before the units
+        "automatic", 1, -1, 0, 0, 0, 1, 0, "auto", False, "resize",  # img2img_fix_steps, resize mode: before the units
         True, handle_file(str(models / "control.png")), "canny", 90, 180, str(models / "ControlNet" / "tiny-cn"), 1,
         0, 1, api_name="/img2img")[1]
     assert 'ControlNet 0: "Module: canny' in info and "Threshold A: 90, Threshold B: 180" in info

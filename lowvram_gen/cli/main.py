@@ -211,10 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     i2i.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to start from")
     i2i.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
     _add_fix_steps(i2i)
-    i2i.add_argument("--resize-mode", dest="resize_mode", metavar="resize|crop|fill",
+    i2i.add_argument("--resize-mode", dest="resize_mode", metavar="resize|crop|fill|latent",
                      help="an init image of another aspect ratio: resize (A1111's Just resize, the default), crop "
-                          "(Crop and resize: the centre kept) or fill (Resize and fill: the edges stretched over the "
-                          "rest)")
+                          "(Crop and resize: the centre kept), fill (Resize and fill: the edges stretched over the "
+                          "rest) or latent (Just resize (latent upscale): encoded at its own size, the latents "
+                          "stretched)")
     _add_generation_args(i2i)
 
     inp = sub.add_parser("inpaint", help="repaint the masked part of an image (A1111's img2img > Inpaint)",
@@ -223,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     inp.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to repaint")
     inp.add_argument("--strength", metavar="X", help="denoising strength, 0-1 (default 0.75)")
     _add_fix_steps(inp)
+    inp.add_argument("--resize-mode", dest="resize_mode", metavar="resize|crop|fill",
+                     help="an init image of another aspect ratio, and its mask with it: resize (the default), crop or "
+                          "fill, as img2img's (the whole picture; only masked cuts the mask's box, whatever the mode)")
     from lowvram_gen.cli.inpaint import add_inpaint_args  # no heavy imports
 
     add_inpaint_args(inp)

@@ -11,7 +11,10 @@ Two sets of rules, written from their published behaviour and tested by pixels (
 - img2img's init image (A1111's "Resize mode", `init_resized`): "Just resize" stretches; "Crop and resize" scales
   to cover (the side that overflows is im_side x target_other // im_other, floored) and pastes it centred at
   (target // 2 - scaled // 2), cutting the rest; "Resize and fill" scales to fit the same way, pastes it centred,
-  and fills each empty band by stretching the scaled image's outermost row (or column) over it.
+  and fills each empty band by stretching the scaled image's outermost row (or column) over it. An inpaint job's mask
+  is brought to the size the same way (A1111 resizes the mask with the image's mode; "Only masked" ignores the mode
+  there, and here). "Just resize (latent upscale)" resizes no pixel: the init image is encoded at its own size and
+  its latents interpolated (engines/sd/latent_resize.py); with a mask it is refused.
 
 Images are resized with Pillow's Lanczos filter, as the rest of the app resizes them (A1111 uses it too where no
 upscaler is named; the extension's own map resize picks OpenCV's area/cubic/nearest filters by content).
@@ -52,8 +55,8 @@ def check_control_resize(field: str, value: Any) -> str:
 
 
 def check_init_resize(value: Any, masked: bool = False) -> str:
-    """img2img's resize mode: resize | crop | fill, A1111's labels, or its API integers 0-2 (3, its latent upscale,
-    and crop or fill for an inpaint job (`masked`) are refused: not built)."""
+    """img2img's resize mode: resize | crop | fill | latent, A1111's labels, or its API integers 0-3 (`masked`: an
+    inpaint job, whose mask is resized as its image is; latent, which acts on the encoded image, is refused there)."""
     text = "resize" if value is None or value == "" else str(value).strip()
     if isinstance(value, float) and value.is_integer():
         text = str(int(value))
@@ -64,12 +67,9 @@ def check_init_resize(value: Any, masked: bool = False) -> str:
     if key is None or isinstance(value, bool):
         raise InvalidRequest("resize mode", value, "use resize, crop, fill or latent (A1111's Just resize, Crop and "
                                                    "resize, Resize and fill, Just resize (latent upscale), or 0-3)")
-    if key == "latent":
-        raise InvalidRequest("resize mode", value, "A1111's Just resize (latent upscale) is not built here: use "
-                                                   "resize, crop or fill")
-    if masked and key != "resize":
-        raise InvalidRequest("resize mode", value, "inpainting resizes the init image and its mask to the job's size "
-                                                   "(Just resize) here: use resize, or crop or fill the image first")
+    if masked and key == "latent":
+        raise InvalidRequest("resize mode", value, "Just resize (latent upscale) with a mask (inpainting) is not built "
+                                                   "here: use resize, crop or fill")
     return key
 
 
@@ -106,8 +106,9 @@ def control_map(image, width: int, height: int, mode: str, make: Callable):
 
 
 def init_resized(image, width: int, height: int, mode: str):
-    """img2img's init image (PIL) at width x height under A1111's resize `mode` ('latent' resizes as 'resize' here:
-    the latent upscale acts on the encoded image, not on its pixels)."""
+    """img2img's init image (PIL), or an inpaint job's mask, at width x height under A1111's resize `mode` ('latent'
+    resizes as 'resize' here: the latent upscale acts on the encoded image, engines/sd/latent_resize.py). The
+    canvas keeps the image's own mode (a mask stays L; A1111 pastes into RGB, the same values)."""
     from PIL import Image
 
     if image.size == (width, height):
@@ -120,7 +121,7 @@ def init_resized(image, width: int, height: int, mode: str):
     wide = ratio > src if cover else ratio < src  # the target's width is the scaled image's
     sw, sh = (width, ih * width // iw) if wide else (iw * height // ih, height)
     scaled = image.resize((sw, sh), Image.LANCZOS)
-    out = Image.new("RGB", (width, height))
+    out = Image.new(image.mode, (width, height))
     out.paste(scaled, (width // 2 - sw // 2, height // 2 - sh // 2))
     if cover:
         return out

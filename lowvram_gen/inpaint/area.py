@@ -1,6 +1,7 @@
 """Where an inpaint pass works and how its images go back: A1111's "Whole picture" and "Only masked".
 
-Whole picture: the init image and the mask resized to the pass's size (Lanczos, as A1111's "Just resize"); the
+Whole picture: the init image and the mask resized to the pass's size by the request's resize mode (Just resize:
+Lanczos; Crop and resize, Resize and fill: control/resize.py, the mask as its image, as A1111 resizes both); the
 result keeps the (resized) init image outside the blurred mask, the overlay mask doubled as A1111's is, so the
 repainted area reaches the mask's edge.
 Only masked: the mask's box grown by the padding and to the job's aspect ratio (masks.to_aspect) is cut from the
@@ -35,6 +36,9 @@ class Area:
     content: str  # masks.CONTENTS
     size: tuple[int, int]  # the job's size (request width x height)
     out_size: tuple[int, int] | None = None  # masked_rung: the size the whole picture's images had
+    # the request's resize mode (control/resize.py): how the whole picture's init and mask meet the job's size, and
+    # how a masked rung's canvas goes back to it; only masked's box ignores it, as A1111's does
+    resize: str = "resize"
 
     # a step down must save at least this much: a box nearly the canvas's costs what the whole picture did
     RUNG_MOST_PIXELS = 0.75
@@ -59,7 +63,7 @@ class Area:
         other than "original" paints the masked area of the init first (A1111 fills for its latent contents too)."""
         init, mask = self.init, self.prepared.soft
         box = self.box
-        mode = "resize"
+        mode = self.resize  # A1111 resizes the mask by the image's mode; an only-masked cut is always filled
         if box is not None:
             init, mask, mode = init.crop(box), mask.crop(box), "fill"
         init, mask = _sized(init, size, mode), _sized(mask, size, mode)
@@ -88,12 +92,10 @@ class Area:
 
     def finish(self, images: list) -> list:
         """The generated images (at the job's size) with the original kept outside the blurred mask."""
-        from PIL import Image
-
         box = self.box
         if box is None:
-            base = _sized(self.init, self.size, "resize")
-            soft = _sized(self.prepared.soft, self.size, "resize")
+            base = _sized(self.init, self.size, self.resize)
+            soft = _sized(self.prepared.soft, self.size, self.resize)
             overlay = soft.point(lambda v: min(255, v * 2))  # A1111's whole-picture overlay mask, doubled
             return [masks.overlay(_sized(im.convert("RGB"), self.size, "resize"), base, overlay) for im in images]
         x0, y0, x1, y1 = box
@@ -102,7 +104,7 @@ class Area:
             pasted = self.init.copy()
             pasted.paste(init_resized(im.convert("RGB"), x1 - x0, y1 - y0, "crop"), (x0, y0))
             done = masks.overlay(pasted, self.init, self.prepared.soft)
-            out.append(done if self.out_size in (None, done.size) else done.resize(self.out_size, Image.LANCZOS))
+            out.append(done if self.out_size in (None, done.size) else init_resized(done, *self.out_size, self.resize))
         return out
 
 
@@ -121,4 +123,4 @@ def area_for(request, init) -> Area | None:
     prepared = masks.prepare(request.mask, init.size, request.invert_mask, request.mask_blur,
                              getattr(request, "mask_round", True))
     return Area(init, prepared, request.inpaint_area == "masked", request.mask_padding, request.masked_content,
-                (request.width, request.height))
+                (request.width, request.height), resize=request.resize_mode)

@@ -27,6 +27,7 @@ from typing import Any
 
 import gradio as gr
 
+from lowvram_gen.control.resize import INIT_RESIZE
 from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS,
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, SAMPLERS
@@ -84,6 +85,14 @@ class SdForm:
             DEFAULTS.img2img_fix_steps, label="Do exactly the amount of steps the slider specifies",
             info="A1111's setting: off runs int(Steps x strength) + 1 (10 at 0.5: 6), as A1111 does by default",
             elem_id=self._id("fix-steps"))
+
+    def resize_mode(self, latent: bool = True) -> None:
+        """A1111's img2img "Resize mode" radio, above the size: how an init image of another aspect meets Width x
+        Height (control/resize.py). `latent`: offer "Just resize (latent upscale)" (Inpaint does not: refused with
+        a mask)."""
+        choices = [(label, key) for key, label in INIT_RESIZE.items() if latent or key != "latent"]
+        self.controls["resize_mode"] = gr.Radio(choices, value=DEFAULTS.resize_mode, label="Resize mode",
+                                                elem_id=self._id("resize-mode"))
 
     def settings(self, *, size_from_image: bool = False, model_label: str = "Model", hires: bool = False) -> None:
         """Everything from the size row to the live preview's settings. `size_from_image`: A1111's 📐 beside

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen import families, img2img_steps
-from lowvram_gen.engines.sd import controlnet, edit, inpaint, rng_source
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, latent_resize, rng_source
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import Task
@@ -64,6 +64,8 @@ class Pass:
     control_crop: tuple | None = None
     hires: bool = False  # hires fix's second pass (canny/mlsd units take A1111's soft weights: control/weights.py)
     references: "list | None" = None  # an edit's reference images (PIL), given to the family's edit pipeline
+    # img2img's "Just resize (latent upscale)": `init` at its own size, its latents interpolated to the pass's
+    latent_resize: bool = False
 
     @property
     def num_steps(self) -> int:
@@ -590,6 +592,11 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
     if step.init is not None and step.strength == 0:
         if not isinstance(step.init, list):
             return Denoised(latents=step.init)  # latents: nothing to change
+        if step.latent_resize and splits_decode(pipe):
+            return Denoised(latents=latent_resize.interpolated(
+                encode(pipe, step.init, device), *latent_resize.latent_size(pipe, step.width, step.height)))
+        if step.latent_resize:
+            return Denoised(images=[im.resize((step.width, step.height)) for im in step.init], nsfw=[False] * n)
         if not splits_decode(pipe):  # a pipeline that decodes itself returns images: the init ones, kept
             return Denoised(images=[im.copy() for im in step.init], nsfw=[False] * n)
         return Denoised(latents=encode(pipe, step.init, device))
@@ -674,8 +681,10 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                 kwargs.update(width=step.width, height=step.height)
             kwargs.update(record.task_arguments.get(task.value, {}))
             kwargs["num_inference_steps"], strength = _img2img_schedule(i2i, step)
+            own_size = latent_resize.encoded_at_own_size(i2i, step.init, step.width, step.height) \
+                if step.latent_resize else contextlib.nullcontext()
             with rng_source.drawing(request.rng, i2i, i2i.scheduler), _variation_noise(i2i, step, device), content, \
-                    _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
+                    own_size, _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=strength, **kwargs)
     except _Stopped:
         return Denoised(images=[], nsfw=[], stopped=stop["kind"], stopped_at=stop["at"])

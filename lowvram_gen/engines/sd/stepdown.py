@@ -323,10 +323,12 @@ class _Job:
             made = inpaint.rendered(self.pipe, self.request, self.size)
             return sd.Pass(self.request, seeds, *made, init=[init] * len(seeds), strength=self.request.strength,
                            texts=self.texts, embeds=self.embeds, mask=mask, control_crop=self.area.control_crop)
-        resized = self.init if self.init.size == self.size else self.init.resize(self.size) \
-            if self.request.resize_mode == "resize" else init_resized(self.init, *self.size, self.request.resize_mode)
+        latent = self.request.resize_mode == "latent" and self.init.size != self.size  # encoded at its own size
+        resized = self.init if self.init.size == self.size or latent else self.init.resize(self.size) \
+            if self.request.resize_mode in ("resize", "latent") else \
+            init_resized(self.init, *self.size, self.request.resize_mode)
         return sd.Pass(self.request, seeds, *self.size, init=[resized] * len(seeds), strength=self.request.strength,
-                       texts=self.texts, embeds=self.embeds)
+                       texts=self.texts, embeds=self.embeds, latent_resize=latent)
 
     def _step_down(self) -> None:
         """After a denoise out-of-memory: an inpaint job on a big canvas goes on as only masked (inpaint/area.py),

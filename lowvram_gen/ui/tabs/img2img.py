@@ -1,4 +1,5 @@
-"""The img2img tab: an init image and the txt2img controls (Quantize, Clip skip, Batch count included; no hires fix);
+"""The img2img tab: an init image, A1111's Resize mode, and the txt2img controls (Quantize, Clip skip, Batch count
+included; no hires fix);
 it shares txt2img's job runner (queue, progress, Interrupt, Skip, live preview: ui/live.py), its LoRA/embedding
 pickers and Ctrl+Enter. The width and
 height follow the init image (rounded down to a multiple of 8). The controls start at the documented defaults,
@@ -40,7 +41,8 @@ def build(ctx: TabContext) -> None:
                 schedule_type=DEFAULTS.schedule_type, clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed,
                 subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=DEFAULTS.seed_resize_from_w,
                 seed_resize_from_h=DEFAULTS.seed_resize_from_h, batch_count=DEFAULTS.batch_count, preview_every=0,
-                preview_method="auto", img2img_fix_steps=DEFAULTS.img2img_fix_steps, *units,
+                preview_method="auto", img2img_fix_steps=DEFAULTS.img2img_fix_steps,
+                resize_mode=DEFAULTS.resize_mode, *units,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
@@ -52,7 +54,7 @@ def build(ctx: TabContext) -> None:
             sampler=sampler, model=model, quantize=quantize, schedule_type=schedule_type, clip_skip=clip_skip,
             batch_count=batch_count, subseed=subseed, subseed_strength=subseed_strength,
             seed_resize_from_w=seed_resize_from_w, seed_resize_from_h=seed_resize_from_h,
-            img2img_fix_steps=bool(img2img_fix_steps))), request,
+            img2img_fix_steps=bool(img2img_fix_steps), resize_mode=resize_mode or DEFAULTS.resize_mode)), request,
             progress, preview_every, preview_method)
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
@@ -63,6 +65,7 @@ def build(ctx: TabContext) -> None:
             with gr.Column(scale=3):
                 init = form.controls["init_image"] = ImagePath("Init image", elem_id="i2i-init")
                 form.strength("Denoising strength (0 keeps the image)")
+                form.resize_mode()
                 form.settings()
             with gr.Column(scale=2):
                 form.results(("inpaint", "upscale"))
@@ -73,4 +76,5 @@ def build(ctx: TabContext) -> None:
     form.generate(img2img, ["init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps",
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "quantize", "schedule_type",
                             "clip_skip", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h",
-                            "batch_count", "preview_every", "preview_method", "img2img_fix_steps"], api_name="img2img")
+                            "batch_count", "preview_every", "preview_method", "img2img_fix_steps", "resize_mode"],
+                  api_name="img2img")

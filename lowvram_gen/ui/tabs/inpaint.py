@@ -70,7 +70,8 @@ def build(ctx: TabContext) -> None:
                 preview_every=0, preview_method="auto", quantize=AS_PRESET, schedule_type=DEFAULTS.schedule_type,
                 clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed, subseed_strength=DEFAULTS.subseed_strength,
                 seed_resize_from_w=DEFAULTS.seed_resize_from_w, seed_resize_from_h=DEFAULTS.seed_resize_from_h,
-                batch_count=DEFAULTS.batch_count, img2img_fix_steps=DEFAULTS.img2img_fix_steps, *units,
+                batch_count=DEFAULTS.batch_count, img2img_fix_steps=DEFAULTS.img2img_fix_steps,
+                resize_mode=DEFAULTS.resize_mode, *units,
                 request: gr.Request = None, progress=gr.Progress()):
         init = background(editor)
         if not init:
@@ -91,7 +92,8 @@ def build(ctx: TabContext) -> None:
                 inpaint_area=inpaint_area or DEFAULTS.inpaint_area, mask_padding=mask_padding, quantize=quantize,
                 schedule_type=schedule_type, clip_skip=clip_skip, batch_count=batch_count, subseed=subseed,
                 subseed_strength=subseed_strength, seed_resize_from_w=seed_resize_from_w,
-                seed_resize_from_h=seed_resize_from_h, img2img_fix_steps=bool(img2img_fix_steps)), request, progress,
+                seed_resize_from_h=seed_resize_from_h, img2img_fix_steps=bool(img2img_fix_steps),
+                resize_mode=resize_mode or DEFAULTS.resize_mode), request, progress,
                 preview_every, preview_method)
         finally:
             if drawn:  # the drawn mask's file lives as long as its job
@@ -122,6 +124,7 @@ def build(ctx: TabContext) -> None:
                     c["mask_padding"] = Slider(0, MAX_PADDING, value=DEFAULTS.mask_padding, step=4,
                                                label="Only masked padding, pixels", elem_id="inp-padding")
                 form.strength("Denoising strength")
+                form.resize_mode(latent=False)  # the mask is resized as the image is
                 # A1111's 📐 beside Width/Height (an upload sets them by itself)
                 form.settings(size_from_image=True)
             with gr.Column(scale=2):
@@ -136,5 +139,6 @@ def build(ctx: TabContext) -> None:
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "mask_blur", "invert_mask",
                             "masked_content", "inpaint_area", "mask_padding", uploaded, "preview_every",
                             "preview_method", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
-                            "seed_resize_from_w", "seed_resize_from_h", "batch_count", "img2img_fix_steps"],
+                            "seed_resize_from_w", "seed_resize_from_h", "batch_count", "img2img_fix_steps",
+                            "resize_mode"],
                   api_name="inpaint")
