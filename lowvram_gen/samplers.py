@@ -30,9 +30,10 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "DPM2 a": ("KDPM2AncestralDiscreteScheduler", {}),
     "DPM++ 2M": ("DPMSolverMultistepScheduler", {}),
     "DPM++ SDE": ("DPMSolverSDEScheduler", {}),  # needs torchsde (its Brownian-tree noise)
-    "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++"}),
-    "DPM++ 2M SDE Heun": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_type": "heun"}),
-    "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
+    "DPM++ 2M SDE": ("DPMSolverMultistepSDEScheduler", {"algorithm_type": "sde-dpmsolver++"}),
+    "DPM++ 2M SDE Heun": ("DPMSolverMultistepSDEScheduler", {"algorithm_type": "sde-dpmsolver++",
+                                                            "solver_type": "heun"}),
+    "DPM++ 3M SDE": ("DPMSolverMultistepSDEScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
     "DPM++ 2S a": ("DPMSolverSinglestepScheduler", {}),
     "DDIM": ("DDIMScheduler", {}),
     "PLMS": ("PNDMScheduler", {}),
@@ -46,8 +47,10 @@ DEFAULT = "default"
 A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
                    "DPM++ 2M SDE Heun": "exponential", "DPM++ 3M SDE": "exponential", "DPM++ 2S a": "karras",
                    "DPM2": "karras", "DPM2 a": "karras"}
-# the Python package a sampler's diffusers class needs beyond diffusers' own dependencies
-NEEDS = {"DPM++ SDE": "torchsde"}
+# the Python package a sampler's diffusers class needs beyond diffusers' own dependencies (the Brownian-tree noise)
+NEEDS = {name: "torchsde" for name in ("DPM++ SDE", "DPM++ 2M SDE", "DPM++ 2M SDE Heun", "DPM++ 3M SDE")}
+# our schedulers (lowvram_gen/ksamplers/) for A1111 samplers diffusers has no class for: class name -> its module
+OWN_CLASSES = {"DPMSolverMultistepSDEScheduler": "lowvram_gen.ksamplers.dpm_solver_sde"}
 # A1111/Forge samplers diffusers has no scheduler for: the nearest one offered, and why
 REFUSED = {
     "Restart": ("Heun", "Restart runs Heun steps with noise restarts, on the Karras schedule by default"),
@@ -66,7 +69,7 @@ def _key(text: str) -> str:
 _BY_KEY = {_key(name): name for name in SAMPLERS}
 # a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
 # diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
-AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()})
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN_CLASSES))
 _AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 
@@ -109,11 +112,16 @@ def check_installed(sampler: str) -> None:
                                                  f"not installed: pip install {package}")
 
 
-def _class(sampler: str):
-    import diffusers
+def scheduler_class(name: str):
+    """The scheduler class named `name` in SAMPLERS: ours (OWN_CLASSES) or diffusers'."""
+    import importlib
 
+    return getattr(importlib.import_module(OWN_CLASSES.get(name, "diffusers")), name)
+
+
+def _class(sampler: str):
     check_installed(sampler)
-    return getattr(diffusers, SAMPLERS[sampler][0])
+    return scheduler_class(SAMPLERS[sampler][0])
 
 
 # diffusers' classes that step through a discrete model's noise levels as k-diffusion's samplers do, handed A1111's
@@ -121,7 +129,8 @@ def _class(sampler: str):
 SIGMA_CLASSES = {"EulerDiscreteScheduler": False, "EulerAncestralDiscreteScheduler": False,
                  "LMSDiscreteScheduler": False, "HeunDiscreteScheduler": True, "KDPM2DiscreteScheduler": True,
                  "KDPM2AncestralDiscreteScheduler": True, "DPMSolverMultistepScheduler": False,
-                 "DPMSolverSinglestepScheduler": False, "DPMSolverSDEScheduler": True, "UniPCMultistepScheduler": False}
+                 "DPMSolverSinglestepScheduler": False, "DPMSolverSDEScheduler": True, "UniPCMultistepScheduler": False,
+                 "DPMSolverMultistepSDEScheduler": False}
 # A1111's samplers that step through timesteps of their own (its sd_samplers_timesteps.py; UniPC's class takes levels
 # too, so a schedule type named for it runs): their Automatic is the class's own schedule
 TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "LCM", "DDPM"}
@@ -236,11 +245,9 @@ def _unsupported(sampler: str, cls, schedule_type: str) -> str:
 
 def with_schedule(schedule_type: str) -> list[str]:
     """The samplers whose diffusers class has `schedule_type` (a sampler whose package is missing is left out)."""
-    import diffusers
-
     names = []
     for name, (cls_name, _) in SAMPLERS.items():
-        if _installed(name) and schedules.overrides(getattr(diffusers, cls_name), schedule_type)[1]:
+        if _installed(name) and schedules.overrides(scheduler_class(cls_name), schedule_type)[1]:
             names.append(name)
     return names
 
