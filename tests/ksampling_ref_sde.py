@@ -28,7 +28,8 @@ from ksampling_ref import ancestral_step, to_d
 
 
 class BrownianNoise:
-    """A1111's tree noise for a batch: `noise(a, b)` is each image's (W(b) - W(a)) / sqrt(|b - a|), stacked."""
+    """A1111's tree noise for a batch, one tree per seed (`entropy`): `noise(a, b)` is each image's
+    (W(b) - W(a)) / sqrt(|b - a|), stacked."""
 
     def __init__(self, seeds, shape, levels):
         import torch
@@ -53,11 +54,11 @@ def float32(levels, full=None):
     return [float(np.float32(s)) for s in levels], [float(np.float32(s)) for s in (full or levels)]
 
 
-def dpmpp_sde(denoiser, x, sigmas, rng=None, *, seeds, full=None):
+def dpmpp_sde(denoiser, x, sigmas, rng=None, *, entropy, full=None):
     import torch
 
     levels, span = float32(sigmas, full)
-    noise = BrownianNoise(seeds, x.shape[1:], span)
+    noise = BrownianNoise(entropy, x.shape[1:], span)
     # t = -log(sigma) and back in float32 tensors, as k-diffusion computes them: the trees are asked at these points,
     # and a Brownian path moves by sqrt(dt) between two points one float32 rounding apart
     t_of = lambda sigma: torch.as_tensor(sigma, dtype=torch.float32).log().neg()  # noqa: E731
@@ -79,9 +80,9 @@ def dpmpp_sde(denoiser, x, sigmas, rng=None, *, seeds, full=None):
     return x
 
 
-def dpmpp_2m_sde(denoiser, x, sigmas, rng=None, *, seeds, solver_type="midpoint", full=None):
+def dpmpp_2m_sde(denoiser, x, sigmas, rng=None, *, entropy, solver_type="midpoint", full=None):
     levels, span = float32(sigmas, full)
-    noise = BrownianNoise(seeds, x.shape[1:], span)
+    noise = BrownianNoise(entropy, x.shape[1:], span)
     previous, h_previous = None, None
     for sigma, sigma_next in zip(levels[:-1], levels[1:]):
         denoised = denoiser(x, sigma)
@@ -101,13 +102,13 @@ def dpmpp_2m_sde(denoiser, x, sigmas, rng=None, *, seeds, solver_type="midpoint"
     return x
 
 
-def dpmpp_2m_sde_heun(denoiser, x, sigmas, rng=None, *, seeds, full=None):
-    return dpmpp_2m_sde(denoiser, x, sigmas, rng, seeds=seeds, solver_type="heun", full=full)
+def dpmpp_2m_sde_heun(denoiser, x, sigmas, rng=None, *, entropy, full=None):
+    return dpmpp_2m_sde(denoiser, x, sigmas, rng, entropy=entropy, solver_type="heun", full=full)
 
 
-def dpmpp_3m_sde(denoiser, x, sigmas, rng=None, *, seeds, full=None):
+def dpmpp_3m_sde(denoiser, x, sigmas, rng=None, *, entropy, full=None):
     levels, span = float32(sigmas, full)
-    noise = BrownianNoise(seeds, x.shape[1:], span)
+    noise = BrownianNoise(entropy, x.shape[1:], span)
     d_1 = d_2 = h_1 = h_2 = None
     for sigma, sigma_next in zip(levels[:-1], levels[1:]):
         denoised = denoiser(x, sigma)

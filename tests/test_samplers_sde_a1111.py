@@ -83,7 +83,7 @@ def test_the_scheduler_steps_as_the_published_algorithm_with_the_seeds_trees(sam
     full = levels(scheduler.alphas_cumprod.double().numpy(), sampler, "karras", steps)
     start = full[begin]
     x = (init if begin else 0) + noise * float(np.float32(start))
-    want = ALGORITHMS[sampler](denoiser, x, full[begin:], seeds=SEEDS, full=full)
+    want = ALGORITHMS[sampler](denoiser, x, full[begin:], entropy=SEEDS, full=full)
     assert (got - want).abs().max() < 2e-3
     scheduler.set_timesteps(steps)
     scheduler.noise_sampler_seed = [SEEDS[0], 99]  # another seed for the second image: its result moves, not the first's
@@ -134,18 +134,32 @@ def made(session, tmp_path, folder, **fields) -> list[np.ndarray]:
     return [np.asarray(Image.open(path).convert("RGB")).astype(int) for path in result.images]
 
 
-@pytest.mark.parametrize("model", ["tiny_path", "tiny_sdxl_path"])
-@pytest.mark.parametrize("schedule", ["automatic", "karras"])
-@pytest.mark.parametrize("sampler", list(ALGORITHMS))
-def test_txt2img_equals_a1111s_algorithm_with_its_brownian_noise(session, tmp_path, request, calls, model, schedule,
-                                                                  sampler):
+@pytest.fixture(scope="module")
+def plain():
+    """Plain diffusers pipelines of the tiny models for the reference, loaded once per model."""
     from diffusers import AutoPipelineForText2Image
 
+    loaded = {}
+
+    def get(folder):
+        if str(folder) not in loaded:
+            loaded[str(folder)] = AutoPipelineForText2Image.from_pretrained(str(folder))
+        return loaded[str(folder)]
+
+    return get
+
+
+# the model outermost, so that the session keeps one model loaded through the samplers
+@pytest.mark.parametrize("sampler", list(ALGORITHMS))
+@pytest.mark.parametrize("schedule", ["automatic", "karras"])
+@pytest.mark.parametrize("model", ["tiny_path", "tiny_sdxl_path"])
+def test_txt2img_equals_a1111s_algorithm_with_its_brownian_noise(session, tmp_path, request, calls, plain, model,
+                                                                  schedule, sampler):
     folder = request.getfixturevalue(model)
-    pipe = AutoPipelineForText2Image.from_pretrained(str(folder))
+    pipe = plain(folder)
     steps = 4
     sigmas = levels(pipe.scheduler.alphas_cumprod.double().numpy(), sampler, schedule, steps)
-    want, ref_calls = ref.txt2img(pipe, ALGORITHMS[sampler], sigmas, SEEDS, "a lighthouse", seeds=SEEDS)
+    want, ref_calls = ref.txt2img(pipe, ALGORITHMS[sampler], sigmas, SEEDS, "a lighthouse", entropy=SEEDS)
     got = made(session, tmp_path, folder, sampler=sampler, schedule_type=schedule, steps=steps, seed=SEEDS[0],
                batch_size=2)
     assert calls == [a1111_calls(sampler, steps)] and ref_calls == a1111_calls(sampler, steps)
@@ -154,13 +168,25 @@ def test_txt2img_equals_a1111s_algorithm_with_its_brownian_noise(session, tmp_pa
     assert np.abs(got[0] - got[1]).max() > 10  # two seeds, two images: the comparison can fail
 
 
-@pytest.mark.parametrize("sampler", ["DPM++ 2M SDE", "DPM++ 2M SDE Heun", "DPM++ 3M SDE"])
-def test_the_same_seed_gives_the_same_image_at_batch_1_and_2(session, tmp_path, tiny_path, sampler):
-    """A1111's batch determinism: image 2 of a batch of seeds 5, 6 is the image of seed 6 alone."""
-    batch = made(session, tmp_path, tiny_path, sampler=sampler, steps=4, seed=5, batch_size=2)
-    alone = made(session, tmp_path, tiny_path, sampler=sampler, steps=4, seed=6)
+def test_the_same_seed_gives_the_same_image_at_batch_1_and_2(session, tmp_path, tiny_path):
+    """A1111's batch determinism: image 2 of a batch of seeds 5, 6 is the image of seed 6 alone (DPM++ 2M SDE Heun;
+    the schedulers' own test above moves one image's seed under all four)."""
+    fields = dict(sampler="DPM++ 2M SDE Heun", steps=4)
+    batch = made(session, tmp_path, tiny_path, seed=5, batch_size=2, **fields)
+    alone = made(session, tmp_path, tiny_path, seed=6, **fields)
     assert np.abs(batch[1] - alone[0]).max() <= 1  # batched convolutions may round differently by one level
     assert np.abs(batch[0] - alone[0]).max() > 10
+
+
+def test_the_hires_pass_steps_with_the_trees_of_the_same_seeds(session, tmp_path, tiny_path, calls):
+    """A1111 seeds the hires pass's trees with the images' seeds too: with DPM++ 2M SDE, 3 steps + Hires steps 2
+    run 3 + 2 UNet calls, and image 2 of a batch is the image of its seed alone."""
+    fields = dict(sampler="DPM++ 2M SDE", steps=3, hires_scale=1.5, hires_steps=2, hires_denoise=0.5)
+    batch = made(session, tmp_path, tiny_path, seed=5, batch_size=2, **fields)
+    alone = made(session, tmp_path, tiny_path, seed=6, **fields)
+    assert calls == [3, 2, 3, 2]
+    assert np.abs(batch[1] - alone[0]).max() <= 1
+    assert np.abs(batch[0] - alone[0]).max() > 3
 
 
 def test_img2img_runs_a1111s_steps_with_the_trees_of_its_seeds(session, tmp_path, tiny_path, calls):

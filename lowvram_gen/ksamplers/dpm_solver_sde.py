@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from diffusers import DPMSolverMultistepScheduler
-from diffusers.schedulers.scheduling_utils import SchedulerOutput
+from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedulerOutput
 
 
 def brownian_noise(sample, sigmas, seeds):
@@ -55,8 +55,9 @@ class DPMSolverMultistepSDEScheduler(DPMSolverMultistepScheduler):
         self._d1 = self._d2 = self._h1 = self._h2 = None
 
     def step(self, model_output, timestep, sample, generator=None, variance_noise=None, return_dict: bool = True):
-        """One k-diffusion step from this level to the next, on diffusers' scaled latents x / sqrt(1 + sigma^2).
-        `generator` and `variance_noise` are taken for the pipelines' sake and unused: the noise is the trees'."""
+        """One k-diffusion step from this level to the next, on diffusers' scaled latents x / sqrt(1 + sigma^2), with
+        the denoised estimate as `pred_original_sample`. `generator` and `variance_noise` are taken for the pipelines'
+        sake and unused: the noise is the trees'."""
         import torch
 
         if self.num_inference_steps is None:
@@ -84,9 +85,10 @@ class DPMSolverMultistepSDEScheduler(DPMSolverMultistepScheduler):
         self._d1, self._d2, self._h1, self._h2 = denoised, self._d1, h, self._h1
         self._step_index += 1
         prev_sample = (x / math.sqrt(1 + sigma_next ** 2)).to(model_output.dtype)
+        estimate = denoised.to(model_output.dtype)  # what a preview shows and an interrupted pass keeps, as A1111
         if not return_dict:
-            return (prev_sample,)
-        return SchedulerOutput(prev_sample=prev_sample)
+            return (prev_sample, estimate)
+        return EulerDiscreteSchedulerOutput(prev_sample=prev_sample, pred_original_sample=estimate)
 
     def _update(self, x, denoised, h: float, sigma: float, sigma_next: float):
         """k-diffusion's deterministic part of the step (eta 1: the exponential integrator over 2h), with the
