@@ -84,7 +84,7 @@ def test_the_scheduler_steps_as_the_published_algorithm_with_the_seeds_trees(sam
     start = full[begin]
     x = (init if begin else 0) + noise * float(np.float32(start))
     want = ALGORITHMS[sampler](denoiser, x, full[begin:], entropy=SEEDS, full=full)
-    assert (got - want).abs().max() < 2e-3
+    assert (got - want).abs().max() < 1e-4  # float32 rounding; a tree over another span moves it by units
     scheduler.set_timesteps(steps)
     scheduler.noise_sampler_seed = [SEEDS[0], 99]  # another seed for the second image: its result moves, not the first's
     other = through_scheduler(scheduler, noise, init, begin)
@@ -149,10 +149,11 @@ def plain():
     return get
 
 
-# the model outermost, so that the session keeps one model loaded through the samplers
+# the model outermost, so that the session keeps one model loaded through the samplers; SDXL's training noise levels
+# are SD 1.x's (the same Karras levels), so SDXL runs each sampler's Automatic only, the rest being its own UNet
 @pytest.mark.parametrize("sampler", list(ALGORITHMS))
-@pytest.mark.parametrize("schedule", ["automatic", "karras"])
-@pytest.mark.parametrize("model", ["tiny_path", "tiny_sdxl_path"])
+@pytest.mark.parametrize("model, schedule", [("tiny_path", "automatic"), ("tiny_path", "karras"),
+                                             ("tiny_sdxl_path", "automatic")])
 def test_txt2img_equals_a1111s_algorithm_with_its_brownian_noise(session, tmp_path, request, calls, plain, model,
                                                                   schedule, sampler):
     folder = request.getfixturevalue(model)

@@ -26,14 +26,15 @@ from diffusers.schedulers.scheduling_euler_discrete import EulerDiscreteSchedule
 
 def brownian_noise(sample, sigmas, seeds):
     """k-diffusion's Brownian-tree noise sampler for `sample`'s batch over `sigmas`' nonzero range: one tree per image
-    seeded by `seeds` (None: at random), drawn in float32 on `sample`'s device (diffusers' copy of k-diffusion's
-    BrownianTreeNoiseSampler, which wraps torchsde.BrownianTree). Called (sigma, sigma_next) -> float32 noise."""
+    seeded by the list `seeds` (an int: one tree for the whole batch, as diffusers' `noise_sampler_seed`; None: at
+    random), drawn in float32 on `sample`'s device (diffusers' copy of k-diffusion's BrownianTreeNoiseSampler, which
+    wraps torchsde.BrownianTree). Called (sigma, sigma_next) -> float32 noise."""
     import torch
     from diffusers.schedulers.scheduling_dpmsolver_sde import BrownianTreeNoiseSampler
 
     levels = sigmas.to("cpu", torch.float32)
-    shape = (sample.shape[0], *sample.shape[1:])
-    if seeds is not None:
+    shape = tuple(sample.shape)
+    if seeds is not None and not isinstance(seeds, int):
         seeds = [int(s) for s in seeds]
         if len(seeds) != shape[0]:
             raise ValueError(f"noise_sampler_seed has {len(seeds)} seeds for a batch of {shape[0]} images")
