@@ -31,9 +31,11 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "DPM2 a": ("KDPM2AncestralDiscreteScheduler", {}),
     "DPM++ 2M": ("DPMSolverMultistepScheduler", {}),
     "DPM++ SDE": ("DPMSolverSDEScheduler", {}),  # needs torchsde (its Brownian-tree noise)
-    "DPM++ 2M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++"}),
-    "DPM++ 2M SDE Heun": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_type": "heun"}),
-    "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
+    # ours (ksamplers/): k-diffusion's steps with one Brownian tree per image seed
+    "DPM++ 2M SDE": ("DPMSolverMultistepSDEScheduler", {"algorithm_type": "sde-dpmsolver++"}),
+    "DPM++ 2M SDE Heun": ("DPMSolverMultistepSDEScheduler", {"algorithm_type": "sde-dpmsolver++",
+                                                            "solver_type": "heun"}),
+    "DPM++ 3M SDE": ("DPMSolverMultistepSDEScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
     "DPM++ 2S a": ("DPMPP2SAncestralScheduler", {}),  # ours (ksamplers/): diffusers' 2S is not ancestral
     "DDIM": ("DDIMScheduler", {}),
     "PLMS": ("PNDMScheduler", {}),
@@ -43,14 +45,15 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
 }
 DEFAULT = "default"
 # the classes of SAMPLERS that are lowvram_gen's own (diffusers has none): class name -> its module
-OWN = {"DPMPP2SAncestralScheduler": "lowvram_gen.ksamplers.dpmpp_2s_ancestral"}
+OWN = {"DPMPP2SAncestralScheduler": "lowvram_gen.ksamplers.dpmpp_2s_ancestral",
+       "DPMSolverMultistepSDEScheduler": "lowvram_gen.ksamplers.dpm_solver_sde"}
 # A1111 1.9+'s "Automatic" schedule type of a sampler where it is not Uniform (its sd_samplers_kdiffusion.py):
 # a PNG that says `Schedule type: Automatic` means this one, and ours says Uniform where that is what ran
 A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
                    "DPM++ 2M SDE Heun": "exponential", "DPM++ 3M SDE": "exponential", "DPM++ 2S a": "karras",
                    "DPM2": "karras", "DPM2 a": "karras"}
-# the Python package a sampler's diffusers class needs beyond diffusers' own dependencies
-NEEDS = {"DPM++ SDE": "torchsde"}
+# the Python package a sampler's diffusers class needs beyond diffusers' own dependencies (the Brownian-tree noise)
+NEEDS = {name: "torchsde" for name in ("DPM++ SDE", "DPM++ 2M SDE", "DPM++ 2M SDE Heun", "DPM++ 3M SDE")}
 # A1111/Forge samplers diffusers has no scheduler for: the nearest one offered, and why
 REFUSED = {
     "Restart": ("Heun", "Restart runs Heun steps with noise restarts, on the Karras schedule by default"),
@@ -131,7 +134,8 @@ SIGMA_CLASSES = {"EulerDiscreteScheduler": False, "EulerAncestralDiscreteSchedul
                  "LMSDiscreteScheduler": False, "HeunDiscreteScheduler": True, "KDPM2DiscreteScheduler": True,
                  "KDPM2AncestralDiscreteScheduler": True, "DPMSolverMultistepScheduler": False,
                  "DPMSolverSinglestepScheduler": False, "DPMSolverSDEScheduler": True, "UniPCMultistepScheduler": False,
-                 "DPMPP2SAncestralScheduler": False}  # ours takes the levels as they are: KL Optimal runs
+                 "DPMPP2SAncestralScheduler": False,  # ours takes the levels as they are: KL Optimal runs
+                 "DPMSolverMultistepSDEScheduler": False}
 # A1111's samplers that step through timesteps of their own (its sd_samplers_timesteps.py; UniPC's class takes levels
 # too): their Automatic is the class's own schedule (UniPC's: A1111's times, OWN_TIMES)
 TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "LCM", "DDPM"}
