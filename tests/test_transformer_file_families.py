@@ -134,10 +134,15 @@ def test_a_klein_9b_gguf_with_a_klein_4b_folder_is_refused_as_its_safetensors_is
 
     nine = written("flux-2-klein-9b-Q8_0.gguf", KLEIN_9B_WIDTH)
     four = written("flux-2-klein-4b-Q8_0.gguf", 3072)
+    from lowvram_gen.models import gguf_file
+
+    def shapes(path):  # what the GGUF loader reads and hands the check
+        return gguf_file.checkpoint_shapes(gguf_file.read_header(path))
+
     family = transformer_file.families.by_key("flux2-klein-9b")
     with pytest.raises(ModelLoadError, match="is a Flux.2 Klein 9B transformer.*holds a Flux.2 Klein 4B one"):
-        transformer_file.refuse_other_variant(klein[0], family, nine)
-    transformer_file.refuse_other_variant(klein[0], family, four)  # the folder's own variant: no refusal
+        transformer_file.refuse_other_variant(klein[0], family, nine, shapes(nine))
+    transformer_file.refuse_other_variant(klein[0], family, four, shapes(four))  # the folder's own variant
     code, _, err = cli(capsys, "generate", "x", *SMALL, "--outdir", str(tmp_path), "--model", str(nine),
                        "--components", str(klein[0]))
     line = _one_sentence(err)

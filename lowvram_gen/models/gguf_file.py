@@ -297,7 +297,7 @@ def load_pipeline(path, header: GgufHeader, family: families.Family, folder: Pat
     from lowvram_gen.models import transformer_file
 
     alone = family.denoiser == "transformer" and family.single_file.checkpoint_match is None
-    pipeline = (transformer_file.folder_pipeline(folder, family, Path(path)) if alone
+    pipeline = (transformer_file.folder_pipeline(folder, family, Path(path), checkpoint_shapes(header)) if alone
                 else transformer_file.file_pipeline(folder, family))  # FLUX.1 Kontext's: its folder says so
     name, model = load_denoiser(path, header, family, folder, torch_dtype)
     return transformer_file.pipeline_around(pipeline, folder, torch_dtype, name, model)

@@ -126,10 +126,12 @@ def file_pipeline(folder: Path, family: families.Family) -> str:
     return own
 
 
-def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
+def folder_pipeline(folder: Path, family: families.Family, path: Path,
+                    shapes: Mapping[str, tuple[int, ...]] | None = None) -> str:
     """The pipeline class of the components folder, which must be one whose transformer is this file's class (a
     Qwen-Image-Edit folder takes a Qwen-Image transformer file; a Flux.2 dev folder a Flux.2 file): refused in one
-    sentence otherwise, naming both."""
+    sentence otherwise, naming both; and of the file's variant (`refuse_other_variant`; `shapes`: a GGUF's, read by
+    its loader, else the .safetensors header's)."""
     try:
         theirs = str(safe_json.load_file(folder / "model_index.json").get("_class_name", "?"))
     except (OSError, ValueError) as exc:
@@ -138,21 +140,23 @@ def folder_pipeline(folder: Path, family: families.Family, path: Path) -> str:
     if not runs_in(family, theirs):
         raise ModelLoadError(f"{path.name} is a {family.name} transformer ({wanted}), but the components folder "
                              f"{folder} is a {theirs}: pass --components with a diffusers folder of {family.name}")
-    refuse_other_variant(folder, family, path)
+    refuse_other_variant(folder, family, path, shapes)
     return theirs
 
 
-def refuse_other_variant(folder: Path, family: families.Family, path: Path) -> None:
+def refuse_other_variant(folder: Path, family: families.Family, path: Path,
+                         shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
     """Refuse, before any weight is read, a components folder of another variant of the file's family whose
     transformer has other shapes (a Klein 9B file with a Klein 4B folder, a FLUX.1 schnell file with a dev folder:
     diffusers would fail late on a size mismatch naming the file alone), from the record's variant facts
-    (`SingleFile.file_variant` of the file's keys and shapes, a .safetensors header's or a GGUF's, `config_variant` of
-    the folder's transformer config). A file or folder config that cannot be read is left to the loader."""
+    (`SingleFile.file_variant` of the file's keys and shapes: `shapes` where the caller read them, a GGUF's logical
+    shapes under the original names; else a .safetensors header's), `config_variant` of the folder's transformer
+    config. A file or folder config that cannot be read is left to the loader."""
     single = family.single_file
     if single is None or single.file_variant is None or single.config_variant is None:
         return
     try:
-        shapes = _file_shapes(Path(path))
+        shapes = _header_shapes(Path(path)) if shapes is None else shapes
         config = safe_json.load_file(folder / family.denoiser / "config.json")
     except Exception:  # noqa: BLE001 - an unreadable file or config is the loader's to refuse, in its own words
         return
@@ -165,18 +169,13 @@ def refuse_other_variant(folder: Path, family: families.Family, path: Path) -> N
                              f"{theirs} one: pass --components with a diffusers folder of {mine}")
 
 
-def _file_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
-    """Each tensor's shape by its name as stored, from the file's header alone: a .safetensors or a GGUF (its logical
-    shapes, under the original layout's names); None for another kind of file."""
-    from lowvram_gen.models import gguf_file
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """Each tensor's shape by its name as stored, from a .safetensors header alone; None for another kind of file."""
     from lowvram_gen.models.safe_files import safetensors_header
 
-    suffix = path.suffix.lower()
-    if suffix == ".safetensors":
-        return {k: tuple(v["shape"]) for k, v in safetensors_header(path).items() if k != "__metadata__"}
-    if gguf_file.is_gguf(path):
-        return gguf_file.checkpoint_shapes(gguf_file.read_header(path))
-    return None
+    if path.suffix.lower() != ".safetensors":
+        return None
+    return {k: tuple(v["shape"]) for k, v in safetensors_header(path).items() if k != "__metadata__"}
 
 
 def load_denoiser(path, family: families.Family, folder: Path, torch_dtype, quantize: str = "none",
