@@ -9,7 +9,8 @@ diffusers pipeline loaded from the same folder; the PNG names that scheduler.
 
 A sampler name with a schedule type's label after it, as A1111 wrote them before 1.9 ("DPM++ 2M Karras",
 "DPM++ SDE Karras"), is that sampler and that schedule type.
-A1111 samplers diffusers has no scheduler for are refused naming the nearest one offered.
+A1111 samplers diffusers has no scheduler for run lowvram_gen.ksamplers' (KSAMPLERS), or are refused naming the
+nearest one offered.
 """
 
 from __future__ import annotations
@@ -39,20 +40,23 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "UniPC": ("UniPCMultistepScheduler", {}),
     "LCM": ("LCMScheduler", {}),
     "DDPM": ("DDPMScheduler", {}),
+    "Restart": ("RestartScheduler", {}),
+    "DPM fast": ("DPMSolverFastScheduler", {}),
+    "DPM adaptive": ("DPMSolverAdaptiveScheduler", {}),
 }
+# the classes of SAMPLERS that are lowvram_gen.ksamplers' (diffusers has none for them): class -> its module there
+KSAMPLERS = {"RestartScheduler": "restart", "DPMSolverFastScheduler": "dpm_solver",
+             "DPMSolverAdaptiveScheduler": "dpm_solver"}
 DEFAULT = "default"
 # A1111 1.9+'s "Automatic" schedule type of a sampler where it is not Uniform (its sd_samplers_kdiffusion.py):
 # a PNG that says `Schedule type: Automatic` means this one, and ours says Uniform where that is what ran
 A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
                    "DPM++ 2M SDE Heun": "exponential", "DPM++ 3M SDE": "exponential", "DPM++ 2S a": "karras",
-                   "DPM2": "karras", "DPM2 a": "karras"}
+                   "DPM2": "karras", "DPM2 a": "karras", "Restart": "karras"}
 # the Python package a sampler's diffusers class needs beyond diffusers' own dependencies
 NEEDS = {"DPM++ SDE": "torchsde"}
 # A1111/Forge samplers diffusers has no scheduler for: the nearest one offered, and why
 REFUSED = {
-    "Restart": ("Heun", "Restart runs Heun steps with noise restarts, on the Karras schedule by default"),
-    "DPM fast": ("DPM++ 2M", "both are DPM-Solver"),
-    "DPM adaptive": ("DPM++ 2M", "both are DPM-Solver; diffusers has no adaptive step size"),
     "Euler CFG++": ("Euler", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
     "Euler a CFG++": ("Euler a", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
     "DDIM CFG++": ("DDIM", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
@@ -66,7 +70,7 @@ def _key(text: str) -> str:
 _BY_KEY = {_key(name): name for name in SAMPLERS}
 # a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
 # diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
-AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()})
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values() if cls not in KSAMPLERS})
 _AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 
@@ -110,10 +114,19 @@ def check_installed(sampler: str) -> None:
 
 
 def _class(sampler: str):
+    check_installed(sampler)
+    return _scheduler_class(SAMPLERS[sampler][0])
+
+
+def _scheduler_class(name: str):
+    """The scheduler class SAMPLERS names: diffusers', or lowvram_gen.ksamplers' (KSAMPLERS)."""
+    import importlib
+
     import diffusers
 
-    check_installed(sampler)
-    return getattr(diffusers, SAMPLERS[sampler][0])
+    if name in KSAMPLERS:
+        return getattr(importlib.import_module(f"lowvram_gen.ksamplers.{KSAMPLERS[name]}"), name)
+    return getattr(diffusers, name)
 
 
 # diffusers' classes that step through a discrete model's noise levels as k-diffusion's samplers do, handed A1111's
@@ -148,7 +161,7 @@ def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC,
 
 def _sigma_scheduler(scheduler) -> bool:
     config = scheduler.config  # the scheduler object's kind and settings (any family's folder may hold one)
-    return (type(scheduler).__name__ in SIGMA_CLASSES and config.get("prediction_type") != "flow_prediction"
+    return (type(scheduler).__name__ in {**SIGMA_CLASSES, **KSAMPLERS} and config.get("prediction_type") != "flow_prediction"
             and not config.get("use_flow_sigmas"))
 
 
@@ -167,7 +180,8 @@ def _handed(scheduler, sampler: str, schedule_type: str, table: str):
         if sampler in TIMESTEP_SAMPLERS:
             return scheduler
         schedule_type = A1111_AUTOMATIC.get(sampler, AUTOMATIC)
-    interleaved = SIGMA_CLASSES[type(scheduler).__name__]
+    # ksamplers' Restart (order 2) makes two calls a step as Heun does, and, as Heun's, refuses KL Optimal
+    interleaved = SIGMA_CLASSES.get(type(scheduler).__name__, scheduler.order == 2)
     if schedule_type == "kl-optimal" and interleaved:
         raise InvalidRequest("schedule type", label, f"sampler {sampler!r} cannot take it: KL Optimal ends at the "
                                                      "model's lowest noise level instead of 0, which diffusers' "
@@ -236,11 +250,9 @@ def _unsupported(sampler: str, cls, schedule_type: str) -> str:
 
 def with_schedule(schedule_type: str) -> list[str]:
     """The samplers whose diffusers class has `schedule_type` (a sampler whose package is missing is left out)."""
-    import diffusers
-
     names = []
     for name, (cls_name, _) in SAMPLERS.items():
-        if _installed(name) and schedules.overrides(getattr(diffusers, cls_name), schedule_type)[1]:
+        if _installed(name) and schedules.overrides(_scheduler_class(cls_name), schedule_type)[1]:
             names.append(name)
     return names
 
