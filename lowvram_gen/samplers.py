@@ -83,7 +83,7 @@ def refusal(name: str) -> str:
 def split_sampler(name: object, field: str = "sampler") -> tuple[str, str | None]:
     """(the canonical sampler name, the schedule type its name ends with or None): "dpm++ 2m karras" is
     ("DPM++ 2M", "karras"); case and spaces are ignored. A name we do not offer is a clear error: the
-    nearest offered sampler for A1111's that diffusers lacks (Restart), else the list."""
+    nearest offered sampler for A1111's that diffusers lacks (Euler a CFG++), else the list."""
     if isinstance(name, str):
         key = _key(name)
         if key in ("", DEFAULT):
@@ -144,7 +144,7 @@ DISCARD_PENULTIMATE = {"DPM2", "DPM2 a", "DPM++ 3M SDE"}
 
 def timestep_only() -> list[str]:
     """The samplers whose class steps through timesteps of its own: they take the Automatic schedule type only."""
-    return [name for name, (cls, _) in SAMPLERS.items() if cls not in SIGMA_CLASSES]
+    return [name for name, (cls, _) in SAMPLERS.items() if cls not in SIGMA_CLASSES and cls not in KSAMPLERS]
 
 
 def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC, table: str = "sd15"):
@@ -161,7 +161,8 @@ def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC,
 
 def _sigma_scheduler(scheduler) -> bool:
     config = scheduler.config  # the scheduler object's kind and settings (any family's folder may hold one)
-    return (type(scheduler).__name__ in {**SIGMA_CLASSES, **KSAMPLERS} and config.get("prediction_type") != "flow_prediction"
+    return (type(scheduler).__name__ in {**SIGMA_CLASSES, **KSAMPLERS}
+            and config.get("prediction_type") != "flow_prediction"
             and not config.get("use_flow_sigmas"))
 
 
@@ -224,6 +225,9 @@ def build_scheduler(sampler: str, schedule_type: str, base, family_default: str 
         name = a1111_name(base)
         return _handed(type(base).from_config(base.config), name, schedule_type, table), None
     named = sampler != DEFAULT
+    if SAMPLERS.get(sampler, ("",))[0] in KSAMPLERS:  # k-diffusion's samplers step a noise-prediction model's levels
+        raise InvalidRequest("sampler", sampler, "it runs on noise-prediction models (SD 1.x/2.x, SDXL) only; this "
+                                                 "flow-matching model keeps its own sampler: use 'default'")
     cls = _class(sampler) if named else type(base)
     changes, supported = schedules.overrides(cls, schedule_type, named)
     warning = None if supported else _unsupported(sampler, cls, schedule_type)

@@ -146,3 +146,35 @@ def test_a_png_naming_them_reruns_with_no_note(session, tmp_path, tiny_path, nam
     result, _ = made(session, tmp_path, tiny_path, sampler=name, steps=3)
     assert f"Sampler: {name}," in Image.open(result.images[0]).text["parameters"]
     assert name in SAMPLERS and name in [entry["name"] for entry in samplers()]
+
+
+# ------------------------------------------------------------------------------------ the scheduler tables
+
+
+SD15 = {"_class_name": "PNDMScheduler", "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+        "num_train_timesteps": 1000, "skip_prk_steps": True, "set_alpha_to_one": False, "steps_offset": 1}
+
+
+@pytest.mark.parametrize("name", ["Restart", "DPM fast", "DPM adaptive"])
+def test_they_take_the_schedule_types_and_are_named_as_a1111_names_them(name):
+    from diffusers import FlowMatchEulerDiscreteScheduler, PNDMScheduler
+
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.samplers import a1111_name, build_scheduler, infotext_schedule, timestep_only
+    from lowvram_gen.schedules import SCHEDULE_TYPES, handed
+
+    base = PNDMScheduler.from_config(SD15)
+    for schedule in SCHEDULE_TYPES:
+        if name == "Restart" and schedule == "kl-optimal":  # its last level is not 0: refused, as for Heun
+            with pytest.raises(InvalidRequest, match="KL Optimal"):
+                build_scheduler(name, schedule, base)
+            continue
+        scheduler, warning = build_scheduler(name, schedule, base)
+        assert warning is None and a1111_name(scheduler) == name
+        scheduler.set_timesteps(6)
+        assert scheduler.init_noise_sigma > 14
+    restart = build_scheduler("Restart", "automatic", base)[0]
+    assert handed(restart) == "karras" and infotext_schedule(restart, "Restart", "automatic", True) == "Karras"
+    assert name not in timestep_only()  # the UI does not say they take Automatic only
+    with pytest.raises(InvalidRequest, match="noise-prediction models"):
+        build_scheduler(name, "automatic", FlowMatchEulerDiscreteScheduler())
