@@ -6,8 +6,8 @@ from lowvram_gen's schedulers), run by ksampling_ref.txt2img around plain diffus
   interval run again on a Karras ramp; A1111's rule picks how many (none under 20 steps; one of 9 steps from 20;
   two of steps // 4 from 36) and re-spaces the main levels as a Karras ramp so the step count stays.
 * DPM fast / DPM adaptive: Lu et al. 2022, "DPM-Solver", in lambda = -log(sigma) with the variance-exploding
-  x (alpha = 1): DPM-Solver-1/2/3 updates (the paper's eqs. 3.7 and algorithms 1, 2), the "fast" order split of its
-  section 3.4 and the adaptive step of its algorithm 4 with k-diffusion's defaults (rtol 0.05, atol 0.0078,
+  x (alpha = 1): DPM-Solver-1/2/3 updates, the "fast" order split of its
+  section 3.4 and its adaptive step size with k-diffusion's defaults (rtol 0.05, atol 0.0078,
   h 0.05, an integral step controller with safety 0.81), ancestral with A1111's eta 1.
 """
 

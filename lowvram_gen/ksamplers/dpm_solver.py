@@ -1,5 +1,5 @@
 """A1111's "DPM fast" and "DPM adaptive": DPM-Solver (Lu et al. 2022, "DPM-Solver: A Fast ODE Solver for Diffusion
-Probabilistic Model Sampling in Around 10 Steps", its algorithms 1 and 2 as k-diffusion's DPMSolver runs them) as
+Probabilistic Model Sampling in Around 10 Steps", its fixed and adaptive step solvers as k-diffusion's DPMSolver runs them) as
 diffusers schedulers.
 
 Both step in t = -log(sigma) from sigma_max to sigma_min and end there, at sigma_min, not at 0 (the decoded image
@@ -131,7 +131,7 @@ def _solve(scheduler, x, t, t_to, order, low_order: bool = False):
 
 class DPMSolverAdaptiveScheduler(_DPMSolver):
     """A1111's "DPM adaptive": DPM-Solver-3 with an order-2 error estimate and adaptive step size (the paper's
-    algorithm 2 as k-diffusion runs it: the controller's exponent 1 / 1.5 with eta, 1 / 3 without)."""
+    adaptive step size as k-diffusion runs it: the controller's exponent 1 / 1.5 with eta, 1 / 3 without)."""
 
     progress = 0.0  # how far in t the solver has come, 0 to 1
 
