@@ -1,6 +1,6 @@
 """A1111's "DPM fast" and "DPM adaptive": DPM-Solver (Lu et al. 2022, "DPM-Solver: A Fast ODE Solver for Diffusion
-Probabilistic Model Sampling in Around 10 Steps", its fixed and adaptive step solvers as k-diffusion's DPMSolver runs them) as
-diffusers schedulers.
+Probabilistic Model Sampling in Around 10 Steps", its fixed and adaptive step solvers as k-diffusion's DPMSolver
+runs them) as diffusers schedulers.
 
 Both step in t = -log(sigma) from sigma_max to sigma_min and end there, at sigma_min, not at 0 (the decoded image
 keeps that little noise, as in A1111). A1111 gives them, in txt2img, the model's own sigma_min and sigma_max, and
