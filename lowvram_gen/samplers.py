@@ -9,8 +9,8 @@ diffusers pipeline loaded from the same folder; the PNG names that scheduler.
 
 A sampler name with a schedule type's label after it, as A1111 wrote them before 1.9 ("DPM++ 2M Karras",
 "DPM++ SDE Karras"), is that sampler and that schedule type.
-A1111 samplers diffusers has no scheduler for are ours (lowvram_gen/ksamplers/, `OWN`: DPM++ 2S a) or refused naming
-the nearest one offered.
+A1111 samplers diffusers has no scheduler for are ours (lowvram_gen/ksamplers/, `OWN`: DPM++ 2S a, the 2M/3M SDE
+samplers' Brownian-tree steps, Restart, DPM fast, DPM adaptive) or refused naming the nearest one offered.
 """
 
 from __future__ import annotations
@@ -42,23 +42,28 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "UniPC": ("UniPCMultistepScheduler", {"solver_type": "bh1", "solver_order": 3}),  # A1111's uni_pc_* defaults
     "LCM": ("LCMScheduler", {}),
     "DDPM": ("DDPMScheduler", {}),
+    "Restart": ("RestartScheduler", {}),
+    "DPM fast": ("DPMSolverFastScheduler", {}),
+    "DPM adaptive": ("DPMSolverAdaptiveScheduler", {}),
 }
 DEFAULT = "default"
 # the classes of SAMPLERS that are lowvram_gen's own (diffusers has none): class name -> its module
 OWN = {"DPMPP2SAncestralScheduler": "lowvram_gen.ksamplers.dpmpp_2s_ancestral",
-       "DPMSolverMultistepSDEScheduler": "lowvram_gen.ksamplers.dpm_solver_sde"}
+       "DPMSolverMultistepSDEScheduler": "lowvram_gen.ksamplers.dpm_solver_sde",
+       "RestartScheduler": "lowvram_gen.ksamplers.restart", "DPMSolverFastScheduler": "lowvram_gen.ksamplers.dpm_solver",
+       "DPMSolverAdaptiveScheduler": "lowvram_gen.ksamplers.dpm_solver"}
+# those of them that run a k-diffusion sampler written as a generator (ksamplers/stepper.py): sigma schedulers whose
+# calls per level are their own (not in SIGMA_CLASSES)
+KSAMPLERS = {"RestartScheduler", "DPMSolverFastScheduler", "DPMSolverAdaptiveScheduler"}
 # A1111 1.9+'s "Automatic" schedule type of a sampler where it is not Uniform (its sd_samplers_kdiffusion.py):
 # a PNG that says `Schedule type: Automatic` means this one, and ours says Uniform where that is what ran
 A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
                    "DPM++ 2M SDE Heun": "exponential", "DPM++ 3M SDE": "exponential", "DPM++ 2S a": "karras",
-                   "DPM2": "karras", "DPM2 a": "karras"}
+                   "DPM2": "karras", "DPM2 a": "karras", "Restart": "karras"}
 # the Python package a sampler's diffusers class needs beyond diffusers' own dependencies (the Brownian-tree noise)
 NEEDS = {name: "torchsde" for name in ("DPM++ SDE", "DPM++ 2M SDE", "DPM++ 2M SDE Heun", "DPM++ 3M SDE")}
 # A1111/Forge samplers diffusers has no scheduler for: the nearest one offered, and why
 REFUSED = {
-    "Restart": ("Heun", "Restart runs Heun steps with noise restarts, on the Karras schedule by default"),
-    "DPM fast": ("DPM++ 2M", "both are DPM-Solver"),
-    "DPM adaptive": ("DPM++ 2M", "both are DPM-Solver; diffusers has no adaptive step size"),
     "Euler CFG++": ("Euler", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
     "Euler a CFG++": ("Euler a", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
     "DDIM CFG++": ("DDIM", "CFG++ changes the guidance, which diffusers' schedulers do not do"),
@@ -86,7 +91,7 @@ def refusal(name: str) -> str:
 def split_sampler(name: object, field: str = "sampler") -> tuple[str, str | None]:
     """(the canonical sampler name, the schedule type its name ends with or None): "dpm++ 2m karras" is
     ("DPM++ 2M", "karras"); case and spaces are ignored. A name we do not offer is a clear error: the
-    nearest offered sampler for A1111's that diffusers lacks (Restart), else the list."""
+    nearest offered sampler for A1111's that diffusers lacks (Euler a CFG++), else the list."""
     if isinstance(name, str):
         key = _key(name)
         if key in ("", DEFAULT):
@@ -150,7 +155,8 @@ DISCARD_PENULTIMATE = {"DPM2", "DPM2 a", "DPM++ 3M SDE"}
 
 def timestep_only() -> list[str]:
     """The samplers whose class steps through timesteps of its own: they take the Automatic schedule type only."""
-    return [name for name, (cls, _) in SAMPLERS.items() if cls not in SIGMA_CLASSES or name in OWN_TIMES]
+    return [name for name, (cls, _) in SAMPLERS.items()
+            if (cls not in SIGMA_CLASSES and cls not in KSAMPLERS) or name in OWN_TIMES]
 
 
 def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC, table: str = "sd15"):
@@ -167,7 +173,8 @@ def make_scheduler(name: str, base_config: dict, schedule_type: str = AUTOMATIC,
 
 def _sigma_scheduler(scheduler) -> bool:
     config = scheduler.config  # the scheduler object's kind and settings (any family's folder may hold one)
-    return (type(scheduler).__name__ in SIGMA_CLASSES and config.get("prediction_type") != "flow_prediction"
+    return (type(scheduler).__name__ in set(SIGMA_CLASSES) | KSAMPLERS
+            and config.get("prediction_type") != "flow_prediction"
             and not config.get("use_flow_sigmas"))
 
 
@@ -194,7 +201,8 @@ def _handed(scheduler, sampler: str, schedule_type: str, table: str):
         if sampler in TIMESTEP_SAMPLERS:
             return scheduler
         schedule_type = A1111_AUTOMATIC.get(sampler, AUTOMATIC)
-    interleaved = SIGMA_CLASSES[type(scheduler).__name__]
+    # ksamplers' Restart (order 2) makes two calls a step as Heun does, and, as Heun's, refuses KL Optimal
+    interleaved = SIGMA_CLASSES.get(type(scheduler).__name__, scheduler.order == 2)
     if schedule_type == "kl-optimal" and interleaved:
         raise InvalidRequest("schedule type", label, f"sampler {sampler!r} cannot take it: KL Optimal ends at the "
                                                      "model's lowest noise level instead of 0, which diffusers' "
@@ -240,6 +248,9 @@ def build_scheduler(sampler: str, schedule_type: str, base, family_default: str 
         name = a1111_name(base)
         return _handed(type(base).from_config(base.config), name, schedule_type, table), None
     named = sampler != DEFAULT
+    if SAMPLERS.get(sampler, ("",))[0] in KSAMPLERS:  # k-diffusion's samplers step a noise-prediction model's levels
+        raise InvalidRequest("sampler", sampler, "it runs on noise-prediction models (SD 1.x/2.x, SDXL) only; this "
+                                                 "flow-matching model keeps its own sampler: use 'default'")
     cls = _class(sampler) if named else type(base)
     changes, supported = schedules.overrides(cls, schedule_type, named)
     warning = None if supported else _unsupported(sampler, cls, schedule_type)

@@ -146,7 +146,8 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
     alphas = scheduler.alphas_cumprod.double().cpu().numpy()
     own = type(scheduler).set_timesteps
     takes = _takes(type(scheduler))
-    if interleaved and "use_exponential_sigmas" not in takes:
+    door = getattr(type(scheduler), "set_levels", None)  # lowvram_gen.ksamplers' classes take the levels as they are
+    if interleaved and door is None and "use_exponential_sigmas" not in takes:
         raise ValueError(f"{type(scheduler).__name__} cannot be handed a schedule")
     # the class's own exponential branch is the door A1111's levels come in by; "linspace" makes a k-diffusion
     # class's init_noise_sigma the first level (a property of the class that reads the spacing)
@@ -160,8 +161,8 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
             raise ValueError(f"the {label(schedule_type)} schedule is set by a step count alone, not {kwargs}")
         levels = sigmas.a1111(kind, int(num_inference_steps), alphas, discard_penultimate=discard_penultimate,
                               table=table)
-        if getattr(self, "takes_levels", False):  # a lowvram_gen.ksamplers class: the levels as they are
-            return own(self, device=device, sigmas=levels)
+        if door is not None:
+            return door(self, levels, device=device)
         self._convert_to_exponential = lambda in_sigmas, num_inference_steps=None: np.array(levels[:-1])
         # A1111's DDIM type has more levels than steps where the count does not divide 1000: the class is set to them
         own(self, len(levels) - 1, device=device)

@@ -27,7 +27,7 @@ BAD = [
     ("seed", -2, "-1 means random"),
     ("seed", MAX_SEED + 1, "-1 means random"),
     ("sampler", "Euler z", "Euler a"),
-    ("sampler", "Restart", "the nearest offered is 'Heun'"),
+    ("sampler", "Euler a CFG++", "the nearest offered is 'Euler a'"),
     ("schedule_type", "wobbly", "karras, exponential"),
     ("prompt", "x" * 20_001, "at most 20000 characters"),
     ("prompt", 42, "must be text"),
@@ -53,7 +53,7 @@ CLI_BAD = [
     (["--seed", "4294967296"], "seed"),
     (["--sampler", "nope"], "sampler"),
     (["--schedule-type", "wobbly"], "invalid schedule type: 'wobbly'; use one of: automatic, uniform, karras"),
-    (["--sampler", "Restart"], "Restart has no diffusers scheduler; the nearest offered is 'Heun'"),
+    (["--sampler", "Euler a CFG++"], "Euler a CFG++ has no diffusers scheduler; the nearest offered is 'Euler a'"),
 ]
 
 

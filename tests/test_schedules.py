@@ -125,8 +125,7 @@ def test_every_a1111_schedule_type_has_an_entry():
                       "Align Your Steps", "Simple", "Normal", "DDIM", "Beta"]
 
 
-@pytest.mark.parametrize("name, nearest", [("Restart", "Heun"), ("DPM fast", "DPM++ 2M"), ("DPM adaptive", "DPM++ 2M"),
-                                           ("Euler a CFG++", "Euler a")])
+@pytest.mark.parametrize("name, nearest", [("Euler a CFG++", "Euler a"), ("DDIM CFG++", "DDIM")])
 def test_a1111_samplers_diffusers_lacks_are_refused_naming_the_nearest(name, nearest):
     with pytest.raises(InvalidRequest) as err:
         split_sampler(name)

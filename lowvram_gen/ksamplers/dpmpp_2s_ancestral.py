@@ -42,7 +42,6 @@ class DPMPP2SAncestralScheduler(SchedulerMixin, ConfigMixin):
 
     _compatibles = [e.name for e in KarrasDiffusionSchedulers]
     order = 2
-    takes_levels = True  # schedules.hand_over hands it A1111's levels as they are (`set_timesteps(sigmas=)`)
 
     @register_to_config
     def __init__(self, num_train_timesteps: int = 1000, beta_start: float = 0.00085, beta_end: float = 0.012,
@@ -70,6 +69,10 @@ class DPMPP2SAncestralScheduler(SchedulerMixin, ConfigMixin):
         self.set_timesteps(10)
 
     # the schedule ------------------------------------------------------------------------------------------------
+    def set_levels(self, levels, device=None):
+        """Step through A1111's `levels` as they are (schedules.hand_over's door for lowvram_gen.ksamplers' classes)."""
+        self.set_timesteps(device=device, sigmas=levels)
+
     def set_timesteps(self, num_inference_steps: int | None = None, device=None, sigmas=None):
         """Step through `sigmas` (A1111's levels, highest first, ending at 0 or at the model's lowest level), or
         A1111's Karras levels for `num_inference_steps`."""

@@ -611,6 +611,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         total = getattr(_pipe, "num_timesteps", None) or step.num_steps  # img2img runs fewer
         warmup = max(0, total - step.num_steps)  # PLMS (PNDM) runs one warm-up step more than asked
         done, total = i + 1 - warmup, total - warmup
+        if hasattr(_pipe.scheduler, "progress"):  # DPM adaptive (ksamplers): its error control decides its calls
+            done, total = _solver_progress(_pipe, step.num_steps)
         if on_step and done >= 1:  # progress counts the steps the user asked for
             on_step(done, total)
         latents = kwargs.get("latents")
@@ -694,6 +696,16 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         return Denoised(latents=out.images, seconds_per_step=per_step, **stopped)
     flags = getattr(out, "nsfw_content_detected", None) or [False] * n  # black images from its own checker
     return Denoised(images=list(out.images), nsfw=[bool(f) for f in flags], seconds_per_step=per_step, **stopped)
+
+
+def _solver_progress(pipe, steps: int) -> tuple[int, int]:
+    """(steps done, steps) of a sampler whose model calls are not known ahead (DPM adaptive: how far it has come);
+    once it is done the pipeline's loop ends through `interrupt` (its remaining timesteps are room it did not need)."""
+    scheduler = pipe.scheduler
+    if scheduler.finished:
+        pipe._interrupt = True
+        return steps, steps
+    return min(int(scheduler.progress * steps), steps - 1), steps
 
 
 def _img2img_schedule(i2i, step: Pass) -> tuple[int, float]:
