@@ -159,6 +159,12 @@ JOBS += [(f"vae-qwen-image-{side}", "vae", "qwen-image", side, side, 1, {"own_co
          for side in (512, 768)]
 # SANA's DC-AE (AutoencoderDC, 32x, EfficientViT stages): host_peaks.py's SANA cell erred -26 % at its decode
 JOBS += [(f"vae-sana-{side}", "vae", "sana", side, side, 1, {"own_coefficient": True}) for side in (512, 768, 1024)]
+# The same decodes in float32 (what a CPU computes an int8/int4 or --no-half job in): a VAE that upcasts parts of its
+# decode to float32 whatever its dtype (DC-AE's linear attention and RMSNorm; the SD VAE's GroupNorm on this CPU)
+# holds less than twice its bf16 peak in float32, which the per-dtype part of the fit counts (planning/fit.py)
+JOBS += [(f"vae-{arch}-{side}-fp32", "vae", arch, side, side, 1, {"dtype": "float32", **own})
+         for arch, side, own in (("sd15", 512, {}), ("sd15", 1024, {}), ("sana", 512, {"own_coefficient": True}),
+                                 ("sana", 1024, {"own_coefficient": True}))]
 
 
 # Published GPU peaks (torch.cuda.max_memory_allocated of a whole pipeline call) to check totals against.

@@ -54,8 +54,10 @@ def test_a_planned_split_streams_beyond_the_lower_bound_only_the_blocks_in_fligh
     streamed 941 MiB over its 22 MiB lower bound (in flight 333, a block 167) and CogView4 on 8 GiB 1451 MiB
     (864 + 432). And issue 30's bar: at most 1.05 x the lower bound, since the streamed units are cut to a share of
     what streams (residency.piece_limit) and a layer larger than that by rows (Flux.2 Klein on 8 GiB streamed 1.148 x
-    before, two pieces of a fused 162 MiB layer in flight against a 0.7 GiB bound; Lumina 2 on 6 GiB 1.164 x), except
-    where a held piece streams (CogView4's 256 MiB `ff`, on the card for its whole block beside the two in flight)."""
+    before, two pieces of a fused 162 MiB layer in flight against a 0.7 GiB bound; Lumina 2 on 6 GiB 1.164 x), a held
+    piece too: CogView4's 256 MiB `ff`, on the card for its whole block beside the two in flight, kept it at 1.051 /
+    1.071 x on 6 / 8 GiB until it was cut as the rest is, its parts spread over the blocks (at most 128 / 64 MiB of
+    one block's held parts stream: 1.034 / 1.035 x)."""
     profile = profile_builtin(key)
     checked = 0
     for gib in (6, 8, 12):
@@ -68,7 +70,7 @@ def test_a_planned_split_streams_beyond_the_lower_bound_only_the_blocks_in_fligh
         assert chosen.streamed_bytes_per_step == split.streamed_bytes_per_step
         excess = chosen.streamed_bytes_per_step - chosen.lower_bound_bytes_per_step
         assert 0 <= excess <= split.in_flight_bytes + split.largest_streamed, (gib, excess / MiB)
-        assert split.held or excess <= 0.05 * chosen.lower_bound_bytes_per_step, (gib, excess / MiB)
+        assert excess <= 0.05 * chosen.lower_bound_bytes_per_step, (gib, excess / MiB)
         checked += 1
     if key in ("flux", "qwen-image", "lumina2", "cogview4", "z-image"):  # these stream on one card at least
         assert checked
@@ -114,11 +116,12 @@ def test_a_transformer_block_streams_as_pieces_the_forward_calls(key):
         assert any(n.endswith(".ff_i") and blocks_mod._routed(m) for n, m in pieces)
 
 
-def test_a_child_the_forward_calls_twice_is_a_held_piece_never_cut():
+def test_a_child_the_forward_calls_twice_is_a_held_piece():
     """models/blocks.py: a hook onloads a piece each time the forward calls it, while the plan counts it once. So a
-    child called twice on one path (CogView4's `ff`, on the image then the text tokens) is one piece, held on the card
-    from its first call until its block's forward ends (models/held.py; test_budget_pieces.py measures it), never cut
-    finer; one under FLOOR joins the fixed part; calls in the two arms of an `if` are one."""
+    child called twice on one path (CogView4's `ff`, on the image then the text tokens) is held on the card from its
+    first call until its block's forward ends (models/held.py; test_budget_pieces.py measures it): one of the
+    coarsest units whole, and below it finer pieces (here its rows) that are held as well; one under FLOOR joins the
+    fixed part; calls in the two arms of an `if` are one."""
     import torch
 
     from lowvram_gen.models import blocks as blocks_mod
@@ -154,7 +157,7 @@ def test_a_child_the_forward_calls_twice_is_a_held_piece_never_cut():
     names = [name for name, _ in blocks_mod.blocks_of(model)]
     assert names == ["blocks.0.attn", "blocks.0.ff", "blocks.1.attn", "blocks.1.ff", "blocks.2.attn", "blocks.2.ff"]
     labels = [label for label, _ in blocks_mod.piece_tree(model)]
-    assert labels == [f"blocks.0.attn[rows={big}]", "blocks.0.ff[held]", f"blocks.1.attn[rows={big}]",
+    assert labels == [f"blocks.0.attn[rows={big}]", f"blocks.0.ff[rows={big}][held]", f"blocks.1.attn[rows={big}]",
                       f"blocks.1.ff[rows={big}]", f"blocks.2.attn[rows={big}]", f"blocks.2.ff[rows={big}]"]
     assert blocks_mod.fixed_bytes(model, 2) == 1024 * 256 * 2  # TwiceSmall's `mod`, called twice, stays resident
 
@@ -162,7 +165,8 @@ def test_a_child_the_forward_calls_twice_is_a_held_piece_never_cut():
 def test_cogview4s_twice_called_ff_is_a_held_piece_and_the_rest_of_its_block_streams_in_pieces():
     """The real classes: CogView4's block calls its 256 MiB `ff` twice a forward (measured: 10.47 GiB a step moved
     against 7.60 planned at 6 GiB while it was split with a plain hook), so `ff` is held, and the rest of the block is
-    cut as any other (it was kept whole before: 1.17-1.76x the lower bound); FLUX.1's blocks call each child once."""
+    cut as any other (it was kept whole before: 1.17-1.76x the lower bound); `ff` is one of `blocks_of`'s units and
+    its layers, held too, may be cut by rows; FLUX.1's blocks call each child once."""
     from diffusers.models.transformers import transformer_cogview4, transformer_flux
 
     from lowvram_gen.models import blocks as blocks_mod
@@ -174,7 +178,9 @@ def test_cogview4s_twice_called_ff_is_a_held_piece_and_the_rest_of_its_block_str
     model = _meta("cogview4")
     labels = [label for label, _ in blocks_mod.piece_tree(model, 2)]
     layers = len(model.transformer_blocks)
-    assert [label for label in labels if label.endswith("[held]")] == [f"transformer_blocks.{i}.ff[held]"
-                                                                        for i in range(layers)]
-    assert not any(label.startswith("transformer_blocks.0.ff.") for label in labels)  # never cut finer
+    held = [label for label in labels if label.endswith("[held]")]
+    assert held == [f"transformer_blocks.{i}.ff{part}[held]" for i in range(layers)
+                    for part in ("", ".net.0", ".net.0.proj[rows=16384]", ".net.2[rows=4096]")]
+    assert [n for n, _ in blocks_mod.blocks_of(model)].count("transformer_blocks.0.ff") == 1  # whole there
+    assert {blocks_mod.held_owner(model, "transformer_blocks.3.ff.net.2")} == {"transformer_blocks.3"}
     assert "transformer_blocks.0.attn1.to_q[rows=4096]" in labels

@@ -80,6 +80,28 @@ def test_the_split_cuts_the_blocks_only_as_fine_as_the_bytes_that_stream_ask():
     assert not any(".parts." in n for n in residency.split(TREE, 500, rows=False).streamed)
 
 
+# two blocks, each with a held piece (a child its block calls twice) cut into two held layers of 100 bytes
+HELD_TREE = [("b.0.attn", 90), ("b.0.ff[held]", 200), ("b.0.ff.a[held]", 100), ("b.0.ff.b[held]", 100),
+             ("b.1.attn", 90), ("b.1.ff[held]", 200), ("b.1.ff.a[held]", 100), ("b.1.ff.b[held]", 100)]
+
+
+def test_a_held_piece_is_cut_and_what_streams_of_it_is_spread_over_the_blocks():
+    """A held piece's finer pieces are held by the same block (on the card until its forward ends), so the split
+    counts in flight the most held bytes of one block that stream, and keeps the first held unit of each block
+    resident before the second of any: with room for two of the four, one layer of each ff streams (100 bytes held at
+    once), not both of the second block's (200)."""
+    spread = residency.split(HELD_TREE, 200)
+    assert spread.resident == ("b.0.ff.a", "b.1.ff.a")
+    assert set(spread.held) == {"b.0.ff.b", "b.1.ff.b"} and spread.largest_held == 100
+    assert spread.in_flight_bytes == 2 * 90 + 100  # the two attns in flight, one held layer
+    both = residency.split(HELD_TREE, 300)  # three stay: one block's second layer streams alone
+    assert both.held == ("b.1.ff.b",) and both.largest_held == 100
+    none = residency.split(HELD_TREE, 0)  # all stream: a block holds both its layers at once
+    assert none.largest_held == 200
+    whole = residency.split([("b.0.ff[held]", 200), ("b.1.ff[held]", 200)], 200)  # uncut: a whole ff streams
+    assert whole.held == ("b.1.ff",) and whole.largest_held == 200
+
+
 class Block(torch.nn.Module):
     """A block whose forward calls its `ff` twice, as CogView4's does (image tokens, then text tokens)."""
 
@@ -119,11 +141,17 @@ class ToyPipe:
         pass
 
 
-def test_the_tree_holds_a_twice_called_child_whole_and_cuts_a_large_linear_by_rows():
+def test_the_tree_holds_a_twice_called_child_and_cuts_a_large_linear_by_rows():
     tree = blocks_mod.piece_tree(Toy())
     labels = [n for n, _ in tree]
-    assert labels[:3] == ["blocks.0", f"blocks.0.attn[rows={WIDTH}]", "blocks.0.ff[held]"]
+    assert labels[:3] == ["blocks.0", f"blocks.0.attn[rows={WIDTH}]", f"blocks.0.ff[rows={WIDTH}][held]"]
     assert blocks_mod.held_piece(Toy(), "blocks.1.ff") and not blocks_mod.held_piece(Toy(), "blocks.1.attn")
+    # a row part of the held layer is held by the same block (the `parts` list has no forward: looked through)
+    assert blocks_mod.held_owner(Toy(), "blocks.1.ff") == "blocks.1"
+    model = Toy()
+    cut_rows(model, ["blocks.1.ff.parts.0", "blocks.1.ff.parts.1", "blocks.1.attn.parts.0", "blocks.1.attn.parts.1"])
+    assert blocks_mod.held_owner(model, "blocks.1.ff.parts.1") == "blocks.1"
+    assert blocks_mod.held_owner(model, "blocks.1.attn.parts.1") is None
     assert [n for n, _ in blocks_mod.blocks_of(Toy())] == ["blocks.0", "blocks.1", "blocks.2"]
 
 
@@ -141,7 +169,10 @@ def test_what_the_hooks_move_is_the_split_with_row_parts_and_held_pieces(share):
     resident = int(total * (1 - share)) if share < 1 else 0
     split = residency.split(tree, resident)
     assert any(".parts." in n for n in split.streamed)  # the attn layers stream in row parts
-    assert bool(split.held) == (share == 1)  # the held ffs, the largest units, stay resident first
+    # the held ffs are cut by rows as the attn layers are, each part held until its block ends: some stream
+    assert split.held and all(".ff.parts." in n for n in split.held)
+    assert split.largest_held == max(sum(b for n, b in zip(split.streamed, split.streamed_sizes)
+                                         if n.startswith(f"blocks.{i}.ff.")) for i in range(3))
     with count_onloads() as meter:
         meter.watch(model)
         cut_rows(model, [*split.resident, *split.streamed])

@@ -24,7 +24,8 @@ them (and pays a hook per unit). `piece_tree` therefore lists, below each of tho
 be cut into, down to FLOOR elements, in pre-order (a piece's finer pieces follow it, named below it), with two
 annotations after a name: `[rows=N]` on a plain Linear that may be cut by output rows into sub-linears
 (models/row_split.py; a quantized or hooked layer is not plain and stays whole), `[held]` on a child the block's
-forward calls twice (CogView4's `ff`), which stays on the card from its first call until its block's forward ends.
+forward calls twice (CogView4's `ff`) and on every piece below it, which stay on the card from their first call until
+the block's forward ends (`held_owner` names that block; `blocks_of` keeps the held child whole).
 planning/residency.py cuts the tree where the bytes that stream ask for it (`residency.piece_limit`: one rule for the
 plan and for what is applied).
 """
@@ -87,8 +88,9 @@ def _pieces(name: str, module) -> list[tuple[str, object]]:
     elements (norms, the block's own parameters) join the fixed part, where a hook would cost more than the bytes it
     saves. A module holding a list of like modules (HiDream's mixture of experts) stays whole: the router may skip an
     expert in a step, and a skipped piece would not move what the plan counts (nor free what its prefetch brought). A
-    child the forward calls twice is a piece of its own, held on the card until the block's forward ends (`_tree`),
-    or in the fixed part when it is smaller than FLOOR."""
+    child the forward calls twice is a piece of its own, held on the card until the block's forward ends (`_tree`;
+    here whole, in `piece_tree` with the finer pieces it may be cut into), or in the fixed part when it is smaller
+    than FLOOR."""
     return [(node.name, node.module) for node in _cut(_tree(name, module), PIECE)]
 
 
@@ -105,9 +107,10 @@ class _Node:
 
 def _tree(name: str, module, held: bool = False) -> _Node:
     """`module` with the finer pieces it may be cut into: its children of FLOOR elements or more (a ModuleList's or
-    ModuleDict's elements in its place), except where it is routed (`_routed`) or held (a held piece is one unit)."""
-    if held or _routed(module) or not any(True for _ in module.children()):
-        return _Node(name, module, rows=_rows(module) if not held else 0, held=held)
+    ModuleDict's elements in its place), except where it is routed (`_routed`). Below a held piece every piece is held
+    too: it is called as often as the piece is, and stays on the card with it until the same block's forward ends."""
+    if _routed(module) or not any(True for _ in module.children()):
+        return _Node(name, module, rows=_rows(module), held=held)
     twice = _called_twice(type(module), frozenset(n for n, _ in module.named_children()))
     children = []
     for child_name, child in module.named_children():
@@ -115,10 +118,10 @@ def _tree(name: str, module, held: bool = False) -> _Node:
         if _numel(child) < FLOOR:
             continue  # the fixed part where this module is cut
         if isinstance(child, _NO_FORWARD()):
-            children += [_tree(f"{path}.{i}", m) for i, m in child.named_children() if _numel(m) >= FLOOR]
+            children += [_tree(f"{path}.{i}", m, held=held) for i, m in child.named_children() if _numel(m) >= FLOOR]
         else:
-            children.append(_tree(path, child, held=child_name in twice))
-    return _Node(name, module, children)
+            children.append(_tree(path, child, held=held or child_name in twice))
+    return _Node(name, module, children, held=held)
 
 
 def _rows(module) -> int:
@@ -136,7 +139,7 @@ def _rows(module) -> int:
 def _cut(node: _Node, limit: int) -> list[_Node]:
     """The pieces of `node` of at most `limit` elements (a node with no finer pieces as it is); ModuleLists and
     ModuleDicts are never pieces (the tree holds none)."""
-    if node.numel <= limit or not node.children:
+    if node.numel <= limit or not node.children or node.held:  # a held piece is one of `blocks_of`'s units whole
         return [node]
     return [piece for child in node.children for piece in _cut(child, limit)]
 
@@ -166,8 +169,8 @@ def _routed(module) -> bool:
 def _called_twice(cls, children: frozenset) -> frozenset:
     """The children that `cls.forward` calls twice on one path through it (CogView4's block runs its `ff` on the
     image tokens, then on the text tokens; Z-Image's its `adaLN_modulation` on the noisy and the clean tokens of an
-    edit). A hook would onload such a piece twice a step while the plan counts it once, so `_pieces` keeps a small
-    one in the fixed part (always resident, no traffic) and streams the block whole around a large one. Calls in
+    edit). A hook would onload such a piece twice a step while the plan counts it once, so `_tree` keeps a small
+    one in the fixed part (always resident, no traffic) and marks a large one held (models/held.py). Calls in
     the two arms of an `if` are one path's alternatives (Lumina 2's blocks call `attention` in each arm), so they
     count once; a call in a loop counts as twice. Read from the forward's source; where there is none (a compiled
     class), nothing is taken as called twice."""
@@ -251,20 +254,29 @@ def piece_tree(module, bytes_per_element: int | None = None) -> list[tuple[str, 
     alone, so on a model with no piece over FLOOR elements (the tiny test models) this is `blocks_of`."""
     out = []
     for name, m in block_modules(module):
-        _pre_order(_tree(name, m, held=held_piece(module, name)), bytes_per_element, out)
+        _pre_order(_tree(name, m, held=held_owner(module, name) is not None), bytes_per_element, out)
     return out
 
 
+def held_owner(model, name: str) -> str | None:
+    """The name of the module whose forward calls the piece `name` of `model`, or a module above it, twice (CogView4's
+    block, which calls its `ff` on the image and then the text tokens): budget offload holds the piece on the card from
+    its first call until that forward ends (models/held.py). None where no forward above the piece calls it twice
+    (a row part's `parts` list and any ModuleList in the path have no forward: looked through)."""
+    child = name
+    while "." in child:
+        parent = child.rpartition(".")[0]
+        owner = model.get_submodule(parent)
+        if not isinstance(owner, _NO_FORWARD()) and child.rpartition(".")[2] in _called_twice(
+                type(owner), frozenset(n for n, _ in owner.named_children())):
+            return parent
+        child = parent
+    return None
+
+
 def held_piece(model, name: str) -> bool:
-    """Whether the piece `name` of `model` is a child its parent's forward calls twice: then it is one unit, and
-    budget offload holds it on the card until its parent's forward ends (models/held.py)."""
-    parent, _, child = name.rpartition(".")
-    if not parent:
-        return False
-    owner = model.get_submodule(parent)
-    if isinstance(owner, _NO_FORWARD()):
-        return False
-    return child in _called_twice(type(owner), frozenset(n for n, _ in owner.named_children()))
+    """Whether the piece `name` of `model` is held on the card until a forward above it ends (`held_owner`)."""
+    return held_owner(model, name) is not None
 
 
 def _tensor_bytes(tensors, bytes_per_element: int | None) -> int:

@@ -113,6 +113,26 @@ def _coefficient(kind: str, profile: ModelProfile) -> float:
     return float(table[same] if same in table else table["global"])
 
 
+def _vae_coefficient(profile: ModelProfile, dtype_bytes: int) -> float:
+    """The VAE coefficient at `dtype_bytes`. The 16-bit one is fitted on bf16 decodes; a float32 decode (a CPU's
+    int8/int4 or full-precision job) holds less than twice that where the VAE upcasts parts of its decode to
+    float32 whatever its dtype (DC-AE's linear attention and RMSNorm), so float32 has its own fit
+    (`fit.vae_float32`, calibrate_memory.py's -fp32 points), looked up as `_coefficient` does. A VAE with a 16-bit
+    coefficient of its own but no float32 point keeps that one (not measured: the safe side)."""
+    if dtype_bytes == 4:
+        table = _fit().get("vae_float32") or {}
+        own = _fit_table("vae")
+        same = _own_fit_by_class("vae").get(profile.denoiser_class) if profile.denoiser_class else None
+        for arch in (profile.arch, same):
+            if arch in table:
+                return float(table[arch])
+            if arch in own:
+                return float(own[arch])
+        if "global" in table:
+            return float(table["global"])
+    return _coefficient("vae", profile)
+
+
 def _own_fit_by_class(kind: str) -> dict[str, str]:
     """Denoiser class -> the architecture whose own-pipeline points (calibrate_memory.py "pipeline" or
     "own_coefficient") fitted `kind`'s coefficient (a few dozen entries: cheap enough to read each time)."""
@@ -314,7 +334,7 @@ def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images:
     width, height = rendered_size(profile, width, height)
     sf = profile.vae_scale_factor
     lh, lw = math.ceil(height / sf), math.ceil(width / sf)
-    coef = _coefficient("vae", profile) * vae_feature(profile) * dtype_bytes
+    coef = _vae_coefficient(profile, dtype_bytes) * vae_feature(profile) * dtype_bytes
     image = 3 * (lh * sf) * (lw * sf) * dtype_bytes  # one decoded image
 
     def decode(h: int, w: int, n: int) -> float:

@@ -16,6 +16,10 @@ from lowvram_gen.models.profile import ModelProfile, calibration, profile_builti
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.settings import MemorySettings
 
+def _dtype(m: dict) -> str:
+    return m.get("options", {}).get("dtype", "bfloat16")
+
+
 def _point_profile(m: dict) -> ModelProfile:
     """The profile a measurement ran: its architecture's, without resolution bins where it ran at the size asked
     (SANA's points whose pipeline call turned binning off, options "call"; a VAE point, a bare decode)."""
@@ -72,8 +76,9 @@ def fit_coefficients(measurements: list[dict]) -> dict:
     plain = [m for m in ok if not any(m.get("options", {}).get(k) for k in ("attention", "tiling", "check"))]
     fit: dict[str, Any] = {}
     copies: dict[str, float] = {}
+    wide = [m for m in plain if m["component"] == "vae" and _dtype(m) == "float32"]  # the VAE's float32 decodes
     for kind in ("unet", "vae", "transformer"):
-        rows = [m for m in plain if m["component"] == kind]
+        rows = [m for m in plain if m["component"] == kind and not (kind == "vae" and _dtype(m) == "float32")]
         ks = []
         for a, b in itertools.combinations(rows, 2):
             same = all(a[k] == b[k] for k in ("arch", "width", "height", "options"))
@@ -102,6 +107,16 @@ def fit_coefficients(measurements: list[dict]) -> dict:
         table["global"] = round(sum(own) / len(own), 4) if own else 1.0
         table["per_call"] = per_call
         fit[kind] = table
+        if kind == "vae" and wide:  # float32 decodes: their own coefficients, the 16-bit per_call (estimate.py)
+            ratios = {}
+            for m in wide:
+                ratios.setdefault(m["arch"], []).append(m["activation_bytes"]
+                                                        / _measured_feature(m, _point_profile(m), per_call))
+            wide_table = {arch: round(sum(v) / len(v), 4) for arch, v in sorted(ratios.items())}
+            in_bare = [v for arch, v in wide_table.items() if arch in bare]
+            if in_bare:  # the global one from the same architectures as the 16-bit global
+                wide_table["global"] = round(sum(in_bare) / len(in_bare), 4)
+            fit["vae_float32"] = wide_table
     if copies:
         fit["pointwise_conv"] = copies
     fit["slicing"] = 1.0

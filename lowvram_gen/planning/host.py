@@ -45,9 +45,11 @@ it is a judgement.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from lowvram_gen import families
+from lowvram_gen.hardware.hostmem import RUN_MMAP_THRESHOLD
 from lowvram_gen.models.profile import ModelProfile
 from lowvram_gen.planning import estimate as memory
 from lowvram_gen.settings import MemorySettings
@@ -80,6 +82,11 @@ QUANTIZE_LOAD_PAGES = 0.85
 # estimated 0.28 and 1.00) times what glibc's heap adds: fitted to the CLI's run phase of SD 1.5 at
 # 512 px under the cpu preset (1.53 GiB over the weights, against 1.28 estimated).
 CPU_ACTIVATION_FACTOR = 1.2
+# glibc serves a block of at least this many bytes with a mapping of its own, unmapped when it is freed: the
+# threshold hardware/hostmem.returning_freed_memory sets after the load (glibc's upper bound). A step whose hidden
+# states are this large hands its activations back to the kernel as they are freed, so the decode takes their place
+# instead of coming on top (`_cpu_activations`).
+MMAP_THRESHOLD = RUN_MMAP_THRESHOLD
 # cpu+half: each layer is upcast into float32 temporaries for its forward and its stored 16-bit tensors put
 # back (engines/sd/casting.py): a float32 copy of the layer running, freed at once, so nothing is added. With
 # diffusers' own hook, which casts back to fresh copies, SDXL's cpu+half run held 2.24 GiB over the weights
@@ -329,12 +336,7 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
         b = memory.DTYPE_BYTES[settings.dtype]
         cfg = cfg and profile.cfg_batch
         images = batch * (2 if cfg else 1)
-        unet = memory.unet_activation_bytes(profile, width, height, images, b, settings.attention)
-        vae = memory.vae_activation_bytes(profile, width, height, batch, b, settings.vae_slicing,
-                                          settings.vae_tiling)
-        # glibc keeps the step's freed blocks under its mmap threshold in the heap, so the decode's come
-        # on top of them: the two add up, they do not take turns as on a GPU's caching allocator
-        act = int(CPU_ACTIVATION_FACTOR * (unet + vae))
+        act = _cpu_activations(profile, settings, width, height, batch, images, b)
         # a mapped text encoder's file read whole at the load, its embedding's second copy too (tied_twice)
         in_ram = total_kept + _mapped_twice(profile, settings)
     elif settings.offload == "none":
@@ -371,6 +373,32 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
                         pinned_bytes=int(pinned_bytes), activation_bytes=int(act), paged_bytes=int(paged_bytes),
                         mapped_bytes=int(mapped_bytes))
 
+
+
+def _cpu_activations(profile: ModelProfile, settings: MemorySettings, width: int, height: int, batch: int,
+                     images: int, b: int) -> int:
+    """The run phase's activations on a CPU. glibc keeps the step's freed blocks under its mmap threshold in the
+    heap, so the decode's come on top of them: the two add up, they do not take turns as on a GPU's caching
+    allocator (SD 1.5's 10 MiB hidden states). A step whose hidden states (images x tokens x width) are over the
+    threshold frees them to the kernel instead, and the decode, whose tensors are larger still, takes their place:
+    then the larger of the two (HiDream at its 1024 x 1024 in float32, 40 MiB hidden states at half width: the trace
+    of host_peaks.py's int8 cell held the weights, 0.4-0.6 GiB more after the step, then the decode's 3.6 GiB; the
+    sum had planned 1.2 x (0.9 + 4.0) GiB over the weights, +35 %)."""
+    unet = memory.unet_activation_bytes(profile, width, height, images, b, settings.attention)
+    vae = memory.vae_activation_bytes(profile, width, height, batch, b, settings.vae_slicing, settings.vae_tiling)
+    both = max(unet, vae) if _hidden_state_bytes(profile, width, height, images, b) >= MMAP_THRESHOLD else unet + vae
+    return int(CPU_ACTIVATION_FACTOR * both)
+
+
+def _hidden_state_bytes(profile: ModelProfile, width: int, height: int, images: int, b: int) -> int:
+    """Bytes of one hidden state of the denoiser's step: the image tokens at the transformer's width, or the latent
+    at the UNet's first width (the size its blocks hand on)."""
+    width, height = memory.rendered_size(profile, width, height)
+    sf = profile.vae_scale_factor
+    hw = math.ceil(height / sf) * math.ceil(width / sf)
+    if profile.unet_channels:
+        return int(images * hw * profile.unet_channels[0] * b)
+    return int(images * hw / max(1, profile.transformer_patch) ** 2 * (profile.transformer_hidden or 0) * b)
 
 
 def _with_encoders_reloaded(profile: ModelProfile, settings: MemorySettings, device_kind: str, width: int,

@@ -276,7 +276,7 @@ class PipelineOps:
         import torch
         from diffusers.hooks import apply_group_offloading
 
-        from lowvram_gen.models.blocks import held_piece
+        from lowvram_gen.models.blocks import held_owner
         from lowvram_gen.models.held import hold
 
         _quiet_group_offload_moves()
@@ -288,9 +288,10 @@ class PipelineOps:
             use_stream = False
         for prefix, module in stepped:
             names = _own(prefix, streamed)
-            held = [n for n in names if held_piece(module, n)]  # called twice by its block: held until it ends
+            owners = {n: held_owner(module, n) for n in names}  # called twice by a forward: held until it ends
+            held = [n for n in names if owners[n] is not None]
             for n in held:
-                hold(module.get_submodule(n), module.get_submodule(n.rpartition(".")[0]), torch.device(device),
+                hold(module.get_submodule(n), module.get_submodule(owners[n]), torch.device(device),
                      use_stream, low_cpu_mem_usage=use_stream and not pinned)
             units = [module.get_submodule(n) for n in names if n not in held]
             if not units:
