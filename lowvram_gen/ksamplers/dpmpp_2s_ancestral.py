@@ -70,8 +70,9 @@ class DPMPP2SAncestralScheduler(SchedulerMixin, ConfigMixin):
 
     # the schedule ------------------------------------------------------------------------------------------------
     def set_levels(self, levels, device=None):
-        """Step through A1111's `levels` as they are (schedules.hand_over's door for lowvram_gen.ksamplers' classes)."""
-        self.set_timesteps(device=device, sigmas=levels)
+        """Step through A1111's `levels` as they are (schedules.hand_over's door for lowvram_gen.ksamplers' classes;
+        the class's own set_timesteps: hand_over binds a step-count-only one to the object)."""
+        type(self).set_timesteps(self, device=device, sigmas=levels)
 
     def set_timesteps(self, num_inference_steps: int | None = None, device=None, sigmas=None):
         """Step through `sigmas` (A1111's levels, highest first, ending at 0 or at the model's lowest level), or
