@@ -35,7 +35,7 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "DPM++ 3M SDE": ("DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
     "DPM++ 2S a": ("DPMSolverSinglestepScheduler", {}),
     "DDIM": ("DDIMScheduler", {}),
-    "PLMS": ("PNDMScheduler", {}),
+    "PLMS": ("PNDMScheduler", {"skip_prk_steps": True}),  # A1111's PLMS has no Runge-Kutta warm-up steps
     "UniPC": ("UniPCMultistepScheduler", {}),
     "LCM": ("LCMScheduler", {}),
     "DDPM": ("DDPMScheduler", {}),
@@ -125,6 +125,8 @@ SIGMA_CLASSES = {"EulerDiscreteScheduler": False, "EulerAncestralDiscreteSchedul
 # A1111's samplers that step through timesteps of their own (its sd_samplers_timesteps.py; UniPC's class takes levels
 # too, so a schedule type named for it runs): their Automatic is the class's own schedule
 TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "LCM", "DDPM"}
+# A1111's timestep samplers whose class is handed A1111's timesteps (schedules.hand_over_timesteps)
+A1111_TIMESTEPS = {"DDIM", "PLMS"}
 # A1111's samplers with `discard_next_to_last_sigma`: one more level computed, the next-to-last dropped
 DISCARD_PENULTIMATE = {"DPM2", "DPM2 a", "DPM++ 3M SDE"}
 
@@ -159,7 +161,7 @@ def _handed(scheduler, sampler: str, schedule_type: str, table: str):
     label = schedules.label(schedule_type)
     if not _sigma_scheduler(scheduler):
         if schedule_type == AUTOMATIC:
-            return scheduler
+            return schedules.hand_over_timesteps(scheduler) if sampler in A1111_TIMESTEPS else scheduler
         raise InvalidRequest("schedule type", label, f"sampler {sampler!r} steps through timesteps of its own, so it "
                                                      "cannot take a schedule type (A1111 ignores one there): "
                                                      "use Automatic")
