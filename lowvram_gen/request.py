@@ -177,6 +177,9 @@ class GenerationRequest:
     # A1111's "Random number generator source" (rng.py): gpu draws the noise on the compute device, cpu on the CPU
     # (then moved), nv as an NVIDIA card's torch.randn does, computed on any device
     rng: str = DEFAULT_RNG
+    # A1111's "Eta noise seed delta" (ENSD): after each image's first noise its generator is re-seeded with seed +
+    # ensd, so the samplers' step noise (ancestral, DDIM with eta) changes and the first noise does not; 0: off
+    ensd: int = 0
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -241,6 +244,7 @@ class GenerationRequest:
             clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
             vae=check_vae(self.vae),
             rng=check_rng(self.rng),
+            ensd=as_int("ENSD", self.ensd, 0, MAX_SEED, " (A1111's eta noise seed delta; 0: off)"),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),

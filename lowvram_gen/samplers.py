@@ -38,7 +38,7 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "DPM++ 3M SDE": ("DPMSolverMultistepSDEScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3}),
     "DPM++ 2S a": ("DPMPP2SAncestralScheduler", {}),  # ours (ksamplers/): diffusers' 2S is not ancestral
     "DDIM": ("DDIMScheduler", {}),
-    "PLMS": ("PNDMScheduler", {}),
+    "PLMS": ("PNDMScheduler", {"skip_prk_steps": True}),  # A1111's PLMS has no Runge-Kutta warm-up steps
     "UniPC": ("UniPCMultistepScheduler", {"solver_type": "bh1", "solver_order": 3}),  # A1111's uni_pc_* defaults
     "LCM": ("LCMScheduler", {}),
     "DDPM": ("DDPMScheduler", {}),
@@ -149,6 +149,8 @@ OWN_TIMES = {"UniPC"}
 # diffusers' DPM-Solver steps its last step (its last two below 15 steps) at first order and wherever its config's
 # final level is "zero"; k-diffusion's 2M only where the next level is 0 (KL Optimal ends above 0): configured so
 K_ORDER_AT_THE_END = {"DPM++ 2M"}
+# A1111's timestep samplers whose class is handed A1111's timesteps (schedules.hand_over_timesteps)
+A1111_TIMESTEPS = {"DDIM", "PLMS"}
 # A1111's samplers with `discard_next_to_last_sigma`: one more level computed, the next-to-last dropped
 DISCARD_PENULTIMATE = {"DPM2", "DPM2 a", "DPM++ 3M SDE"}
 
@@ -185,7 +187,7 @@ def _handed(scheduler, sampler: str, schedule_type: str, table: str):
     label = schedules.label(schedule_type)
     if not _sigma_scheduler(scheduler):
         if schedule_type == AUTOMATIC:
-            return scheduler
+            return schedules.hand_over_timesteps(scheduler) if sampler in A1111_TIMESTEPS else scheduler
         raise InvalidRequest("schedule type", label, f"sampler {sampler!r} steps through timesteps of its own, so it "
                                                      "cannot take a schedule type (A1111 ignores one there): "
                                                      "use Automatic")

@@ -178,3 +178,45 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
     scheduler.set_timesteps = types.MethodType(set_timesteps, scheduler)
     setattr(scheduler, HANDED, schedule_type)
     return scheduler
+
+
+def a1111_timesteps(steps: int, train_steps: int = 1000) -> list[int]:
+    """The timesteps A1111 1.6+ steps DDIM and PLMS through (its sd_samplers_timesteps), highest first: 1 + k *
+    (T // steps) for k = 0, 1, ... below T, clipped to T - 1. The lowest is where the last step ends, so there is one
+    UNet call fewer than timesteps: steps - 1 calls where steps divides T (20: 951 .. 51, ending at 1), more where it
+    does not (30: 991 .. 34)."""
+    stride = train_steps // steps
+    return [min(1 + k, train_steps - 1) for k in range(0, train_steps, stride)][::-1]
+
+
+def hand_over_timesteps(scheduler):
+    """Make a DDIM or PLMS scheduler (diffusers' DDIMScheduler, PNDMScheduler with skip_prk_steps) step through
+    A1111's timesteps (`a1111_timesteps`) for whatever step count it is set to; returns it.
+
+    The class steps back from each timestep by T // steps, which is A1111's next one down: the class is set to the
+    step count as it is and given A1111's timesteps but the last, where the last step ends. PLMS's warm-up (the next
+    timestep's prediction averaged in: one more call) is the class's repeated second timestep, as diffusers' own list
+    has it (for one step: the lowest timestep, where A1111's warm-up looks). Where A1111 clips its highest timestep to T - 1 (T // steps divides T - 1: 3, 9, 27, 37 steps...), its next
+    one down is one higher than the class steps to (PLMS's warm-up would look one past T): those counts keep the
+    class's own timesteps (one more call, ending at 0)."""
+    import torch
+
+    own = type(scheduler).set_timesteps
+    train = scheduler.config.num_train_timesteps
+    plms = type(scheduler).__name__ == "PNDMScheduler"
+    # A1111's DDIM takes the predicted x0 as it is: diffusers' DDIM clips it to [-1, 1] by default (a folder whose
+    # own scheduler is PNDM, as SD 1.x's, says nothing of it)
+    scheduler.register_to_config(**{key: False for key in ("clip_sample", "thresholding")
+                                    if key in _takes(type(scheduler))})
+
+    def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
+        own(self, num_inference_steps, device=device, **kwargs)
+        every = a1111_timesteps(int(num_inference_steps), train)
+        if (every[0] - 1) % (train // int(num_inference_steps)):  # clipped by A1111: the class's own
+            return
+        # PLMS: its warm-up's second call at the next timestep down (the lowest one, for a single step)
+        calls = every[:2] + every[1:-1] if plms else every[:-1]
+        self.timesteps = torch.tensor(calls, dtype=torch.int64, device=device)
+
+    scheduler.set_timesteps = types.MethodType(set_timesteps, scheduler)
+    return scheduler

@@ -314,7 +314,7 @@ def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_
                 "seed_resize_from_w", "seed_resize_from_h", "hires_resize_w", "hires_resize_h", "hires_sampler",
                 "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "controlnets",
                 "control_mode", "batch_count", "mask", "mask_blur", "inpaint_area", "mask_padding",
-                "masked_content", "invert_mask", "vae", "reference_images", "rng",
+                "masked_content", "invert_mask", "vae", "reference_images", "rng", "ensd",
                 "img2img_fix_steps", "resize_mode", "mask_round"):  # added since, at defaults
         data.pop(key)
     data["cfg_scale"] = 7.0  # a line without it ran A1111's CFG 7 before families had defaults

@@ -143,7 +143,7 @@ def test_from_png_notes_are_in_the_json_warnings_too(tmp_path, capsys, command):
 
     info = PngInfo()
     info.add_text("parameters", "a fox\nSteps: 1, Sampler: Euler, CFG scale: 7, Seed: 5, Size: 64x64, "
-                                "Model hash: 6ce0161689, Model: no-such-checkpoint, Clip skip: 2, ENSD: 31337")
+                                "Model hash: 6ce0161689, Model: no-such-checkpoint, Clip skip: 2, Eta: 0.67")
     png = tmp_path / "a1111.png"
     Image.new("RGB", (64, 64)).save(png, pnginfo=info)
     argv = [a.replace("{png}", str(png)) for a in command]
@@ -151,7 +151,7 @@ def test_from_png_notes_are_in_the_json_warnings_too(tmp_path, capsys, command):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     warnings = json.loads(captured.out)["warnings"]
-    not_used = f"not used from {png}: ENSD"  # Clip skip is used (issue 19): the rerun has it
+    not_used = f"not used from {png}: Eta"  # Clip skip (issue 19) and ENSD (issue 31) are used: the rerun has them
     assert warnings[0] == not_used and f"note: {not_used}" in captured.err
     assert any(w.startswith("the PNG's model 'no-such-checkpoint' is not here") for w in warnings)
     assert captured.err.count(not_used) == 1  # said once on stderr, before the job; not again at the end

@@ -163,6 +163,9 @@ FIELDS: tuple[Field, ...] = (
     # A1111's "Random number generator source" setting; its PNG says `RNG: CPU`/`RNG: NV`, nothing for the default GPU
     Field("rng", api="override_settings.randn_source", label="RNG", aliases=("randn_source",), words=RNG_WORDS,
           read=read_rng),
+    # A1111's "Eta noise seed delta" setting; its PNG says `ENSD: 31337` where it is not 0
+    Field("ensd", api="override_settings.eta_noise_seed_delta", label="ENSD", aliases=("eta_noise_seed_delta",),
+          read=read_int),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
     # A1111's setting "With img2img, do exactly the amount of steps the slider specifies" (img2img_steps.py); no

@@ -18,7 +18,8 @@ sampler`, `Hires schedule type`, `Hires prompt`, `Hires negative prompt`) and Fo
 `Hires sampler` or `Hires schedule type` our own PNG wrote for a request's "default" / "same" reads back as that.
 `RNG: CPU` / `RNG: NV` is the request's noise source (rng.py; A1111 writes none for its default GPU).
 `ControlNet N` (A1111's sd-webui-controlnet) is a unit of the request's `controlnets` without its control image,
-which a PNG does not hold (control/units.py). Fields we do not use (ENSD, VAE, Eta...) are listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
+which a PNG does not hold (control/units.py). `ENSD: N` is the request's eta noise seed delta.
+Fields we do not use (Eta, Face restoration...) are listed, not refused; a value we use but cannot read (`Steps: many`) is an `InvalidRequest` naming the field.
 Ranges are checked later, by `GenerationRequest.validated()`, with the CLI's messages. Standard library only:
 the CLI imports this before it decides to load torch.
 """
@@ -281,6 +282,8 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
     clip_skip = request.clip_skip if clip_skip is None else clip_skip
     if clip_skip > 1:
         fields[label("clip_skip")] = clip_skip
+    if request.ensd:  # A1111's eta noise seed delta, between Clip skip and RNG as A1111 writes it
+        fields[label("ensd")] = request.ensd
     if request.rng != DEFAULT_RNG:  # A1111 writes its RNG source only when it is not its default, GPU
         fields[label("rng")] = BY_NAME["rng"].words[request.rng]
     if request.hires:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lowvram_gen.errors import InvalidRequest
-from lowvram_gen.request import MAX_CLIP_SKIP, MAX_STEPS, as_int
+from lowvram_gen.request import MAX_CLIP_SKIP, MAX_SEED, MAX_STEPS, as_int
 from lowvram_gen.rng import WORDS as RNG_WORDS
 from lowvram_gen.rng import check_rng
 
@@ -27,7 +27,7 @@ from lowvram_gen.request import as_bool
 
 log = logging.getLogger(__name__)
 SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable",
-            "sd_vae", "randn_source", "img2img_fix_steps")
+            "sd_vae", "randn_source", "img2img_fix_steps", "eta_noise_seed_delta")
 
 
 @dataclass
@@ -41,6 +41,7 @@ class ApiState:
     vae: str = "Automatic"  # sd_vae: later API jobs' VAE (models/vae.py)
     rng: str = "gpu"  # randn_source: later API jobs' noise source (rng.py)
     img2img_fix_steps: bool = False  # A1111's img2img_fix_steps: later img2img jobs run exactly their steps
+    ensd: int = 0  # eta_noise_seed_delta: later API jobs' step noise seed delta (request.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def find_model(self, name: str) -> str | None:
@@ -57,6 +58,10 @@ class ApiState:
     def current_rng(self) -> str:
         with self._lock:
             return self.rng
+
+    def current_ensd(self) -> int:
+        with self._lock:
+            return self.ensd
 
     def fix_steps(self) -> bool:
         with self._lock:
@@ -78,6 +83,7 @@ class ApiState:
             "outdir_txt2img_samples": self.outdir, "outdir_img2img_samples": self.outdir, "enable_pnginfo": True,
             "show_progress_every_n_steps": self.preview_steps, "live_previews_enable": self.previews_on,
             "sd_checkpoints_limit": 1, "img2img_fix_steps": self.fix_steps(),
+            "eta_noise_seed_delta": self.current_ensd(),
         }
 
     def set_options(self, body: Any, allowed: tuple = ()) -> list[str]:
@@ -103,6 +109,8 @@ class ApiState:
             changes["vae"] = vae_text(check_vae(body["sd_vae"], "sd_vae", allowed))
         if "randn_source" in body:
             changes["rng"] = check_rng(body["randn_source"], "randn_source")
+        if "eta_noise_seed_delta" in body:
+            changes["ensd"] = as_int("eta_noise_seed_delta", body["eta_noise_seed_delta"], 0, MAX_SEED, " (0: off)")
         if "show_progress_every_n_steps" in body:
             changes["preview_steps"] = as_int("show_progress_every_n_steps", body["show_progress_every_n_steps"], 0,
                                               MAX_STEPS, " (0: no live previews)")
@@ -117,7 +125,7 @@ class ApiState:
         return ignored
 
     def keep(self, changes: dict) -> None:
-        """Set `model`, `clip_skip`, `vae`, `rng`, `preview_steps`, `previews_on`, `img2img_fix_steps` for later
+        """Set `model`, `clip_skip`, `vae`, `rng`, `ensd`, `preview_steps`, `previews_on`, `img2img_fix_steps` for later
         jobs (POST /options, or override_settings not restored)."""
         with self._lock:
             for name, value in changes.items():

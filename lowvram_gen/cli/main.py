@@ -113,6 +113,10 @@ def _add_job_fields(p, every_job: bool) -> None:
                    help="A1111's Random number generator source: gpu (default: the compute device's generator), cpu "
                         "(drawn on the CPU: A1111's CPU), nv (an NVIDIA card's torch.randn, computed on any device: "
                         "A1111's NV)")
+    p.add_argument("--ensd", metavar="N",
+                   help="A1111's Eta noise seed delta (ENSD): after each image's first noise its generator is "
+                        "re-seeded with seed + N, which changes the ancestral samplers' step noise (default 0: off; "
+                        "31337 is a common setting)")
     p.add_argument("--subseed", metavar="N",
                    help="A1111's Variation seed: 0..4294967295, -1 random (default); its noise is blended into the "
                         "seed's by --subseed-strength (a batch keeps the seed and counts the subseed up)")
@@ -397,7 +401,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "mask_round", "vae",
-                 "reference_images", "rng", "img2img_fix_steps", "resize_mode")
+                 "reference_images", "rng", "ensd", "img2img_fix_steps", "resize_mode")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

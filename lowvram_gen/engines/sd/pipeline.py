@@ -650,7 +650,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         **text,
         num_inference_steps=step.num_steps,
         **guidance_kwargs(pipe, step.guidance),
-        generator=_generators(step.seeds, device, request.rng),
+        generator=(generators := _generators(step.seeds, device, request.rng)),
         output_type="latent" if splits_decode(pipe) else "pil",
         callback_on_step_end=step_end,
     )
@@ -662,6 +662,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         if step.init is None:
             txt2img = control[0] if control is not None else edit.edit_pipe(pipe) if step.references else pipe
             with rng_source.drawing(request.rng, txt2img, txt2img.scheduler), \
+                    rng_source.seed_delta(txt2img.scheduler, generators, step.seeds, request.ensd), \
                     _variation_noise(txt2img, step, device), \
                     controlnet.seeded(control[0] if control is not None else None, step.seeds, device), \
                     _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
@@ -686,7 +687,8 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             own_size = latent_resize.encoded_at_own_size(i2i, step.init, step.width, step.height) \
                 if step.latent_resize else contextlib.nullcontext()
             with rng_source.drawing(request.rng, i2i, i2i.scheduler), _variation_noise(i2i, step, device), content, \
-                    own_size, _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
+                    own_size, rng_source.seed_delta(i2i.scheduler, generators, step.seeds, request.ensd), \
+                    _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=strength, **kwargs)
     except _Stopped:
         return Denoised(images=[], nsfw=[], stopped=stop["kind"], stopped_at=stop["at"])

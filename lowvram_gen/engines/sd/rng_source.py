@@ -12,6 +12,11 @@ source"): the generators the pipeline is given, and, for NV, the noise diffusers
   draws what an NVIDIA card's torch.randn draws. Diffusers' per-image draws are kept: image i's noise is its own
   generator's, of shape (1, C, H, W), as with the other sources.
 
+ENSD (A1111's eta noise seed delta, `seed_delta`): once a pass's first noise is drawn (before the scheduler's first
+step), each image's generator is re-seeded with its seed + ENSD, as A1111's ImageRNG.first re-creates its
+generators, so the step noise changes and the first noise does not; for NV the generator's Philox starts again from
+the new seed.
+
 The NV replacement is installed in the modules that call `randn_tensor` (the pipeline's and scheduler's classes'
 modules, and diffusers' torch_utils) for the block's length, and answers NV noise to this thread only: another
 thread's job on another GPU, with another source, gets diffusers' own function.
@@ -20,6 +25,7 @@ thread's job on another GPU, with another source, gets diffusers' own function.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 
@@ -53,11 +59,54 @@ def _diffusers_randn():
         return _original[0]
 
 
+def _reseed(generators: list, seeds: list[int], delta: int) -> None:
+    """Each generator re-seeded with its seed + delta (NV: its Philox started again from the new seed)."""
+    draws = getattr(_local, "draws", None)
+    for generator, seed in zip(generators, seeds):
+        generator.manual_seed(int(seed) + int(delta))
+        if draws is not None:
+            draws.forget(generator)
+
+
+@contextlib.contextmanager
+def seed_delta(scheduler, generators, seeds: list[int], delta: int):
+    """While the block runs, the scheduler's first `step` first re-seeds `generators` (one per image, seeds[i]'s)
+    with seed + `delta` (A1111's ENSD): the first noise, drawn before it, is the seed's; the step noise after it is
+    seed + delta's. 0 changes nothing."""
+    if not delta:
+        yield
+        return
+    gens = list(generators) if isinstance(generators, (list, tuple)) else [generators]
+    step = scheduler.step
+    done = []
+
+    @functools.wraps(step)  # its signature: the pipelines pass `generator` to a step that takes one
+    def first_reseeds(*args, **kwargs):
+        if not done:
+            done.append(True)
+            _reseed(gens, seeds, delta)
+        return step(*args, **kwargs)
+
+    own = vars(scheduler).get("step")
+    scheduler.step = first_reseeds
+    try:
+        yield
+    finally:
+        if own is None:
+            del scheduler.step
+        else:
+            scheduler.step = own
+
+
 class _NvDraws:
     """NV noise per torch generator: its seed's Philox, moved on by each draw."""
 
     def __init__(self):
         self._states: dict[int, tuple] = {}  # id(generator) -> (generator, its Philox); the generator kept alive
+
+    def forget(self, generator) -> None:
+        """Start `generator`'s Philox again from its (new) seed at its next draw."""
+        self._states.pop(id(generator), None)
 
     def draw(self, generator, shape):
         import torch
