@@ -147,7 +147,7 @@ LAYERS = (
     ("lowvram_gen.ui", "lowvram_gen.api", "lowvram_gen.batch"),
     ("lowvram_gen.jobs",),
     ("lowvram_gen.session", "lowvram_gen"),
-    ("lowvram_gen.engines", "lowvram_gen.upscale"),
+    ("lowvram_gen.engines", "lowvram_gen.upscale", "lowvram_gen.ksamplers"),
     ("lowvram_gen.ladder", "lowvram_gen.oom", "lowvram_gen.preview", "lowvram_gen.networks", "lowvram_gen.prompting",
      "lowvram_gen.control", "lowvram_gen.inpaint"),
     ("lowvram_gen.planning", "lowvram_gen.presets", "lowvram_gen.failures"),
