@@ -84,3 +84,28 @@ def batch_script():
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
+
+
+@pytest.fixture()
+def unet_passes(monkeypatch):
+    """The UNet's calls of each SD-family pass a job runs, as the list of timesteps it was given (a forward pre-hook
+    on the pipeline's UNet around `engines.sd.pipeline.denoise`): the sampler tests count A1111's model calls."""
+    from lowvram_gen.engines.sd import pipeline as sd_pipeline
+
+    seen = []
+    real = sd_pipeline.denoise
+
+    def watch(pipe, step, *args, **kwargs):
+        ts = []
+        handle = pipe.unet.register_forward_pre_hook(
+            lambda module, positional, named: ts.append(float((positional[1] if len(positional) > 1
+                                                               else named["timestep"]).flatten()[0])),
+            with_kwargs=True)
+        try:
+            return real(pipe, step, *args, **kwargs)
+        finally:
+            handle.remove()
+            seen.append(ts)
+
+    monkeypatch.setattr(sd_pipeline, "denoise", watch)
+    return seen

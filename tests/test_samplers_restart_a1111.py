@@ -10,7 +10,6 @@ from PIL import Image
 
 from lowvram_gen import GenerationRequest
 from lowvram_gen.a1111 import sigmas as a1111_sigmas
-from lowvram_gen.engines.sd import pipeline as sd_pipeline
 from lowvram_gen.session import Session
 
 import ksampling_ref as ref
@@ -20,28 +19,6 @@ import ksampling_ref_restart as ref_restart
 @pytest.fixture(scope="module")
 def session():
     return Session(device="cpu")
-
-
-@pytest.fixture()
-def calls(monkeypatch):
-    """The UNet's calls of each pass, as the timesteps it was given."""
-    seen = []
-    real = sd_pipeline.denoise
-
-    def watch(pipe, step, *args, **kwargs):
-        ts = []
-        handle = pipe.unet.register_forward_pre_hook(
-            lambda module, positional, named: ts.append(float((positional[1] if len(positional) > 1
-                                                               else named["timestep"]).flatten()[0])),
-            with_kwargs=True)
-        try:
-            return real(pipe, step, *args, **kwargs)
-        finally:
-            handle.remove()
-            seen.append(ts)
-
-    monkeypatch.setattr(sd_pipeline, "denoise", watch)
-    return seen
 
 
 def pipeline(folder):
@@ -71,7 +48,7 @@ CASES = [("Restart", "automatic", 20, ref_restart.restart, "karras", 39),  # one
 
 @pytest.mark.parametrize("model", ["tiny_path", "tiny_sdxl_path"])
 @pytest.mark.parametrize("sampler, schedule, steps, algorithm, kind, a1111_calls", CASES)
-def test_txt2img_equals_the_published_algorithm_with_a1111s_calls(session, tmp_path, request, calls, model, sampler,
+def test_txt2img_equals_the_published_algorithm_with_a1111s_calls(session, tmp_path, request, unet_passes, model, sampler,
                                                                    schedule, steps, algorithm, kind, a1111_calls):
     folder = request.getfixturevalue(model)
     pipe = pipeline(folder)
@@ -79,13 +56,13 @@ def test_txt2img_equals_the_published_algorithm_with_a1111s_calls(session, tmp_p
     options = model_range(pipe) if sampler.startswith("DPM") else {}
     want, ref_calls = ref.txt2img(pipe, algorithm, levels, [5, 6], "a lighthouse", **options)
     result, got = made(session, tmp_path, folder, sampler=sampler, schedule_type=schedule, steps=steps)
-    assert len(calls[-1]) == ref_calls == (a1111_calls or ref_calls), (sampler, len(calls[-1]), ref_calls)
+    assert len(unet_passes[-1]) == ref_calls == (a1111_calls or ref_calls), (sampler, len(unet_passes[-1]), ref_calls)
     for ours, theirs in zip(got, want):
         assert np.abs(ours - theirs).max() <= 2, sampler
     assert np.abs(got[0] - got[1]).max() > 10  # two seeds, two images: the comparison can fail
 
 
-def test_restart_without_its_restart_noise_is_another_image(session, tmp_path, tiny_path, calls, monkeypatch):
+def test_restart_without_its_restart_noise_is_another_image(session, tmp_path, tiny_path, unet_passes, monkeypatch):
     """The restart noise counts: the same job with it drawn as zeros differs (so the test above checks it)."""
     import torch
 
@@ -102,7 +79,7 @@ def test_restart_without_its_restart_noise_is_another_image(session, tmp_path, t
     ("Restart", 10, 0.5, 11),  # int(10 x 0.5) + 1 = 6 steps of Heun: 11 calls
     ("Restart", 24, 0.9, 43),  # 22 steps with a restart
     ("DPM fast", 10, 0.5, 6)])
-def test_img2img_runs_a1111s_pass(session, tmp_path, tiny_path, calls, sampler, steps, denoise, a1111_calls):
+def test_img2img_runs_a1111s_pass(session, tmp_path, tiny_path, unet_passes, sampler, steps, denoise, a1111_calls):
     """A1111's img2img pass (int(steps x denoise) + 1 steps from sigmas[steps - t_enc - 1:]): its call count, the
     first call at that level."""
     init = tmp_path / "init.png"
@@ -113,8 +90,8 @@ def test_img2img_runs_a1111s_pass(session, tmp_path, tiny_path, calls, sampler, 
     levels = a1111_sigmas.a1111(kind, steps, pipe.scheduler.alphas_cumprod.double().numpy())
     start = levels[steps - int(steps * denoise) - 1]
     t = float(a1111_sigmas.Discrete(pipe.scheduler.alphas_cumprod.double().numpy()).sigma_to_t(start))
-    assert len(calls[-1]) == a1111_calls
-    assert calls[-1][0] == pytest.approx(t, abs=1e-3)
+    assert len(unet_passes[-1]) == a1111_calls
+    assert unet_passes[-1][0] == pytest.approx(t, abs=1e-3)
 
 
 def test_the_nv_source_draws_the_restart_noise():
