@@ -5,7 +5,8 @@ Since issue 29 the request's sampler "default" is A1111's default (DPM++ 2M, Kar
 longer the folder's scheduler; a test that compares a job with plain diffusers from the folder asks for the folder's
 scheduler by this name. Since issue 31 an A1111 name of a sampler that steps through noise levels (Euler) runs
 A1111's levels, so such a folder's scheduler is asked for by its diffusers class name (EulerDiscreteScheduler for
-tiny-sdxl's); PLMS for the tiny model's PNDM.
+tiny-sdxl's); and since DDIM and PLMS step through A1111's own timesteps (one model call fewer, no warm-up), so is
+a DDIM or PNDM folder's (PNDMScheduler for the tiny model's).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ def own_sampler(model) -> str:
     import diffusers
 
     from lowvram_gen.models.tiny import TINY_MODELS, ensure_tiny
-    from lowvram_gen.samplers import SIGMA_CLASSES, a1111_name
+    from lowvram_gen.samplers import A1111_TIMESTEPS, SAMPLERS, SIGMA_CLASSES, a1111_name
 
     folder = ensure_tiny(str(model)) if str(model) in TINY_MODELS else Path(model)
     config = json.loads((folder / "scheduler" / "scheduler_config.json").read_text(encoding="utf-8"))
-    if config["_class_name"] in SIGMA_CLASSES:
+    own_timesteps = {SAMPLERS[name][0] for name in A1111_TIMESTEPS}  # the classes A1111's DDIM and PLMS run
+    if config["_class_name"] in SIGMA_CLASSES or config["_class_name"] in own_timesteps:
         return config["_class_name"]
     name = a1111_name(getattr(diffusers, config["_class_name"]).from_config(config))
     assert not name.endswith("Scheduler"), f"{folder}'s {name} has no A1111 name: compare it another way"
