@@ -49,7 +49,7 @@ EXAMPLES = {
     "hires_resize_h": dict(HIRES, hires_resize_w=512, hires_resize_h=640), "hires_scale": dict(hires_scale=1.5),
     "hires_steps": dict(HIRES, hires_steps=7), "hires_upscaler": dict(HIRES, hires_upscaler="Latent (nearest)"),
     "controlnets": dict(controlnets=(UNIT,), control_mode="prompt"),
-    "vae": dict(vae="vae-ft-mse-840000-ema-pruned.safetensors"), "rng": dict(rng="nv"),
+    "vae": dict(vae="vae-ft-mse-840000-ema-pruned.safetensors"), "rng": dict(rng="nv"), "ensd": dict(ensd=31337),
 }
 # labels A1111 writes and we read, that our PNGs do not write: each of them is one image of its batch
 READ_ONLY = {"batch_size": ("Batch size: 4", 4)}
