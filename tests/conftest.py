@@ -109,3 +109,13 @@ def unet_passes(monkeypatch):
 
     monkeypatch.setattr(sd_pipeline, "denoise", watch)
     return seen
+
+
+@pytest.fixture()
+def posterior_mode(monkeypatch):
+    """Plain diffusers references for img2img/inpaint encode the init image as A1111 (and the app) do: the VAE
+    posterior's mode, no draw from the images' generators, so the seed's first draw is its noise. A reference-side
+    patch of diffusers' posterior class for the test; the app sets it per call on its VAE (engines/sd/posterior.py)."""
+    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+    monkeypatch.setattr(DiagonalGaussianDistribution, "sample", lambda self, generator=None: self.mode())

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen import families, img2img_steps
-from lowvram_gen.engines.sd import controlnet, edit, inpaint, latent_resize, rng_source
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, latent_resize, posterior, rng_source
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import Task
@@ -687,7 +687,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
             own_size = latent_resize.encoded_at_own_size(i2i, step.init, step.width, step.height) \
                 if step.latent_resize else contextlib.nullcontext()
             with rng_source.drawing(request.rng, i2i, i2i.scheduler), _variation_noise(i2i, step, device), content, \
-                    own_size, rng_source.seed_delta(i2i.scheduler, generators, step.seeds, request.ensd), \
+                    own_size, posterior.mode_only(i2i), rng_source.seed_delta(i2i.scheduler, generators, step.seeds, request.ensd), \
                     _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=strength, **kwargs)
     except _Stopped:
