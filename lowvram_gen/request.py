@@ -280,12 +280,16 @@ class GenerationRequest:
 
     def _check_edit(self) -> "GenerationRequest":
         """The reference images of an edit: readable images (a list, or one path), as many as any family takes, of
-        at least MIN_SIDE px a side, and no init image, mask, hires fix or ControlNet beside them."""
+        at least MIN_SIDE px a side, and no init image, mask, hires fix, ControlNet or resize mode beside them (the
+        edit pipeline sizes its references itself)."""
         refs = check_references(self.reference_images)
         if refs:
             beside = [(name, value) for name, value in (("init image", self.init_image), ("mask", self.mask),
                                                         ("hires fix", "on" if self.hires else None),
-                                                        ("controlnet", "on" if self.controlnets else None)) if value]
+                                                        ("controlnet", "on" if self.controlnets else None),
+                                                        ("resize mode", self.resize_mode
+                                                         if self.resize_mode not in (None, "", "resize") else None))
+                      if value]
             if beside:
                 name, value = beside[0]
                 raise InvalidRequest(name, value, f"an edit (reference images) takes no {name}: the reference "

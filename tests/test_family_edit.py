@@ -218,6 +218,8 @@ def test_an_edit_only_model_without_an_image_and_too_many_images_are_refused(qwe
                                 "reference images are what it edits"),
     (dict(reference_images=("{small}",)), "invalid reference image: '{small}'; is 32x64: a reference image needs at "
                                           "least 64 px a side"),
+    (dict(resize_mode="crop"), "invalid resize mode: 'crop'; an edit (reference images) takes no resize mode: the "
+                               "reference images are what it edits"),
 ])
 def test_the_request_checks_its_reference_images(kw, said, refs, tmp_path):
     small = tmp_path / "small.png"
@@ -282,6 +284,11 @@ def test_the_rest_apis_img2img_with_an_editing_model_edits_its_init_images(qwen_
     mapped = map_body(body, "img2img", qwen_edit, 1, str(tmp_path / "out"), lambda _: None, stored)
     assert mapped.request.init_image is None and len(mapped.request.reference_images) == 1
     assert any("reference images" in w for w in mapped.warnings)
+    assert not any("resize_mode" in w for w in mapped.warnings)  # A1111's default 0: nothing to say
+    cropped = map_body({**body, "resize_mode": 1}, "img2img", qwen_edit, 1, str(tmp_path / "out"), lambda _: None,
+                       stored)
+    assert cropped.request.resize_mode == "resize" and "resize_mode 1 is not used: an editing model's pipeline " \
+        "sizes its reference images itself" in cropped.warnings
     result = Session().generate(mapped.request)
     theirs = plain(qwen_edit, 5, prompt="make it blue", image=opened(refs[:1])[0], true_cfg_scale=4.0,
                    negative_prompt=" ")
@@ -295,7 +302,7 @@ def test_the_ui_img2img_tab_edits_with_an_editing_model(qwen_edit, refs):
     """The img2img tab's fields (ui/tabs/img2img.py) with an editing model: the init image is the reference image."""
     from lowvram_gen.engines.sd.edit import img2img_as_edit
 
-    fields = dict(prompt="make it blue", model=qwen_edit, init_image=refs[0], strength=0.6)
+    fields = dict(prompt="make it blue", model=qwen_edit, init_image=refs[0], strength=0.6, resize_mode="crop")
     assert img2img_as_edit(fields) == dict(prompt="make it blue", model=qwen_edit, reference_images=(refs[0],))
     for kept in (dict(fields, model="tiny"), dict(fields, mask=refs[1])):  # another model; an inpaint job
         assert img2img_as_edit(kept) == kept

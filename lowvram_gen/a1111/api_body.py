@@ -250,7 +250,10 @@ def _img2img(specs: list[Field], got: dict, warnings: list[str], init_image: Cal
         raise InvalidRequest(key, images, "send a list with one base64 image (PNG or JPEG; a data: URL works too)")
     if edit and not got["mask"] and init_image is not None:
         warnings.append(f"an editing model: {key} are its reference images ({api_key('strength')} is not used)")
-        return dict(reference_images=[init_image(image) for image in images])
+        if got["resize_mode"] not in (None, 0):
+            warnings.append(f"{api_key('resize_mode')} {got['resize_mode']!r} is not used: an editing model's "
+                            "pipeline sizes its reference images itself")
+        return dict(reference_images=[init_image(image) for image in images], resize_mode="resize")
     if len(images) > 1:
         warnings.append(f"{key} has {len(images)} images: only the first is used")
     if init_image is None:

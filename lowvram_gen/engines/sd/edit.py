@@ -147,10 +147,12 @@ def infotext_fields(request) -> dict:
 
 def img2img_as_edit(fields: dict) -> dict:
     """An img2img job's request fields (the web UI's img2img tab) as an edit where the model is an editing model and
-    no mask is given: the init image is the reference image and the strength is not used, as the REST API's img2img
-    does with an editing model (a1111/api_body.py). Other models' fields come back as they are."""
+    no mask is given: the init image is the reference image, and the strength and the resize mode are not used (the
+    edit pipeline sizes its references itself), as the REST API's img2img does with an editing model
+    (a1111/api_body.py); the request refuses a resize mode beside reference images. Other models' fields come back
+    as they are."""
     if fields.get("mask") or not fields.get("init_image") or edit_record_of_spec(str(fields.get("model") or "")) \
             is None:
         return fields
-    out = {k: v for k, v in fields.items() if k not in ("init_image", "strength")}
+    out = {k: v for k, v in fields.items() if k not in ("init_image", "strength", "resize_mode")}
     return {**out, "reference_images": (fields["init_image"],)}
