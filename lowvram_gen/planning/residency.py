@@ -112,7 +112,7 @@ class _Tree:
 
 
 _TREES: dict[tuple[int, bool], _Tree] = {}
-_TREES_KEPT = 64  # trees (a model x storage x ControlNets each)
+_TREES_KEPT = 16  # trees (a model x storage x ControlNets each; a search plans one or two)
 _SPLITS_KEPT = 4096  # splits of one tree
 
 
