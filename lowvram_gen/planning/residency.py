@@ -87,7 +87,7 @@ def piece_limit(streamed_bytes: int) -> int:
 
 
 class _Piece:
-    __slots__ = ("name", "nbytes", "rows", "held", "children")
+    __slots__ = ("name", "nbytes", "rows", "held", "children", "parts")
 
     def __init__(self, label: str, nbytes: int):
         m = _LABEL.match(label)
@@ -95,6 +95,11 @@ class _Piece:
         self.rows, self.children = int(m["rows"] or 0), []
         # held: the name of the module whose forward holds it (the parent of the topmost held piece above it), "" if not
         self.held = self.name.rpartition(".")[0] if m["held"] else ""
+        self.parts: dict[int, list] = {}  # a row-cut Linear's units by the number of parts (_cut), made once each
+
+    def own(self) -> int:
+        """What a cut module holds outside its finer pieces (its norms, its own parameters)."""
+        return self.nbytes - sum(c.nbytes for c in self.children)
 
 
 # Parsed piece trees of the block tuples split was given, by identity, each with the splits made of it: the planner's
@@ -132,7 +137,7 @@ def _tree(blocks: list[tuple[str, int]] | tuple[tuple[str, int], ...], rows: boo
 
 def _forest(blocks: list[tuple[str, int]], rows: bool = True) -> tuple[_Piece, ...]:
     """The blocks of a piece tree (pre-order; a piece is below the one before it whose name is its prefix); the
-    pieces are never changed after they are parsed."""
+    pieces are never changed after they are parsed (but for the row parts _cut keeps, a function of the piece)."""
     return _tree(blocks, rows).roots
 
 
@@ -167,12 +172,17 @@ def _cut(piece: _Piece, limit: int, units: list) -> int:
         return 0
     if not piece.children:  # a plain Linear: k chunks of rows, as models/row_split.py cuts it
         k = -(-piece.rows // max(1, limit * piece.rows // piece.nbytes))  # parts of whole rows, none over limit
-        bounds = [piece.rows * i // k for i in range(k + 1)]
-        units.extend((f"{piece.name}.parts.{i}", piece.nbytes * bounds[i + 1] // piece.rows
-                      - piece.nbytes * bounds[i] // piece.rows, piece.held) for i in range(k))
+        parts = piece.parts.get(k)
+        if parts is None:  # (the same k for many limits: the names made once)
+            bounds = [piece.rows * i // k for i in range(k + 1)]
+            parts = piece.parts[k] = [(f"{piece.name}.parts.{i}", piece.nbytes * bounds[i + 1] // piece.rows
+                                       - piece.nbytes * bounds[i] // piece.rows, piece.held) for i in range(k)]
+        units.extend(parts)
         return 0
-    left = piece.nbytes - sum(c.nbytes for c in piece.children)
-    return left + sum(_cut(c, limit, units) for c in piece.children)
+    left = piece.own()
+    for c in piece.children:
+        left += _cut(c, limit, units)
+    return left
 
 
 def split(blocks: list[tuple[str, int]], resident_bytes: int, rows: bool = True) -> Residency:
@@ -198,7 +208,9 @@ def _split(roots: tuple[_Piece, ...], resident_bytes: int) -> Residency:
         kept = 0
     else:
         limit = piece_limit(total - resident_bytes)
-        kept = sum(_cut(r, limit, units) for r in roots)
+        kept = 0
+        for r in roots:
+            kept += _cut(r, limit, units)
     left = resident_bytes - kept
     sizes = [b for _, b, _ in units]
     # largest first, ties in execution order (sorted is stable); among held units of one size, the first of each
