@@ -7,14 +7,17 @@
 Plans a fixed set of requests (SD 1.5, SDXL, SD3, FLUX.1, Qwen-Image, HiDream, Z-Image, Flux.2 klein at 2 to 12 GiB,
 with and without a ControlNet, a capped size, ones that search the nearest card or RAM) through the CLI's own
 `plan --json`, the RAM always given (the real machine's free RAM would change the plans), in a fresh
-LOWVRAM_GEN_HOME (no remembered failures or measured step times). Each plan's JSON is stored whole with the seconds
-it took: `--compare` checks that a faster planner makes every number, name and sentence of the old one.
+LOWVRAM_GEN_HOME (no remembered failures or measured step times), one process for all (as a UI plans job after job:
+the caches the first plans fill serve the later ones; a CLI `plan` is a fresh process). Each plan is stored with the
+seconds it took (CPU and wall) and the SHA-256 of its whole JSON: `--compare` checks that a faster planner makes every
+number, name and sentence of the old one. benchmarks/results/plan_speed_before.json: the planner before its caches.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -60,6 +63,19 @@ def plan_once(args: list[str]) -> tuple[dict, float, float]:
     return json.loads(out.getvalue()), seconds, cpu
 
 
+def summary(result: dict) -> dict:
+    """What the results file keeps of a plan: the pick, its ladder and numbers, the sentence on what would fit, and
+    the SHA-256 of the whole JSON (sorted keys), which `--compare` compares: any number, name or sentence that
+    changes changes it (the whole JSON of 19 plans is most of a megabyte)."""
+    rows = result["presets"]
+    chosen = next((r for r in rows if r["name"] == result["preset"]), {})
+    return {"preset": result["preset"], "ladder": result["ladder"], "estimate_bytes": chosen.get("estimate_bytes"),
+            "streamed_bytes_per_step": chosen.get("streamed_bytes_per_step"),
+            "host_peak_bytes": chosen.get("host_peak_bytes"), "candidates": len(rows), "nearest": result["nearest"],
+            "refusal": result["refusal"],
+            "plan_sha256": hashlib.sha256(json.dumps(result, sort_keys=True).encode()).hexdigest()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--compare", type=Path, help="an earlier results file: exit 1 if any plan differs from it")
@@ -73,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if opts.only not in " ".join(args):
             continue
         result, seconds, cpu = plan_once(args)
-        rows.append({"args": args, "seconds": round(seconds, 3), "cpu_seconds": round(cpu, 3), "plan": result})
+        rows.append({"args": args, "seconds": round(seconds, 3), "cpu_seconds": round(cpu, 3), **summary(result)})
         print(f"{cpu:8.2f} s CPU {seconds:8.2f} s wall  {' '.join(args[1:-1])}  -> {result['preset']}", flush=True)
     total, cpu = sum(r["seconds"] for r in rows), sum(r["cpu_seconds"] for r in rows)
     print(f"{cpu:8.2f} s CPU {total:8.2f} s wall  in all")
@@ -82,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                                    indent=1) + "\n")
     if opts.compare:
         old = {" ".join(r["args"]): r for r in json.loads(opts.compare.read_text())["requests"]}
-        differ = [" ".join(r["args"]) for r in rows if old.get(" ".join(r["args"]), {}).get("plan") != r["plan"]]
+        differ = [" ".join(r["args"]) for r in rows
+                  if old.get(" ".join(r["args"]), {}).get("plan_sha256") != r["plan_sha256"]]
         for r in rows:
             key = " ".join(r["args"])
             if key in old:
