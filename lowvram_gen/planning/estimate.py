@@ -133,10 +133,25 @@ def _vae_coefficient(profile: ModelProfile, dtype_bytes: int) -> float:
     return _coefficient("vae", profile)
 
 
+# _own_fit_by_class's tables by kind, with the calibration they were read from: every estimate asks (the planner's
+# searches make thousands), and the table changes only with the calibration, which reload_calibration reads anew (a
+# new dict, so the identity check below reads the table again).
+_OWN_FITS: dict[str, tuple[dict, dict[str, str]]] = {}
+
+
 def _own_fit_by_class(kind: str) -> dict[str, str]:
     """Denoiser class -> the architecture whose own-pipeline points (calibrate_memory.py "pipeline" or
-    "own_coefficient") fitted `kind`'s coefficient (a few dozen entries: cheap enough to read each time)."""
+    "own_coefficient") fitted `kind`'s coefficient (read once per calibration, see _OWN_FITS; the caller must not
+    change the dict it gets)."""
     cal = calibration()
+    hit = _OWN_FITS.get(kind)
+    if hit is not None and hit[0] is cal:
+        return hit[1]
+    _OWN_FITS[kind] = (cal, _read_own_fits(cal, kind))
+    return _OWN_FITS[kind][1]
+
+
+def _read_own_fits(cal: dict, kind: str) -> dict[str, str]:
     archs = {m["arch"] for m in cal.get("measurements", []) if m.get("component") == kind
              and any(m.get("options", {}).get(k) for k in ("pipeline", "own_coefficient"))}
     profiles = cal.get("profiles", {})
@@ -363,6 +378,26 @@ def text_activation_bytes(profile: ModelProfile, prompts: int, dtype_bytes: int)
                    for h, layers, t in zip(profile.text_hidden, profile.text_layers, tokens)))
 
 
+# The denoiser's blocks at bytes as stored, by the identity of the profile's tuple and the bytes per element: one
+# tuple per model and storage, so that residency.split parses each piece tree once (its _FORESTS) and the planner's
+# bisection does not rebuild the list per estimate. The profile's tuple is kept beside its scaled one, so its id is
+# not reused while the entry lives.
+_SCALED: dict[tuple[int, float], tuple[tuple, tuple[tuple[str, int], ...]]] = {}
+
+
+def _scaled_blocks(blocks: tuple[tuple[str, int], ...], bpe: float) -> tuple[tuple[str, int], ...]:
+    if type(blocks) is not tuple:  # a list could change: no cache
+        return tuple((n, int(c * bpe)) for n, c in blocks)
+    hit = _SCALED.get((id(blocks), bpe))
+    if hit is not None and hit[0] is blocks:
+        return hit[1]
+    scaled = tuple((n, int(c * bpe)) for n, c in blocks)
+    if len(_SCALED) >= 64:
+        _SCALED.clear()
+    _SCALED[(id(blocks), bpe)] = (blocks, scaled)
+    return scaled
+
+
 def estimate(profile: ModelProfile, width: int, height: int, batch: int, settings: MemorySettings,
              cfg: bool = True, vae_tile: int | None = None) -> Estimate:
     """Peak device memory of generating `batch` images of width x height in one forward pass each step
@@ -442,7 +477,7 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                 # blocks kept on the GPU for the whole job (the planner's split, planning/residency.py);
                 # the rest streamed one block at a time with the next one prefetched
                 bpe = b * den_scale  # bytes per denoiser element as stored (fp8 or quantized: fewer)
-                blocks = [(n, int(c * bpe)) for n, c in profile.residency_blocks]
+                blocks = _scaled_blocks(profile.residency_blocks, bpe)
                 # a quantized, GGUF or casting-hooked layer is no plain Linear, which alone is cut by rows
                 plain = not (q_bytes or settings.fp8_storage or settings.half_storage or profile.denoiser_quantized)
                 split = residency.split(blocks, settings.resident_bytes, rows=plain)

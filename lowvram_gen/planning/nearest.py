@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from lowvram_gen.hardware.bytesize import GiB
-from lowvram_gen.planning.planner import Plan, storage
+from lowvram_gen.planning.planner import Plan, shared_estimates, storage
 
 CARDS_GIB = (2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 80)
 RAM_GIB = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -47,7 +47,11 @@ def nearest(plan_on: PlanOn, result: Plan, label: str, width: int, height: int, 
     why = status(result, width, height)
     if why == "fits":
         return ""
+    with shared_estimates():  # the same job on each size tried: the same estimates asked again
+        return _nearest(plan_on, why, label, width, height, vram_gib, ram_gib)
 
+
+def _nearest(plan_on: PlanOn, why: str, label: str, width: int, height: int, vram_gib: float, ram_gib: float) -> str:
     def fits(v: int, r: int) -> Plan | None:
         found = plan_on(v, r)
         return found if status(found, width, height) == "fits" else None

@@ -18,6 +18,7 @@ so every step down needs less memory and costs as little time as it can.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 
 from lowvram_gen.hardware.device import DeviceInfo, format_size
@@ -151,6 +152,9 @@ class _Rows:
         self.flops_coefficients = calibration().get("flops", {})
         self.bus = bus_mod.for_device(device.name)  # doctor's measurement of this GPU, else the assumption
         self.learned = speed.Learned(device.name, model, self.record_compute)  # what jobs measured here
+        # estimates by (size, settings): the budget presets' bisections, sized again under each rung of the ladder,
+        # ask for the same settings many times; an estimate is a pure function of them within one plan
+        self._estimates: dict[tuple, Estimate] = _shared(profile, cfg, self.tile)
 
     def size(self, p: Preset) -> tuple[int, int, int]:
         w, h = (self.width, self.height) if self.own_size else capped_size(self.width, self.height, p.max_pixels,
@@ -159,7 +163,14 @@ class _Rows:
 
     def estimate(self, p: Preset) -> Estimate:
         w, h, b = self.size(p)
-        return estimate(self.profile, w, h, b, p.memory, cfg=self.cfg, vae_tile=self.tile)
+        return self._estimate(w, h, b, p.memory)
+
+    def _estimate(self, w: int, h: int, b: int, memory) -> Estimate:
+        key = (w, h, b, memory)
+        found = self._estimates.get(key)
+        if found is None:
+            found = self._estimates[key] = estimate(self.profile, w, h, b, memory, cfg=self.cfg, vae_tile=self.tile)
+        return found
 
     def sized(self, p: Preset, limit: int | None = None) -> Preset | None:
         """A budget preset with its residency filled: the most resident bytes whose estimate fits `limit`
@@ -172,16 +183,22 @@ class _Rows:
             return None
         usable = self.device.usable_bytes if limit is None else limit
         lo, hi = 0, sum(c for _, c in blocks) * 4  # bytes: at most every block at 4 bytes an element
-        if self.estimate(_resident(p, 1)).total_bytes > usable:
+        if self.estimate_resident(p, 1).total_bytes > usable:
             return None
-        if self.estimate(_resident(p, hi)).total_bytes <= usable:
+        if self.estimate_resident(p, hi).total_bytes <= usable:
             lo = hi  # every block fits
         tolerance = min(1 << 20, max(1, hi >> 10))  # a MiB, or finer for a small model
         while hi - lo > tolerance:  # bisect: the estimate grows with the resident bytes
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.estimate(_resident(p, mid)).total_bytes <= usable else (lo, mid)
-        kept = self.estimate(_resident(p, max(lo, 1))).resident_bytes
+            lo, hi = (mid, hi) if self.estimate_resident(p, mid).total_bytes <= usable else (lo, mid)
+        kept = self.estimate_resident(p, max(lo, 1)).resident_bytes
         return _resident(p, kept) if kept > 0 else None
+
+    def estimate_resident(self, p: Preset, nbytes: int) -> Estimate:
+        """The estimate of `_resident(p, nbytes)` without naming it (the bisection above asks a few dozen)."""
+        w, h, b = self.size(p)
+        memory = replace(p.memory, resident_bytes=int(nbytes))
+        return self._estimate(w, h, b, memory)
 
     def host_settings(self, p: Preset):
         """`p`'s memory settings as they run on this device (a CPU computes float16 presets in float32, as
@@ -260,6 +277,29 @@ class _Rows:
         return PresetEstimate(p.name, est.total_bytes, fits, w, h, b, reason, est.as_dict(),
                               est.streamed_bytes_per_step, seconds, lossy, capped,
                               lower_bound_bytes_per_step=max(0, est.denoiser_bytes - room), timing=timed)
+
+
+_SHARED: list[dict] = []  # the estimates of the shared_estimates scopes open, the innermost last
+
+
+@contextlib.contextmanager
+def shared_estimates():
+    """Within it, the plans made share their estimates where profile (the same object), CFG and VAE tile agree: a
+    search that plans one job on many devices (planning/nearest.py) asks each card the same budget bisections. Only
+    what the estimate reads comes into the key (the size, the settings, the profile, CFG, the tile), and the scope
+    keeps each profile it saw, so that its id is not reused while the scope lasts."""
+    _SHARED.append({})
+    try:
+        yield
+    finally:
+        _SHARED.pop()
+
+
+def _shared(profile, cfg: bool, tile) -> dict:
+    """The estimates a _Rows keeps: its own, or the innermost shared_estimates scope's for this profile."""
+    if not _SHARED:
+        return {}
+    return _SHARED[-1].setdefault((id(profile), cfg, tile), (profile, {}))[1]
 
 
 def step_parts(device: DeviceInfo, profile, preset: Preset, width: int, height: int, batch: int, cfg: bool,

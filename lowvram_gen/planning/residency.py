@@ -87,7 +87,7 @@ def piece_limit(streamed_bytes: int) -> int:
 
 
 class _Piece:
-    __slots__ = ("name", "nbytes", "rows", "held", "children")
+    __slots__ = ("name", "nbytes", "rows", "held", "children", "parts")
 
     def __init__(self, label: str, nbytes: int):
         m = _LABEL.match(label)
@@ -95,10 +95,56 @@ class _Piece:
         self.rows, self.children = int(m["rows"] or 0), []
         # held: the name of the module whose forward holds it (the parent of the topmost held piece above it), "" if not
         self.held = self.name.rpartition(".")[0] if m["held"] else ""
+        self.parts: dict[int, list] = {}  # a row-cut Linear's units by the number of parts (_cut), made once each
+
+    def own(self) -> int:
+        """What a cut module holds outside its finer pieces (its norms, its own parameters)."""
+        return self.nbytes - sum(c.nbytes for c in self.children)
 
 
-def _forest(blocks: list[tuple[str, int]], rows: bool = True) -> list[_Piece]:
-    """The blocks of a piece tree (pre-order; a piece is below the one before it whose name is its prefix)."""
+# Parsed piece trees of the block tuples split was given, by identity, each with the splits made of it: the planner's
+# bisection over the resident bytes splits one model's tree (a few hundred to a thousand labels) a few dozen times per
+# candidate, the ladder sizes every budget candidate again under each rung, and `plan`'s nearest-card search plans the
+# same job on a dozen cards, asking the same splits again (HiDream's plan: 16,538 splits, 2,046 of them different);
+# parsing the labels and cutting the pieces was most of a plan's time. Keyed by id() with the tuple itself kept in the
+# entry, so that the id cannot be reused while the entry lives; a tuple is immutable, so it always parses to the forest
+# stored and splits (a pure function of it, the resident bytes and `rows`) as stored. Lists are parsed anew each call.
+class _Tree:
+    __slots__ = ("blocks", "roots", "splits")
+
+    def __init__(self, blocks: tuple, roots: tuple):
+        self.blocks, self.roots, self.splits = blocks, roots, {}
+
+
+_TREES: dict[tuple[int, bool], _Tree] = {}
+_TREES_KEPT = 16  # trees (a model x storage x ControlNets each; a search plans one or two)
+_SPLITS_KEPT = 4096  # splits of one tree
+
+
+def _tree(blocks: list[tuple[str, int]] | tuple[tuple[str, int], ...], rows: bool) -> _Tree:
+    """The parsed tree of `blocks` (see _TREES); a list's is parsed and not kept."""
+    if type(blocks) is not tuple:
+        return _Tree(tuple(blocks), _parse(blocks, rows))
+    hit = _TREES.get((id(blocks), rows))
+    if hit is not None and hit.blocks is blocks:
+        return hit
+    tree = _Tree(blocks, _parse(blocks, rows))
+    if len(_TREES) >= _TREES_KEPT:
+        _TREES.clear()
+    _TREES[(id(blocks), rows)] = tree
+    return tree
+
+
+def _forest(blocks: list[tuple[str, int]], rows: bool = True) -> tuple[_Piece, ...]:
+    """The blocks of a piece tree (pre-order; a piece is below the one before it whose name is its prefix); the
+    pieces are never changed after they are parsed (but for the row parts _cut keeps, a function of the piece)."""
+    return _tree(blocks, rows).roots
+
+
+def _parse(blocks, rows: bool) -> tuple[_Piece, ...]:
+    names = [n for n, _ in blocks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"block names repeat: {sorted({n for n in names if names.count(n) > 1})}")
     roots, stack = [], []
     for label, nbytes in blocks:
         piece = _Piece(label, nbytes)
@@ -109,7 +155,7 @@ def _forest(blocks: list[tuple[str, int]], rows: bool = True) -> list[_Piece]:
             piece.held = stack[-1].held
         (stack[-1].children if stack else roots).append(piece)
         stack.append(piece)
-    return roots
+    return tuple(roots)
 
 
 def roots(blocks: list[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -126,12 +172,17 @@ def _cut(piece: _Piece, limit: int, units: list) -> int:
         return 0
     if not piece.children:  # a plain Linear: k chunks of rows, as models/row_split.py cuts it
         k = -(-piece.rows // max(1, limit * piece.rows // piece.nbytes))  # parts of whole rows, none over limit
-        bounds = [piece.rows * i // k for i in range(k + 1)]
-        units.extend((f"{piece.name}.parts.{i}", piece.nbytes * bounds[i + 1] // piece.rows
-                      - piece.nbytes * bounds[i] // piece.rows, piece.held) for i in range(k))
+        parts = piece.parts.get(k)
+        if parts is None:  # (the same k for many limits: the names made once)
+            bounds = [piece.rows * i // k for i in range(k + 1)]
+            parts = piece.parts[k] = [(f"{piece.name}.parts.{i}", piece.nbytes * bounds[i + 1] // piece.rows
+                                       - piece.nbytes * bounds[i] // piece.rows, piece.held) for i in range(k)]
+        units.extend(parts)
         return 0
-    left = piece.nbytes - sum(c.nbytes for c in piece.children)
-    return left + sum(_cut(c, limit, units) for c in piece.children)
+    left = piece.own()
+    for c in piece.children:
+        left += _cut(c, limit, units)
+    return left
 
 
 def split(blocks: list[tuple[str, int]], resident_bytes: int, rows: bool = True) -> Residency:
@@ -140,10 +191,16 @@ def split(blocks: list[tuple[str, int]], resident_bytes: int, rows: bool = True)
     layer is cut by rows (the plan of a quantized or fp8-stored denoiser, whose layers are no plain Linears)."""
     if isinstance(resident_bytes, bool) or not isinstance(resident_bytes, int) or resident_bytes < 0:
         raise ValueError(f"resident_bytes = {resident_bytes!r} must be a whole number of bytes, 0 or more")
-    names = [n for n, _ in blocks]
-    if len(set(names)) != len(names):
-        raise ValueError(f"block names repeat: {sorted({n for n in names if names.count(n) > 1})}")
-    roots = _forest(blocks, rows)
+    tree = _tree(blocks, rows)  # (raises where block names repeat)
+    found = tree.splits.get(resident_bytes)
+    if found is None:
+        if len(tree.splits) >= _SPLITS_KEPT:
+            tree.splits.clear()
+        found = tree.splits[resident_bytes] = _split(tree.roots, resident_bytes)
+    return found
+
+
+def _split(roots: tuple[_Piece, ...], resident_bytes: int) -> Residency:
     total = sum(r.nbytes for r in roots)
     units: list[tuple[str, int, str]] = []
     if resident_bytes >= total:  # everything stays: nothing to cut
@@ -151,28 +208,40 @@ def split(blocks: list[tuple[str, int]], resident_bytes: int, rows: bool = True)
         kept = 0
     else:
         limit = piece_limit(total - resident_bytes)
-        kept = sum(_cut(r, limit, units) for r in roots)
+        kept = 0
+        for r in roots:
+            kept += _cut(r, limit, units)
     left = resident_bytes - kept
-    # largest first, ties in execution order; among held units of one size, the first of each holder before the
-    # second of any, so that what streams of them is spread over the holders (see "Held pieces")
-    rank, seen = [], {}
-    for _, _, held in units:
-        rank.append(seen.get(held, 0) if held else 0)
-        if held:
-            seen[held] = rank[-1] + 1
-    keep = set()
-    for i, (_, nbytes, _) in sorted(enumerate(units), key=lambda ib: (-ib[1][1], rank[ib[0]], ib[0])):
-        if nbytes <= left:
-            keep.add(i)
-            left -= nbytes
-    resident = [(n, b) for i, (n, b, _) in enumerate(units) if i in keep]
-    streamed = [(n, b, h) for i, (n, b, h) in enumerate(units) if i not in keep]
+    sizes = [b for _, b, _ in units]
+    # largest first, ties in execution order (sorted is stable); among held units of one size, the first of each
+    # holder before the second of any, so that what streams of them is spread over the holders (see "Held pieces")
+    if any(h for _, _, h in units):
+        rank, seen = [], {}
+        for _, _, held in units:
+            rank.append(seen.get(held, 0) if held else 0)
+            if held:
+                seen[held] = rank[-1] + 1
+        order = sorted(range(len(units)), key=lambda i: (-sizes[i], rank[i]))
+    else:
+        order = sorted(range(len(units)), key=sizes.__getitem__, reverse=True)
+    keep = [False] * len(units)
+    for i in order:
+        if sizes[i] <= left:
+            keep[i] = True
+            left -= sizes[i]
+    resident_sum, streamed = 0, []
+    for i, unit in enumerate(units):
+        if keep[i]:
+            resident_sum += unit[1]
+        else:
+            streamed.append(unit)
     by_holder: dict[str, int] = {}
     for _, b, h in streamed:
         if h:
             by_holder[h] = by_holder.get(h, 0) + b
-    return Residency(resident=tuple(n for n, _ in resident), streamed=tuple(n for n, _, _ in streamed),
-                     resident_bytes=kept + sum(b for _, b in resident),
+    return Residency(resident=tuple(units[i][0] for i in range(len(units)) if keep[i]),
+                     streamed=tuple(n for n, _, _ in streamed),
+                     resident_bytes=kept + resident_sum,
                      streamed_bytes_per_step=sum(b for _, b, _ in streamed),
                      largest_streamed=max((b for _, b, h in streamed if not h), default=0),
                      held=tuple(n for n, _, h in streamed if h),
