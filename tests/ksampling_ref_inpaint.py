@@ -120,13 +120,16 @@ def _setup(pipe, image, mask, seeds, prompt, width, height, before, cfg):
 
 
 def inpaint(pipe, sampler, levels, strength: float, image, mask, seeds, prompt: str, cfg: float = 7.0,
-            width: int = 64, height: int = 64) -> list[np.ndarray]:
+            width: int = 64, height: int = 64, blend: bool = True) -> list[np.ndarray]:
     """Each image's RGB pixels (ints) of A1111's inpaint with a k-diffusion `sampler` over `levels` (A1111's levels
-    for the job's steps, highest first, then 0)."""
+    for the job's steps, highest first, then 0); `blend` False: with no blend at all (diffusers' inpaint pipeline
+    with an inpainting UNet)."""
     steps = len(levels) - 1
     t_enc = int(min(strength, 0.999) * steps)
     run = [float(s) for s in levels[steps - t_enc - 1:]]
     rng, denoiser, init, nmask = _setup(pipe, image, mask, seeds, prompt, width, height, False, cfg)
+    if not blend:
+        denoiser.nmask = nmask = 1
     x = sampler(denoiser, init + rng.first() * run[0], run, rng)
     return _decode(pipe, x * nmask + init * (1 - nmask), image, mask)
 

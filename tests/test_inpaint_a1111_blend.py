@@ -35,18 +35,20 @@ def session():
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     root = tmp_path_factory.mktemp("blend")
-    return {"init": files.init_image(root / "init.png"), "mask": files.mask_image(root / "mask.png", BOX)}
+    return {"init": files.init_image(root / "init.png"), "mask": files.mask_image(root / "mask.png", BOX),
+            "root": root}
 
 
 _PIPES = {}
 
 
 def pipeline(folder, xl: bool):
+    """The txt2img pipeline of the folder's components (an inpainting UNet's too): the reference's UNet and VAE."""
     from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
 
     if str(folder) not in _PIPES:
         cls = StableDiffusionXLPipeline if xl else StableDiffusionPipeline
-        _PIPES[str(folder)] = cls.from_pretrained(str(folder))
+        _PIPES[str(folder)] = cls.from_pretrained(str(folder), **({} if xl else {"safety_checker": None}))
     return _PIPES[str(folder)]
 
 
@@ -94,3 +96,28 @@ def test_inpaint_blends_each_estimate_as_a1111(session, tmp_path, images, reques
         theirs = inpaint_ref.euler_ancestral_diffusers_blend(pipe, levels(pipe, "uniform", xl), STRENGTH,
                                                              *open_images(images), SEEDS, PROMPT)
         assert worst(got, theirs) > 2
+
+
+@pytest.mark.parametrize("model", ["tiny_path", "tiny_sdxl_path"])
+def test_an_inpainting_unet_blends_as_a1111(session, tmp_path, images, request, model):
+    """A 9-channel UNet (tests/inpaint_files.py) is blended too, as A1111 blends it (diffusers does not blend it)."""
+    xl = model == "tiny_sdxl_path"
+    base = request.getfixturevalue(model)
+    folder = images["root"] / f"inpainting-{model}"
+    if not folder.exists():
+        files.save_folder(files.build_xl(base) if xl else files.build(base), folder)
+    pipe = pipeline(folder, xl)
+    assert pipe.unet.config.in_channels == 9
+    got = made(session, tmp_path, images, folder, sampler="Euler")
+    assert_a1111s(got, reference(pipe, "Euler", images, xl))
+    unblended = inpaint_ref.inpaint(pipe, ref.euler, levels(pipe, "uniform", xl), STRENGTH, *open_images(images),
+                                    SEEDS, PROMPT, blend=False)
+    assert worst(got, unblended) > 2
+
+
+def test_ddim_blends_the_models_input_as_a1111(session, tmp_path, images, tiny_path):
+    """A1111's timestep samplers blend the x each model call is given (its CFGDenoiserTimesteps' mask before
+    denoising), not the estimate."""
+    pipe = pipeline(tiny_path, False)
+    got = made(session, tmp_path, images, tiny_path, sampler="DDIM")
+    assert_a1111s(got, inpaint_ref.inpaint_ddim(pipe, STEPS, STRENGTH, *open_images(images), SEEDS, PROMPT))
