@@ -47,12 +47,13 @@ def latent_mask(mask, width: int, height: int):
 
 
 class Blended(ref.Denoiser):
-    """D(x, sigma) with A1111's blend of its estimate (or, `before`, of the model's input: DDIM, PLMS), and an
-    inpainting UNet's conditioning where the UNet takes 9 channels."""
+    """D(x, sigma) with A1111's blend of its estimate (or, `before`, of the model's input: DDIM, PLMS); an inpainting
+    UNet's conditioning where the UNet takes 9 channels; a ControlNet's residuals where one is given (`control`:
+    (the ControlNetModel, its image as a 1 x 3 x H x W tensor in 0..1), applied at full weight in every call)."""
 
-    def __init__(self, pipe, prompt, init, nmask, conditioning=None, before: bool = False, **options):
+    def __init__(self, pipe, prompt, init, nmask, conditioning=None, before: bool = False, control=None, **options):
         super().__init__(pipe, prompt, **options)
-        self.init, self.nmask, self.conditioning, self.before = init, nmask, conditioning, before
+        self.init, self.nmask, self.conditioning, self.before, self.control = init, nmask, conditioning, before, control
 
     def blend(self, x):
         return x * self.nmask + self.init * (1 - self.nmask)
@@ -60,11 +61,8 @@ class Blended(ref.Denoiser):
     def eps(self, x, t: float):
         if self.before:
             x = self.blend(x)
-        if self.conditioning is None:
-            return super().eps(x, t)
         unet = self.pipe.unet
-        conditioned = _Concat(unet, self.conditioning.repeat(2 * x.shape[0], 1, 1, 1))  # CFG's two halves
-        self.pipe.unet = conditioned
+        self.pipe.unet = _Wrapped(unet, self.conditioning, self.control)
         try:
             return super().eps(x, t)
         finally:
@@ -75,16 +73,27 @@ class Blended(ref.Denoiser):
         return denoised if self.before else self.blend(denoised)
 
 
-class _Concat:
-    """The UNet with the inpainting conditioning joined to its input's channels."""
+class _Wrapped:
+    """The UNet given a ControlNet's residuals for its (4-channel) input, and the inpainting conditioning joined to
+    its input's channels."""
 
-    def __init__(self, unet, conditioning):
-        self.unet, self.conditioning = unet, conditioning
+    def __init__(self, unet, conditioning, control):
+        self.unet, self.conditioning, self.control = unet, conditioning, control
 
-    def __call__(self, x, t, **kwargs):
+    def __call__(self, x, t, encoder_hidden_states=None, added_cond_kwargs=None):
         import torch
 
-        return self.unet(torch.cat([x, self.conditioning.to(x.dtype)], dim=1), t, **kwargs)
+        extra = {}
+        if self.control is not None:
+            net, image = self.control
+            down, mid = net(x, t, encoder_hidden_states=encoder_hidden_states,
+                            controlnet_cond=image.repeat(x.shape[0], 1, 1, 1), conditioning_scale=1.0,
+                            added_cond_kwargs=added_cond_kwargs, return_dict=False)
+            extra = {"down_block_additional_residuals": down, "mid_block_additional_residual": mid}
+        if self.conditioning is not None:
+            x = torch.cat([x, self.conditioning.repeat(x.shape[0], 1, 1, 1).to(x.dtype)], dim=1)
+        return self.unet(x, t, encoder_hidden_states=encoder_hidden_states, added_cond_kwargs=added_cond_kwargs,
+                         **extra)
 
 
 def conditioning(pipe, image, mask, width: int, height: int):
@@ -109,25 +118,25 @@ def _decode(pipe, x, image, mask):
     return [np.round(init * (1 - alpha) + np.round(im * 255) * alpha).astype(int) for im in images]
 
 
-def _setup(pipe, image, mask, seeds, prompt, width, height, before, cfg):
+def _setup(pipe, image, mask, seeds, prompt, width, height, before, cfg, control=None):
     factor = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
     h, w = height // factor, width // factor
     init = init_latents(pipe, image).repeat(len(seeds), 1, 1, 1)
     nmask = latent_mask(mask, w, h)
     extra = conditioning(pipe, image, mask, w, h) if pipe.unet.config.in_channels == 9 else None
-    denoiser = Blended(pipe, prompt, init, nmask, extra, before, cfg=cfg, width=width, height=height)
+    denoiser = Blended(pipe, prompt, init, nmask, extra, before, control, cfg=cfg, width=width, height=height)
     return ref.ImageRNG(seeds, (init.shape[1], h, w)), denoiser, init, nmask
 
 
 def inpaint(pipe, sampler, levels, strength: float, image, mask, seeds, prompt: str, cfg: float = 7.0,
-            width: int = 64, height: int = 64, blend: bool = True) -> list[np.ndarray]:
+            width: int = 64, height: int = 64, blend: bool = True, control=None) -> list[np.ndarray]:
     """Each image's RGB pixels (ints) of A1111's inpaint with a k-diffusion `sampler` over `levels` (A1111's levels
     for the job's steps, highest first, then 0); `blend` False: with no blend at all (diffusers' inpaint pipeline
-    with an inpainting UNet)."""
+    with an inpainting UNet); `control`: a ControlNet (Blended)."""
     steps = len(levels) - 1
     t_enc = int(min(strength, 0.999) * steps)
     run = [float(s) for s in levels[steps - t_enc - 1:]]
-    rng, denoiser, init, nmask = _setup(pipe, image, mask, seeds, prompt, width, height, False, cfg)
+    rng, denoiser, init, nmask = _setup(pipe, image, mask, seeds, prompt, width, height, False, cfg, control)
     if not blend:
         denoiser.nmask = nmask = 1
     x = sampler(denoiser, init + rng.first() * run[0], run, rng)

@@ -15,6 +15,7 @@ from lowvram_gen import GenerationRequest
 from lowvram_gen.a1111 import sigmas as a1111_sigmas
 from lowvram_gen.session import Session
 
+import controlnet_files as files_cn  # tests/controlnet_files.py
 import inpaint_files as files  # tests/inpaint_files.py
 import ksampling_ref as ref
 import ksampling_ref_inpaint as inpaint_ref
@@ -121,3 +122,29 @@ def test_ddim_blends_the_models_input_as_a1111(session, tmp_path, images, tiny_p
     pipe = pipeline(tiny_path, False)
     got = made(session, tmp_path, images, tiny_path, sampler="DDIM")
     assert_a1111s(got, inpaint_ref.inpaint_ddim(pipe, STEPS, STRENGTH, *open_images(images), SEEDS, PROMPT))
+
+
+def test_controlnet_inpaint_blends_as_a1111(session, tmp_path, images, tiny_path):
+    """The ControlNet inpaint pipeline's pass (engines/sd/controlnet.py) is blended by the same hook: a unit at its
+    defaults (full weight in every step) with the tiny SD model, against the reference with the ControlNet's
+    residuals in each UNet call; without the unit the image differs."""
+    import torch
+    from diffusers import ControlNetModel, UNet2DConditionModel
+
+    from lowvram_gen.control.units import ControlNetUnit
+
+    net = files_cn.build(UNet2DConditionModel.from_pretrained(tiny_path, subfolder="unet"), seed=1)
+    folder = files_cn.save_folder(net, images["root"] / "tiny-cn")
+    control = images["root"] / "control.png"
+    square = np.zeros((64, 64, 3), dtype=np.uint8)
+    square[12:44, 20:52] = 255
+    Image.fromarray(square).save(control)
+    pipe = pipeline(tiny_path, False)
+    got = made(session, tmp_path, images, tiny_path, sampler="Euler a",
+               controlnets=(ControlNetUnit(str(folder), str(control)),))
+    hint = torch.from_numpy(square.astype(np.float32) / 255).permute(2, 0, 1)[None]
+    want = inpaint_ref.inpaint(pipe, ref.euler_ancestral, levels(pipe, "uniform", False), STRENGTH,
+                               *open_images(images), SEEDS, PROMPT, control=(ControlNetModel.from_pretrained(folder),
+                                                                             hint))
+    assert_a1111s(got, want)
+    assert worst(got, reference(pipe, "Euler a", images, False)) > 2
