@@ -70,7 +70,7 @@ def test_the_record_names_the_pipeline_and_plain_diffusers_needs_the_workaround(
              height=64, num_inference_steps=1, strength=1.0)
 
 
-def test_cli_inpaint_equals_diffusers_and_takes_our_mask_options(chroma, tmp_path, capsys):
+def test_cli_inpaint_equals_diffusers_and_takes_our_mask_options(chroma, tmp_path, capsys, posterior_mode):
     """A white mask repaints everything: equal to plain diffusers; a box repaints inside and keeps the outside, with
     no mask option, latent noise and only masked (mask_options_act)."""
     init, white, boxed = inpaint_files(tmp_path)
@@ -155,7 +155,7 @@ def test_te_reload_encodes_apart_and_makes_the_same_inpaint(chroma, tmp_path):
     te_reload_equal(lambda **kw: job(chroma, tmp_path, init, boxed, negative_prompt="fog", **kw), tmp_path)
 
 
-def test_the_rest_apis_img2img_with_a_mask_inpaints(chroma, tmp_path):
+def test_the_rest_apis_img2img_with_a_mask_inpaints(chroma, tmp_path, posterior_mode):
     """A1111's img2img body with a mask on Chroma: equal to plain diffusers with a white mask."""
     init, white, _ = inpaint_files(tmp_path)
     ours = pixels(Session(preset="cpu").generate(api_inpaint(tmp_path, chroma, init, white, 4, 4)).images[0])

@@ -70,7 +70,8 @@ def test_the_record_names_the_pipeline_and_the_size_it_renders():
     assert not families.by_key("qwen-image-edit-plus").has_task("inpaint")  # diffusers has none for Edit-Plus
 
 
-def test_cli_inpaint_equals_diffusers_and_takes_our_mask_options(small_refs, qwen_edit, tmp_path, capsys):
+def test_cli_inpaint_equals_diffusers_and_takes_our_mask_options(small_refs, qwen_edit, tmp_path, capsys,
+                                                                 posterior_mode):
     """A white mask repaints everything: equal to plain diffusers; a box repaints inside and keeps the outside."""
     init, white, boxed = inpaint_files(tmp_path)
     common = ["--init", str(init), "--model", qwen_edit, "--width", "64", "--height", "64", "--steps", "2", "--seed",
@@ -139,7 +140,7 @@ def test_out_of_memory_steps_down_a_preset_without_reloading(small_refs, qwen_ed
     assert [(a["width"], a["height"]) for a in result.attempts] == [(SIDE, SIDE)] * 2
 
 
-def test_the_rest_apis_img2img_with_a_mask_inpaints(small_refs, qwen_edit, tmp_path):
+def test_the_rest_apis_img2img_with_a_mask_inpaints(small_refs, qwen_edit, tmp_path, posterior_mode):
     """A1111's img2img body with a mask on Qwen-Image-Edit is an inpaint (not an edit of its init images): equal to
     plain diffusers with a white mask."""
     init, white, _ = inpaint_files(tmp_path)

@@ -78,7 +78,7 @@ def inside(mask_box=BOX, side=SIDE):
     return m
 
 
-def test_inpainting_model_equals_plain_diffusers(inp, session, tmp_path):
+def test_inpainting_model_equals_plain_diffusers(inp, session, tmp_path, posterior_mode):
     """Same seed: our job with the 9-channel model is diffusers' StableDiffusionInpaintPipeline's image inside the
     mask, and the init image outside it (A1111's overlay, which the plain pipeline does not do): pixel-exact, both
     on the CPU in float32 with the same generator and the same embeddings."""
@@ -424,7 +424,7 @@ def test_plan_of_a_single_file_inpainting_model_counts_nine_inputs(inp, tiny_pat
     assert source_profile(resolve(str(tiny_path))).unet_in_channels == 4
 
 
-def test_sdxl_inpainting_model_equals_plain_diffusers(inp, session, tmp_path, tiny_sdxl_path):
+def test_sdxl_inpainting_model_equals_plain_diffusers(inp, session, tmp_path, tiny_sdxl_path, posterior_mode):
     """A 9-channel SDXL UNet (tiny-sdxl's, in_channels 9) as a folder: our job is diffusers'
     StableDiffusionXLInpaintPipeline's image inside the mask and the init image outside it, pixel-exact (CPU,
     float32, the same generator)."""

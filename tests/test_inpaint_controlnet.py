@@ -102,7 +102,7 @@ def reference(model_folder, cn_folder, made, xl=False, **call):
 
 
 @pytest.mark.parametrize("model", ["inpainting", "tiny"])
-def test_inpaint_with_controlnet_equals_plain_diffusers(model, made, session, tmp_path, tiny_path):
+def test_inpaint_with_controlnet_equals_plain_diffusers(model, made, session, tmp_path, tiny_path, posterior_mode):
     """Same seed: our inpaint job with a ControlNet unit (a 9-channel inpainting model, and an ordinary one) is
     diffusers' StableDiffusionControlNetInpaintPipeline's image inside the mask, pixel for pixel (CPU, float32, the same
     generator), the init image outside it; and the ControlNet did something (without it the image differs)."""
@@ -127,7 +127,8 @@ def test_inpaint_with_controlnet_equals_plain_diffusers(model, made, session, tm
     assert 'ControlNet 0: "Module: none, Model: tiny-cn, Weight: 0.7' in text and "Mask blur" not in text
 
 
-def test_sdxl_inpaint_with_controlnet_equals_plain_diffusers(made, session, tmp_path, tiny_sdxl_path):
+def test_sdxl_inpaint_with_controlnet_equals_plain_diffusers(made, session, tmp_path, tiny_sdxl_path,
+                                                            posterior_mode):
     """tiny-sdxl (an ordinary checkpoint) with an SDXL ControlNet: diffusers' StableDiffusionXLControlNetInpaintPipeline's
     image inside the mask, pixel for pixel; the init image outside it."""
     ours = pixels(session.generate(request(made, tmp_path, ControlNetUnit(str(made["xl_cn"]), str(made["control"])),

@@ -4,8 +4,13 @@
 components with the auto-pipelines' `from_pipe`, as pipeline.img2img_pipe makes the img2img one (no weights
 copied, cast or read: DiffusionPipeline.from_pipe would cast every shared model to float32). The same pipeline
 runs both kinds of checkpoint: an inpainting UNet (9 input channels: the latents, the mask and the masked image's
-latents) gets the mask as its input; an ordinary one (4 channels) has the init image's latents, noised to the
-step's level, put back outside the mask after each step, as A1111 does with an ordinary model.
+latents) gets the mask as its input; an ordinary one (4 channels) does not.
+
+Both kinds keep the area outside the mask by A1111's blend (engines/sd/a1111_blend.py, one mechanism on the pass's
+scheduler): each model call's denoised estimate blended with the clean init latents (DDIM, PLMS, UniPC: the model's
+input, as A1111's timestep samplers do), and the final latents once more, in place of diffusers' own (an ordinary
+UNet's latents blended after each step with the init noised to the next level; none for an inpainting UNet). A
+diffusers class named as the sampler runs as plain diffusers does, with diffusers' blend.
 
 `latent_mask` is A1111's latent mask on the UNet families' pipelines: an ordinary UNet's latents are blended with
 the pass's mask resized to the latent size and rounded to 0/1 (the request's `mask_round`, on by default) or kept
@@ -207,11 +212,27 @@ class _Direct:
 
 @contextlib.contextmanager
 def mask_hooks(pipe, request, mask, seeds: list[int], device: str):
-    """The pass's inpaint hooks on `pipe`: the request's masked content and A1111's latent mask (its mask_round)."""
+    """The pass's inpaint hooks on `pipe`: the request's masked content, A1111's latent mask (its mask_round) and,
+    on a UNet pipeline run by an A1111 sampler, A1111's blend (`blends_as_a1111`)."""
+    from lowvram_gen.engines.sd import a1111_blend
+
     rounded = getattr(request, "mask_round", True)
+    a1111 = blends_as_a1111(pipe, request)
+    own = a1111_blend.blend(pipe, lambda like: latent_mask_tensor(mask, like, False, rounded),
+                            getattr(request, "sampler", "") in a1111_blend.INPUT_BLEND) if a1111 \
+        else contextlib.nullcontext()
     with masked_content(pipe, request.masked_content, [mask], seeds, device, rounded), \
-            latent_mask(pipe, mask, rounded):
+            latent_mask(pipe, mask, rounded, blends_itself=not a1111), own:
         yield
+
+
+def blends_as_a1111(pipe, request) -> bool:
+    """Whether the pass blends as A1111 does (engines/sd/a1111_blend.py): a UNet inpaint pipeline run by one of
+    A1111's samplers (or the default); a diffusers class named as the sampler runs as plain diffusers, its blend too."""
+    from lowvram_gen.samplers import AS_DIFFUSERS
+
+    return (getattr(pipe, "unet", None) is not None and hasattr(pipe, "prepare_mask_latents")
+            and getattr(request, "sampler", "default") not in AS_DIFFUSERS)
 
 
 def latent_mask_tensor(mask, like, inpainting: bool, rounded: bool):
@@ -233,9 +254,11 @@ def latent_mask_tensor(mask, like, inpainting: bool, rounded: bool):
 
 
 @contextlib.contextmanager
-def latent_mask(pipe, mask, rounded: bool):
+def latent_mask(pipe, mask, rounded: bool, blends_itself: bool = True):
     """A1111's latent mask (`latent_mask_tensor`) in place of the one a UNet inpaint pipeline's prepare_mask_latents
-    makes from its mask cut at half; a pipeline without a UNet keeps its own (check refuses mask_round off there)."""
+    makes from its mask cut at half; a pipeline without a UNet keeps its own (check refuses mask_round off there).
+    Not `blends_itself` (A1111's blend does it: engines/sd/a1111_blend.py): an ordinary UNet's loop is given a mask of
+    ones, so its own blend after each step keeps the latents as they are (1 * latents + 0 * its noised init)."""
     if getattr(pipe, "unet", None) is None or not hasattr(pipe, "prepare_mask_latents"):
         yield
         return
@@ -244,9 +267,13 @@ def latent_mask(pipe, mask, rounded: bool):
 
     def prepare(*args, **kwargs):
         made, masked_image_latents = original(*args, **kwargs)
+        if not inpainting and not blends_itself:
+            return torch.ones_like(made), masked_image_latents
         if inpainting and rounded:  # diffusers' own: its mask cut at half, sampled nearest, as A1111's rounded one
             return made, masked_image_latents
         return latent_mask_tensor(mask, made, inpainting, rounded), masked_image_latents
+
+    import torch
 
     pipe.prepare_mask_latents = prepare
     try:
