@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from lowvram_gen.hardware.bytesize import GiB
+from lowvram_gen.planning.estimate import rendered_size
 from lowvram_gen.planning.planner import Plan, shared_estimates, storage
 
 CARDS_GIB = (2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 80)
@@ -91,6 +92,9 @@ def plan_nearest(session, request, device, profile, result: Plan, model: str) ->
 
     label = families.by_arch(profile[0].arch).label if profile[0].arch != "custom" else model
     vram, ram = device_gib(device)
+    # the size the family's pipeline renders the job at (HiDream: its native area), which the plan's rows are at: a
+    # row at another size would read as a job made smaller
+    width, height = rendered_size(profile[0], request.width, request.height)
     return nearest(lambda v, r: session.plan(request, session.device(vram=f"{v:g}GiB", ram=f"{r:g}GiB"),
                                              profile=profile),
-                   result, label or model, request.width, request.height, vram, ram)
+                   result, label or model, width, height, vram, ram)
