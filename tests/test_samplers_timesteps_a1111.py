@@ -1,0 +1,140 @@
+"""Issue 31: A1111's timestep samplers (DDIM, PLMS) and its LCM make A1111's image. txt2img where A1111's timesteps
+clip at 999 (3 and 9 steps), img2img with A1111's count and noise level (tests/ksampling_ref_timesteps.py), LCM on
+A1111's noise levels: UNet calls and pixels (max diff <= 2/255) equal the reference on the tiny SD 1.x and SDXL
+models, batch 2 with seeds 5 and 6."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lowvram_gen import GenerationRequest
+from lowvram_gen.session import Session
+
+import ksampling_ref as ref
+import ksampling_ref_timesteps as ref_t
+
+SEEDS = [5, 6]
+PROMPT = "a lighthouse"
+ALGORITHMS = {"DDIM": ref.ddim, "PLMS": ref.plms}
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session()
+
+
+_PIPES = {}
+
+
+def pipeline(folder):
+    from diffusers import AutoPipelineForText2Image
+
+    if str(folder) not in _PIPES:
+        _PIPES[str(folder)] = AutoPipelineForText2Image.from_pretrained(str(folder))
+    return _PIPES[str(folder)]
+
+
+def made(session, tmp_path, monkeypatch, folder, **fields) -> tuple[list[np.ndarray], int]:
+    """The job's images and the number of UNet calls it made (the UNet's forward counted on its class)."""
+    from diffusers import UNet2DConditionModel
+
+    calls = []
+    forward = UNet2DConditionModel.forward
+    monkeypatch.setattr(UNet2DConditionModel, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    result = session.generate(GenerationRequest(prompt=PROMPT, model=str(folder), outdir=str(tmp_path), width=64,
+                                                height=64, cfg_scale=7.0, seed=SEEDS[0], batch_size=len(SEEDS),
+                                                **fields))
+    monkeypatch.undo()
+    return [np.asarray(Image.open(path).convert("RGB")).astype(int) for path in result.images], len(calls)
+
+
+def assert_equal(got, want):
+    for ours, theirs in zip(got, want, strict=True):
+        worst = int(np.abs(ours - theirs).max())
+        assert worst <= 2, f"max diff {worst}/255"
+    assert np.abs(got[0] - got[1]).max() > 10  # two seeds, two images: the comparison can fail
+
+
+def init_image(tmp_path):
+    path = tmp_path / "init.png"
+    gradient = np.linspace(0, 255, 64 * 64 * 3).reshape(64, 64, 3).astype(np.uint8)
+    Image.fromarray(gradient).save(path)
+    return path
+
+
+@pytest.mark.parametrize("model, sampler, steps", [("tiny_path", "DDIM", 3), ("tiny_sdxl_path", "PLMS", 3),
+                                                   ("tiny_sdxl_path", "DDIM", 9), ("tiny_path", "PLMS", 9)])
+def test_clipped_timesteps_run_a1111s_steps(session, tmp_path, monkeypatch, request, model, sampler, steps):
+    """3 steps: timesteps 1, 334, 667 and 1000 clipped to 999, so the first step is 999 -> 667 (332, not 333): 3
+    DDIM calls, PLMS one more (its warm-up)."""
+    folder = request.getfixturevalue(model)
+    pipe = pipeline(folder)
+    timesteps = ref.a1111_timesteps(steps)
+    assert timesteps[-1] == 999 and len(timesteps) == steps + 1
+    want, ref_calls = ref.txt2img_timesteps(pipe, ALGORITHMS[sampler], timesteps, SEEDS, PROMPT)
+    got, calls = made(session, tmp_path, monkeypatch, folder, sampler=sampler, steps=steps)
+    assert ref_calls == calls == steps + (sampler == "PLMS")
+    assert_equal(got, want)
+
+
+@pytest.mark.parametrize("model, sampler, steps, strength, calls", [
+    ("tiny_path", "DDIM", 6, 0.6, 2), ("tiny_sdxl_path", "DDIM", 5, 0.8, 3), ("tiny_path", "PLMS", 6, 0.5, 3),
+    ("tiny_sdxl_path", "PLMS", 3, 0.75, 2)])
+def test_img2img_runs_a1111s_count_from_a1111s_level(session, tmp_path, monkeypatch, request, posterior_mode, model,
+                                                     sampler, steps, strength, calls):
+    """t_enc = int(strength * steps) (6 at 0.6: 3): the init noised to timestep t_enc, then t_enc - 1 DDIM calls
+    (PLMS t_enc, its warm-up) through the timesteps below it."""
+    folder = request.getfixturevalue(model)
+    pipe = pipeline(folder)
+    init = init_image(tmp_path)
+    schedule, t_enc = ref_t.img2img_steps(steps, strength)
+    want, ref_calls = ref_t.img2img_timesteps(pipe, ALGORITHMS[sampler], schedule, t_enc,
+                                              ref_t.init_latents(pipe, Image.open(init).convert("RGB")), SEEDS, PROMPT)
+    got, app_calls = made(session, tmp_path, monkeypatch, folder, sampler=sampler, steps=steps, init_image=str(init),
+                          strength=strength)
+    assert ref_calls == app_calls == calls
+    assert_equal(got, want)
+
+
+def test_img2img_fix_steps_runs_the_explicit_count_rule(session, tmp_path, monkeypatch, posterior_mode, tiny_path):
+    """A1111's img2img_fix_steps (as hires fix's explicit steps): 4 steps at 0.5 is a schedule of int(4 / 0.5) = 8
+    with t_enc = 4 - 1 = 3: DDIM runs 2 calls."""
+    pipe = pipeline(tiny_path)
+    init = init_image(tmp_path)
+    schedule, t_enc = ref_t.img2img_steps(4, 0.5, explicit=4)
+    assert (schedule, t_enc) == (8, 3)
+    want, ref_calls = ref_t.img2img_timesteps(pipe, ref.ddim, schedule, t_enc,
+                                              ref_t.init_latents(pipe, Image.open(init).convert("RGB")), SEEDS, PROMPT)
+    got, app_calls = made(session, tmp_path, monkeypatch, tiny_path, sampler="DDIM", steps=4, init_image=str(init),
+                          strength=0.5, img2img_fix_steps=True)
+    assert ref_calls == app_calls == 2
+    assert_equal(got, want)
+
+
+def test_img2img_with_no_a1111_step_gives_the_noised_init(session, tmp_path, monkeypatch, posterior_mode, tiny_path):
+    """4 steps at 0.3: t_enc = 1, so A1111's DDIM steps nowhere and returns the init noised to timestep 251; the
+    pipeline needs a call, which steps in place."""
+    pipe = pipeline(tiny_path)
+    init = init_image(tmp_path)
+    want, ref_calls = ref_t.img2img_timesteps(pipe, ref.ddim, 4, 1,
+                                              ref_t.init_latents(pipe, Image.open(init).convert("RGB")), SEEDS, PROMPT)
+    got, app_calls = made(session, tmp_path, monkeypatch, tiny_path, sampler="DDIM", steps=4, init_image=str(init),
+                          strength=0.3)
+    assert (ref_calls, app_calls) == (0, 1)
+    assert_equal(got, want)
+
+
+@pytest.mark.parametrize("steps, sampler, calls", [(3, "DDIM", [999, 667, 334]), (3, "PLMS", [999, 667, 667, 334]),
+                                                   (9, "DDIM", [999] + list(range(889, 1, -111))),
+                                                   (4, "PLMS", [751, 501, 501, 251])])
+def test_the_scheduler_calls_the_unet_at_a1111s_timesteps(steps, sampler, calls):
+    from diffusers import DDIMScheduler
+
+    from lowvram_gen.samplers import make_scheduler
+
+    config = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear").config
+    scheduler = make_scheduler(sampler, config)
+    scheduler.set_timesteps(steps)
+    assert scheduler.timesteps.tolist() == calls
