@@ -143,7 +143,8 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
     from lowvram_gen.a1111 import sigmas
 
     kind = "uniform" if schedule_type == AUTOMATIC else schedule_type
-    alphas = scheduler.alphas_cumprod.double().cpu().numpy()
+    # the model's levels: its alphas_cumprod (LCM's: those of the 50 timesteps it is distilled on, ksamplers/lcm.py)
+    alphas = getattr(scheduler, "level_alphas", scheduler.alphas_cumprod).double().cpu().numpy()
     own = type(scheduler).set_timesteps
     takes = _takes(type(scheduler))
     door = getattr(type(scheduler), "set_levels", None)  # lowvram_gen.ksamplers' classes take the levels as they are

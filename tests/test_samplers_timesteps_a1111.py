@@ -138,3 +138,78 @@ def test_the_scheduler_calls_the_unet_at_a1111s_timesteps(steps, sampler, calls)
     scheduler = make_scheduler(sampler, config)
     scheduler.set_timesteps(steps)
     assert scheduler.timesteps.tolist() == calls
+
+
+@pytest.mark.parametrize("model, schedule, steps", [("tiny_path", "automatic", 4), ("tiny_sdxl_path", "karras", 3),
+                                                    ("tiny_sdxl_path", "automatic", 5)])
+def test_lcm_is_a1111s_on_its_50_levels(session, tmp_path, monkeypatch, request, model, schedule, steps):
+    """A1111's LCM: k-diffusion's sample_lcm on the LCM denoiser's 50 levels (Automatic: Uniform on them), one
+    call a level, the next level's noise from each image's generator."""
+    folder = request.getfixturevalue(model)
+    pipe = pipeline(folder)
+    want, ref_calls = ref_t.lcm_txt2img(pipe, "uniform" if schedule == "automatic" else schedule, steps, SEEDS,
+                                        PROMPT)
+    got, calls = made(session, tmp_path, monkeypatch, folder, sampler="LCM", schedule_type=schedule, steps=steps)
+    assert ref_calls == calls == steps
+    assert_equal(got, want)
+
+
+@pytest.mark.parametrize("model", ["tiny_path", "tiny_sdxl_path"])
+def test_lcm_img2img_runs_a1111s_tail(session, tmp_path, monkeypatch, request, posterior_mode, model):
+    """6 steps at 0.5: the last int(0.5 * 6) + 1 = 4 of the levels, from the init plus the first of them times the
+    seed's noise."""
+    folder = request.getfixturevalue(model)
+    pipe = pipeline(folder)
+    init = init_image(tmp_path)
+    want, ref_calls = ref_t.lcm_img2img(pipe, "uniform", 6, 0.5,
+                                        ref_t.init_latents(pipe, Image.open(init).convert("RGB")), SEEDS, PROMPT)
+    got, calls = made(session, tmp_path, monkeypatch, folder, sampler="LCM", steps=6, init_image=str(init),
+                      strength=0.5)
+    assert ref_calls == calls == 4
+    assert_equal(got, want)
+
+
+def test_lcm_step_noise_is_each_images_own_and_the_nv_sources():
+    """The step noise is diffusers' randn_tensor with the pipeline's per-image generators, drawn through the
+    stepper's module, so `--rng nv` replaces it: with a zero model from 0 latents, the first step's result is the
+    next level times each image's own first draw."""
+    import torch
+
+    from lowvram_gen.engines.sd import rng_source
+    from lowvram_gen.ksamplers import lcm, stepper
+    from lowvram_gen.rng import NV, Philox
+
+    def stepped(seeds, source=None):
+        scheduler = lcm.LCMKDiffusionScheduler()
+        scheduler.set_timesteps(3)
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        x = torch.zeros(len(seeds), 4, 8, 8)
+        with rng_source.drawing(source, scheduler):
+            assert (stepper.randn_tensor is rng_source.randn_tensor) == (source == NV)
+            x = scheduler.step(torch.zeros_like(x), scheduler.timesteps[0], x, generator=generators).prev_sample
+        return x / scheduler.levels[1]
+
+    nv = stepped([5, 6], NV)
+    for image, seed in zip(nv, (5, 6)):
+        assert torch.allclose(image, torch.from_numpy(Philox(seed).randn((1, 4, 8, 8)))[0], atol=1e-5)
+    cpu = stepped([5, 6], "cpu")
+    assert torch.allclose(cpu[0], torch.randn((1, 4, 8, 8), generator=torch.Generator().manual_seed(5))[0], atol=1e-5)
+    assert not torch.equal(stepped([5, 7], "cpu")[1], cpu[1])
+
+
+def test_diffusers_lcm_stays_askable_by_its_class_name():
+    from diffusers import DDIMScheduler, LCMScheduler
+
+    from lowvram_gen.samplers import build_scheduler, split_sampler
+
+    config = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear").config
+    assert split_sampler("LCMScheduler") == ("LCMScheduler", None)
+    assert type(build_scheduler("LCMScheduler", "automatic", DDIMScheduler.from_config(config))[0]) is LCMScheduler
+
+
+def test_an_a1111_lcm_png_reruns_with_no_unused_note(tmp_path, capsys):
+    from a1111_png import rerun_with_no_unused_note
+
+    out = rerun_with_no_unused_note("a fox\nSteps: 3, Sampler: LCM, Schedule type: Karras, CFG scale: 2, Seed: 5, "
+                                    "Size: 64x64, Model: tiny, Version: v1.10.1", (64, 64), tmp_path, capsys)
+    assert (out["sampler"], out["schedule_type"]) == ("LCM", "karras")
