@@ -47,6 +47,8 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "DPM adaptive": ("DPMSolverAdaptiveScheduler", {}),
 }
 DEFAULT = "default"
+# offered under a short name but diffusers' own, not an A1111 sampler (A1111 has no DDPM): the API and UI say so
+NOT_A1111 = {"DDPM"}
 # the classes of SAMPLERS that are lowvram_gen's own (diffusers has none): class name -> its module
 OWN = {"DPMPP2SAncestralScheduler": "lowvram_gen.ksamplers.dpmpp_2s_ancestral",
        "DPMSolverMultistepSDEScheduler": "lowvram_gen.ksamplers.dpm_solver_sde",
