@@ -57,7 +57,8 @@ OWN = {"DPMPP2SAncestralScheduler": "lowvram_gen.ksamplers.dpmpp_2s_ancestral",
        "LCMKDiffusionScheduler": "lowvram_gen.ksamplers.lcm"}
 # those of them that run a k-diffusion sampler written as a generator (ksamplers/stepper.py): sigma schedulers whose
 # calls per level are their own (not in SIGMA_CLASSES)
-KSAMPLERS = {"RestartScheduler", "DPMSolverFastScheduler", "DPMSolverAdaptiveScheduler", "LCMKDiffusionScheduler"}
+KSAMPLERS = {"RestartScheduler", "DPMSolverFastScheduler", "DPMSolverAdaptiveScheduler",
+             "LCMKDiffusionScheduler"}
 # A1111 1.9+'s "Automatic" schedule type of a sampler where it is not Uniform (its sd_samplers_kdiffusion.py):
 # a PNG that says `Schedule type: Automatic` means this one, and ours says Uniform where that is what ran
 A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
@@ -81,7 +82,8 @@ _BY_KEY = {_key(name): name for name in SAMPLERS}
 # a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
 # diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
 # (diffusers' deterministic DPM++ 2S too, which "DPM++ 2S a" ran before issue 31)
-AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN) | {"DPMSolverSinglestepScheduler", "LCMScheduler"})
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN)
+                      | {"DPMSolverSinglestepScheduler", "LCMScheduler"})
 _AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 

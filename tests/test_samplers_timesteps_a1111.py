@@ -10,51 +10,13 @@ import pytest
 from PIL import Image
 
 from lowvram_gen import GenerationRequest
-from lowvram_gen.session import Session
 
 import ksampling_ref as ref
 import ksampling_ref_timesteps as ref_t
+from test_samplers_a1111_images import SEEDS, assert_equal, made, pipeline, session  # noqa: F401 (a fixture)
 
-SEEDS = [5, 6]
-PROMPT = "a lighthouse"
+PROMPT = "a lighthouse"  # the prompt and seeds of test_samplers_a1111_images' helpers
 ALGORITHMS = {"DDIM": ref.ddim, "PLMS": ref.plms}
-
-
-@pytest.fixture(scope="module")
-def session():
-    return Session()
-
-
-_PIPES = {}
-
-
-def pipeline(folder):
-    from diffusers import AutoPipelineForText2Image
-
-    if str(folder) not in _PIPES:
-        _PIPES[str(folder)] = AutoPipelineForText2Image.from_pretrained(str(folder))
-    return _PIPES[str(folder)]
-
-
-def made(session, tmp_path, monkeypatch, folder, **fields) -> tuple[list[np.ndarray], int]:
-    """The job's images and the number of UNet calls it made (the UNet's forward counted on its class)."""
-    from diffusers import UNet2DConditionModel
-
-    calls = []
-    forward = UNet2DConditionModel.forward
-    monkeypatch.setattr(UNet2DConditionModel, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
-    result = session.generate(GenerationRequest(prompt=PROMPT, model=str(folder), outdir=str(tmp_path), width=64,
-                                                height=64, cfg_scale=7.0, seed=SEEDS[0], batch_size=len(SEEDS),
-                                                **fields))
-    monkeypatch.undo()
-    return [np.asarray(Image.open(path).convert("RGB")).astype(int) for path in result.images], len(calls)
-
-
-def assert_equal(got, want):
-    for ours, theirs in zip(got, want, strict=True):
-        worst = int(np.abs(ours - theirs).max())
-        assert worst <= 2, f"max diff {worst}/255"
-    assert np.abs(got[0] - got[1]).max() > 10  # two seeds, two images: the comparison can fail
 
 
 def init_image(tmp_path):
@@ -110,6 +72,23 @@ def test_img2img_fix_steps_runs_the_explicit_count_rule(session, tmp_path, monke
                           strength=0.5, img2img_fix_steps=True)
     assert ref_calls == app_calls == 2
     assert_equal(got, want)
+
+
+def test_hires_second_pass_runs_a1111s_count(session, tmp_path, monkeypatch, tiny_path):
+    """Hires fix's explicit steps: 4 at 0.5 is a schedule of 8 with t_enc 3, so DDIM's second pass makes 2 calls (its
+    first pass of 4 steps 3), PLMS's 3 (and 4)."""
+    from diffusers import UNet2DConditionModel
+
+    for sampler, want in (("DDIM", [8] * 3 + [16] * 2), ("PLMS", [8] * 4 + [16] * 3)):
+        calls = []
+        forward = UNet2DConditionModel.forward
+        monkeypatch.setattr(UNet2DConditionModel, "forward",
+                            lambda self, *a, **k: calls.append(a[0].shape[-1]) or forward(self, *a, **k))
+        session.generate(GenerationRequest(prompt=PROMPT, model=str(tiny_path), outdir=str(tmp_path), width=64,
+                                           height=64, steps=4, sampler=sampler, hires_scale=2, hires_steps=4,
+                                           hires_denoise=0.5))
+        monkeypatch.undo()
+        assert calls == want, sampler
 
 
 def test_img2img_with_no_a1111_step_gives_the_noised_init(session, tmp_path, monkeypatch, posterior_mode, tiny_path):
