@@ -40,21 +40,25 @@ SAMPLERS: dict[str, tuple[str, dict]] = {
     "DDIM": ("DDIMScheduler", {}),
     "PLMS": ("PNDMScheduler", {"skip_prk_steps": True}),  # A1111's PLMS has no Runge-Kutta warm-up steps
     "UniPC": ("UniPCMultistepScheduler", {"solver_type": "bh1", "solver_order": 3}),  # A1111's uni_pc_* defaults
-    "LCM": ("LCMScheduler", {}),
+    "LCM": ("LCMKDiffusionScheduler", {}),  # ours (ksamplers/): A1111's is k-diffusion's, not diffusers'
     "DDPM": ("DDPMScheduler", {}),
     "Restart": ("RestartScheduler", {}),
     "DPM fast": ("DPMSolverFastScheduler", {}),
     "DPM adaptive": ("DPMSolverAdaptiveScheduler", {}),
 }
 DEFAULT = "default"
+# offered under a short name but diffusers' own, not an A1111 sampler (A1111 has no DDPM): the API and UI say so
+NOT_A1111 = {"DDPM"}
 # the classes of SAMPLERS that are lowvram_gen's own (diffusers has none): class name -> its module
 OWN = {"DPMPP2SAncestralScheduler": "lowvram_gen.ksamplers.dpmpp_2s_ancestral",
        "DPMSolverMultistepSDEScheduler": "lowvram_gen.ksamplers.dpm_solver_sde",
        "RestartScheduler": "lowvram_gen.ksamplers.restart", "DPMSolverFastScheduler": "lowvram_gen.ksamplers.dpm_solver",
-       "DPMSolverAdaptiveScheduler": "lowvram_gen.ksamplers.dpm_solver"}
+       "DPMSolverAdaptiveScheduler": "lowvram_gen.ksamplers.dpm_solver",
+       "LCMKDiffusionScheduler": "lowvram_gen.ksamplers.lcm"}
 # those of them that run a k-diffusion sampler written as a generator (ksamplers/stepper.py): sigma schedulers whose
 # calls per level are their own (not in SIGMA_CLASSES)
-KSAMPLERS = {"RestartScheduler", "DPMSolverFastScheduler", "DPMSolverAdaptiveScheduler"}
+KSAMPLERS = {"RestartScheduler", "DPMSolverFastScheduler", "DPMSolverAdaptiveScheduler",
+             "LCMKDiffusionScheduler"}
 # A1111 1.9+'s "Automatic" schedule type of a sampler where it is not Uniform (its sd_samplers_kdiffusion.py):
 # a PNG that says `Schedule type: Automatic` means this one, and ours says Uniform where that is what ran
 A1111_AUTOMATIC = {"DPM++ 2M": "karras", "DPM++ SDE": "karras", "DPM++ 2M SDE": "exponential",
@@ -78,7 +82,8 @@ _BY_KEY = {_key(name): name for name in SAMPLERS}
 # a diffusers class named as the sampler ("EulerDiscreteScheduler"): that class on the model folder's config as plain
 # diffusers runs it (its own timestep spacing, schedule types as config keys: `schedules.overrides`), not A1111's
 # (diffusers' deterministic DPM++ 2S too, which "DPM++ 2S a" ran before issue 31)
-AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN) | {"DPMSolverSinglestepScheduler"})
+AS_DIFFUSERS = sorted({cls for cls, _ in SAMPLERS.values()} - set(OWN)
+                      | {"DPMSolverSinglestepScheduler", "LCMScheduler"})
 _AS_DIFFUSERS_BY_KEY = {_key(name): name for name in AS_DIFFUSERS}
 _REFUSED_BY_KEY = {_key(name): name for name in REFUSED}
 
@@ -143,7 +148,7 @@ SIGMA_CLASSES = {"EulerDiscreteScheduler": False, "EulerAncestralDiscreteSchedul
                  "DPMSolverMultistepSDEScheduler": False}
 # A1111's samplers that step through timesteps of their own (its sd_samplers_timesteps.py; UniPC's class takes levels
 # too): their Automatic is the class's own schedule (UniPC's: A1111's times, OWN_TIMES)
-TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "LCM", "DDPM"}
+TIMESTEP_SAMPLERS = {"DDIM", "PLMS", "UniPC", "DDPM"}
 # those of them whose A1111 times are handed to the class (UniPC: bh1 cannot step to a level of 0): Automatic only
 OWN_TIMES = {"UniPC"}
 # diffusers' DPM-Solver steps its last step (its last two below 15 steps) at first order and wherever its config's

@@ -143,7 +143,8 @@ def hand_over(scheduler, schedule_type: str, *, interleaved: bool, discard_penul
     from lowvram_gen.a1111 import sigmas
 
     kind = "uniform" if schedule_type == AUTOMATIC else schedule_type
-    alphas = scheduler.alphas_cumprod.double().cpu().numpy()
+    # the model's levels: its alphas_cumprod (LCM's: those of the 50 timesteps it is distilled on, ksamplers/lcm.py)
+    alphas = getattr(scheduler, "level_alphas", scheduler.alphas_cumprod).double().cpu().numpy()
     own = type(scheduler).set_timesteps
     takes = _takes(type(scheduler))
     door = getattr(type(scheduler), "set_levels", None)  # lowvram_gen.ksamplers' classes take the levels as they are
@@ -189,19 +190,44 @@ def a1111_timesteps(steps: int, train_steps: int = 1000) -> list[int]:
     return [min(1 + k, train_steps - 1) for k in range(0, train_steps, stride)][::-1]
 
 
+def a1111_calls(timesteps: list[int], plms: bool) -> list[tuple[int, int, int]]:
+    """A1111's DDIM/PLMS steps through `timesteps` (highest first; its txt2img list, or img2img's first t_enc of
+    them): (the timestep the UNet is given, the level the step starts from, the one it ends at) per UNet call. DDIM
+    steps from each to the next down (one call fewer than timesteps); PLMS's first step takes one more call, its
+    warm-up at the next timestep down (the lowest one's, for a single step)."""
+    moves = [(t, t, down) for t, down in zip(timesteps, timesteps[1:])]
+    if plms and moves:
+        return moves[:1] + [(moves[0][2], *moves[0][1:])] + moves[1:]
+    return moves
+
+
+IMG2IMG = "_a1111_img2img"  # an img2img pass's t_enc, for the next set_timesteps (`pass_of`)
+
+
+def pass_of(scheduler, plan):
+    """The img2img pass `plan` (img2img_steps.PassSteps: A1111's schedule and the steps a k-diffusion sampler runs
+    of it) as `scheduler` runs it: a scheduler handed A1111's timesteps (`hand_over_timesteps`) runs A1111's DDIM/PLMS
+    count of it (its `a1111_pass`), any other the plan as it is."""
+    door = getattr(scheduler, "a1111_pass", None)
+    return plan if door is None or plan.run <= 0 else door(plan)
+
+
 def hand_over_timesteps(scheduler):
     """Make a DDIM or PLMS scheduler (diffusers' DDIMScheduler, PNDMScheduler with skip_prk_steps) step through
     A1111's timesteps (`a1111_timesteps`) for whatever step count it is set to; returns it.
 
-    The class steps back from each timestep by T // steps, which is A1111's next one down: the class is set to the
-    step count as it is and given A1111's timesteps but the last, where the last step ends. PLMS's warm-up (the next
-    timestep's prediction averaged in: one more call) is the class's repeated second timestep, as diffusers' own list
-    has it (for one step: the lowest timestep, where A1111's warm-up looks). Where A1111 clips its highest timestep to T - 1 (T // steps divides T - 1: 3, 9, 27, 37 steps...), its next
-    one down is one higher than the class steps to (PLMS's warm-up would look one past T): those counts keep the
-    class's own timesteps (one more call, ending at 0)."""
+    A1111's timesteps are 1 + k * (T // steps), the top one clipped to T - 1 (3, 9, 27, 37 steps...), so a step
+    may be shorter than the T // steps the class steps back by: each step runs the class's own update on a two-entry
+    table of alphas_cumprod, the level A1111 steps from and the one it steps to (`a1111_calls`). img2img (A1111's
+    sample_img2img): `a1111_pass` takes the pass's t_enc; the steps are the first t_enc timesteps, from the init
+    noised to timestep t_enc (one above the first call's: `add_noise` is given that level); the pipeline is handed
+    the schedule's length with the calls as the tail of its timesteps. Where A1111 makes no call (t_enc <= 1: the
+    init comes back noised), one call steps in place (a step from a level to itself), for the same image."""
+    import dataclasses
+
     import torch
 
-    own = type(scheduler).set_timesteps
+    own_set, own_step, own_noise = (getattr(type(scheduler), name) for name in ("set_timesteps", "step", "add_noise"))
     train = scheduler.config.num_train_timesteps
     plms = type(scheduler).__name__ == "PNDMScheduler"
     # A1111's DDIM takes the predicted x0 as it is: diffusers' DDIM clips it to [-1, 1] by default (a folder whose
@@ -210,13 +236,45 @@ def hand_over_timesteps(scheduler):
                                     if key in _takes(type(scheduler))})
 
     def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
-        own(self, num_inference_steps, device=device, **kwargs)
+        own_set(self, num_inference_steps, device=device, **kwargs)  # the class's own state (PLMS's counter)
         every = a1111_timesteps(int(num_inference_steps), train)
-        if (every[0] - 1) % (train // int(num_inference_steps)):  # clipped by A1111: the class's own
-            return
-        # PLMS: its warm-up's second call at the next timestep down (the lowest one, for a single step)
-        calls = every[:2] + every[1:-1] if plms else every[:-1]
-        self.timesteps = torch.tensor(calls, dtype=torch.int64, device=device)
+        t_enc = self.__dict__.pop(IMG2IMG, None)
+        steps = a1111_calls(every if t_enc is None else every[len(every) - t_enc:], plms)
+        noised = None if t_enc is None else every[len(every) - t_enc - 1]
+        if t_enc is not None and not steps:  # A1111 steps nowhere (t_enc <= 1): the noised init, by a step in place
+            steps = [(noised, noised, noised)]
+        calls = [t for t, _, _ in steps]
+        # img2img: the pipeline runs the tail of a list of the schedule's length (the rest never runs)
+        filler = [] if t_enc is None else [noised] * (int(num_inference_steps) - len(calls))
+        self.timesteps = torch.tensor(filler + calls, dtype=torch.int64, device=device)
+        self._a1111_steps = {"steps": steps, "done": 0, "noised": None if not calls else (calls[0], noised)}
 
-    scheduler.set_timesteps = types.MethodType(set_timesteps, scheduler)
+    def step(self, model_output, timestep, sample, *args, **kwargs):
+        state = self._a1111_steps
+        _, start, end = state["steps"][state["done"]]
+        state["done"] += 1
+        table, count = self.alphas_cumprod, self.num_inference_steps
+        # the class steps from timestep 1 back by T // T = 1 (PLMS's warm-up adds the step to its timestep: 0)
+        self.alphas_cumprod, self.num_inference_steps = torch.stack([table[end], table[start]]), train
+        try:
+            return own_step(self, model_output, 0 if plms and self.counter == 1 else 1, sample, *args, **kwargs)
+        finally:
+            self.alphas_cumprod, self.num_inference_steps = table, count
+
+    def add_noise(self, original_samples, noise, timesteps):
+        first = getattr(self, "_a1111_steps", {}).get("noised")
+        if first is not None:  # A1111 noises the init to the timestep above its first call
+            timesteps = torch.where(timesteps == first[0], torch.full_like(timesteps, first[1]), timesteps)
+        return own_noise(self, original_samples, noise, timesteps)
+
+    def a1111_pass(self, plan):
+        t_enc = plan.run - 1  # A1111's sample_img2img: setup_img2img_steps' t_enc (k-diffusion runs t_enc + 1)
+        # where A1111 makes no call (t_enc <= 1) the pipeline still needs one: a step in place (`set_timesteps`)
+        calls = max(len(a1111_calls(list(range(t_enc)), plms)), 1)
+        self.__dict__[IMG2IMG] = t_enc
+        return dataclasses.replace(plan, run=calls)
+
+    for name, method in (("set_timesteps", set_timesteps), ("step", step), ("add_noise", add_noise),
+                         ("a1111_pass", a1111_pass)):  # bound to the scheduler (a copy binds to the copy)
+        setattr(scheduler, name, types.MethodType(method, scheduler))
     return scheduler

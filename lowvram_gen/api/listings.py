@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lowvram_gen.models.discover import model_choices
 from lowvram_gen.models.tiny import TINY_MODELS
-from lowvram_gen.samplers import DEFAULT, SAMPLERS, check_installed
+from lowvram_gen.samplers import DEFAULT, NOT_A1111, SAMPLERS, check_installed
 from lowvram_gen.schedules import SCHEDULE_TYPES
 
 
@@ -77,7 +77,8 @@ def samplers() -> list[dict]:
         except Exception:  # noqa: BLE001 - its package is missing: a request for it is refused, so not listed
             continue
         cls = SAMPLERS[name][0] if name in SAMPLERS else "DPMSolverMultistepScheduler (SD, SDXL) or the model's own"
-        out.append({"name": name, "aliases": [], "options": {"diffusers_scheduler": cls}})
+        out.append({"name": name, "aliases": [], "options": {"diffusers_scheduler": cls,
+                                                             "a1111": name not in NOT_A1111}})
     return out
 
 

@@ -30,7 +30,7 @@ import gradio as gr
 from lowvram_gen.control.resize import INIT_RESIZE
 from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_SKIP, MAX_HIRES_SCALE, MAX_STEPS,
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
-from lowvram_gen.samplers import DEFAULT, SAMPLERS
+from lowvram_gen.samplers import DEFAULT, NOT_A1111, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
 from lowvram_gen.ui import controlnet, family_defaults, live, pickers, results, sendto
 from lowvram_gen.ui.context import GPU, TabContext
@@ -126,7 +126,8 @@ class SdForm:
                 self.random = gr.Button("🎲 random", size="sm", elem_id=f"{prefix}random-seed")
             c["seed_extra"] = gr.Checkbox(False, label="Extra", elem_id=self._id("seed-extra"))
             c["sampler"] = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULTS.sampler, label="Sampler",
-                                       info="default: DPM++ 2M for SD/SDXL (A1111's); the model's own for SD3, Flux",
+                                       info="default: DPM++ 2M for SD/SDXL (A1111's); the model's own for SD3, Flux; "
+                                            + ", ".join(sorted(NOT_A1111)) + ": diffusers' own, not A1111's",
                                        elem_id=self._id("sampler"))
             c["schedule_type"] = ScheduleType(self._id("schedule-type"), DEFAULTS.schedule_type)
         c.update(zip(sendto.EXTRA_SEED[1:], seed_extras(c["seed_extra"], prefix, DEFAULTS)))

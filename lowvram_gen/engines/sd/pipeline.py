@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from lowvram_gen import families, img2img_steps
+from lowvram_gen import families, img2img_steps, schedules
 from lowvram_gen.engines.sd import controlnet, edit, inpaint, latent_resize, posterior, rng_source
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
@@ -720,6 +720,7 @@ def _img2img_schedule(i2i, step: Pass) -> tuple[int, float]:
     longest = getattr(i2i.scheduler.config, "num_train_timesteps", None) or img2img_steps.LONGEST
     plan = img2img_steps.pass_steps(step.request.steps, step.strength, step.steps,
                                     step.request.img2img_fix_steps, longest)
+    plan = schedules.pass_of(i2i.scheduler, plan)  # A1111's DDIM/PLMS run their own count of it
     return plan.schedule, plan.strength(counts)
 
 
