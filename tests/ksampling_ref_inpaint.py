@@ -145,14 +145,15 @@ def inpaint(pipe, sampler, levels, strength: float, image, mask, seeds, prompt: 
 
 def inpaint_ddim(pipe, steps: int, strength: float, image, mask, seeds, prompt: str, cfg: float = 7.0,
                  width: int = 64, height: int = 64) -> list[np.ndarray]:
-    """A1111's inpaint with DDIM (eta 0): the pass steps from A1111's timestep int(strength * steps) (lowest
-    first) down to the lowest, the model's input blended before each call."""
+    """A1111's inpaint with DDIM (eta 0): the init noised to A1111's timestep t_enc = int(strength * steps) (lowest
+    first), then DDIM through the t_enc timesteps below it (A1111's timesteps[:t_enc]: t_enc - 1 calls), the model's
+    input blended before each call."""
     timesteps = ref.a1111_timesteps(steps)
     t_enc = int(min(strength, 0.999) * steps)
     alphas = pipe.scheduler.alphas_cumprod.double().numpy()
     rng, denoiser, init, nmask = _setup(pipe, image, mask, seeds, prompt, width, height, True, cfg)
     a = float(alphas[timesteps[t_enc]])
-    x = ref.ddim(denoiser, init * a ** 0.5 + rng.first() * (1 - a) ** 0.5, timesteps[:t_enc + 1], rng, alphas=alphas)
+    x = ref.ddim(denoiser, init * a ** 0.5 + rng.first() * (1 - a) ** 0.5, timesteps[:t_enc], rng, alphas=alphas)
     return _decode(pipe, x * nmask + init * (1 - nmask), image, mask)
 
 

@@ -56,8 +56,8 @@ def pipeline(folder, xl: bool):
 def made(session, tmp_path, images, folder, **fields) -> list[np.ndarray]:
     result = session.generate(GenerationRequest(
         prompt=PROMPT, model=str(folder), outdir=str(tmp_path), width=64, height=64, cfg_scale=7.0, seed=SEEDS[0],
-        batch_size=len(SEEDS), steps=STEPS, strength=STRENGTH, init_image=str(images["init"]),
-        mask=str(images["mask"]), mask_blur=0, **fields))
+        batch_size=len(SEEDS), strength=STRENGTH, init_image=str(images["init"]), mask=str(images["mask"]),
+        mask_blur=0, **{"steps": STEPS, **fields}))
     return [np.asarray(Image.open(path).convert("RGB")).astype(int) for path in result.images]
 
 
@@ -120,10 +120,10 @@ def test_an_inpainting_unet_blends_as_a1111(session, tmp_path, images, request, 
 
 def test_ddim_blends_the_models_input_as_a1111(session, tmp_path, images, tiny_path):
     """A1111's timestep samplers blend the x each model call is given (its CFGDenoiserTimesteps' mask before
-    denoising), not the estimate."""
+    denoising), not the estimate. 8 steps at 0.5: the init noised to A1111's timestep 4, then 3 DDIM calls."""
     pipe = pipeline(tiny_path, False)
-    got = made(session, tmp_path, images, tiny_path, sampler="DDIM")
-    assert_a1111s(got, inpaint_ref.inpaint_ddim(pipe, STEPS, STRENGTH, *open_images(images), SEEDS, PROMPT))
+    got = made(session, tmp_path, images, tiny_path, sampler="DDIM", steps=8)
+    assert_a1111s(got, inpaint_ref.inpaint_ddim(pipe, 8, STRENGTH, *open_images(images), SEEDS, PROMPT))
 
 
 def test_controlnet_inpaint_blends_as_a1111(session, tmp_path, images, tiny_path):
