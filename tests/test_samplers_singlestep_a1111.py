@@ -89,9 +89,8 @@ def test_dpmpp_2s_a_is_the_ancestral_single_step_solver(session, tmp_path, reque
 
 def test_dpmpp_2s_a_img2img_runs_a1111s_steps_from_a1111s_level(session, tmp_path, tiny_path, unet_calls):
     """img2img at 0.5 of 6 steps: A1111 runs the last int(6 * 0.5) + 1 = 4 levels of the 6-step Karras schedule,
-    from the init latents plus the first of them times the seed's noise: 2 * 4 - 1 calls. (The init latents are a
-    posterior sample drawn from the image's generator before its noise, as diffusers' img2img draws them: the
-    reference does the same, see ksampling_ref_singlestep.img2img.)"""
+    from the init latents plus the first of them times the seed's noise: 2 * 4 - 1 calls. (The init latents are the
+    posterior's mean and the noise is each image's first draw, as in A1111: ksampling_ref_singlestep.img2img.)"""
     import torch
 
     pipe = pipeline(tiny_path)
