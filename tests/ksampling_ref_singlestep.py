@@ -13,11 +13,20 @@ around plain diffusers' UNet (tests/ksampling_ref.py's Denoiser, ImageRNG and tx
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from ksampling_ref import ancestral_step, to_d
+
+
+@functools.lru_cache(maxsize=2)
+def pipeline(folder):
+    """The plain diffusers pipeline of a tiny SD 1.x or SDXL folder that the references run (read only)."""
+    from diffusers import AutoPipelineForText2Image
+
+    return AutoPipelineForText2Image.from_pretrained(str(folder))
 
 
 def dpmpp_2s_ancestral(denoiser, x, sigmas, rng):

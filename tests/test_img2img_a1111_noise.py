@@ -14,8 +14,6 @@ SD 1.x and SDXL models (64 px, batch 2, seeds 5 and 6):
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from PIL import Image
@@ -27,6 +25,7 @@ from lowvram_gen.session import Session
 
 import ksampling_ref as ref
 import ksampling_ref_singlestep as ref2
+from ksampling_ref_singlestep import pipeline  # unet_calls: a conftest fixture
 
 PROMPT = "a lighthouse"
 SEEDS = [5, 6]
@@ -36,29 +35,6 @@ SAMPLERS = {"Euler": ref.euler, "Euler a": ref.euler_ancestral}  # Automatic is 
 @pytest.fixture(scope="module")
 def session():
     return Session()
-
-
-@pytest.fixture
-def unet_calls(monkeypatch) -> list:
-    """Every UNet call of the app's jobs (and of the references'), counted at the class."""
-    from diffusers import UNet2DConditionModel
-
-    calls, forward = [], UNet2DConditionModel.forward
-
-    def counted(self, *args, **kwargs):
-        calls.append(1)
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(UNet2DConditionModel, "forward", counted)
-    return calls
-
-
-@functools.lru_cache(maxsize=2)
-def pipeline(folder):
-    """The plain diffusers pipeline the references run (read only)."""
-    from diffusers import AutoPipelineForText2Image
-
-    return AutoPipelineForText2Image.from_pretrained(str(folder))
 
 
 def levels(pipe, steps: int) -> list[float]:
