@@ -111,6 +111,21 @@ def unet_passes(monkeypatch):
     return seen
 
 
+@pytest.fixture
+def unet_calls(monkeypatch) -> list:
+    """Every UNet call of the app's jobs (and of plain diffusers' references), counted at the class."""
+    from diffusers import UNet2DConditionModel
+
+    calls, forward = [], UNet2DConditionModel.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(UNet2DConditionModel, "forward", counted)
+    return calls
+
+
 @pytest.fixture()
 def posterior_mode(monkeypatch):
     """Plain diffusers references for img2img/inpaint encode the init image as A1111 (and the app) do: the VAE

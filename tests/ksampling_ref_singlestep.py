@@ -13,11 +13,20 @@ around plain diffusers' UNet (tests/ksampling_ref.py's Denoiser, ImageRNG and tx
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from ksampling_ref import ancestral_step, to_d
+
+
+@functools.lru_cache(maxsize=2)
+def pipeline(folder):
+    """The plain diffusers pipeline of a tiny SD 1.x or SDXL folder that the references run (read only)."""
+    from diffusers import AutoPipelineForText2Image
+
+    return AutoPipelineForText2Image.from_pretrained(str(folder))
 
 
 def dpmpp_2s_ancestral(denoiser, x, sigmas, rng):
@@ -165,22 +174,28 @@ def eps(denoiser, x, model_time: float):
 
 
 def img2img(pipe, sampler, sigmas, seeds, prompt: str, posterior, cfg: float = 7.0, width: int = 64,
-            height: int = 64) -> tuple[list[np.ndarray], int]:
-    """k-diffusion's img2img as the app runs it through diffusers' img2img pipeline: each image's init latents are a
-    sample of the VAE posterior `posterior` (the init image's latent_dist) drawn from the image's own generator
-    first (diffusers' retrieve_latents; A1111 draws it from torch's global generator), then plus the first level of
-    the schedule's tail `sigmas` times the generator's next noise, then `sampler` on that tail with the noise after
-    it; (pixels per image, UNet calls)."""
+            height: int = 64, ensd: int = 0, rng=None, old_order: bool = False) -> tuple[list[np.ndarray], int]:
+    """k-diffusion's img2img as A1111 runs it: the init latents are the VAE posterior's mean (`posterior`, the init
+    image's latent_dist) times the scaling factor (A1111 samples it with its unseeded global RNG, and the real VAEs'
+    spread is ~0), plus the first level of the schedule's tail `sigmas` times each image's FIRST draw (`rng`'s
+    `first`: ksampling_ref.ImageRNG's, ENSD re-seeding after it); then `sampler` on that tail, its step noise the
+    draws after. `old_order`: diffusers' own order, which the app had before, for tests to see the difference: a
+    posterior sample from each image's generator first (retrieve_latents), the noise its second draw.
+    (pixels per image, UNet calls)."""
     import torch
 
     from ksampling_ref import Denoiser, ImageRNG
 
-    mean, std = posterior.mean, posterior.std
-    rng = ImageRNG(seeds, mean.shape[1:])
-    latents = (mean + std * rng.next()) * pipe.vae.config.scaling_factor
+    mean, scale = posterior.mean, pipe.vae.config.scaling_factor
+    draws = (rng or ImageRNG)(seeds, mean.shape[1:], ensd)
+    if old_order:
+        latents = (mean + posterior.std * draws.next()) * scale
+    else:
+        latents = mean * scale
+    noise = draws.first()
     denoiser = Denoiser(pipe, prompt, "", cfg, width, height)
     levels = [float(s) for s in sigmas]
-    x = sampler(denoiser, latents + rng.next() * levels[0], levels, rng)
+    x = sampler(denoiser, latents + noise * levels[0], levels, draws)
     with torch.no_grad():
         decoded = pipe.vae.decode(x / pipe.vae.config.scaling_factor).sample
     images = pipe.image_processor.postprocess(decoded, output_type="np")

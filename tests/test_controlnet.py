@@ -193,7 +193,7 @@ def test_the_embedded_tiny_controlnet_is_listed_and_runs_a_job_with_no_models_fo
     assert not np.array_equal(pixels(ours.images[0]), pixels(plain.images[0]))  # it steers the image
 
 
-def test_img2img_with_controlnet_mode_equals_plain_diffusers(cn, tmp_path, tiny_path):
+def test_img2img_with_controlnet_mode_equals_plain_diffusers(cn, tmp_path, tiny_path, posterior_mode):
     """"ControlNet is more important": diffusers' guess mode (the ControlNet on the conditional half only) with the
     extension's soft factors in place of guess mode's own (issue 31: they differ, up to 78% on SDXL)."""
     ours = Session(device="cpu").generate(request(tmp_path, ControlNetUnit(str(cn["sd"]), str(cn["image"])), steps=4,
@@ -558,7 +558,7 @@ def test_an_a1111_controlnet_field_reads_as_a_unit():
 
 @pytest.mark.parametrize("upscaler", ["Lanczos", "Latent"])
 def test_hires_fix_gives_the_second_pass_the_control_map_at_the_hires_size(upscaler, cn, tmp_path, tiny_path,
-                                                                            monkeypatch):
+                                                                            monkeypatch, posterior_mode):
     """As A1111's extension (its "Hr Option: Both"): the first pass gets the control map at the job's size, the hires
     pass the control image resized to the hires size (its preprocessor run there). With a pixel upscaler the
     result equals diffusers' ControlNet txt2img pipeline, its image upscaled (Lanczos), then diffusers' ControlNet

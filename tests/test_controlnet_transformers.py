@@ -263,7 +263,7 @@ def test_a_controlnet_job_equals_plain_diffusers(family, kind, tf, tmp_path):
     assert np.array_equal(pixels(again.images[0]), plain)
 
 
-def test_flux_img2img_and_two_units_equal_plain_diffusers(tf, tmp_path):
+def test_flux_img2img_and_two_units_equal_plain_diffusers(tf, tmp_path, posterior_mode):
     session = Session(device="cpu")
     unit = ControlNetUnit(str(tf["flux_cn"]), str(tf["image"]))
     ours = session.generate(request(tf, "flux", unit, init_image=str(tf["image"]), strength=0.6, steps=4,

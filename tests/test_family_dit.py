@@ -83,7 +83,7 @@ def test_the_negative_prompt_and_the_cfg_scale_act(folders, key, tmp_path):
     assert not np.array_equal(base, run(cfg_scale=7.0))
 
 
-def test_chroma_img2img_equals_chroma_img2img_pipeline(folders, tmp_path, capsys):
+def test_chroma_img2img_equals_chroma_img2img_pipeline(folders, tmp_path, capsys, posterior_mode):
     """AutoPipeline knows no img2img pipeline for Chroma; the record names ChromaImg2ImgPipeline, made over the
     loaded components."""
     init = tmp_path / "init.png"

@@ -138,7 +138,7 @@ def test_zimage_txt2img_from_the_cli_equals_plain_diffusers_with_and_without_cfg
     assert not np.array_equal(images["4"], images["0"])
 
 
-def test_zimage_img2img_equals_its_diffusers_pipeline_and_inpaint_runs(zimage, tmp_path, capsys):
+def test_zimage_img2img_equals_its_diffusers_pipeline_and_inpaint_runs(zimage, tmp_path, capsys, posterior_mode):
     init, mask = tmp_path / "init.png", tmp_path / "mask.png"
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(init)

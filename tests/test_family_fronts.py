@@ -194,7 +194,7 @@ def init_png(reference) -> str:
 
 @pytest.mark.parametrize("key", KEYS)
 def test_api_img2img_equals_the_familys_img2img_pipeline_or_is_refused_naming_it(key, server, models_root, folders,
-                                                                                 plain_pipes, init_png):
+                                                                                 plain_pipes, init_png, posterior_mode):
     record = record_of(folders[key])
     body = _body(key, init_images=[init_png], denoising_strength=0.5)
     init = Image.open(io.BytesIO(base64.b64decode(init_png))).convert("RGB")

@@ -271,7 +271,7 @@ def init_and_mask(tmp_path_factory):
     return str(path / "init.png"), str(path / "mask.png")
 
 
-def test_img2img_cli_equals_diffusers_qwen_img2img(folder, plain, init_and_mask, tmp_path, capsys):
+def test_img2img_cli_equals_diffusers_qwen_img2img(folder, plain, init_and_mask, tmp_path, capsys, posterior_mode):
     import diffusers
 
     init, _ = init_and_mask
@@ -287,7 +287,8 @@ def test_img2img_cli_equals_diffusers_qwen_img2img(folder, plain, init_and_mask,
     assert np.abs(ours - expected).max() <= TOLERANCE
 
 
-def test_inpaint_repaints_the_mask_as_diffusers_and_keeps_the_rest(folder, plain, init_and_mask, tmp_path):
+def test_inpaint_repaints_the_mask_as_diffusers_and_keeps_the_rest(folder, plain, init_and_mask, tmp_path,
+                                                                 posterior_mode):
     """Inside the mask: diffusers' QwenImageInpaintPipeline's pixels; outside: the init image's own (A1111 pastes the
     original back over what the VAE would give, as for SD)."""
     import diffusers

@@ -11,8 +11,6 @@ SDXL models, with A1111's number of UNet calls:
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from PIL import Image
@@ -23,6 +21,7 @@ from lowvram_gen.session import Session
 
 import ksampling_ref as ref
 import ksampling_ref_singlestep as ref2
+from ksampling_ref_singlestep import pipeline  # unet_calls: a conftest fixture
 
 PROMPT = "a lighthouse"
 
@@ -30,29 +29,6 @@ PROMPT = "a lighthouse"
 @pytest.fixture(scope="module")
 def session():
     return Session()
-
-
-@pytest.fixture
-def unet_calls(monkeypatch) -> list:
-    """Every UNet call of the app's jobs (and of the references'), counted at the class."""
-    from diffusers import UNet2DConditionModel
-
-    calls, forward = [], UNet2DConditionModel.forward
-
-    def counted(self, *args, **kwargs):
-        calls.append(1)
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(UNet2DConditionModel, "forward", counted)
-    return calls
-
-
-@functools.lru_cache(maxsize=2)
-def pipeline(folder):
-    """The plain diffusers pipeline the references run (read only)."""
-    from diffusers import AutoPipelineForText2Image
-
-    return AutoPipelineForText2Image.from_pretrained(str(folder))
 
 
 def levels(pipe, kind: str, steps: int) -> list[float]:
@@ -89,9 +65,8 @@ def test_dpmpp_2s_a_is_the_ancestral_single_step_solver(session, tmp_path, reque
 
 def test_dpmpp_2s_a_img2img_runs_a1111s_steps_from_a1111s_level(session, tmp_path, tiny_path, unet_calls):
     """img2img at 0.5 of 6 steps: A1111 runs the last int(6 * 0.5) + 1 = 4 levels of the 6-step Karras schedule,
-    from the init latents plus the first of them times the seed's noise: 2 * 4 - 1 calls. (The init latents are a
-    posterior sample drawn from the image's generator before its noise, as diffusers' img2img draws them: the
-    reference does the same, see ksampling_ref_singlestep.img2img.)"""
+    from the init latents plus the first of them times the seed's noise: 2 * 4 - 1 calls. (The init latents are the
+    posterior's mean and the noise is each image's first draw, as in A1111: ksampling_ref_singlestep.img2img.)"""
     import torch
 
     pipe = pipeline(tiny_path)

@@ -137,10 +137,9 @@ def test_a_random_subseed_is_written_and_reruns_the_image(session, tmp_path):
 
 def test_img2img_and_hires_fix_vary_their_noise_too(session, tmp_path):
     """A1111 draws img2img's noise (and hires fix's second pass's) the same way: strength 0 is the plain seed's
-    image, a strength above 0 another one, the same each time. (Img2img's strength 1 is not the plain seed-S image
-    here: diffusers' img2img samples the VAE with the image's generator before it draws the noise, where A1111's
-    noise is the subseed's first, as the variation's is.) Hires fix's second pass starts from latents, so its
-    noise is its generator's first: strength 1 is the subseed's image through both passes."""
+    image, a strength above 0 another one, the same each time, and strength 1 the subseed's image: the init image
+    is encoded to the posterior's mode (no draw), so the noise is each generator's first draw, as in A1111 (and hires
+    fix's second pass's: strength 1 is the subseed's image through both passes)."""
     init = tmp_path / "init.png"
     Image.new("RGB", (64, 64), (120, 30, 200)).save(init)
     i2i = dict(init_image=str(init), strength=0.6, steps=4)
@@ -153,6 +152,9 @@ def test_img2img_and_hires_fix_vary_their_noise_too(session, tmp_path):
     assert np.array_equal(pixels(between.images[0]), pixels(again.images[0]))
     assert params_of(between.images[0])["Variation seed strength"] == "0.3"
     assert not any("variation" in w for w in between.warnings)
+    subseeds = make(session, tmp_path, seed=9, **i2i)
+    assert np.array_equal(pixels(subseeds.images[0]),
+                          pixels(make(session, tmp_path, seed=5, subseed=9, subseed_strength=1.0, **i2i).images[0]))
 
     hires = dict(hires_scale=1.5, hires_steps=2)
     plain = make(session, tmp_path, seed=5, **hires)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 
+from lowvram_gen.engines.sd import posterior
+
 
 def interpolated(latents, height: int, width: int):
     """`latents` (..., h, w) at height x width, A1111's bilinear interpolation (in float32, then their dtype)."""
@@ -28,17 +30,16 @@ def interpolated(latents, height: int, width: int):
     return out.reshape(*lead, height, width).to(latents.dtype)
 
 
-class _Resized:
-    """An encoded image's posterior standing in for the VAE's: its mode, interpolated, whether sampled or not."""
+class _Resized(posterior.Mode):
+    """An encoded image's posterior standing in for the VAE's: its mode, interpolated, whether sampled or not (no
+    draw, as `posterior.Mode`)."""
 
     def __init__(self, dist, size: tuple[int, int]):
-        self.dist, self.size = dist, size
+        super().__init__(dist)
+        self.size = size
 
     def mode(self):
         return interpolated(self.dist.mode(), *self.size)
-
-    def sample(self, generator=None):  # no draw: the generator keeps its state for the noise
-        return self.mode()
 
 
 @contextlib.contextmanager
@@ -70,10 +71,7 @@ def encoded_at_own_size(i2i, init: list, width: int, height: int):
         out = encode(x, *args, **kwargs)
         if seen.get("size") != tuple(x.shape[-2:]) or seen["size"] == (target[0] * factor, target[1] * factor):
             return out
-        if isinstance(out, tuple):
-            return (_Resized(out[0], target),) + tuple(out[1:])
-        out.latent_dist = _Resized(out.latent_dist, target)
-        return out
+        return posterior.moded(out, lambda dist: _Resized(dist, target))
 
     with mock.patch.object(processor, "preprocess", own_size), mock.patch.object(vae, "encode", encode_resized):
         yield

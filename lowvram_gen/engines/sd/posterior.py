@@ -26,16 +26,20 @@ class Mode:
         return self.dist.mode()
 
     def sample(self, generator=None):  # no draw: the generator keeps its state for the noise
-        return self.dist.mode()
+        return self.mode()
 
 
-def moded(out):
-    """The VAE's encode output with its posterior replaced by `Mode` (an output without one, e.g. SANA's deep-
-    compression autoencoder's latents, is deterministic already and passes as it is)."""
+def moded(out, posterior=Mode):
+    """The VAE's encode output with its posterior replaced by `posterior` (`Mode` or a subclass of it; one already
+    replaced is kept). An output without a posterior, e.g. SANA's deep-compression autoencoder's latents, is
+    deterministic already and passes as it is."""
+    def replaced(dist):
+        return dist if isinstance(dist, Mode) else posterior(dist)
+
     if isinstance(out, tuple):
-        return (Mode(out[0]),) + tuple(out[1:]) if out and hasattr(out[0], "mode") else out
+        return (replaced(out[0]),) + tuple(out[1:]) if out and hasattr(out[0], "mode") else out
     if hasattr(out, "latent_dist"):
-        out.latent_dist = Mode(out.latent_dist)
+        out.latent_dist = replaced(out.latent_dist)
     return out
 
 
