@@ -54,12 +54,9 @@ class VP:
 
 def img2img_rule(steps: int, denoise: float, explicit: int | None = None, fix: bool = False) -> tuple[int, int, float]:
     """(t_enc, the training step the init is noised to, t_start) of A1111's timestep img2img."""
-    d = min(denoise, 0.999)
-    if explicit or fix:
-        n = explicit or steps
-        schedule, t_enc = int(n / d), n - 1
-    else:
-        schedule, t_enc = steps, int(d * steps)
+    d, n = min(denoise, 0.999), explicit or steps
+    schedule = int(n / d) if explicit or fix else steps  # A1111's setup_img2img_steps
+    t_enc = n - 1 if explicit or fix else int(d * steps)
     ts = [min(i + 1, 999) for i in range(0, 1000, 1000 // schedule)]
     return t_enc, ts[t_enc], ts[t_enc - 1] / 1000 + 1 / 1000
 

@@ -93,6 +93,20 @@ def test_img2img_fix_steps_runs_the_steps_less_one(session, tmp_path, tiny_path,
     assert close(got, want)
 
 
+def test_inpaint_runs_a1111s_calls_from_a1111s_time(session, tmp_path, tiny_path, unet_times, posterior_mode):
+    """Inpaint 6 at 0.5 (the tiny SD 1.x model: a 4-channel UNet, the init blended back each step): 3 calls at the
+    reference's times."""
+    init = init_image(tmp_path)
+    mask = np.zeros((64, 64), dtype=np.uint8)
+    mask[16:48, 16:48] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    _, app = made(session, tmp_path, tiny_path, unet_times, steps=6, init_image=init, strength=0.5,
+                  mask=str(tmp_path / "mask.png"))
+    vp = ref.VP(pipeline(tiny_path).scheduler.alphas_cumprod.double().numpy())
+    t_enc, _, t_start = ref.img2img_rule(6, 0.5)
+    assert app == pytest.approx([(t - 1e-3) * 1000 for t in vp.times("time_uniform", t_start, t_enc)[:-1]], abs=1e-3)
+
+
 @pytest.mark.parametrize("model", ["tiny_path", "tiny_sdxl_path"])
 def test_hires_second_pass_runs_a1111s_times(session, tmp_path, request, unet_times, model):
     """Hires steps 6 at 0.5: a schedule of 12, t_enc = 5 calls from ts[4] = 333 (+ the first pass's 4 for 3 steps)."""
