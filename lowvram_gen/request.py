@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from lowvram_gen.a1111 import unipc_options
 from lowvram_gen.a1111.fields import BY_NAME, request_name
 from lowvram_gen.a1111.upscaler_names import check_upscaler, latent_mode  # names only: no upscaler loading
 from lowvram_gen.control.resize import check_init_resize
@@ -180,6 +181,11 @@ class GenerationRequest:
     # A1111's "Eta noise seed delta" (ENSD): after each image's first noise its generator is re-seeded with seed +
     # ensd, so the samplers' step noise (ancestral, DDIM with eta) changes and the first noise does not; 0: off
     ensd: int = 0
+    # A1111's UniPC settings (a1111/unipc_options.py): its variant, time steps, order and lower order on the last steps
+    unipc_variant: str = "bh1"
+    unipc_skip_type: str = "time_uniform"
+    unipc_order: int = 3
+    unipc_lower_order_final: bool = True
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -245,6 +251,10 @@ class GenerationRequest:
             vae=check_vae(self.vae),
             rng=check_rng(self.rng),
             ensd=as_int("ENSD", self.ensd, 0, MAX_SEED, " (A1111's eta noise seed delta; 0: off)"),
+            unipc_variant=unipc_options.check_variant(self.unipc_variant),
+            unipc_skip_type=unipc_options.check_skip_type(self.unipc_skip_type),
+            unipc_order=unipc_options.check_order(self.unipc_order),
+            unipc_lower_order_final=as_bool("UniPC lower order final", self.unipc_lower_order_final),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),

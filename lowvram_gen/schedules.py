@@ -204,12 +204,13 @@ def a1111_calls(timesteps: list[int], plms: bool) -> list[tuple[int, int, int]]:
 IMG2IMG = "_a1111_img2img"  # an img2img pass's t_enc, for the next set_timesteps (`pass_of`)
 
 
-def pass_of(scheduler, plan):
+def pass_of(scheduler, plan, request):
     """The img2img pass `plan` (img2img_steps.PassSteps: A1111's schedule and the steps a k-diffusion sampler runs
-    of it) as `scheduler` runs it: a scheduler handed A1111's timesteps (`hand_over_timesteps`) runs A1111's DDIM/PLMS
-    count of it (its `a1111_pass`), any other the plan as it is."""
+    of it) as `scheduler` runs it: a scheduler handed one of A1111's timestep samplers runs that sampler's own rule
+    (its `a1111_pass(plan, request)`: DDIM/PLMS, `hand_over_timesteps`; UniPC, a1111/unipc_time.hand_over), any other
+    the plan as it is."""
     door = getattr(scheduler, "a1111_pass", None)
-    return plan if door is None or plan.run <= 0 else door(plan)
+    return plan if door is None or plan.run <= 0 else door(plan, request)
 
 
 def hand_over_timesteps(scheduler):
@@ -267,7 +268,7 @@ def hand_over_timesteps(scheduler):
             timesteps = torch.where(timesteps == first[0], torch.full_like(timesteps, first[1]), timesteps)
         return own_noise(self, original_samples, noise, timesteps)
 
-    def a1111_pass(self, plan):
+    def a1111_pass(self, plan, _request=None):
         t_enc = plan.run - 1  # A1111's sample_img2img: setup_img2img_steps' t_enc (k-diffusion runs t_enc + 1)
         # where A1111 makes no call (t_enc <= 1) the pipeline still needs one: a step in place (`set_timesteps`)
         calls = max(len(a1111_calls(list(range(t_enc)), plms)), 1)

@@ -50,6 +50,8 @@ EXAMPLES = {
     "hires_steps": dict(HIRES, hires_steps=7), "hires_upscaler": dict(HIRES, hires_upscaler="Latent (nearest)"),
     "controlnets": dict(controlnets=(UNIT,), control_mode="prompt"),
     "vae": dict(vae="vae-ft-mse-840000-ema-pruned.safetensors"), "rng": dict(rng="nv"), "ensd": dict(ensd=31337),
+    "unipc_variant": dict(unipc_variant="bh2"), "unipc_skip_type": dict(unipc_skip_type="logSNR"),
+    "unipc_order": dict(unipc_order=2), "unipc_lower_order_final": dict(unipc_lower_order_final=False),
 }
 # labels A1111 writes and we read, that our PNGs do not write: each of them is one image of its batch
 READ_ONLY = {"batch_size": ("Batch size: 4", 4)}

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from lowvram_gen.a1111 import api_names
 from lowvram_gen.a1111.controlnet_units import SCRIPT_NAMES, unit_field, with_units
 from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key
+from lowvram_gen.a1111.unipc_options import DEFAULTS as UNIPC_DEFAULTS
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_SIDE, MIN_SIDE, GenerationRequest, as_bool, as_int
 from lowvram_gen.rng import DEFAULT as DEFAULT_RNG
@@ -86,10 +87,11 @@ def json_field(exc: InvalidRequest) -> str | None:
 def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
              find_model: Callable[[str], str | None], init_image: Callable[[Any], str] | None = None,
              names: Callable[[dict], list[str]] | None = None, vae: str = "Automatic",
-             rng: str = DEFAULT_RNG, fix_steps: bool = False, ensd: int = 0) -> Mapped:
+             rng: str = DEFAULT_RNG, fix_steps: bool = False, ensd: int = 0, unipc: dict | None = None) -> Mapped:
     """The request of a txt2img (`kind`) or img2img body. `model`, `clip_skip`, `vae`, `rng` (randn_source) and
-    `fix_steps` (A1111's img2img_fix_steps), `ensd` (eta_noise_seed_delta): the API's current ones (what
-    override_settings may change for this job);
+    `fix_steps` (A1111's img2img_fix_steps), `ensd` (eta_noise_seed_delta), `unipc` (the uni_pc_* settings by request
+    field, unipc_options.SETTINGS; None: A1111's defaults): the API's current ones (what override_settings may change
+    for this job);
     `find_model`: a checkpoint title -> model spec (None: unknown); `init_image`: a base64 image -> the path of a file
     holding it (img2img); `names`: checks the request fields' upscaler, ControlNet and LoRA names before the request's
     own checks look for files (api/names.py: names, not server paths), and returns its warnings (the unknown LoRA tags
@@ -109,11 +111,12 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     _check_scripts(got)
     warnings += [f.warning(given[f.api]) for f in specs
                  if f.policy == WARNED and f.api in given and not f.neutral_value(given[f.api])]
-    settings, keep = _override_settings(got, model, clip_skip, vae, find_model, warnings, rng, fix_steps, ensd)
+    settings, keep = _override_settings(got, model, clip_skip, vae, find_model, warnings, rng, fix_steps, ensd,
+                                        unipc)
     fields = {f.name: _value(f, got) for f in specs if f.request and not f.when and f.name != "init_image"}
     fields.update(model=settings["model"], clip_skip=settings["clip_skip"], vae=settings["vae"], rng=settings["rng"],
                   img2img_fix_steps=settings["img2img_fix_steps"], ensd=settings["ensd"], outdir=outdir,
-                  extra={"api": kind})
+                  extra={"api": kind}, **{name: settings[name] for name in UNIPC_DEFAULTS})
     unset = _family_defaults(given, fields)
     warnings += _latent_sides(fields)
     if kind == "txt2img":
@@ -198,16 +201,16 @@ def _check_scripts(got: dict) -> None:
 
 def _override_settings(got: dict, model: str, clip_skip: int, vae: str, find_model,
                        warnings: list[str], rng: str = DEFAULT_RNG,
-                       fix_steps: bool = False, ensd: int = 0) -> tuple[dict, tuple[str, ...]]:
-    """The job's model, clip skip, VAE, RNG source, img2img_fix_steps and ENSD (override_settings over the API's), and
-    the ones to keep for later jobs (override_settings_restore_afterwards false)."""
+                       fix_steps: bool = False, ensd: int = 0, unipc: dict | None = None) -> tuple[dict, tuple[str, ...]]:
+    """The job's model, clip skip, VAE, RNG source, img2img_fix_steps, ENSD and UniPC settings (override_settings over
+    the API's), and the ones to keep for later jobs (override_settings_restore_afterwards false)."""
     settings = got["override_settings"] or {}
     model_key = api_key("model").partition(".")[2]
     if not isinstance(settings, dict):
         raise InvalidRequest("override_settings", settings, "send a JSON object of settings, e.g. "
                                                             f'{{"{model_key}": "tiny"}}')
     out = {"model": model, "clip_skip": clip_skip, "vae": vae, "rng": rng, "img2img_fix_steps": fix_steps,
-           "ensd": ensd}
+           "ensd": ensd, **UNIPC_DEFAULTS, **(unipc or {})}
     for key, value in settings.items():
         spec = _SETTINGS.get(key)
         if spec is None:

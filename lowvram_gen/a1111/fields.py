@@ -48,6 +48,14 @@ def read_text(label: str, value: Any) -> str:
     return str(value)
 
 
+def read_bool(label: str, value: Any) -> bool:
+    """`True` / `False` (as A1111 writes a setting's bool, any case); an error naming the field."""
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidRequest(f"{label!r} in the image's parameters", value, "expected True or False")
+    return text == "true"
+
+
 def read_rng(label: str, value: Any) -> str:
     """`RNG: CPU` / `RNG: NV` (A1111's words, any case) as the request's cpu / nv; an error naming the field."""
     try:
@@ -166,6 +174,16 @@ FIELDS: tuple[Field, ...] = (
     # A1111's "Eta noise seed delta" setting; its PNG says `ENSD: 31337` where it is not 0
     Field("ensd", api="override_settings.eta_noise_seed_delta", label="ENSD", aliases=("eta_noise_seed_delta",),
           read=read_int),
+    # A1111's UniPC settings (a1111/unipc_options.py), labelled with their infotext names where not their defaults
+    Field("unipc_variant", api="override_settings.uni_pc_variant", label="UniPC variant",
+          aliases=("uni_pc_variant",), said=("UniPC variant",), read=read_text),
+    Field("unipc_skip_type", api="override_settings.uni_pc_skip_type", label="UniPC skip type",
+          aliases=("uni_pc_skip_type",), said=("UniPC skip type",), read=read_text),
+    Field("unipc_order", api="override_settings.uni_pc_order", label="UniPC order", aliases=("uni_pc_order",),
+          said=("UniPC order",), read=read_int),
+    Field("unipc_lower_order_final", api="override_settings.uni_pc_lower_order_final",
+          label="UniPC lower order final", aliases=("uni_pc_lower_order_final",), said=("UniPC lower order final",),
+          read=read_bool),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
     # A1111's setting "With img2img, do exactly the amount of steps the slider specifies" (img2img_steps.py); no

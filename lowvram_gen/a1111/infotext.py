@@ -32,6 +32,7 @@ from pathlib import Path
 
 from lowvram_gen.a1111.fields import (BY_NAME, ENGINE, GENERATED_SIZE, INFORMATIONAL, PRESET, SAFETY, UNIT_LABEL,
                                       VAE_HASH, VQGAN_ENGINE, VQGAN_LABELS, label, labelled, read_float)
+from lowvram_gen.a1111.unipc_options import DEFAULTS as UNIPC_DEFAULTS
 from lowvram_gen.a1111.upscaler_names import builtin
 from lowvram_gen.control.units import unit_from_text, unit_text
 from lowvram_gen.errors import InvalidRequest
@@ -286,6 +287,9 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
         fields[label("ensd")] = request.ensd
     if request.rng != DEFAULT_RNG:  # A1111 writes its RNG source only when it is not its default, GPU
         fields[label("rng")] = BY_NAME["rng"].words[request.rng]
+    for name, default in UNIPC_DEFAULTS.items():  # A1111's UniPC settings, where not its defaults
+        if getattr(request, name) != default:
+            fields[label(name)] = getattr(request, name)
     if request.hires:
         fields.update(hires_fields(request, (sampler, schedule), hires_sampler))
     fields[PRESET] = preset

@@ -300,7 +300,8 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
         mapped = map_body(body, kind, model, clip_skip, ctx.state.outdir, ctx.state.find_model,
                           lambda value, name="init_images": answers.image_file(value, name, Path(folder)),
                           lambda fields: names.check(fields, ctx.allow_paths), ctx.state.current_vae(),
-                          ctx.state.current_rng(), ctx.state.fix_steps(), ctx.state.current_ensd())
+                          ctx.state.current_rng(), ctx.state.fix_steps(), ctx.state.current_ensd(),
+                          ctx.state.current_unipc())
         request = mapped.request
         ctx.take_slot()
         try:

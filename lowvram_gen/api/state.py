@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowvram_gen.a1111 import unipc_options
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_CLIP_SKIP, MAX_SEED, MAX_STEPS, as_int
 from lowvram_gen.rng import WORDS as RNG_WORDS
@@ -27,7 +28,8 @@ from lowvram_gen.request import as_bool
 
 log = logging.getLogger(__name__)
 SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable",
-            "sd_vae", "randn_source", "img2img_fix_steps", "eta_noise_seed_delta")
+            "sd_vae", "randn_source", "img2img_fix_steps", "eta_noise_seed_delta",
+            *(setting for setting, _ in unipc_options.SETTINGS.values()))
 
 
 @dataclass
@@ -42,6 +44,11 @@ class ApiState:
     rng: str = "gpu"  # randn_source: later API jobs' noise source (rng.py)
     img2img_fix_steps: bool = False  # A1111's img2img_fix_steps: later img2img jobs run exactly their steps
     ensd: int = 0  # eta_noise_seed_delta: later API jobs' step noise seed delta (request.py)
+    # uni_pc_*: later API jobs' UniPC settings, by their request fields (a1111/unipc_options.py)
+    unipc_variant: str = unipc_options.DEFAULTS["unipc_variant"]
+    unipc_skip_type: str = unipc_options.DEFAULTS["unipc_skip_type"]
+    unipc_order: int = unipc_options.DEFAULTS["unipc_order"]
+    unipc_lower_order_final: bool = unipc_options.DEFAULTS["unipc_lower_order_final"]
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def find_model(self, name: str) -> str | None:
@@ -62,6 +69,10 @@ class ApiState:
     def current_ensd(self) -> int:
         with self._lock:
             return self.ensd
+
+    def current_unipc(self) -> dict:
+        with self._lock:
+            return {name: getattr(self, name) for name in unipc_options.SETTINGS}
 
     def fix_steps(self) -> bool:
         with self._lock:
@@ -84,6 +95,7 @@ class ApiState:
             "show_progress_every_n_steps": self.preview_steps, "live_previews_enable": self.previews_on,
             "sd_checkpoints_limit": 1, "img2img_fix_steps": self.fix_steps(),
             "eta_noise_seed_delta": self.current_ensd(),
+            **{unipc_options.SETTINGS[name][0]: value for name, value in self.current_unipc().items()},
         }
 
     def set_options(self, body: Any, allowed: tuple = ()) -> list[str]:
@@ -111,6 +123,12 @@ class ApiState:
             changes["rng"] = check_rng(body["randn_source"], "randn_source")
         if "eta_noise_seed_delta" in body:
             changes["ensd"] = as_int("eta_noise_seed_delta", body["eta_noise_seed_delta"], 0, MAX_SEED, " (0: off)")
+        checks = {"unipc_variant": unipc_options.check_variant, "unipc_skip_type": unipc_options.check_skip_type,
+                  "unipc_order": unipc_options.check_order,
+                  "unipc_lower_order_final": lambda value: as_bool("uni_pc_lower_order_final", value)}
+        for name, (setting, _) in unipc_options.SETTINGS.items():
+            if setting in body:
+                changes[name] = checks[name](body[setting])
         if "show_progress_every_n_steps" in body:
             changes["preview_steps"] = as_int("show_progress_every_n_steps", body["show_progress_every_n_steps"], 0,
                                               MAX_STEPS, " (0: no live previews)")

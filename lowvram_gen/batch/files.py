@@ -38,6 +38,7 @@ from lowvram_gen import safe_json
 from lowvram_gen.a1111.controlnet_units import with_units
 from lowvram_gen.a1111.fields import ALIASES as A1111_ALIASES
 from lowvram_gen.a1111.fields import BATCH_ONLY, BY_NAME, NOT_BUILT, line_fields
+from lowvram_gen.a1111.unipc_options import DEFAULTS as UNIPC_DEFAULTS
 from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.networks.names import Names
@@ -168,8 +169,8 @@ def request_hash(engine: str, request) -> str:
     for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0),
                       ("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_sampler", ""),
                       ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", ""),
-                      ("rng", "gpu"), ("ensd", 0)):
-        if data.get(name) == off:  # variation seed, hires, RNG source, ENSD: added later; off, the hash stays
+                      ("rng", "gpu"), ("ensd", 0), *UNIPC_DEFAULTS.items()):
+        if data.get(name) == off:  # variation seed, hires, RNG source, ENSD, UniPC's: added later; off, the hash stays
             data.pop(name, None)
     if data.get("hires_upscaler") in _OLD_UPSCALER:  # A1111's spelling now: a line's job keeps its hash
         data["hires_upscaler"] = _OLD_UPSCALER[data["hires_upscaler"]]

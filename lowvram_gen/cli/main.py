@@ -117,6 +117,13 @@ def _add_job_fields(p, every_job: bool) -> None:
                    help="A1111's Eta noise seed delta (ENSD): after each image's first noise its generator is "
                         "re-seeded with seed + N, which changes the ancestral samplers' step noise (default 0: off; "
                         "31337 is a common setting)")
+    p.add_argument("--unipc-variant", dest="unipc_variant", metavar="NAME",
+                   help="A1111's UniPC variant: bh1 (default) or bh2")
+    p.add_argument("--unipc-skip-type", dest="unipc_skip_type", metavar="NAME",
+                   help="A1111's UniPC skip type: time_uniform (default), time_quadratic or logSNR")
+    p.add_argument("--unipc-order", dest="unipc_order", metavar="N", help="A1111's UniPC order, 1-50 (default 3)")
+    p.add_argument("--no-unipc-lower-order-final", dest="unipc_lower_order_final", action="store_const", const=False,
+                   default=None, help="turn off A1111's UniPC lower order final (on by default)")
     p.add_argument("--subseed", metavar="N",
                    help="A1111's Variation seed: 0..4294967295, -1 random (default); its noise is blended into the "
                         "seed's by --subseed-strength (a batch keeps the seed and counts the subseed up)")
@@ -401,7 +408,8 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_denoise", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "mask_round", "vae",
-                 "reference_images", "rng", "ensd", "img2img_fix_steps", "resize_mode")
+                 "reference_images", "rng", "ensd", "img2img_fix_steps", "resize_mode", "unipc_variant",
+                 "unipc_skip_type", "unipc_order", "unipc_lower_order_final")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

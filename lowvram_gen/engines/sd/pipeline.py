@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from lowvram_gen import families, img2img_steps, schedules
+from lowvram_gen.a1111 import unipc_time
 from lowvram_gen.engines.sd import controlnet, edit, inpaint, latent_resize, posterior, rng_source
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
@@ -665,6 +666,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                     rng_source.seed_delta(txt2img.scheduler, generators, step.seeds, request.ensd), \
                     _variation_noise(txt2img, step, device), \
                     controlnet.seeded(control[0] if control is not None else None, step.seeds, device), \
+                    unipc_time.options(txt2img.scheduler, request), \
                     _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = txt2img(width=step.width, height=step.height, **kwargs,
                               **edit.call_kwargs(pipe, step.references, step.width, step.height))
@@ -688,6 +690,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                 if step.latent_resize else contextlib.nullcontext()
             with rng_source.drawing(request.rng, i2i, i2i.scheduler), _variation_noise(i2i, step, device), content, \
                     own_size, posterior.mode_only(i2i), rng_source.seed_delta(i2i.scheduler, generators, step.seeds, request.ensd), \
+                    unipc_time.options(i2i.scheduler, request, img2img=True), \
                     _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=strength, **kwargs)
     except _Stopped:
@@ -720,7 +723,7 @@ def _img2img_schedule(i2i, step: Pass) -> tuple[int, float]:
     longest = getattr(i2i.scheduler.config, "num_train_timesteps", None) or img2img_steps.LONGEST
     plan = img2img_steps.pass_steps(step.request.steps, step.strength, step.steps,
                                     step.request.img2img_fix_steps, longest)
-    plan = schedules.pass_of(i2i.scheduler, plan)  # A1111's DDIM/PLMS run their own count of it
+    plan = schedules.pass_of(i2i.scheduler, plan, step.request)  # A1111's DDIM, PLMS, UniPC: their own rule
     return plan.schedule, plan.strength(counts)
 
 
