@@ -1,8 +1,8 @@
 """A1111's UniPC settings (uni_pc_variant, uni_pc_skip_type, uni_pc_order, uni_pc_lower_order_final): their values,
 defaults and checks, read by the request, the API's settings and the fronts. Standard library only.
 
-A1111 offers a third variant, vary_coeff (the paper's UniPC with varying coefficients); diffusers' UniPC has the
-B(h) variants only and lowvram-gen does not build it, so it is refused in one sentence.
+bh1 and bh2 are diffusers' UniPC solver_type; A1111's third variant, vary_coeff (the paper's UniPC with varying
+coefficients), is built in a1111/unipc_vary.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from typing import Any
 
 from lowvram_gen.errors import InvalidRequest
 
-VARIANTS = ("bh1", "bh2")  # A1111's B(h) = h and B(h) = e^h - 1: diffusers' solver_type
-NOT_BUILT = {"vary_coeff": "diffusers' UniPC has the B(h) variants only (bh1, bh2) and lowvram-gen does not build "
-                           "the varying-coefficient one"}
+VARIANTS = ("bh1", "bh2", "vary_coeff")  # B(h) = h, B(h) = e^h - 1 (diffusers' solver_type), varying coefficients
 SKIP_TYPES = ("time_uniform", "time_quadratic", "logSNR")
 MAX_ORDER = 50  # A1111's slider
 # request field -> (A1111's setting, its default)
@@ -24,10 +22,8 @@ DEFAULTS = {name: default for name, (_, default) in SETTINGS.items()}
 
 def check_variant(value: Any) -> str:
     text = str(value).strip()
-    if text in NOT_BUILT:
-        raise InvalidRequest("UniPC variant", value, f"{NOT_BUILT[text]}: use bh1 or bh2")
     if text not in VARIANTS:
-        raise InvalidRequest("UniPC variant", value, "one of bh1, bh2 (A1111's uni_pc_variant)")
+        raise InvalidRequest("UniPC variant", value, "one of bh1, bh2, vary_coeff (A1111's uni_pc_variant)")
     return text
 
 

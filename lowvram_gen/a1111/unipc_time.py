@@ -17,7 +17,8 @@ A1111's image). A1111 fails where t_enc is below the order (its assert) or 0; he
 orders they can (diffusers' warm-up) and t_enc is at least 1.
 
 diffusers' class steps through the same levels as k-diffusion sigmas (sigma = sqrt(1 - alpha^2) / alpha) with those
-times as its timesteps. numpy at import; torch where a scheduler is handed over.
+times as its timesteps; the variant vary_coeff runs the paper's varying-coefficient predictor and corrector
+(a1111/unipc_vary.py) in the class's place for the call. numpy at import; torch where a scheduler is handed over.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import types
 
 import numpy as np
 
+from lowvram_gen.a1111 import unipc_vary
 from lowvram_gen.a1111.unipc_options import DEFAULTS
 from lowvram_gen.schedules import AUTOMATIC, HANDED
 
@@ -121,6 +123,7 @@ def hand_over(scheduler):
         else:
             times, levels = time_uniform(int(num_inference_steps), alphas, state["skip_type"])
         own(self, len(times) - 1, device=device)  # the class's state (orders, history) reset for that many steps
+        self.timestep_list = [None] * self.config.solver_order  # which the class sizes at its init alone (order 4+)
         self.sigmas = torch.tensor(levels, dtype=torch.float32)
         self.timesteps = torch.tensor(times[:-1], dtype=torch.float32, device=device)
         self.num_inference_steps = len(times) - 1
@@ -161,11 +164,14 @@ def options(scheduler, request, img2img: bool = False):
         state["pass"] = None
     before = {key: scheduler.config[key] for key in ("solver_type", "solver_order", "lower_order_final")}
     before_skip = state["skip_type"]
-    scheduler.register_to_config(solver_type=request.unipc_variant, solver_order=request.unipc_order,
+    # vary_coeff is no solver_type of diffusers' (its __init__ refuses one): the class's keeps, its updates are bound
+    solver = {} if request.unipc_variant == unipc_vary.VARIANT else {"solver_type": request.unipc_variant}
+    scheduler.register_to_config(**solver, solver_order=request.unipc_order,
                                  lower_order_final=request.unipc_lower_order_final)
     state["skip_type"] = request.unipc_skip_type
     try:
-        yield
+        with unipc_vary.updates(scheduler, request.unipc_variant):
+            yield
     finally:
         scheduler.register_to_config(**before)
         state.update(skip_type=before_skip, **{"pass": None})

@@ -118,7 +118,7 @@ def _add_job_fields(p, every_job: bool) -> None:
                         "re-seeded with seed + N, which changes the ancestral samplers' step noise (default 0: off; "
                         "31337 is a common setting)")
     p.add_argument("--unipc-variant", dest="unipc_variant", metavar="NAME",
-                   help="A1111's UniPC variant: bh1 (default) or bh2")
+                   help="A1111's UniPC variant: bh1 (default), bh2 or vary_coeff")
     p.add_argument("--unipc-skip-type", dest="unipc_skip_type", metavar="NAME",
                    help="A1111's UniPC skip type: time_uniform (default), time_quadratic or logSNR")
     p.add_argument("--unipc-order", dest="unipc_order", metavar="N", help="A1111's UniPC order, 1-50 (default 3)")
