@@ -12,6 +12,11 @@ lowvram_gen's code.
 - the solver: multistep UniP predictor + UniC corrector on the data prediction, B(h) = h (bh1) or e^h - 1 (bh2);
   its first steps at orders 1, 2, ... (the values there are), later ones at `order`, or at the steps left with
   lower_order_final; no corrector call after the last step.
+- vary_coeff (the paper's UniPC_v, A1111's third variant): the Taylor conditions' matrix C[i][k] = r_i^k / (k + 1)!
+  (rows the past points' ratios r_i = h_i / h, the last r = 1), inverted; the predictor's correction is
+  sum_k h phi_{k+2}(h) (inverse of C less its last row and column)[k] . D1 (h phi_1 = e^h - 1, h phi_{k+1} =
+  h phi_k / h - 1 / k!), the corrector's the same rows of the full inverse plus h phi_{p+1}(h) times its entry
+  [max(p - 2, 0)][last] times the new output's difference (the row the original UniPC code, and so A1111, uses).
 """
 
 from __future__ import annotations
@@ -96,6 +101,12 @@ def unipc(denoiser, x, vp: VP, times, variant="bh1", order=3, lower_order_final=
             phi = phi / hh - 1 / fact
         R = np.array([[r ** (k - 1) for r in rs + [1.0]] for k in range(1, p + 1)])
         base = (sigma_t / sigma_0) * x - alpha_t * math.expm1(hh) * hist_m[-1]
+        if variant == "vary_coeff":
+            x, m_t = _vary_step(lambda y: data(y, t), x, base, hh, rs, ds, hist_m[-1], alpha_t, p, i == steps)
+            if i == steps:
+                break
+            hist_t, hist_m = (hist_t + [t])[-order:], (hist_m + [m_t])[-order:]
+            continue
         if ds:
             a_p = [0.5] if p == 2 else np.linalg.solve(R[:-1, :-1], np.array(phis[:-1]))
             x_pred = base - alpha_t * bh * sum(float(a) * d for a, d in zip(a_p, ds))
@@ -110,6 +121,29 @@ def unipc(denoiser, x, vp: VP, times, variant="bh1", order=3, lower_order_final=
         x = base - alpha_t * bh * (corr + float(a_c[-1]) * (m_t - hist_m[-1]))
         hist_t, hist_m = (hist_t + [t])[-order:], (hist_m + [m_t])[-order:]
     return x
+
+
+def _vary_step(data_at, x, base, hh, rs, ds, m0, alpha_t, p, last):
+    """One vary_coeff step: (x at the new time, the data prediction there; None after the last step's predictor)."""
+    hphi = [None, math.expm1(hh)]  # hphi[k] = h phi_k(h), k = 1 .. p + 1: h phi_{k+1} = h phi_k / h - 1 / k!
+    for k in range(1, p + 1):
+        hphi.append(hphi[-1] / hh - 1 / math.factorial(k))
+    rows = rs + [1.0]
+    C = np.array([[r ** k / math.factorial(k + 1) for k in range(p)] for r in rows])
+    x_pred = base
+    if ds:
+        inv_p = np.linalg.inv(C[:-1, :-1])
+        for k in range(p - 1):
+            x_pred = x_pred - alpha_t * hphi[k + 2] * sum(float(a) * d for a, d in zip(inv_p[k], ds))
+    if last:
+        return x_pred, None
+    m_t = data_at(x_pred)
+    inv_c = np.linalg.inv(C)
+    x_new = base
+    for k in range(p - 1):
+        x_new = x_new - alpha_t * hphi[k + 2] * sum(float(a) * d for a, d in zip(inv_c[k][:-1], ds))
+    x_new = x_new - alpha_t * hphi[p + 1] * float(inv_c[max(p - 2, 0)][-1]) * (m_t - m0)
+    return x_new, m_t
 
 
 def img2img(pipe, init_path, seeds, prompt, steps, denoise, explicit=None, fix=False, cfg=7.0, size=64, **options):

@@ -24,9 +24,8 @@ def test_defaults_are_a1111s_and_bad_values_are_refused_in_one_sentence():
     assert (r.unipc_variant, r.unipc_skip_type, r.unipc_order, r.unipc_lower_order_final) == \
         ("bh1", "time_uniform", 3, True)
     assert GenerationRequest(unipc_skip_type="logsnr", unipc_order="2").validated().unipc_skip_type == "logSNR"
-    with pytest.raises(InvalidRequest, match=r"'vary_coeff'.*does not build"):
-        GenerationRequest(unipc_variant="vary_coeff").validated()
-    with pytest.raises(InvalidRequest, match=r"'bh3'.*bh1, bh2"):
+    assert GenerationRequest(unipc_variant=" vary_coeff").validated().unipc_variant == "vary_coeff"
+    with pytest.raises(InvalidRequest, match=r"'bh3'.*bh1, bh2, vary_coeff"):
         GenerationRequest(unipc_variant="bh3").validated()
     with pytest.raises(InvalidRequest, match=r"'uniform'.*time_uniform, time_quadratic, logSNR"):
         GenerationRequest(unipc_skip_type="uniform").validated()
@@ -70,8 +69,10 @@ def test_override_settings_and_options_set_them(tmp_path):
     mapped = body(A1111)
     assert {k: getattr(mapped.request, k) for k in SET} == SET and not mapped.warnings
     assert body({}, unipc={"unipc_order": 5}).request.unipc_order == 5  # the API's current one
-    with pytest.raises(InvalidRequest, match="vary_coeff"):
-        body({"uni_pc_variant": "vary_coeff"})
+    vary = body({"uni_pc_variant": "vary_coeff"})
+    assert vary.request.unipc_variant == "vary_coeff" and not vary.warnings
+    with pytest.raises(InvalidRequest, match="bh1, bh2, vary_coeff"):
+        body({"uni_pc_variant": "bh3"})
     state = ApiState(model="tiny", outdir=str(tmp_path))
     assert state.options()["uni_pc_variant"] == "bh1" and state.options()["uni_pc_lower_order_final"] is True
     assert state.set_options(A1111) == []
