@@ -9,7 +9,8 @@ a ladder rung may reload a component from disk, whose new convolutions must tile
 accelerate's offload hooks wrap a module's forward and move its weights; Conv2d's forward reads `padding_mode` from
 the module each call, so offloaded models tile as resident ones do. diffusers' VAE tiling (`enable_tiling`) decodes
 the latents in overlapping tiles: circular padding there would wrap each tile on itself and seam every tile edge,
-so a tiling job never decodes tiled (`untiled`): the ladder's tiled-decode rung is skipped for the next preset.
+so a tiling job never decodes tiled (`untiled`): the ladder's tiled-decode rung is skipped for the next preset, and
+the plan counts the whole decode (`untiled_presets`, Session.plan).
 Transformer denoisers (FLUX, SD3, Qwen-Image ...) work on patch tokens, not padded convolutions: refused (`check`).
 """
 
@@ -68,3 +69,12 @@ def seamless(pipe, on: bool) -> Iterator[None]:
 def untiled(settings, on: bool):
     """The memory settings a tiling job applies: without diffusers' VAE tiling (see the module's docstring)."""
     return replace(settings, vae_tiling=False) if on and settings.vae_tiling else settings
+
+
+def untiled_presets(presets: dict, forced):
+    """The presets (name -> Preset) and the forced one (or None) a tiling job is planned with: their decode untiled,
+    so the plan counts the whole VAE decode the job runs."""
+    def one(preset):
+        return replace(preset, memory=untiled(preset.memory, True))
+
+    return {name: one(p) for name, p in presets.items()}, forced and one(forced)
