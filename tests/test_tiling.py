@@ -213,3 +213,19 @@ def test_the_plan_of_a_tiling_job_counts_its_vae_decode_untiled():
     # (a preset whose peak is elsewhere, novram's streamed layers, may stay the same)
     assert all(tiled_bytes[n] >= plain_bytes[n] for n in tiled_bytes), (plain_bytes, tiled_bytes)
     assert any(tiled_bytes[n] > plain_bytes[n] for n in tiled_bytes), (plain_bytes, tiled_bytes)
+
+
+def test_png_info_sends_tiling_to_the_txt2img_and_img2img_checkbox(tmp_path):
+    from PIL.PngImagePlugin import PngInfo
+
+    from lowvram_gen.ui import sendto
+
+    for text, want in (("Tiling: True, ", True), ("", False)):
+        info = PngInfo()
+        info.add_text("parameters", f"a fox\nSteps: 1, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 64x64, {text}"
+                                    "Model: tiny")
+        png = tmp_path / f"made-{want}.png"
+        Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+        for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
+            values, said = sendto.values_for(keys, str(png))
+            assert dict(zip(keys, values))["tiling"] is want and not any("Tiling" in s for s in said)
