@@ -186,6 +186,9 @@ class GenerationRequest:
     unipc_skip_type: str = "time_uniform"
     unipc_order: int = 3
     unipc_lower_order_final: bool = True
+    # A1111's Tiling: circular padding in the UNet's and the VAE's convolutions, so the image tiles seamlessly
+    # (engines/sd/tiling.py); SD 1.x/2.x and SDXL
+    tiling: bool = False
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -255,6 +258,7 @@ class GenerationRequest:
             unipc_skip_type=unipc_options.check_skip_type(self.unipc_skip_type),
             unipc_order=unipc_options.check_order(self.unipc_order),
             unipc_lower_order_final=as_bool("UniPC lower order final", self.unipc_lower_order_final),
+            tiling=as_bool("tiling", self.tiling),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),

@@ -28,7 +28,7 @@ from lowvram_gen.families import sampling
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
-from lowvram_gen.engines.sd import edit, inpaint
+from lowvram_gen.engines.sd import edit, inpaint, tiling
 from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
@@ -215,8 +215,10 @@ class Session:
         apart = record is None or record.text_encode_apart is not None
         width, height = own or request.output_size()  # with hires fix the second pass is the bigger one
         failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
-        return plan(device, found, width, height, request.batch_size,
-                    self.presets(request.quantize), self.forced_preset(request.preset, request.quantize), failed,
+        presets, forced = self.presets(request.quantize), self.forced_preset(request.preset, request.quantize)
+        if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
+            presets, forced = tiling.untiled_presets(presets, forced)
+        return plan(device, found, width, height, request.batch_size, presets, forced, failed,
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
                     steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
                     quantize_forced=request.quantize is not None, model=request.model,

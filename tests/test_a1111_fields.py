@@ -52,6 +52,7 @@ EXAMPLES = {
     "vae": dict(vae="vae-ft-mse-840000-ema-pruned.safetensors"), "rng": dict(rng="nv"), "ensd": dict(ensd=31337),
     "unipc_variant": dict(unipc_variant="bh2"), "unipc_skip_type": dict(unipc_skip_type="logSNR"),
     "unipc_order": dict(unipc_order=2), "unipc_lower_order_final": dict(unipc_lower_order_final=False),
+    "tiling": dict(tiling=True),
 }
 # labels A1111 writes and we read, that our PNGs do not write: each of them is one image of its batch
 READ_ONLY = {"batch_size": ("Batch size: 4", 4)}
@@ -165,9 +166,9 @@ def test_a_warned_field_is_accepted_with_one_warning_in_the_api_and_in_a_batch_l
 def test_a_txt_lines_warned_option_is_accepted_with_its_warning():
     """Issue 28: the fields a batch line refused and the API warned of are warned of in both (sampler_index: used)."""
     assert {name: BY_NAME[name].policy for name in ("restore_faces", "tiling", "styles", "sampler_index")} == \
-        {"restore_faces": WARNED, "tiling": WARNED, "styles": WARNED, "sampler_index": USED}
+        {"restore_faces": WARNED, "tiling": USED, "styles": WARNED, "sampler_index": USED}
     fields, warnings = parse_options("--prompt x --restore_faces true --tiling false --styles cinematic")
-    assert fields == {"prompt": "x"}
+    assert fields == {"prompt": "x", "tiling": "false"}
     assert warnings == ["restore_faces 'true' is not used: face restoration is not part of lowvram-gen",
                         "styles 'cinematic' is not used: lowvram-gen has no saved styles (put their text in the "
                         "prompt)"]

@@ -184,6 +184,8 @@ FIELDS: tuple[Field, ...] = (
     Field("unipc_lower_order_final", api="override_settings.uni_pc_lower_order_final",
           label="UniPC lower order final", aliases=("uni_pc_lower_order_final",), said=("UniPC lower order final",),
           read=read_bool),
+    # A1111's Tiling (engines/sd/tiling.py): its PNG says `Tiling: True` when on, nothing when off
+    Field("tiling", api="tiling", label="Tiling", default=False, read=read_bool),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
     # A1111's setting "With img2img, do exactly the amount of steps the slider specifies" (img2img_steps.py); no
@@ -245,8 +247,6 @@ FIELDS: tuple[Field, ...] = (
     # A1111's fields lowvram-gen does not build: warned, or refused where ignoring them makes another image
     Field("restore_faces", request=False, api="restore_faces", policy=WARNED, neutral=(None, False),
           why="face restoration is not part of lowvram-gen"),
-    Field("tiling", request=False, api="tiling", policy=WARNED, neutral=(None, False),
-          why="tiling (seamless textures) is not part of lowvram-gen"),
     Field("do_not_save_samples", request=False, api="do_not_save_samples", policy=WARNED, neutral=(None, False),
           default=False, why="lowvram-gen always saves the images in its output folder"),
     Field("do_not_save_grid", request=False, api="do_not_save_grid", policy=WARNED, neutral=(None, False),

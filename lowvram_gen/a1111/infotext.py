@@ -287,6 +287,8 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
         fields[label("ensd")] = request.ensd
     if request.rng != DEFAULT_RNG:  # A1111 writes its RNG source only when it is not its default, GPU
         fields[label("rng")] = BY_NAME["rng"].words[request.rng]
+    if request.tiling:  # after RNG, as A1111 writes it
+        fields[label("tiling")] = True
     for name, default in UNIPC_DEFAULTS.items():  # A1111's UniPC settings, where not its defaults
         if getattr(request, name) != default:
             fields[label(name)] = getattr(request, name)

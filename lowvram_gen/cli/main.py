@@ -124,6 +124,9 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--unipc-order", dest="unipc_order", metavar="N", help="A1111's UniPC order, 1-50 (default 3)")
     p.add_argument("--no-unipc-lower-order-final", dest="unipc_lower_order_final", action="store_const", const=False,
                    default=None, help="turn off A1111's UniPC lower order final (on by default)")
+    p.add_argument("--tiling", action="store_const", const=True, default=None,
+                   help="A1111's Tiling: circular padding in the UNet's and the VAE's convolutions, so the image "
+                        "tiles seamlessly (textures); SD 1.x/2.x and SDXL")
     p.add_argument("--subseed", metavar="N",
                    help="A1111's Variation seed: 0..4294967295, -1 random (default); its noise is blended into the "
                         "seed's by --subseed-strength (a batch keeps the seed and counts the subseed up)")
@@ -409,7 +412,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "mask_round", "vae",
                  "reference_images", "rng", "ensd", "img2img_fix_steps", "resize_mode", "unipc_variant",
-                 "unipc_skip_type", "unipc_order", "unipc_lower_order_final")
+                 "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

@@ -94,10 +94,11 @@ class SdForm:
         self.controls["resize_mode"] = gr.Radio(choices, value=DEFAULTS.resize_mode, label="Resize mode",
                                                 elem_id=self._id("resize-mode"))
 
-    def settings(self, *, size_from_image: bool = False, model_label: str = "Model", hires: bool = False) -> None:
+    def settings(self, *, size_from_image: bool = False, model_label: str = "Model", hires: bool = False,
+                 tiling: bool = False) -> None:
         """Everything from the size row to the live preview's settings. `size_from_image`: A1111's 📐 beside
-        Width/Height (`size_button`, the tab wires it). ♻ last seed, 🎲 and ⇅ are wired by `generate` (♻ needs
-        the results column)."""
+        Width/Height (`size_button`, the tab wires it). `tiling`: A1111's Tiling checkbox beside Extra. ♻ last seed,
+        🎲 and ⇅ are wired by `generate` (♻ needs the results column)."""
         c, prefix = self.controls, self.prefix
         with gr.Row():
             c["width"] = Number("Width", DEFAULTS.width, elem_id=self._id("width"))
@@ -125,6 +126,9 @@ class SdForm:
                 self.reuse = gr.Button("♻ last seed", size="sm", elem_id=f"{prefix}reuse-seed")
                 self.random = gr.Button("🎲 random", size="sm", elem_id=f"{prefix}random-seed")
             c["seed_extra"] = gr.Checkbox(False, label="Extra", elem_id=self._id("seed-extra"))
+            if tiling:  # engines/sd/tiling.py
+                c["tiling"] = gr.Checkbox(DEFAULTS.tiling, label="Tiling", info="seamless texture (SD, SDXL)",
+                                          elem_id=self._id("tiling"))
             c["sampler"] = gr.Dropdown([DEFAULT, *SAMPLERS], value=DEFAULTS.sampler, label="Sampler",
                                        info="default: DPM++ 2M for SD/SDXL (A1111's); the model's own for SD3, Flux; "
                                             + ", ".join(sorted(NOT_A1111)) + ": diffusers' own, not A1111's",

@@ -18,7 +18,7 @@ from lowvram_gen import families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
-from lowvram_gen.engines.sd import controlnet, edit, inpaint, vae_swap
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, tiling, vae_swap
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.stepdown import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
@@ -59,10 +59,11 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     schedule_warning = sd.set_sampler(pipe, request.sampler, request.schedule_type)
     hires_warning = sd.hires_scheduler(pipe, request)[1]  # a hires sampler this model cannot run: refused now
     check_clip_skip(pipe, request.clip_skip)
+    tiling.check(pipe, request)  # seamless tiling: convolutional denoisers only
     vae = vae_swap.use(runner, request.vae)  # before the preset: it goes on the VAE the job decodes with
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
-    runner.use(ladder.preset.memory)
+    runner.use(tiling.untiled(ladder.preset.memory, request.tiling))
     if ladder.preset.memory.text_encoders == "reloaded" and networks.request_uses_networks(request):
         raise InvalidRequest("preset", ladder.preset.name,
                              "its text encoders are read from disk for each job (text_encoders = 'reloaded'), which "

@@ -23,7 +23,7 @@ from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import edit, inpaint
 from lowvram_gen.engines.sd import pipeline as sd
-from lowvram_gen.engines.sd import vae_swap
+from lowvram_gen.engines.sd import tiling, vae_swap
 from lowvram_gen.control.resize import init_resized
 from lowvram_gen.errors import BadOutput, Cancelled
 from lowvram_gen.inpaint.area import area_for
@@ -217,7 +217,7 @@ class _Job:
         self.on_step, self.cancel, self.skip, self.preview = on_step, cancel, skip, preview
         self.pipe = runner.model.pipe
         self.device = runner.device.torch_device
-        runner.use(ladder.preset.memory)
+        self._use(ladder.preset.memory)
         # text_encoders = "reloaded": the prompts encoded once for the job (every pass and retry reuses them),
         # hires fix's second pass's too (its own prompts and CFG scale)
         self.embeds, self.hires_embeds = runner.encode(texts or sd.Texts.of(request), request.cfg_scale > 1,
@@ -243,7 +243,8 @@ class _Job:
         return dict(batch=self.per_pass, width=width, height=height, unit=f"batch {self.per_pass}")
 
     def _use(self, settings: MemorySettings, tiled: bool = False) -> None:
-        self.runner.use(replace(settings, vae_tiling=True, vae_slicing=True) if tiled else settings)
+        settings = replace(settings, vae_tiling=True, vae_slicing=True) if tiled else settings
+        self.runner.use(tiling.untiled(settings, self.request.tiling))  # seamless tiling decodes in one piece
 
     # -- the job ---------------------------------------------------------------------------------
     def _stop_asked(self) -> str | None:
@@ -310,9 +311,10 @@ class _Job:
         """One pass of the denoiser, with the budget split's resident part on the device only while it runs
         (placed at its first forward, after the pipeline call has encoded the prompts)."""
         self.runner.place_resident(True)
-        return sd.denoise(self.pipe, step, self.device, self.on_step, self.cancel,
-                          after_last_step=lambda: self.runner.place_resident(False), skip=self.skip,
-                          preview=self.preview)
+        with tiling.seamless(self.pipe, self.request.tiling):  # entered per pass: a rung may have reloaded a part
+            return sd.denoise(self.pipe, step, self.device, self.on_step, self.cancel,
+                              after_last_step=lambda: self.runner.place_resident(False), skip=self.skip,
+                              preview=self.preview)
 
     def _first_pass(self, seeds: list[int]) -> sd.Pass:
         if self.init is None:
@@ -370,27 +372,32 @@ class _Job:
         while True:
             started = time.perf_counter()
             self.runner.place_resident(False)  # a retry's re-apply put it back on the device
-            ok, decoded = self.ladder.attempt(
-                "decode", lambda: sd.decode(self.pipe, latents, safety_check=safety_check), lambda: self.where(size))
+            ok, decoded = self.ladder.attempt("decode", lambda: self._decode_once(latents, safety_check),
+                                              lambda: self.where(size))
             if ok:
                 break
-            if not tiled:
+            if not tiled and not self.request.tiling:  # a seamless job skips the tiled rung (tiling.py says why)
                 tiled = True
             elif not self.ladder.step_preset():
                 raise self.ladder.exhausted(ADVICE)
             self._use(self.ladder.preset.memory, tiled=True)
-            self.ladder.went_down(f"{self.ladder.preset_name}, tiled VAE decode")
+            self.ladder.went_down(f"{self.ladder.preset_name}, "
+                                  f"{tiling.SKIPPED_RUNG if self.request.tiling else 'tiled VAE decode'}")
         if decoded.bad and self.pipe.vae.dtype != torch.float32:
             self.ladder.record("decode", decoded.bad, started, "half-precision decode; decoded again in float32",
                                **self.where(size))
             started = time.perf_counter()
-            decoded = sd.decode(self.pipe, latents, upcast=True, safety_check=safety_check)
+            decoded = self._decode_once(latents, safety_check, upcast=True)
         if decoded.bad:
             raise BadOutput(
                 f"the model produced {'NaN/Inf' if decoded.bad == 'nan' else 'an all-black image'} even when decoded "
                 "in float32; the weights may be broken (check the file) or the VAE needs a fixed version")
         self.ladder.record("decode", "ok", started, **self.where(size))
         return decoded.images, decoded.nsfw
+
+    def _decode_once(self, latents, safety_check: bool, upcast: bool = False):
+        with tiling.seamless(self.pipe, self.request.tiling):
+            return sd.decode(self.pipe, latents, upcast=upcast, safety_check=safety_check)
 
     def _hires(self, first: sd.Pass, out: sd.Denoised) -> tuple[sd.Denoised, tuple[int, int]]:
         """A1111's hires fix: upscale the first pass (latents, or pixels) to the hires size (`Hires upscale` or

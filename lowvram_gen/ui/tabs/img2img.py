@@ -42,7 +42,7 @@ def build(ctx: TabContext) -> None:
                 subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=DEFAULTS.seed_resize_from_w,
                 seed_resize_from_h=DEFAULTS.seed_resize_from_h, batch_count=DEFAULTS.batch_count, preview_every=0,
                 preview_method="auto", img2img_fix_steps=DEFAULTS.img2img_fix_steps,
-                resize_mode=DEFAULTS.resize_mode, *units,
+                resize_mode=DEFAULTS.resize_mode, tiling=DEFAULTS.tiling, *units,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
@@ -54,7 +54,8 @@ def build(ctx: TabContext) -> None:
             sampler=sampler, model=model, quantize=quantize, schedule_type=schedule_type, clip_skip=clip_skip,
             batch_count=batch_count, subseed=subseed, subseed_strength=subseed_strength,
             seed_resize_from_w=seed_resize_from_w, seed_resize_from_h=seed_resize_from_h,
-            img2img_fix_steps=bool(img2img_fix_steps), resize_mode=resize_mode or DEFAULTS.resize_mode)), request,
+            img2img_fix_steps=bool(img2img_fix_steps), resize_mode=resize_mode or DEFAULTS.resize_mode,
+            tiling=bool(tiling))), request,
             progress, preview_every, preview_method)
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
@@ -66,7 +67,7 @@ def build(ctx: TabContext) -> None:
                 init = form.controls["init_image"] = ImagePath("Init image", elem_id="i2i-init")
                 form.strength("Denoising strength (0 keeps the image)")
                 form.resize_mode()
-                form.settings()
+                form.settings(tiling=True)
             with gr.Column(scale=2):
                 form.results(("inpaint", "upscale"))
     c = form.controls
@@ -76,5 +77,6 @@ def build(ctx: TabContext) -> None:
     form.generate(img2img, ["init_image", "prompt", "negative_prompt", "strength", "width", "height", "steps",
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "quantize", "schedule_type",
                             "clip_skip", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h",
-                            "batch_count", "preview_every", "preview_method", "img2img_fix_steps", "resize_mode"],
+                            "batch_count", "preview_every", "preview_method", "img2img_fix_steps", "resize_mode",
+                            "tiling"],
                   api_name="img2img")
