@@ -196,9 +196,9 @@ def test_the_cli_and_the_api_give_it(tmp_path):
 
 
 def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
-    """Above the size, Just resize first; the tabs' Generate takes it last before the ControlNet units (after
-    img2img_fix_steps: older positional API calls keep working). Inpaint offers no latent upscale (refused with a
-    mask)."""
+    """Above the size, Just resize first; the tabs' Generate takes it after img2img_fix_steps and before the
+    ControlNet units (img2img: and before Tiling, added since; older positional API calls keep working). Inpaint
+    offers no latent upscale (refused with a mask)."""
     from lowvram_gen.ui import controlnet
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
@@ -206,9 +206,10 @@ def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
     by_name = {f.api_name: f for f in app.fns.values()}
     labels = ["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"]
-    for name, elem, offered in (("img2img", "i2i-resize-mode", labels), ("inpaint", "inp-resize-mode", labels[:3])):
+    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 1),
+                                       ("inpaint", "inp-resize-mode", labels[:3], 0)):
         inputs = by_name[name].inputs
-        radio = inputs[len(inputs) - len(controlnet.KEYS) - 1]
+        radio = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]
         assert (radio.elem_id, radio.value, radio.label) == (elem, "resize", "Resize mode")
         assert [label for label, _ in radio.choices] == offered
         assert [key for _, key in radio.choices] == ["resize", "crop", "fill", "latent"][:len(offered)]
