@@ -14,6 +14,8 @@ SD 1.x and SDXL models (64 px, batch 2, seeds 5 and 6):
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -194,3 +196,17 @@ def test_a_vae_without_a_gaussian_posterior_encodes_as_it_did(vae):
         assert torch.equal(dist.sample(generator), dist.mode())
     assert torch.equal(torch.randn(3, generator=generator), torch.randn(3, generator=torch.Generator().manual_seed(5)))
     assert "encode" not in vars(kl) and "encode" not in vars(model)  # as it was after the block
+
+
+def test_a_mode_copied_without_init_raises_attribute_error_not_recursion():
+    """copy.copy / pickle build a `posterior.Mode` without calling __init__: asking it for an attribute must be an
+    AttributeError (what copy and pickle expect), not a RecursionError through `__getattr__`'s `self.dist`."""
+    import copy
+
+    from lowvram_gen.engines.sd.posterior import Mode
+
+    bare = Mode.__new__(Mode)
+    with pytest.raises(AttributeError):
+        bare.mean
+    dist = types.SimpleNamespace(mean=3.0, mode=lambda: 3.0)
+    assert copy.copy(Mode(dist)).mean == 3.0

@@ -20,6 +20,8 @@ class Mode:
         self.dist = dist
 
     def __getattr__(self, name):  # mean, std, ... as the posterior has them
+        if name == "dist":  # a copy made without __init__ (copy, pickle) has none: no recursion
+            raise AttributeError(name)
         return getattr(self.dist, name)
 
     def mode(self):
