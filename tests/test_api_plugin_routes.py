@@ -123,6 +123,25 @@ def test_the_lists_answer_as_a1111_with_nothing_installed(api, srv):
         assert answer.status_code == 200 and answer.json() == [], route
 
 
+def test_realesrgan_models_lists_the_realesrgan_files_among_the_upscalers(tmp_path, monkeypatch):
+    folder = tmp_path / "models" / "ESRGAN"
+    folder.mkdir(parents=True)
+    for name in ("RealESRGAN_x4plus.pth", "RealESRGAN_x2plus.pth", "4x-UltraSharp.pth", "realesr-general-x4v3.pth"):
+        (folder / name).write_bytes(b"")
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(tmp_path / "models"))
+    listed = {entry["name"]: entry for entry in system_routes.realesrgan_models()}
+    assert set(listed) == {"RealESRGAN_x4plus.pth", "RealESRGAN_x2plus.pth", "realesr-general-x4v3.pth"}
+    assert listed["RealESRGAN_x4plus.pth"] == {"name": "RealESRGAN_x4plus.pth",
+                                               "path": str(folder / "RealESRGAN_x4plus.pth"), "scale": 4}
+    assert listed["RealESRGAN_x2plus.pth"]["scale"] == 2 and listed["realesr-general-x4v3.pth"]["scale"] == 4
+
+
+def test_the_refresh_routes_answer_null_as_a1111s(srv):
+    for route in ("refresh-embeddings", "refresh-checkpoints", "refresh-vae", "refresh-loras"):
+        answer = _post(srv, route, None)
+        assert answer.status_code == 200 and answer.json() is None, route
+
+
 def test_unload_checkpoint_frees_the_model_and_reload_answers(srv):
     srv.session.model = object()  # as if a job had loaded one
     assert _post(srv, "unload-checkpoint", None).json() == {}

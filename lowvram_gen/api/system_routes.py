@@ -11,6 +11,7 @@ other route A1111 1.10 has, each answered in A1111's shape, or refused in one se
   sent (A1111 sends it): a flag that holds one answers "<hidden>".
 - lists of what is not built here, empty as A1111's with none installed: face-restorers, hypernetworks, sd-modules,
   extensions; realesrgan-models: the RealESRGAN files among the upscaler models (/upscalers lists them all).
+- refresh-embeddings answers null, as the other refresh routes: /embeddings scans its folder at every call.
 - unload-checkpoint frees every model (the UI's Free VRAM: Session.free, after the running job); reload-checkpoint
   answers {}: the model loads with the next job, at the precision and offload its plan picks.
 - interrogate, create/* and train/* (and preprocess, A1111's older route), server-kill/-restart/-stop: 501 Not
@@ -124,16 +125,16 @@ def cmd_flags(ctx) -> dict:
 
 
 def realesrgan_models() -> list[dict]:
-    """A1111's /realesrgan-models: the RealESRGAN files among the upscaler models (name, path, scale from an `x4`
-    in the name, else null)."""
+    """A1111's /realesrgan-models: the RealESRGAN files among the upscaler models (name, path, and the scale an
+    `x4` in the name says, else null)."""
     import re
 
     from lowvram_gen.a1111.upscaler_names import model_files, model_path
 
     out = []
     for name in model_files():
-        if "realesrgan" in name.lower():
-            found = re.search(r"(?:^|[^a-z0-9])x?(\d)x?(?:[^a-z0-9]|plus|$)", name.lower())
+        if "realesr" in name.lower():  # RealESRGAN_x4plus.pth, realesr-general-x4v3.pth, ...
+            found = re.search(r"(?<![a-z0-9])x?(\d)x?(?![0-9])", name.lower())
             out.append({"name": name, "path": str(model_path(name)), "scale": int(found.group(1)) if found else None})
     return out
 
@@ -173,6 +174,10 @@ def add(router, ctx) -> None:
     @router.get("/realesrgan-models")
     def realesrgan():
         return realesrgan_models()
+
+    @router.post("/refresh-embeddings")
+    def refresh_embeddings():
+        return None  # /embeddings scans the folder at every call
 
     @router.post("/unload-checkpoint")
     def unload_checkpoint():
