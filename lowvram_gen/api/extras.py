@@ -82,8 +82,8 @@ def read_spec(body: Any, allowed: tuple[Path, ...] = ()) -> Spec:
         raise InvalidRequest("upscaling_resize", got["upscaling_resize"], f"a factor above 0, at most {MAX_SCALE:g}")
     width = as_int("upscaling_resize_w", got["upscaling_resize_w"], 1, MAX_SIDE_OUT)
     height = as_int("upscaling_resize_h", got["upscaling_resize_h"], 1, MAX_SIDE_OUT)
-    return Spec(mode, scale, width, height, as_bool("upscaling_crop", got["upscaling_crop"]),
-                _upscaler(got["upscaler_1"], "upscaler_1", allowed), _upscaler(got["upscaler_2"], "upscaler_2", allowed),
+    first, second = (_upscaler(got[name], name, allowed) for name in ("upscaler_1", "upscaler_2"))
+    return Spec(mode, scale, width, height, as_bool("upscaling_crop", got["upscaling_crop"]), first, second,
                 as_float("extras_upscaler_2_visibility", got["extras_upscaler_2_visibility"], 0.0, 1.0))
 
 

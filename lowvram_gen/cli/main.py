@@ -574,8 +574,8 @@ def cmd_plan(args) -> int:
     else:
         print(f"device: {dev.name} (no GPU)")
     print(f"ram: {host.describe()}")
-    print(f"job: {args.model} {width}x{height}, batch {batch}" + (f", VAE {args.vae}" if getattr(args, "vae", None)
-                                                                 else ""))
+    vae = f", VAE {args.vae}" if getattr(args, "vae", None) else ""
+    print(f"job: {args.model} {width}x{height}, batch {batch}{vae}")
     for line in shape_lines(shapes):
         print(line)
     print(f"bus: {result.bus.describe()}")
