@@ -125,6 +125,9 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
     jobs = Registry()
     api_context = _api_context(session, jobs, outdir, model, queue_size, api_credentials, api_log,
                                allow_paths, api_body_limit) if api else None
+    if api_context is not None:  # what /sdapi/v1/cmd-flags says of the launch
+        api_context.flags.update(listen=listen, port=port, share=share, nowebui=not webui, autolaunch=autolaunch,
+                                 gradio_auth=bool(auth))
     if not webui:
         from lowvram_gen.api.serve import ApiServer
 

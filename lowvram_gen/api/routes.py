@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
-from lowvram_gen.api import answers, controlnet, guard, listings, names, progress
+from lowvram_gen.api import answers, controlnet, guard, listings, names, progress, system_routes
 from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
@@ -60,6 +60,7 @@ class ApiContext:
     version: str = ""
     allow_paths: tuple[Path, ...] = ()  # --api-allow-paths: the folders a body may name files in (else names only)
     body_limit: int = guard.DEFAULT_BODY_LIMIT_MB * 2**20  # bytes (--api-body-limit)
+    flags: dict = field(default_factory=dict)  # the launch flags /cmd-flags says (listen, port, nowebui, ...)
     _waiting: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -262,6 +263,7 @@ def build_router(ctx: ApiContext) -> APIRouter:
     def png_info(body: dict[str, Any] = Body(...)):
         return answers.png_info(body.get("image"))
 
+    system_routes.add(router, ctx)  # memory, cmd-flags, extras, the lists and the routes not built
     return router
 
 

@@ -284,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--ram", metavar="SIZE", help="simulate a machine with this much free system RAM, e.g. 16GB "
                     "(default: this machine's, and its cgroup limit)")
     pl.add_argument("--json", action="store_true", help="print one JSON object (sizes in exact bytes) to stdout")
+    pl.add_argument("--vae", metavar="NAME|PATH",
+                    help="plan with this VAE file (generate's --vae): its weights read, the model's own kept beside it")
     pl.add_argument("--image", dest="reference_images", action="append", metavar="IMAGE",
                     help="an edit's reference image (repeatable), counted as `edit --image` counts it: an editing "
                          "model (qwen-image-edit, kontext, ...) adds its tokens beside the image's")
@@ -543,6 +545,10 @@ def cmd_plan(args) -> int:
     dev = session.device(vram=args.vram, ram=args.ram)
     host = dev.host
     profile, folder = session.model_profile(args.model, args.config, getattr(args, "controlnet", None) or ())
+    if getattr(args, "vae", None):  # as generate counts it (Session.profile_for)
+        from lowvram_gen.models.profile import with_vae
+
+        profile = with_vae(profile, args.vae)
     width, height = width or native_side(profile), height or native_side(profile)
     from lowvram_gen.cli.controlnet import plan_lines
 
@@ -556,7 +562,8 @@ def cmd_plan(args) -> int:
     shapes = model_shapes(profile, width, height, result.preset.memory.dtype, result.preset.memory.quantize)
     nearest = plan_nearest(session, request, dev, (profile, folder), result, args.model)
     if args.json:
-        print(json.dumps({"device": dev.as_dict(), "model": args.model, "width": width, "height": height,
+        print(json.dumps({"device": dev.as_dict(), "model": args.model, "vae": getattr(args, "vae", None),
+                          "width": width, "height": height,
                           "batch": batch, "controlnets": list(profile.controlnets), "shapes": shapes,
                           "nearest": nearest, **result.as_dict()}))
         return 0
@@ -567,7 +574,8 @@ def cmd_plan(args) -> int:
     else:
         print(f"device: {dev.name} (no GPU)")
     print(f"ram: {host.describe()}")
-    print(f"job: {args.model} {width}x{height}, batch {batch}")
+    vae = f", VAE {args.vae}" if getattr(args, "vae", None) else ""
+    print(f"job: {args.model} {width}x{height}, batch {batch}{vae}")
     for line in shape_lines(shapes):
         print(line)
     print(f"bus: {result.bus.describe()}")
