@@ -74,23 +74,23 @@ def check_args(request: GenerationRequest, overlap, scale, upscaler, init_size: 
     tile = min(request.width, request.height)
     overlap = as_int("SD upscale overlap", overlap, 0, min(MAX_OVERLAP, tile - 1),
                      f" px, smaller than the tile ({request.width}x{request.height}: the width and height)")
-    scale = as_float("SD upscale scale", scale, 0.0, MAX_SCALE)
+    given, scale = scale, as_float("SD upscale scale", scale, 0.0, MAX_SCALE)
     name = check_upscaler(upscaler)
     if name == NONE:  # A1111's: nothing is upscaled, the scale is not used
         size = init_size
     else:
         if scale <= 1:
-            raise InvalidRequest("SD upscale scale", scale, f"above 1, at most {MAX_SCALE:g} (upscaler None "
+            raise InvalidRequest("SD upscale scale", given, f"above 1, at most {MAX_SCALE:g} (upscaler None "
                                                             "tiles the image at its own size)")
         size = upscaled_size(*init_size, scale)
         if max(size) > 2 * MAX_SIDE:
-            raise InvalidRequest("SD upscale scale", scale, f"{init_size[0]}x{init_size[1]} x{scale:g} is "
+            raise InvalidRequest("SD upscale scale", given, f"{init_size[0]}x{init_size[1]} x{scale:g} is "
                                  f"{size[0]}x{size[1]}; at most {2 * MAX_SIDE} px a side")
         need = size[0] * size[1] * BYTES_PER_PIXEL
         if usable_ram is not None and need > usable_ram:
             from lowvram_gen.hardware.device import format_size
 
-            raise InvalidRequest("SD upscale scale", scale, f"{size[0]}x{size[1]} needs about {format_size(need)} "
+            raise InvalidRequest("SD upscale scale", given, f"{size[0]}x{size[1]} needs about {format_size(need)} "
                                  f"of system RAM and {format_size(usable_ram)} is usable; a smaller scale")
     if size[0] < request.width or size[1] < request.height:
         raise InvalidRequest("width and height", f"{request.width}x{request.height}", f"the tile must fit in the "
