@@ -364,3 +364,23 @@ def test_the_cli_names_bad_script_input_before_any_job(init, tmp_path, capsys):
         main([*base, "--loopback", "2", "--sd-upscale", "2"])
     assert "not allowed with argument" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_progress_line_says_the_part_first():
+    """jobs/progress.py's PartProgress, the script's on_part: `tile i/n` before the step; the fraction and the ETA
+    count the parts to come (a clock of the test's own: one second a step)."""
+    from lowvram_gen.jobs.progress import PartProgress
+
+    now = [0.0]
+    progress = PartProgress(now=lambda: now[0])
+    progress.part(1, 3, "tile 1/3")
+    progress.update(1, 4)
+    now[0] = 1.0
+    progress.update(2, 4)
+    assert progress.line() == "tile 1/3 · Step 2/4 · ETA 0:10"  # 2 steps of this tile and 8 of the two to come
+    assert progress.fraction() == pytest.approx(0.5 / 3)
+    progress.part(2, 3, "tile 2/3")
+    now[0] = 5.0
+    progress.update(1, 4)
+    assert progress.line().startswith("tile 2/3 · Step 1/4 · ETA ")
+    assert progress.fraction() == pytest.approx(1.25 / 3)
