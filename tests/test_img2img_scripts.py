@@ -156,24 +156,24 @@ def looped(session, init, tmp_path_factory):
         seen.append(job)
         return session.generate(job)
 
-    result = run_loopback(request(init, tmp_path_factory.mktemp("loop")), run_one, loops=3)
+    result = run_loopback(request(init, tmp_path_factory.mktemp("loop")), run_one, loops=2)
     return result, seen
 
 
 def test_each_loop_starts_from_the_last_loops_image(looped):
     result, seen = looped
-    assert [j.init_image for j in seen[1:]] == result.images[:2]
-    assert result.final == [result.images[2]] and len(result.images) == 3
+    assert [j.init_image for j in seen] == [seen[0].init_image, result.images[0]]
+    assert result.final == [result.images[1]] and len(result.images) == 2
     text = outputs.read_png_metadata(result.images[1])[0]
-    assert "Seed: 6," in text and "Denoising strength: 0.55," in text
+    assert "Seed: 6," in text and "Denoising strength: 0.5," in text
     assert text.endswith("Final denoising strength: 0.5, Denoising curve: Linear")  # A1111's labels, not its title
-    assert pixels(result.grid).shape == (SIDE, 3 * SIDE, 3)  # one batch: every loop in the grid
+    assert pixels(result.grid).shape == (SIDE, 2 * SIDE, 3)  # one batch: every loop in the grid
 
 
 def test_loopback_equals_the_passes_run_by_hand(looped, session, init, tmp_path):
     result, _ = looped
     previous = init
-    for i, strength in enumerate([0.6, 0.55, 0.5]):
+    for i, strength in enumerate([0.6, 0.5]):
         made = session.generate(request(previous, tmp_path, seed=5 + i, strength=strength)).images[0]
         assert (pixels(made) == pixels(result.images[i])).all()
         previous = made
