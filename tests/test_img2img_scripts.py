@@ -10,7 +10,6 @@ the last loop's image, the result equals the passes run by hand through the Sess
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
