@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "rest) or latent (Just resize (latent upscale): encoded at its own size, the latents "
                           "stretched)")
     _add_generation_args(i2i)
+    from lowvram_gen.cli.scripts import add_script_args  # Loopback, SD upscale (no heavy imports)
+
+    add_script_args(i2i)
 
     inp = sub.add_parser("inpaint", help="repaint the masked part of an image (A1111's img2img > Inpaint)",
                          description="Repaint where the mask is white (--invert-mask: black); everything outside the "
@@ -500,6 +503,10 @@ def cmd_generate(args) -> int:
     from lowvram_gen.jobs.console import ProgressBar
 
     session = Session(**kwargs)
+    from lowvram_gen.cli import scripts
+
+    if scripts.wanted(args):  # img2img's --loopback / --sd-upscale: one job a loop or tile
+        return scripts.run_script_command(args, request, session, said)
     bar = ProgressBar("step")
     try:
         result = session.generate(request, on_step=bar.update)

@@ -87,3 +87,29 @@ class StepProgress:
         if eta is not None:
             parts.append(f"ETA {clock(eta)}")
         return " · ".join(parts)
+
+
+class PartProgress(StepProgress):
+    """The progress of an img2img script (lowvram_gen/img2img_scripts): its jobs run one after another, a loop or
+    a tile each, of one pass. `part(index, total, line)` is the script's `on_part`, told before each job; the line
+    then says the part first ("tile 3/6 · Step 2/4 · ETA 0:40"), the fraction counts the parts done, and the ETA
+    the steps of the parts still to come, each as long as this one."""
+
+    def __init__(self, unit: str = "Step", now=time.monotonic):
+        super().__init__(1, 1, unit, now)
+        self.index, self.parts, self.part_line = 0, 1, ""
+
+    def part(self, index: int, total: int, line: str) -> None:
+        self.index, self.parts, self.part_line = index, max(1, total), line
+        self.passes, self.step = 0, 0  # the part's first step starts its one pass
+
+    def remaining_steps(self) -> int:
+        return super().remaining_steps() + max(0, self.parts - self.index) * self.total
+
+    def fraction(self) -> float:
+        if not self.index:
+            return super().fraction()
+        return max(0.0, min(1.0, (self.index - 1 + super().fraction()) / self.parts))
+
+    def line(self) -> str:
+        return f"{self.part_line} · {super().line()}" if self.part_line else super().line()

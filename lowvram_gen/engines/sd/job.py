@@ -231,6 +231,7 @@ class _Saver:
                                   self.clip_skip, subseed=request.subseed_for(index),
                                   hires_sampler=self.hires_sampler, vae=self.vae)
             fields.update(self.network_fields)
+            fields.update(request.extra.get("script_params", {}))  # an img2img script's (img2img_scripts/base.py)
             if flagged:
                 fields.update(safety_field())
             meta = {"request": _request_dict(request), "seed": seed, "preset": done.preset,

@@ -1,0 +1,80 @@
+"""The img2img command's A1111 scripts: `--loopback N` and `--sd-upscale SCALE` (lowvram_gen/img2img_scripts).
+
+Each loop or tile is one `Session.generate` job with its own plan and tqdm bar; a line `loop i/n` / `tile i/n`
+on stderr says which. Without --json stdout gets every image saved, one per line (Loopback's grid last); with
+--json one object: the script's result (`images`, `final`, `grid`, `seeds`, `summary`, `warnings`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_script_args(p) -> None:
+    """The script flags of `img2img` (no heavy imports)."""
+    g = p.add_argument_group("A1111's img2img scripts (one of them)")
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--loopback", metavar="N",
+                   help="A1111's Loopback: N img2img passes, each from the last one's image (1-32); every loop's "
+                        "image is saved, with a grid of them")
+    x.add_argument("--sd-upscale", dest="sd_upscale", metavar="SCALE",
+                   help="A1111's SD upscale: upscale the init image by SCALE (above 1), cut it into tiles of "
+                        "--width x --height and img2img each tile as its own job (a small card upscales a big "
+                        "image), then join them with a feathered overlap")
+    g.add_argument("--loopback-final-denoise", dest="loopback_final_denoise", default=0.5, metavar="X",
+                   help="Loopback's final denoising strength, 0-1 (default 0.5): the strength moves to it from "
+                        "--strength over the loops")
+    g.add_argument("--loopback-curve", dest="loopback_curve", default="Linear", metavar="Linear|Aggressive|Lazy",
+                   help="Loopback's denoising strength curve (default Linear)")
+    g.add_argument("--sd-upscale-overlap", dest="sd_upscale_overlap", default=64, metavar="PX",
+                   help="SD upscale's tile overlap in px, smaller than the tile (default 64)")
+    g.add_argument("--sd-upscale-upscaler", dest="sd_upscale_upscaler", default="Lanczos", metavar="NAME",
+                   help="SD upscale's upscaler: None (no upscale, as A1111's), Lanczos (default), Nearest, sd-x4 or "
+                        "an ESRGAN-family model of models/ESRGAN")
+
+
+def wanted(args) -> bool:
+    """Whether the command line asks for a script."""
+    return getattr(args, "loopback", None) is not None or getattr(args, "sd_upscale", None) is not None
+
+
+def run_script_command(args, request, session, said: list[str]) -> int:
+    """Run the script the flags name over `request` on `session`; print as `generate` does."""
+    from lowvram_gen.jobs.console import ProgressBar
+
+    bar = ProgressBar("step")
+
+    def run_one(job):
+        return session.generate(job, on_step=bar.update)
+
+    def on_part(_index, _total, line):
+        print(line, file=sys.stderr)
+
+    try:
+        if args.loopback is not None:
+            from lowvram_gen.img2img_scripts.loopback import run_loopback
+
+            result = run_loopback(request, run_one, loops=args.loopback,
+                                  final_denoising_strength=args.loopback_final_denoise,
+                                  denoising_curve=args.loopback_curve, on_part=on_part)
+        else:
+            from lowvram_gen.img2img_scripts.sd_upscale import run_sd_upscale
+
+            result = run_sd_upscale(request, run_one, overlap=args.sd_upscale_overlap,
+                                    upscaler=args.sd_upscale_upscaler, scale_factor=args.sd_upscale,
+                                    on_part=on_part, outdir=args.outdir,
+                                    device="cpu" if getattr(args, "cpu", False) else session.device().torch_device)
+    finally:
+        bar.close()
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(result.summary, file=sys.stderr)
+    if args.json:
+        data = result.as_json()
+        data["warnings"] = [*said, *(w for w in data["warnings"] if w not in said)]
+        print(json.dumps(data))
+    else:
+        for path in [*result.images, *([result.grid] if result.grid else [])]:
+            print(path)
+    return 0
