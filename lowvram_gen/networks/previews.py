@@ -134,10 +134,11 @@ def cards_of(kind: str, models_folder=None) -> list[Card]:
 
 
 def matching(cards: list[Card], query: str) -> list[Card]:
-    """The cards whose name, file path or description holds every word of `query` (ignoring case), as A1111's search
-    box filters them; an empty query keeps all."""
+    """The cards whose name, file name or description holds every word of `query` (ignoring case), as A1111's search
+    box filters them; an empty query keeps all. (Not the folders above the file: every card would match their
+    words.)"""
     words = (query or "").lower().split()
-    return [c for c in cards if all(w in f"{c.name}\n{c.path}\n{c.description}".lower() for w in words)]
+    return [c for c in cards if all(w in f"{c.name}\n{c.path.name}\n{c.description}".lower() for w in words)]
 
 
 def _number(weight: float) -> str:

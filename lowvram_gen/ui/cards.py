@@ -127,9 +127,13 @@ class Cards:
             return previews.toggled(text, card), gr.update(), card_text(card), gr.Gallery(selected_index=None)
 
         outputs = [self.gallery, self.shown, self.note]
+        # one listing at a time, in the order asked (opening the accordion then picking Checkpoints at once must end
+        # with the checkpoints shown)
+        listing = {"api_visibility": "private", "show_progress": "hidden", "concurrency_id": f"{self.prefix}cards",
+                   "concurrency_limit": 1}
         for event in (self.accordion.expand, self.kind.change, self.refresh.click):
-            event(show, [self.kind, self.search], outputs, api_visibility="private", show_progress="hidden")
-        self.search.input(show, [self.kind, self.search], outputs, api_visibility="private",
-                          show_progress="hidden", trigger_mode="always_last")
+            event(show, [self.kind, self.search], outputs, **listing)
+        # change, not input: a pasted word filters too; always_last: typing fast runs one listing per pause
+        self.search.change(show, [self.kind, self.search], outputs, trigger_mode="always_last", **listing)
         self.gallery.select(clicked, [self.shown, prompt], [prompt, model, self.note, self.gallery],
                             api_visibility="private", show_progress="hidden")

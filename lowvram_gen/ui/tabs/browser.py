@@ -60,7 +60,8 @@ def build(ctx: TabContext) -> None:
     selected = gr.State(None)  # the selected image's path
     trashed = gr.State(None)  # where the last Delete put its image (Undo moves it back)
 
-    def show(chosen, page, request: gr.Request = None):
+    def show(chosen, page, current=None, request: gr.Request = None):
+        """The page's listing; the selected image stays selected while it is on the page (back from a Send to)."""
         try:
             choices = ob.folders(root)
             chosen = chosen if chosen in choices else ob.ALL
@@ -68,8 +69,9 @@ def build(ctx: TabContext) -> None:
         except LowVramError as exc:
             raise messages.error(exc, request) from None
         items = [str(p) for p in listed.items]
+        kept = current in items
         return ([(p, Path(p).name) for p in items], items, gr.Dropdown(choices=choices, value=chosen),
-                listed.number, listed.text(), None, "")
+                listed.number, listed.text(), current if kept else None, gr.update() if kept else "")
 
     def pick(items, evt: gr.SelectData):
         index = evt.index if isinstance(evt.index, int) else -1
@@ -97,11 +99,13 @@ def build(ctx: TabContext) -> None:
         return None, f"Restored {back.name}."
 
     listing = [gallery, shown, folder, number, page_text, selected, info]
-    hidden = {"api_visibility": "private", "show_progress": "hidden"}
+    # one listing at a time, in the order asked (a Delete's relisting after an earlier Next)
+    hidden = {"api_visibility": "private", "show_progress": "hidden", "concurrency_id": "browser",
+              "concurrency_limit": 1}
     for event in (tab.select, refresh.click, folder.input, number.submit):
-        event(show, [folder, number], listing, **hidden)
-    previous.click(lambda f, n: show(f, (n or 1) - 1), [folder, number], listing, **hidden)
-    following.click(lambda f, n: show(f, (n or 1) + 1), [folder, number], listing, **hidden)
+        event(show, [folder, number, selected], listing, **hidden)
+    previous.click(lambda f, n, s: show(f, (n or 1) - 1, s), [folder, number, selected], listing, **hidden)
+    following.click(lambda f, n, s: show(f, (n or 1) + 1, s), [folder, number, selected], listing, **hidden)
     gallery.select(pick, [shown], [selected, info], **hidden)
     delete.click(remove, [selected], [trashed, status], **hidden).success(show, [folder, number], listing, **hidden)
     undo.click(put_back, [trashed], [trashed, status], **hidden).success(show, [folder, number], listing, **hidden)
