@@ -110,15 +110,10 @@ def embedding_cards() -> list[Card]:
 def checkpoint_cards(models_folder=None) -> list[Card]:
     """The local checkpoints of the Model list (models/discover.py), each with the Model box value it sets; the
     embedded tiny models and the hub cache's repos have no file beside which a preview could be."""
-    from lowvram_gen.models import discover
+    from lowvram_gen.models.discover import local_checkpoints
 
-    folders = [models_folder] if models_folder else discover.checkpoint_folders()
-    from lowvram_gen.networks import files
-
-    specs = [spec for folder in folders for spec in discover.local_models(
-        folder, sub_folders=bool(models_folder) or Path(folder) != files.models_root())]
     cards = [card("checkpoint", Path(s).stem if Path(s).is_file() else Path(s).name, Path(s), s)
-             for s in dict.fromkeys(specs)]
+             for s in dict.fromkeys(local_checkpoints(models_folder))]
     return sorted(cards, key=lambda c: c.name.lower())
 
 
