@@ -79,24 +79,22 @@ def build(ctx: TabContext) -> None:
             return None, ""
         return items[index], parameters_of(root, items[index])
 
-    def remove(path, request: gr.Request = None):
+    def move(move_file, path, missing: str, request):
+        """`move_file(root, path)` (to the trash or back), its refusal a gr.Error."""
         if not path:
-            raise messages.error("select an image first", request)
+            raise messages.error(missing, request)
         try:
-            target = ob.to_trash(root, path)
+            return move_file(root, path)
         except LowVramError as exc:
             raise messages.error(exc, request) from None
+
+    def remove(path, request: gr.Request = None):
+        target = move(ob.to_trash, path, "select an image first", request)
         return (str(target.relative_to(root / ob.TRASH)),
                 f"Moved {Path(path).name} to {target}: Undo delete (or moving it back) restores it.")
 
     def put_back(where, request: gr.Request = None):
-        if not where:
-            raise messages.error("nothing deleted to undo", request)
-        try:
-            back = ob.restore(root, where)
-        except LowVramError as exc:
-            raise messages.error(exc, request) from None
-        return None, f"Restored {back.name}."
+        return None, f"Restored {move(ob.restore, where, 'nothing deleted to undo', request).name}."
 
     listing = [gallery, shown, folder, number, page_text, selected, info]
     # one listing at a time, in the order asked (a Delete's relisting after an earlier Next)
