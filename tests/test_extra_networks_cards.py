@@ -97,7 +97,8 @@ def test_a_click_adds_the_tag_a1111_adds_and_a_second_click_takes_it_out(models)
 
 
 def test_a_loras_preferred_weight_and_activation_text_go_in_with_its_tag(models):
-    (models / "Lora" / "film grain.json").write_text(json.dumps({"activation text": "grainy", "preferred weight": 0.75}))
+    (models / "Lora" / "film grain.json").write_text(json.dumps({"activation text": "grainy",
+                                                                 "preferred weight": 0.75}))
     grain = previews.cards_of("lora")[0]
     assert previews.toggled("a cat", grain) == "a cat <lora:film grain:0.75> grainy"
     assert previews.toggled("a cat <lora:film grain:0.75> grainy", grain) == "a cat"

@@ -192,5 +192,5 @@ def find_card(kind: str, name: str, models_folder=None) -> Card | None:
     return next((c for c in cards_of(kind, models_folder) if c.name == name), None)
 
 
-__all__ = ["Card", "DEFAULT_MULTIPLIER", "KINDS", "PREVIEW_EXTENSIONS", "appended", "card", "default_weight", "cards_of", "find_card", "matching",
-           "preview_of", "tag", "toggled", "user_metadata"]
+__all__ = ["Card", "DEFAULT_MULTIPLIER", "KINDS", "PREVIEW_EXTENSIONS", "appended", "card", "cards_of",
+           "default_weight", "find_card", "matching", "preview_of", "tag", "toggled", "user_metadata"]

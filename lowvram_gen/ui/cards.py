@@ -103,7 +103,7 @@ class Cards:
                 self.search = gr.Textbox(placeholder="Search", show_label=False, container=False,
                                          elem_id=f"{p}cards-search", scale=2)
                 self.refresh = gr.Button("Refresh", size="sm", scale=0, min_width=80, elem_id=f"{p}cards-refresh")
-            self.gallery = gr.Gallery(show_label=False, columns=6, height=300, allow_preview=False,
+            self.gallery = gr.Gallery(show_label=False, columns=6, fit_columns=False, height=300, allow_preview=False,
                                       object_fit="cover", interactive=False, format="png",
                                       elem_id=f"{p}cards-gallery")
             self.note = gr.Markdown(elem_id=f"{p}cards-note")

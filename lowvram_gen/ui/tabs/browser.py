@@ -45,7 +45,7 @@ def build(ctx: TabContext) -> None:
             page_text = gr.Markdown(elem_id="browser-page-text")
         with gr.Row():
             with gr.Column(scale=3):
-                gallery = gr.Gallery(show_label=False, columns=6, height=560, object_fit="contain",
+                gallery = gr.Gallery(show_label=False, columns=6, fit_columns=False, height=560, object_fit="contain",
                                      interactive=False, elem_id="browser-gallery")
             with gr.Column(scale=2):
                 info = gr.Textbox(label="Image parameters", lines=8, interactive=False, elem_id="browser-info")
