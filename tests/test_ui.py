@@ -600,7 +600,7 @@ def test_every_tab_is_built_by_one_signature():
     from lowvram_gen.ui.app import TABS
 
     names = [t.__name__.rsplit(".", 1)[1] for t in TABS]
-    assert names == ["txt2img", "img2img", "inpaint", "upscale", "pnginfo", "vqgan", "system"]
+    assert names == ["txt2img", "img2img", "inpaint", "upscale", "pnginfo", "browser", "vqgan", "system"]
     for tab in TABS:
         assert str(inspect.signature(tab.build)) == "(ctx: lowvram_gen.ui.context.TabContext) -> None"
 

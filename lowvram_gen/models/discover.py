@@ -47,11 +47,17 @@ def checkpoint_folders() -> list[Path]:
 def model_choices(models_folder: str | Path | None = None) -> list[str]:
     """The Model list of the UI and the API: the embedded models, the checkpoints of `models_folder` (default:
     `checkpoint_folders()`), the diffusers pipelines in the HF cache."""
+    return list(dict.fromkeys([*TINY_MODELS, *local_checkpoints(models_folder), *cached_hub_models()]))
+
+
+def local_checkpoints(models_folder: str | Path | None = None) -> list[str]:
+    """The checkpoints of `models_folder` (default: `checkpoint_folders()`): the Model list's local entries, and the
+    extra-network cards' checkpoints (networks/previews.py)."""
     folders = [models_folder] if models_folder else checkpoint_folders()
     # the models root's own files only: its sub-folders are the other kinds' (loras/, vae/, text_encoders/ ...)
-    found = [spec for folder in folders
-             for spec in local_models(folder, sub_folders=bool(models_folder) or folder != files.models_root())]
-    return list(dict.fromkeys([*TINY_MODELS, *found, *cached_hub_models()]))
+    return [spec for folder in folders
+            for spec in local_models(folder, sub_folders=bool(models_folder) or folder != files.models_root())]
 
 
-__all__ = ["SINGLE_FILE_SUFFIXES", "cached_hub_models", "checkpoint_folders", "local_models", "model_choices"]
+__all__ = ["SINGLE_FILE_SUFFIXES", "cached_hub_models", "checkpoint_folders", "local_checkpoints", "local_models",
+           "model_choices"]

@@ -6,12 +6,11 @@ the user with CLI flags named as the UI's controls (ui/messages.py): a failed jo
 toast), other errors as a `gr.Error`, HTML-escaped for the browser only; an API client gets a gr.Error either way.
 Only handlers that raise nothing for the user run unqueued: gradio shows no error of an unqueued event.
 
-Tabs have ids (txt2img, img2img, inpaint, upscale, pnginfo, ...) so a "Send to" button can select one; Ctrl+Enter
+Tabs have ids (txt2img, img2img, inpaint, upscale, pnginfo, browser, ...) so a "Send to" button can select one; Ctrl+Enter
 (Cmd+Enter on a Mac) in a prompt box clicks its tab's Generate, as in A1111.
 """
 
 import json
-from pathlib import Path
 
 import gradio as gr
 
@@ -19,9 +18,9 @@ from lowvram_gen.session import Session
 from lowvram_gen.ui import remembered, rng_setting, vae_picker
 from lowvram_gen.ui.context import TabContext, UiOptions
 from lowvram_gen.jobs.registry import Registry
-from lowvram_gen.ui.tabs import img2img, inpaint, pnginfo, system, txt2img, upscale, vqgan
+from lowvram_gen.ui.tabs import browser, img2img, inpaint, pnginfo, system, txt2img, upscale, vqgan
 
-TABS = (txt2img, img2img, inpaint, upscale, pnginfo, vqgan, system)  # in this order: System plans txt2img's inputs
+TABS = (txt2img, img2img, inpaint, upscale, pnginfo, browser, vqgan, system)  # in this order: System plans txt2img's inputs
 # prompt box elem_id -> the Generate button Ctrl+Enter clicks
 GENERATE_KEYS = {"prompt": "generate", "negative": "generate", "i2i-prompt": "i2i-generate",
                  "i2i-negative": "i2i-generate", "inp-prompt": "inp-generate", "inp-negative": "inp-generate"}
@@ -64,7 +63,11 @@ def build_app(session: Session, options: UiOptions, jobs: Registry | None = None
 
 
 def allowed_paths(outdir: str) -> list[str]:
-    return [str(Path(outdir).resolve())]
+    """The one folder the UI serves files from: the output folder, or `outputs/` for a date folder of A1111's
+    layout (the Image Browser shows the other days' folders: output_browser.browse_root)."""
+    from lowvram_gen.output_browser import browse_root
+
+    return [str(browse_root(outdir))]
 
 
 __all__ = ["UiOptions", "allowed_paths", "build_app"]

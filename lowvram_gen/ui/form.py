@@ -3,7 +3,7 @@ the top row (prompt and negative prompt on the left; Generate, big, with Interru
 as A1111 and Forge have them: on screen without scrolling at 1366x768, and the live preview stays in view while a job
 runs), Width/Height with ⇅ (swap them), Batch count and Batch size, Steps/CFG scale/Clip skip, the seed row (Seed,
 ♻ last seed, 🎲 random, Extra, Sampler, Schedule type) with the Extra seed options, the Model box with Refresh and
-Quantize, the LoRA/embedding pickers, hires fix (txt2img), the ControlNet accordion, the live preview's settings,
+Quantize, the LoRA/embedding pickers, the extra-network cards under the prompts (ui/cards.py), hires fix (txt2img), the ControlNet accordion, the live preview's settings,
 and the results column (ui/results.py). The job's progress is drawn once, under Interrupt and Skip: one line with
 the step, `batch i/n` and the ETA, or how many jobs it waits behind (jobs/progress.py).
 
@@ -32,7 +32,7 @@ from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_S
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, NOT_A1111, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
-from lowvram_gen.ui import controlnet, family_defaults, live, pickers, results, sendto
+from lowvram_gen.ui import cards, controlnet, family_defaults, live, pickers, results, sendto
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import (Number, ScheduleType, Slider, quantize_field, seed_buttons, seed_extras,
                                    swap_button, upscaler_choices)
@@ -54,6 +54,7 @@ class SdForm:
         # line, the results column
         self.sent = self.reuse = self.random = self.swap = self.size_button = None
         self.go = self.stop = self.skip = self.progress = self.out = None
+        self.cards = None  # the extra-network cards under the prompts (ui/cards.py), built by `top`
 
     def _id(self, name: str) -> str | None:
         return None if name in self.unnamed else f"{self.prefix}{name}"
@@ -70,6 +71,8 @@ class SdForm:
             with gr.Column(scale=1, min_width=160):
                 self.go, self.stop, self.skip = live.buttons(self.prefix, f"{self.prefix}generate")
                 self.progress = live.progress_line(self.prefix)
+        self.cards = cards.Cards(self.prefix, self.ctx.options.models_folder)  # under the prompts, as in A1111
+        self.cards.build()
 
     def prompts(self, lines: int, negative_lines: int) -> None:
         self.controls["prompt"] = gr.Textbox(value=DEFAULTS.prompt, label="Prompt", lines=lines,
@@ -138,6 +141,8 @@ class SdForm:
         c["model"], c["quantize"] = pickers.model_row(self.ctx.options, prefix, model_label)
         family_defaults.wire(c["model"], c["steps"], c["cfg_scale"], first)
         pickers.build(c["prompt"], prefix=prefix)
+        if self.cards is not None:
+            self.cards.wire(c["prompt"], c["model"])
         if hires:
             self._hires()
         self.units = controlnet.build(prefix, c["width"], c["height"])

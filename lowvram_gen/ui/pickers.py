@@ -15,6 +15,7 @@ import gradio as gr
 
 from lowvram_gen.models.discover import model_choices
 from lowvram_gen.networks.embeddings import available_embeddings
+from lowvram_gen.networks import previews
 from lowvram_gen.networks.lora import available_loras
 
 
@@ -26,10 +27,7 @@ def embedding_choices() -> list[str]:
     return sorted(available_embeddings(), key=str.lower)
 
 
-def with_text(prompt: str | None, text: str) -> str:
-    """`prompt` with `text` added at its end, a space between (as A1111's extra-networks cards do)."""
-    prompt = (prompt or "").rstrip()
-    return f"{prompt} {text}" if prompt else text
+with_text = previews.appended  # `prompt` with `text` added at its end, a space between (as the cards add)
 
 
 def refresh_button(elem_id: str) -> gr.Button:
@@ -65,7 +63,7 @@ def build(prompt: gr.Textbox, prefix: str) -> None:
         refresh = refresh_button(f"{prefix}refresh")
 
     def add_lora(text, name):
-        return (with_text(text, f"<lora:{name}:1>") if name else gr.update()), None
+        return (with_text(text, f"<lora:{name}:{previews.default_weight()}>") if name else gr.update()), None
 
     def add_embedding(text, name):
         return (with_text(text, name) if name else gr.update()), None
