@@ -101,7 +101,7 @@ def info(request, images: list[str], kind: str, model_name: str, warnings: list[
         key("seed_resize_from_h"): request.seed_resize_from_h or -1,
         key("strength"): request.strength if kind == "img2img" else (request.hires_denoise if request.hires else None),
         "extra_generation_params": {k: v for k, v in first.items() if k not in standard},
-        "index_of_first_image": 0, "infotexts": texts, BY_NAME["styles"].api: [],
+        "index_of_first_image": 0, "infotexts": texts, BY_NAME["styles"].api: list(request.styles),
         "job_timestamp": timestamp or time.strftime("%Y%m%d%H%M%S"), "clip_skip": request.clip_skip,
         "is_using_inpainting_conditioning": False, "version": version,
         "warnings": warnings, "what_ran": what_ran,

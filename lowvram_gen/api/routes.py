@@ -16,6 +16,7 @@ is read up to --api-body-limit (413 past it) and its JSON parsed once with limit
 """
 
 import asyncio
+import dataclasses
 import logging
 import tempfile
 import threading
@@ -226,6 +227,10 @@ def build_router(ctx: ApiContext) -> APIRouter:
     def refresh_vae():
         return None  # /sd-vae scans the folder at every call
 
+    @router.get("/prompt-styles")
+    def prompt_styles():
+        return [dataclasses.asdict(style) for style in ctx.session.style_book().styles.values()]
+
     @router.get("/samplers")
     def samplers():
         return listings.samplers()
@@ -303,6 +308,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
                           ctx.state.current_rng(), ctx.state.fix_steps(), ctx.state.current_ensd(),
                           ctx.state.current_unipc())
         request = mapped.request
+        ctx.session.style_book().check(request.styles)  # an unknown style: 422 before the job is queued
         ctx.take_slot()
         try:
             job = _run(ctx, request, kind, watch)  # a failed job raises its error: answered by _answer
