@@ -1,7 +1,8 @@
 """A1111's Styles under the prompts of txt2img, img2img and Inpaint: a multi-select of the styles file's styles (the
 session's: `--styles-file`, else styles.csv where lowvram-gen runs), 🖌 (A1111's "apply": the selected styles'
 text written into the prompt boxes, the selection cleared, so nothing is applied twice), 🔄 (read the file
-again) and "Save as style" (the prompt boxes become a style of the name typed; every tab's list is refreshed).
+again) and 💾 "save as style" (the prompt boxes become a style of the name typed beside it; every tab's list is
+refreshed).
 
 The selection is a Generate input: the Session applies it to the prompts when the job runs (prompting/styles.py),
 so the boxes keep the user's own text, and the PNG the expanded prompts, as A1111's. A style the list does not
@@ -32,16 +33,14 @@ def _names(session) -> list[str]:
 def row(ctx, prefix: str, prompt, negative) -> gr.Dropdown:
     """The Styles row under a tab's prompts; returns the multi-select (the tab's `styles` control)."""
     session = ctx.session
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True):  # one row under the prompts: the page below moves down by one line only
         styles = gr.Dropdown(_names(session), value=[], multiselect=True, allow_custom_value=True, label="Styles",
-                             info="A1111's styles.csv; applied to the prompts when the job runs",
-                             elem_id=f"{prefix}styles", scale=6)
+                             elem_id=f"{prefix}styles", scale=4)
         apply = gr.Button("🖌", size="sm", min_width=40, scale=0, elem_id=f"{prefix}styles-apply")
         refresh = gr.Button("🔄", size="sm", min_width=40, scale=0, elem_id=f"{prefix}styles-refresh")
-    with gr.Row(equal_height=True):
-        name = gr.Textbox(label="Style name", placeholder="save the prompts as a style of this name", max_lines=1,
-                          elem_id=f"{prefix}style-name", scale=6)
-        save = gr.Button("Save as style", size="sm", scale=0, min_width=120, elem_id=f"{prefix}style-save")
+        name = gr.Textbox(label="Save the prompts as style", placeholder="style name", max_lines=1,
+                          elem_id=f"{prefix}style-name", scale=2)
+        save = gr.Button("💾", size="sm", min_width=40, scale=0, elem_id=f"{prefix}style-save")
     lists = ctx.style_lists
     lists.append(styles)
 
