@@ -241,3 +241,25 @@ def test_api_unknown_style_is_422_naming_it(styled_server):
     assert answer.status_code == 422
     detail = answer.json()["detail"][0]
     assert detail["loc"] == ["body", "styles"] and "'Noir'" in detail["msg"] and "Film, Vivid, Wrap" in detail["msg"]
+
+
+def test_api_png_info_takes_the_styles_out_as_a1111s_parser(styled_server, tmp_path):
+    import base64
+
+    api = styled_server.client()
+    result = api.txt2img(prompt="a dog", negative_prompt="", styles=["Vivid", "Film"], steps=1, width=64, height=64)
+    buffer = tmp_path / "made.png"
+    result.image.save(buffer, pnginfo=_text_chunk(result.image.info["parameters"]))
+    answer = requests.post(f"{styled_server.api_url}/png-info",
+                           json={"image": base64.b64encode(buffer.read_bytes()).decode()}, timeout=60).json()
+    assert answer["info"].startswith("a dog, vivid colors, sharp, film grain, 35mm\n")  # the text as written
+    assert (answer["parameters"]["Prompt"], answer["parameters"]["Negative prompt"]) == ("a dog", "")
+    assert answer["parameters"]["Styles array"] == ["Vivid", "Film"]
+
+
+def _text_chunk(text: str):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", text)
+    return info

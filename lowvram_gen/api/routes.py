@@ -265,7 +265,11 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
     @router.post("/png-info")
     def png_info(body: dict[str, Any] = Body(...)):
-        return answers.png_info(body.get("image"))
+        try:
+            book = ctx.session.style_book()
+        except LowVramError:  # a styles file that cannot be read: the prompts as they are
+            book = None
+        return answers.png_info(body.get("image"), book)
 
     return router
 
