@@ -197,8 +197,8 @@ def test_the_cli_and_the_api_give_it(tmp_path):
 
 def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     """Above the size, Just resize first; the tabs' Generate takes it after img2img_fix_steps and before the
-    ControlNet units (before img2img's Tiling and the Styles, added since; older positional API calls keep working). Inpaint
-    offers no latent upscale (refused with a mask)."""
+    ControlNet units (before img2img's Tiling and the Styles, added since; older positional API calls keep working).
+    Inpaint offers no latent upscale (refused with a mask)."""
     from lowvram_gen.ui import controlnet
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions

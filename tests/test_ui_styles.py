@@ -11,7 +11,9 @@ import pytest
 
 from lowvram_gen.prompting import styles as st
 from servers import Server
-from ui_helpers import _drop_on_png_info, _fill_job, _gallery_image, _value_is, browser, needs_browser  # noqa: F401
+# page: ui_helpers' own, on this module's `server` (pytest finds the fixture by its name here)
+from ui_helpers import (_drop_on_png_info, _fill_job, _gallery_image, _value_is, browser,  # noqa: F401
+                        needs_browser, page)
 
 CSV = 'name,prompt,negative_prompt\nFilm,"{prompt}, film grain",blurry\nVivid,vivid colors,\n'
 
@@ -28,16 +30,6 @@ def server(tmp_path_factory):
         os.chdir(here)
     yield srv
     srv.close()
-
-
-@pytest.fixture()
-def page(browser, server):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = context.new_page()
-    pg.goto(server.url)
-    pg.wait_for_selector("#prompt textarea", timeout=30_000)
-    yield pg
-    context.close()
 
 
 def _pick(page, prefix: str, *names: str) -> None:

@@ -43,8 +43,8 @@ def build(ctx: TabContext) -> None:
                  hires_resize_h=DEFAULTS.hires_resize_h, hires_sampler=SAME_SAMPLER,
                  hires_schedule_type=SAME_SCHEDULER, hires_cfg=DEFAULTS.hires_cfg, hires_prompt=DEFAULTS.hires_prompt,
                  hires_negative=DEFAULTS.hires_negative, batch_count=DEFAULTS.batch_count, preview_every=0,
-                 preview_method="auto", tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, *units, request: gr.Request = None,
-                 progress=gr.Progress()):
+                 preview_method="auto", tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, *units,
+                 request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", job_fields(
             options, units, prompt=prompt, negative_prompt=negative_prompt, width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler, model=model,
