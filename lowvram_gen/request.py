@@ -23,6 +23,7 @@ from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.hires import HiresGeometry, geometry
 from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
+from lowvram_gen.prompting.styles import check_names as check_style_names
 from lowvram_gen.rng import DEFAULT as DEFAULT_RNG, check_rng
 from lowvram_gen.samplers import check_installed, split_sampler  # light: tables of names, no torch
 from lowvram_gen.schedules import AUTOMATIC, check_schedule_type, label
@@ -168,6 +169,9 @@ class GenerationRequest:
     hires_prompt: str = ""  # A1111's Hires prompt; "": the prompt
     hires_negative: str = ""  # A1111's Hires negative prompt; "": the negative prompt
     loras: tuple[str, ...] = ()  # --lora NAME[:WEIGHT], added to the prompt's <lora:...> tags
+    # A1111's styles (styles.csv, prompting/styles.py) by name, in order: the Session applies them to the prompts
+    # once, before the plan (and empties this, the names kept in `extra`)
+    styles: tuple[str, ...] = ()
     quantize: str | None = None  # --quantize: int8/int4 weights (or none) in every preset; None: as the preset says
     # A1111's "Clip skip": the text encoder's layer counted from the end (1: the last, off; 2: the one before);
     # SD 1.x/2.x and SDXL only (prompting/encode.py's layer_for)
@@ -249,6 +253,7 @@ class GenerationRequest:
             hires_negative=check_prompt_syntax("hires negative prompt",
                                                clean_prompt("hires negative prompt", self.hires_negative)),
             loras=check_loras(self.loras, self.prompt),
+            styles=check_style_names(self.styles),
             quantize=check_quantize(self.quantize),
             clip_skip=as_int("clip skip", self.clip_skip, 1, MAX_CLIP_SKIP, " (1: off, A1111's meaning)"),
             vae=check_vae(self.vae),

@@ -52,6 +52,8 @@ from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.presets import Preset, find_preset, load_presets
+from lowvram_gen.prompting import styles
+from lowvram_gen.prompting.styles import Style, StyleBook, StylesFile
 from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.settings import Precision, precision_suffix
@@ -72,7 +74,7 @@ class Session:
     def __init__(self, device: str | None = None, preset: str | None = None, vram_budget: int | None = None,
                  reserve_vram: int = DEFAULT_RESERVE, outdir: str | None = None, presets_dir: str | None = None,
                  ops_factory=None, xformers: bool = False, ram_budget: int | None = None,
-                 precision: Precision | None = None):
+                 precision: Precision | None = None, styles_file: str | None = None):
         self.device_pref = device  # 'cpu' forces the CPU (--cpu)
         self.preset_spec = preset  # forced preset (--medvram etc.), None: the planner decides
         self.vram_budget = vram_budget
@@ -84,6 +86,7 @@ class Session:
         self.xformers = xformers  # --xformers: xformers attention in GPU presets (SDPA where it cannot run)
         # --no-half, --no-half-vae, --upcast-sampling, --precision: over every preset, a named one too
         self.precision = precision or Precision()
+        self.styles_file = StylesFile(styles_file)  # --styles-file; A1111's styles.csv in the folder it runs in
         self.lock = threading.RLock()  # one GPU, one job at a time
         self.model: LoadedModel | None = None  # the Stable Diffusion model
         self.runner: Runner | None = None  # over `model`, keeps what is applied to it
@@ -225,6 +228,21 @@ class Session:
                     reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
                     full_precision=self.precision.full, own_size=own is not None)
 
+    def style_book(self) -> StyleBook:
+        """The styles of this session's styles file (read again when it changed on disk)."""
+        return self.styles_file.book()
+
+    def save_style(self, name: str, prompt: str, negative_prompt: str) -> StyleBook:
+        """Save a style (A1111's "save as style") in this session's styles file, the others kept."""
+        return self.styles_file.save(Style(name, prompt or "", negative_prompt or ""))
+
+    def with_styles(self, request: GenerationRequest) -> GenerationRequest:
+        """`request` (validated) with its styles applied to its prompts: the one place every front's `styles`
+        become text, before the plan; a request without styles is returned as it is."""
+        if not request.styles:
+            return request
+        return styles.expanded(request, self.style_book()).validated()
+
     def with_sampling_defaults(self, request: GenerationRequest, source: ModelSource | None = None,
                                profile: profiles.ModelProfile | None = None) -> GenerationRequest:
         """`request` with the steps and CFG scale it left out (None) set to its model family's, for the variant the
@@ -276,7 +294,7 @@ class Session:
         way, the event is cleared, and the job goes on with the next batch of the batch count. `on_preview(image,
         step, total)`: every `preview_every` steps (0: never) an RGB preview of the pass's first image, made on the
         CPU by `preview_method` (lowvram_gen/preview.py: auto, approx, taesd, off)."""
-        request = request.validated()
+        request = self.with_styles(request.validated())
         preview_every = as_int("live preview every", preview_every, 0, MAX_STEPS, " steps (0: off)")
         preview_method = previews.check_method(preview_method)
         check_names(request.prompt, request.negative_prompt, request.loras)  # an unknown LoRA: before the model loads

@@ -166,12 +166,10 @@ def test_a_warned_field_is_accepted_with_one_warning_in_the_api_and_in_a_batch_l
 def test_a_txt_lines_warned_option_is_accepted_with_its_warning():
     """Issue 28: the fields a batch line refused and the API warned of are warned of in both (sampler_index: used)."""
     assert {name: BY_NAME[name].policy for name in ("restore_faces", "tiling", "styles", "sampler_index")} == \
-        {"restore_faces": WARNED, "tiling": USED, "styles": WARNED, "sampler_index": USED}
+        {"restore_faces": WARNED, "tiling": USED, "styles": USED, "sampler_index": USED}
     fields, warnings = parse_options("--prompt x --restore_faces true --tiling false --styles cinematic")
-    assert fields == {"prompt": "x", "tiling": "false"}
-    assert warnings == ["restore_faces 'true' is not used: face restoration is not part of lowvram-gen",
-                        "styles 'cinematic' is not used: lowvram-gen has no saved styles (put their text in the "
-                        "prompt)"]
+    assert fields == {"prompt": "x", "tiling": "false", "styles": "cinematic"}
+    assert warnings == ["restore_faces 'true' is not used: face restoration is not part of lowvram-gen"]
 
 
 @pytest.mark.parametrize("name,value,shown", [("script_name", '"X/Y/Z plot"', "'X/Y/Z plot'"),

@@ -130,9 +130,9 @@ def test_the_api_takes_the_img2img_extras_and_a_controlnet_unit_last(server, tmp
     assert "Clip skip" not in plain and "ControlNet" not in plain
     unit = [True, handle_file(str(init)), "canny", 90, 180, str(net), 0.5, 0, 1]
     off = [False, None, "none", 100, 200, None, 1, 0, 1]
-    fix_steps = False  # A1111's img2img_fix_steps (issue 31), then the resize mode: the last inputs before the units
+    fix_steps = False  # A1111's img2img_fix_steps (issue 31), the resize mode, the styles: the last before the units
     gallery, info = client.predict(editor, *older, "as the preset says", "automatic", 2, 11, 0.3, 0, 0, 2, fix_steps,
-                                   "resize", *unit, *off, "balanced", api_name="/inpaint")[:2]
+                                   "resize", [], *unit, *off, "balanced", api_name="/inpaint")[:2]
     assert "Clip skip: 2" in info and "Variation seed: 11" in info and "Variation seed strength: 0.3" in info
     assert 'ControlNet 0: "Module: canny, Model: tiny-cn, Weight: 0.5' in info and "Mask blur" not in info
     assert len(gallery) == 2  # batch count 2, batch size 1

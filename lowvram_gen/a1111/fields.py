@@ -143,8 +143,9 @@ def _numbered(values: tuple) -> dict:
 FIELDS: tuple[Field, ...] = (
     Field("prompt", api="prompt", default=""),
     Field("negative_prompt", api="negative_prompt", aliases=("negative",), default="", empty=""),
-    Field("styles", request=False, api="styles", policy=WARNED, neutral=(None, ""),
-          why="lowvram-gen has no saved styles (put their text in the prompt)"),
+    # A1111's saved styles (prompting/styles.py), by name: applied to the prompts before the job; no PNG label (the
+    # PNG holds the prompts with the styles' text, as A1111 writes them)
+    Field("styles", api="styles", aliases=("style",), default=[], said=("styles", "style")),
     Field("steps", api="steps", label="Steps", default=50, read=read_int),
     Field("sampler", api="sampler_name", label="Sampler", aliases=("sampler_name", "sampler_index"), empty="Euler"),
     Field("sampler_index", request=False, api="sampler_index", default="Euler",

@@ -37,6 +37,7 @@ from lowvram_gen.a1111.upscaler_names import builtin
 from lowvram_gen.control.units import unit_from_text, unit_text
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.prompting.styles import StyleBook, take_out
 from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest, check_quantize
 from lowvram_gen.rng import DEFAULT as DEFAULT_RNG
 from lowvram_gen.samplers import A1111_AUTOMATIC, DEFAULT, SAMPLERS, split_sampler
@@ -387,10 +388,14 @@ def read_infotext(path: str | Path) -> tuple[str, dict | None]:
     return text, ours
 
 
-def from_png(path: str | Path, lenient: bool = False) -> Infotext:
-    """The request fields of an image's parameters (`read_infotext`, then `request_fields`)."""
+def from_png(path: str | Path, lenient: bool = False, styles: StyleBook | None = None) -> Infotext:
+    """The request fields of an image's parameters (`read_infotext`, then `request_fields`); with `styles` (a
+    styles file's), the styles found in its prompts taken out of them and named in `styles`, as A1111's paste does,
+    so a rerun with them applies each once."""
     text, ours = read_infotext(path)
     info = request_fields(parse_a1111_parameters(text), ours, lenient)
+    if styles is not None:
+        info.fields = take_out(info.fields, styles)
     info.inpainted = inpainted(info, ours)
     if info.inpainted and "mask_blur" not in info.fields:  # A1111 writes Mask blur only above 0
         info.fields["mask_blur"] = 0

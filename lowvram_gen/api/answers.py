@@ -25,6 +25,7 @@ from typing import Any
 from lowvram_gen.a1111.fields import BY_NAME, VAE_HASH, api_key, label
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.prompting.styles import take_out
 
 _DATA_URL = re.compile(r"^data:[\w/+.-]+(;[\w=.-]+)*;base64,", re.IGNORECASE)
 _SIZE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
@@ -101,7 +102,7 @@ def info(request, images: list[str], kind: str, model_name: str, warnings: list[
         key("seed_resize_from_h"): request.seed_resize_from_h or -1,
         key("strength"): request.strength if kind == "img2img" else (request.hires_denoise if request.hires else None),
         "extra_generation_params": {k: v for k, v in first.items() if k not in standard},
-        "index_of_first_image": 0, "infotexts": texts, BY_NAME["styles"].api: [],
+        "index_of_first_image": 0, "infotexts": texts, BY_NAME["styles"].api: list(request.styles),
         "job_timestamp": timestamp or time.strftime("%Y%m%d%H%M%S"), "clip_skip": request.clip_skip,
         "is_using_inpainting_conditioning": False, "version": version,
         "warnings": warnings, "what_ran": what_ran,
@@ -123,9 +124,10 @@ def _number(value: Any, default: float | None) -> float | None:
         return default
 
 
-def png_info(value: Any) -> dict:
+def png_info(value: Any, styles=None) -> dict:
     """/png-info's answer for a base64 image: `info` (its parameters text, "" without one), `items` (its other
-    text chunks: our JSON record), `parameters` (the text's fields as A1111's parser gives them)."""
+    text chunks: our JSON record), `parameters` (the text's fields as A1111's parser gives them: with `styles`, a
+    styles file's StyleBook, the styles found taken out of the prompts and named in "Styles array", as A1111's)."""
     from PIL import Image, UnidentifiedImageError
 
     from lowvram_gen.request import unreadable_image
@@ -137,7 +139,23 @@ def png_info(value: Any) -> dict:
     except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
         raise InvalidRequest("image", _shown(value), unreadable_image(exc)) from None
     text = chunks.pop("parameters", "") or ""
-    return {"info": text, "items": chunks, "parameters": a1111_parameters(text) if text.strip() else {}}
+    parameters = a1111_parameters(text) if text.strip() else {}
+    if parameters and styles is not None:
+        parameters = _without_styles(parameters, styles)
+    return {"info": text, "items": chunks, "parameters": parameters}
+
+
+# A1111's parser's keys of the prompts -> the request's (prompting/styles.take_out reads the request's)
+_PROMPTS = {"Prompt": "prompt", "Negative prompt": "negative_prompt", "Hires prompt": "hires_prompt",
+            "Hires negative prompt": "hires_negative"}
+
+
+def _without_styles(parameters: dict, book) -> dict:
+    taken = take_out({ours: parameters[theirs] for theirs, ours in _PROMPTS.items() if theirs in parameters}, book)
+    if "styles" not in taken:  # the hires prompts hold other styles: nothing taken out, as A1111
+        return parameters
+    out = {**parameters, **{theirs: taken[ours] for theirs, ours in _PROMPTS.items() if theirs in parameters}}
+    return {**out, "Styles array": list(taken["styles"])}
 
 
 def a1111_parameters(text: str) -> dict:

@@ -16,6 +16,7 @@ is read up to --api-body-limit (413 past it) and its JSON parsed once with limit
 """
 
 import asyncio
+import dataclasses
 import logging
 import tempfile
 import threading
@@ -227,6 +228,10 @@ def build_router(ctx: ApiContext) -> APIRouter:
     def refresh_vae():
         return None  # /sd-vae scans the folder at every call
 
+    @router.get("/prompt-styles")
+    def prompt_styles():
+        return [dataclasses.asdict(style) for style in ctx.session.style_book().styles.values()]
+
     @router.get("/samplers")
     def samplers():
         return listings.samplers()
@@ -261,7 +266,11 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
     @router.post("/png-info")
     def png_info(body: dict[str, Any] = Body(...)):
-        return answers.png_info(body.get("image"))
+        try:
+            book = ctx.session.style_book()
+        except LowVramError:  # a styles file that cannot be read: the prompts as they are
+            book = None
+        return answers.png_info(body.get("image"), book)
 
     system_routes.add(router, ctx)  # memory, cmd-flags, extras, the lists and the routes not built
     return router
@@ -305,6 +314,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
                           ctx.state.current_rng(), ctx.state.fix_steps(), ctx.state.current_ensd(),
                           ctx.state.current_unipc())
         request = mapped.request
+        ctx.session.style_book().check(request.styles)  # an unknown style: 422 before the job is queued
         ctx.take_slot()
         try:
             job = _run(ctx, request, kind, watch)  # a failed job raises its error: answered by _answer

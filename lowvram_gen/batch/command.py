@@ -23,6 +23,7 @@ from lowvram_gen.batch.files import MAX_REPEAT, BadLine, expand, read_entries
 from lowvram_gen.batch.report import JobBar, Processes, dry_run_report, print_summary, report_lines, retry_or_fix
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.paths import writable_folder
+from lowvram_gen.prompting.styles import StylesFile
 from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ class Outcome:
 def run_batch_command(args, session_kwargs: dict) -> int:
     names = ("negative_prompt", "width", "height", "steps", "cfg_scale", "batch_size", "sampler", "schedule_type",
              "clip_skip", "subseed", "subseed_strength", "seed_resize_from", "seed", "model", "config", "vae", "rng",
-             "ensd", "unipc_variant", "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling")
+             "ensd", "unipc_variant", "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling",
+             "styles")
     defaults = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     GenerationRequest.from_mapping(defaults)  # a bad --width is exit 2 before anything is read or loaded
     repeat = as_int("--repeat", args.repeat, 1, MAX_REPEAT)
@@ -96,7 +98,8 @@ def run_batch_command(args, session_kwargs: dict) -> int:
 
 def run_batch(file: Path, outdir: Path, defaults: dict, session_kwargs: dict, *, fmt=None, repeat=1,
               seed_start=None, restart=False, as_json=False, dry_run=False, session=None) -> int:
-    joblist = expand(read_entries(file, fmt), defaults, repeat, seed_start)
+    joblist = expand(read_entries(file, fmt), defaults, repeat, seed_start,
+                     StylesFile(session_kwargs.get("styles_file")))
     root = outdir.expanduser().resolve()
     if dry_run:
         return dry_run_report(file, root, joblist, restart, as_json)

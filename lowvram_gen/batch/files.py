@@ -169,9 +169,9 @@ def request_hash(engine: str, request) -> str:
     for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0),
                       ("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_sampler", ""),
                       ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", ""),
-                      ("rng", "gpu"), ("ensd", 0), ("tiling", False), *UNIPC_DEFAULTS.items()):
-        if data.get(name) == off:  # variation seed, hires, RNG, ENSD, tiling, UniPC: added later; off, the hash stays
-            data.pop(name, None)
+                      ("rng", "gpu"), ("ensd", 0), ("tiling", False), ("styles", ()), *UNIPC_DEFAULTS.items()):
+        if data.get(name) == off:  # variation seed, hires, RNG, ENSD, tiling, styles, UniPC: added later; off, the
+            data.pop(name, None)  # hash stays
     if data.get("hires_upscaler") in _OLD_UPSCALER:  # A1111's spelling now: a line's job keeps its hash
         data["hires_upscaler"] = _OLD_UPSCALER[data["hires_upscaler"]]
     if not data.get("controlnets"):  # ControlNet, added later: a job without it keeps its hash
@@ -387,9 +387,11 @@ def normalise_fields(fields: dict, warnings: list[str] | None = None) -> dict:
     return line_fields(fields, [] if warnings is None else warnings)
 
 
-def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: int | None = None) -> JobList:
+def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: int | None = None,
+           styles=None) -> JobList:
     """Turn entries into jobs: line fields over the command line's `defaults`, `repeat` copies
-    each (a line's own ``repeat``/``n_iter`` wins), seeds as described in the README."""
+    each (a line's own ``repeat``/``n_iter`` wins), seeds as described in the README. `styles`: the styles file
+    (prompting/styles.StylesFile), read when a line names a style: an unknown one makes a bad line."""
     jobs: list[Job] = []
     bad: list[BadLine] = []
     warnings: list[str] = []
@@ -424,6 +426,8 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
                 names.check(base.prompt, base.negative_prompt, base.loras)
                 if base.hires:
                     names.check(*base.hires_texts)
+                if base.styles and styles is not None:
+                    styles.book().check(base.styles)
         except LowVramError as exc:
             bad.append(BadLine(entry.line, str(exc)))
             if counter is not None:

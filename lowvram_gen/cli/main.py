@@ -69,6 +69,9 @@ def _add_folder_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--embeddings-dir", metavar="DIR", help="textual-inversion embeddings")
     g.add_argument("--controlnet-dir", metavar="DIR", help="ControlNet models: --controlnet NAME")
     g.add_argument("--vae-dir", metavar="DIR", help="VAE files")
+    g.add_argument("--styles-file", metavar="FILE",
+                   help="A1111's saved styles (--style NAME, the UI's Styles): default styles.csv in the folder "
+                        "lowvram-gen runs in; a missing file is no styles")
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -124,6 +127,9 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--unipc-order", dest="unipc_order", metavar="N", help="A1111's UniPC order, 1-50 (default 3)")
     p.add_argument("--no-unipc-lower-order-final", dest="unipc_lower_order_final", action="store_const", const=False,
                    default=None, help="turn off A1111's UniPC lower order final (on by default)")
+    p.add_argument("--style", dest="styles", action="append", default=None, metavar="NAME",
+                   help="apply this saved style of styles.csv (A1111's; --styles-file), repeatable: in the order "
+                        "given, each style's {prompt} takes the prompt (else its text is appended after ', ')")
     p.add_argument("--tiling", action="store_const", const=True, default=None,
                    help="A1111's Tiling: circular padding in the UNet's and the VAE's convolutions, so the image "
                         "tiles seamlessly (textures); SD 1.x/2.x and SDXL")
@@ -360,6 +366,7 @@ def _session_kwargs(args) -> dict:
         "ram_budget": parse_size(args.ram_budget, "--ram-budget") if getattr(args, "ram_budget", None) else None,
         "precision": Precision.from_flags(getattr(args, "no_half", False), getattr(args, "no_half_vae", False),
                                           getattr(args, "upcast_sampling", False), getattr(args, "precision", None)),
+        "styles_file": getattr(args, "styles_file", None),
     }
 
 
@@ -417,7 +424,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "mask_round", "vae",
                  "reference_images", "rng", "ensd", "img2img_fix_steps", "resize_mode", "unipc_variant",
-                 "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling")
+                 "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling", "styles")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
@@ -434,8 +441,11 @@ def _request_fields(args) -> tuple[dict, list[str]]:
 
     if args.from_png:
         from lowvram_gen.a1111.infotext import from_png, local_model
+        from lowvram_gen.prompting.styles import StylesFile
 
-        read = from_png(args.from_png)
+        # the styles found in its prompts are taken out and named (A1111's paste): a rerun makes the same prompt, and
+        # --style replaces them as any flag replaces the PNG's value
+        read = from_png(args.from_png, styles=StylesFile(getattr(args, "styles_file", None)).book())
         fields = read.fields
         if read.inpainted and not getattr(args, "mask", None):
             raise InvalidRequest("--from-png", args.from_png, "that image was inpainted and its mask is not in a "
@@ -628,7 +638,9 @@ def cmd_doctor(args) -> int:
         from lowvram_gen import failures
 
         print(f"forgot {failures.forget()} remembered failure(s)", file=sys.stderr)
-    info = report(**_session_kwargs(args), measure=not args.skip_bus)
+    kwargs = _session_kwargs(args)
+    kwargs.pop("styles_file")  # the report plans no prompt
+    info = report(**kwargs, measure=not args.skip_bus)
     if args.json:
         print(json.dumps(info, default=str))
     else:

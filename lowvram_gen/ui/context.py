@@ -79,6 +79,7 @@ class TabContext:
     vae: str = "Automatic"
     rng: str = "gpu"  # the RNG source radio's value (ui/rng_setting.py), a setting of the page as A1111's is
     page_controls: dict[str, Any] = field(default_factory=dict)  # request field -> a page setting's component
+    style_lists: list[Any] = field(default_factory=list)  # every tab's Styles multi-select (ui/styles.py)
 
     def later(self, wire: Callable[[], None]) -> None:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""

@@ -32,7 +32,7 @@ from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_S
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, NOT_A1111, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
-from lowvram_gen.ui import cards, controlnet, family_defaults, live, pickers, results, sendto
+from lowvram_gen.ui import cards, controlnet, family_defaults, live, pickers, results, sendto, styles
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import (Number, ScheduleType, Slider, quantize_field, seed_buttons, seed_extras,
                                    swap_button, upscaler_choices)
@@ -79,6 +79,8 @@ class SdForm:
                                              elem_id=self._id("prompt"))
         self.controls["negative_prompt"] = gr.Textbox(value=DEFAULTS.negative_prompt, label="Negative prompt",
                                                       lines=negative_lines, elem_id=self._id("negative"))
+        self.controls["styles"] = styles.row(self.ctx, self.prefix, self.controls["prompt"],
+                                             self.controls["negative_prompt"])
 
     def strength(self, label: str) -> None:
         """img2img's and Inpaint's Denoising strength, and A1111's img2img_fix_steps setting under it."""

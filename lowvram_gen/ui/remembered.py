@@ -16,7 +16,7 @@ with one warning), so the UI never opens with a value its first Generate refuses
 The ControlNet units' model, preprocessor, thresholds, weight, start/end and control mode are remembered (not their
 Enable and image: ui/controlnet.py).
 
-The Model box, the init image and the Extra seed options are not remembered: the model starts at
+The Model box, the init image, the Styles selection and the Extra seed options are not remembered: the model starts at
 `lowvram-gen ui --model`.
 
 (No `from __future__ import annotations`: gradio finds `gr.Request` through real annotations.)
@@ -41,6 +41,7 @@ TABS = ("txt2img", "img2img")
 # from a row that opens hidden
 NOT_REMEMBERED = ("model", "init_image", "seed_extra", "subseed", "subseed_strength", "seed_resize_from_w",
                   "seed_resize_from_h",
+                  "styles",  # A1111 keeps no selection either: a style left selected would apply to every next job
                   # a ControlNet unit's Enable and image: a unit restored on without its image would be refused
                   *(controlnet.key(i, name) for i in range(controlnet.UNITS) for name in controlnet.NOT_REMEMBERED))
 

@@ -41,7 +41,7 @@ EXTRA_SEED = ("seed_extra", "subseed", "subseed_strength", "seed_resize_from_w",
 # the controls a send fills, per tab id (their order is the order of the event's outputs): the ones every SD tab has
 # (ui/form.py builds them), then each tab's own
 SD_FORM = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "seed", "batch_size", "sampler",
-           "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED, "rng")
+           "model", "quantize", "schedule_type", "clip_skip", *EXTRA_SEED, "rng", "styles")
 HIRES = ("hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "hires_resize_w", "hires_resize_h",
          "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative")
 INPAINT_SETTINGS = ("mask_blur", "invert_mask", "masked_content", "inpaint_area", "mask_padding")
@@ -64,17 +64,24 @@ def note(tab: str) -> gr.Markdown:
 
 
 def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parameters: bool = True,
-               request=None) -> tuple[list, list[str]]:
+               request=None, session=None) -> tuple[list, list[str]]:
     """One value (or gr.update() for "leave it") per control in `keys`, from the image at `path`, and what of
     the PNG was not used (one line each, plain text).
 
     The image itself goes to an `init_image`/`image` control. Without parameters in the PNG this is a
-    gr.Error when `need_parameters` (PNG Info), else only the image is sent (a gallery's send)."""
+    gr.Error when `need_parameters` (PNG Info), else only the image is sent (a gallery's send). With `session`, the
+    styles of its styles file are taken out of the prompts and selected (A1111's paste: prompting/styles.py)."""
     fields: dict = {}
     said: list[str] = []
+    book = None
+    if session is not None and "styles" in keys:
+        try:
+            book = session.style_book()
+        except LowVramError as exc:  # the prompts are sent whole
+            said.append(f"styles not taken out of the prompts: {exc}")
     if set(keys) - {"init_image", "image"}:
         try:
-            read = from_png(path, lenient=True)
+            read = from_png(path, lenient=True, styles=book)
         except NoParameters as exc:
             if need_parameters:
                 raise messages.error(exc, request) from None
@@ -94,6 +101,7 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
             fields.setdefault("clip_skip", 1)  # A1111 writes Clip skip only when it is above 1
             fields.setdefault("rng", "gpu")  # and RNG only when not GPU (its parser reads none as GPU)
             fields.setdefault("tiling", False)  # and Tiling only when on
+            fields["styles"] = list(fields.get("styles") or ())  # the styles found in its prompts; else none
             for name, off in (("subseed_strength", 0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
                 fields.setdefault(name, off)  # written only when used: a PNG without them had them off
             fields["seed_extra"] = bool(fields["subseed_strength"] or fields["seed_resize_from_w"])
@@ -203,7 +211,7 @@ def wire_send(ctx, button, tab: str, inputs: list, source) -> None:
 
     def send(first, second=None, request: gr.Request = None):  # the inputs: one or two components
         path, need_parameters = source(first, second)
-        values, said = values_for(keys, path, ctx.options.models_folder, need_parameters, request)
+        values, said = values_for(keys, path, ctx.options.models_folder, need_parameters, request, ctx.session)
         return *values, *([note_text(path, said)] if notes else []), gr.Tabs(selected=tab)
 
     # queued: gradio shows an unqueued event's errors nowhere

@@ -71,7 +71,7 @@ def build(ctx: TabContext) -> None:
                 clip_skip=DEFAULTS.clip_skip, subseed=DEFAULTS.subseed, subseed_strength=DEFAULTS.subseed_strength,
                 seed_resize_from_w=DEFAULTS.seed_resize_from_w, seed_resize_from_h=DEFAULTS.seed_resize_from_h,
                 batch_count=DEFAULTS.batch_count, img2img_fix_steps=DEFAULTS.img2img_fix_steps,
-                resize_mode=DEFAULTS.resize_mode, *units,
+                resize_mode=DEFAULTS.resize_mode, styles=DEFAULTS.styles, *units,
                 request: gr.Request = None, progress=gr.Progress()):
         init = background(editor)
         if not init:
@@ -93,7 +93,7 @@ def build(ctx: TabContext) -> None:
                 schedule_type=schedule_type, clip_skip=clip_skip, batch_count=batch_count, subseed=subseed,
                 subseed_strength=subseed_strength, seed_resize_from_w=seed_resize_from_w,
                 seed_resize_from_h=seed_resize_from_h, img2img_fix_steps=bool(img2img_fix_steps),
-                resize_mode=resize_mode or DEFAULTS.resize_mode), request, progress,
+                resize_mode=resize_mode or DEFAULTS.resize_mode, styles=tuple(styles or ())), request, progress,
                 preview_every, preview_method)
         finally:
             if drawn:  # the drawn mask's file lives as long as its job
@@ -140,5 +140,5 @@ def build(ctx: TabContext) -> None:
                             "masked_content", "inpaint_area", "mask_padding", uploaded, "preview_every",
                             "preview_method", "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                             "seed_resize_from_w", "seed_resize_from_h", "batch_count", "img2img_fix_steps",
-                            "resize_mode"],
+                            "resize_mode", "styles"],
                   api_name="inpaint")
