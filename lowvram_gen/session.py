@@ -28,7 +28,7 @@ from lowvram_gen.families import sampling
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
-from lowvram_gen.engines.sd import edit, inpaint, tiling
+from lowvram_gen.engines.sd import edit, inpaint, refiner, tiling
 from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
@@ -88,6 +88,7 @@ class Session:
         self.model: LoadedModel | None = None  # the Stable Diffusion model
         self.runner: Runner | None = None  # over `model`, keeps what is applied to it
         self.vqgan: VqganModels | None = None  # the VQGAN/CLIP pair
+        self.refiner: refiner.Refiner | None = None  # the last job's refiner, held in RAM (engines/sd/refiner.py)
         self._device: DeviceInfo | None = None
 
     # -- device, presets, models -----------------------------------------------------------------
@@ -138,10 +139,18 @@ class Session:
         self.model, self.runner = model, None
         return model
 
+    def _refiner(self, request: GenerationRequest, dtype: str) -> refiner.Refiner | None:
+        """The request's refiner, loaded on the host at the model's dtype and kept for the next job that names it;
+        None where the job runs none (the one held stays: a job without it does not unload it)."""
+        if not refiner.runs(request):
+            return None
+        self.refiner = refiner.load(request.refiner, dtype, self.refiner)
+        return self.refiner
+
     def free(self) -> None:
         """Unload every model (Stable Diffusion, VQGAN/CLIP, upscalers) and give their memory back."""
         with self.lock:
-            self.model, self.runner, self.vqgan = None, None, None
+            self.model, self.runner, self.vqgan, self.refiner = None, None, None, None
             forget_models()
             free_memory(self._device.kind if self._device else "cpu")
 
@@ -306,6 +315,7 @@ class Session:
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
             self.runner.device = device
+            self.runner.refiner = self._refiner(request, load_dtype)
             if (request.controlnets or attached(model.pipe)) and attach_for(model.pipe, request, load_dtype,
                                                                               first.quantize, device.torch_device):
                 self.runner.applied = None  # the pipeline's ControlNets changed: its memory settings go on again

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from lowvram_gen.a1111 import api_names
 from lowvram_gen.a1111.controlnet_units import SCRIPT_NAMES, unit_field, with_units
-from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key
+from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key, read_refiner
 from lowvram_gen.a1111.unipc_options import DEFAULTS as UNIPC_DEFAULTS
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_SIDE, MIN_SIDE, GenerationRequest, as_bool, as_int
@@ -117,6 +117,8 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     fields.update(model=settings["model"], clip_skip=settings["clip_skip"], vae=settings["vae"], rng=settings["rng"],
                   img2img_fix_steps=settings["img2img_fix_steps"], ensd=settings["ensd"], outdir=outdir,
                   extra={"api": kind}, **{name: settings[name] for name in UNIPC_DEFAULTS})
+    if fields.get("refiner") and str(fields["refiner"]).strip().lower() != "none":  # a checkpoint's title or name
+        fields["refiner"] = find_model(str(fields["refiner"])) or read_refiner("refiner", fields["refiner"])
     unset = _family_defaults(given, fields)
     warnings += _latent_sides(fields)
     if kind == "txt2img":

@@ -1,0 +1,214 @@
+"""Issue 32 item 5, A1111's refiner (engines/sd/refiner.py) on tiny-sdxl and a tiny SDXL refiner (tests/tiny_refiner.py):
+the image equals a hand-rolled reference made of plain diffusers (the base pipeline's own loop, its UNet and the
+conditioning swapped by the test at the step where A1111's completed ratio reaches the switch, the refiner's
+conditioning made by diffusers' own refiner pipeline), for a one-step and a multistep sampler; it differs from no
+refiner; a switch at 1 is no refiner; the UNets are never on the device together; a simulated out-of-memory in the
+refiner's half recovers without reloading the base; and the fronts (CLI, API body, PNG written and read back, batch)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from folder_sampler import own_sampler  # tests/folder_sampler.py
+from tiny_refiner import save_tiny_refiner  # tests/tiny_refiner.py
+from lowvram_gen import GenerationRequest
+from lowvram_gen.a1111.api_body import map_body
+from lowvram_gen.a1111.infotext import a1111_fields, request_fields
+from lowvram_gen.engines.sd import refiner as refiner_mod
+from lowvram_gen.engines.sd.pipeline import set_sampler
+from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.outputs import parse_a1111_parameters, read_png_metadata
+from lowvram_gen.session import Session
+
+PROMPT, NEGATIVE, SEED, STEPS, CFG, SIZE = "a lighthouse at dusk", "blurry", 3, 6, 6.0, 64
+
+
+@pytest.fixture(scope="module")
+def refiner_path(tmp_path_factory):
+    return save_tiny_refiner(tmp_path_factory.mktemp("tiny-refiner"))
+
+
+def pixels(path_or_image) -> np.ndarray:
+    image = path_or_image if isinstance(path_or_image, Image.Image) else Image.open(path_or_image)
+    return np.asarray(image.convert("RGB")).astype(int)
+
+
+def a1111_ratio(scheduler, i: int) -> float:
+    """A1111's completed ratio before model call i (written here from its rule, not imported): the training level
+    nearest to the call's sigma, (999 - index) / 1000."""
+    levels = ((1 - scheduler.alphas_cumprod) / scheduler.alphas_cumprod) ** 0.5
+    return (999 - int(torch.argmin((levels - scheduler.sigmas[i]).abs()))) / 1000
+
+
+_MADE: dict = {}
+
+
+def reference(base_folder, refiner_folder, sampler: str, switch: float | None) -> tuple[np.ndarray, int | None]:
+    """`_reference`, made once per sampler and switch."""
+    key = (str(base_folder), str(refiner_folder), sampler, switch)
+    if key not in _MADE:
+        _MADE[key] = _reference(base_folder, refiner_folder, sampler, switch)
+    return _MADE[key]
+
+
+def _reference(base_folder, refiner_folder, sampler: str, switch: float | None) -> tuple[np.ndarray, int | None]:
+    """Plain diffusers: the base SDXL pipeline's one call, whose step-end callback puts the refiner's UNet in the
+    pipeline and hands it the refiner's conditioning (diffusers' StableDiffusionXLImg2ImgPipeline.encode_prompt and
+    _get_add_time_ids: OpenCLIP-G alone, aesthetic scores 6 and 2.5) from the first call at or past the switch.
+    Returns the image and the call the refiner took over at."""
+    from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
+
+    base = StableDiffusionXLPipeline.from_pretrained(str(base_folder))
+    set_sampler(base, sampler)
+    ref = StableDiffusionXLImg2ImgPipeline.from_pretrained(str(refiner_folder))
+    embeds, negative, pooled, negative_pooled = ref.encode_prompt(PROMPT, device="cpu", negative_prompt=NEGATIVE)
+    ids, negative_ids = ref._get_add_time_ids((SIZE, SIZE), (0, 0), (SIZE, SIZE), 6.0, 2.5, (SIZE, SIZE), (0, 0),
+                                              (SIZE, SIZE), dtype=embeds.dtype,
+                                              text_encoder_projection_dim=ref.text_encoder_2.config.projection_dim)
+    took = []
+
+    def step_end(pipe, i, t, kwargs):
+        if switch is not None and not took and i + 1 < len(pipe.scheduler.timesteps) \
+                and a1111_ratio(pipe.scheduler, i + 1) >= switch:
+            took.append(i + 1)
+            pipe.unet = ref.unet
+            return dict(kwargs, prompt_embeds=torch.cat([negative, embeds]),
+                        add_text_embeds=torch.cat([negative_pooled, pooled]),
+                        add_time_ids=torch.cat([negative_ids, ids]))
+        return kwargs
+
+    image = base(PROMPT, negative_prompt=NEGATIVE, width=SIZE, height=SIZE, num_inference_steps=STEPS,
+                 guidance_scale=CFG, generator=torch.Generator().manual_seed(SEED), callback_on_step_end=step_end,
+                 callback_on_step_end_tensor_inputs=["latents", "prompt_embeds", "add_text_embeds",
+                                                     "add_time_ids"]).images[0]
+    return pixels(image), took[0] if took else None
+
+
+def job(session, tmp_path, sampler, **fields):
+    return session.generate(GenerationRequest(prompt=PROMPT, negative_prompt=NEGATIVE, width=SIZE, height=SIZE,
+                                              steps=STEPS, cfg_scale=CFG, seed=SEED, model="tiny-sdxl",
+                                              sampler=sampler, outdir=str(tmp_path), **fields))
+
+
+@pytest.mark.parametrize("sampler", ["own", "DPM++ 2M"])
+def test_the_image_equals_the_hand_rolled_reference_and_differs_from_no_refiner(sampler, tiny_sdxl_path,
+                                                                                 refiner_path, tmp_path):
+    sampler = own_sampler("tiny-sdxl") if sampler == "own" else sampler
+    expected, took = reference(tiny_sdxl_path, refiner_path, sampler, 0.6)
+    assert took is not None and 0 < took < STEPS  # the switch falls inside the run
+    session = Session(device="cpu")
+    result = job(session, tmp_path, sampler, refiner=refiner_path, refiner_switch_at=0.6)
+    made = pixels(result.images[0])
+    assert np.abs(made - expected).max() <= 2
+    plain, _ = reference(tiny_sdxl_path, refiner_path, sampler, None)
+    assert np.abs(made - plain).max() > 10  # the refiner changed the image
+    params = parse_a1111_parameters(read_png_metadata(result.images[0])[0])
+    assert params["Refiner"] == refiner_path.rsplit("/", 1)[-1] and params["Refiner switch at"] == "0.6"
+    assert request_fields(params).fields["refiner_switch_at"] == 0.6
+    held = session.refiner  # kept in RAM for the next job that names it
+    assert refiner_mod.load(refiner_path, "float32", held) is held
+
+
+def test_a_switch_at_one_is_no_refiner(tiny_sdxl_path, refiner_path, tmp_path):
+    sampler = own_sampler("tiny-sdxl")
+    plain, _ = reference(tiny_sdxl_path, refiner_path, sampler, None)
+    result = job(Session(device="cpu"), tmp_path, sampler, refiner=refiner_path, refiner_switch_at=1)
+    assert np.abs(pixels(result.images[0]) - plain).max() <= 2
+    assert "Refiner" not in parse_a1111_parameters(read_png_metadata(result.images[0])[0])
+
+
+def test_the_two_unets_are_never_on_the_device_together(tiny_sdxl_path, refiner_path, tmp_path, monkeypatch):
+    """The moves the switch makes, in order (on this CPU machine they are recorded; the device is the CPU): the base
+    off before the refiner on, the refiner off after the pass; the refiner's UNet is on the host between jobs."""
+    seen = []
+    switching = refiner_mod.switching
+
+    def watched(*args, **kwargs):
+        with switching(*args, **kwargs) as record:
+            yield record
+            seen.append(record)
+
+    import contextlib
+
+    monkeypatch.setattr(refiner_mod, "switching", contextlib.contextmanager(watched))
+    session = Session(device="cpu")
+    job(session, tmp_path, own_sampler("tiny-sdxl"), refiner=refiner_path, refiner_switch_at=0.6)
+    (record,) = seen
+    assert record.moves[:2] == [("base", "off"), ("refiner", "on")] and record.moves[2] == ("refiner", "off")
+    assert record.at_call is not None and record.calls == STEPS
+    on = False
+    for who, where in record.moves:  # never both: the refiner comes on only after the base went off
+        assert not (who == "refiner" and where == "on" and on)
+        on = who == "base" and where == "on" or (on and who != "base")
+    assert str(next(session.refiner.pipe.unet.parameters()).device) == "cpu"
+
+
+def test_a_simulated_out_of_memory_in_the_refiners_half_recovers_without_reloading_the_base(
+        tiny_sdxl_path, refiner_path, tmp_path, monkeypatch):
+    """Simulated out-of-memory: the refiner UNet's first call raises torch.OutOfMemoryError once; the ladder retries
+    the pass on the next preset with the same loaded base (no second load) and the image is the reference's."""
+    from lowvram_gen import session as session_mod
+
+    sampler = own_sampler("tiny-sdxl")
+    expected, _ = reference(tiny_sdxl_path, refiner_path, sampler, 0.6)
+    session = Session(device="cpu")
+    held = refiner_mod.load(refiner_path, "float32")
+    session.refiner = held
+    raised, loads = [], []
+
+    def hook(module, args):
+        if not raised:
+            raised.append(True)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    handle = held.pipe.unet.register_forward_pre_hook(hook)
+    load = session_mod.load
+    monkeypatch.setattr(session_mod, "load", lambda *a, **k: loads.append(a) or load(*a, **k))
+    try:
+        result = job(session, tmp_path, sampler, refiner=refiner_path, refiner_switch_at=0.6, preset="lowvram")
+    finally:
+        handle.remove()
+    assert raised and len(loads) == 1
+    assert [a["outcome"] for a in result.attempts if a["stage"] == "denoise"][:2] == ["oom", "ok"]
+    assert np.abs(pixels(result.images[0]) - expected).max() <= 2
+
+
+def test_the_fronts_take_it(tmp_path, refiner_path):
+    request = GenerationRequest(prompt="x", refiner=" None ", refiner_switch_at="0.7").validated()
+    assert request.refiner is None and request.refiner_switch_at == 0.7
+    for bad in (0, -0.1, 1.5, "soon", True):
+        with pytest.raises(InvalidRequest) as refused:
+            GenerationRequest(prompt="x", refiner="m", refiner_switch_at=bad).validated()
+        assert "refiner switch at" in str(refused.value) and "\n" not in str(refused.value)
+    body = {"prompt": "x", "refiner_checkpoint": "sd_xl_refiner_1.0 [7440042bbd]", "refiner_switch_at": 0.75}
+    mapped = map_body(body, "txt2img", "tiny", 1, "out", lambda name: None)
+    assert mapped.request.refiner == "sd_xl_refiner_1.0" and mapped.request.refiner_switch_at == 0.75
+    assert not mapped.warnings
+    found = map_body(body, "txt2img", "tiny", 1, "out", lambda name: refiner_path if "refiner" in name else None)
+    assert found.request.refiner == refiner_path
+    assert map_body({"prompt": "x", "refiner_checkpoint": "None"}, "txt2img", "tiny", 1, "out",
+                    lambda name: None).request.refiner is None
+    written = a1111_fields(GenerationRequest(prompt="x", refiner="r", refiner_switch_at=0.8), "Euler", 1, "gpu",
+                           (512, 512), refiner="sd_xl_refiner_1.0 [7440042bbd]")
+    assert written["Refiner"] == "sd_xl_refiner_1.0 [7440042bbd]" and written["Refiner switch at"] == 0.8
+    read = request_fields({"Refiner": "sd_xl_refiner_1.0 [7440042bbd]", "Refiner switch at": "0.8"}).fields
+    assert read["refiner"] == "sd_xl_refiner_1.0" and read["refiner_switch_at"] == 0.8
+
+
+def test_what_cannot_refine_is_refused_in_one_sentence(tmp_path, refiner_path):
+    """A refiner whose VAE scales its latents otherwise (an SD 1.5 model's 0.18215 against SDXL's 0.13025)."""
+    import shutil
+
+    other = tmp_path / "other-latents"
+    shutil.copytree(refiner_path, other)
+    config = json.loads((other / "vae" / "config.json").read_text())
+    (other / "vae" / "config.json").write_text(json.dumps(dict(config, scaling_factor=0.13025)))
+    with pytest.raises(InvalidRequest) as refused:
+        Session(device="cpu").generate(GenerationRequest(prompt="x", model="tiny-sdxl", width=64, height=64, steps=2,
+                                                         refiner=str(other), outdir=str(tmp_path)))
+    assert "another latent space" in str(refused.value) and "\n" not in str(refused.value)
