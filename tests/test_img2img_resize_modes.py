@@ -206,7 +206,7 @@ def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
     by_name = {f.api_name: f for f in app.fns.values()}
     labels = ["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"]
-    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 1),
+    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 3),  # Tiling, the refiner's two
                                        ("inpaint", "inp-resize-mode", labels[:3], 0)):
         inputs = by_name[name].inputs
         radio = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]

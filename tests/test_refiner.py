@@ -212,3 +212,23 @@ def test_what_cannot_refine_is_refused_in_one_sentence(tmp_path, refiner_path):
         Session(device="cpu").generate(GenerationRequest(prompt="x", model="tiny-sdxl", width=64, height=64, steps=2,
                                                          refiner=str(other), outdir=str(tmp_path)))
     assert "another latent space" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_ui_has_a_refiner_accordion_in_txt2img_and_img2img_that_reaches_the_request(tmp_path, monkeypatch):
+    """Without a browser: each tab's Refiner checkpoint starts empty (no refiner) and Switch at at 0.8; their values
+    are the request's `refiner` and `refiner_switch_at`, the last of the tab's own Generate inputs."""
+    from lowvram_gen.ui import controlnet
+    from lowvram_gen.ui.app import UiOptions, build_app
+    from lowvram_gen.ui.context import TabContext
+
+    asked = []
+    monkeypatch.setattr(TabContext, "run_job", lambda self, tab, fields, *a, **k: iter([asked.append(fields)]))
+    app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
+    for api_name, prefix, given in (("generate", "", {}), ("img2img", "i2i-", {"init_image": "init.png"})):
+        event = next(d for d in app.fns.values() if d.api_name == api_name)
+        own = event.inputs[:len(event.inputs) - len(controlnet.KEYS)]
+        assert [(b.elem_id, b.value) for b in own[-2:]] == [(f"{prefix}refiner", ""),
+                                                            (f"{prefix}refiner-switch-at", 0.8)]
+        list(event.fn(prompt="x", refiner="sd_xl_refiner_1.0", refiner_switch_at=0.7, **given))
+        list(event.fn(prompt="x", refiner="", **given))
+    assert [(f["refiner"], f["refiner_switch_at"]) for f in asked] == [("sd_xl_refiner_1.0", 0.7), (None, 0.8)] * 2
