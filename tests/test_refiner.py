@@ -232,3 +232,21 @@ def test_the_ui_has_a_refiner_accordion_in_txt2img_and_img2img_that_reaches_the_
         list(event.fn(prompt="x", refiner="sd_xl_refiner_1.0", refiner_switch_at=0.7, **given))
         list(event.fn(prompt="x", refiner="", **given))
     assert [(f["refiner"], f["refiner_switch_at"]) for f in asked] == [("sd_xl_refiner_1.0", 0.7), (None, 0.8)] * 2
+
+
+def test_png_info_sends_the_refiner_to_the_txt2img_and_img2img_accordion(tmp_path):
+    from PIL.PngImagePlugin import PngInfo
+
+    from lowvram_gen.ui import sendto
+
+    for text, want in (("Refiner: sd_xl_refiner_1.0 [7440042bbd], Refiner switch at: 0.7, ", ("sd_xl_refiner_1.0", 0.7)),
+                       ("", ("", 0.8))):
+        info = PngInfo()
+        info.add_text("parameters", f"a fox\nSteps: 1, Sampler: Euler a, CFG scale: 7, Seed: 5, Size: 64x64, {text}"
+                                    "Model: tiny")
+        png = tmp_path / f"made-{bool(text)}.png"
+        Image.new("RGB", (64, 64)).save(png, pnginfo=info)
+        for keys in (sendto.TXT2IMG, sendto.IMG2IMG):
+            values, said = sendto.values_for(keys, str(png))
+            sent = dict(zip(keys, values))
+            assert (sent["refiner"], sent["refiner_switch_at"]) == want and not any("Refiner" in s for s in said)
