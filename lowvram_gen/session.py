@@ -51,6 +51,7 @@ from lowvram_gen.planning import speed
 from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
+from lowvram_gen.planning.refiner import plan_refiner
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.result import GenerationResult
@@ -227,12 +228,24 @@ class Session:
         presets, forced = self.presets(request.quantize), self.forced_preset(request.preset, request.quantize)
         if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
             presets, forced = tiling.untiled_presets(presets, forced)
-        return plan(device, found, width, height, request.batch_size, presets, forced, failed,
-                    cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
-                    steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
-                    quantize_forced=request.quantize is not None, model=request.model,
-                    reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
-                    full_precision=self.precision.full, own_size=own is not None)
+        result = plan(device, found, width, height, request.batch_size, presets, forced, failed,
+                      cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
+                      steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
+                      quantize_forced=request.quantize is not None, model=request.model,
+                      reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
+                      full_precision=self.precision.full, own_size=own is not None)
+        return self._with_refiner(result, request, found) if refiner.runs(request) else result
+
+    @staticmethod
+    def _with_refiner(result: Plan, request: GenerationRequest, found) -> Plan:
+        """The plan with its refiner's part (planning/refiner.py): the swap at the switch, its RAM, its bus time."""
+        chosen = result.preset
+        own = profiles.profile_builtin(request.refiner) if profiles.is_builtin(request.refiner) \
+            else source_profile(resolve(request.refiner))
+        part = plan_refiner(request.refiner, found, own, chosen.memory.dtype,
+                            chosen.device == "gpu" and chosen.memory.offload == "none", result.bus.bytes_per_s,
+                            request.batch_count)
+        return dataclasses.replace(result, refiner=part, warnings=[*result.warnings, part.describe()])
 
     def with_sampling_defaults(self, request: GenerationRequest, source: ModelSource | None = None,
                                profile: profiles.ModelProfile | None = None) -> GenerationRequest:

@@ -250,3 +250,37 @@ def test_png_info_sends_the_refiner_to_the_txt2img_and_img2img_accordion(tmp_pat
             values, said = sendto.values_for(keys, str(png))
             sent = dict(zip(keys, values))
             assert (sent["refiner"], sent["refiner_switch_at"]) == want and not any("Refiner" in s for s in said)
+
+
+def test_the_plan_counts_the_swap_its_ram_and_bus_time_and_plan_shows_it(refiner_path, capsys):
+    from lowvram_gen.cli.main import main
+    from lowvram_gen.hardware.device import simulated
+
+    session = Session()
+    request = GenerationRequest(prompt="x", model="tiny-sdxl", width=64, height=64, steps=4, batch_count=2,
+                                refiner=refiner_path, refiner_switch_at=0.7)
+    planned = session.plan(request, simulated("4"))
+    part = planned.refiner
+    assert part is not None and part.passes == 2 and part.refiner_unet_bytes > 0 and part.ram_bytes > 0
+    resident = planned.preset.device == "gpu" and planned.preset.memory.offload == "none"
+    per_pass = 2 * part.refiner_unet_bytes + (2 * part.base_unet_bytes if resident else 0)
+    assert part.swap_bytes == 2 * per_pass and part.swap_seconds == pytest.approx(part.swap_bytes / planned.bus.bytes_per_s)
+    assert any("swapped at the switch" in w for w in planned.warnings)
+    assert session.plan(GenerationRequest(prompt="x", model="tiny-sdxl", width=64, height=64, refiner=refiner_path,
+                                          refiner_switch_at=1), simulated("4")).refiner is None
+    assert main(["plan", "--model", "tiny-sdxl", "--width", "64", "--height", "64", "--vram", "4GB", "--refiner",
+                 refiner_path, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["refiner"]
+    assert shown["name"] == refiner_path and shown["swap_bytes"] > 0
+
+
+def test_the_cli_flags_reach_the_png(refiner_path, tmp_path, capsys):
+    from lowvram_gen.cli.main import main
+
+    args = ["generate", PROMPT, "--model", "tiny-sdxl", "--width", "64", "--height", "64", "--steps", "3", "--seed",
+            "5", "--outdir", str(tmp_path), "--json", "--cpu", "--refiner", refiner_path, "--refiner-switch-at", "0.5"]
+    assert main(args) == 0
+    written, ours = read_png_metadata(json.loads(capsys.readouterr().out)["images"][0])
+    assert parse_a1111_parameters(written)["Refiner switch at"] == "0.5"
+    assert ours["request"]["refiner"] == refiner_path and ours["request"]["refiner_switch_at"] == 0.5
+    assert main([*args[:-1], "1.5"]) == 2 and "refiner switch at" in capsys.readouterr().err

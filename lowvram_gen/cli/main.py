@@ -294,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--image", dest="reference_images", action="append", metavar="IMAGE",
                     help="an edit's reference image (repeatable), counted as `edit --image` counts it: an editing "
                          "model (qwen-image-edit, kontext, ...) adds its tokens beside the image's")
+    pl.add_argument("--refiner", metavar="MODEL", help="plan a job with this refiner (as generate's --refiner): the "
+                    "swap at the switch, its RAM and the bus time")
+    pl.add_argument("--refiner-switch-at", dest="refiner_switch_at", metavar="X", help="as generate's (default 0.8)")
     from lowvram_gen.cli.controlnet import add_plan_args
 
     add_plan_args(pl)
@@ -536,7 +539,7 @@ def cmd_plan(args) -> int:
     from lowvram_gen.hardware import device as device_mod
     from lowvram_gen.models.profile import native_side
     from lowvram_gen.request import (MAX_BATCH, MAX_STEPS, GenerationRequest, as_int, as_side, check_quantize,
-                                     check_references)
+                                     check_references, check_refiner, check_switch_at)
 
     width, height = (as_side(name, value) if value is not None else None
                      for name, value in (("width", args.width), ("height", args.height)))
@@ -556,7 +559,9 @@ def cmd_plan(args) -> int:
 
     request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,
                                 steps=steps, quantize=check_quantize(args.quantize),
-                                reference_images=check_references(args.reference_images))
+                                reference_images=check_references(args.reference_images),
+                                refiner=check_refiner(args.refiner),
+                                refiner_switch_at=check_switch_at(args.refiner_switch_at))
     result = session.plan(request, dev, profile=(profile, folder))
     from lowvram_gen.planning.nearest import plan_nearest
     from lowvram_gen.planning.shapes import model_shapes, shape_lines
