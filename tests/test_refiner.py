@@ -122,9 +122,10 @@ def test_a_switch_at_one_is_no_refiner(tiny_sdxl_path, refiner_path, tmp_path):
     assert "Refiner" not in parse_a1111_parameters(read_png_metadata(result.images[0])[0])
 
 
-def test_the_two_unets_are_never_on_the_device_together(tiny_sdxl_path, refiner_path, tmp_path, monkeypatch):
-    """The moves the switch makes, in order (on this CPU machine they are recorded; the device is the CPU): the base
-    off before the refiner on, the refiner off after the pass; the refiner's UNet is on the host between jobs."""
+def watch_switches(monkeypatch) -> list:
+    """Each pass's Switch record (None: a pass the refiner does not run in), as the passes end."""
+    import contextlib
+
     seen = []
     switching = refiner_mod.switching
 
@@ -133,9 +134,14 @@ def test_the_two_unets_are_never_on_the_device_together(tiny_sdxl_path, refiner_
             yield record
             seen.append(record)
 
-    import contextlib
-
     monkeypatch.setattr(refiner_mod, "switching", contextlib.contextmanager(watched))
+    return seen
+
+
+def test_the_two_unets_are_never_on_the_device_together(tiny_sdxl_path, refiner_path, tmp_path, monkeypatch):
+    """The moves the switch makes, in order (on this CPU machine they are recorded; the device is the CPU): the base
+    off before the refiner on, the refiner off after the pass; the refiner's UNet is on the host between jobs."""
+    seen = watch_switches(monkeypatch)
     session = Session(device="cpu")
     job(session, tmp_path, own_sampler("tiny-sdxl"), refiner=refiner_path, refiner_switch_at=0.6)
     (record,) = seen
@@ -146,6 +152,17 @@ def test_the_two_unets_are_never_on_the_device_together(tiny_sdxl_path, refiner_
         assert not (who == "refiner" and where == "on" and on)
         on = who == "base" and where == "on" or (on and who != "base")
     assert str(next(session.refiner.pipe.unet.parameters()).device) == "cpu"
+
+
+def test_with_hires_fix_the_refiner_refines_the_second_pass(refiner_path, tmp_path, monkeypatch):
+    """A1111's default "Hires fix: which pass to enable refiner for": the second pass; the first runs the base alone."""
+    seen = watch_switches(monkeypatch)
+    result = job(Session(device="cpu"), tmp_path, own_sampler("tiny-sdxl"), refiner=refiner_path,
+                 refiner_switch_at=0.5, hires_scale=1.5, hires_denoise=0.6)
+    first, second = seen
+    assert first is None and second is not None and second.at_call is not None and 0 < second.at_call < second.calls
+    params = parse_a1111_parameters(read_png_metadata(result.images[0])[0])
+    assert params["Refiner switch at"] == "0.5" and params["Size"] == "64x64"
 
 
 def test_a_simulated_out_of_memory_in_the_refiners_half_recovers_without_reloading_the_base(
