@@ -10,38 +10,22 @@ from __future__ import annotations
 
 
 def build_tiny_refiner():
-    """The refiner pipeline, float32 on the CPU."""
+    """The refiner pipeline, float32 on the CPU: tiny-sdxl's UNet shape with the refiner's cross-attention (the second
+    encoder's 32 features alone) and added conditioning (5 time ids of 8 + the 32 pooled), its own seeded weights."""
     import torch
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline, UNet2DConditionModel
 
-    from lowvram_gen.models.tiny import _text_encoder, _tokenizer, _vae
+    from lowvram_gen.models.tiny import _text_encoder, _tokenizer, _vae, ensure_tiny
 
+    base = ensure_tiny("tiny-sdxl")
+    config = UNet2DConditionModel.load_config(str(base / "unet"))
     torch.manual_seed(5)
-    unet = UNet2DConditionModel(
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        sample_size=128,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=(2, 4),
-        use_linear_projection=True,
-        addition_embed_type="text_time",
-        addition_time_embed_dim=8,
-        transformer_layers_per_block=(1, 2),
-        projection_class_embeddings_input_dim=72,  # 5 * 8 (time ids with the aesthetic score) + 32 (pooled)
-        cross_attention_dim=32,  # text_encoder_2's hidden states alone
-        norm_num_groups=8,
-    )
-    scheduler = EulerDiscreteScheduler(
-        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000,
-        steps_offset=1, timestep_spacing="leading", interpolation_type="linear", prediction_type="epsilon",
-    )
+    unet = UNet2DConditionModel.from_config(dict(config, cross_attention_dim=32,
+                                                 projection_class_embeddings_input_dim=5 * 8 + 32))
     return StableDiffusionXLImg2ImgPipeline(
         unet=unet, vae=_vae(), text_encoder=None, text_encoder_2=_text_encoder(True, seed=2), tokenizer=None,
-        tokenizer_2=_tokenizer(), scheduler=scheduler, requires_aesthetics_score=True,
-        force_zeros_for_empty_prompt=False,
+        tokenizer_2=_tokenizer(), scheduler=EulerDiscreteScheduler.from_pretrained(str(base / "scheduler")),
+        requires_aesthetics_score=True, force_zeros_for_empty_prompt=False,
     )
 
 
