@@ -203,11 +203,13 @@ def test_the_fronts_take_it(tmp_path, refiner_path):
             GenerationRequest(prompt="x", refiner="m", refiner_switch_at=bad).validated()
         assert "refiner switch at" in str(refused.value) and "\n" not in str(refused.value)
     body = {"prompt": "x", "refiner_checkpoint": "sd_xl_refiner_1.0 [7440042bbd]", "refiner_switch_at": 0.75}
-    mapped = map_body(body, "txt2img", "tiny", 1, "out", lambda name: None)
-    assert mapped.request.refiner == "sd_xl_refiner_1.0" and mapped.request.refiner_switch_at == 0.75
+    listed = {"sd_xl_refiner_1.0": refiner_path}  # an A1111 title `name [hash]` is found by its name
+    mapped = map_body(body, "txt2img", "tiny", 1, "out", listed.get)
+    assert mapped.request.refiner == refiner_path and mapped.request.refiner_switch_at == 0.75
     assert not mapped.warnings
-    found = map_body(body, "txt2img", "tiny", 1, "out", lambda name: refiner_path if "refiner" in name else None)
-    assert found.request.refiner == refiner_path
+    with pytest.raises(InvalidRequest) as refused:  # never a path of the server's, as sd_model_checkpoint
+        map_body(dict(body, refiner_checkpoint="/etc/models/x"), "txt2img", "tiny", 1, "out", listed.get)
+    assert "refiner_checkpoint" in str(refused.value) and "\n" not in str(refused.value)
     assert map_body({"prompt": "x", "refiner_checkpoint": "None"}, "txt2img", "tiny", 1, "out",
                     lambda name: None).request.refiner is None
     written = a1111_fields(GenerationRequest(prompt="x", refiner="r", refiner_switch_at=0.8), "Euler", 1, "gpu",

@@ -118,7 +118,11 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
                   img2img_fix_steps=settings["img2img_fix_steps"], ensd=settings["ensd"], outdir=outdir,
                   extra={"api": kind}, **{name: settings[name] for name in UNIPC_DEFAULTS})
     if fields.get("refiner") and str(fields["refiner"]).strip().lower() != "none":  # a checkpoint's title or name
-        fields["refiner"] = find_model(str(fields["refiner"])) or read_refiner("refiner", fields["refiner"])
+        text = str(fields["refiner"])
+        found = find_model(text) or find_model(read_refiner("refiner", text))  # `name [hash]`: its name
+        if found is None:  # a listed checkpoint only, as sd_model_checkpoint: never a path of the server's
+            raise api_names.refused(api_key("refiner"), text, api_names.MODELS)
+        fields["refiner"] = found
     unset = _family_defaults(given, fields)
     warnings += _latent_sides(fields)
     if kind == "txt2img":
