@@ -303,3 +303,16 @@ def test_the_cli_flags_reach_the_png(refiner_path, tmp_path, capsys):
     assert parse_a1111_parameters(written)["Refiner switch at"] == "0.5"
     assert ours["request"]["refiner"] == refiner_path and ours["request"]["refiner_switch_at"] == 0.5
     assert main([*args[:-1], "1.5"]) == 2 and "refiner switch at" in capsys.readouterr().err
+
+
+def test_under_a_streaming_preset_the_refiners_unet_streams_too(refiner_path, tmp_path, monkeypatch):
+    """novram (one layer at a time) on a card too small for either UNet whole: the refiner's UNet is streamed block by
+    block (diffusers' group offloading), never moved whole; the image is the reference's as on any preset."""
+    seen = watch_switches(monkeypatch)
+    sampler = own_sampler("tiny-sdxl")
+    result = job(Session(device="cpu"), tmp_path, sampler, refiner=refiner_path, refiner_switch_at=0.6,
+                 preset="novram")
+    (record,) = seen
+    assert ("refiner", "streamed") in record.moves and ("refiner", "on") not in record.moves
+    assert record.moves.index(("base", "off")) < record.moves.index(("refiner", "streamed"))
+    assert result.preset.startswith("novram")

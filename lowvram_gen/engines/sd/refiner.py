@@ -51,13 +51,15 @@ def title_of(source) -> str:
     return source.spec if source.kind in ("hub", "tiny") else Path(source.path).name
 
 
-def load(spec: str, dtype: str, kept: Refiner | None = None) -> Refiner:
+def load(spec: str, dtype: str, kept: Refiner | None = None, whole: bool = True) -> Refiner:
     """The refiner named `spec` (as --model takes a model), loaded on the host at `dtype`; `kept` when it is the same
-    model at the same dtype (the Session keeps the last one in RAM)."""
+    model at the same dtype (the Session keeps the last one in RAM), unless its UNet was set to stream for a smaller
+    preset and this job's first preset runs it `whole` (read again: diffusers' group offloading stays on a module)."""
     from lowvram_gen.models.loading import load as load_model
     from lowvram_gen.models.resolve import resolve
 
-    if kept is not None and kept.spec == spec and kept.dtype == dtype:
+    streamed = kept is not None and getattr(kept.pipe.unet, "_lowvram_streamed", False)
+    if kept is not None and kept.spec == spec and kept.dtype == dtype and not (whole and streamed):
         return kept
     source = resolve(spec)
     return Refiner(spec, load_model(source, dtype).pipe, title_of(source), dtype)
@@ -188,6 +190,32 @@ def _base_off(pipe, runner, moves: list) -> str | None:
     return where if resident else None
 
 
+STREAMING = ("budget", "group", "sequential")  # presets whose base UNet does not fit whole: the refiner's streams
+
+
+def _refiner_on(refiner: Refiner, runner, device: str, moves: list) -> bool:
+    """The refiner's UNet onto the device: whole, or, under a preset that streams the base's (its weights do not fit
+    whole), streamed block by block with diffusers' group offloading (put on once, kept between passes: on the host
+    between its calls). Returns whether it streams."""
+    applied = getattr(runner, "applied", None)
+    unet = refiner.pipe.unet
+    if applied is not None and applied.offload in STREAMING:
+        if not getattr(unet, "_lowvram_streamed", False):
+            import torch
+
+            unet.enable_group_offload(onload_device=torch.device(device), offload_device=torch.device("cpu"),
+                                      offload_type="block_level", num_blocks_per_group=1)
+            unet._lowvram_streamed = True
+        moves.append(("refiner", "streamed"))
+        return True
+    if getattr(unet, "_lowvram_streamed", False):
+        raise InvalidRequest("refiner", refiner.spec, "it is streamed for a smaller card's preset since an earlier "
+                                                      "job; unload the models (or restart) to run it whole")
+    unet.to(device)
+    moves.append(("refiner", "on"))
+    return False
+
+
 @contextlib.contextmanager
 def switching(pipe, step, refiner: Refiner | None, device: str, runner=None, scheduler_of=None):
     """Inside the block, the base UNet's forward hands every call from the switch on to the refiner (see the
@@ -203,7 +231,7 @@ def switching(pipe, step, refiner: Refiner | None, device: str, runner=None, sch
     record = Switch()
     texts = step.texts or Texts.of(request)
     conds: dict = {}
-    state: dict = {"back": None}
+    state: dict = {"back": None, "streamed": False}
     scheduler_of = scheduler_of or (lambda: pipe.scheduler)
     own_forward = vars(unet).get("forward")  # an offload hook's, where one wraps it
     original = unet.forward
@@ -215,8 +243,7 @@ def switching(pipe, step, refiner: Refiner | None, device: str, runner=None, sch
                 return original(sample, timestep, encoder_hidden_states, *args, **kwargs)
             record.at_call = record.calls - 1
             state["back"] = _base_off(pipe, runner, record.moves)
-            refiner.pipe.unet.to(device)
-            record.moves.append(("refiner", "on"))
+            state["streamed"] = _refiner_on(refiner, runner, device, record.moves)
         n = len(step.seeds)
         cfg = sample.shape[0] == 2 * n
         if cfg not in conds:
@@ -240,7 +267,8 @@ def switching(pipe, step, refiner: Refiner | None, device: str, runner=None, sch
         else:
             unet.forward = own_forward
         if record.at_call is not None:
-            refiner.pipe.unet.to("cpu")  # held on the host between passes
+            if not state["streamed"]:  # a streamed one is on the host already between its calls
+                refiner.pipe.unet.to("cpu")  # held on the host between passes
             record.moves.append(("refiner", "off"))
             if state["back"] is not None:
                 unet.to(state["back"])
