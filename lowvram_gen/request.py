@@ -193,6 +193,11 @@ class GenerationRequest:
     # A1111's Tiling: circular padding in the UNet's and the VAE's convolutions, so the image tiles seamlessly
     # (engines/sd/tiling.py); SD 1.x/2.x and SDXL
     tiling: bool = False
+    # A1111's refiner (1.6+, engines/sd/refiner.py): a second model (a hub id, folder, single file or a checkpoint's
+    # name) that takes over the same sampler run where A1111's completed ratio reaches refiner_switch_at; None: none.
+    # A switch at 1 is no refiner, as in A1111
+    refiner: str | None = None
+    refiner_switch_at: float = 0.8
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -264,6 +269,8 @@ class GenerationRequest:
             unipc_order=unipc_options.check_order(self.unipc_order),
             unipc_lower_order_final=as_bool("UniPC lower order final", self.unipc_lower_order_final),
             tiling=as_bool("tiling", self.tiling),
+            refiner=check_refiner(self.refiner),
+            refiner_switch_at=check_switch_at(self.refiner_switch_at),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),
@@ -550,6 +557,31 @@ def check_loras(value: Any, prompt: str = "") -> tuple[str, ...]:
     if isinstance(prompt, str):
         extract_lora_tags(prompt)
     return tuple(items)
+
+
+def check_refiner(value: Any) -> str | None:
+    """The refiner's model as text, or None: A1111's API sends "None" or "" for none (any case)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("refiner", value, "give a model: a hub id, a folder, a .safetensors file or a "
+                                               "checkpoint's name (or None)")
+    return value.strip()
+
+
+def check_switch_at(value: Any) -> float:
+    """A1111's "Switch at": the fraction of the sampling done before the refiner takes over, above 0 and at most 1
+    (1: the refiner never runs)."""
+    allowed = "a fraction above 0 and at most 1 (A1111's Switch at, e.g. 0.8; 1: no refiner)"
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return 0.8
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise InvalidRequest("refiner switch at", value, allowed) from None
+    if isinstance(value, bool) or not math.isfinite(number) or not 0 < number <= 1:
+        raise InvalidRequest("refiner switch at", value, allowed)
+    return number
 
 
 def check_vae(value: Any) -> str:

@@ -28,7 +28,7 @@ from lowvram_gen.families import sampling
 from lowvram_gen.hardware.device import DEFAULT_RESERVE, DeviceInfo, probe, simulated
 from lowvram_gen.hardware.hostmem import probe_host, simulated_host
 from lowvram_gen.engines.sd import apply as apply_mod
-from lowvram_gen.engines.sd import edit, inpaint, tiling
+from lowvram_gen.engines.sd import edit, inpaint, refiner, tiling
 from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
@@ -51,6 +51,7 @@ from lowvram_gen.planning import speed
 from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
+from lowvram_gen.planning.refiner import plan_refiner
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.prompting import styles
 from lowvram_gen.prompting.styles import Style, StyleBook, StylesFile
@@ -91,6 +92,7 @@ class Session:
         self.model: LoadedModel | None = None  # the Stable Diffusion model
         self.runner: Runner | None = None  # over `model`, keeps what is applied to it
         self.vqgan: VqganModels | None = None  # the VQGAN/CLIP pair
+        self.refiner: refiner.Refiner | None = None  # the last job's refiner, held in RAM (engines/sd/refiner.py)
         self._device: DeviceInfo | None = None
 
     # -- device, presets, models -----------------------------------------------------------------
@@ -141,10 +143,21 @@ class Session:
         self.model, self.runner = model, None
         return model
 
+    def _refiner(self, request: GenerationRequest, dtype: str, whole: bool) -> refiner.Refiner | None:
+        """The request's refiner, loaded on the host at the model's dtype and kept for the next job that names it;
+        None where the job runs none (the one held stays: a job without it does not unload it). `whole`: the job's
+        first preset moves it whole (refiner.load)."""
+        if not refiner.runs(request):
+            return None
+        if self.refiner is not None and self.refiner.spec != request.refiner:  # one refiner in RAM at a time
+            self.refiner = self.runner.refiner = None
+        self.refiner = refiner.load(request.refiner, dtype, self.refiner, whole)
+        return self.refiner
+
     def free(self) -> None:
         """Unload every model (Stable Diffusion, VQGAN/CLIP, upscalers) and give their memory back."""
         with self.lock:
-            self.model, self.runner, self.vqgan = None, None, None
+            self.model, self.runner, self.vqgan, self.refiner = None, None, None, None
             forget_models()
             free_memory(self._device.kind if self._device else "cpu")
 
@@ -221,12 +234,24 @@ class Session:
         presets, forced = self.presets(request.quantize), self.forced_preset(request.preset, request.quantize)
         if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
             presets, forced = tiling.untiled_presets(presets, forced)
-        return plan(device, found, width, height, request.batch_size, presets, forced, failed,
-                    cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
-                    steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
-                    quantize_forced=request.quantize is not None, model=request.model,
-                    reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
-                    full_precision=self.precision.full, own_size=own is not None)
+        result = plan(device, found, width, height, request.batch_size, presets, forced, failed,
+                      cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
+                      steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
+                      quantize_forced=request.quantize is not None, model=request.model,
+                      reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
+                      full_precision=self.precision.full, own_size=own is not None)
+        return self._with_refiner(result, request, found) if refiner.runs(request) else result
+
+    @staticmethod
+    def _with_refiner(result: Plan, request: GenerationRequest, found) -> Plan:
+        """The plan with its refiner's part (planning/refiner.py): the swap at the switch, its RAM, its bus time."""
+        chosen = result.preset
+        own = profiles.profile_builtin(request.refiner) if profiles.is_builtin(request.refiner) \
+            else source_profile(resolve(request.refiner))
+        part = plan_refiner(request.refiner, found, own, chosen.memory.dtype,
+                            chosen.device == "gpu" and chosen.memory.offload == "none", result.bus.bytes_per_s,
+                            request.batch_count)
+        return dataclasses.replace(result, refiner=part, warnings=[*result.warnings, part.describe()])
 
     def style_book(self) -> StyleBook:
         """The styles of this session's styles file (read again when it changed on disk)."""
@@ -324,6 +349,7 @@ class Session:
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
             self.runner.device = device
+            self.runner.refiner = self._refiner(request, load_dtype, first.offload not in refiner.STREAMING)
             if (request.controlnets or attached(model.pipe)) and attach_for(model.pipe, request, load_dtype,
                                                                               first.quantize, device.torch_device):
                 self.runner.applied = None  # the pipeline's ControlNets changed: its memory settings go on again

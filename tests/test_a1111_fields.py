@@ -53,6 +53,7 @@ EXAMPLES = {
     "unipc_variant": dict(unipc_variant="bh2"), "unipc_skip_type": dict(unipc_skip_type="logSNR"),
     "unipc_order": dict(unipc_order=2), "unipc_lower_order_final": dict(unipc_lower_order_final=False),
     "tiling": dict(tiling=True),
+    "refiner": dict(refiner="sd_xl_refiner_1.0"), "refiner_switch_at": dict(refiner="r", refiner_switch_at=0.65),
 }
 # labels A1111 writes and we read, that our PNGs do not write: each of them is one image of its batch
 READ_ONLY = {"batch_size": ("Batch size: 4", 4)}

@@ -206,8 +206,8 @@ def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
     by_name = {f.api_name: f for f in app.fns.values()}
     labels = ["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"]
-    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 2),
-                                       ("inpaint", "inp-resize-mode", labels[:3], 1)):
+    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 4),  # Tiling, Styles, the refiner's two
+                                       ("inpaint", "inp-resize-mode", labels[:3], 1)):  # Styles
         inputs = by_name[name].inputs
         radio = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]
         assert (radio.elem_id, radio.value, radio.label) == (elem, "resize", "Resize mode")

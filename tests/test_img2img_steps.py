@@ -242,7 +242,8 @@ def test_the_ui_has_a_checkbox_for_it_in_img2img_and_inpaint(tmp_path):
 
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
     by_name = {f.api_name: f for f in app.fns.values()}
-    for name, elem, later in (("img2img", "i2i-fix-steps", 3), ("inpaint", "inp-fix-steps", 2)):
+    for name, elem, later in (("img2img", "i2i-fix-steps", 5), ("inpaint", "inp-fix-steps", 2)):
         inputs = by_name[name].inputs
-        box = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]  # the resize mode, (img2img:) Tiling, Styles
+        # the resize mode after it (img2img: and Tiling), Styles, (img2img:) the refiner's checkpoint and switch
+        box = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]
         assert (box.elem_id, box.value) == (elem, False)

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from lowvram_gen.a1111 import api_names
 from lowvram_gen.a1111.controlnet_units import SCRIPT_NAMES, unit_field, with_units
-from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key
+from lowvram_gen.a1111.fields import BOTH, FIELDS, IMG2IMG, REFUSED, TXT2IMG, WARNED, Field, api_key, read_refiner
 from lowvram_gen.a1111.unipc_options import DEFAULTS as UNIPC_DEFAULTS
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_SIDE, MIN_SIDE, GenerationRequest, as_bool, as_int
@@ -117,6 +117,12 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     fields.update(model=settings["model"], clip_skip=settings["clip_skip"], vae=settings["vae"], rng=settings["rng"],
                   img2img_fix_steps=settings["img2img_fix_steps"], ensd=settings["ensd"], outdir=outdir,
                   extra={"api": kind}, **{name: settings[name] for name in UNIPC_DEFAULTS})
+    if fields.get("refiner") and str(fields["refiner"]).strip().lower() != "none":  # a checkpoint's title or name
+        text = str(fields["refiner"])
+        found = find_model(text) or find_model(read_refiner("refiner", text))  # `name [hash]`: its name
+        if found is None:  # a listed checkpoint only, as sd_model_checkpoint: never a path of the server's
+            raise api_names.refused(api_key("refiner"), text, api_names.MODELS)
+        fields["refiner"] = found
     unset = _family_defaults(given, fields)
     warnings += _latent_sides(fields)
     if kind == "txt2img":

@@ -56,6 +56,11 @@ def read_bool(label: str, value: Any) -> bool:
     return text == "true"
 
 
+def read_refiner(label: str, value: Any) -> str:
+    """`Refiner: name [hash]` as A1111 writes a checkpoint's short title: the name (the hash is not a model)."""
+    return re.sub(r"\s*\[[0-9a-fA-F]{8,64}\]\s*$", "", str(value).strip())
+
+
 def read_rng(label: str, value: Any) -> str:
     """`RNG: CPU` / `RNG: NV` (A1111's words, any case) as the request's cpu / nv; an error naming the field."""
     try:
@@ -187,6 +192,10 @@ FIELDS: tuple[Field, ...] = (
           read=read_bool),
     # A1111's Tiling (engines/sd/tiling.py): its PNG says `Tiling: True` when on, nothing when off
     Field("tiling", api="tiling", label="Tiling", default=False, read=read_bool),
+    # A1111's refiner (engines/sd/refiner.py): its PNG says `Refiner: name [hash]` and `Refiner switch at: 0.8`
+    Field("refiner", api="refiner_checkpoint", label="Refiner", aliases=("refiner_checkpoint",), read=read_refiner),
+    Field("refiner_switch_at", api="refiner_switch_at", label="Refiner switch at", default=0.8,
+          said=("refiner switch at",), read=read_float),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
     # A1111's setting "With img2img, do exactly the amount of steps the slider specifies" (img2img_steps.py); no
@@ -260,9 +269,6 @@ FIELDS: tuple[Field, ...] = (
     Field("s_tmax", request=False, api="s_tmax", policy=WARNED, neutral=(None, 0, math.inf), why=_K_DIFFUSION),
     Field("s_tmin", request=False, api="s_tmin", policy=WARNED, neutral=(None, 0), why=_K_DIFFUSION),
     Field("s_noise", request=False, api="s_noise", policy=WARNED, neutral=(None, 1), why=_K_DIFFUSION),
-    Field("refiner_checkpoint", request=False, api="refiner_checkpoint", policy=WARNED, neutral=(None, "", "None"),
-          why="a refiner is not part of lowvram-gen"),
-    Field("refiner_switch_at", request=False, api="refiner_switch_at", policy=WARNED, neutral=ANY),  # refiner's
     Field("disable_extra_networks", request=False, api="disable_extra_networks", policy=WARNED,
           neutral=(None, False), default=False, why="LoRA tags in the prompt are always used"),
     Field("firstpass_image", request=False, api="firstpass_image", policy=WARNED, neutral=(None, ""),

@@ -250,7 +250,7 @@ def inpainted(info: "Infotext", ours: dict | None = None) -> bool:
 def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | None], seed: int, preset: str,
                  generated_size: tuple[int, int], quantize: str = "none", clip_skip: int | None = None,
                  subseed: int | None = None, hires_sampler: tuple[str, str | None] | None = None,
-                 vae: tuple[str, str] | None = None) -> dict:
+                 vae: tuple[str, str] | None = None, refiner: str | None = None) -> dict:
     """The key-value line of A1111's `parameters` text, in A1111's order, plus what lowvram-gen did. `sampler`:
     the A1111 sampler name, or (name, schedule type label or None) written as A1111 1.9+ writes them
     (`Sampler: DPM++ 2M, Schedule type: Karras`). `clip_skip`: the one the encoders used (default: the
@@ -261,7 +261,8 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
     decoded with, written after Model as A1111 writes them (`VAE hash`, `VAE`); None: the model's own. With the other hires fields in A1111
     1.10's order (its extra_generation_params, Forge's `Hires CFG Scale` where Forge puts it), each only where A1111
     writes it: the sampler, schedule type, prompts and CFG scale only where they differ from the first pass's,
-    `Hires upscale` or `Hires resize`, `Hires steps` only when set."""
+    `Hires upscale` or `Hires resize`, `Hires steps` only when set. `refiner`: the refiner's title as A1111 writes it
+    (`name [hash]`; default: the request's refiner), written with `Refiner switch at` where a refiner ran."""
     sampler, schedule = sampler if isinstance(sampler, tuple) else (sampler, None)
     fields = {label("steps"): request.steps, label("sampler"): sampler}
     if schedule:
@@ -293,6 +294,9 @@ def a1111_fields(request: GenerationRequest, sampler: str | tuple[str, str | Non
     for name, default in UNIPC_DEFAULTS.items():  # A1111's UniPC settings, where not its defaults
         if getattr(request, name) != default:
             fields[label(name)] = getattr(request, name)
+    if request.refiner and request.refiner_switch_at < 1:  # engines/sd/refiner.py; a switch at 1 runs none
+        fields[label("refiner")] = refiner or request.refiner
+        fields[label("refiner_switch_at")] = request.refiner_switch_at
     if request.hires:
         fields.update(hires_fields(request, (sampler, schedule), hires_sampler))
     fields[PRESET] = preset

@@ -133,6 +133,13 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--tiling", action="store_const", const=True, default=None,
                    help="A1111's Tiling: circular padding in the UNet's and the VAE's convolutions, so the image "
                         "tiles seamlessly (textures); SD 1.x/2.x and SDXL")
+    p.add_argument("--refiner", metavar="MODEL",
+                   help="A1111's refiner: a second model (SDXL refiner, or a model of the same latent space) that "
+                        "takes over the same sampler run at --refiner-switch-at (a hub id, folder, file or a "
+                        "checkpoint's name as --model takes it); with hires fix it refines the second pass")
+    p.add_argument("--refiner-switch-at", dest="refiner_switch_at", metavar="X",
+                   help="the fraction of the sampling done by the model before the refiner takes over, above 0 and "
+                        "at most 1 (default 0.8; 1: no refiner)")
     p.add_argument("--subseed", metavar="N",
                    help="A1111's Variation seed: 0..4294967295, -1 random (default); its noise is blended into the "
                         "seed's by --subseed-strength (a batch keeps the seed and counts the subseed up)")
@@ -298,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--image", dest="reference_images", action="append", metavar="IMAGE",
                     help="an edit's reference image (repeatable), counted as `edit --image` counts it: an editing "
                          "model (qwen-image-edit, kontext, ...) adds its tokens beside the image's")
+    pl.add_argument("--refiner", metavar="MODEL", help="plan a job with this refiner (as generate's --refiner): the "
+                    "swap at the switch, its RAM and the bus time")
+    pl.add_argument("--refiner-switch-at", dest="refiner_switch_at", metavar="X", help="as generate's (default 0.8)")
     from lowvram_gen.cli.controlnet import add_plan_args
 
     add_plan_args(pl)
@@ -424,7 +434,8 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative", "mask",
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "mask_round", "vae",
                  "reference_images", "rng", "ensd", "img2img_fix_steps", "resize_mode", "unipc_variant",
-                 "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling", "styles")
+                 "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling", "styles", "refiner",
+                 "refiner_switch_at")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:
@@ -547,7 +558,7 @@ def cmd_plan(args) -> int:
     from lowvram_gen.hardware import device as device_mod
     from lowvram_gen.models.profile import native_side
     from lowvram_gen.request import (MAX_BATCH, MAX_STEPS, GenerationRequest, as_int, as_side, check_quantize,
-                                     check_references)
+                                     check_references, check_refiner, check_switch_at)
 
     width, height = (as_side(name, value) if value is not None else None
                      for name, value in (("width", args.width), ("height", args.height)))
@@ -571,7 +582,9 @@ def cmd_plan(args) -> int:
 
     request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,
                                 steps=steps, quantize=check_quantize(args.quantize),
-                                reference_images=check_references(args.reference_images))
+                                reference_images=check_references(args.reference_images),
+                                refiner=check_refiner(args.refiner),
+                                refiner_switch_at=check_switch_at(args.refiner_switch_at))
     result = session.plan(request, dev, profile=(profile, folder))
     from lowvram_gen.planning.nearest import plan_nearest
     from lowvram_gen.planning.shapes import model_shapes, shape_lines

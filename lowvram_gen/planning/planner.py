@@ -105,11 +105,12 @@ class Plan:
     # why the chosen candidate's weights lose detail when the planner picked that over a lossless one (int8 for
     # speed): also in `warnings`, and written into the PNGs it makes
     loss_note: str = ""
+    refiner: object = None  # planning/refiner.RefinerPlan: a refiner's swap, RAM and bus time; None: no refiner
 
     def as_dict(self) -> dict:
         return {"preset": self.preset.name, "ladder": [p.name for p in self.ladder], "reason": self.reason,
                 "warnings": list(self.warnings), "bus": self.bus.as_dict(), "refusal": self.refusal,
-                "loss_note": self.loss_note,
+                "loss_note": self.loss_note, "refiner": self.refiner.as_dict() if self.refiner else None,
                 "presets": [e.as_dict() for e in self.estimates]}
 
 

@@ -100,9 +100,10 @@ class SdForm:
                                                 elem_id=self._id("resize-mode"))
 
     def settings(self, *, size_from_image: bool = False, model_label: str = "Model", hires: bool = False,
-                 tiling: bool = False) -> None:
+                 tiling: bool = False, refiner: bool = False) -> None:
         """Everything from the size row to the live preview's settings. `size_from_image`: A1111's 📐 beside
-        Width/Height (`size_button`, the tab wires it). `tiling`: A1111's Tiling checkbox beside Extra. ♻ last seed,
+        Width/Height (`size_button`, the tab wires it). `tiling`: A1111's Tiling checkbox beside Extra. `refiner`:
+        A1111's Refiner accordion (engines/sd/refiner.py), after Hires fix. ♻ last seed,
         🎲 and ⇅ are wired by `generate` (♻ needs the results column)."""
         c, prefix = self.controls, self.prefix
         with gr.Row():
@@ -147,9 +148,23 @@ class SdForm:
             self.cards.wire(c["prompt"], c["model"])
         if hires:
             self._hires()
+        if refiner:
+            self._refiner()
         self.units = controlnet.build(prefix, c["width"], c["height"])
         c.update(self.units)
         c["preview_every"], c["preview_method"] = live.settings(prefix)
+
+    def _refiner(self) -> None:
+        """A1111 1.6's Refiner accordion: the checkpoint (the models list, or a typed hub id / path; empty: none) and
+        Switch at (the fraction of the sampling before the refiner takes over; 1: none)."""
+        c = self.controls
+        with gr.Accordion("Refiner", open=False, elem_id=self._id("refiner-accordion")):
+            with gr.Row():
+                c["refiner"] = gr.Dropdown(["", *pickers.model_choices(self.ctx.options.models_folder)], value="",
+                                           allow_custom_value=True, label="Checkpoint (empty: no refiner)",
+                                           elem_id=self._id("refiner"))
+                c["refiner_switch_at"] = Slider(0.01, 1, value=DEFAULTS.refiner_switch_at, step=0.01,
+                                                label="Switch at", elem_id=self._id("refiner-switch-at"))
 
     def _hires(self) -> None:
         """Hires fix's accordion (A1111 1.10's controls): its own sampler, schedule type, CFG scale and prompts start

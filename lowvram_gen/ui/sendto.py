@@ -45,8 +45,9 @@ SD_FORM = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
 HIRES = ("hires_scale", "hires_upscaler", "hires_steps", "hires_denoise", "hires_resize_w", "hires_resize_h",
          "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative")
 INPAINT_SETTINGS = ("mask_blur", "invert_mask", "masked_content", "inpaint_area", "mask_padding")
-TXT2IMG = (*SD_FORM, *HIRES, "tiling", *controlnet.SENT_KEYS)  # Tiling: the checkbox of txt2img and img2img
-IMG2IMG = ("init_image", "strength", *SD_FORM, "tiling", *controlnet.SENT_KEYS)
+REFINER = ("refiner", "refiner_switch_at")  # the Refiner accordion of txt2img and img2img
+TXT2IMG = (*SD_FORM, *HIRES, "tiling", *REFINER, *controlnet.SENT_KEYS)  # Tiling: the checkbox of txt2img and img2img
+IMG2IMG = ("init_image", "strength", *SD_FORM, "tiling", *REFINER, *controlnet.SENT_KEYS)
 INPAINT = ("init_image", "strength", *SD_FORM, *INPAINT_SETTINGS, *controlnet.SENT_KEYS)
 UPSCALE = ("image",)
 KEYS = {"txt2img": TXT2IMG, "img2img": IMG2IMG, "inpaint": INPAINT, "upscale": UPSCALE}
@@ -102,6 +103,10 @@ def values_for(keys: tuple[str, ...], path: str, models_folder=None, need_parame
             fields.setdefault("rng", "gpu")  # and RNG only when not GPU (its parser reads none as GPU)
             fields.setdefault("tiling", False)  # and Tiling only when on
             fields["styles"] = list(fields.get("styles") or ())  # the styles found in its prompts; else none
+            fields.setdefault("refiner", "")  # and the refiner only where one ran
+            fields.setdefault("refiner_switch_at", 0.8)
+            if fields["refiner"]:  # `Refiner: name`: a checkpoint of the models folder by name, else as written
+                fields["refiner"] = local_model(fields["refiner"], models_folder) or fields["refiner"]
             for name, off in (("subseed_strength", 0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0)):
                 fields.setdefault(name, off)  # written only when used: a PNG without them had them off
             fields["seed_extra"] = bool(fields["subseed_strength"] or fields["seed_resize_from_w"])

@@ -18,7 +18,7 @@ from lowvram_gen import families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
-from lowvram_gen.engines.sd import controlnet, edit, inpaint, tiling, vae_swap
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, refiner, tiling, vae_swap
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.stepdown import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
@@ -60,6 +60,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     hires_warning = sd.hires_scheduler(pipe, request)[1]  # a hires sampler this model cannot run: refused now
     check_clip_skip(pipe, request.clip_skip)
     tiling.check(pipe, request)  # seamless tiling: convolutional denoisers only
+    refiner.check(pipe, request, runner.refiner)  # a refiner: after a UNet, in its latent space
     vae = vae_swap.use(runner, request.vae)  # before the preset: it goes on the VAE the job decodes with
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
@@ -142,6 +143,7 @@ def run_job(runner: Runner, request: GenerationRequest, ladder: Ladder, source: 
     saver = _Saver(request, (sampler, schedule), ladder, source, device, outdir, prepared.fields, list(plan_notes),
                    clip_skip=request.clip_skip if families.of_pipe(pipe).clip_skip else 1,
                    hires_sampler=_hires_sampler(pipe, request, prepared.hires_schedule_applied), vae=prepared.vae)
+    saver.refiner = runner.refiner.title if runner.refiner is not None else None
     try:
         runner.run(request, seeds, ladder.presets, saver.save, on_step, cancel, ladder, prepared.texts, skip=skip,
                    preview=preview)
@@ -202,6 +204,7 @@ class _Saver:
         self.request, self.sampler, self.ladder, self.source, self.device = request, sampler, ladder, source, device
         self.hires_sampler = hires_sampler  # hires fix's own sampler and schedule type, as the PNG says them
         self.vae = vae  # (name, hash) of the VAE file that decoded, as the PNG says it; None: the model's own
+        self.refiner: str | None = None  # the refiner's `name [hash]`, as the PNG says it (run_job sets it)
         self.clip_skip = clip_skip  # what the encoders used: 1 where the pipeline encodes its prompts itself
         self.plan_notes = list(plan_notes)  # about the planned preset: written into the PNGs it made
         self.network_fields = network_fields  # Lora hashes, TI hashes
@@ -229,7 +232,7 @@ class _Saver:
         for image, seed, flagged, index in zip(done.images, done.seeds, done.nsfw, indices):
             fields = a1111_fields(request, self.sampler, seed, done.preset, made, quantize,
                                   self.clip_skip, subseed=request.subseed_for(index),
-                                  hires_sampler=self.hires_sampler, vae=self.vae)
+                                  hires_sampler=self.hires_sampler, vae=self.vae, refiner=self.refiner)
             fields.update(self.network_fields)
             fields.update(request.extra.get("script_params", {}))  # an img2img script's (img2img_scripts/base.py)
             if flagged:

@@ -23,7 +23,7 @@ from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import edit, inpaint
 from lowvram_gen.engines.sd import pipeline as sd
-from lowvram_gen.engines.sd import tiling, vae_swap
+from lowvram_gen.engines.sd import refiner, tiling, vae_swap
 from lowvram_gen.control.resize import init_resized
 from lowvram_gen.errors import BadOutput, Cancelled
 from lowvram_gen.inpaint.area import area_for
@@ -69,6 +69,7 @@ class Runner:
         self.residency = None  # offload = "budget": the denoiser's split as applied (None: another offload)
         self.resident_on_device = False  # where the split's resident part is now (the runner's apply leaves it off)
         self._placing: list = []  # the one-shot forward pre-hooks that will place it (place_resident(True))
+        self.refiner = None  # the job's refiner (engines/sd/refiner.Refiner), set by the Session; None: none
 
     def use(self, settings: MemorySettings) -> None:
         """Reconfigure the loaded pipeline for `settings` (a no-op when they are already applied)."""
@@ -311,7 +312,8 @@ class _Job:
         """One pass of the denoiser, with the budget split's resident part on the device only while it runs
         (placed at its first forward, after the pipeline call has encoded the prompts)."""
         self.runner.place_resident(True)
-        with tiling.seamless(self.pipe, self.request.tiling):  # entered per pass: a rung may have reloaded a part
+        with tiling.seamless(self.pipe, self.request.tiling), \
+                refiner.switching(self.pipe, step, self.runner.refiner, self.device, self.runner):  # per pass
             return sd.denoise(self.pipe, step, self.device, self.on_step, self.cancel,
                               after_last_step=lambda: self.runner.place_resident(False), skip=self.skip,
                               preview=self.preview)

@@ -42,7 +42,8 @@ def build(ctx: TabContext) -> None:
                 subseed_strength=DEFAULTS.subseed_strength, seed_resize_from_w=DEFAULTS.seed_resize_from_w,
                 seed_resize_from_h=DEFAULTS.seed_resize_from_h, batch_count=DEFAULTS.batch_count, preview_every=0,
                 preview_method="auto", img2img_fix_steps=DEFAULTS.img2img_fix_steps,
-                resize_mode=DEFAULTS.resize_mode, tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, *units,
+                resize_mode=DEFAULTS.resize_mode, tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, refiner=None,
+                refiner_switch_at=DEFAULTS.refiner_switch_at, *units,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
@@ -55,7 +56,9 @@ def build(ctx: TabContext) -> None:
             batch_count=batch_count, subseed=subseed, subseed_strength=subseed_strength,
             seed_resize_from_w=seed_resize_from_w, seed_resize_from_h=seed_resize_from_h,
             img2img_fix_steps=bool(img2img_fix_steps), resize_mode=resize_mode or DEFAULTS.resize_mode,
-            tiling=bool(tiling), styles=tuple(styles or ()))), request,
+            tiling=bool(tiling), styles=tuple(styles or ()), refiner=refiner or None,
+            refiner_switch_at=DEFAULTS.refiner_switch_at if refiner_switch_at is None else refiner_switch_at)),
+            request,
             progress, preview_every, preview_method)
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
@@ -67,7 +70,7 @@ def build(ctx: TabContext) -> None:
                 init = form.controls["init_image"] = ImagePath("Init image", elem_id="i2i-init")
                 form.strength("Denoising strength (0 keeps the image)")
                 form.resize_mode()
-                form.settings(tiling=True)
+                form.settings(tiling=True, refiner=True)
             with gr.Column(scale=2):
                 form.results(("inpaint", "upscale"))
     c = form.controls
@@ -78,5 +81,5 @@ def build(ctx: TabContext) -> None:
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "quantize", "schedule_type",
                             "clip_skip", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h",
                             "batch_count", "preview_every", "preview_method", "img2img_fix_steps", "resize_mode",
-                            "tiling", "styles"],
+                            "tiling", "styles", "refiner", "refiner_switch_at"],
                   api_name="img2img")

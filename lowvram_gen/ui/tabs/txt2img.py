@@ -43,8 +43,9 @@ def build(ctx: TabContext) -> None:
                  hires_resize_h=DEFAULTS.hires_resize_h, hires_sampler=SAME_SAMPLER,
                  hires_schedule_type=SAME_SCHEDULER, hires_cfg=DEFAULTS.hires_cfg, hires_prompt=DEFAULTS.hires_prompt,
                  hires_negative=DEFAULTS.hires_negative, batch_count=DEFAULTS.batch_count, preview_every=0,
-                 preview_method="auto", tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, *units,
-                 request: gr.Request = None, progress=gr.Progress()):
+                 preview_method="auto", tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, refiner=None,
+                 refiner_switch_at=DEFAULTS.refiner_switch_at, *units, request: gr.Request = None,
+                 progress=gr.Progress()):
         yield from ctx.run_job("txt2img", job_fields(
             options, units, prompt=prompt, negative_prompt=negative_prompt, width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler, model=model,
@@ -56,7 +57,9 @@ def build(ctx: TabContext) -> None:
             hires_schedule_type=hires_schedule_type, hires_cfg=hires_cfg or DEFAULTS.hires_cfg,
             hires_prompt=hires_prompt or DEFAULTS.hires_prompt,
             hires_negative=hires_negative or DEFAULTS.hires_negative, batch_count=batch_count,
-            tiling=bool(tiling), styles=tuple(styles or ())), request, progress,
+            tiling=bool(tiling), styles=tuple(styles or ()), refiner=refiner or None,
+            refiner_switch_at=DEFAULTS.refiner_switch_at if refiner_switch_at is None else refiner_switch_at),
+            request, progress,
             preview_every, preview_method)
 
     form = SdForm(ctx, "txt2img", "")
@@ -65,7 +68,8 @@ def build(ctx: TabContext) -> None:
         form.top(3, 2)
         with gr.Row():
             with gr.Column(scale=3):
-                form.settings(model_label="Model (or type a hub id / path)", hires=True, tiling=True)
+                form.settings(model_label="Model (or type a hub id / path)", hires=True, tiling=True,
+                              refiner=True)
             with gr.Column(scale=2):
                 out = form.results(("img2img", "inpaint", "upscale"))
     c = form.controls
@@ -79,7 +83,8 @@ def build(ctx: TabContext) -> None:
                              "quantize", "schedule_type", "clip_skip", "subseed", "subseed_strength",
                              "seed_resize_from_w", "seed_resize_from_h", "hires_resize_w", "hires_resize_h",
                              "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative",
-                             "batch_count", "preview_every", "preview_method", "tiling", "styles"],
+                             "batch_count", "preview_every", "preview_method", "tiling", "styles", "refiner",
+                             "refiner_switch_at"],
                   api_name="generate")
     # queued: it reads a file
     out.gallery.select(show_selected, None, [out.info], api_visibility="private", show_progress="hidden")
