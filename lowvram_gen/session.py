@@ -44,6 +44,7 @@ from lowvram_gen.models import gguf_file
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.networks.job import request_uses_networks
+from lowvram_gen.prompting.schedule import edits_prompts
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
@@ -222,7 +223,8 @@ class Session:
                     cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
                     steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
                     quantize_forced=request.quantize is not None, model=request.model,
-                    reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
+                    reloadable=folder and apart and not request_uses_networks(request) and not edits_prompts(request),
+                    single_file=not folder,
                     full_precision=self.precision.full, own_size=own is not None)
 
     def with_sampling_defaults(self, request: GenerationRequest, source: ModelSource | None = None,
