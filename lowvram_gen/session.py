@@ -33,7 +33,7 @@ from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.stepdown import Runner
-from lowvram_gen.errors import Cancelled, NotEnoughRam
+from lowvram_gen.errors import Cancelled, InvalidRequest, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.attached import attached
@@ -44,7 +44,7 @@ from lowvram_gen.models import gguf_file
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.networks.job import request_uses_networks
-from lowvram_gen.prompting.schedule import edits_prompts
+from lowvram_gen.prompting.schedule import edits_prompts, editing_refusal
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
@@ -210,6 +210,8 @@ class Session:
                                or source.kind == "single_file" and gguf_file.single_file_family(source.path)))
                   or (source is None and families.by_name(request.model))
                   or families.by_denoiser_class(found.denoiser_class))
+        if record is not None and record.prompt_encoding is None and edits_prompts(request):  # before any loading
+            raise InvalidRequest("prompt", request.prompt, editing_refusal(record.name))
         found = edit.planned(found, record, request)  # an edit's reference images: tokens beside the image's
         # an inpaint pipeline that renders its own size (Qwen-Image-Edit's): that size, never capped, its init beside
         found, own = inpaint.planned(found, record, request)

@@ -131,34 +131,46 @@ def _switching(pipe, prompt, negative="", steps=4):
 def _run(pipe, steps=4, **kwargs):
     import torch
 
-    return pipe(num_inference_steps=steps, guidance_scale=7.0, width=64, height=64, output_type="latent",
+    return pipe(num_inference_steps=steps, guidance_scale=7.0, width=32, height=32, output_type="latent",
                 generator=torch.Generator().manual_seed(5), **kwargs).images
 
 
-@pytest.mark.parametrize("name", ["sd", "sdxl"])
-def test_editing_equals_a_reference_that_swaps_the_embeddings_at_the_step(pipes, name):
+@pytest.mark.parametrize("name,prompt,texts", [
+    ("sd", "a [cat:dog:2]", ["a cat", "a cat", "a cat", "a dog"]),  # calls 0, 1, 2 read "a cat" (A1111's count)
+    ("sdxl", "a [cat:dog:2]", ["a cat", "a cat", "a cat", "a dog"]),
+    ("sd", "a [cat|dog]", ["a cat", "a cat", "a dog", "a cat"]),
+])
+def test_editing_equals_a_reference_that_swaps_the_embeddings_at_each_step(pipes, name, prompt, texts):
     import torch
 
     from lowvram_gen.engines.sd import prompt_steps
     from lowvram_gen.prompting.encode import encode_prompts
 
     pipe = pipes[name]
-    switching = _switching(pipe, "a [cat:dog:2]")
+    switching = _switching(pipe, prompt)
     with prompt_steps.switched(pipe, switching):
         ours = _run(pipe, **switching.call_kwargs(True))
-    cat, dog = (encode_prompts(pipe, text, "", 1, "cpu") for text in ("a cat", "a dog"))
+    encoded = {text: encode_prompts(pipe, text, "", 1, "cpu") for text in set(texts)}
 
-    def swap(_pipe, i, _t, tensors):  # calls 0, 1, 2 read "a cat", call 3 "a dog" (A1111's count)
-        if i == 2:
-            tensors["prompt_embeds"] = torch.cat([cat.negative_prompt_embeds, dog.prompt_embeds])
+    def swap(_pipe, i, _t, tensors):  # diffusers' own hook: the next step reads what it returns
+        if i + 1 < len(texts):
+            now = encoded[texts[i + 1]]
+            tensors["prompt_embeds"] = torch.cat([now.negative_prompt_embeds, now.prompt_embeds])
             if "add_text_embeds" in tensors:
-                tensors["add_text_embeds"] = torch.cat([cat.negative_pooled_prompt_embeds, dog.pooled_prompt_embeds])
+                tensors["add_text_embeds"] = torch.cat([now.negative_pooled_prompt_embeds, now.pooled_prompt_embeds])
         return tensors
 
     inputs = ["latents", "prompt_embeds"] + (["add_text_embeds"] if name == "sdxl" else [])
-    reference = _run(pipe, **cat.as_kwargs(), callback_on_step_end=swap, callback_on_step_end_tensor_inputs=inputs)
+    first = encoded[texts[0]].as_kwargs()
+    reference = _run(pipe, **first, callback_on_step_end=swap, callback_on_step_end_tensor_inputs=inputs)
     assert torch.equal(ours, reference)
-    assert not torch.equal(ours, _run(pipe, **cat.as_kwargs()))
+    assert not torch.equal(ours, _run(pipe, **first))
+
+
+def test_the_negative_prompt_is_scheduled_too(pipes):
+    switching = _switching(pipes["sd"], "a cat", "[bad:ugly:2]")
+    assert switching.uncond(2)[0] is switching.table["bad"][0] and switching.uncond(3)[0] is switching.table["ugly"][0]
+    assert list(switching.table) == ["a cat", "bad", "ugly"]
 
 
 @pytest.mark.parametrize("name", ["sd", "sdxl"])
@@ -221,12 +233,11 @@ def test_a_cat_dog_image_differs_from_both_and_its_png_keeps_the_prompt(tmp_path
 
     request = dict(width=64, height=64, steps=6, seed=3, sampler="Euler", outdir=str(tmp_path))
     images = {p: Session().generate(GenerationRequest(prompt=p, **request))
-              for p in ("a cat", "a dog", "a [cat:dog:0.5]", "a [cat|dog]")}
+              for p in ("a cat", "a dog", "a [cat:dog:0.5]")}
     edited = _pixels(images["a [cat:dog:0.5]"])
     assert not np.array_equal(edited, _pixels(images["a cat"]))
     assert not np.array_equal(edited, _pixels(images["a dog"]))
-    assert not np.array_equal(_pixels(images["a [cat|dog]"]), _pixels(images["a cat"]))
-    assert not any("prompt editing" in w or "alternation" in w for w in images["a [cat|dog]"].warnings)
+    assert not any("prompt editing" in w for w in images["a [cat:dog:0.5]"].warnings)
     params, _ = read_png_metadata(images["a [cat:dog:0.5]"].images[0])
     assert parse_a1111_parameters(params)["prompt"] == "a [cat:dog:0.5]"
 
@@ -241,3 +252,20 @@ def test_hires_fix_second_pass_switches_on_its_own_timeline(tmp_path):
     edited = Session().generate(GenerationRequest(prompt="a [cat:dog:6]", **request))
     cat = Session().generate(GenerationRequest(prompt="a cat", **request))
     assert not np.array_equal(_pixels(edited), _pixels(cat))
+
+
+def test_a_transformer_family_is_refused_before_any_loading():
+    """`plan` reads the family from its built-in config: Flux's T5 and CLIP are not encoded per step here."""
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.session import Session
+
+    session = Session()
+    device = session.device(vram="8GiB", ram="32GiB")
+    profile = session.model_profile("flux", None, ())
+    request = GenerationRequest(model="flux", prompt="a [cat|dog] AND a fox", width=512, height=512, steps=4)
+    with pytest.raises(InvalidRequest) as caught:
+        session.plan(request, device, profile=profile)
+    assert "Flux" in str(caught.value) and "prompt editing" in str(caught.value)
+    session.plan(GenerationRequest(model="flux", prompt="a cat", width=512, height=512, steps=4), device,
+                 profile=profile)  # a plain prompt plans as before

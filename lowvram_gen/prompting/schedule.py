@@ -244,3 +244,9 @@ def edits_prompts(request) -> bool:
         texts.append(tuple(request.hires_texts))
     return any(not (is_plain(p or "", steps=request.steps) and is_plain(n or "", True, request.steps))
                for p, n in texts)
+
+
+def editing_refusal(who: str) -> str:
+    """The one sentence for a model whose text encoders are not the CLIPs we encode per step (SD3, Flux, ...)."""
+    return (f"{who} does not take A1111 prompt editing, alternation or AND (its text encoders are not the CLIP "
+            "models we encode per step): write one plain prompt")

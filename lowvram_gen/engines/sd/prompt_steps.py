@@ -20,7 +20,7 @@ fix's second pass and ControlNet all switch the same way.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.prompting import schedule as sched
@@ -34,8 +34,7 @@ def needs_switching(prompt: str, negative: str, steps: int) -> bool:
 
 def refusal(pipe) -> str:
     """The one sentence for a pipeline whose text encoders we do not run (SD3, Flux, ...)."""
-    return (f"{type(pipe).__name__} does not take A1111 prompt editing, alternation or AND (its text encoders are "
-            "not CLIP models we encode per step): write one plain prompt")
+    return sched.editing_refusal(type(pipe).__name__)
 
 
 @dataclass
@@ -48,7 +47,6 @@ class Switching:
     zero_negative: bool  # SDXL's zeros for an empty negative (force_zeros_for_empty_prompt)
     images: int
     calls: int = 0  # the UNet calls made so far: A1111's step
-    _layout: dict = field(default_factory=dict)
 
     def conds(self, call: int) -> list:
         return [(*self.table[sched.text_for_step(entries, call)], weight) for entries, weight in self.parts]
@@ -185,7 +183,6 @@ def _unet_before(switching: Switching):
         batch = kwargs["encoder_hidden_states"].shape[0]
         cfg, pairs = _blocks(switching, batch)
         parts = len(pairs) - (1 if cfg else 0)
-        switching._layout = dict(cfg=cfg, parts=parts)
         if parts > 1:
             args = _expand(tuple(args), batch, n, cfg, parts)
             kwargs = {k: v if k == "encoder_hidden_states" else _expand(v, batch, n, cfg, parts)
