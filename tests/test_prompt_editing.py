@@ -269,3 +269,26 @@ def test_a_transformer_family_is_refused_before_any_loading():
     assert "Flux" in str(caught.value) and "prompt editing" in str(caught.value)
     session.plan(GenerationRequest(model="flux", prompt="a cat", width=512, height=512, steps=4), device,
                  profile=profile)  # a plain prompt plans as before
+
+
+def test_img2img_and_second_order_samplers_take_a1111s_step_counts(pipes):
+    """img2img: the schedule is made for the request's steps though fewer run; Heun: for twice the steps (A1111's
+    second-order samplers count two denoiser calls a step)."""
+    import diffusers
+
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.engines.sd import prompt_steps
+    from lowvram_gen.engines.sd.pipeline import Pass, Texts
+
+    pipe = pipes["sd"]
+    request = GenerationRequest(prompt="[cat:dog:0.5]", steps=10, width=64, height=64)
+    img2img = Pass(request, [1], 64, 64, init=[Image.new("RGB", (64, 64))], strength=0.5)
+    switching = prompt_steps.for_pass(pipe, img2img, Texts("[cat:dog:0.5]", ""), cfg=True)
+    assert switching.parts[0][0] == [[5, "cat"], [10, "dog"]]
+    euler = pipe.scheduler
+    pipe.scheduler = diffusers.HeunDiscreteScheduler.from_config(euler.config)
+    try:
+        switching = prompt_steps.for_pass(pipe, Pass(request, [1], 64, 64), Texts("[cat:dog:0.5]", ""), cfg=True)
+    finally:
+        pipe.scheduler = euler
+    assert switching.parts[0][0] == [[10, "cat"], [20, "dog"]]
