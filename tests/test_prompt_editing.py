@@ -97,6 +97,21 @@ def test_variants_are_every_text_the_encoders_read():
     assert variants("plain", 4) == ["plain"]
 
 
+@pytest.mark.parametrize("prompt,negative,plain", [
+    ("a (cat:1.2) [dog] BREAK x", False, True),
+    ("a [cat:dog:25]", False, False),  # past a 20-step first pass, but hires fix's second pass may switch
+    ("a [cat|dog]", False, False),
+    ("a AND b", False, False),
+    ("photo, 4:3", False, False),  # A1111: the part "photo, 4" at weight 3
+    ("photo, 4:3", True, True),  # a negative prompt is never split or weighted
+    ("a|b", False, True),  # read as typed
+])
+def test_is_plain(prompt, negative, plain):
+    from lowvram_gen.prompting.schedule import is_plain
+
+    assert is_plain(prompt, negative) is plain
+
+
 def test_editing_is_no_longer_warned_about():
     from lowvram_gen.prompting.parse import find_unsupported
 

@@ -214,15 +214,16 @@ def uses_editing(prompt: str) -> bool:
     return bool(_SYNTAX.search(prompt or ""))
 
 
-def is_plain(prompt: str, negative: bool = False, steps: int = 20) -> bool:
-    """Whether `prompt` reads the same text, unsplit and unweighted, at every step (so it needs no switching)."""
+def is_plain(prompt: str, negative: bool = False) -> bool:
+    """Whether `prompt` reads the same text, unsplit and unweighted, at every step of any pass (so it needs no
+    switching): no `AND`, no `:weight` at the end (a positive prompt's), no editing or alternation group."""
     if not uses_editing(prompt):
         return True
     parts = [(prompt, 1.0)] if negative else split_and(prompt)
     if len(parts) != 1 or parts[0][1] != 1.0:
         return False
-    return all(text == parts[0][0] for _, text in schedule(parts[0][0], steps)) and \
-        all(text == parts[0][0] for _, text in schedule(parts[0][0], steps + 1))
+    items = _parse(parts[0][0])
+    return items is None or next(_walk(items), None) is None
 
 
 def variants(prompt: str, steps: int, hires_steps: int | None = None, negative: bool = False) -> list[str]:
@@ -242,8 +243,7 @@ def edits_prompts(request) -> bool:
     texts = [(request.prompt, request.negative_prompt)]
     if request.hires:
         texts.append(tuple(request.hires_texts))
-    return any(not (is_plain(p or "", steps=request.steps) and is_plain(n or "", True, request.steps))
-               for p, n in texts)
+    return any(not (is_plain(p or "") and is_plain(n or "", True)) for p, n in texts)
 
 
 def editing_refusal(who: str) -> str:

@@ -27,9 +27,9 @@ from lowvram_gen.prompting import schedule as sched
 from lowvram_gen.prompting.encode import encode_variants, prompt_encoding
 
 
-def needs_switching(prompt: str, negative: str, steps: int) -> bool:
-    """Whether a pass with these prompts reads more than one text or mixes parts (else it runs as before)."""
-    return not (sched.is_plain(prompt or "", steps=steps) and sched.is_plain(negative or "", True, steps))
+def needs_switching(prompt: str, negative: str) -> bool:
+    """Whether a pass with these prompts may read more than one text or mixes parts (else it runs as before)."""
+    return not (sched.is_plain(prompt or "") and sched.is_plain(negative or "", True))
 
 
 def refusal(pipe) -> str:
@@ -82,7 +82,7 @@ def _repeat(t, n: int):
 def for_pass(pipe, step, texts, cfg: bool) -> Switching | None:
     """The pass's Switching (its texts encoded now), or None where both prompts read one text throughout."""
     request = step.request
-    if not needs_switching(texts.prompt, texts.negative_prompt, step.num_steps):
+    if not needs_switching(texts.prompt, texts.negative_prompt):
         return None
     kind = prompt_encoding(pipe)
     if kind is None:
