@@ -307,3 +307,27 @@ def test_img2img_and_second_order_samplers_take_a1111s_step_counts(pipes):
     finally:
         pipe.scheduler = euler
     assert switching.parts[0][0] == [[10, "cat"], [20, "dog"]]
+
+
+def test_controlnet_and_and_switch_together(tmp_path, tiny_path):
+    """A ControlNet job reads the step's conditioning too (its unit runs on the first AND part's)."""
+    import sys
+    from pathlib import Path
+
+    from diffusers import UNet2DConditionModel
+
+    from lowvram_gen import GenerationRequest
+    from lowvram_gen.control.units import ControlNetUnit
+    from lowvram_gen.session import Session
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import controlnet_files as files  # tests/controlnet_files.py
+
+    net = files.save_folder(files.build(UNet2DConditionModel.from_pretrained(tiny_path, subfolder="unet"), seed=1),
+                            tmp_path / "tiny-cn")
+    Image.fromarray(np.full((64, 64, 3), 200, dtype=np.uint8)).save(tmp_path / "control.png")
+    unit = ControlNetUnit(str(net), str(tmp_path / "control.png"))
+    request = dict(width=64, height=64, steps=4, seed=3, sampler="Euler", outdir=str(tmp_path), controlnets=(unit,))
+    mixed = Session().generate(GenerationRequest(prompt="a [cat|dog] AND a boat :0.5", **request))
+    plain = Session().generate(GenerationRequest(prompt="a cat", **request))
+    assert not np.array_equal(_pixels(mixed), _pixels(plain))
