@@ -33,7 +33,7 @@ from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.stepdown import Runner
-from lowvram_gen.errors import Cancelled, NotEnoughRam
+from lowvram_gen.errors import Cancelled, InvalidRequest, NotEnoughRam
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.filedtype import half_dtype
 from lowvram_gen.models.attached import attached
@@ -44,6 +44,7 @@ from lowvram_gen.models import gguf_file
 from lowvram_gen.models.profile import source_profile
 from lowvram_gen.models.resolve import ModelSource, resolve
 from lowvram_gen.networks.job import request_uses_networks
+from lowvram_gen.prompting.schedule import edits_prompts, editing_refusal
 from lowvram_gen.networks.names import check_names
 from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
@@ -225,6 +226,8 @@ class Session:
                                or source.kind == "single_file" and gguf_file.single_file_family(source.path)))
                   or (source is None and families.by_name(request.model))
                   or families.by_denoiser_class(found.denoiser_class))
+        if record is not None and record.prompt_encoding is None and edits_prompts(request):  # before any loading
+            raise InvalidRequest("prompt", request.prompt, editing_refusal(record.name))
         found = edit.planned(found, record, request)  # an edit's reference images: tokens beside the image's
         # an inpaint pipeline that renders its own size (Qwen-Image-Edit's): that size, never capped, its init beside
         found, own = inpaint.planned(found, record, request)
@@ -238,7 +241,8 @@ class Session:
                       cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
                       steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
                       quantize_forced=request.quantize is not None, model=request.model,
-                      reloadable=folder and apart and not request_uses_networks(request), single_file=not folder,
+                      reloadable=folder and apart and not request_uses_networks(request) and not edits_prompts(request),
+                      single_file=not folder,
                       full_precision=self.precision.full, own_size=own is not None)
         return self._with_refiner(result, request, found) if refiner.runs(request) else result
 

@@ -244,9 +244,7 @@ def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, d
         else:
             neg_embeds = torch.cat(neg, dim=1) if neg is not None else None
 
-    encoder = pipe.text_encoder if kind == "clip" else getattr(pipe, "text_encoder_2", None)
-    encoder = encoder if encoder is not None else pipe.text_encoder
-    dtype = encoder.dtype if encoder is not None else pipe.unet.dtype
+    dtype = _output_dtype(pipe, kind)
 
     def batch(t):
         if t is None:
@@ -255,3 +253,35 @@ def encode_prompts(pipe, prompt: str, negative: str = "", num_images: int = 1, d
         return t.repeat(num_images, *([1] * (t.ndim - 1)))
 
     return PromptEmbeds(batch(embeds), batch(neg_embeds), batch(pooled), batch(neg_pooled), warnings)
+
+
+def _output_dtype(pipe, kind: str):
+    """The embeddings' dtype, as diffusers' encode_prompt gives them (SD: text_encoder's, SDXL: text_encoder_2's)."""
+    encoder = pipe.text_encoder if kind == "clip" else getattr(pipe, "text_encoder_2", None)
+    encoder = encoder if encoder is not None else pipe.text_encoder
+    return encoder.dtype if encoder is not None else pipe.unet.dtype
+
+
+def encode_variants(pipe, texts: list[str], clip_skip: int = 1, device=None) -> dict[str, tuple]:
+    """{text: (embeddings [1, 77k, D], pooled [1, P] or None)} for each text, each encoded once as `encode_prompts`
+    encodes a prompt (A1111 weighting, chunks, clip skip), all padded with the empty prompt's chunk to the same
+    number of chunks so that any of them can stand in for another at a denoising step (prompt editing, AND)."""
+    import torch
+
+    kind = prompt_encoding(pipe)
+    clip_skip = int(clip_skip or 1)
+    check_clip_skip(pipe, clip_skip)
+    device = torch.device(device) if device is not None else pipe._execution_device
+    dtype = _output_dtype(pipe, kind)
+    with torch.no_grad():
+        encoded = {text: _encode(pipe, kind, text, clip_skip, device) for text in dict.fromkeys(texts)}
+        longest = max(len(chunks) for chunks, _ in encoded.values())
+        empty = None
+        if any(len(chunks) < longest for chunks, _ in encoded.values()):
+            empty = _encode(pipe, kind, "", clip_skip, device)[0][0]
+        out = {}
+        for text, (chunks, pooled) in encoded.items():
+            chunks = chunks + [empty] * (longest - len(chunks))
+            out[text] = (torch.cat(chunks, dim=1).to(device=device, dtype=dtype),
+                         None if pooled is None else pooled.to(device=device, dtype=dtype))
+    return out

@@ -17,9 +17,9 @@ weights the same tokens by the same factors:
   word "BREAK" at weight -1.1 (a bug); here it stays a break and `find_unsupported` says so.
 * Runs of equal weight are merged; an empty prompt is `[("", 1.0)]`.
 
-Prompt editing, alternation and `AND` are not implemented, and `<lora:...>` tags are not handled here
-(a job's `networks.prepare` takes them out first): `find_unsupported` names each one found so that the
-caller can warn instead of silently encoding them as text.
+Prompt editing, alternation and `AND` are read before this parser, per step (prompting/schedule.py), and
+`<lora:...>` tags are not handled here (a job's `networks.prepare` takes them out first): `find_unsupported`
+names what is left that we do not follow, so that the caller can warn instead of silently encoding it.
 """
 
 from __future__ import annotations
@@ -53,9 +53,7 @@ _TOKEN = re.compile(r"""
   | (?P<colon>:)
 """, re.X)
 _BREAK_SPLIT = re.compile(r"\s*\bBREAK\b\s*", re.S)
-_AND = re.compile(r"\bAND\b")
 _EXTRA_NETWORK = re.compile(r"<[A-Za-z_]\w*:[^<>]+>")
-_SCHEDULE_END = re.compile(r":\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*$")
 
 
 def is_break(part: tuple[str, float]) -> bool:
@@ -143,74 +141,11 @@ def strip_syntax(text: str) -> str:
     return "".join(" " if is_break(p) else p[0] for p in parts).strip()
 
 
-def _bracket_groups(text: str):
-    """The unescaped `[...]` groups of `text`, innermost first, as (start, end) spans including brackets."""
-    stack, i = [], 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            stack.append(i)
-        elif c == "]" and stack:
-            yield stack.pop(), i + 1
-        i += 1
-
-
-def _top_level(inner: str, char: str) -> bool:
-    """Whether `char` occurs in `inner` outside nested brackets and escapes."""
-    depth, i = 0, 0
-    while i < len(inner):
-        c = inner[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c in "([":
-            depth += 1
-        elif c in ")]":
-            depth = max(0, depth - 1)
-        elif c == char and depth == 0:
-            return True
-        i += 1
-    return False
-
-
-def _cut_nested(inner: str) -> str:
-    """`inner` with nested bracket groups removed, to look at its own top level only."""
-    out, depth, i = [], 0, 0
-    while i < len(inner):
-        c = inner[i]
-        if c == "\\":
-            if depth == 0:
-                out.append(inner[i:i + 2])
-            i += 2
-            continue
-        if c in "([":
-            depth += 1
-        elif c in ")]" and depth:
-            depth -= 1
-        elif depth == 0:
-            out.append(c)
-        i += 1
-    return "".join(out)
-
-
 def find_unsupported(text: str) -> list[str]:
-    """One warning per piece of A1111 syntax in `text` that is not implemented here, saying what
-    happens to it instead, and where a prompt differs from or is refused by A1111's parser."""
+    """One warning per piece of A1111 syntax in `text` that is not implemented here, saying what happens to it
+    instead, and where a prompt differs from or is refused by A1111's parser. Prompt editing, alternation and `AND`
+    are implemented (prompting/schedule.py): the attention parser reads each step's text, which has none of them."""
     found: list[str] = []
-    for start, end in _bracket_groups(text):
-        group, inner = text[start:end], text[start + 1:end - 1]
-        if _top_level(inner, "|"):
-            found.append(f"alternation {group!r} (switching words every step) is not supported: "
-                         "the words and '|' are encoded as written, at weight 1/1.1")
-        elif _top_level(inner, ":") and _SCHEDULE_END.search(_cut_nested(inner)):
-            found.append(f"prompt editing {group!r} (changing the prompt at a step) is not supported: "
-                         "the text is encoded as written, colons and number included, at weight 1/1.1")
-    if _AND.search(text):
-        found.append("'AND' (composable diffusion: several prompts mixed) is not supported: "
-                     "it is encoded as the word AND in one prompt")
     for tag in _EXTRA_NETWORK.findall(text):
         found.append(f"{tag!r}: A1111 extra networks (LoRA, hypernetworks) are not loaded from the prompt; "
                      "the tag is encoded as text")

@@ -18,7 +18,7 @@ from lowvram_gen import families, outputs
 from lowvram_gen import preview as previews
 from lowvram_gen.a1111.infotext import a1111_fields, safety_field
 from lowvram_gen.hardware.device import DeviceInfo
-from lowvram_gen.engines.sd import controlnet, edit, inpaint, refiner, tiling, vae_swap
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, prompt_steps, refiner, tiling, vae_swap
 from lowvram_gen.engines.sd import pipeline as sd
 from lowvram_gen.engines.sd.stepdown import ChunkDone, Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest
@@ -27,6 +27,7 @@ from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.networks import job as networks
 from lowvram_gen.prompting.encode import check_clip_skip, plain_prompt_for, prompt_encoding, syntax_warnings
+from lowvram_gen.prompting.schedule import edits_prompts
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
 from lowvram_gen.samplers import DEFAULT, a1111_name, infotext_schedule
@@ -70,6 +71,12 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
                              "its text encoders are read from disk for each job (text_encoders = 'reloaded'), which "
                              "would leave out the LoRAs' text-encoder layers and the embeddings; use a preset with "
                              "text_encoders = 'kept' (the planner does so for a job with LoRAs or embeddings)")
+    if edits_prompts(request) and prompt_encoding(pipe) is None:  # SD3, Flux, ...: T5 and other encoders
+        raise InvalidRequest("prompt", request.prompt, prompt_steps.refusal(pipe))
+    if edits_prompts(request) and ladder.preset.memory.text_encoders == "reloaded":
+        raise InvalidRequest("preset", ladder.preset.name, "prompt editing, alternation and AND encode their prompts "
+                             "per pass, which needs the text encoders kept (text_encoders = 'kept'; the planner "
+                             "picks so for such a prompt)")
     own = sd.Texts.of(request).hires  # hires fix's own prompts, where they differ from the first pass's
     nets = networks.prepare(pipe, request.prompt, request.negative_prompt, request.loras, runner.reapply,
                             hires=(own.prompt, own.negative_prompt) if own else None)

@@ -23,7 +23,7 @@ from typing import Callable
 
 from lowvram_gen import families, img2img_steps, schedules
 from lowvram_gen.a1111 import unipc_time
-from lowvram_gen.engines.sd import controlnet, edit, inpaint, latent_resize, posterior, rng_source
+from lowvram_gen.engines.sd import controlnet, edit, inpaint, latent_resize, posterior, prompt_steps, rng_source
 from lowvram_gen.engines.sd.kept import kept_pipe
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import Task
@@ -641,8 +641,9 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
         return {**kwargs, "latents": best} if "latents" in kwargs else kwargs
 
     texts = step.texts or Texts.of(request)
-    text = for_images(step.embeds, n) if step.embeds is not None else text_kwargs(pipe, texts, n,
-                                                                                   cfg=step.guidance > 1)
+    switching = prompt_steps.for_pass(pipe, step, texts, cfg=step.guidance > 1)  # prompt editing, AND: per call
+    text = switching.call_kwargs(step.guidance > 1) if switching else for_images(step.embeds, n) \
+        if step.embeds is not None else text_kwargs(pipe, texts, n, cfg=step.guidance > 1)
     if hasattr(pipe.scheduler, "noise_sampler_seed"):  # the scheduler object's kind (DPM++ SDE), not a family
         # DPM++ SDE's Brownian-tree noise: one tree per image, seeded by the image's seed (as A1111 does), so
         # the same seed gives the same image, whatever the batch; unseeded, diffusers seeds it at random
@@ -666,7 +667,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                     rng_source.seed_delta(txt2img.scheduler, generators, step.seeds, request.ensd), \
                     _variation_noise(txt2img, step, device), \
                     controlnet.seeded(control[0] if control is not None else None, step.seeds, device), \
-                    unipc_time.options(txt2img.scheduler, request), \
+                    unipc_time.options(txt2img.scheduler, request), prompt_steps.switched(txt2img, switching), \
                     _estimates(txt2img.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = txt2img(width=step.width, height=step.height, **kwargs,
                               **edit.call_kwargs(pipe, step.references, step.width, step.height))
@@ -690,7 +691,7 @@ def denoise(pipe, step: Pass, device: str, on_step: ProgressFn | None = None,
                 if step.latent_resize else contextlib.nullcontext()
             with rng_source.drawing(request.rng, i2i, i2i.scheduler), _variation_noise(i2i, step, device), content, \
                     own_size, posterior.mode_only(i2i), rng_source.seed_delta(i2i.scheduler, generators, step.seeds, request.ensd), \
-                    unipc_time.options(i2i.scheduler, request, img2img=True), \
+                    unipc_time.options(i2i.scheduler, request, img2img=True), prompt_steps.switched(i2i, switching), \
                     _estimates(i2i.scheduler, estimate) if watched else contextlib.nullcontext():
                 out = i2i(image=step.init, strength=strength, **kwargs)
     except _Stopped:
