@@ -197,7 +197,7 @@ def test_the_cli_and_the_api_give_it(tmp_path):
 
 def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     """Above the size, Just resize first; the tabs' Generate takes it after img2img_fix_steps and before the
-    ControlNet units (img2img: and before Tiling, added since; older positional API calls keep working). Inpaint
+    ControlNet units (img2img: and before Tiling and the Script controls, added since; older positional API calls keep working). Inpaint
     offers no latent upscale (refused with a mask)."""
     from lowvram_gen.ui import controlnet
     from lowvram_gen.ui.app import build_app
@@ -206,7 +206,10 @@ def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
     by_name = {f.api_name: f for f in app.fns.values()}
     labels = ["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"]
-    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 1),
+    from lowvram_gen.ui import xyz
+
+    # img2img: Tiling and the X/Y/Z plot's Script controls after it
+    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 1 + len(xyz.INPUTS)),
                                        ("inpaint", "inp-resize-mode", labels[:3], 0)):
         inputs = by_name[name].inputs
         radio = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]

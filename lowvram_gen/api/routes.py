@@ -319,9 +319,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
     warnings = list(mapped.warnings)
     if grid is not None:  # X/Y/Z plot: the grid (and what the script_args ask besides), its cells' images saved
         images, what_ran = api_scripts.answer_images(grid, job.result), job.result.summary
-        warnings += [w for cell in job.result.cells if cell.result for w in cell.result.warnings]
-        warnings += [f"cell {', '.join(l for l in cell.labels if l)} failed: {cell.error}"
-                     for cell in job.result.cells if cell.error]
+        warnings += job.result.warnings
     elif isinstance(job.error, Cancelled):
         images, what_ran = job.error.images, str(job.error)
         warnings.append(f"interrupted: {what_ran}")

@@ -57,13 +57,12 @@ def run(args, request, session, said: list[str]) -> int:
         result = run_grid(session, grid, on_cell=on_cell, on_step=bar.update)
     finally:
         bar.close()
-    for cell in result.cells:
-        if cell.error:
-            print(f"warning: cell {', '.join(l for l in cell.labels if l)} failed: {cell.error}", file=sys.stderr)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(result.summary, file=sys.stderr)
     if args.json:
         data = result.as_json()
-        data["warnings"] = list(said) + [w for c in result.cells if c.result for w in c.result.warnings]
+        data["warnings"] = [*said, *(w for w in result.warnings if w not in said)]
         print(json.dumps(data))
     else:
         for path in ([result.grid] if result.grid else []) + result.images:

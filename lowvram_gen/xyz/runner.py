@@ -77,6 +77,14 @@ class XyzResult:
         return [path for cell in self.cells for path in cell.images]
 
     @property
+    def warnings(self) -> list[str]:
+        """The cells' warnings (each once) and each failed cell's error."""
+        said = [w for cell in self.cells if cell.result for w in cell.result.warnings]
+        said += [f"cell {', '.join(l for l in cell.labels if l)} failed: {cell.error}" for cell in self.cells
+                 if cell.error]
+        return list(dict.fromkeys(said))
+
+    @property
     def summary(self) -> str:
         done = sum(1 for c in self.cells if c.images)
         nx, ny, nz = self.shape
