@@ -32,7 +32,7 @@ def build(controls: dict, prefix: str, tab: str) -> None:
             with gr.Row():
                 c[f"xyz_{axis}_type"] = gr.Dropdown(labels, value=DEFAULTS[f"xyz_{axis}_type"],
                                                     label=f"{axis.upper()} type", elem_id=f"{prefix}xyz-{axis}-type")
-                c[f"xyz_{axis}_values"] = gr.Textbox(label=f"{axis.upper()} values", lines=1,
+                c[f"xyz_{axis}_values"] = gr.Textbox("", label=f"{axis.upper()} values", lines=1,
                                                      placeholder="1, 2, 3 or 1-5 or 1-10 (+2) or 1-10 [5]",
                                                      elem_id=f"{prefix}xyz-{axis}-values")
         with gr.Row():
