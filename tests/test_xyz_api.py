@@ -68,3 +68,12 @@ def test_another_script_and_a_bad_axis_are_refused_in_one_sentence(server):
     big = _post(server, "txt2img", {"prompt": "x", "script_name": "x/y/z plot",
                                     "script_args": xyz_args(SEED, "1-9", STEPS, "1-8")})
     assert big.status_code == 422 and "72 cells and a grid may have at most 64" in big.text
+
+
+def test_axis_values_name_models_and_vaes_as_a_body_does_never_a_server_path(server, tmp_path):
+    secret = tmp_path / "elsewhere" / "model.safetensors"
+    for axis, value in ((11, str(secret)), (27, str(tmp_path / "vae.safetensors"))):  # Checkpoint name, VAE
+        bad = _post(server, "txt2img", {"prompt": "x", "steps": 1, "width": 64, "height": 64,
+                                        "script_name": "x/y/z plot", "script_args": xyz_args(axis, f"tiny, {value}"
+                                                                                             if axis == 11 else value)})
+        assert bad.status_code == 422 and ("sd-models" in bad.text or "sd-vae" in bad.text), bad.text

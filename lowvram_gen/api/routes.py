@@ -310,7 +310,8 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
                           ctx.state.current_rng(), ctx.state.fix_steps(), ctx.state.current_ensd(),
                           ctx.state.current_unipc())
         request = mapped.request
-        grid = None if mapped.script_args is None else api_scripts.grid_of(request, mapped.script_args, kind)
+        grid = None if mapped.script_args is None else api_scripts.grid_of(
+            request, mapped.script_args, kind, find_model=ctx.state.find_model, allowed=ctx.allow_paths)
         ctx.take_slot()
         try:
             job = _run(ctx, request, kind, watch, grid)  # a failed job raises its error: answered by _answer

@@ -11,6 +11,8 @@ cell's first image with include lone images, as A1111's.
 
 from __future__ import annotations
 
+import dataclasses
+
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.xyz import grid as grids
 from lowvram_gen.xyz.axes import axes_for
@@ -76,17 +78,38 @@ def _values(named: dict, which: str) -> str:
     return text
 
 
-def grid_of(request, args: list, tab: str, max_cells: int = grids.DEFAULT_MAX_CELLS) -> grids.Grid:
-    """The X/Y/Z grid of a body's request and script_args."""
+def grid_of(request, args: list, tab: str, max_cells: int = grids.DEFAULT_MAX_CELLS, find_model=None,
+            allowed=()) -> grids.Grid:
+    """The X/Y/Z grid of a body's request and script_args. Each cell's names are checked as a body's are
+    (`cells_by_name`): a Checkpoint name value is a title of /sdapi/v1/sd-models (`find_model`), a VAE or hires
+    upscaler a listed name, a path only inside `allowed` (--api-allow-paths)."""
     named = _named(args)
     try:
         margin = int(named["margin_size"] or 0)
     except (TypeError, ValueError):
         raise InvalidRequest("script_args margin_size", named["margin_size"], "a whole number of px, 0-500") from None
     axes = [(named[f"{w}_type"], _values(named, w)) for w in "xyz"]
-    return grids.build(request, *axes, tab=tab, max_cells=max_cells, no_fixed_seeds=bool(named["no_fixed_seeds"]),
+    grid = grids.build(request, *axes, tab=tab, max_cells=max_cells, no_fixed_seeds=bool(named["no_fixed_seeds"]),
                        draw_legend=bool(named["draw_legend"]), include_lone_images=bool(named["include_lone_images"]),
                        include_sub_grids=bool(named["include_sub_grids"]), margin=max(0, min(500, margin)))
+    return cells_by_name(grid, request, find_model, allowed) if find_model is not None else grid
+
+
+def cells_by_name(grid: grids.Grid, request, find_model, allowed=()) -> grids.Grid:
+    """The grid with each cell's model, VAE, hires upscaler and prompts' LoRA tags checked as the API checks a
+    body's (api/names.py: names, not server paths), the model's title turned into its spec."""
+    from lowvram_gen.api import names
+
+    cells = []
+    for cell in grid.cells:
+        r = cell.request
+        fields = {name: getattr(r, name) for name in ("vae", "hires_upscaler", *names.PROMPTS)}
+        names.check(fields, allowed)
+        model = r.model if r.model == request.model else find_model(r.model)
+        if model is None:
+            raise InvalidRequest("Checkpoint name value", r.model, "a title of GET /sdapi/v1/sd-models")
+        cells.append(dataclasses.replace(cell, request=dataclasses.replace(r, model=model, **fields).validated()))
+    return dataclasses.replace(grid, cells=tuple(cells))
 
 
 def answer_images(grid: grids.Grid, result) -> list[str]:
