@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_SEED, GenerationRequest
@@ -50,7 +50,6 @@ class Grid:
     include_sub_grids: bool = False  # with a Z axis: each Z value's grid too
     margin: int = 0  # px between the sub grids
     no_fixed_seeds: bool = False
-    extra: dict = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int, int]:
