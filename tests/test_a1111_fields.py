@@ -173,7 +173,7 @@ def test_a_txt_lines_warned_option_is_accepted_with_its_warning():
     assert warnings == ["restore_faces 'true' is not used: face restoration is not part of lowvram-gen"]
 
 
-@pytest.mark.parametrize("name,value,shown", [("script_name", '"X/Y/Z plot"', "'X/Y/Z plot'"),
+@pytest.mark.parametrize("name,value,shown", [("script_name", '"Prompt matrix"', "'Prompt matrix'"),
                                               ("latent_mask", '"iVBORw0KGgo"', "'<image>'")])
 def test_a_refused_field_is_refused_in_the_api_and_in_a_batch_line_naming_the_value(name, value, shown, tmp_path,
                                                                                    init_png):

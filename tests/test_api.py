@@ -335,8 +335,8 @@ def test_a_bad_value_is_422_in_fastapis_validation_shape_with_our_message(server
 def test_what_would_change_the_image_is_refused_by_name(server):
     mask = _post(server, "img2img", {"init_images": ["AAAA"], "latent_mask": "AAAA", "prompt": "x"})
     assert mask.status_code == 422 and "latent mask apart from the mask" in mask.json()["detail"][0]["msg"]
-    script = _post(server, "txt2img", {"prompt": "x", "script_name": "x/y/z plot"}).json()["detail"][0]
-    assert script["loc"] == ["body", "script_name"]
+    script = _post(server, "txt2img", {"prompt": "x", "script_name": "prompt matrix"}).json()["detail"][0]
+    assert script["loc"] == ["body", "script_name"]  # x/y/z plot runs (tests/test_xyz_api.py); no other script
     other = _post(server, "txt2img", {"prompt": "x", "alwayson_scripts": {"ADetailer": {"args": []}}})
     assert other.status_code == 422 and "'ADetailer'" in other.json()["detail"][0]["msg"]  # ControlNet's: its test
     bad = _post(server, "img2img", {"init_images": ["not base64!"], "prompt": "x"}).json()["detail"][0]
@@ -411,7 +411,7 @@ def test_listings_in_a1111s_shapes(server, api, tmp_path, monkeypatch):
     assert set(api.get_upscalers()[0]) == {"name", "model_name", "model_path", "model_url", "scale"}
     modes = [m["name"] for m in api.get_latent_upscale_modes()]
     assert modes[0] == "Latent" and "Latent (bicubic)" in modes
-    assert api.get_scripts() == {"txt2img": [], "img2img": []}
+    assert api.get_scripts() == {"txt2img": ["x/y/z plot"], "img2img": ["x/y/z plot"]}
     options = api.get_options()
     assert options["outdir_samples"] == str(server.outdir) and options["samples_save"] is True
 

@@ -197,8 +197,9 @@ def test_the_cli_and_the_api_give_it(tmp_path):
 
 def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     """Above the size, Just resize first; the tabs' Generate takes it after img2img_fix_steps and before the
-    ControlNet units (before img2img's Tiling and the Styles, added since; older positional API calls keep working).
-    Inpaint offers no latent upscale (refused with a mask)."""
+    ControlNet units (img2img: before Tiling, Styles, the refiner's two and the Script controls; Inpaint: before
+    Styles; added since, older positional API calls keep working). Inpaint offers no latent upscale (refused with a
+    mask)."""
     from lowvram_gen.ui import controlnet
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
@@ -206,8 +207,11 @@ def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
     by_name = {f.api_name: f for f in app.fns.values()}
     labels = ["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"]
-    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 4),  # Tiling, Styles, the refiner's two
-                                       ("inpaint", "inp-resize-mode", labels[:3], 1)):  # Styles
+    from lowvram_gen.ui import xyz
+
+    # img2img: Tiling, Styles, the refiner's two and the X/Y/Z plot's Script controls after it; Inpaint: Styles
+    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 4 + len(xyz.INPUTS)),
+                                       ("inpaint", "inp-resize-mode", labels[:3], 1)):
         inputs = by_name[name].inputs
         radio = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]
         assert (radio.elem_id, radio.value, radio.label) == (elem, "resize", "Resize mode")

@@ -234,15 +234,18 @@ def test_a_batch_line_takes_it(tmp_path):
 
 def test_the_ui_has_a_checkbox_for_it_in_img2img_and_inpaint(tmp_path):
     """Under Denoising strength, off as A1111's setting is; the tabs' Generate takes it before the resize mode (and
-    img2img's Tiling, and Styles, added after both) and the ControlNet units (older positional API calls keep
-    working)."""
+    img2img's Tiling, the refiner's two and the Script controls, and Styles, added after both) and the ControlNet
+    units (older positional API calls keep working)."""
     from lowvram_gen.ui import controlnet
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path)))
     by_name = {f.api_name: f for f in app.fns.values()}
-    for name, elem, later in (("img2img", "i2i-fix-steps", 5), ("inpaint", "inp-fix-steps", 2)):
+    from lowvram_gen.ui import xyz
+
+    # img2img: the resize mode, Tiling, Styles, the refiner's two and the X/Y/Z plot's Script controls after it
+    for name, elem, later in (("img2img", "i2i-fix-steps", 5 + len(xyz.INPUTS)), ("inpaint", "inp-fix-steps", 2)):
         inputs = by_name[name].inputs
         # the resize mode after it (img2img: and Tiling), Styles, (img2img:) the refiner's checkpoint and switch
         box = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]

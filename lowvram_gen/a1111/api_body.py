@@ -66,6 +66,7 @@ class Mapped:
     # the request fields override_settings set that stay for later jobs (override_settings_restore_afterwards
     # false): "model", "clip_skip"
     keep_settings: tuple[str, ...] = ()  # "model", "clip_skip", "vae", "rng", "img2img_fix_steps", "ensd"
+    script_args: list | None = None  # script_name "x/y/z plot": its script_args as sent (api/scripts.py reads them)
 
 
 def renamed(exc: InvalidRequest) -> InvalidRequest:
@@ -105,6 +106,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     warnings = [f"unknown field {name!r} ignored" for name in given if name not in defaults]
     specs = [f for f in _BODY if f.api in defaults]
     got = {f.name: echo[f.api] for f in specs}  # by our names: the request's, A1111's own for its own fields
+    script_args = _script(got)  # before the refusals: the API runs script_name's X/Y/Z plot
     for spec in specs:
         if spec.policy == REFUSED and not spec.neutral_value(got[spec.name]):
             raise spec.refusal(got[spec.name])
@@ -145,7 +147,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     parameters.update({api_key(name): None for name in unset})  # the model family's, which `info` says
     if kind == "img2img" and not as_bool("include_init_images", got["include_init_images"]):
         parameters[api_key("init_image")] = parameters[api_key("mask")] = None  # as A1111 echoes them
-    return Mapped(request, warnings, parameters, as_bool("send_images", got["send_images"]), keep)
+    return Mapped(request, warnings, parameters, as_bool("send_images", got["send_images"]), keep, script_args)
 
 
 def _family_defaults(given: dict, fields: dict) -> tuple[str, ...]:
@@ -190,6 +192,23 @@ def _value(spec: Field, got: dict) -> Any:
 def _off_below_1(value: Any) -> Any:
     """A1111's seed-resize sides: 0 or -1 (its default) is off."""
     return 0 if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 1 else value
+
+
+XYZ_SCRIPT = "x/y/z plot"  # A1111's script title as its API names it (any case)
+
+
+def _script(got: dict) -> list | None:
+    """script_name: "x/y/z plot" (any case) with its script_args list (the body's script_name then done with), or
+    None; any other script is left for script_name's refusal."""
+    name = got["script_name"]
+    if not isinstance(name, str) or name.strip().lower() != XYZ_SCRIPT:
+        return None
+    got["script_name"] = None
+    args = got["script_args"]
+    if not isinstance(args, list):
+        raise InvalidRequest("script_args", args, "send the X/Y/Z plot's arguments as a list, in A1111's order "
+                                                  "(GET /sdapi/v1/script-info)")
+    return args
 
 
 def _check_scripts(got: dict) -> None:

@@ -35,12 +35,15 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from lowvram_gen.api import answers, controlnet, guard, listings, names, progress, system_routes
+from lowvram_gen.api import scripts as api_scripts
 from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
 from lowvram_gen.jobs import console
+from lowvram_gen.jobs.progress import CellProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
+from lowvram_gen.xyz.runner import run_grid
 
 log = logging.getLogger(__name__)
 PREFIX = "/sdapi/v1"
@@ -262,7 +265,11 @@ def build_router(ctx: ApiContext) -> APIRouter:
 
     @router.get("/scripts")
     def scripts():
-        return {"txt2img": [], "img2img": []}
+        return api_scripts.scripts()
+
+    @router.get("/script-info")
+    def script_info():
+        return api_scripts.script_info()
 
     @router.post("/png-info")
     def png_info(body: dict[str, Any] = Body(...)):
@@ -315,13 +322,18 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
                           ctx.state.current_unipc())
         request = mapped.request
         ctx.session.style_book().check(request.styles)  # an unknown style: 422 before the job is queued
+        grid = None if mapped.script_args is None else api_scripts.grid_of(
+            request, mapped.script_args, kind, find_model=ctx.state.find_model, allowed=ctx.allow_paths)
         ctx.take_slot()
         try:
-            job = _run(ctx, request, kind, watch)  # a failed job raises its error: answered by _answer
+            job = _run(ctx, request, kind, watch, grid)  # a failed job raises its error: answered by _answer
         finally:
             ctx.free_slot()
     warnings = list(mapped.warnings)
-    if isinstance(job.error, Cancelled):
+    if grid is not None:  # X/Y/Z plot: the grid (and what the script_args ask besides), its cells' images saved
+        images, what_ran = api_scripts.answer_images(grid, job.result), job.result.summary
+        warnings += job.result.warnings
+    elif isinstance(job.error, Cancelled):
         images, what_ran = job.error.images, str(job.error)
         warnings.append(f"interrupted: {what_ran}")
     else:
@@ -334,21 +346,27 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
             "parameters": mapped.parameters, "info": info}
 
 
-def _run(ctx: ApiContext, request, kind: str, watch: ClientWatch | None = None) -> Job:
+def _run(ctx: ApiContext, request, kind: str, watch: ClientWatch | None = None, grid=None) -> Job:
     """Run `request` as a registered job and wait for it to end: done, or cancelled (its Cancelled error on the job);
     a job that failed raises its error. Its Skip and live previews (every show_progress_every_n_steps, /options) are
-    the job's own, as a UI job's."""
+    the job's own, as a UI job's. With an X/Y/Z `grid`, its cells one after another in the one job (progress
+    `cell i/n`; an interrupted grid ends done, with the cells it finished)."""
     key = f"sdapi-{kind}-{uuid.uuid4().hex}"
     preview_every = ctx.state.preview_every()
+    cells = CellProgress(len(grid)) if grid is not None else None
 
     def work(on_step, cancel):
-        return ctx.session.generate(request, on_step=on_step, cancel=cancel, skip=job.skip,
-                                    on_preview=job.on_preview, preview_every=preview_every)
+        kwargs = dict(on_step=on_step, cancel=cancel, skip=job.skip, on_preview=job.on_preview,
+                      preview_every=preview_every)
+        if grid is not None:
+            return run_grid(ctx.session, grid, on_cell=lambda i, n: cells.start_cell(
+                i, n, request.batch_count, 2 if request.hires else 1), **kwargs)
+        return ctx.session.generate(request, **kwargs)
 
     job = Job(work)
     if watch is not None:  # the client hanging up stops it as /interrupt does
         watch.attach(job)
-    with closing(run(ctx.registry, key, job, f"API {kind}", request, tick=None)) as events:
+    with closing(run(ctx.registry, key, job, f"API {kind}", request, tick=None, progress=cells)) as events:
         for _ in events:
             pass
     return job

@@ -233,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="text to image", description="Generate images from a prompt.")
     _add_generation_args(gen)
+    from lowvram_gen.cli.xyz import add_xyz_args  # no heavy imports
+
+    add_xyz_args(gen)
     i2i = sub.add_parser("img2img", help="image to image",
                          description="Generate from an init image: --strength 0 keeps it, 1 ignores it.")
     i2i.add_argument("--init", dest="init_image", required=True, metavar="IMAGE", help="the image to start from")
@@ -247,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     from lowvram_gen.cli.scripts import add_script_args  # Loopback, SD upscale (no heavy imports)
 
     add_script_args(i2i)
+    add_xyz_args(i2i)
 
     inp = sub.add_parser("inpaint", help="repaint the masked part of an image (A1111's img2img > Inpaint)",
                          description="Repaint where the mask is white (--invert-mask: black); everything outside the "
@@ -524,10 +528,17 @@ def cmd_generate(args) -> int:
     from lowvram_gen.jobs.console import ProgressBar
 
     session = Session(**kwargs)
-    from lowvram_gen.cli import scripts
+    from lowvram_gen.cli import scripts, xyz
 
+    if xyz.wanted(args) and scripts.wanted(args):
+        from lowvram_gen.errors import InvalidRequest
+
+        raise InvalidRequest("--xyz-x/-y/-z", "with --loopback or --sd-upscale",
+                             "an X/Y/Z plot runs plain cells: leave out the img2img script, or the axes")
     if scripts.wanted(args):  # img2img's --loopback / --sd-upscale: one job a loop or tile
         return scripts.run_script_command(args, request, session, said)
+    if xyz.wanted(args):  # --xyz-x/-y/-z: a grid of cells, one generate each
+        return xyz.run(args, request, session, said)
     bar = ProgressBar("step")
     try:
         result = session.generate(request, on_step=bar.update)

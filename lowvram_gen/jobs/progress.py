@@ -113,3 +113,22 @@ class PartProgress(StepProgress):
 
     def line(self) -> str:
         return f"{self.part_line} · {super().line()}" if self.part_line else super().line()
+
+
+class CellProgress(StepProgress):
+    """An X/Y/Z grid's progress: "cell 2/6 · Step 7/20 · ETA 0:12", each cell followed as a job of its own
+    (`start_cell` when it starts) and the fraction counted over the cells."""
+
+    def __init__(self, cells: int, now=time.monotonic):
+        super().__init__(now=now)
+        self.cell, self.cells = 0, max(1, cells)
+
+    def start_cell(self, cell: int, cells: int, batch_count: int = 1, passes_per_batch: int = 1) -> None:
+        self.__init__(cells, self.now)
+        self.cell, self.batch_count, self.passes_per_batch = cell, max(1, batch_count), max(1, passes_per_batch)
+
+    def fraction(self) -> float:
+        return max(0.0, min(1.0, (max(0, self.cell - 1) + super().fraction()) / self.cells))
+
+    def line(self) -> str:
+        return f"cell {self.cell}/{self.cells} · " + super().line()

@@ -30,7 +30,7 @@ import gradio as gr
 from lowvram_gen import paths
 from lowvram_gen.errors import LowVramError
 from lowvram_gen.request import GenerationRequest
-from lowvram_gen.ui import controlnet, live
+from lowvram_gen.ui import controlnet, live, xyz
 from lowvram_gen.ui.widgets import quantize_field
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,9 @@ NOT_REMEMBERED = ("model", "init_image", "seed_extra", "subseed", "subseed_stren
                   "seed_resize_from_h",
                   "styles",  # A1111 keeps no selection either: a style left selected would apply to every next job
                   # a ControlNet unit's Enable and image: a unit restored on without its image would be refused
-                  *(controlnet.key(i, name) for i in range(controlnet.UNITS) for name in controlnet.NOT_REMEMBERED))
+                  *(controlnet.key(i, name) for i in range(controlnet.UNITS) for name in controlnet.NOT_REMEMBERED),
+                  # the Script (X/Y/Z plot) and its axes: a page that loads runs a plain job until a grid is chosen
+                  *xyz.INPUTS)
 
 
 def _secret() -> str:

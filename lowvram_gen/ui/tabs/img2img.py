@@ -14,7 +14,7 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.engines.sd.edit import img2img_as_edit
-from lowvram_gen.ui import messages
+from lowvram_gen.ui import messages, xyz
 from lowvram_gen.ui.context import TabContext
 from lowvram_gen.ui.form import DEFAULTS, SdForm, job_fields
 from lowvram_gen.ui.widgets import AS_PRESET, ImagePath
@@ -43,7 +43,9 @@ def build(ctx: TabContext) -> None:
                 seed_resize_from_h=DEFAULTS.seed_resize_from_h, batch_count=DEFAULTS.batch_count, preview_every=0,
                 preview_method="auto", img2img_fix_steps=DEFAULTS.img2img_fix_steps,
                 resize_mode=DEFAULTS.resize_mode, tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, refiner=None,
-                refiner_switch_at=DEFAULTS.refiner_switch_at, *units,
+                refiner_switch_at=DEFAULTS.refiner_switch_at, script=xyz.NONE, xyz_x_type="Seed", xyz_x_values="", xyz_y_type="Nothing", xyz_y_values="",
+                xyz_z_type="Nothing", xyz_z_values="", xyz_draw_legend=True, xyz_include_lone_images=True,
+                xyz_include_sub_grids=False, xyz_no_fixed_seeds=False, xyz_margin=0, *units,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
@@ -59,7 +61,9 @@ def build(ctx: TabContext) -> None:
             tiling=bool(tiling), styles=tuple(styles or ()), refiner=refiner or None,
             refiner_switch_at=DEFAULTS.refiner_switch_at if refiner_switch_at is None else refiner_switch_at)),
             request,
-            progress, preview_every, preview_method)
+            progress, preview_every, preview_method, xyz.grid_maker("img2img", dict(zip(xyz.INPUTS, (
+                script, xyz_x_type, xyz_x_values, xyz_y_type, xyz_y_values, xyz_z_type, xyz_z_values,
+                xyz_draw_legend, xyz_include_lone_images, xyz_include_sub_grids, xyz_no_fixed_seeds, xyz_margin)))))
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
     with gr.Tab("img2img", id="img2img"):
@@ -71,6 +75,7 @@ def build(ctx: TabContext) -> None:
                 form.strength("Denoising strength (0 keeps the image)")
                 form.resize_mode()
                 form.settings(tiling=True, refiner=True)
+                xyz.build(form.controls, "i2i-", "img2img")  # A1111's Script at the bottom
             with gr.Column(scale=2):
                 form.results(("inpaint", "upscale"))
     c = form.controls
@@ -81,5 +86,5 @@ def build(ctx: TabContext) -> None:
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "quantize", "schedule_type",
                             "clip_skip", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h",
                             "batch_count", "preview_every", "preview_method", "img2img_fix_steps", "resize_mode",
-                            "tiling", "styles", "refiner", "refiner_switch_at"],
+                            "tiling", "styles", "refiner", "refiner_switch_at", *xyz.INPUTS],
                   api_name="img2img")

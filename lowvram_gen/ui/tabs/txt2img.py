@@ -18,6 +18,7 @@ annotations.)
 import gradio as gr
 
 from lowvram_gen.request import SAME_SAMPLER, SAME_SCHEDULER
+from lowvram_gen.ui import xyz
 from lowvram_gen.ui.context import TabContext, image_info
 from lowvram_gen.ui.form import DEFAULTS, SdForm, job_fields
 from lowvram_gen.ui.widgets import AS_PRESET
@@ -44,8 +45,11 @@ def build(ctx: TabContext) -> None:
                  hires_schedule_type=SAME_SCHEDULER, hires_cfg=DEFAULTS.hires_cfg, hires_prompt=DEFAULTS.hires_prompt,
                  hires_negative=DEFAULTS.hires_negative, batch_count=DEFAULTS.batch_count, preview_every=0,
                  preview_method="auto", tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, refiner=None,
-                 refiner_switch_at=DEFAULTS.refiner_switch_at, *units, request: gr.Request = None,
-                 progress=gr.Progress()):
+                 refiner_switch_at=DEFAULTS.refiner_switch_at,
+                 script=xyz.NONE, xyz_x_type="Seed", xyz_x_values="", xyz_y_type="Nothing", xyz_y_values="",
+                 xyz_z_type="Nothing", xyz_z_values="", xyz_draw_legend=True, xyz_include_lone_images=True,
+                 xyz_include_sub_grids=False, xyz_no_fixed_seeds=False, xyz_margin=0, *units,
+                 request: gr.Request = None, progress=gr.Progress()):
         yield from ctx.run_job("txt2img", job_fields(
             options, units, prompt=prompt, negative_prompt=negative_prompt, width=width, height=height, steps=steps,
             cfg_scale=cfg_scale, seed=seed, batch_size=batch_size, sampler=sampler, model=model,
@@ -60,7 +64,9 @@ def build(ctx: TabContext) -> None:
             tiling=bool(tiling), styles=tuple(styles or ()), refiner=refiner or None,
             refiner_switch_at=DEFAULTS.refiner_switch_at if refiner_switch_at is None else refiner_switch_at),
             request, progress,
-            preview_every, preview_method)
+            preview_every, preview_method, xyz.grid_maker("txt2img", dict(zip(xyz.INPUTS, (
+                script, xyz_x_type, xyz_x_values, xyz_y_type, xyz_y_values, xyz_z_type, xyz_z_values,
+                xyz_draw_legend, xyz_include_lone_images, xyz_include_sub_grids, xyz_no_fixed_seeds, xyz_margin)))))
 
     form = SdForm(ctx, "txt2img", "")
     with gr.Tab("txt2img", id="txt2img"):
@@ -70,6 +76,7 @@ def build(ctx: TabContext) -> None:
             with gr.Column(scale=3):
                 form.settings(model_label="Model (or type a hub id / path)", hires=True, tiling=True,
                               refiner=True)
+                xyz.build(form.controls, "", "txt2img")  # A1111's Script at the bottom
             with gr.Column(scale=2):
                 out = form.results(("img2img", "inpaint", "upscale"))
     c = form.controls
@@ -84,7 +91,7 @@ def build(ctx: TabContext) -> None:
                              "seed_resize_from_w", "seed_resize_from_h", "hires_resize_w", "hires_resize_h",
                              "hires_sampler", "hires_schedule_type", "hires_cfg", "hires_prompt", "hires_negative",
                              "batch_count", "preview_every", "preview_method", "tiling", "styles", "refiner",
-                             "refiner_switch_at"],
+                             "refiner_switch_at", *xyz.INPUTS],
                   api_name="generate")
     # queued: it reads a file
     out.gallery.select(show_selected, None, [out.info], api_visibility="private", show_progress="hidden")
