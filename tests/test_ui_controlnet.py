@@ -13,8 +13,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from lowvram_gen.ui.xyz import DEFAULTS as XYZ_DEFAULTS, INPUTS as XYZ_INPUTS
+
 import controlnet_files as files  # tests/controlnet_files.py
 from ui_helpers import _fill_job, _gallery_image, browser, needs_browser, page, server  # noqa: F401
+
+SCRIPT_OFF = tuple(XYZ_DEFAULTS[name] for name in XYZ_INPUTS)  # the Script controls' values when no script runs
 
 SIDE = 64
 
@@ -103,7 +107,8 @@ def test_an_unticked_unit_with_an_image_is_named_in_what_ran_through_the_api_too
     client = Client(server.url, verbose=False)
     older = ("a boat", "", SIDE, SIDE, 1, 7, 3, 1, "default", "tiny", 1, "Latent", 0, 0.7, "as the preset says",
              "automatic", 1, -1, 0, 0, 0, 0, 0, "Use same sampler", "Use same scheduler", 0, "", "", 1, 0, "auto",
-             False, [], "", 0.8)  # tiling, styles, the refiner's checkpoint and switch: the tab's own last inputs
+             False, [], "", 0.8, *SCRIPT_OFF)  # tiling, styles, the refiner's two, the Script controls: the tab's own
+    # last inputs
     unit = ("none", 100, 200, "tiny-controlnet", 1, 0, 1)
     image = handle_file(str(models / "control.png"))
     summary = client.predict(*older, False, image, *unit, False, None, *unit, "balanced", api_name="/generate")[2]
@@ -125,7 +130,7 @@ def test_the_api_takes_the_units_after_the_older_inputs(server, models, monkeypa
     info = client.predict(
         "with a unit", "", SIDE, SIDE, 1, 7, 3, 1, "Euler a", "tiny", 1, "Latent", 0, 0.7,
         "as the preset says", "automatic", 1, -1, 0, 0, 0, 0, 0, "Use same sampler", "Use same scheduler", 0, "",
-        "", 1, 0, "auto", False, [], "", 0.8,  # tiling, styles, the refiner's two: the last of the tab's own inputs
+        "", 1, 0, "auto", False, [], "", 0.8, *SCRIPT_OFF,  # tiling, styles, the refiner's two, the Script controls
         True, handle_file(str(models / "control.png")), "none", 100, 200, "tiny-cn", 0.5, 0, 0.8,
         False, None, "none", 100, 200, None, 1, 0, 1, "controlnet", api_name="/generate")[1]
     assert 'ControlNet 0: "Module: none, Model: tiny-cn, Weight: 0.5' in info
@@ -203,8 +208,8 @@ def test_img2img_takes_the_units_last_too(server, models):
     init = handle_file(str(models / "control.png"))
     info = client.predict(
         init, "img2img with a unit", "", 0.6, SIDE, SIDE, 2, 7, 3, 1, "default", "tiny", "as the preset says",
-        "automatic", 1, -1, 0, 0, 0, 1, 0, "auto", False, "resize", False, [], "", 0.8,  # fix steps, resize mode,
-        # tiling, styles, the refiner's checkpoint and switch: before the units
+        "automatic", 1, -1, 0, 0, 0, 1, 0, "auto", False, "resize", False, [], "", 0.8, *SCRIPT_OFF,  # fix steps,
+        # resize mode, tiling, styles, the refiner's checkpoint and switch, the Script controls: before the units
         True, handle_file(str(models / "control.png")), "canny", 90, 180, str(models / "ControlNet" / "tiny-cn"), 1,
         0, 1, api_name="/img2img")[1]
     assert 'ControlNet 0: "Module: canny' in info and "Threshold A: 90, Threshold B: 180" in info
