@@ -20,6 +20,7 @@ from lowvram_gen.a1111.upscaler_names import check_upscaler, latent_mode  # name
 from lowvram_gen.control.resize import check_init_resize
 from lowvram_gen.control.units import ControlNetUnit, check_control_mode, check_units
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.filename_pattern import check_pattern
 from lowvram_gen.hires import HiresGeometry, geometry
 from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
@@ -189,6 +190,9 @@ class GenerationRequest:
     # A1111's Tiling: circular padding in the UNet's and the VAE's convolutions, so the image tiles seamlessly
     # (engines/sd/tiling.py); SD 1.x/2.x and SDXL
     tiling: bool = False
+    # A1111's "Images filename pattern" (filename_pattern.py): the saved names' part after the counter, with [tags];
+    # "": today's names (counter-seed-prompt). Not in the PNG (A1111 does not write it)
+    filename_pattern: str = ""
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -259,6 +263,7 @@ class GenerationRequest:
             unipc_order=unipc_options.check_order(self.unipc_order),
             unipc_lower_order_final=as_bool("UniPC lower order final", self.unipc_lower_order_final),
             tiling=as_bool("tiling", self.tiling),
+            filename_pattern=check_pattern(self.filename_pattern),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),

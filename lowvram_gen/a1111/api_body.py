@@ -117,6 +117,8 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     fields.update(model=settings["model"], clip_skip=settings["clip_skip"], vae=settings["vae"], rng=settings["rng"],
                   img2img_fix_steps=settings["img2img_fix_steps"], ensd=settings["ensd"], outdir=outdir,
                   extra={"api": kind}, **{name: settings[name] for name in UNIPC_DEFAULTS})
+    if "filename_pattern" in settings:  # override_settings.samples_filename_pattern (else the API's, api/routes.py)
+        fields["filename_pattern"] = settings["filename_pattern"]
     unset = _family_defaults(given, fields)
     warnings += _latent_sides(fields)
     if kind == "txt2img":

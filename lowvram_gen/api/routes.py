@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -303,6 +303,8 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
                           ctx.state.current_rng(), ctx.state.fix_steps(), ctx.state.current_ensd(),
                           ctx.state.current_unipc())
         request = mapped.request
+        if not request.filename_pattern:  # the API's samples_filename_pattern (POST /options), where the body sets none
+            request = replace(request, filename_pattern=ctx.state.current_pattern())
         ctx.take_slot()
         try:
             job = _run(ctx, request, kind, watch)  # a failed job raises its error: answered by _answer

@@ -169,7 +169,8 @@ def request_hash(engine: str, request) -> str:
     for name, off in (("subseed", -1), ("subseed_strength", 0.0), ("seed_resize_from_w", 0), ("seed_resize_from_h", 0),
                       ("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_sampler", ""),
                       ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", ""),
-                      ("rng", "gpu"), ("ensd", 0), ("tiling", False), *UNIPC_DEFAULTS.items()):
+                      ("rng", "gpu"), ("ensd", 0), ("tiling", False), ("filename_pattern", ""),
+                      *UNIPC_DEFAULTS.items()):
         if data.get(name) == off:  # variation seed, hires, RNG, ENSD, tiling, UniPC: added later; off, the hash stays
             data.pop(name, None)
     if data.get("hires_upscaler") in _OLD_UPSCALER:  # A1111's spelling now: a line's job keeps its hash
