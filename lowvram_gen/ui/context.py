@@ -79,6 +79,9 @@ class TabContext:
     vae: str = "Automatic"
     rng: str = "gpu"  # the RNG source radio's value (ui/rng_setting.py), a setting of the page as A1111's is
     page_controls: dict[str, Any] = field(default_factory=dict)  # request field -> a page setting's component
+    # each page's (gradio session's) images filename pattern, from its Settings tab (ui/tabs/settings.py)
+    filename_patterns: dict[str, str] = field(default_factory=dict)
+    settings_loaded: Any = None  # the Settings tab's page-load event (ui/remembered.py restores after it)
 
     def later(self, wire: Callable[[], None]) -> None:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""
@@ -101,7 +104,9 @@ class TabContext:
         says when the job (`what`: its tab) starts and ends, with a tqdm bar of its steps (jobs/console.py).
         """
         try:
-            job_request = GenerationRequest(outdir=self.options.outdir, **{"vae": self.vae, "rng": self.rng, **fields}).validated()
+            job_request = GenerationRequest(outdir=self.options.outdir, **{
+                "vae": self.vae, "rng": self.rng, "filename_pattern": self.filename_patterns.get(client_key(request), ""),
+                **fields}).validated()
             preview_every = check_preview_every(0 if preview_every is None else preview_every)
             preview_method = check_method(preview_method or "auto")
         except LowVramError as exc:
@@ -146,4 +151,5 @@ class TabContext:
 
     def disconnected(self, request: gr.Request):
         """The tab was closed or lost its connection: stop its job at the next step."""
+        self.filename_patterns.pop(client_key(request), None)
         self.jobs.cancel(client_key(request))
