@@ -46,11 +46,11 @@ def test_generate_forever_runs_job_after_job_until_interrupt(page, server):
     assert len(list(server.outdir.rglob("*.png"))) >= before + 2
     page.click("#cancel")
     page.wait_for_function("() => !document.querySelector('#generate-forever input').checked", timeout=30_000)
-    page.wait_for_function("() => (document.querySelector('#progress') || {innerText: ''}).innerText.trim() === ''",
-                           timeout=120_000)
-    settled = len(list(server.outdir.rglob("*.png")))
-    page.wait_for_timeout(3000)  # no job follows the interrupted one
-    assert len(list(server.outdir.rglob("*.png"))) == settled
+    at_interrupt = len(list(server.outdir.rglob("*.png")))
+    page.wait_for_timeout(8000)
+    # at most the job Interrupt met (it keeps its image), or the one its click had already started: then none
+    assert len(list(server.outdir.rglob("*.png"))) <= at_interrupt + 1
+    assert not page.locator("#generate-forever input").is_checked()
 
 
 def _open_settings(page):
@@ -65,13 +65,14 @@ def test_settings_survive_a_reload_reach_the_tabs_and_stay_in_their_browser(page
     pattern.fill("[seed]-[what]")
     page.click("#settings-apply")
     page.wait_for_function("() => document.querySelector('#settings-said').innerText.includes('[what]')",
-                           timeout=30_000)  # refused, naming the tag: nothing applied
+                           timeout=90_000)  # refused, naming the tag: nothing applied
     assert page.locator("#steps input[type=number]").first.input_value() == "20"
     pattern.fill("[seed]-[steps]-settings")
     page.click("#settings-apply")
     page.wait_for_function("() => document.querySelector('#settings-said').innerText.includes('Applied')",
                            timeout=30_000)
-    for elem_id in ("steps", "i2i-steps", "inp-steps"):
+    for tab, elem_id in (("txt2img", "steps"), ("img2img", "i2i-steps"), ("Inpaint", "inp-steps")):
+        page.get_by_role("tab", name=tab, exact=True).click()  # a tab's controls are drawn once it is opened
         assert page.locator(f"#{elem_id} input[type=number]").first.input_value() == "3"
     page.wait_for_timeout(1000)  # the BrowserState's write into localStorage
     page.reload()

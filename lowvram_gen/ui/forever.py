@@ -49,7 +49,8 @@ def watched(handler):
         with _LOCK:
             _ENDED[client_key(request)] = images
 
-    event.__signature__ = signature
+    event.__signature__ = signature  # gradio reads the inputs from it and finds gr.Request by the annotations
+    event.__annotations__ = dict(getattr(handler, "__annotations__", {}))
     event.__name__ = getattr(handler, "__name__", "generate")
     return event
 
