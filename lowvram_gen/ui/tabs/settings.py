@@ -119,7 +119,7 @@ def _wire(ctx: TabContext, apply, reset, said) -> gr.State:
     def applied(stored, request: gr.Request, *values):
         try:
             checked = check(dict(zip(NAMES, values)))
-        except LowVramError as exc:
+        except (LowVramError, TypeError, ValueError) as exc:  # unqueued: said in the tab, never raised
             return [gr.skip(), f"Not applied: {exc}", *(gr.skip() for _ in targets)]
         stored = dict(stored) if isinstance(stored, dict) else {}
         stored[_user(request)] = checked
@@ -141,7 +141,7 @@ def _wire(ctx: TabContext, apply, reset, said) -> gr.State:
             return [gr.skip() for _ in boxes + targets]
         try:
             checked = check({**DEFAULTS, **{k: v for k, v in saved.items() if k in DEFAULTS}})
-        except LowVramError as exc:  # stored by an older version, or edited in the browser: not used
+        except (LowVramError, TypeError, ValueError) as exc:  # stored by an older version, or edited in the browser: not used
             log.warning("not restoring this browser's settings the request would refuse: %s", exc)
             return [gr.skip() for _ in boxes + targets]
         ctx.filename_patterns[client_key(request)] = checked["filename_pattern"]
