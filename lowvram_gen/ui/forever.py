@@ -56,10 +56,11 @@ def watched(handler):
 
 
 def again(on, request: gr.Request):
-    """Whether the page starts the next job: the box is ticked and this browser's job ended with images."""
+    """Unticks the box when this browser's job ended without images; else leaves it as it is now (never ticks it: an
+    Interrupt clicked while this ran has unticked it). The page then clicks Generate if the box is still ticked."""
     with _LOCK:
         images = _ENDED.pop(client_key(request), False)
-    return bool(on) and images
+    return gr.update() if on and images else False
 
 
 def wire(event, box: gr.Checkbox, stop: gr.Button, generate_id: str) -> None:
