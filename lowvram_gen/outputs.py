@@ -115,9 +115,12 @@ def safe_slug(prompt: str, max_bytes: int = SLUG_MAX) -> str:
     return slug or _cut_utf8("image", max_bytes)
 
 
-def next_image_path(outdir: str | Path, seed: int | None, prompt: str, ext: str = "png") -> Path:
+def next_image_path(outdir: str | Path, seed: int | None, prompt: str, ext: str = "png",
+                    decoration: str = "") -> Path:
     """The next free A1111-style name in ``outdir``: ``{counter:05d}-{seed}-{slug}.{ext}``
-    (``{counter:05d}-{slug}.{ext}`` for an image no seed made, such as an upscale).
+    (``{counter:05d}-{slug}.{ext}`` for an image no seed made, such as an upscale), or
+    ``{counter:05d}-{decoration}.{ext}`` where a file name pattern gave one (filename_pattern.py: already made of
+    safe characters; cut here to the slug's limit).
 
     ``counter`` is one more than the highest counter prefix already in the folder (0 when there is
     none), so earlier files are never overwritten. Creates ``outdir``. The result is only a plan:
@@ -136,6 +139,8 @@ def next_image_path(outdir: str | Path, seed: int | None, prompt: str, ext: str 
     fixed = len(f"{counter:05d}-{seed_part}.{ext}".encode()) + 2  # 2: room for the counter to grow
     if fixed >= NAME_MAX:
         raise ValueError(f"seed {seed} is too long for a file name")
+    if decoration:
+        return folder / f"{counter:05d}-{_cut_utf8(decoration, SLUG_MAX).rstrip('. ')}.{ext}"
     slug = safe_slug(prompt, min(SLUG_MAX, NAME_MAX - fixed))
     return folder / f"{counter:05d}-{seed_part}{slug}.{ext}"
 

@@ -20,6 +20,7 @@ from lowvram_gen.a1111.upscaler_names import check_upscaler, latent_mode  # name
 from lowvram_gen.control.resize import check_init_resize
 from lowvram_gen.control.units import ControlNetUnit, check_control_mode, check_units
 from lowvram_gen.errors import InvalidRequest
+from lowvram_gen.filename_pattern import check_pattern
 from lowvram_gen.hires import HiresGeometry, geometry
 from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
 from lowvram_gen.prompting.parse import PromptSyntaxError, parse_attention
@@ -198,6 +199,9 @@ class GenerationRequest:
     # A switch at 1 is no refiner, as in A1111
     refiner: str | None = None
     refiner_switch_at: float = 0.8
+    # A1111's "Images filename pattern" (filename_pattern.py): the saved names' part after the counter, with [tags];
+    # "": today's names (counter-seed-prompt). Not in the PNG (A1111 does not write it)
+    filename_pattern: str = ""
     # A1111's variation seed ("Extra" seed options): the initial noise is slerp(subseed_strength, the seed's noise,
     # the subseed's noise); 0: off, the seed's image exactly. -1: a random subseed. In a batch the seed stays and
     # the subseed goes up by one per image, as in A1111
@@ -271,6 +275,7 @@ class GenerationRequest:
             tiling=as_bool("tiling", self.tiling),
             refiner=check_refiner(self.refiner),
             refiner_switch_at=check_switch_at(self.refiner_switch_at),
+            filename_pattern=check_pattern(self.filename_pattern),
             subseed=as_int("variation seed", self.subseed, -1, MAX_SEED, " (-1 means random)"),
             subseed_strength=as_float("variation seed strength", self.subseed_strength, 0.0, 1.0),
             controlnets=check_units(self.controlnets, check_image_path),

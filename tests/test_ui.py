@@ -600,7 +600,7 @@ def test_every_tab_is_built_by_one_signature():
     from lowvram_gen.ui.app import TABS
 
     names = [t.__name__.rsplit(".", 1)[1] for t in TABS]
-    assert names == ["txt2img", "img2img", "inpaint", "upscale", "pnginfo", "browser", "vqgan", "system"]
+    assert names == ["txt2img", "img2img", "inpaint", "upscale", "pnginfo", "browser", "vqgan", "system", "settings"]
     for tab in TABS:
         assert str(inspect.signature(tab.build)) == "(ctx: lowvram_gen.ui.context.TabContext) -> None"
 
@@ -885,8 +885,10 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
     show, refresh and hide (they set visibility, or read the job's latest preview and progress line), a ControlNet unit's canny thresholds
     shown for canny only (visibility), a ControlNet upload ticking its Enable (sets a checkbox), the SD VAE box and
     its Refresh (keep a name, list a folder: an unknown VAE is refused by the job), the RNG source radio (it keeps one
-    of the three values it offers), and the remembered values (they validate, and log what they drop). A new unqueued
-    handler fails here."""
+    of the three values it offers), the remembered values (they validate, and log what they drop), the token counter
+    (it catches everything: a count never stops the page), Generate forever's next-job check and Interrupt's untick
+    (read a flag, set a checkbox) and the Settings tab's Apply, Reset and restore (they validate and say what they
+    refuse in the tab). A new unqueued handler fails here."""
     from lowvram_gen.ui.app import build_app
     from lowvram_gen.ui.context import UiOptions
 
@@ -903,7 +905,9 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("context", "TabContext.skip"), ("live", "shown_while_running.<locals>.start"),
         ("live", "shown_while_running.<locals>.refresh"), ("live", "wire.<locals>.end"),
         ("controlnet", "show_thresholds"), ("controlnet", "_unit.<locals>.<lambda>"), ("vae_picker", "row.<locals>.chosen"), ("vae_picker", "refreshed"),
-            ("family_defaults", "on_pick")})
+            ("family_defaults", "on_pick"), ("token_counter", "counted"), ("forever", "again"),
+            ("forever", "wire.<locals>.<lambda>"), ("settings", "_applied_entry.<locals>.entry"),
+            ("settings", "_wire.<locals>.reset_all"), ("settings", "_wire.<locals>.restore")})
 
 
 @needs_browser

@@ -257,7 +257,7 @@ def test_every_tab_wires_the_units_for_send_to_and_remembering(tmp_path, monkeyp
     monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(models_root))
     wired = {}
     real = remembered.wire
-    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs: wired.update(controls) or real(app, controls, jobs))
+    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs, **kw: wired.update(controls) or real(app, controls, jobs, **kw))
     build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
     for tab in ("txt2img", "img2img", "inpaint"):
         assert set(KEYS) <= set(wired[tab])

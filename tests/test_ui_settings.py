@@ -63,7 +63,7 @@ def test_clip_skip_is_a_control_of_both_tabs_starting_off_and_remembered(tmp_pat
 
     wired = {}
     real = remembered.wire
-    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs: wired.update(controls) or real(app, controls, jobs))
+    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs, **kw: wired.update(controls) or real(app, controls, jobs, **kw))
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
     for tab, elem_id in (("txt2img", "clip-skip"), ("img2img", "i2i-clip-skip")):
         box = _component(app, elem_id)
@@ -80,7 +80,7 @@ def test_batch_count_and_the_live_preview_settings_are_remembered_in_both_tabs(t
 
     wired = {}
     real = remembered.wire
-    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs: wired.update(controls) or real(app, controls, jobs))
+    monkeypatch.setattr(remembered, "wire", lambda app, controls, jobs, **kw: wired.update(controls) or real(app, controls, jobs, **kw))
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
     for tab, prefix in (("txt2img", ""), ("img2img", "i2i-")):
         count, every, method = (_component(app, f"{prefix}{name}") for name in ("batch-count", "preview-every",

@@ -125,6 +125,8 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
         if found is None:  # a listed checkpoint only, as sd_model_checkpoint: never a path of the server's
             raise api_names.refused(api_key("refiner"), text, api_names.MODELS)
         fields["refiner"] = found
+    if "filename_pattern" in settings:  # override_settings.samples_filename_pattern (else the API's, api/routes.py)
+        fields["filename_pattern"] = settings["filename_pattern"]
     unset = _family_defaults(given, fields)
     warnings += _latent_sides(fields)
     if kind == "txt2img":

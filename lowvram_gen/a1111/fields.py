@@ -196,6 +196,9 @@ FIELDS: tuple[Field, ...] = (
     Field("refiner", api="refiner_checkpoint", label="Refiner", aliases=("refiner_checkpoint",), read=read_refiner),
     Field("refiner_switch_at", api="refiner_switch_at", label="Refiner switch at", default=0.8,
           said=("refiner switch at",), read=read_float),
+    # A1111's "Images filename pattern" setting (filename_pattern.py); no label: A1111 writes nothing of it in the PNG
+    Field("filename_pattern", api="override_settings.samples_filename_pattern",
+          aliases=("samples_filename_pattern",), said=("filename pattern",)),
     Field("init_image", api="init_images", body=IMG2IMG),
     Field("strength", api="denoising_strength", label="Denoising strength", default=0.75, body=IMG2IMG),
     # A1111's setting "With img2img, do exactly the amount of steps the slider specifies" (img2img_steps.py); no

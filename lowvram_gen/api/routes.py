@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -321,6 +321,8 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
                           ctx.state.current_rng(), ctx.state.fix_steps(), ctx.state.current_ensd(),
                           ctx.state.current_unipc())
         request = mapped.request
+        if not request.filename_pattern:  # the API's samples_filename_pattern (POST /options), where the body sets none
+            request = replace(request, filename_pattern=ctx.state.current_pattern())
         ctx.session.style_book().check(request.styles)  # an unknown style: 422 before the job is queued
         grid = None if mapped.script_args is None else api_scripts.grid_of(
             request, mapped.script_args, kind, find_model=ctx.state.find_model, allowed=ctx.allow_paths)

@@ -28,7 +28,7 @@ from lowvram_gen.request import as_bool
 
 log = logging.getLogger(__name__)
 SETTINGS = ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "show_progress_every_n_steps", "live_previews_enable",
-            "sd_vae", "randn_source", "img2img_fix_steps", "eta_noise_seed_delta",
+            "sd_vae", "randn_source", "img2img_fix_steps", "eta_noise_seed_delta", "samples_filename_pattern",
             *(setting for setting, _ in unipc_options.SETTINGS.values()))
 
 
@@ -44,6 +44,7 @@ class ApiState:
     rng: str = "gpu"  # randn_source: later API jobs' noise source (rng.py)
     img2img_fix_steps: bool = False  # A1111's img2img_fix_steps: later img2img jobs run exactly their steps
     ensd: int = 0  # eta_noise_seed_delta: later API jobs' step noise seed delta (request.py)
+    filename_pattern: str = ""  # samples_filename_pattern: later API jobs' file names (filename_pattern.py)
     # uni_pc_*: later API jobs' UniPC settings, by their request fields (a1111/unipc_options.py)
     unipc_variant: str = unipc_options.DEFAULTS["unipc_variant"]
     unipc_skip_type: str = unipc_options.DEFAULTS["unipc_skip_type"]
@@ -74,6 +75,10 @@ class ApiState:
         with self._lock:
             return {name: getattr(self, name) for name in unipc_options.SETTINGS}
 
+    def current_pattern(self) -> str:
+        with self._lock:
+            return self.filename_pattern
+
     def fix_steps(self) -> bool:
         with self._lock:
             return self.img2img_fix_steps
@@ -94,7 +99,7 @@ class ApiState:
             "outdir_txt2img_samples": self.outdir, "outdir_img2img_samples": self.outdir, "enable_pnginfo": True,
             "show_progress_every_n_steps": self.preview_steps, "live_previews_enable": self.previews_on,
             "sd_checkpoints_limit": 1, "img2img_fix_steps": self.fix_steps(),
-            "eta_noise_seed_delta": self.current_ensd(),
+            "eta_noise_seed_delta": self.current_ensd(), "samples_filename_pattern": self.current_pattern(),
             **{unipc_options.SETTINGS[name][0]: value for name, value in self.current_unipc().items()},
         }
 
@@ -123,6 +128,10 @@ class ApiState:
             changes["rng"] = check_rng(body["randn_source"], "randn_source")
         if "eta_noise_seed_delta" in body:
             changes["ensd"] = as_int("eta_noise_seed_delta", body["eta_noise_seed_delta"], 0, MAX_SEED, " (0: off)")
+        if "samples_filename_pattern" in body:
+            from lowvram_gen.filename_pattern import check_pattern
+
+            changes["filename_pattern"] = check_pattern(body["samples_filename_pattern"], "samples_filename_pattern")
         checks = {"unipc_variant": unipc_options.check_variant, "unipc_skip_type": unipc_options.check_skip_type,
                   "unipc_order": unipc_options.check_order,
                   "unipc_lower_order_final": lambda value: as_bool("uni_pc_lower_order_final", value)}

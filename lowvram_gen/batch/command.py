@@ -85,7 +85,7 @@ def run_batch_command(args, session_kwargs: dict) -> int:
     names = ("negative_prompt", "width", "height", "steps", "cfg_scale", "batch_size", "sampler", "schedule_type",
              "clip_skip", "subseed", "subseed_strength", "seed_resize_from", "seed", "model", "config", "vae", "rng",
              "ensd", "unipc_variant", "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling",
-             "styles", "refiner", "refiner_switch_at")
+             "styles", "refiner", "refiner_switch_at", "filename_pattern")
     defaults = {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
     GenerationRequest.from_mapping(defaults)  # a bad --width is exit 2 before anything is read or loaded
     repeat = as_int("--repeat", args.repeat, 1, MAX_REPEAT)

@@ -170,9 +170,9 @@ def request_hash(engine: str, request) -> str:
                       ("hires_resize_w", 0), ("hires_resize_h", 0), ("hires_sampler", ""),
                       ("hires_schedule_type", ""), ("hires_cfg", 0.0), ("hires_prompt", ""), ("hires_negative", ""),
                       ("rng", "gpu"), ("ensd", 0), ("tiling", False), ("styles", ()), ("refiner", None),
-                      ("refiner_switch_at", 0.8), *UNIPC_DEFAULTS.items()):
-        if data.get(name) == off:  # variation seed, hires, RNG, ENSD, tiling, styles, refiner, UniPC: added later;
-            data.pop(name, None)  # off, the hash stays
+                      ("refiner_switch_at", 0.8), ("filename_pattern", ""), *UNIPC_DEFAULTS.items()):
+        if data.get(name) == off:  # variation seed, hires, RNG, ENSD, tiling, styles, refiner, file name pattern,
+            data.pop(name, None)  # UniPC: added later; off, the hash stays
     if data.get("hires_upscaler") in _OLD_UPSCALER:  # A1111's spelling now: a line's job keeps its hash
         data["hires_upscaler"] = _OLD_UPSCALER[data["hires_upscaler"]]
     if not data.get("controlnets"):  # ControlNet, added later: a job without it keeps its hash

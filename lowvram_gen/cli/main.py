@@ -140,6 +140,10 @@ def _add_job_fields(p, every_job: bool) -> None:
     p.add_argument("--refiner-switch-at", dest="refiner_switch_at", metavar="X",
                    help="the fraction of the sampling done by the model before the refiner takes over, above 0 and "
                         "at most 1 (default 0.8; 1: no refiner)")
+    p.add_argument("--filename-pattern", dest="filename_pattern", metavar="PATTERN",
+                   help="A1111's images filename pattern: the saved names' part after the counter, e.g. "
+                        "'[seed]-[prompt_words]' or '[model_name]-[steps]-[datetime<%%Y%%m%%d>]' (default: "
+                        "counter-seed-prompt)")
     p.add_argument("--subseed", metavar="N",
                    help="A1111's Variation seed: 0..4294967295, -1 random (default); its noise is blended into the "
                         "seed's by --subseed-strength (a batch keeps the seed and counts the subseed up)")
@@ -439,7 +443,7 @@ REQUEST_FLAGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_s
                  "mask_blur", "inpaint_area", "mask_padding", "masked_content", "invert_mask", "mask_round", "vae",
                  "reference_images", "rng", "ensd", "img2img_fix_steps", "resize_mode", "unipc_variant",
                  "unipc_skip_type", "unipc_order", "unipc_lower_order_final", "tiling", "styles", "refiner",
-                 "refiner_switch_at")
+                 "refiner_switch_at", "filename_pattern")
 
 
 def _request_fields(args) -> tuple[dict, list[str]]:

@@ -18,9 +18,10 @@ from lowvram_gen.session import Session
 from lowvram_gen.ui import remembered, rng_setting, vae_picker
 from lowvram_gen.ui.context import TabContext, UiOptions
 from lowvram_gen.jobs.registry import Registry
-from lowvram_gen.ui.tabs import browser, img2img, inpaint, pnginfo, system, txt2img, upscale, vqgan
+from lowvram_gen.ui.tabs import browser, img2img, inpaint, pnginfo, settings, system, txt2img, upscale, vqgan
 
-TABS = (txt2img, img2img, inpaint, upscale, pnginfo, browser, vqgan, system)  # in this order: System plans txt2img's inputs
+# in this order: System plans txt2img's inputs, Settings sets the SD tabs' controls
+TABS = (txt2img, img2img, inpaint, upscale, pnginfo, browser, vqgan, system, settings)
 # prompt box elem_id -> the Generate button Ctrl+Enter clicks
 GENERATE_KEYS = {"prompt": "generate", "negative": "generate", "i2i-prompt": "i2i-generate",
                  "i2i-negative": "i2i-generate", "inp-prompt": "inp-generate", "inp-negative": "inp-generate"}
@@ -47,7 +48,7 @@ def build_app(session: Session, options: UiOptions, jobs: Registry | None = None
                     "abstract noise: pick a real model for real images.")
         ctx = TabContext(session=session, options=options, app=app, jobs=jobs if jobs is not None else Registry())
         with gr.Row():  # A1111's quicksettings row: above the tabs, for every SD tab
-            vae_picker.row(ctx)  # SD VAE
+            ctx.page_controls["vae"] = vae_picker.row(ctx)  # SD VAE
             rng_setting.row(ctx)  # Random number generator source
             gr.Column(scale=1, min_width=0)
         with gr.Tabs() as ctx.tabs:
@@ -55,7 +56,7 @@ def build_app(session: Session, options: UiOptions, jobs: Registry | None = None
                 tab.build(ctx)
         for wire in ctx.wiring:
             wire()
-        remembered.wire(app, ctx.controls, ctx.generate_events)
+        remembered.wire(app, ctx.controls, ctx.generate_events, after=ctx.settings_loaded)
         app.load(None, None, None, js=CTRL_ENTER % json.dumps(GENERATE_KEYS))
         app.unload(ctx.disconnected)
     app.queue(max_size=options.queue_size, default_concurrency_limit=1)

@@ -83,6 +83,9 @@ class TabContext:
     rng: str = "gpu"  # the RNG source radio's value (ui/rng_setting.py), a setting of the page as A1111's is
     page_controls: dict[str, Any] = field(default_factory=dict)  # request field -> a page setting's component
     style_lists: list[Any] = field(default_factory=list)  # every tab's Styles multi-select (ui/styles.py)
+    # each page's (gradio session's) images filename pattern, from its Settings tab (ui/tabs/settings.py)
+    filename_patterns: dict[str, str] = field(default_factory=dict)
+    settings_loaded: Any = None  # the Settings tab's page-load event (ui/remembered.py restores after it)
 
     def later(self, wire: Callable[[], None]) -> None:
         """Run `wire` once every tab is built (it may use a later tab's controls)."""
@@ -107,7 +110,9 @@ class TabContext:
         (progress `cell i/n`); the gallery then shows the grid first.
         """
         try:
-            job_request = GenerationRequest(outdir=self.options.outdir, **{"vae": self.vae, "rng": self.rng, **fields}).validated()
+            job_request = GenerationRequest(outdir=self.options.outdir, **{
+                "vae": self.vae, "rng": self.rng, "filename_pattern": self.filename_patterns.get(client_key(request), ""),
+                **fields}).validated()
             preview_every = check_preview_every(0 if preview_every is None else preview_every)
             preview_method = check_method(preview_method or "auto")
             grid = xyz(job_request) if xyz is not None else None
@@ -162,4 +167,5 @@ class TabContext:
 
     def disconnected(self, request: gr.Request):
         """The tab was closed or lost its connection: stop its job at the next step."""
+        self.filename_patterns.pop(client_key(request), None)
         self.jobs.cancel(client_key(request))

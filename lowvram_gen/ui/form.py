@@ -1,5 +1,7 @@
 """The controls txt2img, img2img and Inpaint share, built by one builder so the three tabs cannot drift apart:
-the top row (prompt and negative prompt on the left; Generate, big, with Interrupt and Skip under it on the right,
+the top row (prompt and negative prompt on the left, each with A1111's token counter under it
+(ui/token_counter.py); Generate, big, with Interrupt and Skip and the Generate forever box (ui/forever.py) under it on
+the right,
 as A1111 and Forge have them: on screen without scrolling at 1366x768, and the live preview stays in view while a job
 runs), Width/Height with ⇅ (swap them), Batch count and Batch size, Steps/CFG scale/Clip skip, the seed row (Seed,
 ♻ last seed, 🎲 random, Extra, Sampler, Schedule type) with the Extra seed options, the Model box with Refresh and
@@ -32,7 +34,8 @@ from lowvram_gen.request import (MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_CLIP_S
                                  SAME_SAMPLER, SAME_SCHEDULER, GenerationRequest)
 from lowvram_gen.samplers import DEFAULT, NOT_A1111, SAMPLERS
 from lowvram_gen.schedules import SCHEDULE_TYPES
-from lowvram_gen.ui import cards, controlnet, family_defaults, live, pickers, results, sendto, styles
+from lowvram_gen.ui import (cards, controlnet, family_defaults, forever, live, pickers, results, sendto, styles,
+                            token_counter)
 from lowvram_gen.ui.context import GPU, TabContext
 from lowvram_gen.ui.widgets import (Number, ScheduleType, Slider, quantize_field, seed_buttons, seed_extras,
                                    swap_button, upscaler_choices)
@@ -55,6 +58,8 @@ class SdForm:
         self.sent = self.reuse = self.random = self.swap = self.size_button = None
         self.go = self.stop = self.skip = self.progress = self.out = None
         self.cards = None  # the extra-network cards under the prompts (ui/cards.py), built by `top`
+        self.forever = None  # the Generate forever checkbox (ui/forever.py)
+        self.counters: dict[str, tuple] = {}  # prompt field -> its token counter (ui/token_counter.py)
 
     def _id(self, name: str) -> str | None:
         return None if name in self.unnamed else f"{self.prefix}{name}"
@@ -70,6 +75,7 @@ class SdForm:
                 self.prompts(lines, negative_lines)
             with gr.Column(scale=1, min_width=160):
                 self.go, self.stop, self.skip = live.buttons(self.prefix, f"{self.prefix}generate")
+                self.forever = forever.checkbox(self.prefix)
                 self.progress = live.progress_line(self.prefix)
         self.cards = cards.Cards(self.prefix, self.ctx.options.models_folder)  # under the prompts, as in A1111
         self.cards.build()
@@ -77,8 +83,10 @@ class SdForm:
     def prompts(self, lines: int, negative_lines: int) -> None:
         self.controls["prompt"] = gr.Textbox(value=DEFAULTS.prompt, label="Prompt", lines=lines,
                                              elem_id=self._id("prompt"))
+        self.counters["prompt"] = token_counter.box(f"{self.prefix}prompt-tokens")
         self.controls["negative_prompt"] = gr.Textbox(value=DEFAULTS.negative_prompt, label="Negative prompt",
                                                       lines=negative_lines, elem_id=self._id("negative"))
+        self.counters["negative_prompt"] = token_counter.box(f"{self.prefix}negative-tokens")
         self.controls["styles"] = styles.row(self.ctx, self.prefix, self.controls["prompt"],
                                              self.controls["negative_prompt"])
 
@@ -225,12 +233,15 @@ class SdForm:
         live.shown_while_running(ctx, self.go, c["preview_every"], c["preview_method"], out.preview,
                                  self.progress)  # runs first
         event = self.go.click(
-            controlnet.appended(handler),
+            forever.watched(controlnet.appended(handler)),
             [c[i] if isinstance(i, str) else i for i in inputs] + list(self.units.values()),
             [out.gallery, out.info, out.summary, out.last_seed], api_name=api_name, concurrency_id=GPU,
             concurrency_limit=1, show_progress="hidden")  # the tab's one progress line is ui/live.py's
         ctx.generate_events[self.tab] = event
         live.wire(ctx, event, self.stop, self.skip, out.summary, out.preview, self.progress)
+        forever.wire(event, self.forever, self.stop, f"{self.prefix}generate")
+        for name, counter in self.counters.items():
+            token_counter.wire(ctx.app, c[name], counter, c["steps"], c["model"])
         seed_buttons(self.reuse, self.random, c["seed"], out.last_seed)
         swap_button(self.swap, c["width"], c["height"])
         return event

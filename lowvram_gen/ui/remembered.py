@@ -67,8 +67,10 @@ def _secret() -> str:
     return text
 
 
-def browser_state() -> gr.BrowserState:
-    return gr.BrowserState({}, storage_key=STORAGE_KEY, secret=_secret())
+def browser_state(storage_key: str = STORAGE_KEY) -> gr.BrowserState:
+    """A value kept in the browser's localStorage under `storage_key`, encrypted with the server's key (the Settings
+    tab keeps its own: ui/tabs/settings.py)."""
+    return gr.BrowserState({}, storage_key=storage_key, secret=_secret())
 
 
 def _user(request) -> str:
@@ -98,8 +100,9 @@ def valid(name: str, value, component) -> bool:
     return True
 
 
-def wire(app: gr.Blocks, controls: dict, jobs: dict) -> None:
-    """Remember each tab's values after its job passes validation, and restore them when a page loads.
+def wire(app: gr.Blocks, controls: dict, jobs: dict, after=None) -> None:
+    """Remember each tab's values after its job passes validation, and restore them when a page loads (after the
+    page-load event `after` where given: the Settings tab's defaults, which the last values come back over).
     `controls`: tab -> {request field: component}; `jobs`: tab -> the Generate event."""
     store = browser_state()
     restored = []  # (tab, name, component) in the order app.load fills them
@@ -136,4 +139,5 @@ def wire(app: gr.Blocks, controls: dict, jobs: dict) -> None:
             log.warning("not restoring remembered values the request would refuse: %s", ", ".join(dropped))
         return out
 
-    app.load(restore, [store], [c for _, _, c in restored], queue=False, api_visibility="private")
+    (after.then if after is not None else app.load)(restore, [store], [c for _, _, c in restored], queue=False,
+                                                    api_visibility="private")

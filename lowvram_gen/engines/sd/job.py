@@ -250,10 +250,25 @@ class _Saver:
                     "nsfw_filtered": flagged, "version": 1}
             if self.plan_notes and done.preset == self.ladder.presets[0].name:
                 meta["plan_notes"] = self.plan_notes
-            path = outputs.next_image_path(self.outdir, seed, request.prompt)
+            path = outputs.next_image_path(self.outdir, seed, request.prompt, decoration=self.decoration(seed, index))
             params = outputs.a1111_parameters(request.prompt, request.negative_prompt, fields)
             self.images.append(str(outputs.save_png(image, path, params, meta)))
             self.nsfw.append(flagged)
+
+
+    def decoration(self, seed: int, index: int) -> str:
+        """The name's part after the counter by the request's file name pattern; "" (today's names) without one."""
+        if not self.request.filename_pattern:
+            return ""
+        from datetime import datetime
+
+        from lowvram_gen import filename_pattern
+
+        self.started = getattr(self, "started", None) or datetime.now()
+        return filename_pattern.decoration(self.request.filename_pattern, filename_pattern.values(
+            self.request, seed, sampler=self.sampler[0], index=index,
+            model_path=self.source.path if self.source.kind == "single_file" else None,
+            started=self.started))
 
 
 def _request_dict(request: GenerationRequest) -> dict:
