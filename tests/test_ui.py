@@ -907,7 +907,8 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
         ("controlnet", "show_thresholds"), ("controlnet", "_unit.<locals>.<lambda>"), ("vae_picker", "row.<locals>.chosen"), ("vae_picker", "refreshed"),
             ("family_defaults", "on_pick"), ("token_counter", "counted"), ("forever", "again"),
             ("forever", "wire.<locals>.<lambda>"), ("settings", "_applied_entry.<locals>.entry"),
-            ("settings", "_wire.<locals>.reset_all"), ("settings", "_wire.<locals>.restore")})
+            ("settings", "_wire.<locals>.reset_all"), ("settings", "_wire.<locals>.restore"),
+            ("xyz", "build.<locals>.<lambda>")})  # the Script dropdown shows its controls: a visibility update
 
 
 @needs_browser

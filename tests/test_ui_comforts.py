@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ui_helpers import _fill_job, _gallery_image, _set_slider, browser, needs_browser, page, server  # noqa: F401
+from ui_helpers import _fill_job, _gallery_image, _set_slider, browser, open_tab, needs_browser, page, server  # noqa: F401
 
 pytestmark = needs_browser
 
@@ -54,7 +54,7 @@ def test_generate_forever_runs_job_after_job_until_interrupt(page, server):
 
 
 def _open_settings(page):
-    page.get_by_role("tab", name="Settings").click()
+    open_tab(page, "Settings")
     page.wait_for_selector("#settings-steps input[type=number]", timeout=30_000)
 
 

@@ -102,3 +102,13 @@ def _pick_a_lora_and_an_embedding(page, tmp_path, monkeypatch, prefix: str = "")
         page.locator(f"{picker} input").first.click()
         page.get_by_role("option", name=name).click()
     _value_is(page, f"#{prefix}prompt textarea", "a cat <lora:film grain:1> EasyNegative")
+
+
+def open_tab(page, name: str) -> None:
+    """Open the tab `name`. With more tabs than the bar's width holds, gradio moves the last ones into its overflow
+    menu (a second, hidden button of the same name stays in the bar for measuring): click the one on screen, opening
+    the overflow menu first when the tab is in it."""
+    tabs = page.get_by_role("tab", name=name, exact=True)
+    if not tabs.locator("visible=true").count():
+        page.locator(".overflow-menu button, button.overflow-menu").locator("visible=true").first.click()
+    tabs.locator("visible=true").first.click()

@@ -18,6 +18,7 @@ from itertools import permutations
 from pathlib import Path
 from typing import Any, Callable
 
+from lowvram_gen.a1111.fields import label
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.request import MAX_SEED, GenerationRequest
 from lowvram_gen.xyz.values import float_values, int_values, split_csv
@@ -217,7 +218,7 @@ A1111_AXES: tuple[Axis, ...] = (
     Axis("Var. seed", INT, field("subseed")),
     Axis("Var. strength", FLOAT, field("subseed_strength")),
     Axis("Steps", INT, field("steps")),
-    Axis("Hires steps", INT, field("hires_steps"), tab=TXT2IMG),
+    Axis(label("hires_steps"), INT, field("hires_steps"), tab=TXT2IMG),
     Axis("CFG Scale", FLOAT, field("cfg_scale")),
     Axis("Image CFG Scale", FLOAT, tab=IMG2IMG),
     Axis("Prompt S/R", TEXT, _prompt_sr, with_label=False),
@@ -240,7 +241,7 @@ A1111_AXES: tuple[Axis, ...] = (
     Axis("Denoising", FLOAT, _denoising),
     Axis("Initial noise multiplier", FLOAT),
     Axis("Extra noise", FLOAT),
-    Axis("Hires upscaler", TEXT, field("hires_upscaler"), tab=TXT2IMG, choices=_upscaler_names),
+    Axis(label("hires_upscaler"), TEXT, field("hires_upscaler"), tab=TXT2IMG, choices=_upscaler_names),
     Axis("Cond. Image Mask Weight", FLOAT, tab=IMG2IMG),
     Axis("VAE", TEXT, field("vae"), cost=0.7, choices=_vae_names),
     Axis("Styles", TEXT, _styles, choices=_style_names),
