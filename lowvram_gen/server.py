@@ -139,11 +139,12 @@ def launch(session, outdir: str, model: str, listen: bool = False, port: int = 7
             server.block_thread()
         return server
     from lowvram_gen.ui.app import UiOptions, allowed_paths, build_app
+    from lowvram_gen.ui.token_counter import CSS
 
     app = build_app(session, UiOptions(outdir=outdir, model=model, queue_size=queue_size), jobs)
     # quiet: gradio's own lines would tell the user to "set `share=True` in `launch()`", which they cannot do
     app.launch(server_name=listen_host(listen), server_port=port, auth=credentials, share=share,
-               allowed_paths=allowed_paths(outdir),
+               allowed_paths=allowed_paths(outdir), css=CSS,
                prevent_thread_lock=True, quiet=True, show_error=False, inbrowser=False)
     if api_context is not None:
         from lowvram_gen.api.serve import mount

@@ -33,14 +33,14 @@ def _names(session) -> list[str]:
 def row(ctx, prefix: str, prompt, negative) -> gr.Dropdown:
     """The Styles row under a tab's prompts; returns the multi-select (the tab's `styles` control)."""
     session = ctx.session
-    with gr.Row(equal_height=True):  # one row under the prompts: the page below moves down by one line only
+    with gr.Row(equal_height=False):  # one row under the prompts: the page below moves down by one line only
         styles = gr.Dropdown(_names(session), value=[], multiselect=True, allow_custom_value=True, label="Styles",
                              elem_id=f"{prefix}styles", scale=4)
-        apply = gr.Button("🖌", size="sm", min_width=40, scale=0, elem_id=f"{prefix}styles-apply")
-        refresh = gr.Button("🔄", size="sm", min_width=40, scale=0, elem_id=f"{prefix}styles-refresh")
+        apply = gr.Button("🖌 apply", size="sm", min_width=80, scale=0, elem_id=f"{prefix}styles-apply")
+        refresh = gr.Button("🔄 reload", size="sm", min_width=80, scale=0, elem_id=f"{prefix}styles-refresh")
         name = gr.Textbox(label="Save the prompts as style", placeholder="style name", max_lines=1,
                           elem_id=f"{prefix}style-name", scale=2)
-        save = gr.Button("💾", size="sm", min_width=40, scale=0, elem_id=f"{prefix}style-save")
+        save = gr.Button("💾 save", size="sm", min_width=80, scale=0, elem_id=f"{prefix}style-save")
     lists = ctx.style_lists
     lists.append(styles)
 

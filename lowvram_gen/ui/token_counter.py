@@ -169,6 +169,13 @@ def counted(text, steps, model) -> str:
         return shown(0, 75)
 
 
+# the counter sits over its prompt box's bottom-right corner, as A1111's sits over the top-right one: no row of its own
+CSS = """
+.lowvram-token-counter { margin-top: -2.4em !important; margin-bottom: 0.2em !important; text-align: right;
+  padding-right: 1.2em; pointer-events: none; z-index: 5; min-height: 0 !important; font-size: 0.85em; opacity: 0.8; }
+"""
+
+
 def box(elem_id: str):
     """The counter (elem_id `elem_id`), a small line under its prompt box, and its hidden button
     (`{elem_id}-button`). Returns (counter, button)."""
