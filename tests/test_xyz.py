@@ -306,14 +306,14 @@ def test_cli_img2img_takes_the_xyz_flags(tiny_path, tmp_path, capsys):
 
 
 def test_a_grids_progress_line_says_the_cell():
-    from lowvram_gen.jobs.progress import CellProgress
+    from lowvram_gen.jobs.progress import PartProgress
 
     clock = iter(range(100)).__next__
-    progress = CellProgress(4, now=clock)
-    progress.start_cell(2, 4)
+    progress = PartProgress(4, now=clock)
+    progress.cell(2, 4)
     progress.update(1, 2)
     assert progress.line() == "cell 2/4 · Step 1/2" and progress.fraction() == pytest.approx((1 + 0.5) / 4)
     progress.update(2, 2)
     assert progress.line().startswith("cell 2/4 · Step 2/2 · ETA ")
-    progress.start_cell(3, 4)
+    progress.cell(3, 4)
     assert progress.line() == "cell 3/4 · Step 0/0" and progress.fraction() == pytest.approx(2 / 4)

@@ -40,7 +40,7 @@ from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
 from lowvram_gen.jobs import console
-from lowvram_gen.jobs.progress import CellProgress
+from lowvram_gen.jobs.progress import PartProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 from lowvram_gen.xyz.runner import run_grid
@@ -353,13 +353,13 @@ def _run(ctx: ApiContext, request, kind: str, watch: ClientWatch | None = None, 
     `cell i/n`; an interrupted grid ends done, with the cells it finished)."""
     key = f"sdapi-{kind}-{uuid.uuid4().hex}"
     preview_every = ctx.state.preview_every()
-    cells = CellProgress(len(grid)) if grid is not None else None
+    cells = PartProgress(len(grid)) if grid is not None else None
 
     def work(on_step, cancel):
         kwargs = dict(on_step=on_step, cancel=cancel, skip=job.skip, on_preview=job.on_preview,
                       preview_every=preview_every)
         if grid is not None:
-            return run_grid(ctx.session, grid, on_cell=lambda i, n: cells.start_cell(
+            return run_grid(ctx.session, grid, on_cell=lambda i, n: cells.cell(
                 i, n, request.batch_count, 2 if request.hires else 1), **kwargs)
         return ctx.session.generate(request, **kwargs)
 

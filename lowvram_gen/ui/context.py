@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from lowvram_gen.errors import Cancelled, LowVramError
-from lowvram_gen.jobs.progress import CellProgress
+from lowvram_gen.jobs.progress import PartProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 from lowvram_gen.outputs import read_png_metadata
@@ -116,13 +116,13 @@ class TabContext:
             return
         client = client_key(request)
 
-        cells = CellProgress(len(grid)) if grid is not None else None
+        cells = PartProgress(len(grid)) if grid is not None else None
 
         def work(on_step, cancel):
             kwargs = dict(on_step=on_step, cancel=cancel, skip=job.skip, on_preview=job.on_preview,
                           preview_every=preview_every, preview_method=preview_method)
             if grid is not None:
-                return run_grid(self.session, grid, on_cell=lambda i, n: cells.start_cell(
+                return run_grid(self.session, grid, on_cell=lambda i, n: cells.cell(
                     i, n, job_request.batch_count, 2 if job_request.hires else 1), **kwargs)
             return self.session.generate(job_request, **kwargs)
 
