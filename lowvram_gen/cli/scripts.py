@@ -52,19 +52,18 @@ def run_script_command(args, request, session, said: list[str]) -> int:
         print(line, file=sys.stderr)
 
     try:
+        from lowvram_gen.img2img_scripts import scripts
+
         if args.loopback is not None:
-            from lowvram_gen.img2img_scripts.loopback import run_loopback
-
-            result = run_loopback(request, run_one, loops=args.loopback,
-                                  final_denoising_strength=args.loopback_final_denoise,
-                                  denoising_curve=args.loopback_curve, on_part=on_part)
+            descriptor, kwargs = scripts.LOOPBACK, dict(loops=args.loopback,
+                                                        final_denoising_strength=args.loopback_final_denoise,
+                                                        denoising_curve=args.loopback_curve)
         else:
-            from lowvram_gen.img2img_scripts.sd_upscale import run_sd_upscale
-
-            result = run_sd_upscale(request, run_one, overlap=args.sd_upscale_overlap,
-                                    upscaler=args.sd_upscale_upscaler, scale_factor=args.sd_upscale,
-                                    on_part=on_part, outdir=args.outdir,
-                                    device="cpu" if getattr(args, "cpu", False) else session.device().torch_device)
+            descriptor, kwargs = scripts.SD_UPSCALE, dict(overlap=args.sd_upscale_overlap,
+                                                          upscaler=args.sd_upscale_upscaler,
+                                                          scale_factor=args.sd_upscale)
+        result = scripts.run(descriptor, request, session, run_one=run_one, on_part=on_part, outdir=args.outdir,
+                             cpu=bool(getattr(args, "cpu", False)), **kwargs)
     finally:
         bar.close()
     for warning in result.warnings:
