@@ -336,7 +336,7 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
         images, what_ran = api_scripts.answer_images(grid, job.result), job.result.summary
         warnings += job.result.warnings
     elif script is not None and job.error is None:  # Loopback: its grid then every loop's; SD upscale: the image(s)
-        images, what_ran = api_scripts.script_images(job.result), job.result.summary
+        images, what_ran = job.result.shown(), job.result.summary
         warnings += job.result.warnings
     elif isinstance(job.error, Cancelled):
         images, what_ran = job.error.images, str(job.error)
