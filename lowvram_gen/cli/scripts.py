@@ -66,14 +66,20 @@ def run_script_command(args, request, session, said: list[str]) -> int:
                              cpu=bool(getattr(args, "cpu", False)), **kwargs)
     finally:
         bar.close()
+    report(result, args.json, said, [*result.images, *([result.grid] if result.grid else [])])
+    return 0
+
+
+def report(result, as_json: bool, said: list[str], paths: list[str]) -> None:
+    """A script's or a grid's end, as `generate` prints a job's: its warnings and summary on stderr; on stdout its
+    `paths` one a line, or with --json its result's object (the command line's warnings `said` first)."""
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(result.summary, file=sys.stderr)
-    if args.json:
+    if as_json:
         data = result.as_json()
-        data["warnings"] = [*said, *(w for w in data["warnings"] if w not in said)]
+        data["warnings"] = [*said, *(w for w in result.warnings if w not in said)]
         print(json.dumps(data))
     else:
-        for path in [*result.images, *([result.grid] if result.grid else [])]:
+        for path in paths:
             print(path)
-    return 0
