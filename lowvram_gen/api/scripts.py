@@ -85,3 +85,73 @@ def img2img_script(name: str | None, args: list | None):
     if descriptor is None:
         return None
     return descriptor, descriptor.args_from_script_args(args)
+
+
+def _named(args: list) -> dict:
+    old = len(args) <= len(OLD_ARGS) and (len(args) < 3 or not isinstance(args[2], (list, type(None))))
+    if old:
+        named = dict(zip(ARGS, DEFAULTS))
+        named.update(zip(OLD_ARGS, args))
+        named["csv_mode"] = True
+        return named
+    if len(args) > len(ARGS):
+        raise InvalidRequest("script_args", f"<{len(args)} values>", f"the X/Y/Z plot takes at most {len(ARGS)}: "
+                                                                     + ", ".join(ARGS))
+    return {**dict(zip(ARGS, DEFAULTS)), **dict(zip(ARGS, args))}
+
+
+def _values(named: dict, which: str) -> str:
+    text, dropdown = named[f"{which}_values"], named[f"{which}_values_dropdown"]
+    if not named["csv_mode"] and isinstance(dropdown, list) and dropdown:
+        return join_csv(dropdown)
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = join_csv(text) if isinstance(text, list) else str(text)
+    if named["raw_mode"] and "\n" in text.strip():
+        return join_csv(line for line in text.strip().split("\n"))
+    return text
+
+
+def grid_of(request, args: list, tab: str, max_cells: int = grids.DEFAULT_MAX_CELLS, find_model=None,
+            allowed=()) -> grids.Grid:
+    """The X/Y/Z grid of a body's request and script_args. Each cell's names are checked as a body's are
+    (`cells_by_name`): a Checkpoint name value is a title of /sdapi/v1/sd-models (`find_model`), a VAE or hires
+    upscaler a listed name, a path only inside `allowed` (--api-allow-paths)."""
+    named = _named(args)
+    try:
+        margin = int(named["margin_size"] or 0)
+    except (TypeError, ValueError):
+        raise InvalidRequest("script_args margin_size", named["margin_size"], "a whole number of px, 0-500") from None
+    axes = [(named[f"{w}_type"], _values(named, w)) for w in "xyz"]
+    grid = grids.build(request, *axes, tab=tab, max_cells=max_cells, no_fixed_seeds=bool(named["no_fixed_seeds"]),
+                       draw_legend=bool(named["draw_legend"]), include_lone_images=bool(named["include_lone_images"]),
+                       include_sub_grids=bool(named["include_sub_grids"]), margin=max(0, min(500, margin)))
+    return cells_by_name(grid, request, find_model, allowed) if find_model is not None else grid
+
+
+def cells_by_name(grid: grids.Grid, request, find_model, allowed=()) -> grids.Grid:
+    """The grid with each cell's model, VAE, hires upscaler and prompts' LoRA tags checked as the API checks a
+    body's (api/names.py: names, not server paths), the model's title turned into its spec."""
+    from lowvram_gen.api import names
+
+    cells = []
+    for cell in grid.cells:
+        r = cell.request
+        fields = {name: getattr(r, name) for name in ("vae", "hires_upscaler", *names.PROMPTS)}
+        names.check(fields, allowed)
+        model = r.model if r.model == request.model else find_model(r.model)
+        if model is None:
+            raise InvalidRequest("Checkpoint name value", r.model, "a title of GET /sdapi/v1/sd-models")
+        cells.append(dataclasses.replace(cell, request=dataclasses.replace(r, model=model, **fields).validated()))
+    return dataclasses.replace(grid, cells=tuple(cells))
+
+
+def answer_images(grid: grids.Grid, result) -> list[str]:
+    """The paths the answer's images are, in A1111's order."""
+    paths = [result.grid] if result.grid else []
+    if grid.include_sub_grids:
+        paths += result.sub_grids
+    if grid.include_lone_images:
+        paths += [cell.images[0] for cell in result.cells if cell.images]
+    return paths
