@@ -90,6 +90,9 @@ def test_on_txt2img_they_are_refused_in_one_sentence(server):
                                      "width": 64, "height": 64, "script_name": "sd upscale",
                                      "script_args": ["", 16, 1, 2.0, 5]})
     assert many.status_code == 422 and "SD upscale takes at most 4" in many.text
+    zero = _post(server, "img2img", {"prompt": "x", "init_images": [webuiapi.raw_b64_img(INIT)],
+                                     "width": 64, "height": 64, "script_name": "loopback", "script_args": [0]})
+    assert zero.status_code == 422 and "invalid loops: 0; a whole number from 1 to 32" in zero.text
 
 
 def test_scripts_and_script_info_list_them_under_img2img(server, api):
