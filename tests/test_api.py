@@ -411,7 +411,7 @@ def test_listings_in_a1111s_shapes(server, api, tmp_path, monkeypatch):
     assert set(api.get_upscalers()[0]) == {"name", "model_name", "model_path", "model_url", "scale"}
     modes = [m["name"] for m in api.get_latent_upscale_modes()]
     assert modes[0] == "Latent" and "Latent (bicubic)" in modes
-    assert api.get_scripts() == {"txt2img": ["x/y/z plot"], "img2img": ["x/y/z plot"]}
+    assert api.get_scripts() == {"txt2img": ["x/y/z plot"], "img2img": ["x/y/z plot", "loopback", "sd upscale"]}
     options = api.get_options()
     assert options["outdir_samples"] == str(server.outdir) and options["samples_save"] is True
 

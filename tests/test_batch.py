@@ -166,7 +166,7 @@ def test_cli_clip_skip_default_reaches_every_line_and_a_bad_one_exits_2(tmp_path
 @pytest.mark.parametrize("line,error", [
     ('--prompt "unterminated', "check the quotes"),
     ("--steps", "needs a value"),
-    ("--prompt x --script_name 'X/Y/Z plot'", "invalid script_name: 'X/Y/Z plot'; lowvram-gen runs one script, \"x/y/z plot\", from the API's script_name"),
+    ("--prompt x --script_name 'X/Y/Z plot'", "invalid script_name: 'X/Y/Z plot'; lowvram-gen runs A1111's \"x/y/z plot\" and img2img's \"loopback\" and \"sd upscale\" from the API's script_name"),
     ("--prompt x --wings 2", "unknown option --wings"),
     ("--prompt x --steps 2 --steps 3", "given twice"),
     ("--prompt x --width 100", "multiple of 8"),

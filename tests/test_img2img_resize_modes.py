@@ -209,8 +209,9 @@ def test_the_ui_has_a1111s_resize_mode_radio_in_img2img_and_inpaint(tmp_path):
     labels = ["Just resize", "Crop and resize", "Resize and fill", "Just resize (latent upscale)"]
     from lowvram_gen.ui import xyz
 
-    # img2img: Tiling, Styles, the refiner's two and the X/Y/Z plot's Script controls after it; Inpaint: Styles
-    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 4 + len(xyz.INPUTS)),
+    # img2img: Tiling, Styles, the refiner's two and the Script controls (X/Y/Z, Loopback, SD upscale) after it;
+    # Inpaint: Styles
+    for name, elem, offered, later in (("img2img", "i2i-resize-mode", labels, 4 + len(xyz.inputs("img2img"))),
                                        ("inpaint", "inp-resize-mode", labels[:3], 1)):
         inputs = by_name[name].inputs
         radio = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]

@@ -118,8 +118,8 @@ def test_loopback_interrupt_keeps_the_loops_done(init, tmp_path):
     with pytest.raises(Cancelled, match=r"Loopback interrupted in loop 3/4: 2 finished loop image\(s\) kept") as got:
         run_loopback(request(init, tmp_path), run_one, loops=4)
     kept = got.value.images
-    assert len(kept) == 4  # loops 1 and 2, the stopped loop's own image, the grid of the two finished
-    assert all(Path(p).is_file() for p in kept) and "grid" in Path(kept[-1]).name
+    assert len(kept) == 4  # the grid of the two finished (first, as A1111's), loops 1 and 2, the stopped loop's own
+    assert all(Path(p).is_file() for p in kept) and "grid" in Path(kept[0]).name
     assert len(run_one.calls) == 3
 
 

@@ -244,8 +244,8 @@ def test_the_ui_has_a_checkbox_for_it_in_img2img_and_inpaint(tmp_path):
     by_name = {f.api_name: f for f in app.fns.values()}
     from lowvram_gen.ui import xyz
 
-    # img2img: the resize mode, Tiling, Styles, the refiner's two and the X/Y/Z plot's Script controls after it
-    for name, elem, later in (("img2img", "i2i-fix-steps", 5 + len(xyz.INPUTS)), ("inpaint", "inp-fix-steps", 2)):
+    # img2img: the resize mode, Tiling, Styles, the refiner's two and the Script controls (X/Y/Z, Loopback, SD upscale) after it
+    for name, elem, later in (("img2img", "i2i-fix-steps", 5 + len(xyz.inputs("img2img"))), ("inpaint", "inp-fix-steps", 2)):
         inputs = by_name[name].inputs
         # the resize mode after it (img2img: and Tiling), Styles, (img2img:) the refiner's checkpoint and switch
         box = inputs[len(inputs) - len(controlnet.KEYS) - 1 - later]

@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lowvram_gen.ui.xyz import DEFAULTS as XYZ_DEFAULTS, INPUTS as XYZ_INPUTS
+from lowvram_gen.ui.xyz import DEFAULTS as XYZ_DEFAULTS, IMG2IMG_DEFAULTS, IMG2IMG_INPUTS, INPUTS as XYZ_INPUTS
 
 import controlnet_files as files  # tests/controlnet_files.py
 from ui_helpers import _fill_job, _gallery_image, browser, needs_browser, page, server  # noqa: F401
 
 SCRIPT_OFF = tuple(XYZ_DEFAULTS[name] for name in XYZ_INPUTS)  # the Script controls' values when no script runs
+# img2img's: the X/Y/Z ones, then Loopback's and SD upscale's (ui/xyz.py IMG2IMG_INPUTS)
+IMG2IMG_SCRIPT_OFF = SCRIPT_OFF + tuple(IMG2IMG_DEFAULTS[name] for name in IMG2IMG_INPUTS)
 
 SIDE = 64
 
@@ -208,7 +210,7 @@ def test_img2img_takes_the_units_last_too(server, models):
     init = handle_file(str(models / "control.png"))
     info = client.predict(
         init, "img2img with a unit", "", 0.6, SIDE, SIDE, 2, 7, 3, 1, "default", "tiny", "as the preset says",
-        "automatic", 1, -1, 0, 0, 0, 1, 0, "auto", False, "resize", False, [], "", 0.8, *SCRIPT_OFF,  # fix steps,
+        "automatic", 1, -1, 0, 0, 0, 1, 0, "auto", False, "resize", False, [], "", 0.8, *IMG2IMG_SCRIPT_OFF,  # fix steps,
         # resize mode, tiling, styles, the refiner's checkpoint and switch, the Script controls: before the units
         True, handle_file(str(models / "control.png")), "canny", 90, 180, str(models / "ControlNet" / "tiny-cn"), 1,
         0, 1, api_name="/img2img")[1]

@@ -177,12 +177,34 @@ def test_each_axis_cell_is_the_same_image_as_its_request_run_alone(label, sessio
         assert drawn.width == 2 * alone.width and drawn.height > alone.height
 
 
-def test_styles_axis_needs_the_styles_field():
-    names = {f for f in GenerationRequest.__dataclass_fields__}
-    if "styles" in names:
-        pytest.skip("the styles field is here (issue 32 item 2): its axis is tested where styles are")
-    with pytest.raises(InvalidRequest, match="styles are not built in this version"):
-        grids.build(GenerationRequest(**BASE), ("Styles", "a, b"))
+STYLES_CSV = ('name,prompt,negative_prompt\r\n"oil","{prompt}, oil painting","photo"\r\n'
+              '"dark","dark night","bright"\r\n')
+
+
+def test_styles_axis_adds_each_values_styles_to_the_requests(tmp_path):
+    (tmp_path / "styles.csv").write_text(STYLES_CSV, encoding="utf-8")
+    styled = Session(styles_file=str(tmp_path / "styles.csv"))
+    request = GenerationRequest(**BASE, styles=("oil",))
+    grid = grids.build(request, ("Styles", '"dark", oil'))
+    assert [c.request.styles for c in grid.cells] == [("oil", "dark"), ("oil",)]
+    result = run_grid(styled, grid, str(tmp_path / "grid"))
+    assert [bool(c.images) and not c.error for c in result.cells] == [True, True]
+    alone = styled.generate(replace(request, styles=("oil", "dark"), outdir=str(tmp_path / "alone")))
+    assert np.array_equal(pixels(result.cells[0].images[0]), pixels(alone.images[0]))
+    assert not np.array_equal(pixels(result.cells[0].images[0]), pixels(result.cells[1].images[0]))
+    prompt = parse_a1111_parameters(read_png_metadata(result.cells[0].images[0])[0])["prompt"]
+    assert prompt == "a red cat, oil painting, dark night"
+
+
+def test_an_unknown_style_on_the_axis_is_refused_before_the_first_cell(tmp_path):
+    (tmp_path / "styles.csv").write_text(STYLES_CSV, encoding="utf-8")
+    styled = Session(styles_file=str(tmp_path / "styles.csv"))
+    grid = grids.build(GenerationRequest(**BASE), ("Seed", "1, 2"), ("Styles", "dark, neon"))
+    ran = []
+    with pytest.raises(InvalidRequest) as bad:
+        run_grid(styled, grid, str(tmp_path), on_cell=lambda i, n: ran.append(i))
+    said = str(bad.value)
+    assert "Y axis Styles value: 'neon'" in said and "the styles there: oil, dark" in said and ran == []
 
 
 # ------------------------------------------------------------------------------- memory axes, labelled cells
@@ -284,14 +306,14 @@ def test_cli_img2img_takes_the_xyz_flags(tiny_path, tmp_path, capsys):
 
 
 def test_a_grids_progress_line_says_the_cell():
-    from lowvram_gen.jobs.progress import CellProgress
+    from lowvram_gen.jobs.progress import PartProgress
 
     clock = iter(range(100)).__next__
-    progress = CellProgress(4, now=clock)
-    progress.start_cell(2, 4)
+    progress = PartProgress(4, now=clock)
+    progress.cell(2, 4)
     progress.update(1, 2)
     assert progress.line() == "cell 2/4 · Step 1/2" and progress.fraction() == pytest.approx((1 + 0.5) / 4)
     progress.update(2, 2)
     assert progress.line().startswith("cell 2/4 · Step 2/2 · ETA ")
-    progress.start_cell(3, 4)
+    progress.cell(3, 4)
     assert progress.line() == "cell 3/4 · Step 0/0" and progress.fraction() == pytest.approx(2 / 4)

@@ -66,7 +66,8 @@ class Mapped:
     # the request fields override_settings set that stay for later jobs (override_settings_restore_afterwards
     # false): "model", "clip_skip"
     keep_settings: tuple[str, ...] = ()  # "model", "clip_skip", "vae", "rng", "img2img_fix_steps", "ensd"
-    script_args: list | None = None  # script_name "x/y/z plot": its script_args as sent (api/scripts.py reads them)
+    script_args: list | None = None  # script_name's script_args as sent (api/scripts.py reads them)
+    script: str | None = None  # script_name, lower case: "x/y/z plot", or img2img's "loopback", "sd upscale"
 
 
 def renamed(exc: InvalidRequest) -> InvalidRequest:
@@ -106,7 +107,7 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     warnings = [f"unknown field {name!r} ignored" for name in given if name not in defaults]
     specs = [f for f in _BODY if f.api in defaults]
     got = {f.name: echo[f.api] for f in specs}  # by our names: the request's, A1111's own for its own fields
-    script_args = _script(got)  # before the refusals: the API runs script_name's X/Y/Z plot
+    script, script_args = _script(got, kind)  # before the refusals: the API runs script_name's scripts
     for spec in specs:
         if spec.policy == REFUSED and not spec.neutral_value(got[spec.name]):
             raise spec.refusal(got[spec.name])
@@ -149,7 +150,8 @@ def map_body(body: Any, kind: str, model: str, clip_skip: int, outdir: str,
     parameters.update({api_key(name): None for name in unset})  # the model family's, which `info` says
     if kind == "img2img" and not as_bool("include_init_images", got["include_init_images"]):
         parameters[api_key("init_image")] = parameters[api_key("mask")] = None  # as A1111 echoes them
-    return Mapped(request, warnings, parameters, as_bool("send_images", got["send_images"]), keep, script_args)
+    return Mapped(request, warnings, parameters, as_bool("send_images", got["send_images"]), keep, script_args,
+                  script)
 
 
 def _family_defaults(given: dict, fields: dict) -> tuple[str, ...]:
@@ -197,20 +199,27 @@ def _off_below_1(value: Any) -> Any:
 
 
 XYZ_SCRIPT = "x/y/z plot"  # A1111's script title as its API names it (any case)
+IMG2IMG_SCRIPTS = ("loopback", "sd upscale")  # A1111's img2img-only scripts (lowvram_gen/img2img_scripts)
 
 
-def _script(got: dict) -> list | None:
-    """script_name: "x/y/z plot" (any case) with its script_args list (the body's script_name then done with), or
-    None; any other script is left for script_name's refusal."""
+def _script(got: dict, kind: str) -> tuple[str | None, list | None]:
+    """script_name (lower case) and its script_args list for a script we run: "x/y/z plot" (any case), and on
+    img2img "loopback" and "sd upscale" (the body's script_name then done with); (None, None) for none; any other
+    script is left for script_name's refusal."""
     name = got["script_name"]
-    if not isinstance(name, str) or name.strip().lower() != XYZ_SCRIPT:
-        return None
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key in IMG2IMG_SCRIPTS and kind != "img2img":
+        raise InvalidRequest("script_name", name, "A1111 has it on img2img only: send it to /sdapi/v1/img2img")
+    if key != XYZ_SCRIPT and key not in IMG2IMG_SCRIPTS:
+        return None, None
     got["script_name"] = None
     args = got["script_args"]
+    if args is None and key in IMG2IMG_SCRIPTS:
+        args = []  # A1111's defaults
     if not isinstance(args, list):
-        raise InvalidRequest("script_args", args, "send the X/Y/Z plot's arguments as a list, in A1111's order "
-                                                  "(GET /sdapi/v1/script-info)")
-    return args
+        raise InvalidRequest("script_args", args, f"send the {name.strip()} script's arguments as a list, in "
+                                                  "A1111's order (GET /sdapi/v1/script-info)")
+    return key, args
 
 
 def _check_scripts(got: dict) -> None:

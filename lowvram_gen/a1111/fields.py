@@ -280,11 +280,12 @@ FIELDS: tuple[Field, ...] = (
     Field("force_task_id", request=False, api="force_task_id", policy=WARNED, neutral=ANY),
     Field("infotext", request=False, api="infotext", policy=WARNED, neutral=(None, ""),
           why="the fields are read from the JSON, not from an infotext"),
-    # A1111's scripts: "x/y/z plot" alone, in the API (a1111/api_body.py `_script`: any other refused), not in a batch
+    # A1111's scripts: "x/y/z plot", img2img's "loopback" and "sd upscale", in the API (a1111/api_body.py `_script`:
+    # any other refused), not in a batch
     Field("script_args", request=False, api="script_args", policy=WARNED, neutral=ANY, default=[]),  # script_name's
     Field("script_name", request=False, api="script_name", policy=REFUSED, neutral=(None, ""),
-          why='lowvram-gen runs one script, "x/y/z plot", from the API\'s script_name and the CLI\'s --xyz-x/-y/-z (not '
-              "from a batch line): leave any other out"),
+          why='lowvram-gen runs A1111\'s "x/y/z plot" and img2img\'s "loopback" and "sd upscale" from the API\'s '
+              "script_name (not from a batch line): leave any other out"),
     Field("firstphase_width", request=False, api="firstphase_width", policy=WARNED, neutral=(None, 0), default=0,
           body=TXT2IMG, why="the old hires fix's first-pass size is not used: give width and height"),
     Field("firstphase_height", request=False, api="firstphase_height", policy=WARNED, neutral=(None, 0), default=0,

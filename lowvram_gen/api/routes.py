@@ -36,11 +36,12 @@ from starlette.concurrency import run_in_threadpool
 
 from lowvram_gen.api import answers, controlnet, guard, listings, names, progress, system_routes
 from lowvram_gen.api import scripts as api_scripts
+from lowvram_gen.img2img_scripts import scripts as img2img_scripts
 from lowvram_gen.a1111.api_body import json_field, map_body, renamed
 from lowvram_gen.api.state import ApiState
 from lowvram_gen.errors import Cancelled, InvalidRequest, LowVramError
 from lowvram_gen.jobs import console
-from lowvram_gen.jobs.progress import CellProgress
+from lowvram_gen.jobs.progress import PartProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 from lowvram_gen.xyz.runner import run_grid
@@ -324,16 +325,20 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
         if not request.filename_pattern:  # the API's samples_filename_pattern (POST /options), where the body sets none
             request = replace(request, filename_pattern=ctx.state.current_pattern())
         ctx.session.style_book().check(request.styles)  # an unknown style: 422 before the job is queued
-        grid = None if mapped.script_args is None else api_scripts.grid_of(
+        script = api_scripts.img2img_script(mapped.script, mapped.script_args)  # Loopback, SD upscale
+        grid = None if mapped.script_args is None or script is not None else api_scripts.grid_of(
             request, mapped.script_args, kind, find_model=ctx.state.find_model, allowed=ctx.allow_paths)
         ctx.take_slot()
         try:
-            job = _run(ctx, request, kind, watch, grid)  # a failed job raises its error: answered by _answer
+            job = _run(ctx, request, kind, watch, grid, script)  # a failed job raises its error: _answer answers it
         finally:
             ctx.free_slot()
     warnings = list(mapped.warnings)
     if grid is not None:  # X/Y/Z plot: the grid (and what the script_args ask besides), its cells' images saved
         images, what_ran = api_scripts.answer_images(grid, job.result), job.result.summary
+        warnings += job.result.warnings
+    elif script is not None and job.error is None:  # Loopback: its grid then every loop's; SD upscale: the image(s)
+        images, what_ran = job.result.shown(), job.result.summary
         warnings += job.result.warnings
     elif isinstance(job.error, Cancelled):
         images, what_ran = job.error.images, str(job.error)
@@ -348,21 +353,27 @@ def _generate(ctx: ApiContext, body: dict, kind: str, watch: ClientWatch | None 
             "parameters": mapped.parameters, "info": info}
 
 
-def _run(ctx: ApiContext, request, kind: str, watch: ClientWatch | None = None, grid=None) -> Job:
+def _run(ctx: ApiContext, request, kind: str, watch: ClientWatch | None = None, grid=None, script=None) -> Job:
     """Run `request` as a registered job and wait for it to end: done, or cancelled (its Cancelled error on the job);
     a job that failed raises its error. Its Skip and live previews (every show_progress_every_n_steps, /options) are
     the job's own, as a UI job's. With an X/Y/Z `grid`, its cells one after another in the one job (progress
-    `cell i/n`; an interrupted grid ends done, with the cells it finished)."""
+    `cell i/n`; an interrupted grid ends done, with the cells it finished); with an img2img `script` (descriptor,
+    its keywords) its loops or tiles, each a job of the session (progress `loop i/n`, `tile i/n`; an interrupted
+    one ends cancelled, with the images it finished)."""
     key = f"sdapi-{kind}-{uuid.uuid4().hex}"
     preview_every = ctx.state.preview_every()
-    cells = CellProgress(len(grid)) if grid is not None else None
+    cells = PartProgress(len(grid)) if grid is not None else PartProgress() if script is not None else None
 
     def work(on_step, cancel):
         kwargs = dict(on_step=on_step, cancel=cancel, skip=job.skip, on_preview=job.on_preview,
                       preview_every=preview_every)
         if grid is not None:
-            return run_grid(ctx.session, grid, on_cell=lambda i, n: cells.start_cell(
+            return run_grid(ctx.session, grid, on_cell=lambda i, n: cells.cell(
                 i, n, request.batch_count, 2 if request.hires else 1), **kwargs)
+        if script is not None:
+            descriptor, script_kwargs = script
+            return img2img_scripts.run(descriptor, request, ctx.session, on_part=cells.part, outdir=request.outdir,
+                                       run_one=lambda one: ctx.session.generate(one, **kwargs), **script_kwargs)
         return ctx.session.generate(request, **kwargs)
 
     job = Job(work)

@@ -52,29 +52,34 @@ def run_script_command(args, request, session, said: list[str]) -> int:
         print(line, file=sys.stderr)
 
     try:
+        from lowvram_gen.img2img_scripts import scripts
+
         if args.loopback is not None:
-            from lowvram_gen.img2img_scripts.loopback import run_loopback
-
-            result = run_loopback(request, run_one, loops=args.loopback,
-                                  final_denoising_strength=args.loopback_final_denoise,
-                                  denoising_curve=args.loopback_curve, on_part=on_part)
+            descriptor, kwargs = scripts.LOOPBACK, dict(loops=args.loopback,
+                                                        final_denoising_strength=args.loopback_final_denoise,
+                                                        denoising_curve=args.loopback_curve)
         else:
-            from lowvram_gen.img2img_scripts.sd_upscale import run_sd_upscale
-
-            result = run_sd_upscale(request, run_one, overlap=args.sd_upscale_overlap,
-                                    upscaler=args.sd_upscale_upscaler, scale_factor=args.sd_upscale,
-                                    on_part=on_part, outdir=args.outdir,
-                                    device="cpu" if getattr(args, "cpu", False) else session.device().torch_device)
+            descriptor, kwargs = scripts.SD_UPSCALE, dict(overlap=args.sd_upscale_overlap,
+                                                          upscaler=args.sd_upscale_upscaler,
+                                                          scale_factor=args.sd_upscale)
+        result = scripts.run(descriptor, request, session, run_one=run_one, on_part=on_part, outdir=args.outdir,
+                             cpu=bool(getattr(args, "cpu", False)), **kwargs)
     finally:
         bar.close()
+    report(result, args.json, said, [*result.images, *([result.grid] if result.grid else [])])
+    return 0
+
+
+def report(result, as_json: bool, said: list[str], paths: list[str]) -> None:
+    """A script's or a grid's end, as `generate` prints a job's: its warnings and summary on stderr; on stdout its
+    `paths` one a line, or with --json its result's object (the command line's warnings `said` first)."""
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(result.summary, file=sys.stderr)
-    if args.json:
+    if as_json:
         data = result.as_json()
-        data["warnings"] = [*said, *(w for w in data["warnings"] if w not in said)]
+        data["warnings"] = [*said, *(w for w in result.warnings if w not in said)]
         print(json.dumps(data))
     else:
-        for path in [*result.images, *([result.grid] if result.grid else [])]:
+        for path in paths:
             print(path)
-    return 0

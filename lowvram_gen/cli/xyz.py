@@ -5,7 +5,6 @@ stdout: the grid's path then each cell's, or with --json one object with `grid`,
 
 from __future__ import annotations
 
-import json
 import sys
 
 
@@ -40,6 +39,7 @@ def parse_axis(text: str | None, which: str) -> tuple[str, str]:
 
 
 def run(args, request, session, said: list[str]) -> int:
+    from lowvram_gen.cli.scripts import report
     from lowvram_gen.jobs.console import ProgressBar
     from lowvram_gen.xyz import grid as grids
     from lowvram_gen.xyz.runner import run_grid
@@ -57,14 +57,5 @@ def run(args, request, session, said: list[str]) -> int:
         result = run_grid(session, grid, on_cell=on_cell, on_step=bar.update)
     finally:
         bar.close()
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(result.summary, file=sys.stderr)
-    if args.json:
-        data = result.as_json()
-        data["warnings"] = [*said, *(w for w in result.warnings if w not in said)]
-        print(json.dumps(data))
-    else:
-        for path in ([result.grid] if result.grid else []) + result.images:
-            print(path)
+    report(result, args.json, said, ([result.grid] if result.grid else []) + result.images)
     return 130 if result.interrupted else 0

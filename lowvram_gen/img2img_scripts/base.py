@@ -37,6 +37,13 @@ class ScriptResult:
     warnings: list[str] = field(default_factory=list)
     jobs: list[GenerationResult] = field(default_factory=list)
 
+    def shown(self) -> list[str]:
+        """What a front answers, as A1111's: Loopback's grid (its return_grid) and then every image; SD upscale's
+        assembled image(s)."""
+        if self.grid:
+            return [self.grid, *self.images]
+        return list(self.final) if self.script != "Loopback" else list(self.images)
+
     def as_json(self) -> dict:
         return {"script": self.script, "images": self.images, "final": self.final, "grid": self.grid,
                 "seeds": self.seeds, "summary": self.summary, "warnings": self.warnings, "jobs": len(self.jobs),

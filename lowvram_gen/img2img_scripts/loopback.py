@@ -117,7 +117,7 @@ def run_loopback(request: GenerationRequest, run_one: RunOne, loops=4, final_den
                 grid = save_grid(history, seed) if len(history) > 1 else None
                 raise Cancelled(f"Loopback interrupted in {line}: {len(images)} finished loop image(s) kept"
                                 + (f" and their grid {grid}" if grid else "") + f"; {stop}",
-                                kept + ([grid] if grid else [])) from None
+                                ([grid] if grid else []) + kept) from None  # the grid first, as A1111's
             jobs.append(result)
             images += result.images
             seeds += result.seeds

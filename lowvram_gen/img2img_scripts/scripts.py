@@ -45,3 +45,12 @@ SCRIPTS = {d.title.lower(): d for d in (LOOPBACK, SD_UPSCALE)}  # by A1111's tit
 def find(title: str) -> ScriptDescriptor | None:
     """The img2img script of A1111's title `title` (any case); None for another."""
     return SCRIPTS.get(str(title or "").strip().lower())
+
+
+def run(descriptor: ScriptDescriptor, request, session, *, run_one, on_part=None, outdir: str | None = None,
+        cpu: bool = False, **kwargs):
+    """Run `descriptor`'s script over `request` (each job through `run_one`), every front's one door: SD upscale's
+    upscaler model runs on the session's device (the CPU with `cpu`), its assembled images go to `outdir`."""
+    if descriptor is SD_UPSCALE:
+        kwargs.update(outdir=outdir, device="cpu" if cpu else session.device().torch_device)
+    return descriptor.run(request, run_one, on_part=on_part, **kwargs)

@@ -90,21 +90,31 @@ class StepProgress:
 
 
 class PartProgress(StepProgress):
-    """The progress of an img2img script (lowvram_gen/img2img_scripts): its jobs run one after another, a loop or
-    a tile each, of one pass. `part(index, total, line)` is the script's `on_part`, told before each job; the line
-    then says the part first ("tile 3/6 · Step 2/4 · ETA 0:40"), the fraction counts the parts done, and the ETA
-    the steps of the parts still to come, each as long as this one."""
+    """The progress of a job that runs several requests one after another: an img2img script's loops or tiles
+    (lowvram_gen/img2img_scripts), an X/Y/Z grid's cells. `part(index, total, line, batch_count, passes_per_batch)`
+    is told before each request (the script's `on_part`; `cell(i, n, ...)` for a grid): the line then says the part
+    first ("tile 3/6 · Step 2/4 · ETA 0:40", "cell 2/6 · Step 7/20"), the fraction counts the parts done, and the
+    ETA the steps of the parts still to come, each as long as this one."""
 
-    def __init__(self, unit: str = "Step", now=time.monotonic):
+    def __init__(self, parts: int = 1, unit: str = "Step", now=time.monotonic):
         super().__init__(1, 1, unit, now)
-        self.index, self.parts, self.part_line = 0, 1, ""
+        self.index, self.parts, self.part_line = 0, max(1, parts), ""
 
-    def part(self, index: int, total: int, line: str) -> None:
+    def part(self, index: int, total: int, line: str, batch_count: int = 1, passes_per_batch: int = 1) -> None:
         self.index, self.parts, self.part_line = index, max(1, total), line
-        self.passes, self.step = 0, 0  # the part's first step starts its one pass
+        self.batch_count, self.passes_per_batch = max(1, batch_count), max(1, passes_per_batch)
+        self.passes, self.step, self.total = 0, 0, 0  # the part's first step starts its first pass
+        # the seconds per step go on from the parts before: the ETA of a part's first step is already an estimate
+
+    def cell(self, index: int, total: int, batch_count: int = 1, passes_per_batch: int = 1) -> None:
+        """An X/Y/Z grid's cell `index` of `total` starts."""
+        self.part(index, total, f"cell {index}/{total}", batch_count, passes_per_batch)
 
     def remaining_steps(self) -> int:
-        return super().remaining_steps() + max(0, self.parts - self.index) * self.total
+        return super().remaining_steps() + max(0, self.parts - self.index) * self.planned_passes * self.total
+
+    def eta(self) -> float | None:
+        return super().eta() if self.total else None  # before a part's first step its length is not known
 
     def fraction(self) -> float:
         if not self.index:
@@ -113,22 +123,3 @@ class PartProgress(StepProgress):
 
     def line(self) -> str:
         return f"{self.part_line} · {super().line()}" if self.part_line else super().line()
-
-
-class CellProgress(StepProgress):
-    """An X/Y/Z grid's progress: "cell 2/6 · Step 7/20 · ETA 0:12", each cell followed as a job of its own
-    (`start_cell` when it starts) and the fraction counted over the cells."""
-
-    def __init__(self, cells: int, now=time.monotonic):
-        super().__init__(now=now)
-        self.cell, self.cells = 0, max(1, cells)
-
-    def start_cell(self, cell: int, cells: int, batch_count: int = 1, passes_per_batch: int = 1) -> None:
-        self.__init__(cells, self.now)
-        self.cell, self.batch_count, self.passes_per_batch = cell, max(1, batch_count), max(1, passes_per_batch)
-
-    def fraction(self) -> float:
-        return max(0.0, min(1.0, (max(0, self.cell - 1) + super().fraction()) / self.cells))
-
-    def line(self) -> str:
-        return f"cell {self.cell}/{self.cells} · " + super().line()

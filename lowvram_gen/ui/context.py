@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from lowvram_gen.errors import Cancelled, LowVramError
-from lowvram_gen.jobs.progress import CellProgress
+from lowvram_gen.jobs.progress import PartProgress
 from lowvram_gen.jobs.registry import Job, Registry
 from lowvram_gen.jobs.run import run
 from lowvram_gen.outputs import read_png_metadata
@@ -29,8 +29,6 @@ from lowvram_gen.preview import check_method
 from lowvram_gen.request import MAX_STEPS, GenerationRequest, as_int
 from lowvram_gen.session import Session
 from lowvram_gen.ui import messages
-from lowvram_gen.ui.xyz import shown as xyz_shown
-from lowvram_gen.xyz.runner import run_grid
 
 GPU = "gpu"  # the one concurrency group of every action that uses the GPU
 
@@ -106,8 +104,9 @@ class TabContext:
         with none kept the browser's last seed stays as it is (gr.update()). A refused or failed job says why in
         the summary and leaves the gallery, parameters and seed as they were (messages.failure). The console
         says when the job (`what`: its tab) starts and ends, with a tqdm bar of its steps (jobs/console.py).
-        `xyz` (ui/xyz.py `grid_maker`): the X/Y/Z plot's grid of the request, whose cells the job runs one by one
-        (progress `cell i/n`); the gallery then shows the grid first.
+        `xyz` (ui/xyz.py `grid_maker`): the Script's `Several` of the request (an X/Y/Z grid's cells, Loopback's
+        loops, SD upscale's tiles), whose requests the job runs one by one (progress `cell i/n`, `loop i/n`,
+        `tile i/n`); the gallery then shows what A1111 shows (the grid first).
         """
         try:
             job_request = GenerationRequest(outdir=self.options.outdir, **{
@@ -115,20 +114,19 @@ class TabContext:
                 **fields}).validated()
             preview_every = check_preview_every(0 if preview_every is None else preview_every)
             preview_method = check_method(preview_method or "auto")
-            grid = xyz(job_request) if xyz is not None else None
+            several = xyz(job_request) if xyz is not None else None
         except LowVramError as exc:
             yield gr.skip(), gr.skip(), messages.failure(exc, request), gr.skip()
             return
         client = client_key(request)
 
-        cells = CellProgress(len(grid)) if grid is not None else None
+        parts = PartProgress(several.parts) if several is not None else None
 
         def work(on_step, cancel):
             kwargs = dict(on_step=on_step, cancel=cancel, skip=job.skip, on_preview=job.on_preview,
                           preview_every=preview_every, preview_method=preview_method)
-            if grid is not None:
-                return run_grid(self.session, grid, on_cell=lambda i, n: cells.start_cell(
-                    i, n, job_request.batch_count, 2 if job_request.hires else 1), **kwargs)
+            if several is not None:
+                return several.run(self.session, parts, kwargs)
             return self.session.generate(job_request, **kwargs)
 
         job = Job(work)
@@ -136,7 +134,7 @@ class TabContext:
         # every output, so only an API client (gradio_client) gets the line through it
         said = None if messages.from_browser(request) else lambda fraction, line: progress(fraction, desc=line)
         try:
-            with closing(run(self.jobs, client, job, what, job_request, on_progress=said, progress=cells)) as events:
+            with closing(run(self.jobs, client, job, what, job_request, on_progress=said, progress=parts)) as events:
                 for _ in events:
                     yield (gr.skip(),) * 4
         except LowVramError as exc:  # the job failed with a user error: "What ran" says why
@@ -149,9 +147,9 @@ class TabContext:
             yield kept, (image_info(kept[0]) if kept else ""), summary, (gr.update() if seed is None else seed)
             return
         result = job.result
-        if grid is not None:  # the grid first (ui/xyz.py), its base seed as the last seed
-            images = xyz_shown(grid, result)
-            yield images, (image_info(images[0]) if images else ""), summary, grid.base.seed
+        if several is not None:  # A1111's images of a script: a grid first (ui/xyz.py)
+            images = several.shown(result)
+            yield images, (image_info(images[0]) if images else ""), summary, several.seed(result)
             return
         yield result.images, image_info(result.images[0]), summary, result.seeds[0]
 

@@ -44,8 +44,8 @@ NOT_REMEMBERED = ("model", "init_image", "seed_extra", "subseed", "subseed_stren
                   "styles",  # A1111 keeps no selection either: a style left selected would apply to every next job
                   # a ControlNet unit's Enable and image: a unit restored on without its image would be refused
                   *(controlnet.key(i, name) for i in range(controlnet.UNITS) for name in controlnet.NOT_REMEMBERED),
-                  # the Script (X/Y/Z plot) and its axes: a page that loads runs a plain job until a grid is chosen
-                  *xyz.INPUTS)
+                  # the Script (X/Y/Z plot, Loopback, SD upscale) and its controls: a page that loads runs a plain job until a grid is chosen
+                  *xyz.inputs("img2img"))
 
 
 def _secret() -> str:

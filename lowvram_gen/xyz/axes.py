@@ -131,14 +131,12 @@ def _denoising(cell: Cell, value: float, values: list) -> Cell:
 
 
 def _styles(cell: Cell, value: str, values: list) -> Cell:
-    """A1111's Styles: the value's styles (comma-separated names) added to the request's."""
-    names = {f.name for f in dataclasses.fields(GenerationRequest)}
-    if "styles" not in names:
-        raise InvalidRequest("X/Y/Z axis", "Styles", "styles are not built in this version (issue 32 item 2); the "
-                                                     "axis needs them")
+    """A1111's Styles: the value's styles (comma-separated names) added to the request's; whether they exist is the
+    session's styles file's to say (runner.check_styles, before the first cell)."""
     added = tuple(s.strip() for s in value.split(",") if s.strip())
-    styles = tuple(getattr(cell.request, "styles", ()) or ())
-    return dataclasses.replace(cell, request=dataclasses.replace(cell.request, styles=styles + added))
+    styles = tuple(cell.request.styles or ())
+    return dataclasses.replace(cell, request=dataclasses.replace(
+        cell.request, styles=styles + tuple(s for s in added if s not in styles)))
 
 
 def _quantize(cell: Cell, value: str, values: list) -> Cell:
@@ -204,7 +202,10 @@ def _checkpoint_names() -> list[str]:
 
 
 def _style_names() -> list[str]:
-    return []
+    """The styles of A1111's place (styles.csv where the app runs; a session's --styles-file is checked per grid)."""
+    from lowvram_gen.prompting.styles import StylesFile
+
+    return StylesFile().book().names
 
 
 def _nothing(cell: Cell, value, values) -> Cell:

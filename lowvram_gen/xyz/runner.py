@@ -98,6 +98,21 @@ class XyzResult:
                 "images": self.images, "summary": self.summary}
 
 
+def check_styles(session, grid: Grid) -> None:
+    """Each Styles axis value's styles in the session's styles file, before the first cell: an unknown one is
+    refused naming the axis, the value and the styles there are."""
+    for which, axes in (("X", grid.x), ("Y", grid.y), ("Z", grid.z)):
+        if axes.axis.label != "Styles":
+            continue
+        book = session.style_book()
+        for value in axes.values:
+            try:
+                book.check(s.strip() for s in value.split(",") if s.strip())
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"{which} axis Styles value", value, f"{exc.allowed} (style {exc.value!r})") \
+                    from None
+
+
 def check_plans(session, grid: Grid) -> None:
     """The plan of each memory setting's largest cell, before the first cell: a refusal names the cell."""
     for cell in largest(grid):
@@ -169,6 +184,7 @@ def run_grid(session, grid: Grid, outdir: str | None = None, *, on_cell: CellFn 
              cancel=None, **generate_kwargs) -> XyzResult:
     """Run every cell of `grid` with `session` (its `generate`'s keywords: on_step, skip, on_preview...), then save
     the grid PNG in the cells' folder (`outdir`, or the base request's, or the session's)."""
+    check_styles(session, grid)
     check_plans(session, grid)
     cells = [CellResult(i, c.labels) for i, c in enumerate(grid.cells)]
     interrupted = False

@@ -45,7 +45,10 @@ def build(ctx: TabContext) -> None:
                 resize_mode=DEFAULTS.resize_mode, tiling=DEFAULTS.tiling, styles=DEFAULTS.styles, refiner=None,
                 refiner_switch_at=DEFAULTS.refiner_switch_at, script=xyz.NONE, xyz_x_type="Seed", xyz_x_values="", xyz_y_type="Nothing", xyz_y_values="",
                 xyz_z_type="Nothing", xyz_z_values="", xyz_draw_legend=True, xyz_include_lone_images=True,
-                xyz_include_sub_grids=False, xyz_no_fixed_seeds=False, xyz_margin=0, *units,
+                xyz_include_sub_grids=False, xyz_no_fixed_seeds=False, xyz_margin=0,
+                loopback_loops=4, loopback_final_denoising_strength=0.5, loopback_denoising_curve="Linear",
+                loopback_append_interrogation="None", sd_upscale_overlap=64, sd_upscale_upscaler="None",
+                sd_upscale_scale_factor=2.0, *units,
                 request: gr.Request = None, progress=gr.Progress()):
         if not init_image:
             yield gr.skip(), gr.skip(), messages.failure("choose an init image first", request), gr.skip()
@@ -61,9 +64,11 @@ def build(ctx: TabContext) -> None:
             tiling=bool(tiling), styles=tuple(styles or ()), refiner=refiner or None,
             refiner_switch_at=DEFAULTS.refiner_switch_at if refiner_switch_at is None else refiner_switch_at)),
             request,
-            progress, preview_every, preview_method, xyz.grid_maker("img2img", dict(zip(xyz.INPUTS, (
+            progress, preview_every, preview_method, xyz.grid_maker("img2img", dict(zip(xyz.inputs("img2img"), (
                 script, xyz_x_type, xyz_x_values, xyz_y_type, xyz_y_values, xyz_z_type, xyz_z_values,
-                xyz_draw_legend, xyz_include_lone_images, xyz_include_sub_grids, xyz_no_fixed_seeds, xyz_margin)))))
+                xyz_draw_legend, xyz_include_lone_images, xyz_include_sub_grids, xyz_no_fixed_seeds, xyz_margin,
+                loopback_loops, loopback_final_denoising_strength, loopback_denoising_curve,
+                loopback_append_interrogation, sd_upscale_overlap, sd_upscale_upscaler, sd_upscale_scale_factor)))))
 
     form = SdForm(ctx, "img2img", "i2i-", unnamed=("batch", "cfg"))
     with gr.Tab("img2img", id="img2img"):
@@ -86,5 +91,5 @@ def build(ctx: TabContext) -> None:
                             "cfg_scale", "seed", "batch_size", "sampler", "model", "quantize", "schedule_type",
                             "clip_skip", "subseed", "subseed_strength", "seed_resize_from_w", "seed_resize_from_h",
                             "batch_count", "preview_every", "preview_method", "img2img_fix_steps", "resize_mode",
-                            "tiling", "styles", "refiner", "refiner_switch_at", *xyz.INPUTS],
+                            "tiling", "styles", "refiner", "refiner_switch_at", *xyz.inputs("img2img")],
                   api_name="img2img")
