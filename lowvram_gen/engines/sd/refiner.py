@@ -96,6 +96,40 @@ def check(pipe, request, refiner: Refiner | None) -> None:
                                                          "(its UNet's channels or its VAE's scaling differ)")
 
 
+def networks(refiner: Refiner | None, request, texts) -> list[str]:
+    """The job's LoRAs and embeddings on the refiner, as A1111's network hooks stay on whatever checkpoint runs:
+    each of the job's LoRAs (--lora first, then the prompt's tags) through the base's loading path
+    (networks/lora.activate_loras), its layers that match nothing in the refiner left out with the loader's one
+    warning naming it, and one that fits nothing there (another width, no layer of its) skipped with one warning
+    naming it; the embeddings the prepared prompts name, resolved for the refiner's tokenizer (one that does not fit
+    it skipped with a warning). Returns the warnings. A job without LoRAs switches the refiner's off."""
+    if refiner is None or not runs(request):
+        return []
+    from lowvram_gen.errors import ModelLoadError
+    from lowvram_gen.networks.embeddings import load_embeddings_used
+    from lowvram_gen.networks.lora import activate_loras
+    from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
+
+    pipe = refiner.pipe
+    refs, _ = merge_refs([parse_lora_flag(f) for f in request.loras] + extract_lora_tags(request.prompt)[1])
+    kept, warnings = [], []
+    for ref in refs:
+        try:
+            said = activate_loras(pipe, [ref])
+        except ModelLoadError as exc:
+            warnings.append(f"refiner {refiner.title}: LoRA {ref.name} is not applied to it ({str(exc).rstrip('.')})")
+            continue
+        kept.append(ref)
+        warnings += [f"refiner {refiner.title}: {w}" for w in said]
+    activate_loras(pipe, kept)  # exactly the ones that fit, at the job's weights
+    prompts = [(texts.prompt, texts.negative_prompt)] + ([(texts.hires.prompt, texts.hires.negative_prompt)]
+                                                          if texts.hires else [])
+    for prompt, negative in prompts:
+        used = load_embeddings_used(pipe, prompt, negative)  # the base's prompts spell each embedding as its file
+        warnings += [f"refiner {refiner.title}: {w}" for w in used.warnings]
+    return warnings
+
+
 def _scaling(pipe) -> float:
     vae = getattr(pipe, "vae", None)
     return float(getattr(getattr(vae, "config", None), "scaling_factor", 0) or 0)
