@@ -228,6 +228,7 @@ class Session:
                   or families.by_denoiser_class(found.denoiser_class))
         if record is not None and record.prompt_encoding is None and edits_prompts(request):  # before any loading
             raise InvalidRequest("prompt", request.prompt, editing_refusal(record.name))
+        refiner.check_prompts(request)  # prompt editing with a refiner: refused before any loading
         found = edit.planned(found, record, request)  # an edit's reference images: tokens beside the image's
         # an inpaint pipeline that renders its own size (Qwen-Image-Edit's): that size, never capped, its init beside
         found, own = inpaint.planned(found, record, request)

@@ -1,6 +1,7 @@
 """The job's LoRAs and embeddings on A1111's refiner (engines/sd/refiner.networks): a tiny LoRA built for the tiny
 SDXL refiner changes the refined image as plain diffusers' `load_lora_weights` on both pipelines does; its layers
-the refiner lacks are skipped with one warning naming it, and a LoRA that fits nothing there is skipped so."""
+the refiner lacks are skipped with one warning naming it, and a LoRA that fits nothing there is skipped so. Prompt
+editing, alternation and AND with a refiner are refused in one sentence before loading (engines/sd/refiner.py)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,22 @@ def test_a_lora_that_fits_nothing_in_the_refiner_is_skipped_with_one_warning(ref
     result = run(Session(device="cpu"), tmp_path, f"{PROMPT} <lora:te1only:1>", refiner_path)
     said = [w for w in result.warnings if "te1only" in w]
     assert len(said) == 1 and "not applied" in said[0] and "refiner" in said[0]
+
+
+@pytest.mark.parametrize("prompt", ["a [cat:dog:0.5]", "a [cat|dog]", "a cat AND a dog :0.5"])
+def test_prompt_editing_with_a_refiner_is_refused_in_one_sentence_before_loading(prompt, refiner_path, tmp_path,
+                                                                                 monkeypatch):
+    """The per-step hooks sit on the base's UNet and the refiner's part reads one conditioning: refused before any
+    model loads (the loader is made to fail, so reaching it fails the test)."""
+    from lowvram_gen.errors import InvalidRequest
+    from lowvram_gen.engines.sd import refiner as refiner_mod
+
+    session = Session(device="cpu")
+    monkeypatch.setattr(session, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(refiner_mod, "load", lambda *a, **k: pytest.fail("the refiner loaded"))
+    with pytest.raises(InvalidRequest) as refused:
+        run(session, tmp_path, prompt, refiner_path)
+    said = str(refused.value)
+    assert "refiner" in said and "prompt editing" in said and ". " not in said.rstrip(".") and "\n" not in said
+    session.plan(GenerationRequest(prompt=prompt, model="tiny-sdxl", width=64, height=64, refiner=refiner_path,
+                                   refiner_switch_at=1))  # a switch at 1 runs no refiner: nothing to refuse

@@ -70,12 +70,28 @@ def runs(request) -> bool:
     return bool(request.refiner) and request.refiner_switch_at < 1
 
 
+EDITING_REFUSAL = ("prompt editing, alternation and AND with a refiner are not built yet (the refiner's part reads "
+                   "one conditioning, not A1111's per-step schedule): write a plain prompt, or run it without the "
+                   "refiner")
+
+
+def check_prompts(request) -> None:
+    """Refuses, before anything loads, a refined job whose prompts switch between steps or mix AND parts: the
+    per-step hooks (engines/sd/prompt_steps.py) sit on the base's UNet, and the refiner would read the edited
+    prompt's text as one plain prompt (an AND batch does not even fit its call)."""
+    from lowvram_gen.prompting.schedule import edits_prompts
+
+    if runs(request) and edits_prompts(request):
+        raise InvalidRequest("prompt", request.prompt, EDITING_REFUSAL)
+
+
 def check(pipe, request, refiner: Refiner | None) -> None:
     """What cannot refine here, in one sentence each, before any step runs."""
     from lowvram_gen.prompting.encode import prompt_encoding
 
     if not runs(request):
         return
+    check_prompts(request)
     name = type(pipe).__name__
     if getattr(pipe, "unet", None) is None or prompt_encoding(pipe) is None:
         raise InvalidRequest("refiner", request.refiner, f"{name} has no UNet to hand over: a refiner runs after an "
