@@ -144,7 +144,8 @@ class Session:
         self.model, self.runner = model, None
         return model
 
-    def _refiner(self, request: GenerationRequest, dtype: str, whole: bool) -> refiner.Refiner | None:
+    def _refiner(self, request: GenerationRequest, dtype: str, whole: bool, quantize: str = "none",
+                 quantize_on: str | None = None) -> refiner.Refiner | None:
         """The request's refiner, loaded on the host at the model's dtype and kept for the next job that names it;
         None where the job runs none (the one held stays: a job without it does not unload it). `whole`: the job's
         first preset moves it whole (refiner.load)."""
@@ -152,7 +153,7 @@ class Session:
             return None
         if self.refiner is not None and self.refiner.spec != request.refiner:  # one refiner in RAM at a time
             self.refiner = self.runner.refiner = None
-        self.refiner = refiner.load(request.refiner, dtype, self.refiner, whole)
+        self.refiner = refiner.load(request.refiner, dtype, self.refiner, whole, quantize, quantize_on)
         return self.refiner
 
     def free(self) -> None:
@@ -359,7 +360,8 @@ class Session:
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
             self.runner.device = device
-            self.runner.refiner = self._refiner(request, load_dtype, first.offload not in refiner.STREAMING)
+            self.runner.refiner = self._refiner(request, load_dtype, first.offload not in refiner.STREAMING,
+                                                first.quantize, device.torch_device)
             if (request.controlnets or attached(model.pipe)) and attach_for(model.pipe, request, load_dtype,
                                                                               first.quantize, device.torch_device):
                 self.runner.applied = None  # the pipeline's ControlNets changed: its memory settings go on again

@@ -110,3 +110,21 @@ def test_prompt_editing_with_a_refiner_is_refused_in_one_sentence_before_loading
     assert "refiner" in said and "prompt editing" in said and ". " not in said.rstrip(".") and "\n" not in said
     session.plan(GenerationRequest(prompt=prompt, model="tiny-sdxl", width=64, height=64, refiner=refiner_path,
                                    refiner_switch_at=1))  # a switch at 1 runs no refiner: nothing to refuse
+
+
+def test_quantize_applies_to_the_refiners_unet_as_to_the_bases(refiner_path, tmp_path):
+    """--quantize int8: the refiner loads through the base's quantizing path (models/loading.load), its UNet and text
+    encoder stored in int8; a job without it reads the refiner again at full precision."""
+    from lowvram_gen.models.quantize import kinds
+
+    session = Session(device="cpu")
+    session.generate(GenerationRequest(prompt=PROMPT, width=64, height=64, steps=3, seed=3, model="tiny-sdxl",
+                                       outdir=str(tmp_path), refiner=refiner_path, refiner_switch_at=SWITCH,
+                                       quantize="int8"))
+    held = session.refiner
+    assert held.quantize == "int8" and kinds(held.pipe).get("unet") == "int8"
+    assert kinds(session.model.pipe).get("unet") == "int8"  # as the base's
+    session.generate(GenerationRequest(prompt=PROMPT, width=64, height=64, steps=3, seed=3, model="tiny-sdxl",
+                                       outdir=str(tmp_path), refiner=refiner_path, refiner_switch_at=SWITCH,
+                                       quantize="none"))
+    assert session.refiner is not held and "unet" not in kinds(session.refiner.pipe)

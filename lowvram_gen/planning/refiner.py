@@ -8,7 +8,7 @@ refiner's UNet over the bus twice (in, and out again), plus the base's twice whe
 at the switch, back for the next pass). The seconds are those bytes over the plan's bus (planning/bus.py).
 
 Each candidate of the plan counts the refiner too (`RefinerLoad`, which planning/planner.py's rows add): its RAM
-column holds the refiner's weights (at the load dtype: the refiner is loaded unquantized) and, after the switch, what
+column holds the refiner's weights (as the base's are kept: the load dtype, the preset's quantization) and, after the switch, what
 of the base comes back to the host in its place; its VRAM estimate holds what a whole refiner UNet needs above the
 base's denoiser (a streaming preset streams the refiner's too: nothing above). So the RAM refusal and the preset
 choice see a refiner that does not fit.
@@ -32,15 +32,17 @@ class RefinerLoad:
     name: str
     profile: object
 
-    def _width(self, settings) -> int:
-        # loaded at the model's load dtype (engines/sd/refiner.load): 16 bits where a half-storage preset keeps them
-        return 2 if settings.half_storage else DTYPE_BYTES.get(settings.dtype, 4)
+    def _kept(self, settings) -> dict[str, int]:
+        # loaded as the base is (engines/sd/refiner.load): the load dtype, the preset's int8/int4 quantization
+        from lowvram_gen.planning.host import kept_bytes
+
+        return kept_bytes(self.profile, settings)
 
     def unet_bytes(self, settings) -> int:
-        return int(self.profile.params.get(self.profile.denoiser, 0) * self._width(settings))
+        return int(self._kept(settings).get(self.profile.denoiser, 0))
 
     def ram_bytes(self, settings) -> int:
-        return int(sum(self.profile.params.values()) * self._width(settings))
+        return int(sum(self._kept(settings).values()))
 
     def host_bytes(self, settings, on_gpu: bool, base_back_bytes: int) -> int:
         """What the refiner adds to a candidate's RAM peak: all of it held on the host until the switch; after it,

@@ -39,6 +39,7 @@ class Refiner:
     pipe: object
     title: str  # A1111's short title: `name [hash]` for a file, the folder's or hub id's name otherwise
     dtype: str = "float32"
+    quantize: str = "none"  # the job's --quantize, as the base's: its UNet (and text encoder) stored so
 
 
 def title_of(source) -> str:
@@ -51,18 +52,22 @@ def title_of(source) -> str:
     return source.spec if source.kind in ("hub", "tiny") else Path(source.path).name
 
 
-def load(spec: str, dtype: str, kept: Refiner | None = None, whole: bool = True) -> Refiner:
-    """The refiner named `spec` (as --model takes a model), loaded on the host at `dtype`; `kept` when it is the same
-    model at the same dtype (the Session keeps the last one in RAM), unless its UNet was set to stream for a smaller
-    preset and this job's first preset runs it `whole` (read again: diffusers' group offloading stays on a module)."""
+def load(spec: str, dtype: str, kept: Refiner | None = None, whole: bool = True, quantize: str = "none",
+         quantize_on: str | None = None) -> Refiner:
+    """The refiner named `spec` (as --model takes a model), loaded on the host at `dtype`, its UNet and text encoder
+    quantized as they load where the job's first preset `quantize`s the base's (models/loading.load, the base's
+    path); `kept` when it is the same model at the same dtype and storage (the Session keeps the last one in RAM),
+    unless its UNet was set to stream for a smaller preset and this job's first preset runs it `whole` (read again:
+    diffusers' group offloading stays on a module)."""
     from lowvram_gen.models.loading import load as load_model
     from lowvram_gen.models.resolve import resolve
 
     streamed = kept is not None and getattr(kept.pipe.unet, "_lowvram_streamed", False)
-    if kept is not None and kept.spec == spec and kept.dtype == dtype and not (whole and streamed):
+    if kept is not None and (kept.spec, kept.dtype, kept.quantize) == (spec, dtype, quantize) \
+            and not (whole and streamed):
         return kept
     source = resolve(spec)
-    return Refiner(spec, load_model(source, dtype).pipe, title_of(source), dtype)
+    return Refiner(spec, load_model(source, dtype, quantize, quantize_on).pipe, title_of(source), dtype, quantize)
 
 
 def runs(request) -> bool:
