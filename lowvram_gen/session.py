@@ -52,7 +52,7 @@ from lowvram_gen.planning import speed
 from lowvram_gen.planning import vqgan as memory_vqgan
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
-from lowvram_gen.planning.refiner import plan_refiner
+from lowvram_gen.planning.refiner import RefinerLoad, plan_refiner
 from lowvram_gen.presets import Preset, find_preset, load_presets
 from lowvram_gen.prompting import styles
 from lowvram_gen.prompting.styles import Style, StyleBook, StylesFile
@@ -144,7 +144,8 @@ class Session:
         self.model, self.runner = model, None
         return model
 
-    def _refiner(self, request: GenerationRequest, dtype: str, whole: bool) -> refiner.Refiner | None:
+    def _refiner(self, request: GenerationRequest, dtype: str, whole: bool, quantize: str = "none",
+                 quantize_on: str | None = None) -> refiner.Refiner | None:
         """The request's refiner, loaded on the host at the model's dtype and kept for the next job that names it;
         None where the job runs none (the one held stays: a job without it does not unload it). `whole`: the job's
         first preset moves it whole (refiner.load)."""
@@ -152,7 +153,7 @@ class Session:
             return None
         if self.refiner is not None and self.refiner.spec != request.refiner:  # one refiner in RAM at a time
             self.refiner = self.runner.refiner = None
-        self.refiner = refiner.load(request.refiner, dtype, self.refiner, whole)
+        self.refiner = refiner.load(request.refiner, dtype, self.refiner, whole, quantize, quantize_on)
         return self.refiner
 
     def free(self) -> None:
@@ -228,6 +229,7 @@ class Session:
                   or families.by_denoiser_class(found.denoiser_class))
         if record is not None and record.prompt_encoding is None and edits_prompts(request):  # before any loading
             raise InvalidRequest("prompt", request.prompt, editing_refusal(record.name))
+        refiner.check_prompts(request)  # prompt editing with a refiner: refused before any loading
         found = edit.planned(found, record, request)  # an edit's reference images: tokens beside the image's
         # an inpaint pipeline that renders its own size (Qwen-Image-Edit's): that size, never capped, its init beside
         found, own = inpaint.planned(found, record, request)
@@ -237,21 +239,26 @@ class Session:
         presets, forced = self.presets(request.quantize), self.forced_preset(request.preset, request.quantize)
         if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
             presets, forced = tiling.untiled_presets(presets, forced)
+        load = RefinerLoad(request.refiner, self._refiner_profile(request)) if refiner.runs(request) else None
         result = plan(device, found, width, height, request.batch_size, presets, forced, failed,
                       cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
                       steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
                       quantize_forced=request.quantize is not None, model=request.model,
                       reloadable=folder and apart and not request_uses_networks(request) and not edits_prompts(request),
                       single_file=not folder,
-                      full_precision=self.precision.full, own_size=own is not None)
-        return self._with_refiner(result, request, found) if refiner.runs(request) else result
+                      full_precision=self.precision.full, own_size=own is not None, refiner=load)
+        return self._with_refiner(result, request, found, load.profile) if load is not None else result
 
     @staticmethod
-    def _with_refiner(result: Plan, request: GenerationRequest, found) -> Plan:
+    def _refiner_profile(request: GenerationRequest):
+        """The refiner's ModelProfile (a built-in name's, else read from its files without loading them)."""
+        return profiles.profile_builtin(request.refiner) if profiles.is_builtin(request.refiner) \
+            else source_profile(resolve(request.refiner))
+
+    @staticmethod
+    def _with_refiner(result: Plan, request: GenerationRequest, found, own) -> Plan:
         """The plan with its refiner's part (planning/refiner.py): the swap at the switch, its RAM, its bus time."""
         chosen = result.preset
-        own = profiles.profile_builtin(request.refiner) if profiles.is_builtin(request.refiner) \
-            else source_profile(resolve(request.refiner))
         part = plan_refiner(request.refiner, found, own, chosen.memory.dtype,
                             chosen.device == "gpu" and chosen.memory.offload == "none", result.bus.bytes_per_s,
                             request.batch_count)
@@ -353,7 +360,8 @@ class Session:
             if self.runner is None or self.runner.model is not model:
                 self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
             self.runner.device = device
-            self.runner.refiner = self._refiner(request, load_dtype, first.offload not in refiner.STREAMING)
+            self.runner.refiner = self._refiner(request, load_dtype, first.offload not in refiner.STREAMING,
+                                                first.quantize, device.torch_device)
             if (request.controlnets or attached(model.pipe)) and attach_for(model.pipe, request, load_dtype,
                                                                               first.quantize, device.torch_device):
                 self.runner.applied = None  # the pipeline's ControlNets changed: its memory settings go on again

@@ -48,24 +48,33 @@ def a1111_ratio(scheduler, i: int) -> float:
 _MADE: dict = {}
 
 
-def reference(base_folder, refiner_folder, sampler: str, switch: float | None) -> tuple[np.ndarray, int | None]:
-    """`_reference`, made once per sampler and switch."""
-    key = (str(base_folder), str(refiner_folder), sampler, switch)
+def reference(base_folder, refiner_folder, sampler: str, switch: float | None, lora=None,
+              on_refiner: bool = True) -> tuple[np.ndarray, int | None]:
+    """`_reference`, made once per sampler, switch and LoRA."""
+    key = (str(base_folder), str(refiner_folder), sampler, switch, str(lora), on_refiner)
     if key not in _MADE:
-        _MADE[key] = _reference(base_folder, refiner_folder, sampler, switch)
+        _MADE[key] = _reference(base_folder, refiner_folder, sampler, switch, lora, on_refiner)
     return _MADE[key]
 
 
-def _reference(base_folder, refiner_folder, sampler: str, switch: float | None) -> tuple[np.ndarray, int | None]:
+def _reference(base_folder, refiner_folder, sampler: str, switch: float | None, lora=None,
+               on_refiner: bool = True) -> tuple[np.ndarray, int | None]:
     """Plain diffusers: the base SDXL pipeline's one call, whose step-end callback puts the refiner's UNet in the
     pipeline and hands it the refiner's conditioning (diffusers' StableDiffusionXLImg2ImgPipeline.encode_prompt and
     _get_add_time_ids: OpenCLIP-G alone, aesthetic scores 6 and 2.5) from the first call at or past the switch.
-    Returns the image and the call the refiner took over at."""
+    `lora`: a LoRA file diffusers' `load_lora_weights` puts on the base (and, `on_refiner`, on the refiner: its UNet
+    and its second text encoder). Returns the image and the call the refiner took over at."""
     from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLPipeline
 
     base = StableDiffusionXLPipeline.from_pretrained(str(base_folder))
     set_sampler(base, sampler)
     ref = StableDiffusionXLImg2ImgPipeline.from_pretrained(str(refiner_folder))
+    if lora is not None:
+        base.load_lora_weights(str(lora))
+        if on_refiner:  # without the first encoder's layers, which the refiner lacks (A1111 skips them)
+            from safetensors.torch import load_file
+
+            ref.load_lora_weights({k: v for k, v in load_file(str(lora)).items() if not k.startswith("lora_te1_")})
     embeds, negative, pooled, negative_pooled = ref.encode_prompt(PROMPT, device="cpu", negative_prompt=NEGATIVE)
     ids, negative_ids = ref._get_add_time_ids((SIZE, SIZE), (0, 0), (SIZE, SIZE), 6.0, 2.5, (SIZE, SIZE), (0, 0),
                                               (SIZE, SIZE), dtype=embeds.dtype,
@@ -235,8 +244,9 @@ def test_what_cannot_refine_is_refused_in_one_sentence(tmp_path, refiner_path):
 
 def test_the_ui_has_a_refiner_accordion_in_txt2img_and_img2img_that_reaches_the_request(tmp_path, monkeypatch):
     """Without a browser: each tab's Refiner checkpoint starts empty (no refiner) and Switch at at 0.8; their values
-    are the request's `refiner` and `refiner_switch_at`, the last of the tab's own Generate inputs."""
-    from lowvram_gen.ui import controlnet
+    are the request's `refiner` and `refiner_switch_at`, the last of the tab's own Generate inputs before the Script
+    controls (ui/xyz.INPUTS, merged after them)."""
+    from lowvram_gen.ui import controlnet, xyz
     from lowvram_gen.ui.app import UiOptions, build_app
     from lowvram_gen.ui.context import TabContext
 
@@ -245,7 +255,7 @@ def test_the_ui_has_a_refiner_accordion_in_txt2img_and_img2img_that_reaches_the_
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
     for api_name, prefix, given in (("generate", "", {}), ("img2img", "i2i-", {"init_image": "init.png"})):
         event = next(d for d in app.fns.values() if d.api_name == api_name)
-        own = event.inputs[:len(event.inputs) - len(controlnet.KEYS)]
+        own = event.inputs[:len(event.inputs) - len(controlnet.KEYS) - len(xyz.INPUTS)]
         assert [(b.elem_id, b.value) for b in own[-2:]] == [(f"{prefix}refiner", ""),
                                                             (f"{prefix}refiner-switch-at", 0.8)]
         list(event.fn(prompt="x", refiner="sd_xl_refiner_1.0", refiner_switch_at=0.7, **given))

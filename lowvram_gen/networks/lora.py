@@ -186,6 +186,7 @@ def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
         if layout_of(state)[0] != "diffusers":
             raise ModelLoadError(_not_converted(pipe, path, state)) from None
         raise ModelLoadError(f"LoRA {path} could not be read as a LoRA ({_first_line(exc)})") from None
+    state = _without_absent(pipe, state, wanted)
     denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
     try:
         # peft's "multiple adapters in the model" warning: that is the point
@@ -208,6 +209,19 @@ def _load(pipe, path: Path, name: str) -> tuple[tuple[str, ...], list[str]]:
         warnings.append(f"LoRA {path.name}: {total - matched} of its {total} layers match nothing in this {cls} "
                         f"and are ignored (loaded into {', '.join(got)})")
     return tuple(got), warnings
+
+
+# the keys of a text encoder's layers in the layouts A1111 and diffusers save (kohya's `lora_te_` is SD 1.x's one)
+_ENCODER_KEYS = {"text_encoder": ("lora_te1_", "lora_te_", "text_encoder."), "text_encoder_2": ("lora_te2_",
+                                                                                                 "text_encoder_2.")}
+
+
+def _without_absent(pipe, state: dict, wanted: dict) -> dict:
+    """`state` without the layers of a text encoder the pipeline lacks (the SDXL refiner has no first one): A1111
+    skips them, diffusers' SDXL loader fails on them; they are counted among the layers that match nothing."""
+    absent = [c for c in wanted if c in _ENCODER_KEYS and hasattr(pipe, c) and getattr(pipe, c) is None]
+    prefixes = tuple(p for c in absent for p in _ENCODER_KEYS[c])
+    return {k: v for k, v in state.items() if not k.startswith(prefixes)} if prefixes else state
 
 
 def layout_of(state: dict) -> tuple[str, str]:

@@ -19,6 +19,7 @@ so every step down needs less memory and costs as little time as it can.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field, replace
 
 from lowvram_gen.hardware.device import DeviceInfo, format_size
@@ -141,7 +142,8 @@ class _Rows:
 
     def __init__(self, device: DeviceInfo, profile, width: int, height: int, batch: int, cfg: bool, steps: int,
                  failed: set[str], model: str = "", reloadable: bool = True, single_file: bool = False,
-                 own_size: bool = False):
+                 own_size: bool = False, refiner=None):
+        self.refiner = refiner  # planning/refiner.RefinerLoad: counted in each row's RAM and VRAM; None: none
         self.device, self.profile, self.cfg, self.steps, self.failed = device, profile, cfg, steps, failed
         self.own_size = own_size  # the pipeline renders width x height whatever it is given: no preset caps it
         self.reloadable = reloadable  # the text encoders can come back from their own files (a diffusers folder)
@@ -222,19 +224,36 @@ class _Rows:
         row = self._row(p)
         hest = self.host(p, row.breakdown.get("resident_bytes", 0) if p.memory.offload == "budget" else 0)
         row.host_peak_bytes, row.host = hest.peak_bytes, hest.as_dict()
-        row.fits_host = self.fits_host(hest.peak_bytes)
+        if self.refiner is not None:
+            self._with_refiner(p, row)
+        row.fits_host = self.fits_host(row.host_peak_bytes)
         if p.memory.paged_weights:  # a step reads the denoiser from disk when its pages do not all fit beside the rest
             settings = self.host_settings(p)
             den = host_mod.paged(self.profile, settings, host_mod.kept_bytes(self.profile, settings)).get(
                 self.profile.denoiser, 0)
             if p.device == "gpu" and self.device.is_accelerator:  # what stays on the GPU is read once
                 den = min(den, row.streamed_bytes_per_step)
-            room = self.device.host.usable_bytes - hest.peak_bytes if self.device.host else den
+            room = self.device.host.usable_bytes - row.host_peak_bytes if self.device.host else den
             if room < den:
                 row.est_seconds_per_step += den / DISK_BYTES_PER_S
                 row.timing["disk_read_seconds_per_step"] = round(den / DISK_BYTES_PER_S, 6)
         row.loss = LOSS.get(storage(p.memory), "none")
         return row
+
+    def _with_refiner(self, p: Preset, row: PresetEstimate) -> None:
+        """The refiner's RAM and VRAM (planning/refiner.RefinerLoad) added to `row`, where the base's are counted."""
+        settings = self.host_settings(p)
+        on_gpu = p.device == "gpu" and self.device.is_accelerator
+        den = row.breakdown.get("denoiser_bytes", 0)
+        back = {"none": den, "budget": row.breakdown.get("resident_bytes", 0)}.get(p.memory.offload, 0)
+        ram = self.refiner.host_bytes(settings, on_gpu, back)
+        row.host_peak_bytes += ram
+        row.host = {**row.host, "refiner_bytes": ram}
+        if on_gpu:
+            extra = self.refiner.extra_vram_bytes(settings, den)
+            row.estimate_bytes += extra
+            row.breakdown = {**row.breakdown, "refiner_extra_bytes": extra}
+            row.fits = row.estimate_bytes <= self.device.usable_bytes
 
     def record_compute(self, r: speed.StepTiming) -> float:
         """The assumed compute seconds of a measured step, under this plan's constants."""
@@ -322,7 +341,7 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
          forced: Preset | None = None, failed: set[str] = frozenset(), cfg: bool = True,
          steps: int = ASSUMED_STEPS, quantize_forced: bool = False, model: str = "",
          reloadable: bool = True, single_file: bool = False, full_precision: bool = False,
-         own_size: bool = False) -> Plan:
+         own_size: bool = False, refiner=None) -> Plan:
     """`full_precision` (--no-half, --precision full): no candidate computes in 16 bits (the presets' own dtypes
     are float32 already: Session applies the flag to them), so no cpu+bf16 either. `model`: the name the user gave the model (its spec), under which this device's measured step times
     are kept (planning/speed.py). `reloadable`: the model is a diffusers folder, whose text encoders can be
@@ -330,9 +349,10 @@ def plan(device: DeviceInfo, profile, width: int, height: int, batch: int, prese
     per-component files (reloading an encoder would read the whole checkpoint), so it gets none.
     `single_file`: such a checkpoint's text encoders load at full precision and are quantized after (its denoiser
     is quantized as it loads: planning/host._load_peak). `own_size`: width x height is what the pipeline renders
-    whatever it is given (Qwen-Image-Edit's inpaint): no preset's max_pixels caps it."""
+    whatever it is given (Qwen-Image-Edit's inpaint): no preset's max_pixels caps it. `refiner`: a
+    planning/refiner.RefinerLoad, counted in every candidate's RAM and VRAM."""
     rows = _Rows(device, profile, width, height, batch, cfg, steps, set(failed), model, reloadable, single_file,
-                 own_size)
+                 own_size, refiner)
     candidates, rows.budgets = _candidates(rows, presets, quantize_forced)
     if forced is not None and forced.device == "cpu":  # --cpu: on the CPU, its weights as the RAM allows
         result = _choose_cpu(rows, {forced.name: forced}, quantize_forced, named=True)
@@ -527,7 +547,8 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
     least_p, least = min(tried, key=lambda pr: pr[1].host_peak_bytes)
     label = families.by_arch(rows.profile.arch).label or "this model"  # a built-in architecture by its record
     size = f"{least.width}x{least.height}"
-    sentence = (f"{label} at {size} needs about {format_size(least.host_peak_bytes)} of system RAM even at "
+    held = f" with its refiner {rows.refiner.name}" if rows.refiner is not None else ""
+    sentence = (f"{label} at {size}{held} needs about {format_size(least.host_peak_bytes)} of system RAM even at "
                 f"{least_p.name}; this machine has {have}")
     # what would fit: any candidate the user's choices ruled out, then a smaller file of the same model
     others = _candidates(rows, presets, False)[0] if rows.device.is_accelerator else []
@@ -543,10 +564,32 @@ def _refusal(rows: _Rows, tried: list[tuple[Preset, PresetEstimate]], presets: d
         return (f"{sentence}; {p.name} would fit (about {format_size(r.host_peak_bytes)}): the planner picks it "
                 "without a forced preset")
     gguf = _gguf_q4_peak(rows, least_p)
+    if gguf is not None and rows.refiner is not None:  # the refiner stays as it is beside a GGUF base
+        gguf = (gguf[0], gguf[1] + least.host.get("refiner_bytes", 0))
     if gguf is not None and rows.fits_host(gguf[1]):
         return (f"{sentence}; a Q4_K GGUF of its {rows.profile.denoiser} ({gguf[0] / 1e9:.1f} GB) with --quantize "
                 f"int4 would fit (about {format_size(gguf[1])})")
+    alone = _without_refiner(rows, presets)
+    if alone is not None:
+        return (f"{sentence}; without the refiner {alone[0].name} would fit (about "
+                f"{format_size(alone[1].host_peak_bytes)})")
     return f"{sentence}; nothing smaller fits: run it on a machine with more free RAM, or close other programs"
+
+
+def _without_refiner(rows: _Rows, presets: dict[str, Preset]) -> tuple[Preset, PresetEstimate] | None:
+    """The fastest candidate that fits the machine with the same job run without its refiner; None without a
+    refiner, or where nothing fits even so."""
+    if rows.refiner is None:
+        return None
+    alone = copy.copy(rows)
+    alone.refiner = None
+    if rows.device.is_accelerator:
+        tried = _candidates(alone, presets, False)[0]
+    else:
+        cpu = next((p for p in presets.values() if p.device == "cpu"), None)
+        tried = [(v, alone.row(v)) for v in cpu_variants(cpu, alone)] if cpu is not None else []
+    fits = [(p, r) for p, r in tried if r.fits_host and (r.fits or not rows.device.is_accelerator)]
+    return min(fits, key=lambda pr: (pr[1].lossy, pr[1].est_seconds_per_step)) if fits else None
 
 
 def _gguf_q4_peak(rows: _Rows, p: Preset) -> tuple[int, int] | None:

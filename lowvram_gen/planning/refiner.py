@@ -6,6 +6,12 @@ comes in, and the refiner goes back to the host after its pass. So the device's 
 refiner's weights are held in system RAM beside the base's for the whole job, and each refined pass moves the
 refiner's UNet over the bus twice (in, and out again), plus the base's twice where the preset keeps it resident (off
 at the switch, back for the next pass). The seconds are those bytes over the plan's bus (planning/bus.py).
+
+Each candidate of the plan counts the refiner too (`RefinerLoad`, which planning/planner.py's rows add): its RAM
+column holds the refiner's weights (as the base's are kept: the load dtype, the preset's quantization) and, after the switch, what
+of the base comes back to the host in its place; its VRAM estimate holds what a whole refiner UNet needs above the
+base's denoiser (a streaming preset streams the refiner's too: nothing above). So the RAM refusal and the preset
+choice see a refiner that does not fit.
 """
 
 from __future__ import annotations
@@ -14,6 +20,46 @@ from dataclasses import dataclass
 
 from lowvram_gen.hardware.device import format_size
 from lowvram_gen.planning.estimate import DTYPE_BYTES
+
+
+WHOLE = ("none", "model")  # offloads that put a UNet whole on the device for its calls (the others stream it)
+
+
+@dataclass(frozen=True)
+class RefinerLoad:
+    """The refiner as each candidate of a plan counts it: `name` as the user gave it, `profile` its ModelProfile."""
+
+    name: str
+    profile: object
+
+    def _kept(self, settings) -> dict[str, int]:
+        # loaded as the base is (engines/sd/refiner.load): the load dtype, the preset's int8/int4 quantization
+        from lowvram_gen.planning.host import kept_bytes
+
+        return kept_bytes(self.profile, settings)
+
+    def unet_bytes(self, settings) -> int:
+        return int(self._kept(settings).get(self.profile.denoiser, 0))
+
+    def ram_bytes(self, settings) -> int:
+        return int(sum(self._kept(settings).values()))
+
+    def host_bytes(self, settings, on_gpu: bool, base_back_bytes: int) -> int:
+        """What the refiner adds to a candidate's RAM peak: all of it held on the host until the switch; after it,
+        its UNet on the device where the offload moves it whole, and `base_back_bytes` of the base (a resident
+        UNet, a budget split's resident part) back on the host in its place."""
+        held = self.ram_bytes(settings)
+        if not on_gpu:
+            return held
+        moved = self.unet_bytes(settings) if settings.offload in WHOLE else 0
+        return max(held, held - moved + base_back_bytes)
+
+    def extra_vram_bytes(self, settings, base_denoiser_bytes: int) -> int:
+        """What the refiner's half needs on the device above the base's: a whole UNet larger than the base's
+        denoiser as stored; nothing where the preset streams it (block by block, as the base's)."""
+        if settings.offload not in WHOLE:
+            return 0
+        return max(0, self.unet_bytes(settings) - int(base_denoiser_bytes))
 
 
 @dataclass(frozen=True)

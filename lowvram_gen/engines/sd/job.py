@@ -83,7 +83,7 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     hires = sd.Texts(*nets.hires, request.clip_skip) if nets.hires else None
     texts = sd.Texts(nets.prompt, nets.negative_prompt, request.clip_skip, hires)
     warnings = ([NOISE_NOTE] if source.is_tiny else []) + [w for w in (schedule_warning, hires_warning) if w] \
-        + nets.warnings
+        + nets.warnings + refiner.networks(runner.refiner, request, texts)  # the job's LoRAs on the refiner too
     prompts = [("prompt", texts.prompt), ("negative prompt", texts.negative_prompt)]
     if hires:
         prompts += [("hires prompt", hires.prompt), ("hires negative prompt", hires.negative_prompt)]

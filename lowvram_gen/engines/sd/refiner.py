@@ -39,6 +39,7 @@ class Refiner:
     pipe: object
     title: str  # A1111's short title: `name [hash]` for a file, the folder's or hub id's name otherwise
     dtype: str = "float32"
+    quantize: str = "none"  # the job's --quantize, as the base's: its UNet (and text encoder) stored so
 
 
 def title_of(source) -> str:
@@ -51,23 +52,42 @@ def title_of(source) -> str:
     return source.spec if source.kind in ("hub", "tiny") else Path(source.path).name
 
 
-def load(spec: str, dtype: str, kept: Refiner | None = None, whole: bool = True) -> Refiner:
-    """The refiner named `spec` (as --model takes a model), loaded on the host at `dtype`; `kept` when it is the same
-    model at the same dtype (the Session keeps the last one in RAM), unless its UNet was set to stream for a smaller
-    preset and this job's first preset runs it `whole` (read again: diffusers' group offloading stays on a module)."""
+def load(spec: str, dtype: str, kept: Refiner | None = None, whole: bool = True, quantize: str = "none",
+         quantize_on: str | None = None) -> Refiner:
+    """The refiner named `spec` (as --model takes a model), loaded on the host at `dtype`, its UNet and text encoder
+    quantized as they load where the job's first preset `quantize`s the base's (models/loading.load, the base's
+    path); `kept` when it is the same model at the same dtype and storage (the Session keeps the last one in RAM),
+    unless its UNet was set to stream for a smaller preset and this job's first preset runs it `whole` (read again:
+    diffusers' group offloading stays on a module)."""
     from lowvram_gen.models.loading import load as load_model
     from lowvram_gen.models.resolve import resolve
 
     streamed = kept is not None and getattr(kept.pipe.unet, "_lowvram_streamed", False)
-    if kept is not None and kept.spec == spec and kept.dtype == dtype and not (whole and streamed):
+    if kept is not None and (kept.spec, kept.dtype, kept.quantize) == (spec, dtype, quantize) \
+            and not (whole and streamed):
         return kept
     source = resolve(spec)
-    return Refiner(spec, load_model(source, dtype).pipe, title_of(source), dtype)
+    return Refiner(spec, load_model(source, dtype, quantize, quantize_on).pipe, title_of(source), dtype, quantize)
 
 
 def runs(request) -> bool:
     """Whether `request` runs a refiner at all (a switch at 1 never reaches it, as in A1111)."""
     return bool(request.refiner) and request.refiner_switch_at < 1
+
+
+EDITING_REFUSAL = ("prompt editing, alternation and AND with a refiner are not built yet (the refiner's part reads "
+                   "one conditioning, not A1111's per-step schedule): write a plain prompt, or run it without the "
+                   "refiner")
+
+
+def check_prompts(request) -> None:
+    """Refuses, before anything loads, a refined job whose prompts switch between steps or mix AND parts: the
+    per-step hooks (engines/sd/prompt_steps.py) sit on the base's UNet, and the refiner would read the edited
+    prompt's text as one plain prompt (an AND batch does not even fit its call)."""
+    from lowvram_gen.prompting.schedule import edits_prompts
+
+    if runs(request) and edits_prompts(request):
+        raise InvalidRequest("prompt", request.prompt, EDITING_REFUSAL)
 
 
 def check(pipe, request, refiner: Refiner | None) -> None:
@@ -76,6 +96,7 @@ def check(pipe, request, refiner: Refiner | None) -> None:
 
     if not runs(request):
         return
+    check_prompts(request)
     name = type(pipe).__name__
     if getattr(pipe, "unet", None) is None or prompt_encoding(pipe) is None:
         raise InvalidRequest("refiner", request.refiner, f"{name} has no UNet to hand over: a refiner runs after an "
@@ -94,6 +115,40 @@ def check(pipe, request, refiner: Refiner | None) -> None:
     if (own.unet.config.in_channels, _scaling(own)) != (pipe.unet.config.in_channels, _scaling(pipe)):
         raise InvalidRequest("refiner", request.refiner, f"it works in another latent space than {request.model} "
                                                          "(its UNet's channels or its VAE's scaling differ)")
+
+
+def networks(refiner: Refiner | None, request, texts) -> list[str]:
+    """The job's LoRAs and embeddings on the refiner, as A1111's network hooks stay on whatever checkpoint runs:
+    each of the job's LoRAs (--lora first, then the prompt's tags) through the base's loading path
+    (networks/lora.activate_loras), its layers that match nothing in the refiner left out with the loader's one
+    warning naming it, and one that fits nothing there (another width, no layer of its) skipped with one warning
+    naming it; the embeddings the prepared prompts name, resolved for the refiner's tokenizer (one that does not fit
+    it skipped with a warning). Returns the warnings. A job without LoRAs switches the refiner's off."""
+    if refiner is None or not runs(request):
+        return []
+    from lowvram_gen.errors import ModelLoadError
+    from lowvram_gen.networks.embeddings import load_embeddings_used
+    from lowvram_gen.networks.lora import activate_loras
+    from lowvram_gen.networks.tags import extract_lora_tags, merge_refs, parse_lora_flag
+
+    pipe = refiner.pipe
+    refs, _ = merge_refs([parse_lora_flag(f) for f in request.loras] + extract_lora_tags(request.prompt)[1])
+    kept, warnings = [], []
+    for ref in refs:
+        try:
+            said = activate_loras(pipe, [ref])
+        except ModelLoadError as exc:
+            warnings.append(f"refiner {refiner.title}: LoRA {ref.name} is not applied to it ({str(exc).rstrip('.')})")
+            continue
+        kept.append(ref)
+        warnings += [f"refiner {refiner.title}: {w}" for w in said]
+    activate_loras(pipe, kept)  # exactly the ones that fit, at the job's weights
+    prompts = [(texts.prompt, texts.negative_prompt)] + ([(texts.hires.prompt, texts.hires.negative_prompt)]
+                                                          if texts.hires else [])
+    for prompt, negative in prompts:
+        used = load_embeddings_used(pipe, prompt, negative)  # the base's prompts spell each embedding as its file
+        warnings += [f"refiner {refiner.title}: {w}" for w in used.warnings]
+    return warnings
 
 
 def _scaling(pipe) -> float:
