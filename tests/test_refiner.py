@@ -245,7 +245,7 @@ def test_what_cannot_refine_is_refused_in_one_sentence(tmp_path, refiner_path):
 def test_the_ui_has_a_refiner_accordion_in_txt2img_and_img2img_that_reaches_the_request(tmp_path, monkeypatch):
     """Without a browser: each tab's Refiner checkpoint starts empty (no refiner) and Switch at at 0.8; their values
     are the request's `refiner` and `refiner_switch_at`, the last of the tab's own Generate inputs before the Script
-    controls (ui/xyz.INPUTS, merged after them)."""
+    controls (ui/xyz.inputs(tab), merged after them)."""
     from lowvram_gen.ui import controlnet, xyz
     from lowvram_gen.ui.app import UiOptions, build_app
     from lowvram_gen.ui.context import TabContext
@@ -253,9 +253,10 @@ def test_the_ui_has_a_refiner_accordion_in_txt2img_and_img2img_that_reaches_the_
     asked = []
     monkeypatch.setattr(TabContext, "run_job", lambda self, tab, fields, *a, **k: iter([asked.append(fields)]))
     app = build_app(Session(outdir=str(tmp_path)), UiOptions(outdir=str(tmp_path), model="tiny"))
-    for api_name, prefix, given in (("generate", "", {}), ("img2img", "i2i-", {"init_image": "init.png"})):
+    for api_name, tab, prefix, given in (("generate", "txt2img", "", {}),
+                                         ("img2img", "img2img", "i2i-", {"init_image": "init.png"})):
         event = next(d for d in app.fns.values() if d.api_name == api_name)
-        own = event.inputs[:len(event.inputs) - len(controlnet.KEYS) - len(xyz.INPUTS)]
+        own = event.inputs[:len(event.inputs) - len(controlnet.KEYS) - len(xyz.inputs(tab))]
         assert [(b.elem_id, b.value) for b in own[-2:]] == [(f"{prefix}refiner", ""),
                                                             (f"{prefix}refiner-switch-at", 0.8)]
         list(event.fn(prompt="x", refiner="sd_xl_refiner_1.0", refiner_switch_at=0.7, **given))
