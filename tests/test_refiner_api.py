@@ -1,12 +1,12 @@
 """Issue 32 item 5 through A1111's REST API: `refiner_checkpoint` (a listed checkpoint, by its title or name) and
-`refiner_switch_at` run the refiner and the answer's infotext says so; an unlisted one is a 4xx naming it. Plain HTTP:
-webuiapi 0.9.17's txt2img has no refiner arguments (its `txt2img` takes no extra keys)."""
+`refiner_switch_at` run the refiner and the answer's infotext says so; an unlisted one is a 4xx naming it. Over
+plain HTTP, and through webuiapi's `custom_post` (webuiapi 0.9.17's `txt2img` has no refiner arguments)."""
 
 from __future__ import annotations
 
 import shutil
 
-from api_helpers import _post, server  # noqa: F401
+from api_helpers import _post, api, server  # noqa: F401
 from tiny_refiner import save_tiny_refiner  # tests/tiny_refiner.py
 
 
@@ -23,4 +23,20 @@ def test_refiner_checkpoint_runs_the_refiner_and_an_unlisted_one_is_refused(serv
     assert "Refiner switch at: 0.5" in info and "Refiner: tiny-refiner" in info
     refused = _post(server, "txt2img", dict(body, refiner_checkpoint=str(tmp_path)))
     assert 400 <= refused.status_code < 500 and "refiner_checkpoint" in refused.text
+    shutil.rmtree(models)
+
+
+def test_webuiapi_runs_the_refiner_through_its_custom_post(server, api, monkeypatch, tmp_path):
+    """webuiapi's own `txt2img` has no refiner arguments; its `custom_post` sends A1111's body as a plugin does, and
+    its result carries the refined image and the infotext's `Refiner:` labels."""
+    models = tmp_path / "models"
+    save_tiny_refiner(models / "Stable-diffusion" / "tiny-refiner")
+    monkeypatch.setenv("LOWVRAM_GEN_MODELS", str(models))
+    body = {"prompt": "a lighthouse", "steps": 3, "width": 64, "height": 64, "seed": 5,
+            "override_settings": {"sd_model_checkpoint": "tiny-sdxl"}, "refiner_checkpoint": "tiny-refiner",
+            "refiner_switch_at": 0.5}
+    result = api.custom_post("txt2img", body, baseurl=True)  # baseurl: under /sdapi/v1
+    assert result.image.size == (64, 64)
+    assert "Refiner: tiny-refiner" in result.info["infotexts"][0]
+    assert result.info["infotexts"][0].count("Refiner switch at: 0.5") == 1
     shutil.rmtree(models)
