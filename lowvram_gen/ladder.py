@@ -34,7 +34,7 @@ class Attempt:
     batch: int  # images per pass (SD), cutouts per CLIP pass (VQGAN-CLIP), 1 (upscalers)
     width: int
     height: int
-    stage: str  # denoise | decode | hires | setup | iterate | preview | upscale
+    stage: str  # place (weights onto the device) | denoise | decode | hires | setup | iterate | preview | upscale
     outcome: str  # ok | oom | nan | black
     seconds: float
     detail: str = ""

@@ -244,3 +244,44 @@ def test_oom_at_a_quantized_candidate_steps_down_the_same_list_and_finishes(tmp_
     assert [(a["preset"], a["outcome"]) for a in result.attempts][:2] == [("highvram", "oom"), ("medvram", "ok")]
     assert session.runner.applied.quantize == "int8" and session.model.pipe.unet is unet  # not reloaded
     assert "Quantize: int8" in read_png_metadata(result.images[0])[0]
+
+
+def test_oom_while_placing_the_first_presets_weights_steps_down_and_finishes(model, ladder, monkeypatch):
+    """Simulated: moving highvram's weights onto the device runs out of memory (seen for real on an H100 with
+    `--preset highvram --vram-budget 1536MiB` and a real-size SD 1.5, where it crashed before this guard). The job
+    goes on at the next preset, with the weights it already had."""
+    from lowvram_gen.engines.sd import apply as apply_mod
+
+    real = apply_mod.apply_settings
+    placed = []
+
+    def apply_settings(pipe, settings, *args, **kwargs):
+        placed.append(settings.offload)
+        if settings.offload == "none":
+            model.pipe.unet.to(torch.float32)  # part of the move happened, as a real one that fails midway
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 58.00 MiB (simulated)")
+        return real(pipe, settings, *args, **kwargs)
+
+    monkeypatch.setattr(apply_mod, "apply_settings", apply_settings)
+    weights_before = model.pipe.unet.conv_in.weight
+    runner = Runner(model, probe("cpu"))
+    report, done = run(runner, ladder, [5])
+    assert [(a.preset, a.stage, a.outcome) for a in report.attempts] == [
+        ("highvram", "place", "oom"), ("medvram", "denoise", "ok"), ("medvram", "decode", "ok")]
+    assert placed[:2] == ["none", "model"] and report.preset_name == "medvram"
+    assert done[0].images[0].size == (64, 64)
+    assert model.pipe.unet.conv_in.weight is weights_before  # reconfigured, not reloaded
+
+
+def test_oom_placing_every_preset_is_one_clear_error(model, ladder, monkeypatch):
+    """Simulated: no preset's weights can be placed at all; the error lists every rung, nothing crashes."""
+    from lowvram_gen.engines.sd import apply as apply_mod
+
+    def apply_settings(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(apply_mod, "apply_settings", apply_settings)
+    with pytest.raises(OutOfMemoryEverywhere) as err:
+        run(Runner(model, probe("cpu")), ladder, [1])
+    assert [a.stage for a in err.value.attempts] == ["place"] * len(ladder)
+    assert "novram (place, weights" in str(err.value)

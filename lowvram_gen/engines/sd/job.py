@@ -65,7 +65,8 @@ def prepare(runner: Runner, request: GenerationRequest, source: ModelSource, lad
     vae = vae_swap.use(runner, request.vae)  # before the preset: it goes on the VAE the job decodes with
     # the first preset goes on before any LoRA: restoring precision reloads components from disk,
     # which would drop adapters loaded before it
-    runner.use(tiling.untiled(ladder.preset.memory, request.tiling))
+    runner.use_on(ladder, lambda preset: tiling.untiled(preset.memory, request.tiling),
+                  dict(batch=request.batch_size, width=request.width, height=request.height, unit="weights"))
     if ladder.preset.memory.text_encoders == "reloaded" and networks.request_uses_networks(request):
         raise InvalidRequest("preset", ladder.preset.name,
                              "its text encoders are read from disk for each job (text_encoders = 'reloaded'), which "

@@ -97,6 +97,20 @@ class Runner:
                                                place_resident=False))
         self.applied = settings
 
+    def use_on(self, ladder: Ladder, settings_of: Callable[[Preset], MemorySettings], where: dict) -> None:
+        """Apply the ladder's preset (`settings_of(preset)`: the settings the job runs it with). An out-of-memory while
+        its weights move onto the device (a preset forced beyond the card, memory another program took: seen on an
+        H100 with `--preset highvram --vram-budget 1536MiB` and SD 1.5) steps down the presets as one in a denoise
+        does, and the job goes on; the weights stay loaded. `where`: the job's batch/size for the attempt record."""
+        while True:
+            ok, _ = ladder.attempt("place", lambda: self.use(settings_of(ladder.preset)), lambda: dict(where))
+            if ok:
+                return
+            self.applied = None  # some weights moved and some not: the next rung's apply starts from where they are
+            if not ladder.step_preset():
+                raise ladder.exhausted(ADVICE)
+            ladder.went_down(f"{ladder.preset_name} (its weights placed again)")
+
     def encode(self, texts: sd.Texts, cfg: bool, hires_cfg: bool | None = None) -> tuple[dict | None, dict | None]:
         """text_encoders = "reloaded" (the applied settings): read the text encoders from disk, encode `texts`
         for one image, and drop the encoders before anything else runs, so the denoiser never has them beside
@@ -218,7 +232,8 @@ class _Job:
         self.on_step, self.cancel, self.skip, self.preview = on_step, cancel, skip, preview
         self.pipe = runner.model.pipe
         self.device = runner.device.torch_device
-        self._use(ladder.preset.memory)
+        runner.use_on(ladder, lambda preset: tiling.untiled(preset.memory, request.tiling),
+                      dict(batch=len(seeds), width=request.width, height=request.height, unit="weights"))
         # text_encoders = "reloaded": the prompts encoded once for the job (every pass and retry reuses them),
         # hires fix's second pass's too (its own prompts and CFG scale)
         self.embeds, self.hires_embeds = runner.encode(texts or sd.Texts.of(request), request.cfg_scale > 1,
