@@ -44,6 +44,8 @@ MAX_PROMPT_CHARS = 20_000  # a 10 kB prompt is accepted (and truncated by the to
 MAX_HIRES_SCALE = 4.0  # A1111's slider maximum
 MAX_CLIP_SKIP = 12  # A1111's slider maximum: SD 1.x's CLIP-L has 12 layers
 MAX_REFERENCE_IMAGES = 10  # edit: FLUX.2 [dev]'s most; each family's record says its own (engines/sd/edit.py)
+MAX_FRAMES = 1025  # video: 64 s at 16 fps; LTX-2's longest clips are 257 frames, Wan's 81-121
+MAX_FPS = 240.0
 
 # C0/C1 control characters except tab and newline: NUL and friends become a space, everywhere.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -230,6 +232,15 @@ class GenerationRequest:
     # edit (an editing model: Qwen-Image-Edit, FLUX.1 Kontext, Flux.2): the reference images its pipeline edits or
     # takes from, paths; how many the model takes is its family's (engines/sd/edit.py checks it once loaded)
     reference_images: tuple[str, ...] = ()
+    # video (issue 33, `lowvram-gen video`): `frames` None is an image job; 0 the model's own frame count (its family
+    # record's `Video`, resolved by the Session before the plan). The frame rule (Wan 4k+1, LTX 8k+1) and the size
+    # multiple are the model's, checked once its record is known (engines/video/checks.py)
+    frames: int | None = None
+    fps: float | None = None  # the clip's frames per second; None: the model's
+    cfg_scale_2: float | None = None  # Wan 2.2 A14B's low-noise expert's CFG scale (`--cfg-2`); None: the model's
+    save_frames: bool = False  # the frames as PNGs beside the clip, too
+    # a lower resolution with the frames upscaled after is one of the ladder's steps only when the user allows it
+    allow_upscale: bool = False
     extra: dict = field(default_factory=dict)  # front-end specific, kept in the JSON metadata
 
     def validated(self) -> "GenerationRequest":
@@ -282,7 +293,41 @@ class GenerationRequest:
             control_mode=check_control_mode(self.control_mode),
             resize_mode=check_init_resize(self.resize_mode, bool(self.mask)),
         )._check_hires_sampler()._check_hires_resize()._check_hires()._check_hires_loras()._check_seed_resize() \
-            ._check_inpaint()._check_edit()
+            ._check_inpaint()._check_edit()._check_video()
+
+    @property
+    def is_video(self) -> bool:
+        """A video job (`frames` given, 0 meaning the model's own count)."""
+        return self.frames is not None
+
+    def _check_video(self) -> "GenerationRequest":
+        """A video job's own fields, and nothing of an image job's that a clip does not take (one sentence each)."""
+        fps = None if self.fps is None else as_float("fps", self.fps, 0.0, MAX_FPS)
+        if fps is not None and fps <= 0:
+            raise InvalidRequest("fps", self.fps, f"frames per second must be above 0 (at most {MAX_FPS:g})")
+        checked = dataclasses.replace(
+            self, fps=fps, cfg_scale_2=None if _unset(self.cfg_scale_2) else as_float("cfg scale 2", self.cfg_scale_2,
+                                                                                       0.0, MAX_CFG),
+            save_frames=as_bool("save frames", self.save_frames), allow_upscale=as_bool("allow upscale",
+                                                                                         self.allow_upscale))
+        if self.frames is None:
+            beside = [(n, v) for n, v in (("fps", self.fps), ("cfg scale 2", self.cfg_scale_2)) if v is not None]
+            if beside:
+                raise InvalidRequest(beside[0][0], beside[0][1], "it is a video option: give frames (a video job, "
+                                     "`lowvram-gen video`)")
+            return checked
+        frames = as_int("frames", self.frames, 0, MAX_FRAMES, " (0: the model's own count)")
+        refused = [(name, value) for name, value in (
+            ("hires fix", "on" if self.hires else None), ("mask", self.mask),
+            ("controlnet", "on" if self.controlnets else None),
+            ("reference images", ", ".join(self.reference_images) or None),
+            ("batch size", self.batch_size if self.batch_size != 1 else None),
+            ("refiner", self.refiner), ("tiling", "on" if self.tiling else None)) if value]
+        if refused:
+            name, value = refused[0]
+            raise InvalidRequest(name, value, f"a video job takes no {name} (one clip per batch count; the init image "
+                                              "is its first frame)")
+        return dataclasses.replace(checked, frames=frames)
 
     def _check_inpaint(self) -> "GenerationRequest":
         """The mask and its options (inpaint/): a readable image beside an init image, with something to repaint."""

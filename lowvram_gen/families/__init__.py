@@ -14,7 +14,7 @@ and no torch or diffusers at import time. Adding a family is adding a record (an
 """
 
 from lowvram_gen.families.record import (DEFAULT_T5_TOKENS, GENERIC_KEY, Call, ControlNetFacts, Edit, Family, Guidance,
-                                         SingleFile, Task, spatial_patch, transformer_shape)
+                                         SingleFile, Task, Video, spatial_patch, transformer_shape)
 from lowvram_gen.families.records import FAMILIES, FLUX1, GENERIC, PIXART_ALPHA, PIXART_SIGMA, SD3, SD15, SD21, SDXL
 from lowvram_gen.families.registry import (aliases, all_families, builtin_families, builtin_names, by_arch,
                                            by_checkpoint, by_controlnet_class, by_denoiser_class, by_gguf, by_key,
@@ -23,7 +23,7 @@ from lowvram_gen.families.registry import (aliases, all_families, builtin_famili
                                            registered, unregister)
 
 __all__ = [
-    "DEFAULT_T5_TOKENS", "GENERIC_KEY", "Call", "ControlNetFacts", "Edit", "Family", "Guidance", "SingleFile", "Task",
+    "DEFAULT_T5_TOKENS", "GENERIC_KEY", "Call", "ControlNetFacts", "Edit", "Family", "Guidance", "SingleFile", "Task", "Video",
     "spatial_patch", "transformer_shape", "FAMILIES", "FLUX1", "GENERIC", "PIXART_ALPHA", "PIXART_SIGMA", "SD3",
     "SD15", "SD21", "SDXL", "aliases", "all_families", "builtin_families", "builtin_names", "by_arch",
     "by_checkpoint", "by_controlnet_class", "by_denoiser_class", "by_gguf", "by_key", "by_name", "by_pipeline",

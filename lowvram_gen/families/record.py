@@ -35,6 +35,8 @@ class Task(str, Enum):
     CONTROLNET_IMG2IMG = "controlnet_img2img"
     CONTROLNET_INPAINT = "controlnet_inpaint"
     EDIT = "edit"
+    TXT2VID = "txt2vid"  # a video from a prompt (`lowvram-gen video`)
+    IMG2VID = "img2vid"  # a video from a prompt and its first frame (`lowvram-gen video --init-image`)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,38 @@ class Edit:
     # 1024x1024 pixels whatever width and height say): given width x height, so the image is the asked size
     max_area_argument: str | None = None
     batches: bool = True  # its call takes a batch of prompts (False: Qwen-Image-Edit and Edit-Plus, one a call)
+
+
+@dataclass(frozen=True)
+class Video:
+    """What a video family's pipelines make (Task.TXT2VID / IMG2VID), for one variant of it: the defaults a job that
+    gives none runs, and the sizes its pipeline takes. The numbers a loaded pipeline's VAE states (its compression)
+    win over these where they differ; these are what requests are checked against before anything loads."""
+
+    temporal: int = 4  # frames per latent frame after the first: a clip has temporal * k + 1 frames (Wan 4, LTX 8)
+    spatial: int = 8  # pixels per latent pixel (the VAE's spatial compression: Wan 2.1 8, Wan 2.2 TI2V 16, LTX 32)
+    patch: int = 2  # latent pixels per token edge (Wan's (1, 2, 2): 2; LTX 1)
+    frames: int = 81  # frames a job that gives none makes
+    fps: float = 16.0  # frames per second the clip is saved at when the job gives none
+    size: tuple[int, int] = (832, 480)  # (width, height) a job that gives none makes
+    # two experts (Wan 2.2 A14B): `transformer` runs the high-noise steps, `transformer_2` the low-noise ones, switched
+    # once at the pipeline's boundary_ratio; their own CFG scales (`--cfg`, `--cfg-2`)
+    experts: bool = False
+    cfg_2: float | None = None  # the low-noise expert's guidance when the job gives none (None: as --cfg)
+    # the pipeline takes the init image's first frame (img2vid) only through an image encoder it must have (Wan 2.1
+    # I2V's CLIP vision model); False: the VAE alone encodes it (Wan 2.2, LTX)
+    image_encoder: bool = False
+    # the call's argument naming the frame rate, where the model conditions on it (LTX's `frame_rate`); None: none
+    fps_argument: str | None = None
+
+    @property
+    def size_multiple(self) -> int:
+        """Width and height must be multiples of this: the VAE's compression times the patch."""
+        return self.spatial * self.patch
+
+    def latent_frames(self, frames: int) -> int:
+        """Latent frames a clip of `frames` frames denoises: (frames - 1) / temporal + 1 (Wan: 81 -> 21)."""
+        return (int(frames) - 1) // self.temporal + 1
 
 
 @dataclass(frozen=True)
@@ -332,6 +366,10 @@ class Family:
     # references (FLUX.1 Kontext's, Flux.2 Klein's and Qwen-Image-Edit's inpaint): the plan counts them beside the
     # image's tokens (engines/sd/inpaint.planned), twice the attention of a txt2img at that size
     joined_init_tasks: tuple[str, ...] = ()
+    # a video family (Task.TXT2VID / IMG2VID): what its clips are (`video`), or per variant of one pipeline class, told
+    # apart by what the folder says (`video_for`: Wan 2.1, Wan 2.2 TI2V and A14B share WanPipeline). None: images only
+    video: Video | None = None
+    video_for: Callable[[FolderFacts], Video] | None = None
     # the resolution bins its txt2img pipeline renders a job at, from its transformer's config: ((aspect ratio, height,
     # width), ...) in the pipeline's order; the one whose ratio is nearest the job's runs the denoiser and the decode,
     # and the image is resized to the size asked after (SANA's use_resolution_binning, on by default: 1024 x 1024 for
@@ -343,6 +381,16 @@ class Family:
         if self.sampling_for is not None:
             return self.sampling_for(facts or FolderFacts())
         return self.sampling
+
+    def video_facts(self, facts: FolderFacts | None = None) -> Video | None:
+        """What a clip of the folder `facts` describes is (None: not a video family)."""
+        if self.video_for is not None:
+            return self.video_for(facts or FolderFacts())
+        return self.video
+
+    @property
+    def is_video(self) -> bool:
+        return self.video is not None or self.video_for is not None
 
     def takes_negative_prompt(self, task: str | Task = Task.TXT2IMG) -> bool:
         """Whether the pipeline of `task` takes a negative prompt argument at all."""

@@ -281,7 +281,8 @@ from lowvram_gen.families.records_hidream import HIDREAM  # noqa: E402
 from lowvram_gen.families.records_cogview4 import COGVIEW4  # noqa: E402
 from lowvram_gen.families.records_bria import BRIA  # noqa: E402
 from lowvram_gen.families.records_omnigen import OMNIGEN  # noqa: E402
+from lowvram_gen.families.records_video import VIDEO_FAMILIES  # noqa: E402  (issue 33: Wan, LTX-Video)
 
 FAMILIES: tuple[Family, ...] = (SD15, SD21, SDXL, SD3, FLUX1, PIXART_SIGMA, PIXART_ALPHA, FLUX2_KLEIN, Z_IMAGE,
                                  *DIT_FAMILIES, QWEN_IMAGE, *QWEN_EDIT_FAMILIES, FLUX_KONTEXT, FLUX2_DEV,
-                                 HIDREAM, FLUX2_KLEIN_9B, COGVIEW4, BRIA, OMNIGEN)
+                                 HIDREAM, FLUX2_KLEIN_9B, COGVIEW4, BRIA, OMNIGEN, *VIDEO_FAMILIES)
