@@ -70,5 +70,19 @@ def build(name: str, dest: Path | None = None, text_layers: int = 1, overrides: 
     return dest
 
 
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", help="a shipped video config: wan21-t2v-1.3b, wan22-ti2v-5b, ...")
+    parser.add_argument("dest", nargs="?", help="the folder to write (default: $LOWVRAM_GEN_BENCH/<name>-realsize-bf16)")
+    parser.add_argument("--layers", type=int, default=0,
+                        help="the transformer(s) cut to this many blocks (0: all; a CPU dry run)")
+    args = parser.parse_args(argv)
+    cut = {"num_layers": args.layers} if args.layers else {}
+    print(build(args.name, Path(args.dest) if args.dest else None,
+                overrides={"transformer": cut, "transformer_2": cut} if cut else None))
+
+
 if __name__ == "__main__":
-    print(build(sys.argv[1], Path(sys.argv[2]) if len(sys.argv) > 2 else None))
+    main()
