@@ -1,0 +1,206 @@
+"""`lowvram-gen video` (issue 33): its flags and their refusals, the refusals between image and video models before
+anything loads (`generate` of a Wan folder, `video` of an image model), `plan --frames/--fps/--init-image`, and a clip
+made end to end on the tiny Wan 2.1 folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from lowvram_gen.cli import main as cli
+from lowvram_gen.cli import video as cli_video
+
+# a Wan 2.1 T2V folder as model_index.json says it (what the refusals read); the weights are only needed to run one
+WAN_INDEX = {"_class_name": "WanPipeline", "_diffusers_version": "0.42.1", "boundary_ratio": None,
+             "expand_timesteps": False, "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+             "text_encoder": ["transformers", "UMT5EncoderModel"], "tokenizer": ["transformers", "T5Tokenizer"],
+             "transformer": ["diffusers", "WanTransformer3DModel"], "transformer_2": [None, None],
+             "vae": ["diffusers", "AutoencoderKLWan"]}
+
+
+@pytest.fixture
+def wan_index(tmp_path):
+    folder = tmp_path / "wan21-tiny"
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps(WAN_INDEX))
+    return folder
+
+
+@pytest.fixture
+def no_session(monkeypatch):
+    """Fails the test if a command gets as far as making a Session (what loads torch and the model)."""
+    from lowvram_gen import session
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the command should have refused before making a Session")
+
+    monkeypatch.setattr(session, "Session", refused)
+
+
+def _args(*argv):
+    return cli.build_parser().parse_args(["video", *argv])
+
+
+def test_flags_become_the_video_request(wan_index, tmp_path):
+    init = tmp_path / "first.png"
+    Image.new("RGB", (32, 32), "red").save(init)
+    request = cli_video.request_from_args(_args(
+        "a fox", "--model", str(wan_index), "--frames", "9", "--fps", "8", "--width", "64", "--height", "80",
+        "--steps", "2", "--cfg", "4.5", "--cfg-2", "3", "--negative", "blur", "--seed", "7", "--init-image", str(init),
+        "--save-frames", "--allow-upscale", "--quantize", "int8", "--outdir", str(tmp_path / "out")))
+    assert request.is_video
+    assert (request.frames, request.fps, request.width, request.height, request.steps) == (9, 8.0, 64, 80, 2)
+    assert (request.cfg_scale, request.cfg_scale_2, request.negative_prompt, request.seed) == (4.5, 3.0, "blur", 7)
+    assert (request.init_image, request.save_frames, request.allow_upscale) == (str(init), True, True)
+    assert (request.quantize, request.outdir, request.model) == ("int8", str(tmp_path / "out"), str(wan_index))
+
+
+def test_left_out_the_model_decides_frames_fps_and_size(wan_index):
+    request = cli_video.request_from_args(_args("a fox", "--model", str(wan_index)))
+    assert (request.frames, request.fps, request.cfg_scale, request.cfg_scale_2, request.steps) == (0, None, None,
+                                                                                                     None, None)
+    assert (request.width, request.height) == (832, 480)  # Wan 2.1's own size, not an image's 512x512
+    assert not request.save_frames and not request.allow_upscale
+
+
+def test_cfg_2_alone_is_fine(wan_index):
+    request = cli_video.request_from_args(_args("a fox", "--model", str(wan_index), "--cfg-2", "2.5"))
+    assert (request.cfg_scale, request.cfg_scale_2) == (None, 2.5)
+
+
+def test_memory_flags_are_generates(wan_index):
+    ours = {a.dest for a in cli.build_parser()._subparsers._group_actions[0].choices["video"]._actions}
+    theirs = {a.dest for a in cli.build_parser()._subparsers._group_actions[0].choices["generate"]._actions}
+    memory = {"medvram", "lowvram", "novram", "cpu", "preset", "vram_budget", "ram_budget", "reserve_vram", "xformers",
+              "no_half", "no_half_vae", "upcast_sampling", "precision", "quantize", "models_dir", "data_dir"}
+    assert memory <= ours and memory <= theirs
+    args = _args("a fox", "--model", str(wan_index), "--lowvram", "--vram-budget", "6GB", "--ram-budget", "10GiB")
+    kwargs = cli._session_kwargs(args)
+    assert (kwargs["preset"], kwargs["vram_budget"], kwargs["ram_budget"]) == ("lowvram", 6 * 2**30, 10 * 2**30)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fps", "0"], "invalid fps: '0'; frames per second must be above 0"),
+    (["--fps", "-2"], "invalid fps: -2.0; a number from 0 to 240"),
+    (["--frames", "-1"], "invalid frames: -1; a whole number from 0 to 1025 (0: the model's own count)"),
+    (["--frames", "nine"], "invalid frames: 'nine'"),
+    (["--cfg-2", "99"], "invalid cfg scale 2: 99.0; a number from 0 to 30"),
+    (["--init-image", "missing.png"], "invalid init image: 'missing.png'"),
+])
+def test_bad_input_is_one_sentence_and_exit_2_before_loading(wan_index, no_session, capsys, argv, message):
+    assert cli.main(["video", "a fox", "--model", str(wan_index), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1
+
+
+def test_a_model_is_required(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["video", "a fox"])
+    assert exc.value.code == 2 and "--model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["tiny", "tiny-sdxl", "sd15", "flux"])
+def test_video_refuses_an_image_model_by_name(spec, no_session, capsys):
+    assert cli.main(["video", "a fox", "--model", spec]) == 2
+    assert capsys.readouterr().err == (f"error: invalid model: {spec!r}; it makes images; `lowvram-gen video` takes a "
+                                       "video model: Wan 2.1/2.2 and LTX-Video (a diffusers folder of one, or its hub "
+                                       "id)\n")
+
+
+def test_video_refuses_the_tiny_sd_folder(tiny_path, no_session, capsys):
+    assert cli.main(["video", "a fox", "--model", str(tiny_path), "--frames", "9"]) == 2
+    assert "it makes images; `lowvram-gen video` takes a video model: Wan 2.1/2.2 and LTX-Video" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "img2img"])
+def test_generate_refuses_a_wan_folder_pointing_to_video(wan_index, no_session, capsys, tmp_path, command):
+    init = tmp_path / "init.png"
+    Image.new("RGB", (32, 32)).save(init)
+    extra = ["--init", str(init)] if command == "img2img" else []
+    assert cli.main([command, "a fox", "--model", str(wan_index), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: invalid model: {str(wan_index)!r}; it is a video model (Wan 2.1/2.2 and LTX-Video), which "
+                   f"`{command}` does not run: use `lowvram-gen video PROMPT --model {wan_index}`\n")
+
+
+def test_generate_refuses_a_builtin_video_name(no_session, capsys):
+    assert cli.main(["generate", "a fox", "--model", "wan21-t2v-1.3b"]) == 2
+    assert "it is a video model" in capsys.readouterr().err
+
+
+def test_what_a_model_is_before_loading(wan_index, tmp_path):
+    assert cli_video.is_video_model(str(wan_index)) is True
+    assert cli_video.is_video_model("wan22-ti2v-5b") is True and cli_video.is_video_model("ltx-video") is True
+    assert cli_video.is_video_model("tiny") is False and cli_video.is_video_model("sdxl") is False
+    single = tmp_path / "model.safetensors"
+    single.write_bytes(b"")
+    assert cli_video.is_video_model(str(single)) is None  # a single file: its keys say it once loaded
+    assert cli_video.default_size("wan22-ti2v-5b") == (1280, 704) and cli_video.default_size("sd15") is None
+
+
+# ------------------------------------------------------------------------------------------------------- plan
+
+
+class _Planned(Exception):
+    """Raised by the stand-in Session.plan with the request it was given (the plan itself is helper "plan"'s)."""
+
+
+@pytest.fixture
+def plan_request(monkeypatch):
+    """Session.plan replaced: records its request and stops the command there; model_profile answers a profile of
+    the image kind (what it is for a video model is the planner's business, not these flags')."""
+    from lowvram_gen.models import profile as profiles
+    from lowvram_gen.session import Session
+
+    seen = []
+
+    def plan(self, request, device=None, source=None, profile=None):
+        seen.append(request)
+        raise _Planned()
+
+    monkeypatch.setattr(Session, "plan", plan)
+    monkeypatch.setattr(Session, "model_profile", lambda self, spec, config=None, controlnets=(): (
+        profiles.profile_builtin("sd15"), True))
+    return seen
+
+
+def test_plan_frames_fps_and_init_image_reach_the_request(wan_index, plan_request, tmp_path):
+    init = tmp_path / "first.png"
+    Image.new("RGB", (32, 32)).save(init)
+    with pytest.raises(_Planned):
+        cli.main(["plan", "--model", str(wan_index), "--frames", "81", "--fps", "16", "--init-image", str(init),
+                  "--vram", "8GiB", "--ram", "32GiB"])
+    request = plan_request[0]
+    assert (request.frames, request.fps, request.init_image) == (81, 16.0, str(init))
+    assert (request.width, request.height) == (832, 480)  # the clip's own size where none is given
+    with pytest.raises(_Planned):
+        cli.main(["plan", "--model", str(wan_index), "--frames", "9", "--width", "64", "--height", "64"])
+    assert (plan_request[1].frames, plan_request[1].fps, plan_request[1].width) == (9, None, 64)
+
+
+def test_plan_without_frames_is_an_image_plan(plan_request):
+    with pytest.raises(_Planned):
+        cli.main(["plan", "--model", "sd15"])
+    assert plan_request[0].frames is None and not plan_request[0].is_video
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "sd15", "--fps", "8"], "invalid --fps: '8'; it plans a clip: give --frames N too"),
+    (["--model", "sd15", "--frames", "9"], "invalid model: 'sd15'; it makes images"),
+    (["--model", "wan21-t2v-1.3b", "--frames", "9", "--fps", "0"], "invalid fps: '0'; frames per second must be above"),
+    (["--model", "wan21-t2v-1.3b", "--frames", "-1"], "invalid frames: -1; a whole number from 0 to 1025"),
+])
+def test_plan_refuses_bad_video_flags(argv, message, capsys, no_session):
+    assert cli.main(["plan", *argv]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")
+
+
+def test_plan_says_the_clip_on_its_job_line():
+    from lowvram_gen.request import GenerationRequest
+
+    assert cli_video.clip_words(GenerationRequest(frames=81, fps=16.0, init_image="a.png")) == (
+        ", 81 frames at 16 fps, from a.png")
+    assert cli_video.clip_words(GenerationRequest(frames=0)) == ", the model's frame count"
+    assert cli_video.clip_words(GenerationRequest()) == ""
