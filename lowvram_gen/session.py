@@ -51,6 +51,7 @@ from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.planning import speed
 from lowvram_gen.planning import vqgan as memory_vqgan
+from lowvram_gen.planning import video_fit
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.planning.refiner import RefinerLoad, plan_refiner
@@ -241,13 +242,23 @@ class Session:
         if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
             presets, forced = tiling.untiled_presets(presets, forced)
         load = RefinerLoad(request.refiner, self._refiner_profile(request)) if refiner.runs(request) else None
-        result = plan(device, found, width, height, request.batch_size, presets, forced, failed,
-                      cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
-                      steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
-                      quantize_forced=request.quantize is not None, model=request.model,
-                      reloadable=folder and apart and not request_uses_networks(request) and not edits_prompts(request),
-                      single_file=not folder,
-                      full_precision=self.precision.full, own_size=own is not None, refiner=load)
+        # a clip (planning/video_fit.py): its frames counted, never capped unless upscaling is allowed; a video pipeline
+        # encodes its prompts apart from the call (encode_prompt's embeddings), so +te-reload is offered
+        clip = request.is_video and record is not None and record.is_video
+
+        def plan_at(prof, w, h):
+            return plan(device, prof, w, h, request.batch_size, presets, forced, failed,
+                        cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
+                        steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
+                        quantize_forced=request.quantize is not None, model=request.model,
+                        reloadable=folder and (apart or clip) and not request_uses_networks(request)
+                        and not edits_prompts(request), single_file=not folder, full_precision=self.precision.full,
+                        own_size=own is not None or clip and not request.allow_upscale, refiner=load)
+        if clip:
+            facts = video_fit.folder_video(record, request.model, None if source is None or source.kind == "single_file"
+                                           else source.path)
+            return video_fit.plan_clip(plan_at, found, facts, request, record.label or request.model, forced is not None)
+        result = plan_at(found, width, height)
         return self._with_refiner(result, request, found, load.profile) if load is not None else result
 
     @staticmethod
