@@ -40,6 +40,7 @@ from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.result import GenerationResult
+from lowvram_gen.video_out import save_clip
 
 log = logging.getLogger(__name__)
 MAX_RESOLUTION_STEPS = 2  # each halves the pixels (only with allow_upscale)
@@ -110,7 +111,7 @@ class _VideoJob:
         if out.stopped_at is not None:
             step, total = out.stopped_at
             raise Cancelled(f"cancelled at step {step} of {total}; the clip is kept as it was ({saved.path})",
-                            images=[saved.path])
+                            images=[str(saved.path)])
         seconds = round(time.perf_counter() - started, 3)
         return GenerationResult(
             images=[], seeds=[seed], width=target[0], height=target[1], steps=request.steps,
@@ -118,7 +119,8 @@ class _VideoJob:
             seconds=seconds, preset=self.ladder.preset_name, attempts=[a.as_dict() for a in self.ladder.attempts],
             summary=self.ladder.summary(seconds, generated, target), generated_width=generated[0],
             generated_height=generated[1], upscaled=generated != target, device=self.device.name,
-            warnings=warnings, video=saved.path, frames=list(saved.frames), frame_count=len(frames), fps=request.fps)
+            warnings=warnings, video=str(saved.path), frames=[str(f) for f in saved.frames], frame_count=len(frames),
+            fps=request.fps)
 
     # -- denoise ------------------------------------------------------------------------------------------------
     def _denoise_stage(self, call, image, seed: int) -> _Denoised:
@@ -279,16 +281,11 @@ class _VideoJob:
                 "attempts": [a.as_dict() for a in self.ladder.attempts], "model_path": str(self.source.path),
                 "device": self.device.name, "generated_size": list(generated), "warnings": list(warnings),
                 "version": 1}
-        return _save_clip()(frames, outdir, seed, request.prompt, request.fps, parameters, meta,
-                            save_frames=request.save_frames)
-
-
-def _save_clip():
-    try:
-        from lowvram_gen.video_out import save_clip
-    except ImportError:  # helper "cli"'s module not merged yet: the stand-in with its signature
-        from lowvram_gen.engines.video._clip_stand_in import save_clip
-    return save_clip
+        saved = save_clip(frames, outdir, seed, request.prompt, request.fps, parameters, meta,
+                          save_frames=request.save_frames)
+        if saved.note:
+            warnings.append(saved.note)
+        return saved
 
 
 def _init_image(request: GenerationRequest):
