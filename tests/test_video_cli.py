@@ -101,17 +101,17 @@ def test_a_model_is_required(capsys):
     assert exc.value.code == 2 and "--model" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("spec", ["tiny", "tiny-sdxl", "sd15", "flux"])
-def test_video_refuses_an_image_model_by_name(spec, no_session, capsys):
+@pytest.mark.parametrize("spec, family", [("tiny", "SD 1.x/2.x"), ("tiny-sdxl", "SDXL"), ("sd15", "SD 1.x/2.x"),
+                                          ("flux", "Flux")])
+def test_video_refuses_an_image_model_by_name(spec, family, no_session, capsys):
     assert cli.main(["video", "a fox", "--model", spec]) == 2
-    assert capsys.readouterr().err == (f"error: invalid model: {spec!r}; it makes images; `lowvram-gen video` takes a "
-                                       "video model: Wan 2.1/2.2 and LTX-Video (a diffusers folder of one, or its hub "
-                                       "id)\n")
+    assert capsys.readouterr().err == (f"error: invalid model: {spec!r}; {family} makes images; `video` takes Wan "
+                                       "2.1/2.2 and LTX-Video (a diffusers folder of one)\n")
 
 
 def test_video_refuses_the_tiny_sd_folder(tiny_path, no_session, capsys):
     assert cli.main(["video", "a fox", "--model", str(tiny_path), "--frames", "9"]) == 2
-    assert "it makes images; `lowvram-gen video` takes a video model: Wan 2.1/2.2 and LTX-Video" in capsys.readouterr().err
+    assert "makes images; `video` takes Wan 2.1/2.2 and LTX-Video" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["generate", "img2img"])
@@ -121,13 +121,13 @@ def test_generate_refuses_a_wan_folder_pointing_to_video(wan_index, no_session, 
     extra = ["--init", str(init)] if command == "img2img" else []
     assert cli.main([command, "a fox", "--model", str(wan_index), *extra]) == 2
     err = capsys.readouterr().err
-    assert err == (f"error: invalid model: {str(wan_index)!r}; it is a video model (Wan 2.1/2.2 and LTX-Video), which "
-                   f"`{command}` does not run: use `lowvram-gen video PROMPT --model {wan_index}`\n")
+    assert err == (f"error: invalid model: {str(wan_index)!r}; Wan 2.1 T2V is a video model: make a clip with "
+                   "`lowvram-gen video` (a request with frames), not an image\n")
 
 
 def test_generate_refuses_a_builtin_video_name(no_session, capsys):
-    assert cli.main(["generate", "a fox", "--model", "wan21-t2v-1.3b"]) == 2
-    assert "it is a video model" in capsys.readouterr().err
+    assert cli.main(["generate", "a fox", "--model", "ltx-video"]) == 2
+    assert "LTX-Video is a video model: make a clip with `lowvram-gen video`" in capsys.readouterr().err
 
 
 def test_what_a_model_is_before_loading(wan_index, tmp_path):
@@ -188,7 +188,7 @@ def test_plan_without_frames_is_an_image_plan(plan_request):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "sd15", "--fps", "8"], "invalid --fps: '8'; it plans a clip: give --frames N too"),
-    (["--model", "sd15", "--frames", "9"], "invalid model: 'sd15'; it makes images"),
+    (["--model", "sd15", "--frames", "9"], "invalid model: 'sd15'; SD 1.x/2.x makes images"),
     (["--model", "wan21-t2v-1.3b", "--frames", "9", "--fps", "0"], "invalid fps: '0'; frames per second must be above"),
     (["--model", "wan21-t2v-1.3b", "--frames", "-1"], "invalid frames: -1; a whole number from 0 to 1025"),
 ])
@@ -204,3 +204,73 @@ def test_plan_says_the_clip_on_its_job_line():
         ", 81 frames at 16 fps, from a.png")
     assert cli_video.clip_words(GenerationRequest(frames=0)) == ", the model's frame count"
     assert cli_video.clip_words(GenerationRequest()) == ""
+
+
+# ---------------------------------------------------------------------------------------------- a clip, end to end
+
+
+@pytest.fixture(scope="module")
+def wan21(tmp_path_factory):
+    import tiny_video
+
+    return tiny_video.save("wan21", tmp_path_factory.mktemp("video") / "wan21")
+
+
+def test_video_makes_an_mp4_with_its_frames_and_json(wan21, tmp_path, capsys):
+    av = pytest.importorskip("av", reason="PyAV (the video extra) is not installed")
+    import numpy as np
+
+    out = tmp_path / "out"
+    assert cli.main(["video", "a fox in snow", "--model", str(wan21), "--frames", "9", "--width", "64", "--height",
+                     "64", "--steps", "2", "--seed", "7", "--fps", "8", "--save-frames", "--json", "--outdir",
+                     str(out), "--cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"video", "frames", "preset", "attempts", "seconds", "warnings", "fps", "frame_count"} <= set(data)
+    assert data["video"] == str(out / "00000-7-a-fox-in-snow.mp4") and data["images"] == []
+    assert (data["frame_count"], data["fps"], data["preset"]) == (9, 8.0, "cpu")
+    assert data["frames"] == [str(out / "00000-7-a-fox-in-snow-frames" / f"{i:05d}.png") for i in range(9)]
+    assert {a["stage"] for a in data["attempts"]} == {"denoise", "decode"}
+    with av.open(data["video"]) as container:
+        stream = container.streams.video[0]
+        assert stream.average_rate == 8
+        assert container.metadata["comment"].startswith("a fox in snow\nSteps: 2")
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    pngs = []
+    for path in data["frames"]:
+        with Image.open(path) as im:
+            pngs.append(np.asarray(im.convert("RGB"), dtype=np.int16))
+    assert len(decoded) == len(pngs) == 9
+    assert all(p.shape == d.shape == (64, 64, 3) for p, d in zip(pngs, decoded))
+    assert max(float(np.abs(p - d).mean()) for p, d in zip(pngs, decoded)) < 6  # H.264's loss at crf 18
+    sidecar = json.loads((out / "00000-7-a-fox-in-snow.json").read_text())
+    assert sidecar["frame_count"] == 9 and sidecar["meta"]["seed"] == 7
+
+
+def test_video_prints_the_clip_path_without_json(wan21, tmp_path, capsys):
+    pytest.importorskip("av")
+    out = tmp_path / "out"
+    assert cli.main(["video", "fox", "--model", str(wan21), "--frames", "5", "--width", "64", "--height", "64",
+                     "--steps", "1", "--seed", "3", "--outdir", str(out), "--cpu"]) == 0
+    assert capsys.readouterr().out == f"{out / '00000-3-fox.mp4'}\n"
+    assert sorted(p.name for p in out.iterdir()) == ["00000-3-fox.json", "00000-3-fox.mp4"]  # no frames unasked
+
+
+def test_video_refuses_frames_the_model_cannot_make(wan21, capsys):
+    assert cli.main(["video", "fox", "--model", str(wan21), "--frames", "10", "--width", "64", "--height", "64",
+                     "--cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: invalid frames: 10; Wan 2.1 T2V makes 4k+1 frames") and "9 or 13" in err
+
+
+def test_plan_of_a_real_clip_says_its_frames_and_tokens(capsys):
+    """The planner's count (helper "plan"'s) as `plan --frames` shows it, at Wan 2.1 1.3B's published shapes."""
+    assert cli.main(["plan", "--model", "wan21-t2v-1.3b", "--frames", "81", "--fps", "16", "--vram", "4GiB", "--ram",
+                     "32GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "job: wan21-t2v-1.3b 832x480, batch 1, 81 frames at 16 fps\n" in out
+    assert "video: 81 frames -> 21 latent frames, 32760 tokens per forward" in out
+    assert cli.main(["plan", "--model", "wan21-t2v-1.3b", "--frames", "33", "--width", "480", "--height", "320",
+                     "--vram", "4GiB", "--ram", "32GiB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["frames"], data["fps"], data["width"], data["height"]) == (33, None, 480, 320)
+    assert (data["video"]["frames"], data["video"]["latent_frames"], data["video"]["tokens"]) == (33, 9, 9 * 20 * 30)

@@ -540,7 +540,7 @@ def cmd_generate(args) -> int:
     fields, said = _request_fields(args)
     from lowvram_gen.cli.video import refuse_video_model
 
-    refuse_video_model(fields.get("model") or "tiny", args.command)  # a Wan/LTX folder: `video`, said before loading
+    refuse_video_model(fields.get("model") or "tiny")  # a Wan/LTX folder: `video`, said before loading
     request = GenerationRequest(**fields, config=args.config, outdir=args.outdir,
                                 loras=tuple(args.lora)).validated()  # before anything heavy is imported or loaded
     kwargs = _session_kwargs(args)
@@ -648,6 +648,8 @@ def cmd_plan(args) -> int:
     print(f"job: {args.model} {width}x{height}, batch {batch}{clip_words(request)}{vae}")
     for line in shape_lines(shapes):
         print(line)
+    if getattr(result, "video", None) is not None:  # the frames, latent frames and tokens a clip's plan counted
+        print(result.video.line())
     print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
     print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  "

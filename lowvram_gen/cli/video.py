@@ -13,7 +13,7 @@ import threading
 
 from lowvram_gen.cli.output import print_result
 
-VIDEO_FAMILIES = "Wan 2.1/2.2 and LTX-Video"
+VIDEO_FAMILIES = "Wan 2.1/2.2 and LTX-Video"  # engines/video/checks.py's words (--help stays light)
 EPILOG = """\
 models:  a diffusers folder of Wan 2.1 (T2V 1.3B/14B, I2V 14B), Wan 2.2 (TI2V 5B, T2V/I2V A14B) or LTX-Video, or
          its hub id once downloaded; for `plan` also the built-in names wan21-t2v-1.3b, wan21-t2v-14b,
@@ -31,61 +31,63 @@ Ctrl-C stops at the next step and keeps the clip so far; a second Ctrl-C quits a
 
 
 def model_record(spec: str | None):
-    """(the family record, its Video facts for this folder) that `spec` names, from files only: a folder's (or a
-    downloaded hub id's) model_index.json, a built-in name; (None, None) where that cannot be known before loading
-    (a single file, a hub id not downloaded); the embedded tiny models are image models (their record: None, and
-    `is_video_model` says False)."""
+    """(the family record `spec` names, its folder's facts) from files only: a folder's (or a downloaded hub id's)
+    model_index.json, else a built-in name (its facts those of the configs shipped with the package); (None, None)
+    where that cannot be known before loading (a single file, a hub id not downloaded). The embedded tiny models are
+    their shapes' records (SD 1.5, SDXL), with no facts."""
     from lowvram_gen import families
     from lowvram_gen.families.sampling import folder_facts
     from lowvram_gen.families.spec import index_folder, record_of_spec
 
+    from lowvram_gen.families.record import FolderFacts
+    from lowvram_gen.models.tiny import TINY_MODELS
+
     if not spec:
         return None, None
+    if spec in TINY_MODELS:
+        return families.by_name("sdxl" if spec == "tiny-sdxl" else "sd15"), FolderFacts(name=spec)
     record = record_of_spec(spec)
     if record is not None:
-        return record, record.video_facts(folder_facts(spec, index_folder(spec))) if record.is_video else None
+        return record, folder_facts(spec, index_folder(spec))
     record = families.by_name(spec)
     if record is None:
         return None, None
-    if not record.is_video:
-        return record, None
     from lowvram_gen.models.profile import CONFIGS  # the shipped configs of a built-in name, read as a folder's
 
-    return record, record.video_facts(folder_facts(spec, CONFIGS / record.builtin if record.builtin else None))
+    return record, folder_facts(spec, CONFIGS / record.builtin if record.builtin else None)
 
 
 def is_video_model(spec: str | None) -> bool | None:
     """True: a video family; False: an image model (tiny included); None: not known before loading."""
-    from lowvram_gen.models.tiny import TINY_MODELS
-
-    if spec in TINY_MODELS:
-        return False
     record, _ = model_record(spec)
     return None if record is None else record.is_video
 
 
-def refuse_video_model(spec: str | None, command: str = "generate") -> None:
-    """`generate` (img2img, inpaint, edit) given a video model: one sentence pointing to `lowvram-gen video`."""
-    if is_video_model(spec):
-        from lowvram_gen.errors import InvalidRequest
+def refuse_video_model(spec: str | None) -> None:
+    """`generate` (img2img, inpaint, edit) given a video model: the engine's sentence pointing to `lowvram-gen video`,
+    said before anything loads."""
+    record, facts = model_record(spec)
+    if record is not None and record.is_video:
+        from lowvram_gen.engines.video.checks import VideoModel, refuse_video_model as refusal
 
-        raise InvalidRequest("model", spec, f"it is a video model ({VIDEO_FAMILIES}), which `{command}` does not "
-                                            f"run: use `lowvram-gen video PROMPT --model {spec}`")
+        raise refusal(spec, VideoModel(record, record.video_facts(facts), facts,
+                                       str(facts.model_index.get("_class_name") or "")))
 
 
-def refuse_image_model(spec: str | None, flag: str = "model") -> None:
-    """`video` (and `plan --frames`) given an image model: one sentence naming what it takes."""
-    if is_video_model(spec) is False:
-        from lowvram_gen.errors import InvalidRequest
+def refuse_image_model(spec: str | None) -> None:
+    """`video` (and `plan --frames`) given an image model: the engine's sentence naming what `video` takes, said before
+    anything loads."""
+    record, _ = model_record(spec)
+    if record is not None and not record.is_video:
+        from lowvram_gen.engines.video.checks import refuse_image_model as refusal
 
-        raise InvalidRequest(flag, spec, f"it makes images; `lowvram-gen video` takes a video model: "
-                                         f"{VIDEO_FAMILIES} (a diffusers folder of one, or its hub id)")
+        raise refusal(spec, record)
 
 
 def default_size(spec: str | None) -> tuple[int, int] | None:
     """The (width, height) the model's clips have when a job gives none (its record's Video facts); None: unknown."""
-    _, video = model_record(spec)
-    return None if video is None else tuple(video.size)
+    record, facts = model_record(spec)
+    return tuple(record.video_facts(facts).size) if record is not None and record.is_video else None
 
 
 def plan_video_fields(args) -> dict:
