@@ -274,3 +274,28 @@ def test_plan_of_a_real_clip_says_its_frames_and_tokens(capsys):
     data = json.loads(capsys.readouterr().out)
     assert (data["frames"], data["fps"], data["width"], data["height"]) == (33, None, 480, 320)
     assert (data["video"]["frames"], data["video"]["latent_frames"], data["video"]["tokens"]) == (33, 9, 9 * 20 * 30)
+
+
+def test_ctrl_c_keeps_the_clip_so_far(wan21, tmp_path, capsys, monkeypatch):
+    """A Ctrl-C (SIGINT sent to this process) during the first step stops the job at the next one: the clip as it
+    was is saved and printed, and the exit code is 130."""
+    import signal
+
+    from lowvram_gen.jobs.console import ProgressBar
+
+    real = ProgressBar.update
+
+    def interrupted(self, step, total):
+        real(self, step, total)
+        if step == 1:
+            signal.raise_signal(signal.SIGINT)  # the user's Ctrl-C, in the middle of the job
+
+    monkeypatch.setattr(ProgressBar, "update", interrupted)
+    out = tmp_path / "out"
+    assert cli.main(["video", "fox", "--model", str(wan21), "--frames", "5", "--width", "64", "--height", "64",
+                     "--steps", "3", "--seed", "3", "--outdir", str(out), "--cpu"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == f"{out / '00000-3-fox.mp4'}\n" and (out / "00000-3-fox.mp4").is_file()
+    assert "stopping at the next step and keeping the clip so far" in captured.err
+    assert "cancelled at step 1 of 3" in captured.err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back

@@ -613,8 +613,8 @@ def cmd_plan(args) -> int:
         from lowvram_gen.models.profile import with_vae
 
         profile = with_vae(profile, args.vae)
-    own = video.pop("size", None)  # a clip's own size (832x480 for Wan 2.1), not an image's native side
-    width, height = width or (own[0] if own else native_side(profile)), height or (own[1] if own else native_side(profile))
+    own = video.pop("size", None) or (native_side(profile),) * 2  # a clip's own size (832x480 for Wan 2.1)
+    width, height = width or own[0], height or own[1]
     from lowvram_gen.cli.controlnet import plan_lines
 
     request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,

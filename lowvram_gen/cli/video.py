@@ -140,7 +140,8 @@ def add_video_parser(sub, add_memory_flags, add_quantize) -> None:
                                               "Wan 2.1 and A14B, 24 for Wan 2.2 TI2V and LTX-Video)")
     p.add_argument("--width", metavar="N", help="default: the model's (832 for Wan 2.1, 1280 for Wan 2.2, 704 LTX)")
     p.add_argument("--height", metavar="N", help="default: the model's (480 for Wan 2.1, 704/720 for Wan 2.2, 480 LTX)")
-    p.add_argument("--steps", metavar="N", help="denoising steps, 1-150 (default: the model's, 50 Wan, 40 Wan 2.2 A14B)")
+    p.add_argument("--steps", metavar="N",
+                   help="denoising steps, 1-150 (default: the model's, 50 for Wan, 40 for Wan 2.2 A14B)")
     p.add_argument("--cfg", dest="cfg_scale", metavar="X", help="CFG scale, 0-30 (default: the model's)")
     p.add_argument("--cfg-2", dest="cfg_scale_2", metavar="X",
                    help="Wan 2.2 A14B's second guidance: the low-noise expert's CFG scale, 0-30 (default: the "
