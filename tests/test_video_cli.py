@@ -299,3 +299,36 @@ def test_ctrl_c_keeps_the_clip_so_far(wan21, tmp_path, capsys, monkeypatch):
     assert "stopping at the next step and keeping the clip so far" in captured.err
     assert "cancelled at step 1 of 3" in captured.err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+
+
+def test_an_init_image_on_a_text_only_model_is_refused_before_loading(wan21, tmp_path, capsys, monkeypatch):
+    from lowvram_gen.session import Session
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the refusal must come before the model loads")
+
+    monkeypatch.setattr(Session, "load_model", no_loading)
+    init = tmp_path / "first.png"
+    Image.new("RGB", (64, 64), "red").save(init)
+    assert cli.main(["video", "fox", "--model", str(wan21), "--frames", "5", "--width", "64", "--height", "64",
+                     "--init-image", str(init), "--cpu"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: invalid init image: {str(init)!r}; Wan 2.1 T2V is a "
+                                              "text-to-video model")
+
+
+def test_image_to_video_on_wan22_ti2v(tmp_path, capsys):
+    """--init-image on the tiny Wan 2.2 TI2V folder: its image mode makes a clip whose first frame starts from it."""
+    pytest.importorskip("av")
+    import tiny_video
+
+    folder = tiny_video.save("wan22-ti2v", tmp_path / "wan22-ti2v")
+    init = tmp_path / "first.png"
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(init)
+    out = tmp_path / "out"
+    assert cli.main(["video", "a red fox", "--model", str(folder), "--frames", "5", "--width", "64", "--height", "64",
+                     "--steps", "2", "--seed", "5", "--init-image", str(init), "--outdir", str(out), "--json",
+                     "--cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["video"] == str(out / "00000-5-a-red-fox.mp4") and data["frame_count"] == 5 and data["fps"] == 24.0
+    sidecar = json.loads((out / "00000-5-a-red-fox.json").read_text())
+    assert sidecar["meta"]["request"]["init_image"] == str(init)
