@@ -277,8 +277,14 @@ def _move_aside(path: Path) -> str:
     return str(target)
 
 
+def outputs_of(result) -> list[str]:
+    """The files a finished job made: its images, or its clip and the clip's frames (save_frames)."""
+    video = getattr(result, "video", None)
+    return [video, *(getattr(result, "frames", None) or [])] if video else list(result.images)
+
+
 def make_record(job: Job, root: Path, status: str, outputs, *, seeds=None, preset=None, attempts=None,
-                seconds=None, error=None, rank=0, file=None, adopted=False, incomplete=None) -> dict:
+                seconds=None, error=None, rank=0, file=None, adopted=False, incomplete=None, video=None) -> dict:
     record = {
         "v": VERSION, "job": job.key, "request_hash": job.request_hash, "line": job.line, "repeat": job.repeat,
         "engine": job.engine, "status": status, "prompt": job.request.prompt[:200],
@@ -288,6 +294,8 @@ def make_record(job: Job, root: Path, status: str, outputs, *, seeds=None, prese
     }
     if file is not None:
         record["file"] = str(file)
+    if video:  # a video job: its clip (also the first of `outputs`, which are checked on resume)
+        record["video"] = os.path.relpath(video, root)
     if adopted:
         record["adopted"] = True
     if incomplete:
