@@ -64,11 +64,13 @@ PROMPT_OPTIONS = tuple(name for f in ("prompt", "negative_prompt", "hires_prompt
                        for name in (f, *BY_NAME[f].aliases))
 # a .txt line's edit reference images (`lowvram-gen edit`'s --image), each option one image, repeatable
 EDIT_IMAGE_OPTIONS = ("image", "reference_images")
-BATCH_FIELDS = frozenset({"engine", "repeat", "video"})  # per line, not part of a GenerationRequest
-VIDEO = "video"  # the engine of a video line (`video: true`, or a `frames` field)
+BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
+# the engine of a video line, and the line's field that makes one (`video: true`; or a `frames` field); on a
+# VQGAN-CLIP line `video` is its own (the progress video)
+VIDEO = "video"
 # what a line may name: the request's fields, the batch's, their aliases, and A1111's that are not built here
 # (a1111/fields.py NOT_BUILT: accepted with a warning, or refused, by each one's policy)
-LINE_NAMES = (REQUEST_FIELDS | BATCH_FIELDS | set(ALIASES) | set(NOT_BUILT)) - {"extra", "outdir"}
+LINE_NAMES = (REQUEST_FIELDS | BATCH_FIELDS | {VIDEO} | set(ALIASES) | set(NOT_BUILT)) - {"extra", "outdir"}
 SHOWN_NAMES = sorted(LINE_NAMES - set(NOT_BUILT))  # what an unknown name's error lists
 
 
@@ -139,7 +141,7 @@ def _with_every_field(exc: InvalidRequest) -> InvalidRequest:
     if exc.field != "field" or not exc.allowed.startswith("allowed fields"):
         return exc
     not_per_line = {"extra", "outdir"}  # extra is kept for the app; the output folder is the batch's
-    sd = sorted(REQUEST_FIELDS - not_per_line)
+    sd = sorted(REQUEST_FIELDS - not_per_line | {VIDEO})
     vqgan = sorted({f.name for f in dataclasses.fields(VqganRequest)} - not_per_line | {"steps", "negative_prompt"})
     return InvalidRequest("field", exc.value, f"Stable Diffusion lines take {', '.join(sd)}; "
                                               f'"engine": "vqgan" lines take {", ".join(vqgan)}; '
