@@ -182,6 +182,27 @@ def test_a_server_path_as_model_is_refused_and_an_unknown_field_too(server, tmp_
     assert _saved(server) == before
 
 
+def test_image_to_video_takes_a_base64_init_image_and_a_text_only_model_refuses_it(server):
+    """Wan 2.2 TI2V 5B makes a clip from an init image (its first frame); Wan 2.1 T2V has no image-to-video: a 422
+    naming init_image, which names the body's image, never the file the server stored it in."""
+    from PIL import Image
+
+    from tiny_video import save
+
+    save("wan22-ti2v", server.models / "ti2v")
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(buffer, "PNG")
+    image = base64.b64encode(buffer.getvalue()).decode("ascii")
+    answer = _post(server, {**CLIP, "model": "ti2v", "init_image": image})
+    assert answer.status_code == 200, answer.text
+    assert _clip(answer.json())[:2] == (9, (64, 64)) and answer.json()["info"]["init_image"] is True
+    refused = _post(server, {**CLIP, "init_image": image})
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"][0]
+    assert detail["loc"] == ["body", "init_image"] and "image-to-video" in detail["msg"]
+    assert "lowvram-gen-api" not in refused.text and "/tmp" not in refused.text
+
+
 def test_an_image_model_is_refused_pointing_to_the_video_families(server):
     answer = _post(server, {**CLIP, "model": "tiny"})
     assert answer.status_code == 422, answer.text

@@ -208,15 +208,32 @@ def generate(ctx, body: Any, watch, run: Callable) -> dict:
     """Map the body, run the job as the image routes run theirs (`run`: routes._run, in the registry, under the
     queue's slot) and answer the clip. A refused value raises InvalidRequest (answered by `build_router`)."""
     model, _ = ctx.state.current()
+    stored: dict[str, Any] = {}  # the init image's file -> the body's base64, which a refusal names instead
+
+    def image_file(value, name, folder):
+        path = answers.image_file(value, name, folder)
+        stored[path] = value
+        return path
+
     with tempfile.TemporaryDirectory(prefix="lowvram-gen-api-video-") as folder:
-        request = map_body(body, model, ctx.state.outdir, ctx.state.find_model,
-                           lambda value, name: answers.image_file(value, name, Path(folder)))
-        ctx.take_slot()
         try:
-            job = run(ctx, request, KIND, watch)  # a failed job raises its error
-        finally:
-            ctx.free_slot()
+            request = map_body(body, model, ctx.state.outdir, ctx.state.find_model,
+                               lambda value, name: image_file(value, name, Path(folder)))
+            ctx.take_slot()
+            try:
+                job = run(ctx, request, KIND, watch)  # a failed job raises its error
+            finally:
+                ctx.free_slot()
+        except InvalidRequest as exc:
+            if isinstance(exc.value, str) and exc.value in stored:  # never a path of the server's in an answer
+                raise InvalidRequest(exc.field, shown(stored[exc.value]), exc.allowed) from None
+            raise
         return answer(request, job, ctx.version)
+
+
+def shown(value: Any) -> Any:
+    """A base64 value as a refusal names it: its length and start, not kilobytes of text."""
+    return f"<{len(value)} characters: {value[:24]}...>" if isinstance(value, str) and len(value) > 40 else value
 
 
 def build_router(ctx, route_class: type, run: Callable):
