@@ -93,16 +93,19 @@ def test_image_lines_keep_the_hashes_they_had_before_video():
 
 
 class FakeClips:
-    """Saves a file per clip (and its frames' PNGs with save_frames) where the Session would, and answers its result;
-    image jobs get one PNG each."""
+    """Saves what the Session would, where it would: a clip of 3 small frames through video_out.save_clip (its
+    sidecar's meta names the batch job, as the engine's does; with save_frames its frames' PNGs), or one PNG for an
+    image job. `fail`: a prompt whose clip is saved and then the job fails (an interrupt after the save)."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, fail=()):
+        self.calls, self.fail = [], set(fail)
 
     def generate(self, request):
         from PIL import Image
 
+        from lowvram_gen.errors import Cancelled
         from lowvram_gen.outputs import next_image_path, save_png
+        from lowvram_gen.video_out import save_clip
 
         self.calls.append(request)
         seed = request.seed if request.seed >= 0 else 1000 + len(self.calls)
@@ -113,15 +116,13 @@ class FakeClips:
                             meta)
             return SimpleNamespace(images=[str(path)], seeds=[seed], preset="fake", attempts=[], seconds=0.0,
                                    warnings=[], video=None, frames=[])
-        clip = Path(next_image_path(request.outdir, seed, request.prompt)).with_suffix(".mp4")
-        clip.write_bytes(b"not really a clip")
-        frames = []
-        if request.save_frames:
-            folder = clip.with_name(clip.stem + "-frames")
-            folder.mkdir()
-            frames = [str(save_png(Image.new("RGB", (8, 8)), folder / f"{i:05d}.png", "p", meta)) for i in range(3)]
+        frames = [Image.new("RGB", (16, 16), (40 * i, 0, 0)) for i in range(3)]
+        saved = save_clip(frames, request.outdir, seed, request.prompt, 8, "p", meta,
+                          save_frames=request.save_frames)
+        if request.prompt in self.fail:
+            raise Cancelled("cancelled after the clip was saved (simulated)", images=[str(saved.path)])
         return SimpleNamespace(images=[], seeds=[seed], preset="fake", attempts=[], seconds=0.0, warnings=[],
-                               video=str(clip), frames=frames)
+                               video=str(saved.path), frames=[str(p) for p in saved.frames])
 
 
 def run(file, outdir, session, **kw):
@@ -136,7 +137,8 @@ def test_the_manifest_and_report_name_the_clip_and_resume_skips_it_until_it_is_d
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     image, video = records(out)
-    assert video["engine"] == "video" and video["video"].endswith(".mp4") and (out / video["video"]).is_file()
+    assert video["engine"] == "video" and video["video"].endswith((".mp4", ".webp"))
+    assert (out / video["video"]).is_file()
     assert video["outputs"][0] == video["video"] and len(video["outputs"]) == 4  # the clip, then its 3 frames
     assert "video" not in image and image["outputs"][0].endswith(".png")
     assert summary["videos"] == [{"line": 2, "job": video["job"], "video": video["video"]}]
@@ -151,6 +153,37 @@ def test_the_manifest_and_report_name_the_clip_and_resume_skips_it_until_it_is_d
     third = FakeClips()
     assert run(path, out, third) == 0
     assert [r.prompt for r in third.calls] == ["a boat"]
+
+
+def test_a_clip_saved_before_a_crash_is_adopted_and_a_failed_jobs_clip_is_moved_aside(tmp_path, capsys):
+    """A kill between the clip's sidecar and the manifest's record: the next run finds the clip by the job its
+    sidecar names and records it, without making it again. A job that failed after its clip was saved (an
+    interrupt): its clip, sidecar and frames go to .incomplete/, out of the results, and the job runs again later."""
+    from PIL import Image
+
+    from lowvram_gen.video_out import save_clip
+
+    path = write(tmp_path, "p.jsonl", '{"prompt": "a boat", "frames": 9, "seed": 2, "save_frames": true}\n'
+                 '{"prompt": "a fox", "frames": 9, "seed": 3}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    boat, fox = jobs_of(path).jobs
+    meta = {"request": {"prompt": "a boat", "extra": boat.request.extra}, "seed": 2, "preset": "fake", "attempts": []}
+    crashed = save_clip([Image.new("RGB", (16, 16))] * 3, out, 2, "a boat", 8, "p", meta, save_frames=True)
+    session = FakeClips(fail=["a fox"])
+    assert run(path, out, session, as_json=True) == 1  # the fox failed
+    summary = json.loads(capsys.readouterr().out)
+    assert [r.prompt for r in session.calls] == ["a fox"]  # the boat's clip was adopted, not made again
+    assert summary["recovered"] == 1 and summary["failed"] == 1
+    adopted = next(r for r in records(out) if r["status"] == "ok")
+    assert adopted["adopted"] and adopted["video"] == crashed.path.name and len(adopted["outputs"]) == 4
+    incomplete = sorted(p.suffix for p in (out / ".incomplete").iterdir() if "a-fox" in p.name)
+    assert incomplete == [".json", Path(crashed.path).suffix]  # the fox's clip and its sidecar (no frames asked)
+    assert not [p for p in out.iterdir() if "a-fox" in p.name]
+
+    again = FakeClips()
+    assert run(path, out, again) == 0
+    assert [r.prompt for r in again.calls] == ["a fox"]
 
 
 def test_a_dry_run_lists_the_video_line_as_a_clip(tmp_path, capsys):
