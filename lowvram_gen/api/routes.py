@@ -1,4 +1,5 @@
-"""The /sdapi/v1 routes (A1111's names, methods and answers) over one Session and the web UI's job registry.
+"""The /sdapi/v1 routes (A1111's names, methods and answers) over one Session and the web UI's job registry, and
+our own /lowvram/v1/video (api/video.py: A1111 has no video route) with the same route class, queue and registry.
 
 Every generation goes through `Session.generate` (which holds the GPU lock: one job at a time, whoever sent
 it) in a `jobs.registry.Job` run by `jobs.run` in the same `Registry` as the UI's jobs, so the UI says "waiting for
