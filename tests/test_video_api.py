@@ -102,7 +102,8 @@ def test_progress_follows_a_clip_and_interrupt_answers_what_finished(server):
     server.session.generate = slow
     box = {}
     try:
-        thread = threading.Thread(target=lambda: box.update(answer=_post(server, {**CLIP, "steps": 20, "seed": 7})),
+        thread = threading.Thread(target=lambda: box.update(answer=_post(server, {**CLIP, "steps": 20, "seed": 7,
+                                                                                   "save_frames": True})),
                                   daemon=True)
         thread.start()
         assert blocked.wait(120)
@@ -119,6 +120,8 @@ def test_progress_follows_a_clip_and_interrupt_answers_what_finished(server):
     data = answer.json()
     assert _clip(data)[:2] == (9, (64, 64))  # the clip is kept: all its frames, decoded from the latents it had
     assert any(w.startswith("interrupted") for w in data["info"]["warnings"])
+    assert len(data["frames"]) == 9 and data["info"]["frames"] == 9 and data["info"]["seed"] == 7
+    assert data["info"]["preset"]  # what ran, from the clip's sidecar
 
 
 # -- refusals --------------------------------------------------------------------------------------------------
@@ -207,3 +210,19 @@ def test_an_image_model_is_refused_pointing_to_the_video_families(server):
     answer = _post(server, {**CLIP, "model": "tiny"})
     assert answer.status_code == 422, answer.text
     assert "Wan" in answer.text
+
+
+def test_a_clip_interrupted_before_its_first_step_answers_no_clip_and_says_so():
+    """No server needed: the answer of a job whose Cancelled error kept nothing (stopped before its first step)."""
+    from types import SimpleNamespace
+
+    from lowvram_gen.api.video import answer
+    from lowvram_gen.errors import Cancelled
+    from lowvram_gen.request import GenerationRequest
+
+    request = GenerationRequest(prompt="a boat", frames=9, width=64, height=64, seed=3, save_frames=True).validated()
+    job = SimpleNamespace(error=Cancelled("cancelled before the first step; no clip made"), result=None)
+    out = answer(request, job, "v")
+    assert out["video"] is None and out["format"] is None and out["frames"] == []
+    assert out["info"]["warnings"] == ["interrupted: cancelled before the first step; no clip made"]
+    assert out["info"]["seed"] == 3 and out["info"]["frames"] == 9

@@ -118,60 +118,61 @@ def model_size(spec: str) -> tuple[int, int] | None:
     return tuple(video.size) if video is not None else None
 
 
-def clip_of(outcome) -> tuple[str | None, list[str]]:
-    """The clip's path and its frames' PNGs from a finished job's result, or from the Cancelled error of an
-    interrupted one (the engine saves what finished: the clip among its kept files, or on its `video`/`result`)."""
+def clip_of(outcome) -> str | None:
+    """The clip's path: a finished job's result's, or among the files an interrupted job's Cancelled error kept (the
+    engine decodes and saves the clip as it was when the steps stopped); None when it stopped before its first
+    step."""
     if isinstance(outcome, Cancelled):
-        result = getattr(outcome, "result", None)
-        if result is not None and getattr(result, "video", None):
-            return result.video, list(getattr(result, "frames", []) or [])
-        video = getattr(outcome, "video", None)
-        kept = [str(p) for p in outcome.images]
-        if not video:
-            video = next((p for p in kept if Path(p).suffix.lower() in _FORMATS), None)
-        frames = list(getattr(outcome, "frames", None) or [p for p in kept if p.lower().endswith(".png")])
-        return video, frames
-    return outcome.video, list(outcome.frames or [])
+        return next((str(p) for p in outcome.images if Path(p).suffix.lower() in _FORMATS), None)
+    return outcome.video
 
 
 def sidecar(clip: str) -> dict:
-    """The clip's JSON sidecar (`<name>.json`, video_out.py), {} when there is none or it cannot be read."""
+    """The clip's JSON sidecar (video_out.py: parameters, meta, frame_count, fps, width, height, frames), {} when
+    there is none or it cannot be read."""
     from lowvram_gen import safe_json
+    from lowvram_gen.video_out import sidecar_path
 
-    path = Path(clip).with_suffix(".json")
+    path = sidecar_path(clip)
     try:
-        data = safe_json.loads(path.read_text(encoding="utf-8"), what=str(path))
-    except (OSError, ValueError, safe_json.BadJson):
+        data = safe_json.loads(path.read_bytes(), what=str(path))
+    except (OSError, safe_json.BadJson):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def info(request: GenerationRequest, result, clip: str | None, warnings: list[str], what_ran: str,
-         version: str) -> dict:
-    """The answer's `info`: the parameters that ran (the result's, else the clip's sidecar's, else the request's),
-    the seed, preset, attempts, warnings and what ran."""
-    side = sidecar(clip) if clip else {}
-    meta = side.get("meta") if isinstance(side.get("meta"), dict) else side
+def frames_of(clip: str, side: dict) -> list[str]:
+    """The clip's frames' PNGs its sidecar names (save_frames), in order."""
+    from lowvram_gen.video_out import frames_folder
+
+    folder = frames_folder(clip)
+    names = side.get("frames") if isinstance(side.get("frames"), list) else []
+    return [str(folder / Path(name).name) for name in names if isinstance(name, str)]
+
+
+def info(request: GenerationRequest, result, side: dict, warnings: list[str], what_ran: str, version: str) -> dict:
+    """The answer's `info`: the parameters that ran (the job's result's; an interrupted job's from its clip's
+    sidecar `side`; the request's where neither says), the seed, preset, attempts, warnings and what ran."""
+    meta = side.get("meta") if isinstance(side.get("meta"), dict) else {}
     ran = meta.get("request") if isinstance(meta.get("request"), dict) else {}
 
-    def value(name, from_result=None):
-        got = getattr(result, from_result or name, None) if result is not None else None
-        return got if got not in (None, "") else ran.get(name, getattr(request, name))
+    def said(name, of_result=None, of_side=None):
+        got = getattr(result, of_result or name, None) if result is not None else None
+        if got in (None, "", 0):
+            got = side.get(of_side or name)
+        return got if got is not None else ran.get(name, getattr(request, name, None))
 
     seeds = list(getattr(result, "seeds", None) or [])
-    seed = seeds[0] if seeds else meta.get("seed", request.seed)
     return {
         "prompt": request.prompt, "negative_prompt": request.negative_prompt,
-        "frames": (getattr(result, "frame_count", 0) or None) if result is not None else ran.get("frames",
-                                                                                                  request.frames),
-        "fps": value("fps"), "width": value("width"), "height": value("height"), "steps": value("steps"),
+        "frames": said("frames", "frame_count", "frame_count"), "fps": said("fps"), "width": said("width"),
+        "height": said("height"), "steps": said("steps"),
         "cfg_scale": ran.get("cfg_scale", request.cfg_scale), "cfg_scale_2": ran.get("cfg_scale_2",
                                                                                      request.cfg_scale_2),
-        "seed": seed, "sampler_name": value("sampler"),
+        "seed": seeds[0] if seeds else meta.get("seed", request.seed), "sampler_name": said("sampler"),
         "model": listings.model_entry(request.model)["model_name"],
         "init_image": request.init_image is not None, "save_frames": request.save_frames,
-        "allow_upscale": request.allow_upscale,
-        "upscaled": bool(getattr(result, "upscaled", False)),
+        "allow_upscale": request.allow_upscale, "upscaled": bool(getattr(result, "upscaled", False)),
         "preset": getattr(result, "preset", None) or meta.get("preset"),
         "attempts": list(getattr(result, "attempts", None) or meta.get("attempts") or []),
         "seconds": getattr(result, "seconds", None),
@@ -181,25 +182,20 @@ def info(request: GenerationRequest, result, clip: str | None, warnings: list[st
 
 
 def answer(request: GenerationRequest, job, version: str) -> dict:
-    """The route's answer for a job that ended done, or interrupted (the clip of what finished, a warning saying
-    so). An interrupted job that kept no clip answers its Cancelled error (A1111's error body)."""
-    warnings: list[str] = []
+    """The route's answer for a job that ended done, or interrupted: the clip of what finished, a warning saying so
+    (one stopped before its first step made none: `video` and `format` are null, as an image route answers no
+    images then)."""
     if isinstance(job.error, Cancelled):
-        clip, frames = clip_of(job.error)
-        what_ran, result = str(job.error), getattr(job.error, "result", None)
-        warnings.append(f"interrupted: {what_ran}")
-        if clip is None:
-            raise job.error
+        result, what_ran, warnings = None, str(job.error), [f"interrupted: {job.error}"]
     else:
-        result = job.result
-        clip, frames = clip_of(result)
-        what_ran = result.summary
-        warnings += list(result.warnings)
-    if not clip:
-        raise RuntimeError("the video job ended without a clip")
-    out = {"video": answers.encoded(clip), "format": _FORMATS.get(Path(clip).suffix.lower(), Path(clip).suffix[1:]),
-           "info": info(request, result, clip, warnings, what_ran, version)}
+        result, what_ran, warnings = job.result, job.result.summary, list(job.result.warnings)
+    clip = clip_of(job.error if result is None else result)
+    side = sidecar(clip) if clip else {}
+    out = {"video": answers.encoded(clip) if clip else None,
+           "format": _FORMATS.get(Path(clip).suffix.lower(), Path(clip).suffix[1:]) if clip else None,
+           "info": info(request, result, side, warnings, what_ran, version)}
     if request.save_frames:
+        frames = list(result.frames) if result is not None else frames_of(clip, side) if clip else []
         out["frames"] = [answers.encoded(path) for path in frames]
     return out
 
@@ -255,5 +251,5 @@ def build_router(ctx, route_class: type, run: Callable):
     return router
 
 
-__all__ = ["FIELDS", "PREFIX", "ROUTE", "answer", "build_router", "clip_of", "generate", "info", "json_field",
-           "map_body", "model_size", "refusal", "sidecar"]
+__all__ = ["FIELDS", "PREFIX", "ROUTE", "answer", "build_router", "clip_of", "frames_of", "generate", "info",
+           "json_field", "map_body", "model_size", "refusal", "shown", "sidecar"]
