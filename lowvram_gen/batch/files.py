@@ -162,7 +162,8 @@ def line_engine(fields: dict) -> str:
     `engine` (sd by default); a contradiction is one sentence naming the field."""
     engine = fields.pop("engine", "sd")
     if not isinstance(engine, str) or engine.strip().lower() not in ENGINES:
-        raise InvalidRequest("engine", engine, "use 'sd' (Stable Diffusion), 'vqgan' (VQGAN-CLIP) or 'video' (a clip)")
+        raise InvalidRequest("engine", engine, "use 'sd' (Stable Diffusion), 'vqgan' (VQGAN-CLIP) or 'video' "
+                                               "(a clip)")
     engine = engine.strip().lower()
     if engine == "vqgan":
         if "frames" in fields:

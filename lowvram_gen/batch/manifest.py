@@ -310,7 +310,8 @@ def _clip_of_sidecar(path: Path, referenced: set[str]) -> tuple[str, Path, list[
     folder = frames_folder(clip)
     names = data.get("frames") if isinstance(data.get("frames"), list) else []
     frames = [folder / Path(name).name for name in names  # its own frames' folder only
-              if isinstance(name, str) and Path(name).parent.name == folder.name and (folder / Path(name).name).is_file()]
+              if isinstance(name, str) and Path(name).parent.name == folder.name
+              and (folder / Path(name).name).is_file()]
     return key, clip, frames, meta
 
 

@@ -219,6 +219,7 @@ def dry_run_report(file: Path, root: Path, joblist, restart: bool, as_json: bool
             seed = "random" if r["seed"] < 0 else r["seed"]
             count = r["frames"] or "the model's"
             clip = "" if r["frames"] is None else f"clip of {count} frames: "
-            print(f"{'done ' if r['done'] else 'to do'}  line {r['line']:<5} seed {seed!s:<10} {clip}{r['prompt'][:70]}")
+            print(f"{'done ' if r['done'] else 'to do'}  line {r['line']:<5} seed {seed!s:<10} "
+                  f"{clip}{r['prompt'][:70]}")
         print(f"{to_do} job(s) to do, {len(rows) - to_do} already done; output folder {root}", file=sys.stderr)
     return 0 if not joblist.bad else 1
