@@ -257,3 +257,31 @@ def test_the_experts_are_never_both_on_the_device_under_a_budget(folders, tmp_pa
         "transformer", "transformer", "transformer", "transformer_2", "transformer_2"]
     assert np.abs(saved_frames(result.frames).astype(int)
                   - plain(folder, guidance_scale_2=3.0).astype(int)).max() <= TOLERANCE
+
+
+# -- text encoders read per job (+te-reload) ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind, extra", [("wan21", {}), ("ltx", {"frame_rate": 24}),
+                                         ("wan22-a14b", {"guidance_scale_2": 3.0})])
+def test_text_encoders_reloaded_per_job_give_the_frames_of_plain_diffusers(kind, extra, folders, tmp_path):
+    """text_encoders = "reloaded": the prompts encoded apart from the call (Wan's embeddings; LTX's with their
+    attention masks), the encoder gone while the transformer runs; the frames are plain diffusers'."""
+    folder = folders(kind)
+    preset = tmp_path / "te-reload.toml"
+    preset.write_text('description = "te reload"\nrank = 1\ndevice = "gpu"\nmax_pixels = 1048576\nmax_batch = 1\n'
+                      'upscaler = "lanczos"\n\n[memory]\ndtype = "float32"\noffload = "none"\n'
+                      'text_encoders = "reloaded"\n')
+    session = Session(preset=str(preset))
+    held = []
+
+    def watch(*_):
+        held.append(session.model.pipe.text_encoder is not None)
+
+    session.generate(video_request(folder, tmp_path))  # loaded without its encoder
+    handle = session.model.pipe.transformer.register_forward_pre_hook(watch)
+    try:
+        result = session.generate(video_request(folder, tmp_path))
+    finally:
+        handle.remove()
+    assert held and not any(held)  # no text encoder beside the transformer
+    assert np.abs(saved_frames(result.frames).astype(int) - plain(folder, **extra).astype(int)).max() <= TOLERANCE
