@@ -5,7 +5,8 @@
     accelerate launch --multi_gpu --num_processes 4 scripts/batch_prompts.py prompts.jsonl
 
 Every option of `lowvram-gen batch` works here (`--help` lists them); `-v` logs what the memory
-layer does. Runs from a checkout without installing the package.
+layer does. Runs from a checkout without installing the package. A line with `video: true` (or a
+`frames` field) makes a clip on a video model (docs/api-video.md).
 """
 
 from __future__ import annotations

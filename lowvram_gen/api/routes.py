@@ -1,4 +1,5 @@
-"""The /sdapi/v1 routes (A1111's names, methods and answers) over one Session and the web UI's job registry.
+"""The /sdapi/v1 routes (A1111's names, methods and answers) over one Session and the web UI's job registry, and
+our own /lowvram/v1/video (api/video.py: A1111 has no video route) with the same route class, queue and registry.
 
 Every generation goes through `Session.generate` (which holds the GPU lock: one job at a time, whoever sent
 it) in a `jobs.registry.Job` run by `jobs.run` in the same `Registry` as the UI's jobs, so the UI says "waiting for
@@ -35,6 +36,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from lowvram_gen.api import answers, controlnet, guard, listings, names, progress, system_routes
+from lowvram_gen.api import video
 from lowvram_gen.api import scripts as api_scripts
 from lowvram_gen.img2img_scripts import scripts as img2img_scripts
 from lowvram_gen.a1111.api_body import json_field, map_body, renamed
@@ -178,6 +180,15 @@ async def _admit(ctx: ApiContext, request: Request) -> None:
 
 
 def build_router(ctx: ApiContext) -> APIRouter:
+    """A1111's /sdapi/v1 routes and our own /lowvram/v1/video (api/video.py: A1111 has no video route), both with
+    the same auth, body limits, error shapes, queue and job registry."""
+    outer = APIRouter()
+    outer.include_router(_sdapi_router(ctx))
+    outer.include_router(video.build_router(ctx, _route_class(ctx), _run))
+    return outer
+
+
+def _sdapi_router(ctx: ApiContext) -> APIRouter:
     router = APIRouter(prefix=PREFIX, route_class=_route_class(ctx))
 
     @router.post("/txt2img")

@@ -35,6 +35,9 @@ prompt files:
           --width 768 --sampler_name "DPM++ 2M Karras" --batch_size 2 --n_iter 3 --cfg_scale 7
   .jsonl  one JSON object per line: {"prompt": "a cat", "steps": 30, "engine": "sd", "repeat": 2}
   .csv    a header row of field names (prompt,negative_prompt,seed,steps,...); empty cells = default
+A line with video: true (or a frames field) makes a clip on a video model (Wan 2.1/2.2, LTX-Video), with
+frames, fps, cfg_scale_2, init_image, save_frames and allow_upscale: {"prompt": "a boat", "video": true,
+"model": "Wan2.1-T2V-1.3B", "frames": 33}; the manifest and the report name the clip.
 A line's own values win over the options below. A bad line is reported with its number and skipped.
 Finished jobs are recorded in OUTDIR/manifest.rankN.jsonl; running the same command again resumes.
 """
@@ -72,6 +75,7 @@ class Outcome:
     rank: int = 0
     done: int = 0
     images: int = 0
+    videos: list = field(default_factory=list)  # the clips it made: {line, job, video (relative to the folder)}
     seconds: float = 0.0
     failures: list = field(default_factory=list)
     recovered: int = 0
@@ -193,15 +197,19 @@ def _run_jobs(share, group, manifest, root, folder, referenced, outcome, session
                 error, fix = f"{type(exc).__name__}: {exc}", retry_or_fix(exc)
                 log.info("job on line %d failed", job.line, exc_info=True)
             else:
-                record = bm.make_record(job, root, "ok", result.images, seeds=result.seeds, preset=result.preset,
-                                        attempts=result.attempts, seconds=result.seconds, rank=group.rank, file=file)
+                outputs = bm.outputs_of(result)
+                record = bm.make_record(job, root, "ok", outputs, seeds=result.seeds, preset=result.preset,
+                                        attempts=result.attempts, seconds=result.seconds, rank=group.rank, file=file,
+                                        video=getattr(result, "video", None))
                 manifest.append(record)  # only now is the job done
-                referenced.update(os.path.normpath(p) for p in result.images)
+                referenced.update(os.path.normpath(p) for p in outputs)
                 outcome.done += 1
                 outcome.images += len(result.images)
+                if getattr(result, "video", None):
+                    outcome.videos.append({"line": job.line, "job": job.key, "video": record["video"]})
                 outcome.warnings.extend(w for w in result.warnings if w not in outcome.warnings)
                 if not as_json:
-                    for path in result.images:
+                    for path in result.images or [result.video]:
                         bar.write(path, sys.stdout)
                 bar.advance(len(result.images))
                 continue
@@ -227,5 +235,6 @@ def _run_vqgan(session, request):
     return session.generate_vqgan(request)
 
 
-# engine name -> runner(session, request) -> GenerationResult (VqganResult for 'vqgan', a subclass).
-ENGINE_RUNNERS = {"sd": _run_sd, "vqgan": _run_vqgan}
+# engine name -> runner(session, request) -> GenerationResult (VqganResult for 'vqgan', a subclass; a clip's for
+# 'video': Session.generate runs a request with frames through the video engine)
+ENGINE_RUNNERS = {"sd": _run_sd, "vqgan": _run_vqgan, "video": _run_sd}

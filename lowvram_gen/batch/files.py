@@ -16,6 +16,11 @@ Formats:
   API's ``alwayson_scripts``).
 * ``.csv``: a header row of request fields; empty cells take the command line's value.
 
+Video (issue 33): a line with ``video: true`` (``--video true`` on a .txt line, a ``video`` column) or a ``frames``
+field is a video job (engine ``video``): a clip made by the same Session as ``lowvram-gen video`` makes it, with the
+video options ``frames`` (0 or left out: the model's own count), ``fps``, ``cfg_scale_2``, ``init_image`` (its first
+frame: image-to-video), ``save_frames`` and ``allow_upscale``.
+
 Job identity (for resume): the hash of the validated request (engine, prompt, size, steps, seed,
 sampler, model, ...; not the output folder) plus how many identical requests came before it in the
 file, so two identical lines with random seeds are two jobs, and inserting a comment or reordering
@@ -42,7 +47,7 @@ from lowvram_gen.a1111.unipc_options import DEFAULTS as UNIPC_DEFAULTS
 from lowvram_gen.engines.vqgan.request import VqganRequest
 from lowvram_gen.errors import InvalidRequest, LowVramError
 from lowvram_gen.networks.names import Names
-from lowvram_gen.request import MAX_SEED, GenerationRequest, as_int
+from lowvram_gen.request import MAX_SEED, GenerationRequest, as_bool, as_int
 from lowvram_gen.samplers import split_sampler
 from lowvram_gen.schedules import AUTOMATIC, label
 
@@ -60,9 +65,12 @@ PROMPT_OPTIONS = tuple(name for f in ("prompt", "negative_prompt", "hires_prompt
 # a .txt line's edit reference images (`lowvram-gen edit`'s --image), each option one image, repeatable
 EDIT_IMAGE_OPTIONS = ("image", "reference_images")
 BATCH_FIELDS = frozenset({"engine", "repeat"})  # per line, not part of a GenerationRequest
+# the engine of a video line, and the line's field that makes one (`video: true`; or a `frames` field); on a
+# VQGAN-CLIP line `video` is its own (the progress video)
+VIDEO = "video"
 # what a line may name: the request's fields, the batch's, their aliases, and A1111's that are not built here
 # (a1111/fields.py NOT_BUILT: accepted with a warning, or refused, by each one's policy)
-LINE_NAMES = (REQUEST_FIELDS | BATCH_FIELDS | set(ALIASES) | set(NOT_BUILT)) - {"extra", "outdir"}
+LINE_NAMES = (REQUEST_FIELDS | BATCH_FIELDS | {VIDEO} | set(ALIASES) | set(NOT_BUILT)) - {"extra", "outdir"}
 SHOWN_NAMES = sorted(LINE_NAMES - set(NOT_BUILT))  # what an unknown name's error lists
 
 
@@ -133,14 +141,40 @@ def _with_every_field(exc: InvalidRequest) -> InvalidRequest:
     if exc.field != "field" or not exc.allowed.startswith("allowed fields"):
         return exc
     not_per_line = {"extra", "outdir"}  # extra is kept for the app; the output folder is the batch's
-    sd = sorted(REQUEST_FIELDS - not_per_line)
+    sd = sorted(REQUEST_FIELDS - not_per_line | {VIDEO})
     vqgan = sorted({f.name for f in dataclasses.fields(VqganRequest)} - not_per_line | {"steps", "negative_prompt"})
     return InvalidRequest("field", exc.value, f"Stable Diffusion lines take {', '.join(sd)}; "
                                               f'"engine": "vqgan" lines take {", ".join(vqgan)}; '
                                               f"every line takes {', '.join(sorted(BATCH_FIELDS))}")
 
 
-ENGINES: dict[str, Callable[[dict], Any]] = {"sd": _build_sd, "vqgan": _build_vqgan}
+def _build_video(fields: dict) -> GenerationRequest:
+    """A video line's request: frames 0 (the model's own count) where the line gives none."""
+    return _build_sd({**fields, "frames": fields.get("frames", 0)})
+
+
+ENGINES: dict[str, Callable[[dict], Any]] = {"sd": _build_sd, "vqgan": _build_vqgan, VIDEO: _build_video}
+
+
+def line_engine(fields: dict) -> str:
+    """The engine of a line's fields (taking out its `engine`, and its `video` but on a VQGAN-CLIP line, where
+    `video` is the progress video beside the image): `video` for `video: true` or a `frames` field, else its
+    `engine` (sd by default); a contradiction is one sentence naming the field."""
+    engine = fields.pop("engine", "sd")
+    if not isinstance(engine, str) or engine.strip().lower() not in ENGINES:
+        raise InvalidRequest("engine", engine, "use 'sd' (Stable Diffusion), 'vqgan' (VQGAN-CLIP) or 'video' "
+                                               "(a clip)")
+    engine = engine.strip().lower()
+    if engine == "vqgan":
+        if "frames" in fields:
+            raise InvalidRequest("frames", fields["frames"], "VQGAN-CLIP makes images (its `video` is a progress "
+                                                             "video): leave engine out for a video model's clip")
+        return engine
+    video = as_bool("video", fields.pop("video")) if "video" in fields else None
+    if video is False and (engine == VIDEO or "frames" in fields):
+        raise InvalidRequest("video", False, "this line gives frames (or engine video): leave video out or make it "
+                                             "true")
+    return VIDEO if video or "frames" in fields else engine
 
 
 def request_hash(engine: str, request) -> str:
@@ -194,6 +228,10 @@ def request_hash(engine: str, request) -> str:
         data.pop("reference_images", None)
     if not data.get("img2img_fix_steps"):  # A1111's img2img_fix_steps, added later: off, the hash stays
         data.pop("img2img_fix_steps", None)
+    for name, off in (("frames", None), ("fps", None), ("cfg_scale_2", None), ("save_frames", False),
+                      ("allow_upscale", False)):  # video, added later: an image job keeps its hash
+        if name in data and data[name] == off:
+            data.pop(name)
     text = json.dumps({"engine": engine, **data}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -411,10 +449,7 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
             said: list[str] = []
             fields = normalise_fields(entry.fields or {}, said)
             warnings.extend(f"line {entry.line}: {w}" for w in said)
-            engine = fields.pop("engine", "sd")
-            if not isinstance(engine, str) or engine.strip().lower() not in ENGINES:
-                raise InvalidRequest("engine", engine, "use 'sd' (Stable Diffusion) or 'vqgan' (VQGAN-CLIP)")
-            engine = engine.strip().lower()
+            engine = line_engine(fields)
             copies = as_int("repeat", fields.pop("repeat"), 1, MAX_REPEAT) if "repeat" in fields else repeat
             if "outdir" in fields:
                 raise InvalidRequest("outdir", fields["outdir"], "the output folder is set for the whole batch "
@@ -422,8 +457,8 @@ def expand(entries: list[Entry], defaults: dict, repeat: int = 1, seed_start: in
             extra = fields.get("extra", {})
             if not isinstance(extra, dict):
                 raise InvalidRequest("extra", extra, "extra must be a JSON object")
-            base = ENGINES[engine](_merged(defaults, fields) if engine == "sd" else {**defaults, **fields})
-            if engine == "sd":  # an unknown LoRA is a bad line like any other, found by --dry-run too
+            base = ENGINES[engine](_merged(defaults, fields) if engine != "vqgan" else {**defaults, **fields})
+            if engine != "vqgan":  # an unknown LoRA is a bad line like any other, found by --dry-run too
                 names.check(base.prompt, base.negative_prompt, base.loras)
                 if base.hires:
                     names.check(*base.hires_texts)

@@ -17,6 +17,10 @@ fsync'ed. So after a kill:
 * during the record: a torn last line is cut off at the next start (and its images adopted);
 * stale ``.*.tmp`` files of `save_png` are removed at the next start.
 
+A video job's clip is written the same way (video_out.py), then its JSON sidecar, which names the job: a clip
+whose sidecar was written is adopted as a done job; a failed job's clip (with its sidecar and frames) goes to
+`.incomplete/`.
+
 Each process holds an exclusive lock (flock) on its own manifest while it runs, so the same batch
 started twice on one folder stops with a clear message instead of doing everything twice.
 """
@@ -40,6 +44,7 @@ MANIFEST_GLOB = "manifest.rank*.jsonl"
 ARCHIVE_GLOB = "manifest.rank*.jsonl.*"  # older manifests put aside by --restart
 INCOMPLETE = ".incomplete"
 VERSION = 1
+SIDECAR_LIMIT = 4 * 2**20  # bytes: a clip's sidecar is a few kB (its frames' names, the request); larger is not one
 
 
 def manifest_path(root: Path, rank: int) -> Path:
@@ -216,6 +221,7 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
     """
     removed = 0
     found: dict[str, list[tuple[Path, dict]]] = defaultdict(list)
+    clips: dict[str, tuple[Path, list[Path], dict]] = {}  # a video job's key -> its clip, frames and meta
     for folder in folders:
         try:
             entries = list(os.scandir(folder))
@@ -231,7 +237,14 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
                 except OSError:
                     pass
                 continue
-            if not entry.name.lower().endswith(".png") or entry.name.startswith("."):
+            if entry.name.startswith("."):
+                continue
+            if entry.name.lower().endswith(".json"):  # a clip's sidecar (video_out.py): a video job's
+                clip = _clip_of_sidecar(Path(entry.path), referenced)
+                if clip is not None and clip[0] in jobs and (only_job is None or clip[0] == only_job):
+                    clips[clip[0]] = clip[1:]
+                continue
+            if not entry.name.lower().endswith(".png"):
                 continue
             if os.path.normpath(entry.path) in referenced:
                 continue
@@ -260,9 +273,46 @@ def sweep(root: Path, folders: list[Path], referenced: set[str], jobs: dict[str,
         else:
             for path, _ in items:
                 moved.append(_move_aside(path))
+    for key, (clip, frames, meta) in sorted(clips.items()):
+        if only_job is None and key not in done:  # the clip and its sidecar were saved: the job is done
+            adopted.append(make_record(jobs[key], root, "ok", [clip, *frames], seeds=[meta.get("seed")],
+                                       preset=meta.get("preset"), attempts=meta.get("attempts") or [], rank=rank,
+                                       file=file, adopted=True, video=clip))
+            done.add(key)
+        else:  # a failed job's clip, or a second clip of a done job: out of the results
+            from lowvram_gen.video_out import frames_folder, sidecar_path
+
+            moved += [_move_aside(path) for path in (clip, sidecar_path(clip), frames_folder(clip)) if path.exists()]
     for record in adopted:
         referenced.update(os.path.normpath(os.path.join(root, rel)) for rel in record["outputs"])
     return adopted, removed, moved
+
+
+def _clip_of_sidecar(path: Path, referenced: set[str]) -> tuple[str, Path, list[Path], dict] | None:
+    """(job key, clip, frames, meta) of a clip's JSON sidecar that names a batch job and whose clip is there and
+    recorded by no manifest; None for any other JSON file (a user's own, one that cannot be read)."""
+    try:
+        if path.stat().st_size > SIDECAR_LIMIT:
+            return None
+        data = safe_json.loads(path.read_bytes(), what=str(path))
+    except (OSError, safe_json.BadJson):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("file"), str) or not isinstance(data.get("meta"), dict):
+        return None
+    meta = data["meta"]
+    request = meta.get("request") if isinstance(meta.get("request"), dict) else {}
+    key = (request.get("extra") or {}).get("batch_job") if isinstance(request.get("extra"), dict) else None
+    clip = path.parent / Path(data["file"]).name
+    if not isinstance(key, str) or not clip.is_file() or os.path.normpath(clip) in referenced:
+        return None
+    from lowvram_gen.video_out import frames_folder
+
+    folder = frames_folder(clip)
+    names = data.get("frames") if isinstance(data.get("frames"), list) else []
+    frames = [folder / Path(name).name for name in names  # its own frames' folder only
+              if isinstance(name, str) and Path(name).parent.name == folder.name
+              and (folder / Path(name).name).is_file()]
+    return key, clip, frames, meta
 
 
 def _move_aside(path: Path) -> str:
@@ -277,8 +327,14 @@ def _move_aside(path: Path) -> str:
     return str(target)
 
 
+def outputs_of(result) -> list[str]:
+    """The files a finished job made: its images, or its clip and the clip's frames (save_frames)."""
+    video = getattr(result, "video", None)
+    return [video, *(getattr(result, "frames", None) or [])] if video else list(result.images)
+
+
 def make_record(job: Job, root: Path, status: str, outputs, *, seeds=None, preset=None, attempts=None,
-                seconds=None, error=None, rank=0, file=None, adopted=False, incomplete=None) -> dict:
+                seconds=None, error=None, rank=0, file=None, adopted=False, incomplete=None, video=None) -> dict:
     record = {
         "v": VERSION, "job": job.key, "request_hash": job.request_hash, "line": job.line, "repeat": job.repeat,
         "engine": job.engine, "status": status, "prompt": job.request.prompt[:200],
@@ -288,6 +344,8 @@ def make_record(job: Job, root: Path, status: str, outputs, *, seeds=None, prese
     }
     if file is not None:
         record["file"] = str(file)
+    if video:  # a video job: its clip (also the first of `outputs`, which are checked on resume)
+        record["video"] = os.path.relpath(video, root)
     if adopted:
         record["adopted"] = True
     if incomplete:

@@ -155,10 +155,11 @@ def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int,
     work_seconds = max((o.seconds for o in outcomes), default=0.0)
     per_minute = round(images / (work_seconds / 60), 2) if work_seconds > 0 else 0.0
     warnings = list(dict.fromkeys(w for o in outcomes for w in o.warnings))
+    videos = sorted((v for o in outcomes for v in getattr(o, "videos", ())), key=lambda v: (v["line"], v["job"]))
     summary = {
         "file": str(file), "outdir": str(root), "processes": world, "jobs": len(joblist.jobs),
         "already_done": already, "done": done, "failed": len(failures), "invalid": len(joblist.bad),
-        "images": images, "seconds": round(seconds, 3), "images_per_minute": per_minute,
+        "images": images, "videos": videos, "seconds": round(seconds, 3), "images_per_minute": per_minute,
         "recovered": sum(o.recovered for o in outcomes), "temp_files_removed": sum(o.temp_removed for o in outcomes),
         "moved_to_incomplete": [p for o in outcomes for p in o.moved_aside],
         "failures": failures, "invalid_lines": [{"line": b.line, "error": b.error} for b in joblist.bad],
@@ -171,8 +172,11 @@ def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int,
         print(f"warning: {w}", file=err)
     print(f"batch {file}: {len(joblist.jobs)} job(s): {done} done now, {already} already done, {len(failures)} failed"
           + (f"; {len(joblist.bad)} invalid line(s) skipped" if joblist.bad else "")
-          + f"; {images} image(s) in {_duration(seconds)} ({per_minute:g} images/min)"
+          + f"; {images} image(s)" + (f" and {len(videos)} clip(s)" if videos else "")
+          + f" in {_duration(seconds)} ({per_minute:g} images/min)"
           + (f" on {world} processes" if world > 1 else ""), file=err)
+    for v in videos:
+        print(f"  clip {file}:{v['line']}: {v['video']}", file=err)
     if summary["recovered"]:
         print(f"recovered {summary['recovered']} job(s) whose images were saved just before a crash", file=err)
     if summary["moved_to_incomplete"]:
@@ -191,7 +195,7 @@ def print_summary(file: Path, root: Path, joblist, outcomes: list, already: int,
     if joblist.bad:  # running again as it is would skip the same lines again
         print(f"fix the invalid line(s) of {file} listed above, then run the same command again "
               "(finished jobs are skipped)", file=err)
-    print(f"images and manifests in {root}", file=err)
+    print(f"{'images, clips' if videos else 'images'} and manifests in {root}", file=err)
     if as_json:
         print(json.dumps(summary))
     return code
@@ -201,7 +205,8 @@ def dry_run_report(file: Path, root: Path, joblist, restart: bool, as_json: bool
     records = [] if restart else bm.read_records(bm.current_manifests(root))
     done = {r["job"] for r in records if r.get("status") == "ok"}
     rows = [{"line": j.line, "repeat": j.repeat, "job": j.key, "engine": j.engine, "seed": j.request.seed,
-             "batch_size": j.request.batch_size, "prompt": j.request.prompt, "done": j.key in done}
+             "batch_size": j.request.batch_size, "prompt": j.request.prompt, "done": j.key in done,
+             "frames": getattr(j.request, "frames", None)}  # a video job's (0: the model's own count); else None
             for j in joblist.jobs]
     to_do = sum(not r["done"] for r in rows)
     if as_json:
@@ -212,6 +217,9 @@ def dry_run_report(file: Path, root: Path, joblist, restart: bool, as_json: bool
         report_lines(file, joblist)
         for r in rows:
             seed = "random" if r["seed"] < 0 else r["seed"]
-            print(f"{'done ' if r['done'] else 'to do'}  line {r['line']:<5} seed {seed!s:<10} {r['prompt'][:70]}")
+            count = r["frames"] or "the model's"
+            clip = "" if r["frames"] is None else f"clip of {count} frames: "
+            print(f"{'done ' if r['done'] else 'to do'}  line {r['line']:<5} seed {seed!s:<10} "
+                  f"{clip}{r['prompt'][:70]}")
         print(f"{to_do} job(s) to do, {len(rows) - to_do} already done; output folder {root}", file=sys.stderr)
     return 0 if not joblist.bad else 1
