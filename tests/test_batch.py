@@ -317,7 +317,7 @@ def test_schedule_types_in_prompt_files_and_the_hashes_of_old_sampler_names(tmp_
                 "masked_content", "invert_mask", "vae", "reference_images", "rng", "ensd",
                 "img2img_fix_steps", "resize_mode", "mask_round", "unipc_variant", "unipc_skip_type", "unipc_order",
                 "unipc_lower_order_final", "tiling", "styles", "refiner", "refiner_switch_at",
-                "filename_pattern"):  # added since, at defaults
+                "filename_pattern", "frames", "fps", "cfg_scale_2", "save_frames", "allow_upscale"):  # added since, at defaults
         data.pop(key)
     data["cfg_scale"] = 7.0  # a line without it ran A1111's CFG 7 before families had defaults
     text = json.dumps({"engine": "sd", **data, "sampler": "DPM++ 2M Karras", "hires_upscaler": "latent"},

@@ -159,7 +159,7 @@ LAYERS = (
      "lowvram_gen.networks.tags",
      "lowvram_gen.networks.files", "lowvram_gen.prompting.parse", "lowvram_gen.prompting.styles",
      "lowvram_gen.inpaint.masks",
-     "lowvram_gen.outputs", "lowvram_gen.filename_pattern", "lowvram_gen.models.discover", "lowvram_gen.models.resolve",
+     "lowvram_gen.outputs", "lowvram_gen.video_out", "lowvram_gen.filename_pattern", "lowvram_gen.models.discover", "lowvram_gen.models.resolve",
      "lowvram_gen.models.tiny"),
     ("lowvram_gen.families", "lowvram_gen.hardware", "lowvram_gen.errors", "lowvram_gen.paths", "lowvram_gen.records",
      "lowvram_gen.safe_json",

@@ -11,6 +11,7 @@ launch returns); `--nowebui` serves them alone. The tools people drive A1111 and
 - `progress`: `/progress` from the registry's running job
 - `controlnet`: the ControlNet extension's routes (/controlnet/model_list, module_list, version, detect)
 - `routes`: the FastAPI routes, their HTTP Basic auth and the per-request log
+- `video`: `POST /lowvram/v1/video` (our own prefix: A1111 has no video route; docs/api-video.md)
 - `serve`: mounting on gradio's app, or an API-only server (`--nowebui`)
 
 Importing this package (or fields, answers, listings, state, progress, controlnet) loads neither gradio, FastAPI
