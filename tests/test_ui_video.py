@@ -1,0 +1,138 @@
+"""The Video tab (issue 33) in a real headless Chromium (tests/ui_helpers.py's fixtures): a tiny Wan 2.1 clip
+(tests/tiny_video.py, 9 frames of 64x64) generated from the tab, its progress line and live preview while it runs, the
+clip in the player with its parameters, and Interrupt keeping the clip decoded as it was.
+
+A job that must still be running when the test looks at the page is held by a hook around Session.generate at a step
+(bounded waits on events, never sleeps): the hook holds the step's progress callback until the test releases it or
+presses Interrupt (which sets the job's cancel event).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from ui_helpers import _fill_number, _set_slider, browser, needs_browser, open_tab, page, server  # noqa: F401
+
+PREVIEW_SRC = ("() => { const i = document.querySelector('#vid-live-preview img');"
+               " return i && i.complete && i.naturalWidth > 0 && i.src; }")
+PLAYER_SRC = "() => { const v = document.querySelector('#vid-player video'); return v && v.src; }"
+
+
+@pytest.fixture(scope="module")
+def wan21(tmp_path_factory):
+    import tiny_video
+
+    folder = tmp_path_factory.mktemp("video-models") / "wan21"
+    tiny_video.save("wan21", folder)
+    return folder
+
+
+@pytest.fixture()
+def hold(server):
+    """hold(at) -> (reached, release): the job waits at its step `at` (after that step's progress and preview went
+    out) until `release` is set or the job is cancelled (Interrupt), 60 s at most. Session.generate is restored
+    after."""
+    real = server.session.generate
+    reached, release = threading.Event(), threading.Event()
+
+    def install(at: int):
+        def held(request, on_step=None, cancel=None, **kw):
+            def step(i, total):
+                on_step(i, total)
+                if i == at:
+                    reached.set()
+                    for _ in range(600):
+                        if release.is_set() or cancel.wait(0.1):
+                            break
+            return real(request, on_step=step, cancel=cancel, **kw)
+
+        server.session.generate = held
+        return reached, release
+
+    yield install
+    release.set()
+    server.session.generate = real
+
+
+def _fill_clip(page, model: Path, steps: int) -> None:
+    """Open the Video tab, pick the model (typed: the tiny folder is not in the models folder), which sets the
+    frames, fps, size, steps and CFG to its own (Wan 2.1's 81 frames of 832x480), then ask for 9 frames of 64x64 in
+    `steps` steps, a preview every step."""
+    open_tab(page, "Video")
+    page.locator("#vid-prompt textarea").fill("a red boat on a lake")
+    _fill_number(page, "vid-frames", 5)  # not the model's: the pick below sets it back to 81
+    box = page.locator("#vid-model input").first
+    box.fill(str(model))
+    box.press("Enter")
+    page.wait_for_function("() => document.querySelector('#vid-frames input').value === '81'", timeout=30_000)
+    _fill_number(page, "vid-frames", 9)
+    _fill_number(page, "vid-fps", 8)
+    _fill_number(page, "vid-width", 64)
+    _fill_number(page, "vid-height", 64)
+    _fill_number(page, "vid-seed", 123)
+    _set_slider(page, "vid-steps", steps)
+    _set_slider(page, "vid-preview-every", 1)
+
+
+def _progress_has(page, text: str) -> None:
+    page.wait_for_function("(t) => document.querySelector('#vid-progress').innerText.includes(t)", arg=text,
+                           timeout=60_000)
+
+
+def _summary_has(page, text: str) -> str:
+    page.wait_for_function("(t) => document.querySelector('#vid-summary textarea').value.includes(t)", arg=text,
+                           timeout=120_000)
+    return page.locator("#vid-summary textarea").input_value()
+
+
+@needs_browser
+def test_a_tiny_wan_clip_shows_its_progress_its_preview_then_plays_with_its_parameters(page, server, hold, wan21):
+    reached, release = hold(2)
+    _fill_clip(page, wan21, 3)
+    page.click("#vid-generate")
+    assert reached.wait(60)  # held at step 2 of 3: the line says so, and step 1's and 2's previews went out
+    _progress_has(page, "Step 2/3")
+    page.wait_for_function(PREVIEW_SRC, timeout=60_000)
+    size = page.evaluate("() => { const i = document.querySelector('#vid-live-preview img');"
+                         " return [i.naturalWidth, i.naturalHeight]; }")
+    assert size == [64, 64]  # the middle frame at the clip's size
+    release.set()
+    page.wait_for_function(PLAYER_SRC, timeout=120_000)
+    page.wait_for_selector("#vid-live-preview", state="hidden", timeout=60_000)  # hidden once the job ended
+    info = page.locator("#vid-info textarea").input_value()
+    assert "a red boat on a lake" in info and "Seed: 123" in info and "Frames: 9" in info, info
+    clips = [p for p in Path(server.outdir).rglob("*.mp4")]
+    assert clips, "no clip was written"
+    src = page.evaluate(PLAYER_SRC)
+    assert any(c.name in src for c in clips), (src, clips)
+
+
+@needs_browser
+def test_interrupt_keeps_the_clip_decoded_as_it_was(page, server, hold, wan21):
+    reached, _ = hold(2)
+    before = set(Path(server.outdir).rglob("*.mp4"))
+    _fill_clip(page, wan21, 6)
+    page.click("#vid-generate")
+    assert reached.wait(60)
+    assert page.locator("#vid-cancel").inner_text().strip() == "Interrupt"
+    page.click("#vid-cancel")
+    summary = _summary_has(page, "cancel")
+    page.wait_for_function(PLAYER_SRC, timeout=120_000)
+    kept = set(Path(server.outdir).rglob("*.mp4")) - before
+    assert len(kept) == 1, (summary, kept)
+    assert next(iter(kept)).name in page.evaluate(PLAYER_SRC)
+    assert "step 2 of 6" in summary, summary
+
+
+@needs_browser
+def test_a_refused_clip_says_why_in_what_ran_and_runs_nothing(page, server, wan21):
+    """Frames 10 for Wan (4k+1): one sentence in What ran, the player left as it was."""
+    _fill_clip(page, wan21, 2)
+    _fill_number(page, "vid-frames", 10)
+    page.click("#vid-generate")
+    summary = _summary_has(page, "10")
+    assert "9" in summary and "13" in summary, summary
+    assert not page.evaluate(PLAYER_SRC)
