@@ -314,6 +314,40 @@ def save_png(image: Image.Image, path: Path, parameters: str, metadata: dict) ->
     return final
 
 
+def save_new_file(path: str | Path, write: Callable[[Path], None], what: str = "file", next_free: bool = True) -> Path:
+    """Write a file of any kind as `save_png` writes a PNG: ``write(tmp)`` fills a new hidden temporary name beside
+    ``path`` (TEMP_NAME, so a killed writer's leftover is cleaned up as a PNG's is), it is fsync'ed and linked under
+    ``path`` or the next free name, never over an existing file; returns the path written. ``OSError`` becomes
+    `OutputError` naming the folder and ``what`` (a video, its sidecar); anything else passes through, and either way
+    no file appears under a final name. ``next_free=False``: ``path`` or nothing (a clip's sidecar must have the
+    clip's name), an existing file refused with `OutputError`. video_out.py writes clips and sidecars through it."""
+    path = Path(path)
+    folder = path.parent
+    tmp = path.with_name(f".{_cut_utf8(path.name, 100)}.{secrets.token_hex(6)}.tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            write(tmp)
+            fd = os.open(tmp, os.O_RDWR | getattr(os, "O_BINARY", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if next_free:
+                final = _link_into_place(tmp, path)
+            else:
+                _link_exactly(tmp, path)
+                final = path
+        finally:
+            _unlink_quietly(tmp)
+    except FileExistsError as exc:
+        raise OutputError(f"could not save the {what} as {path}: a file of that name exists and is kept") from exc
+    except OSError as exc:
+        raise OutputError(_describe(folder, exc, what)) from exc
+    _fsync_dir(folder)
+    return final
+
+
 def save_images(
     images: Iterable[Image.Image],
     outdir: str | Path,
@@ -388,6 +422,18 @@ def _link_into_place(tmp: Path, path: Path) -> Path:
     raise OSError(errno.EEXIST, f"no free file name after {_MAX_TRIES} tries near {path.name}")
 
 
+def _link_exactly(tmp: Path, path: Path) -> None:
+    """``tmp`` linked as ``path``; FileExistsError where that name is taken (no other name is tried)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in _NO_HARDLINKS:
+            raise
+        _reserve_and_replace(tmp, path)
+
+
 def _reserve_and_replace(tmp: Path, candidate: Path) -> None:
     """Fallback without hard links: claim the name with O_EXCL, then rename over our own claim.
 
@@ -422,7 +468,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _describe(folder: Path, exc: OSError) -> str:
+def _describe(folder: Path, exc: OSError, what: str = "image") -> str:
     """A message for people: the folder, the OS reason and what to do."""
     reason = exc.strerror or str(exc) or type(exc).__name__
     code = errno.errorcode.get(exc.errno or 0)
@@ -432,4 +478,4 @@ def _describe(folder: Path, exc: OSError) -> str:
         advice = "free some disk space or choose another output folder"
     else:
         advice = "choose a writable output folder"
-    return f"could not save the image in {folder}: {reason}; earlier images are intact; {advice}"
+    return f"could not save the {what} in {folder}: {reason}; earlier images are intact; {advice}"

@@ -31,6 +31,7 @@ from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import edit, inpaint, refiner, tiling
 from lowvram_gen.families.spec import record_of_index, record_of_spec
 from lowvram_gen.engines.sd.controlnet import attach_for
+from lowvram_gen.engines.video import checks as video_checks
 from lowvram_gen.engines.sd.job import run_job
 from lowvram_gen.engines.sd.stepdown import Runner
 from lowvram_gen.errors import Cancelled, InvalidRequest, NotEnoughRam
@@ -50,6 +51,7 @@ from lowvram_gen.oom import free_memory
 from lowvram_gen.paths import writable_folder
 from lowvram_gen.planning import speed
 from lowvram_gen.planning import vqgan as memory_vqgan
+from lowvram_gen.planning import video_fit
 from lowvram_gen.planning.controlnet import check_job, with_controlnets
 from lowvram_gen.planning.planner import Plan, plan, step_parts
 from lowvram_gen.planning.refiner import RefinerLoad, plan_refiner
@@ -240,13 +242,23 @@ class Session:
         if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
             presets, forced = tiling.untiled_presets(presets, forced)
         load = RefinerLoad(request.refiner, self._refiner_profile(request)) if refiner.runs(request) else None
-        result = plan(device, found, width, height, request.batch_size, presets, forced, failed,
-                      cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
-                      steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
-                      quantize_forced=request.quantize is not None, model=request.model,
-                      reloadable=folder and apart and not request_uses_networks(request) and not edits_prompts(request),
-                      single_file=not folder,
-                      full_precision=self.precision.full, own_size=own is not None, refiner=load)
+        # a clip (planning/video_fit.py): its frames counted, never capped unless upscaling is allowed; a video pipeline
+        # encodes its prompts apart from the call (encode_prompt's embeddings), so +te-reload is offered
+        clip = request.is_video and record is not None and record.is_video
+
+        def plan_at(prof, w, h):
+            return plan(device, prof, w, h, request.batch_size, presets, forced, failed,
+                        cfg=request.cfg_scale > 1 or request.hires and request.hires_cfg_scale > 1,
+                        steps=img2img_steps.job_steps(request),  # the steps that run: img2img's and hires fix's counts
+                        quantize_forced=request.quantize is not None, model=request.model,
+                        reloadable=folder and (apart or clip) and not request_uses_networks(request)
+                        and not edits_prompts(request), single_file=not folder, full_precision=self.precision.full,
+                        own_size=own is not None or clip and not request.allow_upscale, refiner=load)
+        if clip:
+            facts = video_fit.folder_video(record, request.model, None if source is None or source.kind == "single_file"
+                                           else source.path)
+            return video_fit.plan_clip(plan_at, found, facts, request, record.label or request.model, forced is not None)
+        result = plan_at(found, width, height)
         return self._with_refiner(result, request, found, load.profile) if load is not None else result
 
     @staticmethod
@@ -329,8 +341,15 @@ class Session:
         loads, the job ends before its first step. `skip` (A1111's Skip): the running pass stops and is kept the same
         way, the event is cleared, and the job goes on with the next batch of the batch count. `on_preview(image,
         step, total)`: every `preview_every` steps (0: never) an RGB preview of the pass's first image, made on the
-        CPU by `preview_method` (lowvram_gen/preview.py: auto, approx, taesd, off)."""
-        request = self.with_styles(request.validated())
+        CPU by `preview_method` (lowvram_gen/preview.py: auto, approx, taesd, off).
+
+        A video request (`request.is_video`: frames given) makes a clip on a video model instead
+        (`generate_video`); an image request on a video model is refused, pointing to `lowvram-gen video`."""
+        request = request.validated()
+        if request.is_video:
+            return self.generate_video(request, on_step, cancel, on_preview=on_preview, preview_every=preview_every,
+                                       preview_method=preview_method)
+        request = self.with_styles(request)
         preview_every = as_int("live preview every", preview_every, 0, MAX_STEPS, " steps (0: off)")
         preview_method = previews.check_method(preview_method)
         check_names(request.prompt, request.negative_prompt, request.loras)  # an unknown LoRA: before the model loads
@@ -342,6 +361,9 @@ class Session:
                 raise Cancelled("cancelled before the first step; 0 finished image(s) kept")
             device = self.device()
             source = resolve(request.model, request.config)
+            video = video_checks.video_model(source, request.model)
+            if video is not None:  # a video model asked for an image: before it loads
+                raise video_checks.refuse_video_model(request.model, video)
             request = self.with_sampling_defaults(request, source)  # once: the plan and the job see the numbers
             the_plan = self.plan(request, device, source)
             if the_plan.refusal and self.model is not None and self.model.source != source:
@@ -372,6 +394,77 @@ class Session:
                                  preview_every=preview_every, preview_method=preview_method)
                 self._learn(device, request, source, ladder)
                 return result
+            finally:
+                self._remember(device, request.model, ladder)
+
+    # -- video (issue 33) -------------------------------------------------------------------------------------
+    def with_video_defaults(self, request: GenerationRequest, source: ModelSource | None = None) -> GenerationRequest:
+        """`request` (a video one) with what it left to the model set to the model's (its family record's Video facts
+        for the folder): frames 0 -> its frame count, fps None -> its fps, cfg_scale_2 None -> its low-noise expert's
+        CFG (Wan 2.2 A14B; None for a model with one denoiser). An image request, or a model that is no video
+        family's, is returned as it is (generate_video refuses the latter)."""
+        if not request.is_video:
+            return request
+        source = source or resolve(request.model, request.config)
+        video = video_checks.video_model(source, request.model)
+        if video is None:
+            return request
+        facts = video.video
+        cfg_2 = request.cfg_scale_2
+        if facts.experts and cfg_2 is None:
+            cfg_2 = facts.cfg_2 if facts.cfg_2 is not None else request.cfg_scale
+        return dataclasses.replace(request, frames=request.frames or facts.frames,
+                                   fps=request.fps if request.fps is not None else facts.fps,
+                                   cfg_scale_2=cfg_2 if facts.experts else None)
+
+    def generate_video(self, request: GenerationRequest, on_step: ProgressFn | None = None,
+                       cancel: threading.Event | None = None, *, on_preview: PreviewFn | None = None,
+                       preview_every: int = 0, preview_method: str = "auto") -> GenerationResult:
+        """Make and save the clip of a video request (`generate` sends one here): checked against the model's video
+        facts before anything loads (engines/video/checks.py), planned (Session.plan counts its frames), loaded by
+        its folder's pipeline class, and run on the Runner and the Ladder as images are (engines/video/job.py).
+        `cancel`: the steps stop at the next one, the clip as it was is saved, and Cancelled is raised with it.
+        `on_preview(image, step, total)`: the middle frame every `preview_every` steps."""
+        from lowvram_gen.engines.video.job import run_video_job
+
+        request = self.with_styles(request.validated())
+        preview_every = as_int("live preview every", preview_every, 0, MAX_STEPS, " steps (0: off)")
+        preview_method = previews.check_method(preview_method)
+        if not request.is_video:
+            raise InvalidRequest("frames", None, "a video job needs frames (0: the model's own count)")
+        outdir = self._outdir(request.outdir)
+        with self.lock:
+            if cancel is not None and cancel.is_set():  # cancelled while it waited for the GPU
+                raise Cancelled("cancelled before the first step; no clip made")
+            source = resolve(request.model, request.config)
+            video = video_checks.video_model(source, request.model)
+            if video is None:
+                record, _ = video_checks.facts_of(source, request.model)
+                raise video_checks.refuse_image_model(request.model, record)
+            request = self.with_video_defaults(self.with_sampling_defaults(request, source), source)
+            video_checks.check(request, video)  # frames, size, init image, sampler: before any loading
+            device = self.device()
+            the_plan = self.plan(request, device, source)
+            if the_plan.refusal and self.model is not None and self.model.source != source:
+                log.info("unloading %s to make room in system RAM for %s", self.model.name, request.model)
+                self.model, self.runner = None, None
+                free_memory(device.kind)
+                device = self.device()
+                the_plan = self.plan(request, device, source)
+            if the_plan.refusal:
+                raise NotEnoughRam(the_plan.refusal)
+            first = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
+            load_dtype = apply_mod.load_dtype(first, half_dtype(source.path) if first.half_storage else "float16")
+            model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device,
+                                    without_text_encoders=first.text_encoders == "reloaded")
+            if self.runner is None or self.runner.model is not model:
+                self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
+            self.runner.device = device
+            ladder = Ladder(the_plan.ladder, device.kind)
+            try:
+                return run_video_job(self.runner, request, ladder, source, device, outdir, video, on_step, cancel,
+                                     [the_plan.loss_note] if the_plan.loss_note else [], on_preview=on_preview,
+                                     preview_every=preview_every, preview_method=preview_method)
             finally:
                 self._remember(device, request.model, ladder)
 

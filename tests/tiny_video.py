@@ -48,15 +48,19 @@ def _t5(tokenizer, seed: int = 3):
         decoder_start_token_id=0)).eval()
 
 
-def _wan_transformer(in_channels: int = 16, out_channels: int = 16, seed: int = 0, image_dim: int | None = None):
+def _wan_transformer(in_channels: int = 16, out_channels: int = 16, seed: int = 0, image_dim: int | None = None,
+                     wide: bool = False):
+    """`wide`: 4 heads of 32 (128) and a 256-wide MLP instead of 2 of 12 (24) and 32, which sdnq's int8 skips as too
+    narrow to quantize."""
     import torch
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(seed)
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=in_channels,
-        out_channels=out_channels, text_dim=TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=image_dim)
+        patch_size=(1, 2, 2), num_attention_heads=4 if wide else 2, attention_head_dim=32 if wide else 12,
+        in_channels=in_channels, out_channels=out_channels, text_dim=TEXT_DIM, freq_dim=256,
+        ffn_dim=256 if wide else 32, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32, image_dim=image_dim)
 
 
 def _wan21_vae():
@@ -86,11 +90,11 @@ def _flow_scheduler(shift: float):
                                    num_train_timesteps=1000)
 
 
-def build_wan21():
+def build_wan21(wide: bool = False):
     from diffusers import WanPipeline
 
     tokenizer = t5_tokenizer()
-    return WanPipeline(transformer=_wan_transformer(), vae=_wan21_vae(), scheduler=_flow_scheduler(3.0),
+    return WanPipeline(transformer=_wan_transformer(wide=wide), vae=_wan21_vae(), scheduler=_flow_scheduler(3.0),
                        text_encoder=_umt5(tokenizer), tokenizer=tokenizer)
 
 
@@ -121,12 +125,13 @@ def build_wan22_ti2v(image: bool = False):
     return WanPipeline(**parts)
 
 
-def build_wan22_a14b(image: bool = False):
+def build_wan22_a14b(image: bool = False, wide: bool = False):
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
     tokenizer = t5_tokenizer()
     channels = 36 if image else 16
-    parts = dict(transformer=_wan_transformer(channels, 16, seed=0), transformer_2=_wan_transformer(channels, 16, seed=1),
+    parts = dict(transformer=_wan_transformer(channels, 16, seed=0, wide=wide),
+                 transformer_2=_wan_transformer(channels, 16, seed=1, wide=wide),
                  vae=_wan21_vae(), scheduler=_flow_scheduler(3.0), text_encoder=_umt5(tokenizer), tokenizer=tokenizer)
     if image:
         return WanImageToVideoPipeline(**parts, boundary_ratio=0.9, image_encoder=None, image_processor=None)
@@ -163,13 +168,15 @@ BUILDERS = {
     "wan21": build_wan21, "wan21-i2v": build_wan21_i2v, "wan22-ti2v": build_wan22_ti2v,
     "wan22-a14b": build_wan22_a14b, "wan22-a14b-i2v": lambda: build_wan22_a14b(image=True),
     "ltx": build_ltx, "ltx-i2v": lambda: build_ltx(image=True),
+    # transformers wide enough for int8 (tests/test_video_engine_memory.py); not among KINDS
+    "wan21-wide": lambda: build_wan21(wide=True), "wan22-a14b-wide": lambda: build_wan22_a14b(wide=True),
 }
 
 
 def build(kind: str):
     """The tiny pipeline `kind` (one of KINDS), float32 on the CPU."""
     if kind not in BUILDERS:
-        raise ValueError(f"tiny video kind {kind!r}: one of {', '.join(KINDS)}")
+        raise ValueError(f"tiny video kind {kind!r}: one of {', '.join(BUILDERS)}")
     return BUILDERS[kind]()
 
 
@@ -179,3 +186,42 @@ def save(kind: str, dest) -> Path:
     if not (dest / "model_index.json").exists():
         build(kind).save_pretrained(dest, safe_serialization=True)
     return dest
+
+
+# -- plain diffusers, for the engine's tests (tests/test_video_engine*.py) ----------------------------------------
+
+
+def plain_pipeline(folder, image: bool = False):
+    """Plain diffusers' pipeline from `folder` (float32, CPU): the class its model_index names; with `image` on a
+    text-to-video folder, the family's image-to-video class over its components as diffusers documents them (Wan 2.2
+    TI2V: WanImageToVideoPipeline with expand_timesteps and no image encoder; LTX: LTXImageToVideoPipeline)."""
+    import json
+
+    import diffusers
+
+    name = json.loads((Path(folder) / "model_index.json").read_text())["_class_name"]
+    pipe = getattr(diffusers, name).from_pretrained(str(folder))
+    if image and name == "WanPipeline":
+        pipe = diffusers.WanImageToVideoPipeline(**pipe.components, image_encoder=None, image_processor=None,
+                                                 expand_timesteps=pipe.config.expand_timesteps)
+    elif image and name == "LTXPipeline":
+        pipe = diffusers.LTXImageToVideoPipeline(**pipe.components)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def plain_frames(pipe, seed: int, **kw):
+    """The frames of plain diffusers' call as uint8 (F, H, W, 3): its "np" output, [0, 1], scaled and rounded."""
+    import numpy as np
+    import torch
+
+    video = pipe(generator=torch.Generator().manual_seed(seed), output_type="np", **kw).frames[0]
+    return (np.clip(video, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
+def saved_frames(paths):
+    """The PNG frames a job saved (save_frames) as uint8 (F, H, W, 3)."""
+    import numpy as np
+    from PIL import Image
+
+    return np.stack([np.asarray(Image.open(p).convert("RGB")) for p in paths])

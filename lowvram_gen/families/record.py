@@ -128,6 +128,11 @@ class Video:
     image_encoder: bool = False
     # the call's argument naming the frame rate, where the model conditions on it (LTX's `frame_rate`); None: none
     fps_argument: str | None = None
+    # the family's IMG2VID pipeline runs over this variant's TXT2VID components (an init image on its text-to-video
+    # folder): Wan 2.2 TI2V 5B (WanImageToVideoPipeline with expand_timesteps, no image encoder), LTX-Video
+    # (LTXImageToVideoPipeline). False: a T2V folder of it takes no init image (Wan 2.1 T2V, Wan 2.2 T2V A14B)
+    img2vid_on_t2v: bool = False
+    label: str = ""  # the variant as people name it ("Wan 2.1 T2V"), for messages
 
     @property
     def size_multiple(self) -> int:

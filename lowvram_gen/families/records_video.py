@@ -29,12 +29,15 @@ from typing import Mapping
 
 from lowvram_gen.families.record import Call, Family, FolderFacts, Guidance, Sampling, Task, Video
 
-WAN21 = Video(temporal=4, spatial=8, patch=2, frames=81, fps=16.0, size=(832, 480))
-WAN21_I2V = replace(WAN21, image_encoder=True)
-WAN22_TI2V = Video(temporal=4, spatial=16, patch=2, frames=121, fps=24.0, size=(1280, 704))
-WAN22_A14B = Video(temporal=4, spatial=8, patch=2, frames=81, fps=16.0, size=(1280, 720), experts=True, cfg_2=3.0)
-WAN22_A14B_I2V = replace(WAN22_A14B, cfg_2=3.5)
-LTX = Video(temporal=8, spatial=32, patch=1, frames=161, fps=24.0, size=(704, 480), fps_argument="frame_rate")
+WAN21 = Video(temporal=4, spatial=8, patch=2, frames=81, fps=16.0, size=(832, 480), label="Wan 2.1 T2V")
+WAN21_I2V = replace(WAN21, image_encoder=True, label="Wan 2.1 I2V")
+WAN22_TI2V = Video(temporal=4, spatial=16, patch=2, frames=121, fps=24.0, size=(1280, 704), img2vid_on_t2v=True,
+                   label="Wan 2.2 TI2V 5B")
+WAN22_A14B = Video(temporal=4, spatial=8, patch=2, frames=81, fps=16.0, size=(1280, 720), experts=True, cfg_2=3.0,
+                   label="Wan 2.2 T2V A14B")
+WAN22_A14B_I2V = replace(WAN22_A14B, cfg_2=3.5, label="Wan 2.2 I2V A14B")
+LTX = Video(temporal=8, spatial=32, patch=1, frames=161, fps=24.0, size=(704, 480), fps_argument="frame_rate",
+            img2vid_on_t2v=True, label="LTX-Video")
 
 WAN21_SAMPLING = Sampling(50, 5.0, "Wan 2.1's model card")
 WAN22_A14B_SAMPLING = Sampling(40, 4.0, "Wan 2.2 A14B's model card")

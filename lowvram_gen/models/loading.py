@@ -77,23 +77,44 @@ def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quanti
         left_out = {name: None for name in text_encoder_names(source.path)} if without_text_encoders else {}
         quantized = {} if quantize == "none" else {
             name: load_component(source.path, name, dtype, quantize, quantize_on)
-            for name in _index(source.path) if is_target(name) and name not in left_out}
+            for name in _index(source.path) if _quantized(name) and name not in left_out}
         return _pipeline_class(source.path, AutoPipelineForText2Image).from_pretrained(
             str(source.path), dtype=getattr(torch, dtype), **absent_components(source.path), **quantized, **left_out)
     except (OSError, ValueError, KeyError, EnvironmentError) as exc:
-        raise ModelLoadError(f"could not load {source.spec} as a text-to-image pipeline: {exc}") from exc
+        what = "video" if _is_video_folder(source.path) else "text-to-image"
+        raise ModelLoadError(f"could not load {source.spec} as a {what} pipeline: {exc}") from exc
+
+
+def _is_video_folder(folder) -> bool:
+    """The folder's model_index names a video family's pipeline (issue 33)."""
+    try:
+        name = str(safe_json.load_file(Path(folder) / "model_index.json").get("_class_name") or "")
+    except (OSError, ValueError):
+        return False
+    record = families.find_pipeline(name)
+    return record is not None and record.is_video
+
+
+def _quantized(name: str) -> bool:
+    """Whether int8/int4 apply to the folder's component `name` as it loads: quantize's targets, and Wan 2.2 A14B's
+    second expert (`transformer_2`), which is a denoiser as the first is."""
+    return is_target(name) or name == "transformer_2"
 
 
 def _pipeline_class(folder, auto):
     """The class a folder loads with: the text-to-image auto-pipeline, or the folder's own pipeline class where it is
     its family's txt2img pipeline and the auto-pipelines do not map it (an edit model's, QwenImageEditPipeline;
-    HiDreamImagePipeline and BriaPipeline, which diffusers 0.42's auto-pipelines do not map)."""
+    HiDreamImagePipeline and BriaPipeline, which diffusers 0.42's auto-pipelines do not map), or where it is a video
+    family's text- or image-to-video pipeline (WanPipeline, WanImageToVideoPipeline, LTXPipeline: the auto-pipelines
+    map no video class)."""
     from diffusers.pipelines.auto_pipeline import AUTO_TEXT2IMAGE_PIPELINES_MAPPING
 
     name = str(safe_json.load_file(Path(folder) / "model_index.json").get("_class_name") or "")
     record = families.find_pipeline(name)
     mapped = name in (cls.__name__ for cls in AUTO_TEXT2IMAGE_PIPELINES_MAPPING.values())
-    if record is None or mapped or record.pipeline_for(families.Task.TXT2IMG) != name:
+    video = record is not None and record.is_video and name in (record.pipeline_for(families.Task.TXT2VID),
+                                                                record.pipeline_for(families.Task.IMG2VID))
+    if not video and (record is None or mapped or record.pipeline_for(families.Task.TXT2IMG) != name):
         return auto  # another task's folder (an SD inpainting one) loads as its family's txt2img pipeline
     import diffusers
 
@@ -175,7 +196,7 @@ def _reload_own_components(model: LoadedModel, names: list[str], dtype: str, qua
                                       quantize_on)
     else:
         with returning_freed_memory():
-            modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",
+            modules = {name: load_component(model.source.path, name, dtype, quantize if _quantized(name) else "none",
                                             quantize_on) for name in names}
     for name, module in modules.items():
         log.info("reloading %s of %s from disk to restore its precision", name, model.name)

@@ -146,6 +146,21 @@ class ModelProfile:
     # (a token embedding with the first small layer after it, not twice the embedding). Empty: not counted (an old
     # stored profile), twice the largest layer is taken
     leaf_window: dict[str, int] = field(default_factory=dict)
+    # --- video (issue 33; planning/video.py). The model's: the transformer's temporal patch and depth, the VAE's
+    # temporal compression and how it decodes a clip ('wan': latent frame by latent frame with a causal feature
+    # cache; 'ltx': every frame at once unless tiled/framewise; '': an image VAE), and whether a second expert
+    # (`transformer_2`, Wan 2.2 A14B) takes over the low-noise steps (params["transformer_2"]: its weights)
+    transformer_patch_t: int = 1
+    transformer_layers: int = 0
+    vae_temporal: int = 1
+    vae_video: str = ""
+    # the job's (planning/video.planned sets them; 0 / False for an image job, as reference_tokens): the frames a clip
+    # makes and the latent frames its denoiser runs over, whether CFG runs as a second forward (Wan: not a doubled
+    # batch), and whether the job runs the image encoder (image-to-video with Wan 2.1 I2V's CLIP vision model)
+    video_frames: int = 0
+    latent_frames: int = 0
+    cfg_two_forwards: bool = False
+    image_job: bool = False
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -174,6 +189,15 @@ class ModelProfile:
     @property
     def text_encoders(self) -> list[str]:
         return [k for k in self.params if k.startswith("text_encoder")]
+
+    @property
+    def experts(self) -> int:
+        """Denoisers that take turns over the steps: 2 for Wan 2.2 A14B (`transformer_2`), else 1."""
+        return 2 if self.params.get("transformer_2") else 1
+
+    @property
+    def is_video_job(self) -> bool:
+        return self.video_frames > 0
 
 
 def _builtin_key(name: str) -> str:
@@ -289,7 +313,9 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
     joint, in_channels = False, 0
     for name, (library, class_name) in sorted(components.items()):
         cfg_file = root / name / "config.json"
-        if not cfg_file.is_file() or name in ("safety_checker", "feature_extractor", "image_encoder"):
+        # an image encoder counts where it is a video family's (Wan 2.1 I2V's CLIP vision model, image-to-video)
+        skipped = ("safety_checker", "feature_extractor") + (() if family.is_video else ("image_encoder",))
+        if not cfg_file.is_file() or name in skipped:
             continue
         cfg = safe_json.load_file(cfg_file)
         model = instantiate_meta(library, class_name, cfg)
@@ -395,7 +421,12 @@ def _denoiser_fields(name: str, model, family: families.Family = families.GENERI
         )
     else:  # a transformer: its width and patch as the family's record reads its config (a 3-D patch: the spatial)
         hidden, patch = family.transformer_shape(cfg)
+        patch_3d = cfg.get("patch_size")
         out.update(transformer_hidden=int(hidden), transformer_patch=int(patch),
+                   # a video transformer's (t, h, w) patch (Wan's (1, 2, 2)), or LTX's patch_size_t
+                   transformer_patch_t=int(patch_3d[0]) if isinstance(patch_3d, (list, tuple)) and len(patch_3d) == 3
+                   else int(cfg.get("patch_size_t") or 1),
+                   transformer_layers=int(cfg.get("num_layers") or 0),
                    latent_channels=int(cfg.get("in_channels", 4)),
                    pointwise_conv=max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Conv2d)
                                        and m.kernel_size == (1, 1) and m.groups == 1), default=0))
@@ -409,12 +440,31 @@ def _as_list(value, n: int) -> list:
 def _vae_fields(model) -> dict:
     cfg = model.config
     if "z_dim" in cfg and "base_dim" in cfg:  # a Wan-style causal 3-D VAE (Qwen-Image's): its own config names
+        down = cfg.get("temperal_downsample", (False, True, True))
         return {
             "latent_channels": int(cfg["z_dim"]),
             "vae_channels": tuple(int(cfg["base_dim"]) * int(m) for m in cfg.get("dim_mult", (1, 2, 4, 4))),
             "vae_layers_per_block": int(cfg.get("num_res_blocks", 2)),
-            "vae_scale_factor": 2 ** len(cfg.get("temperal_downsample", (False, True, True))),
+            # Wan 2.2's VAE patchifies 2x2 before its 8x: scale_factor_spatial 16 (diffusers' spatial_compression_ratio)
+            "vae_scale_factor": int(cfg.get("scale_factor_spatial") or 2 ** len(down)),
             "vae_sample_size": 512,
+            "vae_temporal": int(cfg.get("scale_factor_temporal") or 2 ** sum(bool(d) for d in down)),
+            "vae_video": "wan",
+        }
+    if "spatio_temporal_scaling" in cfg:  # LTX-Video's AutoencoderKLLTXVideo: its compression as diffusers computes it
+        scaling = sum(bool(s) for s in cfg["spatio_temporal_scaling"])
+        stages = cfg.get("decoder_block_out_channels") or cfg.get("block_out_channels") or (128, 256, 512, 512)
+        return {
+            "latent_channels": int(cfg.get("latent_channels", 128)),
+            "vae_channels": tuple(int(c) for c in stages),
+            "vae_layers_per_block": int(max(_as_list(cfg.get("decoder_layers_per_block")
+                                                     or cfg.get("layers_per_block", 4), 1))),
+            "vae_scale_factor": int(cfg.get("spatial_compression_ratio")
+                                    or int(cfg.get("patch_size", 4)) * 2 ** scaling),
+            "vae_sample_size": 512,  # its tile_sample_min_height
+            "vae_temporal": int(cfg.get("temporal_compression_ratio")
+                                or int(cfg.get("patch_size_t", 1)) * 2 ** scaling),
+            "vae_video": "ltx",
         }
     # a DC-AE (SANA's AutoencoderDC) names its stages per side: each halves the side, as an AutoencoderKL's do (32x)
     stages = cfg.get("block_out_channels") or cfg.get("decoder_block_out_channels") or (128, 256, 512, 512)

@@ -39,6 +39,7 @@ from types import SimpleNamespace
 from lowvram_gen import families
 from lowvram_gen.models.profile import TEXT_TOKENS, ModelProfile, calibration
 from lowvram_gen.planning import residency
+from lowvram_gen.planning import video
 from lowvram_gen.settings import MemorySettings
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -169,6 +170,14 @@ def _weight_copies(profile: ModelProfile) -> float:
     return float(table.get(same, 1.0))
 
 
+def _video_vae_coefficient(profile: ModelProfile) -> float:
+    """A clip's decode coefficient (planning/video.decode_bytes): fit.vae_video by the VAE's kind ('wan' for Wan 2.1's
+    VAE, 'wan22' for Wan 2.2's 16x one, 'ltx'), fitted by benchmarks/video_estimate_check.py on measured peaks."""
+    table = _fit().get("vae_video") or {}
+    kind = "wan22" if profile.vae_video == "wan" and profile.vae_scale_factor == 16 else profile.vae_video
+    return float(table.get(kind, table.get("global", video.DEFAULT_VIDEO_VAE_COEF)))
+
+
 def _per_call(kind: str) -> float:
     """Images' worth of activations a forward needs whatever its batch (fitted from batch pairs)."""
     return float(_fit_table(kind).get("per_call", 0.0))
@@ -223,7 +232,9 @@ def transformer_tokens(profile: ModelProfile, hw: int) -> float:
     """Tokens one image puts through every transformer block: hw latent pixels in patches, plus the
     text tokens that joint attention (SD3, Flux) carries beside them, and an edit's reference images' latent tokens
     (Kontext, Qwen-Image-Edit, Flux.2: in the same stream)."""
-    return hw / profile.transformer_patch**2 + profile.joint_text_tokens + profile.reference_tokens
+    # a clip: every latent frame's tokens in one stream (planning/video.py)
+    return (hw / profile.transformer_patch**2 * video.frames_factor(profile) + profile.joint_text_tokens
+            + profile.reference_tokens)
 
 
 def transformer_feature(profile: ModelProfile, hw: int) -> float:
@@ -292,6 +303,9 @@ class Estimate:
     controlnet_bytes: int = 0
     controlnet_resident_bytes: int = 0
     controlnet_streamed_bytes_per_step: int = 0
+    # Wan 2.2 A14B: the bytes crossing the bus at the expert switch, once a job (in moved_bytes_per_job too)
+    expert_swap_bytes: int = 0
+    image_encoder_bytes: int = 0  # image-to-video: the image encoder's weights (Wan 2.1 I2V's CLIP vision model)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -347,6 +361,9 @@ def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images:
     """Activations of decoding `images` latents, with diffusers' VAE slicing and tiling (tiles of
     `tile_px` pixels, as apply.vae_tile_size picks them; None: the VAE config's own tile size)."""
     width, height = rendered_size(profile, width, height)
+    if profile.is_video_job:  # a clip's decode (planning/video.py): frame by frame (Wan), or all at once (LTX)
+        return video.decode_bytes(profile, width, height, images, dtype_bytes, vae_feature(profile),
+                                  _video_vae_coefficient(profile), tiling)
     sf = profile.vae_scale_factor
     lh, lw = math.ceil(height / sf), math.ceil(width / sf)
     coef = _vae_coefficient(profile, dtype_bytes) * vae_feature(profile) * dtype_bytes
@@ -442,19 +459,25 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     cn_w = int((cn_n - cn_kept) * q_bytes + cn_kept * b if q_bytes and not profile.denoiser_quantized else cn_n * b)
     cn_resident, cn_streamed = (cn_w, 0) if settings.offload in ("none", "model") else (0, cn_w)
 
+    # a video folder's image encoder (Wan 2.1 I2V): on the device with the rest under none, else a phase of its own
+    # where the job runs it (image-to-video), moved in whole (its activations, 257 tokens, are left out)
+    ie_w = p.get("image_encoder", 0) * b
+    ie_run = ie_w if profile.image_job else 0
     off = settings.offload
     streamed, per_job, resident = 0, 0, 0
     if off == "model":
-        per_job = sum(te_each) + den_w + vae_w_decode
+        per_job = sum(te_each) + den_w + vae_w_decode + ie_run
     elif off in ("group", "sequential"):
-        streamed, per_job = den_w, sum(te_each) + vae_w_decode
+        streamed, per_job = den_w, sum(te_each) + vae_w_decode + ie_run
     if off == "none":
-        rest = sum(te_each) + den_w
+        rest = sum(te_each) + den_w + ie_w
         phases = {"text": (rest + vae_w, text_act), "unet": (rest + vae_w, unet_act),
                   "vae": (rest + max(vae_w, vae_w_decode), vae_act)}
     else:
         model_phases = {"text": (max(te_each, default=0), text_act), "unet": (den_w, unet_act),
                         "vae": (vae_w_decode, vae_act)}
+        if ie_run:
+            model_phases["image"] = (ie_run, 0)
         phases = model_phases
         if off in ("group", "sequential", "budget"):
             def leaf(name: str, nbytes: float) -> float:
@@ -471,7 +494,8 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
             te_leaf = max((profile.leaf_window[n] * b if profile.leaf_window.get(n) else leaf(n, b) for n in te_names),
                           default=0)
             group = {"text": (min(te_leaf, model_phases["text"][0]), text_act),
-                     "unet": (min(group_den, den_w), unet_act), "vae": model_phases["vae"]}
+                     "unet": (min(group_den, den_w), unet_act), "vae": model_phases["vae"],
+                     **({"image": model_phases["image"]} if ie_run else {})}
             phases = group
             if off == "budget":
                 # blocks kept on the GPU for the whole job (the planner's split, planning/residency.py);
@@ -490,16 +514,22 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                 streamed, resident = split.streamed_bytes_per_step, split.resident_bytes
                 # the resident part is on the GPU only while the denoiser runs: moved in before the
                 # denoise and out before the VAE decode (engines/sd/stepdown.py), so the decode has its room
-                per_job = sum(te_each) + vae_w_decode + 2 * kept
+                per_job = sum(te_each) + vae_w_decode + 2 * kept + ie_run
                 # nor while the prompts are encoded: it goes on at the denoiser's first forward (Runner.place_resident)
                 phases = {"text": group["text"],
                           "unet": (min(kept + split.in_flight_bytes + scratch, den_w), unet_act),
-                          "vae": group["vae"]}
+                          "vae": group["vae"], **({"image": group["image"]} if ie_run else {})}
             if off == "sequential":
                 den_leaf = leaf(den, b)
                 phases = {"text": (min(te_leaf, group["text"][0]), text_act),
                           "unet": (min(den_leaf, group["unet"][0]), unet_act),
-                          "vae": (min(leaf("vae", vae_b), group["vae"][0]), vae_act)}
+                          "vae": (min(leaf("vae", vae_b), group["vae"][0]), vae_act),
+                          **({"image": (min(leaf("image_encoder", b), ie_run), 0)} if ie_run else {})}
+    # Wan 2.2 A14B: the other expert's GPU part comes in at the switch (and the first's leaves), once a job
+    swap = video.swap_bytes(profile, settings, den_w, resident if off == "budget" else 0)
+    if off == "budget" and swap:
+        swap = 2 * (int(profile.residency_fixed * b * den_scale) + resident)
+    per_job += swap
     phase, (weights, act) = max(phases.items(), key=lambda kv: kv[1][0] + kv[1][1])
     weights = int(weights)
     total = weights + int(act) + OVERHEAD_BYTES
@@ -507,4 +537,5 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                     overhead_bytes=OVERHEAD_BYTES, peak_phase=phase, streamed_bytes_per_step=int(streamed),
                     moved_bytes_per_job=int(per_job), resident_bytes=int(resident), denoiser_bytes=int(den_stored),
                     controlnet_bytes=cn_w, controlnet_resident_bytes=int(cn_resident),
-                    controlnet_streamed_bytes_per_step=int(cn_streamed))
+                    controlnet_streamed_bytes_per_step=int(cn_streamed), expert_swap_bytes=int(swap),
+                    image_encoder_bytes=int(ie_w))

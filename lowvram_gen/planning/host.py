@@ -52,6 +52,7 @@ from lowvram_gen import families
 from lowvram_gen.hardware.hostmem import RUN_MMAP_THRESHOLD
 from lowvram_gen.models.profile import ModelProfile
 from lowvram_gen.planning import estimate as memory
+from lowvram_gen.planning import video
 from lowvram_gen.settings import MemorySettings
 
 MiB = 1024**2
@@ -135,16 +136,23 @@ class HostEstimate:
         return {**asdict(self), "rss_peak_bytes": self.rss_peak_bytes}
 
 
+def denoisers(profile: ModelProfile) -> tuple[str, ...]:
+    """The components stored as the denoiser is (quantized, fp8, paged alike): the denoiser, and Wan 2.2 A14B's second
+    expert `transformer_2` (the same shape; planning/video.py)."""
+    return (profile.denoiser, "transformer_2") if profile.params.get("transformer_2") else (profile.denoiser,)
+
+
 def kept_bytes(profile: ModelProfile, settings: MemorySettings) -> dict[str, int]:
     """Bytes each component holds once loaded, as `settings` store it (no placement taken into account)."""
     b = memory.DTYPE_BYTES[settings.dtype]
     q = memory.QUANTIZED_BYTES.get(settings.quantize)
     den = profile.denoiser
+    dens = denoisers(profile)
     out = {}
     for name, n in profile.params.items():
         if name == den and profile.denoiser_quantized:  # GGUF: as the file stores it
             out[name] = (n - profile.denoiser_quantized) * b + profile.denoiser_quantized_bytes
-        elif q and name == den:
+        elif q and name in dens:
             out[name] = (n - profile.quantized_kept) * q + profile.quantized_kept * b
         elif name.startswith("text_encoder") and (q or not settings.half_storage):
             # sdnq leaves the token embedding (the largest layer of a CLIP or T5 encoder) alone, and the layers
@@ -155,7 +163,7 @@ def kept_bytes(profile: ModelProfile, settings: MemorySettings) -> dict[str, int
         elif settings.half_storage:  # 16-bit as the file stores them; a text encoder's embeddings at the dtype
             emb = profile.largest_layer.get(name, 0) if name.startswith("text_encoder") else 0
             out[name] = min(n * b, profile_file_bytes(profile, name) - emb * 2 + emb * b)
-        elif name == den and settings.fp8_storage:
+        elif name in dens and settings.fp8_storage:
             out[name] = (n - profile.fp8_kept) * memory.FP8_BYTES + profile.fp8_kept * b
         else:
             out[name] = n * b
@@ -169,9 +177,9 @@ def mapped(profile: ModelProfile, settings: MemorySettings, name: str) -> bool:
     rewrites them (int8/int4, fp8, a GGUF denoiser). Its pages are read, and become resident, when a
     forward or a move to the GPU touches them."""
     n = profile.params.get(name, 0)
-    if not n or (name == profile.denoiser and (profile.denoiser_quantized or settings.fp8_storage)):
+    if not n or (name in denoisers(profile) and (profile.denoiser_quantized or settings.fp8_storage)):
         return False
-    if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
+    if settings.quantize != "none" and (name in denoisers(profile) or name.startswith("text_encoder")):
         return False
     width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
     if round(profile_file_bytes(profile, name) / n) != width and not tied_twice(profile, name, width):
@@ -261,10 +269,10 @@ def _load_peak(profile: ModelProfile, settings: MemorySettings, kept: dict[str, 
     whole, pages = 0, 0
     for name in converted:
         extra = profile.params[name] * b - kept[name] if name == profile.denoiser and settings.fp8_storage else 0
-        if settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder")):
+        if settings.quantize != "none" and (name in denoisers(profile) or name.startswith("text_encoder")):
             extra = QUANTIZE_LOAD_TRANSIENT * _largest_quantized_layer(profile, name) * 4
         whole = max(whole, extra)  # whole at the dtype before the cast to fp8, or quantizing scratch
-        quantized = settings.quantize != "none" and (name == profile.denoiser or name.startswith("text_encoder"))
+        quantized = settings.quantize != "none" and (name in denoisers(profile) or name.startswith("text_encoder"))
         pages = max(pages, (QUANTIZE_LOAD_PAGES if quantized else LOAD_TRANSIENT) * profile_file_bytes(profile, name))
     return int(sum(kept[n] for n in converted) + whole), int(pages)
 
@@ -276,7 +284,7 @@ def _check_finite_transient(profile: ModelProfile, settings: MemorySettings) -> 
     width = 2 if settings.half_storage else memory.DTYPE_BYTES[settings.dtype]
     worst, at = 0, None
     for name, n in profile.params.items():
-        if not n or (name == profile.denoiser and (profile.denoiser_quantized or settings.quantize != "none")):
+        if not n or (name in denoisers(profile) and (profile.denoiser_quantized or settings.quantize != "none")):
             continue
         t = min(profile.largest_layer.get(name, 0), CHECK_FINITE_CHUNK) * CHECK_FINITE_BYTES.get(width, 7)
         if t > worst:
@@ -340,9 +348,11 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
         # a mapped text encoder's file read whole at the load, its embedding's second copy too (tied_twice)
         in_ram = total_kept + _mapped_twice(profile, settings)
     elif settings.offload == "none":
-        # placed on the device after loading; moving a mapped component reads its whole file once
-        in_ram = max((profile_file_bytes(profile, n) for n in profile.params if mapped(profile, settings, n)),
-                     default=0)
+        # placed on the device after loading; moving a mapped component reads its whole file once. Wan 2.2 A14B:
+        # the expert not running waits in RAM (one on the GPU at a time: planning/video.py)
+        idle = sum(kept[n] for n in denoisers(profile)[1:])
+        in_ram = idle + max((profile_file_bytes(profile, n) for n in profile.params
+                             if n not in denoisers(profile)[1:] and mapped(profile, settings, n)), default=0)
     elif settings.offload == "budget":
         in_ram = max(0, total_kept - int(resident_bytes))
     else:
@@ -351,7 +361,8 @@ def host_estimate(profile: ModelProfile, settings: MemorySettings, device_kind: 
     if pinned and not on_cpu and settings.offload in ("group", "sequential", "budget"):
         # a pinned copy of the denoiser's streamed groups, made when the hooks go on (the text encoders and the
         # VAE, which run once per job, stream unpinned: engines/sd/apply.PipelineOps.group_offload)
-        pinned_bytes = min(in_ram, max(0, kept.get(profile.denoiser, 0) - int(resident_bytes)))
+        # (Wan 2.2 A14B: each expert's streamed groups, both hooked; one resident part on the GPU at a time)
+        pinned_bytes = min(in_ram, sum(max(0, kept.get(n, 0) - int(resident_bytes)) for n in denoisers(profile)))
     load, pages = _load_peak(profile, settings, kept, single_file)
     check, check_pages = _check_finite_peak(profile, settings, kept)
     rss_load = max(load + pages, check + check_pages)
@@ -398,7 +409,8 @@ def _hidden_state_bytes(profile: ModelProfile, width: int, height: int, images: 
     hw = math.ceil(height / sf) * math.ceil(width / sf)
     if profile.unet_channels:
         return int(images * hw * profile.unet_channels[0] * b)
-    return int(images * hw / max(1, profile.transformer_patch) ** 2 * (profile.transformer_hidden or 0) * b)
+    tokens = hw / max(1, profile.transformer_patch) ** 2 * video.frames_factor(profile)  # a clip: all its frames
+    return int(images * tokens * (profile.transformer_hidden or 0) * b)
 
 
 def _with_encoders_reloaded(profile: ModelProfile, settings: MemorySettings, device_kind: str, width: int,

@@ -107,11 +107,13 @@ class Plan:
     # speed): also in `warnings`, and written into the PNGs it makes
     loss_note: str = ""
     refiner: object = None  # planning/refiner.RefinerPlan: a refiner's swap, RAM and bus time; None: no refiner
+    video: object = None  # planning/video.VideoJob: the frames and tokens a clip's plan counted; None: an image job
 
     def as_dict(self) -> dict:
         return {"preset": self.preset.name, "ladder": [p.name for p in self.ladder], "reason": self.reason,
                 "warnings": list(self.warnings), "bus": self.bus.as_dict(), "refusal": self.refusal,
                 "loss_note": self.loss_note, "refiner": self.refiner.as_dict() if self.refiner else None,
+                **({"video": self.video.as_dict()} if self.video is not None else {}),
                 "presets": [e.as_dict() for e in self.estimates]}
 
 
@@ -263,7 +265,8 @@ class _Rows:
         """What the step estimate of `p` at this job's size is made of, as a record (measured_s 0)."""
         w, h, b = self.size(p)
         est = est or self.estimate(p)
-        images = b * (2 if self.cfg and self.profile.cfg_batch else 1)
+        # CFG's two halves: a doubled batch, or (Wan's video) a second forward: the same compute either way
+        images = b * (2 if self.cfg and (self.profile.cfg_batch or self.profile.cfg_two_forwards) else 1)
         on_gpu = p.device == "gpu"
         bus = self.bus.bytes_per_s if p.memory.pin_memory else self.bus.pageable_bytes_per_s
         transfer = timing.transfer_seconds(est.streamed_bytes_per_step, est.moved_bytes_per_job, self.steps, on_gpu,

@@ -41,7 +41,12 @@ SLOWDOWN = {"none": 1.0, "fp8": 1.05, "half": 1.05, "int8": 1.1, "int4": 1.25}
 
 
 def step_flops(profile, width: int, height: int, images: int, coefficients: dict[str, float]) -> float:
-    """FLOPs of one denoiser forward over `images` latents (CFG's two halves count as two images)."""
+    """FLOPs of one denoiser forward over `images` latents (CFG's two halves count as two images); a clip's from its
+    tokens and their attention (planning/video.step_flops)."""
+    if getattr(profile, "video_frames", 0) and getattr(profile, "transformer_hidden", 0):
+        from lowvram_gen.planning import video
+
+        return video.step_flops(profile, width, height, images)
     sf = profile.vae_scale_factor
     pixels = math.ceil(height / sf) * math.ceil(width / sf)
     coef = coefficients.get(profile.arch, coefficients.get("custom", 0.25))

@@ -82,8 +82,39 @@ def _modules(pipe):
 
 def _stepped(pipe) -> list[tuple[str, object]]:
     """What runs at every step, with the prefix of its block names in a budget split: the denoiser (none) and each
-    ControlNet (`controlnet0:` ..., as planning/controlnet.py names them)."""
-    return [("", getattr(pipe, denoiser_name(pipe))), *((f"{slot}:", m) for slot, m in attached(pipe).items())]
+    ControlNet (`controlnet0:` ..., as planning/controlnet.py names them). With two experts (Wan 2.2 A14B) the
+    denoiser is the one running now (`running_expert`): the other is idle, off the device."""
+    denoiser = running_expert(pipe) if experts(pipe) else denoiser_name(pipe)
+    return [("", getattr(pipe, denoiser)), *((f"{slot}:", m) for slot, m in attached(pipe).items())]
+
+
+EXPERTS = ("transformer", "transformer_2")  # Wan 2.2 A14B: high-noise expert, then low-noise expert
+_RUNNING = "_lowvram_expert"  # the pipeline object's attribute naming the expert that runs now
+
+
+def experts(pipe) -> tuple[str, ...]:
+    """The pipeline's two denoising experts (`transformer` for the high-noise steps, `transformer_2` for the
+    low-noise ones: Wan 2.2 A14B), or () where it has one denoiser. They run one after the other, never together: the
+    idle one is kept off the device under every offload (engines/video/experts.py swaps them at the boundary)."""
+    if getattr(pipe, "transformer", None) is None or getattr(pipe, "transformer_2", None) is None:
+        return ()
+    return EXPERTS
+
+
+def running_expert(pipe) -> str:
+    """The expert that runs now (the high-noise one until the switch); the one placed on the device."""
+    return pipe.__dict__.get(_RUNNING, EXPERTS[0])
+
+
+def set_running_expert(pipe, name: str) -> None:
+    if name not in EXPERTS:
+        raise ValueError(f"expert {name!r}: one of {', '.join(EXPERTS)}")
+    pipe.__dict__[_RUNNING] = name
+
+
+def idle_experts(pipe) -> list[str]:
+    """The experts that do not run now (kept on the host)."""
+    return [n for n in experts(pipe) if n != running_expert(pipe)]
 
 
 def _own(prefix: str, names) -> list[str]:
@@ -209,8 +240,13 @@ class PipelineOps:
             quantize_module(getattr(self.pipe, name), kind, device)
 
     def place(self, device: str) -> None:
-        for module in _modules(self.pipe).values():
-            module.to(device)
+        idle = idle_experts(self.pipe)  # two experts: the one not running stays on the host until the switch
+        for name, module in _modules(self.pipe).items():
+            module.to("cpu" if name in idle else device)
+
+    def expert_to(self, name: str, device: str) -> None:
+        """offload = "none": one expert, whole, to `device` (the swap at Wan 2.2 A14B's boundary)."""
+        getattr(self.pipe, name).to(device)
 
     def model_offload(self, device: str) -> None:
         """diffusers' model offload; the job's ControlNets get a hook of their own, as diffusers' ControlNet
@@ -242,7 +278,8 @@ class PipelineOps:
         import torch
         from diffusers.hooks import apply_group_offloading
 
-        every_step = {denoiser_name(self.pipe), *attached(self.pipe)}  # the denoiser and its ControlNets
+        # the denoiser (both experts) and its ControlNets
+        every_step = {denoiser_name(self.pipe), *experts(self.pipe), *attached(self.pipe)}
         for name, component in _modules(self.pipe).items():
             if name in skip:
                 continue
@@ -280,9 +317,11 @@ class PipelineOps:
         from lowvram_gen.models.held import hold
 
         _quiet_group_offload_moves()
-        stepped = _stepped(self.pipe)  # the denoiser, and the job's ControlNets split the same way
+        # the denoiser, and the job's ControlNets split the same way; an idle expert has the running one's blocks
+        # (same class, same config): the same split, its resident part kept on the host until the switch
+        stepped = [*_stepped(self.pipe), *(("", getattr(self.pipe, n)) for n in idle_experts(self.pipe))]
         self.group_offload(device, leaf=False, use_stream=use_stream,
-                           skip=(denoiser_name(self.pipe), *attached(self.pipe)), pinned=pinned)
+                           skip=(denoiser_name(self.pipe), *experts(self.pipe), *attached(self.pipe)), pinned=pinned)
         if streamed and use_stream and not _can_prefetch():
             log.info("budget offload: this diffusers has no lazy-prefetch hook to reuse; streaming without a CUDA stream")
             use_stream = False
@@ -314,6 +353,9 @@ class PipelineOps:
 
         for prefix, module in _stepped(self.pipe):  # the denoiser's and its ControlNets' resident parts
             _place_outside(module, {id(module.get_submodule(n)) for n in _own(prefix, streamed)}, torch.device(device))
+        for name in idle_experts(self.pipe):  # the expert not running: its resident part on the host, always
+            module = getattr(self.pipe, name)
+            _place_outside(module, {id(module.get_submodule(n)) for n in _own("", streamed)}, torch.device("cpu"))
 
     def free_bytes(self, device: str) -> int:
         """CUDA memory this pipeline's weights could use: free now, plus what torch's cache and the
@@ -498,8 +540,12 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     if effective.quantize != "none":
         from lowvram_gen.models.quantize import kinds, targets
 
+        from lowvram_gen.models.quantize import kind_of
+
         done = kinds(pipe)  # quantized while loading, or by an earlier apply
-        todo = [n for n in targets(pipe) if done.get(n) != effective.quantize and not (gguf and n == denoiser)]
+        done.update({n: k for n in experts(pipe) if (k := kind_of(getattr(pipe, n))) is not None})
+        names = [*targets(pipe), *(n for n in experts(pipe) if n not in targets(pipe))]  # both experts
+        todo = [n for n in names if done.get(n) != effective.quantize and not (gguf and n == denoiser)]
         if gguf:  # sdnq would quantize GGUF's packed uint8 blocks as if they were weights
             skipped.append(f"quantize {effective.quantize} of the {denoiser}: it holds GGUF-quantized weights "
                            "already (the text encoders are quantized)")
@@ -518,7 +564,8 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
         from lowvram_gen.models.row_split import cut_rows
 
         split = budget_split(pipe, effective, device, ops)
-        for prefix, module in _stepped(pipe):  # the layers the split cuts by rows, in place before the hooks go on
+        # the layers the split cuts by rows, in place before the hooks go on (an idle expert's as the running one's)
+        for prefix, module in [*_stepped(pipe), *(("", getattr(pipe, n)) for n in idle_experts(pipe))]:
             cut_rows(module, _own(prefix, split.resident + split.streamed))
         ops.budget_offload(target, split.streamed, use_stream=device.kind == "cuda", pinned=effective.pin_memory,
                            place=place_resident)

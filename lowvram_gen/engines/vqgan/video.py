@@ -1,4 +1,5 @@
-"""The progress video of a VQGAN-CLIP run, written beside its final image.
+"""The progress video of a VQGAN-CLIP run, written beside its final image (the encoders are video_out.py's, which
+writes generated clips too).
 
 H.264 mp4 through PyAV (the `video` extra: `pip install lowvram-gen[video]`; its wheels bundle
 FFmpeg, so no system ffmpeg is needed) when it is installed, an animated WebP through Pillow
@@ -43,21 +44,14 @@ def write_progress_video(frames: list, png: Path) -> Path:
 
 
 def _mp4(frames: list, path: Path) -> None:
-    import av
+    from lowvram_gen.video_out import write_mp4
 
-    width, height = (d - d % 2 for d in frames[0].size)  # yuv420p needs even sides
     held = frames + [frames[-1]] * round(HOLD_LAST_S * FPS)
-    with av.open(str(path), mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=FPS)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"crf": "18"}  # visually lossless; these videos are small anyway
-        for image in held:
-            frame = av.VideoFrame.from_image(image.convert("RGB").crop((0, 0, width, height)))
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())  # flush the encoder
+    write_mp4(held, path, FPS)  # odd sides lose their last row/column: yuv420p needs even ones
 
 
 def _webp(frames: list, path: Path) -> None:
+    from lowvram_gen.video_out import write_webp
+
     durations = [1000 // FPS] * (len(frames) - 1) + [int(HOLD_LAST_S * 1000)]
-    frames[0].save(path, format="WEBP", save_all=True, append_images=frames[1:], duration=durations, loop=0,
-                   quality=90)
+    write_webp(frames, path, durations)

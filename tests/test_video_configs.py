@@ -1,0 +1,107 @@
+"""The video models' shipped configs (lowvram_gen/configs/<name>, issue 33) build the published architectures.
+
+Each component that has a config is built with its class from model_index.json on the meta device (no weights, no
+memory) and its parameter count is checked against the published size (docs/video-configs.md says where each
+number comes from). A wrong width, depth, FFN size or channel count moves the count well past the tolerance.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+CONFIGS = Path(__file__).resolve().parents[1] / "lowvram_gen" / "configs"
+
+# published sizes in parameters, with the relative tolerance the published (rounded) figure allows
+B, M = 1e9, 1e6
+UMT5_XXL_ENCODER = (5.68 * B, 0.02)  # google/umt5-xxl's encoder (the Wan papers' "umT5", 5.7 B)
+WAN_VAE_21 = (127 * M, 0.02)  # Wan 2.1 technical report: "127M" parameters
+WAN_14B = (14.29 * B, 0.02)  # Wan 2.1 14B DiT (each Wan 2.2 A14B expert is one of these)
+EXPECTED = {
+    "wan21-t2v-1.3b": {"transformer": (1.42 * B, 0.02), "text_encoder": UMT5_XXL_ENCODER, "vae": WAN_VAE_21},
+    "wan21-t2v-14b": {"transformer": WAN_14B, "text_encoder": UMT5_XXL_ENCODER, "vae": WAN_VAE_21},
+    # the 14B DiT + each block's image key/value projections (40 x 2 x 5120^2 = 2.1 B) and the image embedder:
+    # 16.4 B, the size the Hub lists for Wan2.1-I2V-14B; the image encoder is CLIP ViT-H/14's vision tower (631 M)
+    "wan21-i2v-14b": {"transformer": (16.39 * B, 0.02), "text_encoder": UMT5_XXL_ENCODER,
+                      "vae": WAN_VAE_21, "image_encoder": (631 * M, 0.02)},
+    "wan22-ti2v-5b": {"transformer": (5.0 * B, 0.03), "text_encoder": UMT5_XXL_ENCODER, "vae": (705 * M, 0.05)},
+    "wan22-t2v-a14b": {"transformer": WAN_14B, "transformer_2": WAN_14B, "text_encoder": UMT5_XXL_ENCODER,
+                       "vae": WAN_VAE_21},
+    "wan22-i2v-a14b": {"transformer": WAN_14B, "transformer_2": WAN_14B, "text_encoder": UMT5_XXL_ENCODER,
+                       "vae": WAN_VAE_21},
+    # LTX-Video 0.9.0: the 2B transformer (1.92 B counted), T5-v1.1-XXL's encoder (4.76 B), its VAE (~0.42 B)
+    "ltx-video": {"transformer": (1.92 * B, 0.03), "text_encoder": (4.76 * B, 0.02), "vae": (419 * M, 0.05)},
+}
+
+
+def _index(name: str) -> dict:
+    return json.loads((CONFIGS / name / "model_index.json").read_text())
+
+
+def _count(library: str, class_name: str, config: dict) -> int:
+    import torch
+
+    cls = getattr(importlib.import_module(library), class_name)
+    with torch.device("meta"):
+        model = cls.from_config(config) if library == "diffusers" else cls(cls.config_class.from_dict(config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def _components(name: str):
+    for part, spec in _index(name).items():
+        if part.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        path = CONFIGS / name / part / "config.json"
+        if path.is_file():
+            yield part, spec, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_component_builds_at_its_published_size(name):
+    counted = {part: _count(spec[0], spec[1], config) for part, spec, config in _components(name)}
+    assert set(counted) == set(EXPECTED[name]), f"{name}: components with configs {sorted(counted)}"
+    for part, n in counted.items():
+        want, tol = EXPECTED[name][part]
+        assert abs(n - want) <= tol * want, f"{name}/{part}: {n / 1e9:.3f} B parameters, published {want / 1e9:.3f} B"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_index_names_loadable_classes_and_has_no_weights_or_tokenizers(name):
+    import diffusers
+
+    index = _index(name)
+    assert getattr(diffusers, index["_class_name"]), index["_class_name"]
+    files = [p for p in (CONFIGS / name).rglob("*") if p.is_file()]
+    assert all(p.suffix == ".json" for p in files), [str(p) for p in files if p.suffix != ".json"]
+    assert not (CONFIGS / name / "tokenizer").exists()
+    for part, spec in index.items():
+        if not part.startswith("_") and isinstance(spec, list) and spec[0] is not None:
+            assert (CONFIGS / name / part).is_dir() or part == "tokenizer", f"{name}: no folder for {part}"
+
+
+def test_wan22_pipeline_settings():
+    """What the Wan 2.2 pipelines read from model_index.json: the expert boundary and TI2V's per-token timesteps."""
+    assert _index("wan22-t2v-a14b")["boundary_ratio"] == 0.875
+    assert _index("wan22-i2v-a14b")["boundary_ratio"] == 0.9
+    ti2v = _index("wan22-ti2v-5b")
+    assert ti2v["expand_timesteps"] is True and ti2v["transformer_2"] == [None, None]
+    vae = json.loads((CONFIGS / "wan22-ti2v-5b" / "vae" / "config.json").read_text())
+    assert (vae["z_dim"], vae["scale_factor_spatial"], vae["scale_factor_temporal"]) == (48, 16, 4)
+    # Wan 2.2 I2V A14B has no CLIP image encoder (its image goes in as latents), Wan 2.1's I2V has one
+    assert _index("wan22-i2v-a14b")["image_encoder"] == [None, None]
+    assert _index("wan21-i2v-14b")["image_encoder"][1].startswith("CLIPVision")
+
+
+def test_scheduler_configs_load():
+    import diffusers
+
+    for name in EXPECTED:
+        spec = _index(name)["scheduler"]
+        config = json.loads((CONFIGS / name / "scheduler" / "scheduler_config.json").read_text())
+        scheduler = getattr(diffusers, spec[1]).from_config(config)
+        # LTX's scheduler shifts by the token count (use_dynamic_shifting): the pipeline passes mu
+        scheduler.set_timesteps(4, **({"mu": 1.0} if scheduler.config.get("use_dynamic_shifting") else {}))
+        assert len(scheduler.timesteps) == 4, name
