@@ -202,8 +202,12 @@ def check_method(value) -> str:
 
 def latent_format(pipe) -> str | None:
     """The latent format of a pipeline (any of its family's), as its family's record says (FORMATS' key); None where
-    we have none (a family no record knows, or one without a format here)."""
-    key = families.of_pipe(pipe).latent_format
+    we have none (a family no record knows, or one without a format here). A video pipeline's is its VAE's
+    (`video_format`: Wan 2.1 and Wan 2.2 share WanPipeline, with 16 or 48 channels)."""
+    record = families.of_pipe(pipe)
+    if record.is_video:
+        return video_format(pipe)
+    key = record.latent_format
     return key if key in FORMATS else None
 
 

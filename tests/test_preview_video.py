@@ -51,7 +51,7 @@ def _pipe(pipes, kind):
 def test_the_middle_frame_preview_of_each_wan_kind_has_the_clip_size_and_its_format(pipes, kind):
     width, height = WAN_KINDS[kind]
     pipe = _pipe(pipes, kind)
-    assert preview.video_format(pipe) == FORMAT[kind]
+    assert preview.video_format(pipe) == preview.latent_format(pipe) == FORMAT[kind]
     render, how = preview.renderer(pipe, "auto")
     assert how == "approx"
     latents = _step_latents(pipe, kind, width, height)[:1].float()
