@@ -136,3 +136,35 @@ def test_a_refused_clip_says_why_in_what_ran_and_runs_nothing(page, server, wan2
     summary = _summary_has(page, "10")
     assert "9" in summary and "13" in summary, summary
     assert not page.evaluate(PLAYER_SRC)
+
+
+def test_the_model_list_has_the_video_folders_and_a_pick_sets_the_models_own_controls(tmp_path):
+    """Not a browser test: the Model list keeps the video folders of the models folder (not the embedded SD models),
+    and picking one sets frames, fps, size, steps and CFG to its record's; CFG 2 is shown for a two-expert model only
+    (Wan 2.2 A14B, its low-noise expert's 3.0)."""
+    import tiny_video
+
+    from lowvram_gen.ui.context import UiOptions
+    from lowvram_gen.ui.tabs import video
+
+    for kind in ("wan21", "wan22-a14b", "ltx"):
+        tiny_video.save(kind, tmp_path / kind)
+    options = UiOptions(outdir=str(tmp_path / "out"), model="tiny", models_folder=str(tmp_path))
+    assert sorted(Path(m).name for m in video.model_choices(options)) == ["ltx", "wan21", "wan22-a14b"]
+    assert video.video_model("tiny") is None  # an image model: not in the list, refused by the engine if typed
+
+    frames, fps, width, height, steps, cfg, cfg_2 = video._on_pick(str(tmp_path / "wan22-a14b"), 7.0)
+    assert (frames, fps, width, height, steps, cfg) == (81, 16.0, 1280, 720, 40, 4.0)
+    assert cfg_2.visible is True and cfg_2.value == 3.0
+    *own, cfg_2 = video._on_pick(str(tmp_path / "wan21"), 7.0)
+    assert own == [81, 16.0, 832, 480, 50, 5.0] and cfg_2.visible is False
+    *own, cfg_2 = video._on_pick(str(tmp_path / "ltx"), 7.0)
+    assert own == [161, 24.0, 704, 480, 50, 3.0] and cfg_2.visible is False
+
+
+def test_the_video_flags_of_a_message_name_the_tabs_controls():
+    from lowvram_gen.ui.tabs.video import for_ui
+
+    said = for_ui("pass --frames 9 or 13; --cfg-2 is Wan 2.2 A14B's; --cfg 5 and --model x")
+    assert said == ("fill in the Frames box 9 or 13; the CFG 2 slider is Wan 2.2 A14B's; the CFG scale slider 5 and "
+                    "the Model box x"), said

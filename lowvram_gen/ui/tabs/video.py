@@ -212,7 +212,16 @@ def build(ctx: TabContext) -> None:
                 line = live.progress_line(PREFIX)
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                init = ImagePath("Init image (optional: image-to-video, its first frame)", height=200,
+                with gr.Row():  # the model first: picking it sets the controls below to its own
+                    model = gr.Dropdown(choices, value=first_model, allow_custom_value=True, scale=3,
+                                        label="Video model (Wan 2.1 / 2.2, LTX-Video)", elem_id=f"{PREFIX}model")
+                    refresh = gr.Button("Refresh", size="sm", scale=0, min_width=80, elem_id=f"{PREFIX}model-refresh")
+                with gr.Row():
+                    preset = gr.Dropdown([AUTO_PRESET, *session.presets()], value=AUTO_PRESET,
+                                         label="Memory preset", elem_id=f"{PREFIX}preset")
+                    preset.preprocess = lambda payload: payload  # another name reaches our validation, which says it
+                    quantize = Quantize(AS_PRESET, f"{PREFIX}quantize")
+                init = ImagePath("Init image (optional: image-to-video, its first frame)", height=160,
                                  elem_id=f"{PREFIX}init")
                 with gr.Row():
                     frames = Number("Frames (Wan: 4k+1, LTX: 8k+1)", video.frames, elem_id=f"{PREFIX}frames")
@@ -236,14 +245,6 @@ def build(ctx: TabContext) -> None:
                     allow_upscale = gr.Checkbox(False, label="Allow upscale",
                                                 info="where the size cannot fit: a smaller one, upscaled after",
                                                 elem_id=f"{PREFIX}allow-upscale")
-                with gr.Row():
-                    model = gr.Dropdown(choices, value=first_model, allow_custom_value=True,
-                                        label="Video model (Wan 2.1 / 2.2, LTX-Video)", elem_id=f"{PREFIX}model")
-                    refresh = gr.Button("Refresh", size="sm", scale=0, min_width=80, elem_id=f"{PREFIX}model-refresh")
-                    preset = gr.Dropdown([AUTO_PRESET, *session.presets()], value=AUTO_PRESET,
-                                         label="Memory preset", elem_id=f"{PREFIX}preset")
-                    preset.preprocess = lambda payload: payload  # another name reaches our validation, which says it
-                    quantize = Quantize(AS_PRESET, f"{PREFIX}quantize")
                 preview_every, preview_method = live.settings(PREFIX)
             with gr.Column(scale=2):
                 shown = live.image(PREFIX)
