@@ -57,9 +57,9 @@ def hold(server):
     server.session.generate = real
 
 
-def _fill_clip(page, model: Path, steps: int) -> None:
+def _fill_clip(page, model: Path, steps: int, own_frames: int = 81) -> None:
     """Open the Video tab, pick the model (typed: the tiny folder is not in the models folder), which sets the
-    frames, fps, size, steps and CFG to its own (Wan 2.1's 81 frames of 832x480), then ask for 9 frames of 64x64 in
+    frames, fps, size, steps and CFG to its own (`own_frames`: Wan 2.1's 81 frames of 832x480), then ask for 9 frames of 64x64 in
     `steps` steps, a preview every step."""
     open_tab(page, "Video")
     page.locator("#vid-prompt textarea").fill("a red boat on a lake")
@@ -67,7 +67,8 @@ def _fill_clip(page, model: Path, steps: int) -> None:
     box = page.locator("#vid-model input").first
     box.fill(str(model))
     box.press("Enter")
-    page.wait_for_function("() => document.querySelector('#vid-frames input').value === '81'", timeout=30_000)
+    page.wait_for_function("(n) => document.querySelector('#vid-frames input').value === n", arg=str(own_frames),
+                           timeout=30_000)
     _fill_number(page, "vid-frames", 9)
     _fill_number(page, "vid-fps", 8)
     _fill_number(page, "vid-width", 64)
@@ -168,3 +169,37 @@ def test_the_video_flags_of_a_message_name_the_tabs_controls():
     said = for_ui("pass --frames 9 or 13; --cfg-2 is Wan 2.2 A14B's; --cfg 5 and --model x")
     assert said == ("fill in the Frames box 9 or 13; the CFG 2 slider is Wan 2.2 A14B's; the CFG scale slider 5 and "
                     "the Model box x"), said
+
+
+@pytest.fixture(scope="module")
+def ti2v(tmp_path_factory):
+    """Wan 2.2 TI2V's tiny folder, made before any page loads (a module fixture, as `wan21`)."""
+    import tiny_video
+
+    folder = tmp_path_factory.mktemp("video-models") / "wan22-ti2v"
+    tiny_video.save("wan22-ti2v", folder)
+    return folder
+
+
+@needs_browser
+def test_image_to_video_from_the_init_image_with_its_frames_saved(ti2v, page, server, tmp_path):
+    """Wan 2.2 TI2V's image-to-video (the same folder, WanImageToVideoPipeline): the uploaded init image reaches the
+    job (the clip's JSON sidecar keeps its request), and "Save frames" writes the 9 frames beside the clip."""
+    from PIL import Image
+
+    from lowvram_gen.video_out import read_clip
+
+    init = tmp_path / "first frame.png"
+    Image.new("RGB", (64, 64), (220, 30, 30)).save(init)
+    before = set(Path(server.outdir).rglob("*.mp4"))
+    _fill_clip(page, ti2v, 2, own_frames=121)  # TI2V's own: 121 frames of 1280x704, set back to 9 of 64x64
+    page.locator("#vid-init input[type=file]").set_input_files(str(init))
+    page.wait_for_selector("#vid-init img", timeout=30_000)
+    page.check("#vid-save-frames input[type=checkbox]")
+    page.click("#vid-generate")
+    page.wait_for_function(PLAYER_SRC, timeout=120_000)
+    (clip,) = set(Path(server.outdir).rglob("*.mp4")) - before
+    request = read_clip(clip)[1]["request"]
+    assert request["init_image"] and Path(request["init_image"]).suffix == ".png", request
+    assert request["frames"] == 9 and request["save_frames"] is True
+    assert len(list(clip.parent.glob(f"{clip.stem}-frames/*.png"))) == 9

@@ -20,7 +20,6 @@ job says why in What ran and leaves the player as it was.
 (No `from __future__ import annotations`: Gradio finds `gr.Request` and `gr.Progress` through real annotations.)
 """
 
-import json
 from contextlib import closing
 from pathlib import Path
 from typing import NamedTuple
@@ -100,23 +99,10 @@ def for_ui(text: str) -> str:
 
 
 def clip_info(path: str) -> str:
-    """The clip's parameters text as its file keeps it: the JSON sidecar's `parameters` (lowvram_gen/video_out.py),
-    else the mp4's `comment` (read with PyAV); "" when neither says."""
-    sidecar = Path(path).with_suffix(".json")
-    try:
-        data = json.loads(sidecar.read_text(encoding="utf-8"))
-        text = data.get("parameters") if isinstance(data, dict) else None
-        if isinstance(text, str) and text:
-            return text
-    except (OSError, ValueError):
-        pass
-    try:
-        import av
+    """The clip's parameters text as its JSON sidecar keeps it (lowvram_gen/video_out.py); "" without one."""
+    from lowvram_gen.video_out import read_clip
 
-        with av.open(str(path)) as container:
-            return container.metadata.get("comment", "") or ""
-    except Exception:  # noqa: BLE001 - no PyAV, or a file PyAV cannot open (a WebP): nothing to show
-        return ""
+    return read_clip(path)[0] or ""
 
 
 def kept_clip(error: Cancelled) -> str | None:
@@ -214,7 +200,9 @@ def build(ctx: TabContext) -> None:
             with gr.Column(scale=3):
                 with gr.Row():  # the model first: picking it sets the controls below to its own
                     model = gr.Dropdown(choices, value=first_model, allow_custom_value=True, scale=3,
-                                        label="Video model (Wan 2.1 / 2.2, LTX-Video)", elem_id=f"{PREFIX}model")
+                                        label="Video model (Wan 2.1 / 2.2, LTX-Video)", elem_id=f"{PREFIX}model",
+                                        info="the video folders found (models folder, HF cache); or type a "
+                                             "diffusers folder or hub id")
                     refresh = gr.Button("Refresh", size="sm", scale=0, min_width=80, elem_id=f"{PREFIX}model-refresh")
                 with gr.Row():
                     preset = gr.Dropdown([AUTO_PRESET, *session.presets()], value=AUTO_PRESET,
