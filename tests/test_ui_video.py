@@ -32,17 +32,17 @@ def wan21(tmp_path_factory):
 
 @pytest.fixture()
 def hold(server):
-    """hold(at) -> (reached, release): the job waits at its step `at` (after that step's progress and preview went
-    out) until `release` is set or the job is cancelled (Interrupt), 60 s at most. Session.generate is restored
-    after."""
+    """hold(at, video=True) -> (reached, release): the video job (with video=False: the image job) waits at its step
+    `at` (after that step's progress and preview went out) until `release` is set or the job is cancelled
+    (Interrupt), 60 s at most. Session.generate is restored after."""
     real = server.session.generate
     reached, release = threading.Event(), threading.Event()
 
-    def install(at: int):
+    def install(at: int, video: bool = True):
         def held(request, on_step=None, cancel=None, **kw):
             def step(i, total):
                 on_step(i, total)
-                if i == at:
+                if i == at and request.is_video == video:
                     reached.set()
                     for _ in range(600):
                         if release.is_set() or cancel.wait(0.1):
@@ -109,6 +109,25 @@ def test_a_tiny_wan_clip_shows_its_progress_its_preview_then_plays_with_its_para
     assert clips, "no clip was written"
     src = page.evaluate(PLAYER_SRC)
     assert any(c.name in src for c in clips), (src, clips)
+
+
+@needs_browser
+def test_a_clip_waits_in_the_one_queue_behind_another_clients_image_job(page, server, hold, wan21):
+    """One GPU, one job: an API client's txt2img job (gradio_client, as a script would send it) is held at its step
+    1; the Video tab's job waits behind it and its line says so, then runs once the image is done."""
+    from gradio_client import Client
+
+    reached, release = hold(1, video=False)
+    client = Client(server.url, verbose=False)
+    image = client.submit(prompt="first, an image", width=64, height=64, steps=2, seed=1, api_name="/generate")
+    assert reached.wait(60)
+    _fill_clip(page, wan21, 2)
+    page.click("#vid-generate")
+    _progress_has(page, "Waiting: 1 job ahead")
+    assert not page.evaluate(PLAYER_SRC)
+    release.set()
+    assert image.result(timeout=120)[1].startswith("first, an image")
+    page.wait_for_function(PLAYER_SRC, timeout=120_000)
 
 
 @needs_browser
