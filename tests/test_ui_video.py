@@ -222,3 +222,20 @@ def test_image_to_video_from_the_init_image_with_its_frames_saved(ti2v, page, se
     assert request["init_image"] and Path(request["init_image"]).suffix == ".png", request
     assert request["frames"] == 9 and request["save_frames"] is True
     assert len(list(clip.parent.glob(f"{clip.stem}-frames/*.png"))) == 9
+
+
+def test_an_api_client_runs_the_tabs_video_endpoint(server, wan21):
+    """The tab's Generate is the gradio API's /video (gradio_client), with the same request fields; the clip comes
+    back with its parameters, What ran and the seed; a refusal is the client's error in one sentence."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(server.url, verbose=False)
+    video, info, summary, seed = client.predict(
+        prompt="a boat, by API", model=str(wan21), frames=9, fps=8, width=64, height=64, steps=2, seed=77,
+        preview_every=0, api_name="/video")
+    assert str(video).endswith(".mp4") and seed == 77, video  # the clip, downloaded by the client
+    assert info.startswith("a boat, by API") and "Frames: 9" in info and "FPS: 8" in info, info
+    assert summary.startswith("finished at"), summary
+    with pytest.raises(AppError, match="frames"):
+        client.predict(prompt="bad", model=str(wan21), frames=10, width=64, height=64, steps=2, api_name="/video")

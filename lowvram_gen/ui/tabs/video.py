@@ -130,7 +130,7 @@ def build(ctx: TabContext) -> None:
                                                                   size=(832, 480))  # Wan 2.1's, till a model is picked
     steps0, cfg0 = (first.steps, first.cfg) if first is not None else (50, 5.0)
 
-    def generate(prompt, negative_prompt="", init_image=None, frames=video.frames, fps=video.fps,
+    def generate(prompt, negative_prompt=None, init_image=None, frames=video.frames, fps=video.fps,
                  width=video.size[0], height=video.size[1], steps=steps0, cfg_scale=cfg0, cfg_scale_2=None, seed=-1,
                  model=first_model, preset=AUTO_PRESET, quantize=AS_PRESET, save_frames=False, allow_upscale=False,
                  preview_every=0, preview_method="auto", request: gr.Request = None, progress=gr.Progress()):
@@ -190,7 +190,7 @@ def build(ctx: TabContext) -> None:
             with gr.Column(scale=5):
                 prompt = gr.Textbox(label="Prompt", lines=3, elem_id=f"{PREFIX}prompt",
                                     placeholder="a red boat drifting on a calm lake at dawn")
-                negative = gr.Textbox(label="Negative prompt", lines=2, elem_id=f"{PREFIX}negative")
+                negative = gr.Textbox("", label="Negative prompt", lines=2, elem_id=f"{PREFIX}negative")
             with gr.Column(scale=1, min_width=160):
                 go = gr.Button("Generate", variant="primary", size="lg", elem_id=f"{PREFIX}generate",
                                elem_classes=["lowvram-generate"])
