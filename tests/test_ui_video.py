@@ -149,10 +149,11 @@ def test_interrupt_keeps_the_clip_decoded_as_it_was(page, server, hold, wan21):
 
 @needs_browser
 def test_a_refused_clip_says_why_in_what_ran_and_runs_nothing(page, server, wan21):
-    """Frames 10 for Wan (4k+1): one sentence in What ran, the player left as it was."""
+    """Frames 10 for Wan (4k+1): one sentence in What ran, the player left as it was. (Sent with Ctrl+Enter in the
+    prompt, as on the image tabs.)"""
     _fill_clip(page, wan21, 2)
     _fill_number(page, "vid-frames", 10)
-    page.click("#vid-generate")
+    page.locator("#vid-prompt textarea").press("Control+Enter")
     summary = _summary_has(page, "10")
     assert "9" in summary and "13" in summary, summary
     assert not page.evaluate(PLAYER_SRC)
