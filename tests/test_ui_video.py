@@ -145,6 +145,11 @@ def test_interrupt_keeps_the_clip_decoded_as_it_was(page, server, hold, wan21):
     assert len(kept) == 1, (summary, kept)
     assert next(iter(kept)).name in page.evaluate(PLAYER_SRC)
     assert "step 2 of 6" in summary, summary
+    info = page.locator("#vid-info textarea").input_value()
+    assert "Seed: 123" in info and "Frames: 9" in info, info  # the kept clip's own parameters
+    page.click("#vid-random-seed")
+    page.click("#vid-reuse-seed")  # ♻: the kept clip's seed
+    page.wait_for_function("() => document.querySelector('#vid-seed input').value === '123'", timeout=30_000)
 
 
 @needs_browser

@@ -98,11 +98,16 @@ def for_ui(text: str) -> str:
     return text
 
 
-def clip_info(path: str) -> str:
-    """The clip's parameters text as its JSON sidecar keeps it (lowvram_gen/video_out.py); "" without one."""
+def clip_info(path: str | None) -> tuple[str, int | None]:
+    """(parameters text, seed) of a clip as its JSON sidecar keeps them (lowvram_gen/video_out.py); ("", None)
+    without one."""
     from lowvram_gen.video_out import read_clip
 
-    return read_clip(path)[0] or ""
+    if not path:
+        return "", None
+    parameters, meta = read_clip(path)
+    seed = (meta or {}).get("seed")
+    return parameters or "", seed if isinstance(seed, int) else None
 
 
 def kept_clip(error: Cancelled) -> str | None:
@@ -169,14 +174,12 @@ def build(ctx: TabContext) -> None:
             yield gr.skip(), gr.skip(), for_ui(messages.failure(exc, request)), gr.skip()
             return
         summary = for_ui(job.summary() or "")
-        if isinstance(job.error, Cancelled):
-            clip = kept_clip(job.error)
-            yield (playable(clip), clip_info(clip) if clip else "", summary,
-                   job_request.seed if clip and job_request.seed != -1 else gr.skip())
+        clip = kept_clip(job.error) if isinstance(job.error, Cancelled) else job.result.video
+        if clip is None:  # cancelled before its first step: no clip, the player stays as it was
+            yield gr.skip(), gr.skip(), summary, gr.skip()
             return
-        result = job.result
-        yield (playable(result.video), clip_info(result.video) if result.video else "", summary,
-               result.seeds[0] if result.seeds else gr.skip())
+        parameters, seed = clip_info(clip)  # an interrupted job's clip, decoded as it was, is shown as a finished one
+        yield playable(clip), parameters, summary, gr.skip() if seed is None else seed
 
     def cancel(request: gr.Request):
         answer = jobs.answer_cancel(_key(request), "cancelling at the next step…")
@@ -212,8 +215,8 @@ def build(ctx: TabContext) -> None:
                 init = ImagePath("Init image (optional: image-to-video, its first frame)", height=160,
                                  elem_id=f"{PREFIX}init")
                 with gr.Row():
-                    frames = Number("Frames (Wan: 4k+1, LTX: 8k+1)", video.frames, elem_id=f"{PREFIX}frames")
-                    fps = Number("FPS", video.fps, elem_id=f"{PREFIX}fps")
+                    frames = Number("Frames (Wan: 4k+1, LTX: 8k+1; 0: the model's)", video.frames, elem_id=f"{PREFIX}frames")
+                    fps = Number("FPS (0: the model's)", video.fps, elem_id=f"{PREFIX}fps")
                     width = Number("Width", video.size[0], elem_id=f"{PREFIX}width")
                     height = Number("Height", video.size[1], elem_id=f"{PREFIX}height")
                     swap = gr.Button("⇅", elem_id=f"{PREFIX}swap-size", scale=0, min_width=40)
