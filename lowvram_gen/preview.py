@@ -54,7 +54,8 @@ class LatentFormat:
 
 
 # The factors are data published with ComfyUI: comfy/latent_formats.py, classes SD15, SDXL, SD3, Flux, Flux2, Wan21,
-# Wan22 and LTXV (latent_rgb_factors, latent_rgb_factors_bias), https://github.com/comfyanonymous/ComfyUI/blob/master/comfy/latent_formats.py
+# Wan22 and LTXV (latent_rgb_factors, latent_rgb_factors_bias),
+# https://github.com/comfyanonymous/ComfyUI/blob/master/comfy/latent_formats.py
 # Z-Image, Lumina 2 and Chroma have FLUX.1's VAE ("flux"), Qwen-Image Wan 2.1's ("wan21"), Flux.2 its own ("flux2"), as
 # ComfyUI's comfy/supported_models.py gives them. SANA's 32-channel DC-AE has no published map, so no approximation:
 # its previews are TAESANA's (madebyollin/taesd's taesana_decoder.pth, the 32x "f32" variant) where that file is here.
@@ -100,7 +101,7 @@ FORMATS = {
          (-0.1251, 0.0927, 0.1699), (0.0060, -0.0633, 0.0005), (0.3477, 0.2275, 0.2950), (0.1984, 0.0913, 0.1861)),
         (-0.1835, -0.0868, -0.3360), None, packed=True),
     # Wan 2.2 TI2V 5B's VAE (48 channels, 16x spatial): ComfyUI's Wan22 format. Wan 2.2 A14B keeps Wan 2.1's VAE
-    # ("wan21"). A video's latents are (batch, channels, frames, h, w): the preview shows one latent frame (`video_frame`)
+    # ("wan21"). A video's latents are (batch, channels, frames, h, w): a preview shows one latent frame (video_frame)
     "wan22": LatentFormat(
         ((0.0119, 0.0103, 0.0046), (-0.1062, -0.0504, 0.0165), (0.0140, 0.0409, 0.0491), (-0.0813, -0.0677, 0.0607),
          (0.0656, 0.0851, 0.0808), (0.0264, 0.0463, 0.0912), (0.0295, 0.0326, 0.0590), (-0.0244, -0.0270, 0.0025),
@@ -112,7 +113,8 @@ FORMATS = {
          (0.0401, 0.0384, 0.0204), (-0.0758, -0.0297, -0.0014), (0.0568, 0.1307, 0.1372), (-0.0055, -0.0310, -0.0380),
          (0.0239, -0.0305, 0.0325), (-0.0663, -0.0673, -0.0140), (-0.0416, -0.0047, -0.0023), (0.0166, 0.0112, -0.0093),
          (-0.0211, 0.0011, 0.0331), (0.1833, 0.1466, 0.2250), (-0.0368, 0.0370, 0.0295), (-0.3441, -0.3543, -0.2008),
-         (-0.0479, -0.0489, -0.0420), (-0.0660, -0.0153, 0.0800), (-0.0101, 0.0068, 0.0156), (-0.0690, -0.0452, -0.0927),
+         (-0.0479, -0.0489, -0.0420), (-0.0660, -0.0153, 0.0800), (-0.0101, 0.0068, 0.0156),
+         (-0.0690, -0.0452, -0.0927),
          (-0.0145, 0.0041, 0.0015), (0.0421, 0.0451, 0.0373), (0.0504, -0.0483, -0.0356), (-0.0837, 0.0168, 0.0055)),
         (0.0317, -0.0878, -0.1388), None),
     # LTX-Video's VAE (128 channels, 32x spatial, 8x temporal): ComfyUI's LTXV format. LTXPipeline holds its latents

@@ -59,8 +59,8 @@ def hold(server):
 
 def _fill_clip(page, model: Path, steps: int, own_frames: int = 81) -> None:
     """Open the Video tab, pick the model (typed: the tiny folder is not in the models folder), which sets the
-    frames, fps, size, steps and CFG to its own (`own_frames`: Wan 2.1's 81 frames of 832x480), then ask for 9 frames of 64x64 in
-    `steps` steps, a preview every step."""
+    frames, fps, size, steps and CFG to its own (`own_frames`: Wan 2.1's 81 frames of 832x480), then ask for 9 frames
+    of 64x64 in `steps` steps, a preview every step."""
     open_tab(page, "Video")
     page.locator("#vid-prompt textarea").fill("a red boat on a lake")
     _fill_number(page, "vid-frames", 5)  # not the model's: the pick below sets it back to 81

@@ -6,8 +6,8 @@ the user with CLI flags named as the UI's controls (ui/messages.py): a failed jo
 toast), other errors as a `gr.Error`, HTML-escaped for the browser only; an API client gets a gr.Error either way.
 Only handlers that raise nothing for the user run unqueued: gradio shows no error of an unqueued event.
 
-Tabs have ids (txt2img, img2img, inpaint, video, upscale, pnginfo, browser, ...) so a "Send to" button can select one; Ctrl+Enter
-(Cmd+Enter on a Mac) in a prompt box clicks its tab's Generate, as in A1111.
+Tabs have ids (txt2img, img2img, inpaint, video, upscale, pnginfo, browser, ...) so a "Send to" button can select one;
+Ctrl+Enter (Cmd+Enter on a Mac) in a prompt box clicks its tab's Generate, as in A1111.
 """
 
 import json

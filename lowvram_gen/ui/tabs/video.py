@@ -35,7 +35,8 @@ from lowvram_gen.preview import check_method
 from lowvram_gen.request import MAX_CFG, MAX_STEPS, GenerationRequest
 from lowvram_gen.ui import live, messages
 from lowvram_gen.ui.context import GPU, TabContext, check_preview_every, client_key
-from lowvram_gen.ui.widgets import AS_PRESET, ImagePath, Number, Quantize, Slider, quantize_field, seed_buttons, swap_button
+from lowvram_gen.ui.widgets import (AS_PRESET, ImagePath, Number, Quantize, Slider, quantize_field, seed_buttons,
+                                    swap_button)
 
 PREFIX = "vid-"
 AUTO_PRESET = "chosen by the planner"  # the preset box's choice that leaves the preset to the planner (preset=None)
@@ -215,7 +216,8 @@ def build(ctx: TabContext) -> None:
                 init = ImagePath("Init image (optional: image-to-video, its first frame)", height=160,
                                  elem_id=f"{PREFIX}init")
                 with gr.Row():
-                    frames = Number("Frames (Wan: 4k+1, LTX: 8k+1; 0: the model's)", video.frames, elem_id=f"{PREFIX}frames")
+                    frames = Number("Frames (Wan: 4k+1, LTX: 8k+1; 0: the model's)", video.frames,
+                                    elem_id=f"{PREFIX}frames")
                     fps = Number("FPS (0: the model's)", video.fps, elem_id=f"{PREFIX}fps")
                     width = Number("Width", video.size[0], elem_id=f"{PREFIX}width")
                     height = Number("Height", video.size[1], elem_id=f"{PREFIX}height")
