@@ -465,8 +465,8 @@ class Session:
                 return run_video_job(self.runner, request, ladder, source, device, outdir, video, on_step, cancel,
                                      [the_plan.loss_note] if the_plan.loss_note else [], on_preview=on_preview,
                                      preview_every=preview_every, preview_method=preview_method)
-            finally:
-                self._remember(device, request.model, ladder)
+            finally:  # a clip's work is its pixels times its frames (the plan looks failures up so)
+                self._remember(device, request.model, ladder, size_of=lambda a: request.frames)
 
     # -- VQGAN-CLIP ------------------------------------------------------------------------------------
     def vqgan_models(self, request):

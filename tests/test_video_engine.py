@@ -153,6 +153,7 @@ def test_a_cancel_before_the_job_starts_loads_nothing(folders, tmp_path):
     ("wan21", {"width": 72}, "width", "64 or 80"),  # Wan 2.1: 8x VAE x patch 2 = 16
     ("wan22-ti2v", {"height": 80}, "height", "64 or 96"),  # Wan 2.2 TI2V: 16 x 2 = 32
     ("wan21", {"sampler": "Euler a"}, "sampler", "default, Euler, UniPC or DPM++ 2M"),
+    ("ltx", {"steps": 1}, "steps", "2 steps or more"),  # diffusers' FlowMatchEuler would divide by zero
 ])
 def test_what_the_model_cannot_make_is_refused_before_loading(kind, change, field, words, folders, tmp_path):
     session = Session(device="cpu")
@@ -191,3 +192,26 @@ def test_a_video_request_on_an_image_model_is_refused(tiny_path, tmp_path):
     with pytest.raises(InvalidRequest, match="Wan 2.1/2.2 and LTX-Video") as caught:
         session.generate(video_request("tiny", tmp_path))
     assert caught.value.field == "model" and session.model is None
+
+
+def test_the_flow_matching_samplers(folders, tmp_path):
+    """'default' and UniPC are the Wan folder's own (UniPC in flow mode); Euler (FlowMatchEuler) and DPM++ 2M (in
+    flow mode, the folder's shift kept) make other clips from the same noise; the clip says which ran."""
+    session = Session(device="cpu")
+    folder = folders("wan21")
+    frames = {}
+    for sampler in ("default", "UniPC", "Euler", "DPM++ 2M"):
+        result = session.generate(video_request(folder, tmp_path / sampler, sampler=sampler))
+        frames[sampler] = saved_frames(result.frames).astype(int)
+        assert result.sampler == ("UniPCMultistepScheduler" if sampler == "default" else sampler)
+        assert frames[sampler].std() > 1
+    assert np.abs(frames["UniPC"] - frames["default"]).max() == 0
+    assert np.abs(frames["Euler"] - frames["default"]).max() > TOLERANCE
+    assert np.abs(frames["DPM++ 2M"] - frames["default"]).max() > TOLERANCE
+
+
+def test_ltx_takes_its_own_euler_only(folders, tmp_path):
+    session = Session(device="cpu")
+    with pytest.raises(InvalidRequest, match="use default or Euler"):
+        session.generate(video_request(folders("ltx"), tmp_path, sampler="UniPC"))
+    assert session.model is None  # refused before loading
