@@ -215,3 +215,13 @@ def test_ltx_takes_its_own_euler_only(folders, tmp_path):
     with pytest.raises(InvalidRequest, match="use default or Euler"):
         session.generate(video_request(folders("ltx"), tmp_path, sampler="UniPC"))
     assert session.model is None  # refused before loading
+
+
+def test_a_batch_count_makes_one_clip_per_seed(folders, tmp_path):
+    result = Session(device="cpu").generate(video_request(folders("wan21"), tmp_path, batch_count=2))
+    assert result.seeds == [SEED, SEED + 1]
+    clips = sorted(p for p in tmp_path.iterdir() if p.suffix in (".mp4", ".webp"))
+    assert len(clips) == 2 and str(clips[0]) == result.video
+    first, second = saved_frames(result.frames[:9]).astype(int), saved_frames(result.frames[9:]).astype(int)
+    assert np.abs(first - second).max() > TOLERANCE  # another seed, another clip
+    assert any("2 clips made" in w for w in result.warnings)
