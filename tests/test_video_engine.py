@@ -154,6 +154,7 @@ def test_a_cancel_before_the_job_starts_loads_nothing(folders, tmp_path):
     ("wan22-ti2v", {"height": 80}, "height", "64 or 96"),  # Wan 2.2 TI2V: 16 x 2 = 32
     ("wan21", {"sampler": "Euler a"}, "sampler", "default, Euler, UniPC or DPM++ 2M"),
     ("ltx", {"steps": 1}, "steps", "2 steps or more"),  # diffusers' FlowMatchEuler would divide by zero
+    ("wan21", {"schedule_type": "karras"}, "schedule type", "use automatic"),
 ])
 def test_what_the_model_cannot_make_is_refused_before_loading(kind, change, field, words, folders, tmp_path):
     session = Session(device="cpu")
@@ -225,3 +226,13 @@ def test_a_batch_count_makes_one_clip_per_seed(folders, tmp_path):
     first, second = saved_frames(result.frames[:9]).astype(int), saved_frames(result.frames[9:]).astype(int)
     assert np.abs(first - second).max() > TOLERANCE  # another seed, another clip
     assert any("2 clips made" in w for w in result.warnings)
+
+
+def test_the_rng_source_draws_the_noise(folders, tmp_path):
+    """cpu and gpu are the same generator on this CPU; nv draws an NVIDIA card's noise: another clip from the seed."""
+    session = Session(device="cpu")
+    folder = folders("wan21")
+    frames = {rng: saved_frames(session.generate(video_request(folder, tmp_path / rng, rng=rng)).frames).astype(int)
+              for rng in ("gpu", "cpu", "nv")}
+    assert np.abs(frames["cpu"] - frames["gpu"]).max() == 0
+    assert np.abs(frames["nv"] - frames["gpu"]).max() > TOLERANCE

@@ -18,6 +18,7 @@ from lowvram_gen.families.spec import read_config, record_of_index
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT
+from lowvram_gen.schedules import AUTOMATIC
 
 VIDEO_FAMILIES = "Wan 2.1/2.2 and LTX-Video"
 # the samplers a video job takes: the folder's own (flow matching: Wan's UniPC in flow mode, LTX's FlowMatchEuler), or
@@ -128,6 +129,9 @@ def check(request: GenerationRequest, model: VideoModel) -> None:
         raise InvalidRequest("sampler", request.sampler, f"{model.label}'s pipeline passes its own sigma schedule, "
                                                          "which only its FlowMatchEuler scheduler takes: use default "
                                                          "or Euler")
+    if request.schedule_type != AUTOMATIC:
+        raise InvalidRequest("schedule type", request.schedule_type, f"{model.label} runs its scheduler's own "
+                                                                    "flow-matching schedule: use automatic")
     if request.sampler not in FLOW_SAMPLERS:
         raise InvalidRequest("sampler", request.sampler,
                              f"{model.label} is a flow-matching model; a video job takes "

@@ -29,6 +29,7 @@ from typing import Callable
 
 from lowvram_gen import outputs
 from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.engines.sd import rng_source
 from lowvram_gen.engines.sd.rng_source import generators
 from lowvram_gen.engines.video import decode as decoding
 from lowvram_gen.engines.video.checks import VideoModel
@@ -187,7 +188,8 @@ class _VideoJob:
             kwargs["image"] = image  # the pipeline resizes it to the clip's size, its own way
         began = time.perf_counter()
         try:
-            with torch.inference_mode():
+            # the request's RNG source (gpu, cpu, nv: engines/sd/rng_source.py) draws the clip's noise as an image's
+            with torch.inference_mode(), rng_source.drawing(request.rng, call, call.scheduler):
                 latents = call(**kwargs).frames
         finally:
             self.runner.place_resident(False)
