@@ -405,11 +405,16 @@ class Session:
         family's, is returned as it is (generate_video refuses the latter)."""
         if not request.is_video:
             return request
-        source = source or resolve(request.model, request.config)
-        video = video_checks.video_model(source, request.model)
-        if video is None:
+        if source is None and profiles.is_builtin(request.model):  # `plan --model wan22-t2v-a14b`: shipped configs
+            record = families.by_name(request.model)
+            facts = record.video_facts(sampling.folder_facts(
+                request.model, profiles.CONFIGS / record.builtin if record.builtin else None)) if record else None
+        else:
+            source = source or resolve(request.model, request.config)
+            video = video_checks.video_model(source, request.model)
+            facts = video.video if video is not None else None
+        if facts is None:
             return request
-        facts = video.video
         cfg_2 = request.cfg_scale_2
         if facts.experts and cfg_2 is None:
             cfg_2 = facts.cfg_2 if facts.cfg_2 is not None else request.cfg_scale

@@ -89,6 +89,9 @@ def test_the_model_defaults_fill_frames_fps_and_the_second_cfg(folders, tmp_path
     assert (given.frames, given.fps, given.cfg_scale_2) == (9, 8.0, 1.5)
     one = session.with_video_defaults(video_request(folders("ltx"), tmp_path, frames=0).validated())
     assert (one.frames, one.fps, one.cfg_scale_2) == (161, 24.0, None)  # one denoiser: no second CFG
+    # a built-in name (`plan --model ...`): from the configs the package ships, nothing downloaded
+    builtin = session.with_video_defaults(video_request("wan22-ti2v-5b", tmp_path, frames=0).validated())
+    assert (builtin.frames, builtin.fps, builtin.cfg_scale_2) == (121, 24.0, None)
     assert session.model is None
 
 
