@@ -152,6 +152,8 @@ class ModelProfile:
     # (`transformer_2`, Wan 2.2 A14B) takes over the low-noise steps (params["transformer_2"]: its weights)
     transformer_patch_t: int = 1
     transformer_layers: int = 0
+    transformer_ffn: int = 0  # its feed-forward's inner width (Wan's ffn_dim; 4 x the width where the config has none)
+    transformer_text_dim: int = 0  # the width of the prompt embeddings it takes (Wan's text_dim, LTX's caption_channels)
     vae_temporal: int = 1
     vae_video: str = ""
     # the job's (planning/video.planned sets them; 0 / False for an image job, as reference_tokens): the frames a clip
@@ -427,6 +429,8 @@ def _denoiser_fields(name: str, model, family: families.Family = families.GENERI
                    transformer_patch_t=int(patch_3d[0]) if isinstance(patch_3d, (list, tuple)) and len(patch_3d) == 3
                    else int(cfg.get("patch_size_t") or 1),
                    transformer_layers=int(cfg.get("num_layers") or 0),
+                   transformer_ffn=int(cfg.get("ffn_dim") or 4 * int(hidden)),
+                   transformer_text_dim=int(cfg.get("text_dim") or cfg.get("caption_channels") or 0),
                    latent_channels=int(cfg.get("in_channels", 4)),
                    pointwise_conv=max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Conv2d)
                                        and m.kernel_size == (1, 1) and m.groups == 1), default=0))

@@ -118,6 +118,35 @@ def planned(profile, video, request, frames: int | None = None, image: bool | No
                          upscale_allowed=bool(getattr(request, "allow_upscale", False)))
 
 
+# A video transformer block's working set per token, in elements: HIDDEN_TENSORS tensors of its width and FFN_TENSORS
+# of its feed-forward's inner width (the projection's output and its GELU), fitted to the measured forwards of the
+# width-scaled Wan 2.1 1.3B and 14B (benchmarks/results/video_memory.json: their FFNs are 5.8x and 2.7x the width, and
+# the slopes of their two token counts give 7.6 and 1.9). fit.transformer_video scales it per variant (Wan 2.2 TI2V
+# carries a timestep embedding per token; LTX's blocks differ). Beside the tokens, the prompt's embeddings at the text
+# encoder's width (TEXT_TENSORS of them: the intercept of those measurements, 3-5 MiB for 512 x 4096), per clip.
+HIDDEN_TENSORS = 7.6
+FFN_TENSORS = 1.9
+TEXT_TENSORS = 1.0
+
+
+def variant(profile) -> str:
+    """The key of a clip's fitted coefficients: 'ltx', 'wan22' (Wan 2.2 TI2V's 16x VAE, a timestep per token), 'wan'
+    (Wan 2.1, and each of Wan 2.2 A14B's experts)."""
+    if profile.vae_video == "ltx":
+        return "ltx"
+    return "wan22" if profile.vae_scale_factor == 16 else "wan"
+
+
+def transformer_bytes(profile, width: int, height: int, images: int, dtype_bytes: int, coef: float) -> int:
+    """Activations of one transformer forward over `images` clips (LTX's CFG: 2; Wan's: 1, its second forward after):
+    the tokens times a block's working set per token (HIDDEN_TENSORS x width + FFN_TENSORS x FFN width) times `coef`."""
+    n = tokens(profile, width, height, profile.latent_frames)
+    hidden = profile.transformer_hidden
+    ffn = profile.transformer_ffn or 4 * hidden
+    text = TEXT_TENSORS * (profile.text_tokens or (0,))[0] * (profile.transformer_text_dim or hidden)
+    return int((coef * n * (HIDDEN_TENSORS * hidden + FFN_TENSORS * ffn) + text) * images * dtype_bytes)
+
+
 def decode_bytes(profile, width: int, height: int, batch: int, dtype_bytes: int, feature: float, coef: float,
                  tiling: bool = False) -> int:
     """Activations of decoding a clip of `profile.video_frames` frames at width x height (see the module doc).
