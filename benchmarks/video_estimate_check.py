@@ -5,6 +5,7 @@
     python benchmarks/video_estimate_check.py --fit         # fit fit.transformer_video / fit.vae_video where a
                                                             # variant's error is over 10 %, into calibration.json
     python benchmarks/video_estimate_check.py --markdown    # the table as docs/video-plan.md has it
+    python benchmarks/video_estimate_check.py --profiles    # the video built-ins' profiles into calibration.json
 
 Reads benchmarks/results/video_memory.json (benchmarks/video_memory.py writes it: one transformer forward, one VAE
 decode, one text-encoder forward per point, CPU RSS above the weights). For each point the same folder is profiled as
@@ -78,9 +79,12 @@ def estimated(point: dict, folder: Path, coefficient: float | None = None) -> tu
     key = video.variant(clip) + ("-tiled" if point.get("options", {}).get("tiling") and kind == "vae" else "")
     counted = {"latent_frames": job.latent_frames, "tokens": job.tokens}
     if kind == "transformer":
-        if coefficient is not None:
-            return (video.transformer_bytes(clip, point["width"], point["height"], point["batch"], b, coefficient),
-                    key, counted)
+        if coefficient is not None:  # (the prompt embeddings' term alone: coefficient -1)
+            if coefficient < 0:
+                return (video.transformer_bytes(clip, point["width"], point["height"], point["batch"], b, 0.0, 1.0),
+                        key, counted)
+            return (video.transformer_bytes(clip, point["width"], point["height"], point["batch"], b, coefficient,
+                                            0.0), key, counted)
         return estimate.unet_activation_bytes(clip, point["width"], point["height"], point["batch"], b), key, counted
     if kind == "vae":
         tiled = bool(point.get("options", {}).get("tiling"))
@@ -104,8 +108,11 @@ def rows(points: list[dict], work: Path) -> list[dict]:
         # prompt's embeddings)
         fixed = estimated(point, folder, 0.0)[0] if point["kind"] in KINDS else 0
         unit = estimated(point, folder, 1.0)[0] - fixed if point["kind"] in KINDS else 0
+        # a transformer's second term: the prompt embeddings (at 1 tensor), fitted beside the tokens' coefficient
+        text = estimated(point, folder, -1.0)[0] if point["kind"] == "transformer" else 0
         out.append({"id": point["id"], "kind": point["kind"], "key": key, "measured": int(measured),
-                    "estimate": int(est), "unit": int(unit), "fixed": int(fixed), "error": est / measured - 1,
+                    "estimate": int(est), "unit": int(unit), "fixed": int(fixed), "text": int(text),
+                    "error": est / measured - 1,
                     **counted})
     return out
 
@@ -118,16 +125,53 @@ def fitted(table: list[dict]) -> dict[str, dict[str, float]]:
             mine = [r for r in table if r["kind"] == kind and r["key"] == key and r["unit"]]
             if not mine or max(abs(r["error"]) for r in mine) <= LIMIT:
                 continue
+            if kind == "transformer":  # two terms: the tokens' coefficient and the prompt embeddings' (least squares)
+                coef, text = _two_terms([(r["unit"], r["text"], r["measured"]) for r in mine])
+                out.setdefault(fit_kind, {})[key] = round(coef, 4)
+                out.setdefault("transformer_video_text", {})[key] = round(text, 4)
+                continue
             coef = sum((r["measured"] - r["fixed"]) * r["unit"] for r in mine) / sum(r["unit"] ** 2 for r in mine)
             out.setdefault(fit_kind, {})[key] = round(coef, 4)
     return out
 
 
-def write_fit(fits: dict[str, dict[str, float]]) -> None:
+def _two_terms(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(a, b) minimising the squared relative error of a x u + b x t against m over (u, t, m); the text term b not
+    below 0 (a negative intercept would undercount a short clip)."""
+    w = [(u / m, t / m) for u, t, m in rows]  # relative: each point weighs alike
+    suu, stt, sut = sum(u * u for u, _ in w), sum(t * t for _, t in w), sum(u * t for u, t in w)
+    su, st = sum(u for u, _ in w), sum(t for _, t in w)
+    det = suu * stt - sut * sut
+    if det > 0:
+        a, b = (su * stt - st * sut) / det, (st * suu - su * sut) / det
+        if b >= 0:
+            return a, b
+    return su / suu, 0.0
+
+
+def write_fit(fits: dict[str, dict[str, float]], results: str) -> None:
+    """The fitted coefficients into calibration.json's `video_fit` (its own key: calibrate_memory.py rewrites `fit`)."""
     cal = json.loads(profiles.CALIBRATION_FILE.read_text())
-    fit = cal.setdefault("fit", {})
+    fit = cal.setdefault("video_fit", {})
     for kind, table in fits.items():
         fit[kind] = {**fit.get(kind, {}), **table}
+    fit["source"] = f"benchmarks/video_estimate_check.py --fit on {Path(results).name}"
+    _save(cal)
+
+
+def write_profiles() -> None:
+    """The video built-ins' profiles counted once into calibration.json's `profiles`, as calibrate_memory.py counts
+    the image ones (the same function; its --fit-only recounts them all), so `plan --model wan21-t2v-14b` reads no
+    config of a 14 B model on the meta device."""
+    cal = json.loads(profiles.CALIBRATION_FILE.read_text())
+    for record in families.builtin_families():
+        if record.is_video and (profiles.CONFIGS / record.builtin).is_dir():
+            cal["profiles"][record.builtin] = profiles._profile_for_dir(str(profiles.CONFIGS / record.builtin),
+                                                                        arch=record.builtin).as_dict()
+    _save(cal)
+
+
+def _save(cal: dict) -> None:
     profiles.CALIBRATION_FILE.write_text(json.dumps(cal, indent=1) + "\n")
     profiles.reload_calibration()
 
@@ -145,14 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS), help="the measured points (video_memory.json)")
     ap.add_argument("--fit", action="store_true", help="fit the coefficients over 10 %% off into calibration.json")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    ap.add_argument("--profiles", action="store_true", help="count the video built-ins' profiles into calibration.json")
     args = ap.parse_args(argv)
+    if args.profiles:
+        write_profiles()
     points = json.loads(Path(args.results).read_text())["points"]
     with tempfile.TemporaryDirectory() as tmp:
         table = rows(points, Path(tmp))
         if args.fit:
             fits = fitted(table)
             if fits:
-                write_fit(fits)
+                write_fit(fits, args.results)
                 print(f"fitted: {json.dumps(fits)}")
                 table = rows(points, Path(tmp))
             else:

@@ -170,15 +170,17 @@ def _weight_copies(profile: ModelProfile) -> float:
     return float(table.get(same, 1.0))
 
 
-def _video_coefficient(kind: str, profile: ModelProfile, tiled: bool = False) -> float:
-    """A clip's coefficient (planning/video.py): fit.transformer_video / fit.vae_video by the variant ('wan': Wan 2.1
-    and A14B, 'wan22': Wan 2.2 TI2V, 'ltx'; a tiled decode's own where fitted: 'wan-tiled'), fitted by
-    benchmarks/video_estimate_check.py on measured peaks; 1.0 where none is fitted."""
-    table = _fit().get(kind) or {}
+def _video_coefficient(kind: str, profile: ModelProfile, tiled: bool = False,
+                       default: float = video.DEFAULT_VIDEO_VAE_COEF) -> float:
+    """A clip's coefficient (planning/video.py): calibration.json's video_fit.transformer_video / .vae_video by the
+    variant ('wan': Wan 2.1 and A14B, 'wan22': Wan 2.2 TI2V, 'ltx'; a tiled decode's own where fitted: 'wan-tiled'),
+    fitted by benchmarks/video_estimate_check.py on measured peaks (a key of its own, which calibrate_memory.py's refit
+    of `fit` leaves alone); 1.0 where none is fitted."""
+    table = (calibration().get("video_fit") or {}).get(kind) or {}
     key = video.variant(profile)
     if tiled and f"{key}-tiled" in table:
         return float(table[f"{key}-tiled"])
-    return float(table.get(key, table.get("global", video.DEFAULT_VIDEO_VAE_COEF)))
+    return float(table.get(key, table.get("global", default)))
 
 
 def _per_call(kind: str) -> float:
@@ -319,8 +321,9 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
     """Activations of one denoiser forward over `images` latents (CFG: 2 per image)."""
     width, height = rendered_size(profile, width, height)
     if profile.is_video_job and profile.transformer_hidden:  # a clip's tokens (planning/video.py)
-        return video.transformer_bytes(profile, width, height, images, dtype_bytes, _video_coefficient(
-            "transformer_video", profile))
+        return video.transformer_bytes(profile, width, height, images, dtype_bytes,
+                                       _video_coefficient("transformer_video", profile),
+                                       _video_coefficient("transformer_video_text", profile, default=video.TEXT_TENSORS))
     sf = profile.vae_scale_factor
     hw = math.ceil(height / sf) * math.ceil(width / sf)
     kind, elements = _denoiser_elements(profile, hw)

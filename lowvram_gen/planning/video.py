@@ -137,13 +137,15 @@ def variant(profile) -> str:
     return "wan22" if profile.vae_scale_factor == 16 else "wan"
 
 
-def transformer_bytes(profile, width: int, height: int, images: int, dtype_bytes: int, coef: float) -> int:
+def transformer_bytes(profile, width: int, height: int, images: int, dtype_bytes: int, coef: float,
+                      text_coef: float = TEXT_TENSORS) -> int:
     """Activations of one transformer forward over `images` clips (LTX's CFG: 2; Wan's: 1, its second forward after):
-    the tokens times a block's working set per token (HIDDEN_TENSORS x width + FFN_TENSORS x FFN width) times `coef`."""
+    the tokens times a block's working set per token (HIDDEN_TENSORS x width + FFN_TENSORS x FFN width) times `coef`,
+    and `text_coef` prompt embeddings at the text encoder's width (fit.transformer_video_text where fitted)."""
     n = tokens(profile, width, height, profile.latent_frames)
     hidden = profile.transformer_hidden
     ffn = profile.transformer_ffn or 4 * hidden
-    text = TEXT_TENSORS * (profile.text_tokens or (0,))[0] * (profile.transformer_text_dim or hidden)
+    text = text_coef * (profile.text_tokens or (0,))[0] * (profile.transformer_text_dim or hidden)
     return int((coef * n * (HIDDEN_TENSORS * hidden + FFN_TENSORS * ffn) + text) * images * dtype_bytes)
 
 
