@@ -60,12 +60,7 @@ class VideoJob:
 
     def line(self) -> str:
         """'video: 81 frames -> 21 latent frames, 32760 tokens per forward' (and the experts' swap)."""
-        text = (f"video: {self.frames} frames -> {self.latent_frames} latent frames, {self.tokens} tokens per forward"
-                + (f", {self.forwards} forwards a step (CFG)" if self.forwards > 1 else ""))
-        if self.experts > 1:
-            text += (f"; two experts, one on the GPU at a time, swapped once ({self.swap_bytes / 2**30:.1f} GiB over "
-                     f"the bus, about {self.swap_seconds:.1f} s)")
-        return text
+        return describe(self.as_dict())
 
     def as_dict(self) -> dict:
         return {"frames": self.frames, "latent_frames": self.latent_frames, "width": self.width,
@@ -73,6 +68,16 @@ class VideoJob:
                 "temporal": self.temporal, "spatial": self.spatial, "patch": self.patch, "experts": self.experts,
                 "image_encoder": self.image_encoder, "upscale_allowed": self.upscale_allowed,
                 "swap_bytes": self.swap_bytes, "swap_seconds": round(self.swap_seconds, 3)}
+
+
+def describe(job: dict) -> str:
+    """The text line of a VideoJob's dict (`plan`'s, and shapes.shape_lines')."""
+    text = (f"video: {job['frames']} frames -> {job['latent_frames']} latent frames, {job['tokens']} tokens per forward"
+            + (f", {job['forwards']} forwards a step (CFG)" if job["forwards"] > 1 else ""))
+    if job["experts"] > 1:
+        text += (f"; two experts, one on the GPU at a time, swapped once ({job['swap_bytes'] / 2**30:.1f} GiB over the "
+                 f"bus, about {job['swap_seconds']:.1f} s)")
+    return text
 
 
 def latent_frames(profile, frames: int, temporal: int = 0) -> int:
