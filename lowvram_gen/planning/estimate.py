@@ -537,9 +537,8 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                           "vae": (min(leaf("vae", vae_b), group["vae"][0]), vae_act),
                           **({"image": (min(leaf("image_encoder", b), ie_run), 0)} if ie_run else {})}
     # Wan 2.2 A14B: the other expert's GPU part comes in at the switch (and the first's leaves), once a job
-    swap = video.swap_bytes(profile, settings, den_w, resident if off == "budget" else 0)
-    if off == "budget" and swap:
-        swap = 2 * (int(profile.residency_fixed * b * den_scale) + resident)
+    placed = int(profile.residency_fixed * b * den_scale) + resident if off == "budget" else 0  # a split's GPU part
+    swap = video.swap_bytes(profile, settings, den_w, placed)
     per_job += swap
     phase, (weights, act) = max(phases.items(), key=lambda kv: kv[1][0] + kv[1][1])
     weights = int(weights)

@@ -186,17 +186,17 @@ def decode_bytes(profile, width: int, height: int, batch: int, dtype_bytes: int,
     return int(min(one, working(tile, tile, temporal) * batch + kept + clip))
 
 
-def swap_bytes(profile, settings, den_w: int, resident: int) -> int:
+def swap_bytes(profile, settings, den_w: int, placed: int) -> int:
     """Bytes that cross the bus at Wan 2.2 A14B's expert switch under `settings` (0 for one denoiser): the running
-    expert's GPU part out and the other's in, once (whole experts under none/model; a budget split's resident part;
-    nothing extra where both stream every step)."""
+    expert's GPU part out and the other's in, once (whole experts under none/model; under budget `placed`, a split's
+    resident blocks and fixed part; nothing extra where both stream every step)."""
     if profile.experts < 2:
         return 0
     off = settings.offload
     if off in ("none", "model"):
         return 2 * int(den_w)
     if off == "budget":
-        return 2 * int(resident)
+        return 2 * int(placed)
     return 0
 
 
