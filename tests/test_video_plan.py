@@ -65,7 +65,7 @@ def test_tiny_folders_profile_with_their_patch_and_compression(folders, kind, pa
     compression is its config's (Wan 2.2's 16x from scale_factor_spatial, tiny LTX's 4x from its scaling stages)."""
     p = profile_from_folder(folders[kind])
     assert (p.transformer_patch, p.vae_scale_factor, p.vae_temporal) == (patch, spatial, temporal)
-    assert p.vae_video == ("ltx" if kind == "ltx" else "wan")
+    assert p.vae_video == ("whole" if kind == "ltx" else "causal")
     assert ("image_encoder" in p.params) == (kind == "wan21-i2v")
     assert p.experts == (2 if kind == "wan22-a14b" else 1)
 

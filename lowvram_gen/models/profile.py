@@ -147,9 +147,9 @@ class ModelProfile:
     # stored profile), twice the largest layer is taken
     leaf_window: dict[str, int] = field(default_factory=dict)
     # --- video (issue 33; planning/video.py). The model's: the transformer's temporal patch and depth, the VAE's
-    # temporal compression and how it decodes a clip ('wan': latent frame by latent frame with a causal feature
-    # cache; 'ltx': every frame at once unless tiled/framewise; '': an image VAE), and whether a second expert
-    # (`transformer_2`, Wan 2.2 A14B) takes over the low-noise steps (params["transformer_2"]: its weights)
+    # temporal compression and how it decodes a clip ('causal': latent frame by latent frame with a causal feature
+    # cache, Wan's; 'whole': every frame at once unless tiled/framewise, LTX's; '': an image VAE), and whether a
+    # second expert (`transformer_2`, Wan 2.2 A14B) takes over the low-noise steps (params["transformer_2"])
     transformer_patch_t: int = 1
     transformer_layers: int = 0
     transformer_ffn: int = 0  # its feed-forward's inner width (Wan's ffn_dim; 4 x the width where the config has none)
@@ -453,7 +453,7 @@ def _vae_fields(model) -> dict:
             "vae_scale_factor": int(cfg.get("scale_factor_spatial") or 2 ** len(down)),
             "vae_sample_size": 512,
             "vae_temporal": int(cfg.get("scale_factor_temporal") or 2 ** sum(bool(d) for d in down)),
-            "vae_video": "wan",
+            "vae_video": "causal",
         }
     if "spatio_temporal_scaling" in cfg:  # LTX-Video's AutoencoderKLLTXVideo: its compression as diffusers computes it
         scaling = sum(bool(s) for s in cfg["spatio_temporal_scaling"])
@@ -468,7 +468,7 @@ def _vae_fields(model) -> dict:
             "vae_sample_size": 512,  # its tile_sample_min_height
             "vae_temporal": int(cfg.get("temporal_compression_ratio")
                                 or int(cfg.get("patch_size_t", 1)) * 2 ** scaling),
-            "vae_video": "ltx",
+            "vae_video": "whole",
         }
     # a DC-AE (SANA's AutoencoderDC) names its stages per side: each halves the side, as an AutoencoderKL's do (32x)
     stages = cfg.get("block_out_channels") or cfg.get("decoder_block_out_channels") or (128, 256, 512, 512)

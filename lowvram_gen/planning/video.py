@@ -137,7 +137,7 @@ TEXT_TENSORS = 1.0
 def variant(profile) -> str:
     """The key of a clip's fitted coefficients: 'ltx', 'wan22' (Wan 2.2 TI2V's 16x VAE, a timestep per token), 'wan'
     (Wan 2.1, and each of Wan 2.2 A14B's experts)."""
-    if profile.vae_video == "ltx":
+    if profile.vae_video == "whole":  # (LTX-Video's VAE decodes every frame at once)
         return "ltx"
     return "wan22" if profile.vae_scale_factor == 16 else "wan"
 
@@ -167,7 +167,7 @@ def decode_bytes(profile, width: int, height: int, batch: int, dtype_bytes: int,
     def working(h: int, w: int, out_frames: int) -> float:
         return coef * feature * h * w * out_frames * dtype_bytes
 
-    if profile.vae_video == "ltx":
+    if profile.vae_video == "whole":
         whole = working(lh, lw, frames) * batch + clip
         if not tiling:
             return int(whole)
