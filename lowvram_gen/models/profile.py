@@ -335,7 +335,10 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                 kw["resolution_bins"] = family.resolution_bins(cfg)
             in_channels = int(cfg.get("in_channels", 4))
         elif name == "vae":
-            kw.update(_vae_fields(model))
+            vae = _vae_fields(model)
+            if not family.is_video:  # a clip's decode facts only for a video family (Qwen-Image has Wan's VAE)
+                vae = {k: v for k, v in vae.items() if k not in ("vae_temporal", "vae_video")}
+            kw.update(vae)
             # only some pipelines honour force_upcast (SDXL's; and diffusers defaults it to true when absent)
             kw["vae_force_upcast"] = bool(cfg.get("force_upcast", False)) and family.vae_force_upcast
         elif name.startswith("text_encoder"):
@@ -423,14 +426,15 @@ def _denoiser_fields(name: str, model, family: families.Family = families.GENERI
         )
     else:  # a transformer: its width and patch as the family's record reads its config (a 3-D patch: the spatial)
         hidden, patch = family.transformer_shape(cfg)
-        patch_3d = cfg.get("patch_size")
+        if family.is_video:  # what a clip's estimate reads (planning/video.py)
+            patch_3d = cfg.get("patch_size")
+            out.update(  # a video transformer's (t, h, w) patch (Wan's (1, 2, 2)), or LTX's patch_size_t
+                transformer_patch_t=int(patch_3d[0]) if isinstance(patch_3d, (list, tuple)) and len(patch_3d) == 3
+                else int(cfg.get("patch_size_t") or 1),
+                transformer_layers=int(cfg.get("num_layers") or 0),
+                transformer_ffn=int(cfg.get("ffn_dim") or 4 * int(hidden)),
+                transformer_text_dim=int(cfg.get("text_dim") or cfg.get("caption_channels") or 0))
         out.update(transformer_hidden=int(hidden), transformer_patch=int(patch),
-                   # a video transformer's (t, h, w) patch (Wan's (1, 2, 2)), or LTX's patch_size_t
-                   transformer_patch_t=int(patch_3d[0]) if isinstance(patch_3d, (list, tuple)) and len(patch_3d) == 3
-                   else int(cfg.get("patch_size_t") or 1),
-                   transformer_layers=int(cfg.get("num_layers") or 0),
-                   transformer_ffn=int(cfg.get("ffn_dim") or 4 * int(hidden)),
-                   transformer_text_dim=int(cfg.get("text_dim") or cfg.get("caption_channels") or 0),
                    latent_channels=int(cfg.get("in_channels", 4)),
                    pointwise_conv=max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Conv2d)
                                        and m.kernel_size == (1, 1) and m.groups == 1), default=0))
