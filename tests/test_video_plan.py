@@ -292,3 +292,16 @@ def test_plan_shows_the_frames_and_tokens_it_counted(session, real):
     shapes = model_shapes(real["wan21-t2v-14b"][0], 832, 480, video=result.video)
     assert shapes["video"]["latent_frames"] == 21 and shapes["tokens"] == 32760
     assert "video: 81 frames -> 21 latent frames, 32760 tokens per forward" in shape_lines(shapes)[1]
+
+
+def test_a14b_pinned_copies_are_counted_for_both_experts(folders):
+    """Pinned RAM is bounded by the plan: on CUDA with pinned streaming, each expert's streamed groups get a pinned
+    copy (both are hooked), and the host peak counts them; unpinned, none."""
+    profile = profile_from_folder(folders["wan22-a14b"])
+    clip, _ = video.planned(profile, _facts(folders["wan22-a14b"])[1], _clip(9, 64, 64))
+    s = MemorySettings(dtype="bfloat16", offload="group", pin_memory=True)
+    kept = host.kept_bytes(clip, s)
+    pinned = host.host_estimate(clip, s, "cuda", 64, 64, 1, pinned=True)
+    unpinned = host.host_estimate(clip, replace(s, pin_memory=False), "cuda", 64, 64, 1, pinned=False)
+    assert pinned.pinned_bytes == kept["transformer"] + kept["transformer_2"]
+    assert unpinned.pinned_bytes == 0 and pinned.run_bytes == unpinned.run_bytes + pinned.pinned_bytes
