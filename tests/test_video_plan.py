@@ -305,3 +305,14 @@ def test_a14b_pinned_copies_are_counted_for_both_experts(folders):
     unpinned = host.host_estimate(clip, replace(s, pin_memory=False), "cuda", 64, 64, 1, pinned=False)
     assert pinned.pinned_bytes == kept["transformer"] + kept["transformer_2"]
     assert unpinned.pinned_bytes == 0 and pinned.run_bytes == unpinned.run_bytes + pinned.pinned_bytes
+
+
+def test_nearest_says_the_card_not_the_ram_for_a_clip_too_big_for_the_card(session, real):
+    """planning/nearest.status of a clip refused for its VRAM (the RAM holds a candidate): not 'ram'."""
+    from lowvram_gen.planning.nearest import status
+
+    result = _plan_real(session, real, "wan21-t2v-14b", 81, 832, 480, "4GiB", "32GiB")
+    assert result.refusal and status(result, 832, 480) == "capped"
+    starved = _plan_real(session, real, "wan21-t2v-14b", 81, 832, 480, "8GiB", "8GiB")
+    assert starved.refusal and status(starved, 832, 480) == "ram"
+    assert "system RAM" in starved.refusal and ("would fit:" in starved.refusal or "no shorter" in starved.refusal)
