@@ -179,7 +179,8 @@ def _save(cal: dict) -> None:
 def markdown(table: list[dict]) -> str:
     lines = ["| point | latent frames | tokens | measured | estimate | error |", "|---|---:|---:|---:|---:|---:|"]
     for r in table:
-        lines.append(f"| {r['id']} | {r['latent_frames']} | {r['tokens'] if r['kind'] == 'transformer' else '-'} | "
+        frames = r["latent_frames"] if r["kind"] in KINDS else "-"
+        lines.append(f"| {r['id']} | {frames} | {r['tokens'] if r['kind'] == 'transformer' else '-'} | "
                      f"{r['measured'] / 2**20:.1f} MiB | {r['estimate'] / 2**20:.1f} MiB | {r['error']:+.1%} |")
     return "\n".join(lines)
 
