@@ -316,3 +316,21 @@ def test_nearest_says_the_card_not_the_ram_for_a_clip_too_big_for_the_card(sessi
     starved = _plan_real(session, real, "wan21-t2v-14b", 81, 832, 480, "8GiB", "8GiB")
     assert starved.refusal and status(starved, 832, 480) == "ram"
     assert "system RAM" in starved.refusal and ("would fit:" in starved.refusal or "no shorter" in starved.refusal)
+
+
+def test_a_clip_that_ran_out_of_memory_starts_below_that_preset(folders, session, monkeypatch):
+    """generate_video remembers a failed preset with the clip's frames as its size; the plan of a clip as long (or
+    longer) at the same size skips that preset, a shorter one does not."""
+    from lowvram_gen import failures
+
+    rows = [{"device": "simulated 8GiB", "model": str(folders["wan21"]), "preset": "highvram", "work": 64 * 64 * 33}]
+    monkeypatch.setattr(failures, "load", lambda: rows)
+    device = session.device(vram="8GiB", ram="32GiB")
+    rows[0]["device"] = device.name
+
+    def plan(frames):
+        req = GenerationRequest(model=str(folders["wan21"]), prompt="a", width=64, height=64, frames=frames)
+        return next(e for e in session.plan(req, device).estimates if e.name == "highvram")
+
+    assert plan(33).skipped_reason and plan(81).skipped_reason
+    assert not plan(9).skipped_reason
