@@ -237,7 +237,9 @@ class Session:
         found, own = inpaint.planned(found, record, request)
         apart = record is None or record.text_encode_apart is not None
         width, height = own or request.output_size()  # with hires fix the second pass is the bigger one
-        failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
+        # a clip's failures are recorded by its frames (generate_video's size_of): pixels x frames is its work
+        failed = failures.failed_presets(device.name, request.model, width * height,
+                                         request.frames or 1 if request.is_video else request.batch_size)
         presets, forced = self.presets(request.quantize), self.forced_preset(request.preset, request.quantize)
         if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
             presets, forced = tiling.untiled_presets(presets, forced)
