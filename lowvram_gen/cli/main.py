@@ -196,10 +196,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
                    help="the second pass's negative prompt (default: the negative prompt)")
     _add_model(p)
     p.set_defaults(model=None)  # tiny unless --model or the PNG's model (--from-png) says otherwise
-    p.add_argument("--quantize", metavar="none|int8|int4",
-                   help="store the UNet/transformer and text encoders in int8 or int4 in every preset (sdnq), or "
-                        "none: no int8/int4 candidate (default: the planner decides; 4-bit only when nothing "
-                        "lossless fits)")
+    _add_quantize(p)
     p.add_argument("--lora", action="append", default=[], metavar="NAME[:W]",
                    help="apply a LoRA from models/Lora (repeatable; the same as <lora:NAME:W> in the prompt)")
     p.add_argument("--outdir", metavar="DIR", help="output folder (default outputs/<date>/)")
@@ -208,6 +205,14 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
     add_controlnet_args(p)
     _add_memory_flags(p)
+
+
+def _add_quantize(p: argparse.ArgumentParser) -> None:
+    """generate's --quantize (and video's: the same flag, the same meaning)."""
+    p.add_argument("--quantize", metavar="none|int8|int4",
+                   help="store the UNet/transformer and text encoders in int8 or int4 in every preset (sdnq), or "
+                        "none: no int8/int4 candidate (default: the planner decides; 4-bit only when nothing "
+                        "lossless fits)")
 
 
 def version() -> str:
@@ -316,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--refiner", metavar="MODEL", help="plan a job with this refiner (as generate's --refiner): the "
                     "swap at the switch, its RAM and the bus time")
     pl.add_argument("--refiner-switch-at", dest="refiner_switch_at", metavar="X", help="as generate's (default 0.8)")
+    v = pl.add_argument_group("video (a Wan 2.1/2.2 or LTX-Video model: the clip `lowvram-gen video` would make)")
+    v.add_argument("--frames", metavar="N", help="plan a clip of N frames (Wan 4k+1, LTX-Video 8k+1; 0: the model's "
+                                                 "own count): its latent frames and tokens are counted")
+    v.add_argument("--fps", metavar="F", help="the clip's frames per second, above 0 (with --frames; default the "
+                                              "model's)")
+    v.add_argument("--init-image", dest="init_image", metavar="IMAGE",
+                   help="plan image-to-video from this first frame (with --frames): the image encoder is counted")
     from lowvram_gen.cli.controlnet import add_plan_args
 
     add_plan_args(pl)
@@ -361,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_vqgan_parser(sub, _add_memory_flags)
     add_vqgan_plan_args(sub.choices["plan"])
+    from lowvram_gen.cli.video import add_video_parser  # text/image to video (no heavy imports)
+
+    add_video_parser(sub, _add_memory_flags, _add_quantize)
     # -- more subcommands: each module offers add_*_parser(sub, ...) and is registered in COMMANDS --
     return parser
 
@@ -523,6 +538,9 @@ def cmd_generate(args) -> int:
     from lowvram_gen.request import GenerationRequest
 
     fields, said = _request_fields(args)
+    from lowvram_gen.cli.video import refuse_video_model
+
+    refuse_video_model(fields.get("model") or "tiny")  # a Wan/LTX folder: `video`, said before loading
     request = GenerationRequest(**fields, config=args.config, outdir=args.outdir,
                                 loras=tuple(args.lora)).validated()  # before anything heavy is imported or loaded
     kwargs = _session_kwargs(args)
@@ -579,6 +597,9 @@ def cmd_plan(args) -> int:
                      for name, value in (("width", args.width), ("height", args.height)))
     batch = as_int("batch size", args.batch_size, 1, MAX_BATCH)
     steps = None if args.steps is None else as_int("steps", args.steps, 1, MAX_STEPS)  # None: the family's
+    from lowvram_gen.cli.video import plan_video_fields
+
+    video = plan_video_fields(args)  # {} for an image job; bad frames/fps or an image model refused here
     kwargs = _session_kwargs(args)
     from lowvram_gen.session import Session
 
@@ -592,14 +613,15 @@ def cmd_plan(args) -> int:
         from lowvram_gen.models.profile import with_vae
 
         profile = with_vae(profile, args.vae)
-    width, height = width or native_side(profile), height or native_side(profile)
+    own = video.pop("size", None) or (native_side(profile),) * 2  # a clip's own size (832x480 for Wan 2.1)
+    width, height = width or own[0], height or own[1]
     from lowvram_gen.cli.controlnet import plan_lines
 
     request = GenerationRequest(model=args.model, config=args.config, width=width, height=height, batch_size=batch,
                                 steps=steps, quantize=check_quantize(args.quantize),
                                 reference_images=check_references(args.reference_images),
                                 refiner=check_refiner(args.refiner),
-                                refiner_switch_at=check_switch_at(args.refiner_switch_at))
+                                refiner_switch_at=check_switch_at(args.refiner_switch_at), **video)
     result = session.plan(request, dev, profile=(profile, folder))
     from lowvram_gen.planning.nearest import plan_nearest
     from lowvram_gen.planning.shapes import model_shapes, shape_lines
@@ -609,7 +631,8 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "vae": getattr(args, "vae", None),
                           "width": width, "height": height,
-                          "batch": batch, "controlnets": list(profile.controlnets), "shapes": shapes,
+                          "batch": batch, "frames": request.frames, "fps": request.fps,
+                          "init_image": request.init_image, "controlnets": list(profile.controlnets), "shapes": shapes,
                           "nearest": nearest, **result.as_dict()}))
         return 0
     gib = device_mod.format_size
@@ -620,9 +643,13 @@ def cmd_plan(args) -> int:
         print(f"device: {dev.name} (no GPU)")
     print(f"ram: {host.describe()}")
     vae = f", VAE {args.vae}" if getattr(args, "vae", None) else ""
-    print(f"job: {args.model} {width}x{height}, batch {batch}{vae}")
+    from lowvram_gen.cli.video import clip_words
+
+    print(f"job: {args.model} {width}x{height}, batch {batch}{clip_words(request)}{vae}")
     for line in shape_lines(shapes):
         print(line)
+    if getattr(result, "video", None) is not None:  # the frames, latent frames and tokens a clip's plan counted
+        print(result.video.line())
     print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
     print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  "
@@ -707,6 +734,12 @@ def cmd_vqgan(args) -> int:
     return run_vqgan_command(args, _session_kwargs(args))
 
 
+def cmd_video(args) -> int:
+    from lowvram_gen.cli.video import run_video_command
+
+    return run_video_command(args, _session_kwargs(args))
+
+
 def cmd_edit(args) -> int:
     """`edit`: generate's job with the edit's own defaults (size from the first image, the family's edit CFG)."""
     from lowvram_gen.cli.edit import edit_defaults
@@ -716,7 +749,7 @@ def cmd_edit(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "img2img": cmd_generate, "inpaint": cmd_generate, "upscale": cmd_upscale, "plan": cmd_plan, "doctor": cmd_doctor, "batch": cmd_batch, "ui": cmd_ui,
-            "vqgan": cmd_vqgan, "edit": cmd_edit}
+            "vqgan": cmd_vqgan, "edit": cmd_edit, "video": cmd_video}
 
 
 def _with_default_command(argv: list[str]) -> list[str]:
