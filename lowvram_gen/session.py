@@ -237,7 +237,9 @@ class Session:
         found, own = inpaint.planned(found, record, request)
         apart = record is None or record.text_encode_apart is not None
         width, height = own or request.output_size()  # with hires fix the second pass is the bigger one
-        failed = failures.failed_presets(device.name, request.model, width * height, request.batch_size)
+        # a clip's failures are recorded by its frames (generate_video's size_of): pixels x frames is its work
+        failed = failures.failed_presets(device.name, request.model, width * height,
+                                         request.frames or 1 if request.is_video else request.batch_size)
         presets, forced = self.presets(request.quantize), self.forced_preset(request.preset, request.quantize)
         if request.tiling:  # seamless tiling decodes in one piece (engines/sd/tiling.py): planned so
             presets, forced = tiling.untiled_presets(presets, forced)
@@ -405,11 +407,16 @@ class Session:
         family's, is returned as it is (generate_video refuses the latter)."""
         if not request.is_video:
             return request
-        source = source or resolve(request.model, request.config)
-        video = video_checks.video_model(source, request.model)
-        if video is None:
+        if source is None and profiles.is_builtin(request.model):  # `plan --model wan22-t2v-a14b`: shipped configs
+            record = families.by_name(request.model)
+            facts = record.video_facts(sampling.folder_facts(
+                request.model, profiles.CONFIGS / record.builtin if record.builtin else None)) if record else None
+        else:
+            source = source or resolve(request.model, request.config)
+            video = video_checks.video_model(source, request.model)
+            facts = video.video if video is not None else None
+        if facts is None:
             return request
-        facts = video.video
         cfg_2 = request.cfg_scale_2
         if facts.experts and cfg_2 is None:
             cfg_2 = facts.cfg_2 if facts.cfg_2 is not None else request.cfg_scale
@@ -465,8 +472,8 @@ class Session:
                 return run_video_job(self.runner, request, ladder, source, device, outdir, video, on_step, cancel,
                                      [the_plan.loss_note] if the_plan.loss_note else [], on_preview=on_preview,
                                      preview_every=preview_every, preview_method=preview_method)
-            finally:
-                self._remember(device, request.model, ladder)
+            finally:  # a clip's work is its pixels times its frames (the plan looks failures up so)
+                self._remember(device, request.model, ladder, size_of=lambda a: request.frames)
 
     # -- VQGAN-CLIP ------------------------------------------------------------------------------------
     def vqgan_models(self, request):

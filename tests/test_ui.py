@@ -600,7 +600,8 @@ def test_every_tab_is_built_by_one_signature():
     from lowvram_gen.ui.app import TABS
 
     names = [t.__name__.rsplit(".", 1)[1] for t in TABS]
-    assert names == ["txt2img", "img2img", "inpaint", "upscale", "pnginfo", "browser", "vqgan", "system", "settings"]
+    assert names == ["txt2img", "img2img", "inpaint", "video", "upscale", "pnginfo", "browser", "vqgan", "system",
+                     "settings"]
     for tab in TABS:
         assert str(inspect.signature(tab.build)) == "(ctx: lowvram_gen.ui.context.TabContext) -> None"
 

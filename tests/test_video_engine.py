@@ -89,6 +89,9 @@ def test_the_model_defaults_fill_frames_fps_and_the_second_cfg(folders, tmp_path
     assert (given.frames, given.fps, given.cfg_scale_2) == (9, 8.0, 1.5)
     one = session.with_video_defaults(video_request(folders("ltx"), tmp_path, frames=0).validated())
     assert (one.frames, one.fps, one.cfg_scale_2) == (161, 24.0, None)  # one denoiser: no second CFG
+    # a built-in name (`plan --model ...`): from the configs the package ships, nothing downloaded
+    builtin = session.with_video_defaults(video_request("wan22-ti2v-5b", tmp_path, frames=0).validated())
+    assert (builtin.frames, builtin.fps, builtin.cfg_scale_2) == (121, 24.0, None)
     assert session.model is None
 
 
@@ -153,6 +156,8 @@ def test_a_cancel_before_the_job_starts_loads_nothing(folders, tmp_path):
     ("wan21", {"width": 72}, "width", "64 or 80"),  # Wan 2.1: 8x VAE x patch 2 = 16
     ("wan22-ti2v", {"height": 80}, "height", "64 or 96"),  # Wan 2.2 TI2V: 16 x 2 = 32
     ("wan21", {"sampler": "Euler a"}, "sampler", "default, Euler, UniPC or DPM++ 2M"),
+    ("ltx", {"steps": 1}, "steps", "2 steps or more"),  # diffusers' FlowMatchEuler would divide by zero
+    ("wan21", {"schedule_type": "karras"}, "schedule type", "use automatic"),
 ])
 def test_what_the_model_cannot_make_is_refused_before_loading(kind, change, field, words, folders, tmp_path):
     session = Session(device="cpu")
@@ -191,3 +196,46 @@ def test_a_video_request_on_an_image_model_is_refused(tiny_path, tmp_path):
     with pytest.raises(InvalidRequest, match="Wan 2.1/2.2 and LTX-Video") as caught:
         session.generate(video_request("tiny", tmp_path))
     assert caught.value.field == "model" and session.model is None
+
+
+def test_the_flow_matching_samplers(folders, tmp_path):
+    """'default' and UniPC are the Wan folder's own (UniPC in flow mode); Euler (FlowMatchEuler) and DPM++ 2M (in
+    flow mode, the folder's shift kept) make other clips from the same noise; the clip says which ran."""
+    session = Session(device="cpu")
+    folder = folders("wan21")
+    frames = {}
+    for sampler in ("default", "UniPC", "Euler", "DPM++ 2M"):
+        result = session.generate(video_request(folder, tmp_path / sampler, sampler=sampler))
+        frames[sampler] = saved_frames(result.frames).astype(int)
+        assert result.sampler == ("UniPCMultistepScheduler" if sampler == "default" else sampler)
+        assert frames[sampler].std() > 1
+    assert np.abs(frames["UniPC"] - frames["default"]).max() == 0
+    assert np.abs(frames["Euler"] - frames["default"]).max() > TOLERANCE
+    assert np.abs(frames["DPM++ 2M"] - frames["default"]).max() > TOLERANCE
+
+
+def test_ltx_takes_its_own_euler_only(folders, tmp_path):
+    session = Session(device="cpu")
+    with pytest.raises(InvalidRequest, match="use default or Euler"):
+        session.generate(video_request(folders("ltx"), tmp_path, sampler="UniPC"))
+    assert session.model is None  # refused before loading
+
+
+def test_a_batch_count_makes_one_clip_per_seed(folders, tmp_path):
+    result = Session(device="cpu").generate(video_request(folders("wan21"), tmp_path, batch_count=2))
+    assert result.seeds == [SEED, SEED + 1]
+    clips = sorted(p for p in tmp_path.iterdir() if p.suffix in (".mp4", ".webp"))
+    assert len(clips) == 2 and str(clips[0]) == result.video
+    first, second = saved_frames(result.frames[:9]).astype(int), saved_frames(result.frames[9:]).astype(int)
+    assert np.abs(first - second).max() > TOLERANCE  # another seed, another clip
+    assert any("2 clips made" in w for w in result.warnings)
+
+
+def test_the_rng_source_draws_the_noise(folders, tmp_path):
+    """cpu and gpu are the same generator on this CPU; nv draws an NVIDIA card's noise: another clip from the seed."""
+    session = Session(device="cpu")
+    folder = folders("wan21")
+    frames = {rng: saved_frames(session.generate(video_request(folder, tmp_path / rng, rng=rng)).frames).astype(int)
+              for rng in ("gpu", "cpu", "nv")}
+    assert np.abs(frames["cpu"] - frames["gpu"]).max() == 0
+    assert np.abs(frames["nv"] - frames["gpu"]).max() > TOLERANCE

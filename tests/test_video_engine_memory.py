@@ -285,3 +285,31 @@ def test_text_encoders_reloaded_per_job_give_the_frames_of_plain_diffusers(kind,
         handle.remove()
     assert held and not any(held)  # no text encoder beside the transformer
     assert np.abs(saved_frames(result.frames).astype(int) - plain(folder, **extra).astype(int)).max() <= TOLERANCE
+
+
+def test_out_of_memory_in_the_low_noise_expert_steps_down_and_starts_the_clip_again(folders, tmp_path, moves):
+    """Simulated: the low-noise expert runs out of memory at highvram, after the switch. The clip starts again at the
+    next rung from the high-noise expert, on the same weights, with plain diffusers' frames."""
+    folder = folders("wan22-a14b")
+    session = Session(preset="highvram", ops_factory=Moves)
+    session.generate(video_request(folder, tmp_path, steps=1))
+    pipe = session.model.pipe
+    experts = (pipe.transformer, pipe.transformer_2)
+
+    def oom(*_):
+        if session.runner.applied.offload == "none":
+            raise torch.OutOfMemoryError(OOM)
+
+    handle = pipe.transformer_2.register_forward_pre_hook(oom)
+    try:
+        result = session.generate(video_request(folder, tmp_path))
+    finally:
+        handle.remove()
+    below = result.preset  # the plan's next rung for two experts
+    assert below != "highvram" and [(a["preset"], a["stage"], a["outcome"]) for a in result.attempts] == [
+        ("highvram", "denoise", "oom"), (below, "denoise", "ok"), (below, "decode", "ok")]
+    assert (pipe.transformer, pipe.transformer_2) == experts
+    record = session.runner.experts.record
+    assert [name for name, _ in record] == ["transformer"] * 2 + ["transformer"] * 2 + ["transformer_2"] * 2
+    assert np.abs(saved_frames(result.frames).astype(int)
+                  - plain(folder, guidance_scale_2=3.0).astype(int)).max() <= TOLERANCE

@@ -147,11 +147,13 @@ class ModelProfile:
     # stored profile), twice the largest layer is taken
     leaf_window: dict[str, int] = field(default_factory=dict)
     # --- video (issue 33; planning/video.py). The model's: the transformer's temporal patch and depth, the VAE's
-    # temporal compression and how it decodes a clip ('wan': latent frame by latent frame with a causal feature
-    # cache; 'ltx': every frame at once unless tiled/framewise; '': an image VAE), and whether a second expert
-    # (`transformer_2`, Wan 2.2 A14B) takes over the low-noise steps (params["transformer_2"]: its weights)
+    # temporal compression and how it decodes a clip ('causal': latent frame by latent frame with a causal feature
+    # cache, Wan's; 'whole': every frame at once unless tiled/framewise, LTX's; '': an image VAE), and whether a
+    # second expert (`transformer_2`, Wan 2.2 A14B) takes over the low-noise steps (params["transformer_2"])
     transformer_patch_t: int = 1
     transformer_layers: int = 0
+    transformer_ffn: int = 0  # its feed-forward's inner width (Wan's ffn_dim; 4 x the width where the config has none)
+    transformer_text_dim: int = 0  # the width of the prompt embeddings it takes (Wan's text_dim, LTX's caption_channels)
     vae_temporal: int = 1
     vae_video: str = ""
     # the job's (planning/video.planned sets them; 0 / False for an image job, as reference_tokens): the frames a clip
@@ -333,7 +335,10 @@ def _profile_for_dir(path: str, arch: str) -> ModelProfile:
                 kw["resolution_bins"] = family.resolution_bins(cfg)
             in_channels = int(cfg.get("in_channels", 4))
         elif name == "vae":
-            kw.update(_vae_fields(model))
+            vae = _vae_fields(model)
+            if not family.is_video:  # a clip's decode facts only for a video family (Qwen-Image has Wan's VAE)
+                vae = {k: v for k, v in vae.items() if k not in ("vae_temporal", "vae_video")}
+            kw.update(vae)
             # only some pipelines honour force_upcast (SDXL's; and diffusers defaults it to true when absent)
             kw["vae_force_upcast"] = bool(cfg.get("force_upcast", False)) and family.vae_force_upcast
         elif name.startswith("text_encoder"):
@@ -421,12 +426,15 @@ def _denoiser_fields(name: str, model, family: families.Family = families.GENERI
         )
     else:  # a transformer: its width and patch as the family's record reads its config (a 3-D patch: the spatial)
         hidden, patch = family.transformer_shape(cfg)
-        patch_3d = cfg.get("patch_size")
+        if family.is_video:  # what a clip's estimate reads (planning/video.py)
+            patch_3d = cfg.get("patch_size")
+            out.update(  # a video transformer's (t, h, w) patch (Wan's (1, 2, 2)), or LTX's patch_size_t
+                transformer_patch_t=int(patch_3d[0]) if isinstance(patch_3d, (list, tuple)) and len(patch_3d) == 3
+                else int(cfg.get("patch_size_t") or 1),
+                transformer_layers=int(cfg.get("num_layers") or 0),
+                transformer_ffn=int(cfg.get("ffn_dim") or 4 * int(hidden)),
+                transformer_text_dim=int(cfg.get("text_dim") or cfg.get("caption_channels") or 0))
         out.update(transformer_hidden=int(hidden), transformer_patch=int(patch),
-                   # a video transformer's (t, h, w) patch (Wan's (1, 2, 2)), or LTX's patch_size_t
-                   transformer_patch_t=int(patch_3d[0]) if isinstance(patch_3d, (list, tuple)) and len(patch_3d) == 3
-                   else int(cfg.get("patch_size_t") or 1),
-                   transformer_layers=int(cfg.get("num_layers") or 0),
                    latent_channels=int(cfg.get("in_channels", 4)),
                    pointwise_conv=max((m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Conv2d)
                                        and m.kernel_size == (1, 1) and m.groups == 1), default=0))
@@ -449,7 +457,7 @@ def _vae_fields(model) -> dict:
             "vae_scale_factor": int(cfg.get("scale_factor_spatial") or 2 ** len(down)),
             "vae_sample_size": 512,
             "vae_temporal": int(cfg.get("scale_factor_temporal") or 2 ** sum(bool(d) for d in down)),
-            "vae_video": "wan",
+            "vae_video": "causal",
         }
     if "spatio_temporal_scaling" in cfg:  # LTX-Video's AutoencoderKLLTXVideo: its compression as diffusers computes it
         scaling = sum(bool(s) for s in cfg["spatio_temporal_scaling"])
@@ -464,7 +472,7 @@ def _vae_fields(model) -> dict:
             "vae_sample_size": 512,  # its tile_sample_min_height
             "vae_temporal": int(cfg.get("temporal_compression_ratio")
                                 or int(cfg.get("patch_size_t", 1)) * 2 ** scaling),
-            "vae_video": "ltx",
+            "vae_video": "whole",
         }
     # a DC-AE (SANA's AutoencoderDC) names its stages per side: each halves the side, as an AutoencoderKL's do (32x)
     stages = cfg.get("block_out_channels") or cfg.get("decoder_block_out_channels") or (128, 256, 512, 512)

@@ -170,12 +170,17 @@ def _weight_copies(profile: ModelProfile) -> float:
     return float(table.get(same, 1.0))
 
 
-def _video_vae_coefficient(profile: ModelProfile) -> float:
-    """A clip's decode coefficient (planning/video.decode_bytes): fit.vae_video by the VAE's kind ('wan' for Wan 2.1's
-    VAE, 'wan22' for Wan 2.2's 16x one, 'ltx'), fitted by benchmarks/video_estimate_check.py on measured peaks."""
-    table = _fit().get("vae_video") or {}
-    kind = "wan22" if profile.vae_video == "wan" and profile.vae_scale_factor == 16 else profile.vae_video
-    return float(table.get(kind, table.get("global", video.DEFAULT_VIDEO_VAE_COEF)))
+def _video_coefficient(kind: str, profile: ModelProfile, tiled: bool = False,
+                       default: float = video.DEFAULT_VIDEO_VAE_COEF) -> float:
+    """A clip's coefficient (planning/video.py): calibration.json's video_fit.transformer_video / .vae_video by the
+    variant ('wan': Wan 2.1 and A14B, 'wan22': Wan 2.2 TI2V, 'ltx'; a tiled decode's own where fitted: 'wan-tiled'),
+    fitted by benchmarks/video_estimate_check.py on measured peaks (a key of its own, which calibrate_memory.py's refit
+    of `fit` leaves alone); 1.0 where none is fitted."""
+    table = (calibration().get("video_fit") or {}).get(kind) or {}
+    key = video.variant(profile)
+    if tiled and f"{key}-tiled" in table:
+        return float(table[f"{key}-tiled"])
+    return float(table.get(key, table.get("global", default)))
 
 
 def _per_call(kind: str) -> float:
@@ -315,6 +320,10 @@ def unet_activation_bytes(profile: ModelProfile, width: int, height: int, images
                           attention: str = "sdpa") -> int:
     """Activations of one denoiser forward over `images` latents (CFG: 2 per image)."""
     width, height = rendered_size(profile, width, height)
+    if profile.is_video_job and profile.transformer_hidden:  # a clip's tokens (planning/video.py)
+        return video.transformer_bytes(profile, width, height, images, dtype_bytes,
+                                       _video_coefficient("transformer_video", profile),
+                                       _video_coefficient("transformer_video_text", profile, default=video.TEXT_TENSORS))
     sf = profile.vae_scale_factor
     hw = math.ceil(height / sf) * math.ceil(width / sf)
     kind, elements = _denoiser_elements(profile, hw)
@@ -363,7 +372,7 @@ def vae_activation_bytes(profile: ModelProfile, width: int, height: int, images:
     width, height = rendered_size(profile, width, height)
     if profile.is_video_job:  # a clip's decode (planning/video.py): frame by frame (Wan), or all at once (LTX)
         return video.decode_bytes(profile, width, height, images, dtype_bytes, vae_feature(profile),
-                                  _video_vae_coefficient(profile), tiling)
+                                  _video_coefficient("vae_video", profile, tiling), tiling)
     sf = profile.vae_scale_factor
     lh, lw = math.ceil(height / sf), math.ceil(width / sf)
     coef = _vae_coefficient(profile, dtype_bytes) * vae_feature(profile) * dtype_bytes
@@ -424,6 +433,8 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
     if settings.dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype {settings.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     b = DTYPE_BYTES[settings.dtype]
+    # Wan's clips: CFG's second forward streams the offloaded weights a second time each step (planning/video.py)
+    forwards = 2 if cfg and profile.cfg_two_forwards else 1
     cfg = cfg and profile.cfg_batch  # Flux: no CFG batch whatever the guidance scale
     images = batch * (2 if cfg else 1)
     # SDXL-style pipelines decode in float32 when the VAE is float16 and its config says force_upcast
@@ -526,15 +537,14 @@ def estimate(profile: ModelProfile, width: int, height: int, batch: int, setting
                           "vae": (min(leaf("vae", vae_b), group["vae"][0]), vae_act),
                           **({"image": (min(leaf("image_encoder", b), ie_run), 0)} if ie_run else {})}
     # Wan 2.2 A14B: the other expert's GPU part comes in at the switch (and the first's leaves), once a job
-    swap = video.swap_bytes(profile, settings, den_w, resident if off == "budget" else 0)
-    if off == "budget" and swap:
-        swap = 2 * (int(profile.residency_fixed * b * den_scale) + resident)
+    placed = int(profile.residency_fixed * b * den_scale) + resident if off == "budget" else 0  # a split's GPU part
+    swap = video.swap_bytes(profile, settings, den_w, placed)
     per_job += swap
     phase, (weights, act) = max(phases.items(), key=lambda kv: kv[1][0] + kv[1][1])
     weights = int(weights)
     total = weights + int(act) + OVERHEAD_BYTES
     return Estimate(total_bytes=total, weights_bytes=weights, unet_bytes=unet_act, vae_bytes=vae_act,
-                    overhead_bytes=OVERHEAD_BYTES, peak_phase=phase, streamed_bytes_per_step=int(streamed),
+                    overhead_bytes=OVERHEAD_BYTES, peak_phase=phase, streamed_bytes_per_step=int(streamed * forwards),
                     moved_bytes_per_job=int(per_job), resident_bytes=int(resident), denoiser_bytes=int(den_stored),
                     controlnet_bytes=cn_w, controlnet_resident_bytes=int(cn_resident),
                     controlnet_streamed_bytes_per_step=int(cn_streamed), expert_swap_bytes=int(swap),

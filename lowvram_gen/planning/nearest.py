@@ -25,8 +25,8 @@ PlanOn = Callable[[int, int], Plan]  # (VRAM GiB, RAM GiB) -> the plan the job g
 def status(result: Plan, width: int, height: int) -> str:
     """'fits' | 'int4' (fits only with 4-bit weights) | 'disk' (only with weights read from disk) | 'capped' (made
     smaller and upscaled, or over the VRAM) | 'ram' (nothing fits the RAM: the planner refuses)."""
-    if result.refusal:
-        return "ram"
+    if result.refusal:  # the RAM's, or (a clip, planning/video_fit.py) no candidate fitting the card at its size
+        return "ram" if not any(e.fits_host for e in result.estimates) else "capped"
     row = next((e for e in result.estimates if e.name == result.preset.name), None)
     if row is None or not row.fits or not row.fits_host or row.capped or (row.width, row.height) != (width, height):
         return "capped"

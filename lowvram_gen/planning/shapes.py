@@ -27,9 +27,10 @@ def image_tokens(profile: ModelProfile, width: int, height: int) -> int:
 
 
 def model_shapes(profile: ModelProfile, width: int, height: int, dtype: str = "bfloat16",
-                 quantize: str = "none") -> dict:
+                 quantize: str = "none", video=None) -> dict:
     """What the estimate of `profile` at width x height was made of, in plain numbers (bytes at `dtype`, with
-    `quantize` int8/int4 where the plan's pick stores its weights so)."""
+    `quantize` int8/int4 where the plan's pick stores its weights so). `video`: a clip's planning/video.VideoJob
+    (`Plan.video`): its frames, latent frames and tokens, and `tokens` is then the clip's per forward."""
     den = profile.denoiser
     tokens = profile.text_tokens or (TEXT_TOKENS,) * len(profile.text_encoders)
     encoders = [{"name": name, "class": profile.classes.get(name, ""), "tokens": int(t),
@@ -40,7 +41,9 @@ def model_shapes(profile: ModelProfile, width: int, height: int, dtype: str = "b
     transformer = den == "transformer"
     sf = profile.vae_scale_factor
     rendered = rendered_size(profile, width, height)
+    clip = {"video": video.as_dict()} if video is not None else {}
     return {
+        **clip,
         "dtype": dtype, "quantize": quantize,  # what the bytes below are counted at (the plan's pick)
         "denoiser": den, "denoiser_class": profile.denoiser_class,
         "denoiser_params": int(profile.params.get(den, 0)),
@@ -49,7 +52,7 @@ def model_shapes(profile: ModelProfile, width: int, height: int, dtype: str = "b
         "width": int(profile.transformer_hidden if transformer else max(profile.unet_channels, default=0)),
         "patch": int(profile.transformer_patch if transformer else 1),
         "latent": [math.ceil(rendered[1] / sf), math.ceil(rendered[0] / sf)],
-        "tokens": image_tokens(profile, width, height),
+        "tokens": video.tokens if video is not None else image_tokens(profile, width, height),
         "text_tokens": int(profile.joint_text_tokens),  # carried beside the image tokens (joint attention)
         "cfg_batch": bool(profile.cfg_batch),
         "text_encoders": encoders,
@@ -69,5 +72,9 @@ def shape_lines(shapes: dict) -> list[str]:
                 f"{shapes['patch']}: {shapes['tokens']} image tokens{text}")
     else:
         head = f"shapes: {den} {shapes['denoiser_params'] / 1e9:.2f} B, latent {shapes['latent'][0]}x{shapes['latent'][1]}"
-    return [head] + [f"  {e['name']}: {e['class'] or '?'}, {e['tokens']} tokens, {e['params'] / 1e9:.2f} B "
+    if shapes.get("video"):
+        from lowvram_gen.planning.video import describe
+
+        head = head.replace(" image tokens", " tokens") + "\n" + describe(shapes["video"])
+    return [*head.split("\n")] + [f"  {e['name']}: {e['class'] or '?'}, {e['tokens']} tokens, {e['params'] / 1e9:.2f} B "
                      f"({format_size(e['bytes'])})" for e in shapes["text_encoders"]]

@@ -60,12 +60,7 @@ class VideoJob:
 
     def line(self) -> str:
         """'video: 81 frames -> 21 latent frames, 32760 tokens per forward' (and the experts' swap)."""
-        text = (f"video: {self.frames} frames -> {self.latent_frames} latent frames, {self.tokens} tokens per forward"
-                + (f", {self.forwards} forwards a step (CFG)" if self.forwards > 1 else ""))
-        if self.experts > 1:
-            text += (f"; two experts, one on the GPU at a time, swapped once ({self.swap_bytes / 2**30:.1f} GiB over "
-                     f"the bus, about {self.swap_seconds:.1f} s)")
-        return text
+        return describe(self.as_dict())
 
     def as_dict(self) -> dict:
         return {"frames": self.frames, "latent_frames": self.latent_frames, "width": self.width,
@@ -73,6 +68,16 @@ class VideoJob:
                 "temporal": self.temporal, "spatial": self.spatial, "patch": self.patch, "experts": self.experts,
                 "image_encoder": self.image_encoder, "upscale_allowed": self.upscale_allowed,
                 "swap_bytes": self.swap_bytes, "swap_seconds": round(self.swap_seconds, 3)}
+
+
+def describe(job: dict) -> str:
+    """The text line of a VideoJob's dict (`plan`'s, and shapes.shape_lines')."""
+    text = (f"video: {job['frames']} frames -> {job['latent_frames']} latent frames, {job['tokens']} tokens per forward"
+            + (f", {job['forwards']} forwards a step (CFG)" if job["forwards"] > 1 else ""))
+    if job["experts"] > 1:
+        text += (f"; two experts, one on the GPU at a time, swapped once ({job['swap_bytes'] / 2**30:.1f} GiB over the "
+                 f"bus, about {job['swap_seconds']:.1f} s)")
+    return text
 
 
 def latent_frames(profile, frames: int, temporal: int = 0) -> int:
@@ -118,6 +123,37 @@ def planned(profile, video, request, frames: int | None = None, image: bool | No
                          upscale_allowed=bool(getattr(request, "allow_upscale", False)))
 
 
+# A video transformer block's working set per token, in elements: HIDDEN_TENSORS tensors of its width and FFN_TENSORS
+# of its feed-forward's inner width (the projection's output and its GELU), fitted to the measured forwards of the
+# width-scaled Wan 2.1 1.3B and 14B (benchmarks/results/video_memory.json: their FFNs are 5.8x and 2.7x the width, and
+# the slopes of their two token counts give 7.6 and 1.9). fit.transformer_video scales it per variant (Wan 2.2 TI2V
+# carries a timestep embedding per token; LTX's blocks differ). Beside the tokens, the prompt's embeddings at the text
+# encoder's width (TEXT_TENSORS of them: the intercept of those measurements, 3-5 MiB for 512 x 4096), per clip.
+HIDDEN_TENSORS = 7.6
+FFN_TENSORS = 1.9
+TEXT_TENSORS = 1.0
+
+
+def variant(profile) -> str:
+    """The key of a clip's fitted coefficients: 'ltx', 'wan22' (Wan 2.2 TI2V's 16x VAE, a timestep per token), 'wan'
+    (Wan 2.1, and each of Wan 2.2 A14B's experts)."""
+    if profile.vae_video == "whole":  # (LTX-Video's VAE decodes every frame at once)
+        return "ltx"
+    return "wan22" if profile.vae_scale_factor == 16 else "wan"
+
+
+def transformer_bytes(profile, width: int, height: int, images: int, dtype_bytes: int, coef: float,
+                      text_coef: float = TEXT_TENSORS) -> int:
+    """Activations of one transformer forward over `images` clips (LTX's CFG: 2; Wan's: 1, its second forward after):
+    the tokens times a block's working set per token (HIDDEN_TENSORS x width + FFN_TENSORS x FFN width) times `coef`,
+    and `text_coef` prompt embeddings at the text encoder's width (fit.transformer_video_text where fitted)."""
+    n = tokens(profile, width, height, profile.latent_frames)
+    hidden = profile.transformer_hidden
+    ffn = profile.transformer_ffn or 4 * hidden
+    text = text_coef * (profile.text_tokens or (0,))[0] * (profile.transformer_text_dim or hidden)
+    return int((coef * n * (HIDDEN_TENSORS * hidden + FFN_TENSORS * ffn) + text) * images * dtype_bytes)
+
+
 def decode_bytes(profile, width: int, height: int, batch: int, dtype_bytes: int, feature: float, coef: float,
                  tiling: bool = False) -> int:
     """Activations of decoding a clip of `profile.video_frames` frames at width x height (see the module doc).
@@ -131,7 +167,7 @@ def decode_bytes(profile, width: int, height: int, batch: int, dtype_bytes: int,
     def working(h: int, w: int, out_frames: int) -> float:
         return coef * feature * h * w * out_frames * dtype_bytes
 
-    if profile.vae_video == "ltx":
+    if profile.vae_video == "whole":
         whole = working(lh, lw, frames) * batch + clip
         if not tiling:
             return int(whole)
@@ -150,17 +186,17 @@ def decode_bytes(profile, width: int, height: int, batch: int, dtype_bytes: int,
     return int(min(one, working(tile, tile, temporal) * batch + kept + clip))
 
 
-def swap_bytes(profile, settings, den_w: int, resident: int) -> int:
+def swap_bytes(profile, settings, den_w: int, placed: int) -> int:
     """Bytes that cross the bus at Wan 2.2 A14B's expert switch under `settings` (0 for one denoiser): the running
-    expert's GPU part out and the other's in, once (whole experts under none/model; a budget split's resident part;
-    nothing extra where both stream every step)."""
+    expert's GPU part out and the other's in, once (whole experts under none/model; under budget `placed`, a split's
+    resident blocks and fixed part; nothing extra where both stream every step)."""
     if profile.experts < 2:
         return 0
     off = settings.offload
     if off in ("none", "model"):
         return 2 * int(den_w)
     if off == "budget":
-        return 2 * int(resident)
+        return 2 * int(placed)
     return 0
 
 

@@ -77,6 +77,13 @@ def _needs(result: Plan, label: str, job: video.VideoJob) -> str:
         least = min(rows, key=lambda r: r.host_peak_bytes)
         return f"{what} needs about {format_size(least.host_peak_bytes)} of system RAM even at {least.name}"
     least = min(in_ram, key=lambda r: r.estimate_bytes)
+    on_card = [r for r in rows if r.fits]
+    if on_card:  # the card could hold it, but not beside what the RAM can hold
+        ram = min(on_card, key=lambda r: r.host_peak_bytes)
+        return (f"{what} fits the card and the RAM only apart: the least VRAM of the candidates that fit the RAM is "
+                f"about {format_size(least.estimate_bytes)} ({least.name}), the least RAM of those that fit the card "
+                f"about {format_size(ram.host_peak_bytes)} ({ram.name}); a clip is never made shorter or smaller on "
+                "its own")
     return (f"{what} needs about {format_size(least.estimate_bytes)} of VRAM even at {least.name}, more than the card "
             "has usable (a clip is never made shorter or smaller on its own)")
 

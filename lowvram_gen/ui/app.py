@@ -6,8 +6,8 @@ the user with CLI flags named as the UI's controls (ui/messages.py): a failed jo
 toast), other errors as a `gr.Error`, HTML-escaped for the browser only; an API client gets a gr.Error either way.
 Only handlers that raise nothing for the user run unqueued: gradio shows no error of an unqueued event.
 
-Tabs have ids (txt2img, img2img, inpaint, upscale, pnginfo, browser, ...) so a "Send to" button can select one; Ctrl+Enter
-(Cmd+Enter on a Mac) in a prompt box clicks its tab's Generate, as in A1111.
+Tabs have ids (txt2img, img2img, inpaint, video, upscale, pnginfo, browser, ...) so a "Send to" button can select one;
+Ctrl+Enter (Cmd+Enter on a Mac) in a prompt box clicks its tab's Generate, as in A1111.
 """
 
 import json
@@ -18,13 +18,14 @@ from lowvram_gen.session import Session
 from lowvram_gen.ui import remembered, rng_setting, vae_picker
 from lowvram_gen.ui.context import TabContext, UiOptions
 from lowvram_gen.jobs.registry import Registry
-from lowvram_gen.ui.tabs import browser, img2img, inpaint, pnginfo, settings, system, txt2img, upscale, vqgan
+from lowvram_gen.ui.tabs import browser, img2img, inpaint, pnginfo, settings, system, txt2img, upscale, video, vqgan
 
 # in this order: System plans txt2img's inputs, Settings sets the SD tabs' controls
-TABS = (txt2img, img2img, inpaint, upscale, pnginfo, browser, vqgan, system, settings)
+TABS = (txt2img, img2img, inpaint, video, upscale, pnginfo, browser, vqgan, system, settings)
 # prompt box elem_id -> the Generate button Ctrl+Enter clicks
 GENERATE_KEYS = {"prompt": "generate", "negative": "generate", "i2i-prompt": "i2i-generate",
-                 "i2i-negative": "i2i-generate", "inp-prompt": "inp-generate", "inp-negative": "inp-generate"}
+                 "i2i-negative": "i2i-generate", "inp-prompt": "inp-generate", "inp-negative": "inp-generate",
+                 "vid-prompt": "vid-generate", "vid-negative": "vid-generate"}
 CTRL_ENTER = """() => {
   if (window.lowvramCtrlEnter) return;
   window.lowvramCtrlEnter = true;

@@ -7,16 +7,18 @@ Nothing here imports torch or diffusers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from lowvram_gen.errors import InvalidRequest
 from lowvram_gen.families import sampling
 from lowvram_gen.families.record import Family, FolderFacts, Task, Video
-from lowvram_gen.families.spec import record_of_index
+from lowvram_gen.families.spec import read_config, record_of_index
 from lowvram_gen.models.resolve import ModelSource
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT
+from lowvram_gen.schedules import AUTOMATIC
 
 VIDEO_FAMILIES = "Wan 2.1/2.2 and LTX-Video"
 # the samplers a video job takes: the folder's own (flow matching: Wan's UniPC in flow mode, LTX's FlowMatchEuler), or
@@ -33,6 +35,7 @@ class VideoModel:
     video: Video
     facts: FolderFacts
     pipeline: str  # model_index.json's _class_name
+    scheduler: Mapping = field(default_factory=dict)  # the folder's scheduler config ({} where it has none)
 
     @property
     def label(self) -> str:
@@ -62,7 +65,10 @@ def video_model(source: ModelSource, spec: str) -> VideoModel | None:
     record, facts = facts_of(source, spec)
     if record is None or not record.is_video:
         return None
-    return VideoModel(record, record.video_facts(facts), facts, str(facts.model_index.get("_class_name") or ""))
+    folder = Path(source.path) if source.kind != "single_file" else None
+    scheduler = read_config(folder / "scheduler" / "scheduler_config.json") if folder is not None else {}
+    return VideoModel(record, record.video_facts(facts), facts, str(facts.model_index.get("_class_name") or ""),
+                      scheduler)
 
 
 def refuse_image_model(spec: str, record: Family | None) -> InvalidRequest:
@@ -114,6 +120,18 @@ def check(request: GenerationRequest, model: VideoModel) -> None:
     if model.needs_image and not request.init_image:
         raise InvalidRequest("init image", None, f"{model.label} is an image-to-video model: give an init image "
                                                  "(the clip's first frame)")
+    if model.scheduler.get("shift_terminal") and request.steps < 2 and request.sampler in (DEFAULT, "Euler"):
+        # FlowMatchEuler's stretch of the schedule to its terminal shift divides by zero with one step
+        raise InvalidRequest("steps", request.steps, f"{model.label}'s scheduler stretches its schedule to a terminal "
+                                                     "shift, which takes 2 steps or more")
+    if model.scheduler.get("_class_name") == "FlowMatchEulerDiscreteScheduler" and request.sampler in ("UniPC",
+                                                                                                      "DPM++ 2M"):
+        raise InvalidRequest("sampler", request.sampler, f"{model.label}'s pipeline passes its own sigma schedule, "
+                                                         "which only its FlowMatchEuler scheduler takes: use default "
+                                                         "or Euler")
+    if request.schedule_type != AUTOMATIC:
+        raise InvalidRequest("schedule type", request.schedule_type, f"{model.label} runs its scheduler's own "
+                                                                    "flow-matching schedule: use automatic")
     if request.sampler not in FLOW_SAMPLERS:
         raise InvalidRequest("sampler", request.sampler,
                              f"{model.label} is a flow-matching model; a video job takes "

@@ -29,6 +29,7 @@ from typing import Callable
 
 from lowvram_gen import outputs
 from lowvram_gen.engines.sd import apply as apply_mod
+from lowvram_gen.engines.sd import rng_source
 from lowvram_gen.engines.sd.rng_source import generators
 from lowvram_gen.engines.video import decode as decoding
 from lowvram_gen.engines.video.checks import VideoModel
@@ -94,33 +95,42 @@ class _VideoJob:
         self.runner.experts = experts  # the residency record of the last job (tests read it)
         image = _init_image(request)
         call = call_pipe(pipe, image is not None)
-        seed = request.resolved_seeds()[0]
+        seeds = request.resolved_seeds()  # one clip per seed: batch count clips (a video job's batch size is 1)
         if self.source.is_tiny:
             warnings.append(NOISE_NOTE)
-        with experts:
-            out = self._denoise_stage(call, image, seed)
-        latents = decoding.Latents(out.latents, request.frames, *self.size)
-        del out.latents
-        frames = self._decode_stage(latents)
-        generated = self.size
         target = (request.width, request.height)
-        if generated != target:
-            frames = self._upscaled(frames, target)
-            warnings.append(UPSCALED_NOTE.format(w=generated[0], h=generated[1], W=target[0], H=target[1]))
-        saved = self._save(frames, seed, outdir, generated, warnings)
-        if out.stopped_at is not None:
-            step, total = out.stopped_at
-            raise Cancelled(f"cancelled at step {step} of {total}; the clip is kept as it was ({saved.path})",
-                            images=[str(saved.path)])
+        clips, frames, count = [], [], 0
+        for index, seed in enumerate(seeds):
+            if index and self.cancel is not None and self.cancel.is_set():
+                raise Cancelled(f"cancelled after {index} finished clip(s), kept", images=clips)
+            with experts:
+                out = self._denoise_stage(call, image, seed)
+            latents = decoding.Latents(out.latents, request.frames, *self.size)
+            del out.latents
+            made = self._decode_stage(latents)
+            generated = self.size
+            if generated != target:
+                made = self._upscaled(made, target)
+                note = UPSCALED_NOTE.format(w=generated[0], h=generated[1], W=target[0], H=target[1])
+                warnings += [note] if note not in warnings else []
+            saved = self._save(made, seed, outdir, generated, warnings)
+            clips.append(str(saved.path))
+            frames += [str(f) for f in saved.frames]
+            count = len(made)
+            if out.stopped_at is not None:
+                step, total = out.stopped_at
+                raise Cancelled(f"cancelled at step {step} of {total}; the clip is kept as it was ({saved.path})",
+                                images=clips)
+        if len(clips) > 1:
+            warnings.append(f"{len(clips)} clips made (batch count): {', '.join(clips)}")
         seconds = round(time.perf_counter() - started, 3)
         return GenerationResult(
-            images=[], seeds=[seed], width=target[0], height=target[1], steps=request.steps,
+            images=[], seeds=seeds, width=target[0], height=target[1], steps=request.steps,
             sampler=sampler_name(pipe, request.sampler), model=request.model, model_path=str(self.source.path),
             seconds=seconds, preset=self.ladder.preset_name, attempts=[a.as_dict() for a in self.ladder.attempts],
-            summary=self.ladder.summary(seconds, generated, target), generated_width=generated[0],
-            generated_height=generated[1], upscaled=generated != target, device=self.device.name,
-            warnings=warnings, video=str(saved.path), frames=[str(f) for f in saved.frames], frame_count=len(frames),
-            fps=request.fps)
+            summary=self.ladder.summary(seconds, self.size, target), generated_width=self.size[0],
+            generated_height=self.size[1], upscaled=self.size != target, device=self.device.name,
+            warnings=warnings, video=clips[0], frames=frames, frame_count=count, fps=request.fps)
 
     # -- denoise ------------------------------------------------------------------------------------------------
     def _denoise_stage(self, call, image, seed: int) -> _Denoised:
@@ -178,7 +188,8 @@ class _VideoJob:
             kwargs["image"] = image  # the pipeline resizes it to the clip's size, its own way
         began = time.perf_counter()
         try:
-            with torch.inference_mode():
+            # the request's RNG source (gpu, cpu, nv: engines/sd/rng_source.py) draws the clip's noise as an image's
+            with torch.inference_mode(), rng_source.drawing(request.rng, call, call.scheduler):
                 latents = call(**kwargs).frames
         finally:
             self.runner.place_resident(False)
