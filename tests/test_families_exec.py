@@ -46,7 +46,7 @@ def test_execution_fields_agree_with_the_installed_pipelines():
             assert record.takes_size(task) == ({"width", "height"} <= params.keys()), (record.key, task)
             assert record.takes_negative_prompt(task) == ("negative_prompt" in params), (record.key, task)
         if record.textual_inversion is not None:
-            cls = getattr(diffusers, record.tasks["txt2img"])
+            cls = getattr(diffusers, record.tasks[(Task.TXT2VID if record.is_video else Task.TXT2IMG).value])
             assert hasattr(cls, "load_textual_inversion") == record.textual_inversion, record.key
     assert families.GENERIC.textual_inversion is None  # an unknown family's pipeline is asked
     assert not families.FLUX1.controlnet.mixes_kinds and families.SD3.controlnet.mixes_kinds

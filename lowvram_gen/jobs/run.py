@@ -79,4 +79,6 @@ def run(registry: Registry, key: str, job: Job, what: str, request, *, steps: in
     elif job.error is not None:
         raise job.error
     else:
-        console.ended(what, since, job.result.summary, job.result.images)
+        result = job.result  # a clip's files are its video and frames (it has no images)
+        console.ended(what, since, result.summary,
+                      [result.video, *result.frames] if getattr(result, "video", None) else result.images)
