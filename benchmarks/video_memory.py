@@ -5,6 +5,8 @@
     python benchmarks/video_memory.py --only wan21    # only points whose id contains "wan21"
     python benchmarks/video_memory.py --redo          # measure again even where a result is stored
     python benchmarks/video_memory.py --list          # the points and their inputs, nothing run
+    python benchmarks/video_memory.py --table         # the stored results as docs/benchmarks.md's table
+    python benchmarks/video_memory.py --write-scaled wan21-14b DEST   # the measured width-scaled folder, configs only
 
 What is measured, for the planner's video estimate to be checked against (benchmarks/results/video_memory.json):
 - one transformer forward (WanTransformer3DModel, LTXVideoTransformer3DModel) at F frames x H x W with the text
@@ -177,6 +179,19 @@ def describe(point: dict) -> dict:
     if kind in ("transformer", "text_encoder"):
         out["text_tokens"] = TEXT_TOKENS[family(arch)]
     return out
+
+
+def write_scaled_folder(arch: str, dest: Path) -> Path:
+    """The width-scaled folder of `arch` as configs only (model_index.json, every component's config with the
+    points' overrides), for `plan` and the estimate to profile what was measured. No weights."""
+    import shutil
+
+    src = CONFIGS / ARCHS[arch]["folder"]
+    dest = Path(dest)
+    shutil.copytree(src, dest, dirs_exist_ok=True)
+    for part in ("transformer", "text_encoder"):
+        (dest / part / "config.json").write_text(json.dumps(scaled_config(arch, part), indent=2) + "\n")
+    return dest
 
 
 # ------------------------------------------------------------------------------------------------ worker
@@ -426,12 +441,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=600, help="seconds per point")
     ap.add_argument("--cgroup", type=int, default=None, metavar="BYTES",
                     help="run the points inside a cgroup-v1 memory limit of BYTES (root); stored under 'cgroup_runs'")
+    ap.add_argument("--write-scaled", nargs=2, metavar=("ARCH", "DEST"),
+                    help=f"write ARCH's width-scaled folder (configs only) to DEST; ARCH one of {', '.join(ARCHS)}")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         if os.environ.get("VIDEO_MEMORY_WAIT_CGROUP"):  # the parent puts this PID into the cgroup, then says go:
             sys.stdin.readline()  # before torch is imported, so that everything the worker maps is charged to it
         print(json.dumps(worker(json.loads(args.worker))), flush=True)
+        return 0
+    if args.write_scaled:
+        arch, dest = args.write_scaled
+        if arch not in ARCHS:
+            print(f"--write-scaled {arch!r}: use one of {', '.join(ARCHS)}", file=sys.stderr)
+            return 2
+        print(write_scaled_folder(arch, Path(dest)))
         return 0
     chosen = [p for p in POINTS if not args.only or any(o in p["id"] for o in args.only)]
     if args.list:

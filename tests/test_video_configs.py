@@ -165,3 +165,20 @@ def test_stored_measurements_cover_every_point_with_their_inputs():
         if p["kind"] == "transformer":
             assert p["video_tokens"] == vm.video_tokens(p["arch"], p["frames"], p["width"], p["height"])
             assert p["text_tokens"] == vm.TEXT_TOKENS[vm.family(p["arch"])]
+
+
+def test_written_scaled_folder_is_what_was_measured(tmp_path):
+    """--write-scaled gives the planner the folder the points measured: its transformer and text encoder counted on
+    the meta device have the parameter counts the workers built (stored with each point)."""
+    vm = _harness()
+    stored = {(p["arch"], p["kind"]): p["params"] for p in json.loads(vm.RESULTS.read_text())["points"]}
+    for arch in vm.ARCHS:
+        dest = vm.write_scaled_folder(arch, tmp_path / arch)
+        index = json.loads((dest / "model_index.json").read_text())
+        for part in ("transformer", "text_encoder"):
+            if (arch, part) not in stored:
+                continue
+            config = json.loads((dest / part / "config.json").read_text())
+            n = _count(index[part][0], index[part][1], config)
+            assert n == stored[(arch, part)], (arch, part, n)
+        assert not any(p.suffix != ".json" for p in dest.rglob("*") if p.is_file())
