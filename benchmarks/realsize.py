@@ -111,6 +111,8 @@ def _component(library: str, class_name: str, config: dict, seed: int, dtype: st
             for target, source in tied.items():
                 if target in params and source in params and params[target] is not params[source]:
                     params[target].copy_(params[source])
+    if library == "transformers":  # to_empty gave tied tables (T5's shared / embed_tokens) a copy each: one again
+        model.tie_weights()
     return model.eval()
 
 
