@@ -158,6 +158,7 @@ def test_a_cancel_before_the_job_starts_loads_nothing(folders, tmp_path):
     ("wan21", {"sampler": "Euler a"}, "sampler", "default, Euler, UniPC or DPM++ 2M"),
     ("ltx", {"steps": 1}, "steps", "2 steps or more"),  # diffusers' FlowMatchEuler would divide by zero
     ("wan21", {"schedule_type": "karras"}, "schedule type", "use automatic"),
+    ("wan21", {"prompt": "a fox <lora:style:0.8>"}, "lora", "does not apply LoRAs yet"),
 ])
 def test_what_the_model_cannot_make_is_refused_before_loading(kind, change, field, words, folders, tmp_path):
     session = Session(device="cpu")
