@@ -51,14 +51,14 @@ def video_request(folder: str, outdir, **kw) -> GenerationRequest:
 
 
 # what the plain call is given beside the prompts, size, frames and steps: the record's defaults the engine fills in
-# (Wan 2.2 A14B's low-noise CFG 3.0; LTX's frame_rate 24, its fps)
+# (Wan 2.2 A14B's low-noise CFG: 3.0 T2V, 3.5 I2V; LTX's frame_rate 24, its fps)
 PLAIN_EXTRA = {"wan21": {}, "wan22-ti2v": {}, "wan22-a14b": {"guidance_scale_2": 3.0}, "ltx": {"frame_rate": 24},
-               "wan21-i2v": {}, "ltx-i2v": {"frame_rate": 24}}
+               "wan21-i2v": {}, "ltx-i2v": {"frame_rate": 24}, "wan22-a14b-i2v": {"guidance_scale_2": 3.5}}
 
 
 @pytest.mark.parametrize("kind, image", [
     ("wan21", False), ("wan22-ti2v", False), ("wan22-a14b", False), ("ltx", False),
-    ("wan21-i2v", True), ("wan22-ti2v", True), ("ltx-i2v", True),
+    ("wan21-i2v", True), ("wan22-ti2v", True), ("ltx-i2v", True), ("wan22-a14b-i2v", True),
 ])
 def test_a_clip_equals_plain_diffusers(kind, image, folders, init_image, tmp_path):
     folder = folders(kind)
@@ -158,6 +158,7 @@ def test_a_cancel_before_the_job_starts_loads_nothing(folders, tmp_path):
     ("wan21", {"sampler": "Euler a"}, "sampler", "default, Euler, UniPC or DPM++ 2M"),
     ("ltx", {"steps": 1}, "steps", "2 steps or more"),  # diffusers' FlowMatchEuler would divide by zero
     ("wan21", {"schedule_type": "karras"}, "schedule type", "use automatic"),
+    ("wan21", {"prompt": "a fox <lora:style:0.8>"}, "lora", "does not apply LoRAs yet"),
 ])
 def test_what_the_model_cannot_make_is_refused_before_loading(kind, change, field, words, folders, tmp_path):
     session = Session(device="cpu")

@@ -313,3 +313,52 @@ def test_out_of_memory_in_the_low_noise_expert_steps_down_and_starts_the_clip_ag
     assert [name for name, _ in record] == ["transformer"] * 2 + ["transformer"] * 2 + ["transformer_2"] * 2
     assert np.abs(saved_frames(result.frames).astype(int)
                   - plain(folder, guidance_scale_2=3.0).astype(int)).max() <= TOLERANCE
+
+
+# -- a 16-bit VAE's overflow ----------------------------------------------------------------------------------------
+
+def test_a_half_precision_decode_that_makes_nan_is_decoded_again_in_float32(folders, tmp_path, monkeypatch):
+    """Simulated: the VAE in bfloat16 makes NaN (a 16-bit overflow, as a Wan VAE can). The same latents are decoded
+    again in float32, the attempt says so, and the frames are plain diffusers' but for the weights' rounding."""
+    from diffusers import AutoencoderKLWan
+
+    folder = folders("wan21")
+    decode = AutoencoderKLWan.decode
+    seen = []
+
+    def overflowing(self, z, *args, **kwargs):
+        seen.append(z.dtype)
+        out = decode(self, z, *args, **kwargs)
+        if z.dtype != torch.float32:
+            out[0].fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(AutoencoderKLWan, "decode", overflowing)
+    session = Session(device="cpu")
+    session.generate(video_request(folder, tmp_path, steps=1))
+    session.model.pipe.vae.to(torch.bfloat16)
+    seen.clear()
+    result = session.generate(video_request(folder, tmp_path))
+    assert [(a["stage"], a["outcome"]) for a in result.attempts] == [("denoise", "ok"), ("decode", "nan"),
+                                                                      ("decode", "ok")]
+    assert seen == [torch.bfloat16, torch.float32]  # the same latents, decoded again in float32
+    assert session.model.pipe.vae.dtype == torch.bfloat16  # back to its dtype after
+    # plain diffusers' frames but for the VAE weights' bfloat16 rounding
+    assert np.abs(saved_frames(result.frames).astype(int) - plain(folder).astype(int)).mean() < 4
+
+
+def test_nan_from_a_float32_decode_is_said_in_one_sentence(folders, tmp_path, monkeypatch):
+    from diffusers import AutoencoderKLWan
+
+    from lowvram_gen.errors import BadOutput
+
+    decode = AutoencoderKLWan.decode
+
+    def broken(self, z, *args, **kwargs):
+        out = decode(self, z, *args, **kwargs)
+        out[0].fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(AutoencoderKLWan, "decode", broken)
+    with pytest.raises(BadOutput, match="NaN/Inf even when decoded in float32"):
+        Session(device="cpu").generate(video_request(folders("wan21"), tmp_path))

@@ -16,6 +16,7 @@ from lowvram_gen.families import sampling
 from lowvram_gen.families.record import Family, FolderFacts, Task, Video
 from lowvram_gen.families.spec import read_config, record_of_index
 from lowvram_gen.models.resolve import ModelSource
+from lowvram_gen.networks.tags import extract_lora_tags
 from lowvram_gen.request import GenerationRequest
 from lowvram_gen.samplers import DEFAULT
 from lowvram_gen.schedules import AUTOMATIC
@@ -129,6 +130,10 @@ def check(request: GenerationRequest, model: VideoModel) -> None:
         raise InvalidRequest("sampler", request.sampler, f"{model.label}'s pipeline passes its own sigma schedule, "
                                                          "which only its FlowMatchEuler scheduler takes: use default "
                                                          "or Euler")
+    tags = extract_lora_tags(request.prompt or "")[1]
+    if request.loras or tags:
+        name = request.loras[0] if request.loras else tags[0].name
+        raise InvalidRequest("lora", name, "a video job does not apply LoRAs yet: leave out --lora and <lora:...> tags")
     if request.schedule_type != AUTOMATIC:
         raise InvalidRequest("schedule type", request.schedule_type, f"{model.label} runs its scheduler's own "
                                                                     "flow-matching schedule: use automatic")

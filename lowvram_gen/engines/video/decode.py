@@ -39,24 +39,38 @@ def tiled(pipe) -> None:
         vae.use_framewise_decoding = True
 
 
-def decode(pipe, latents: Latents):
-    """The frames of `latents` as a uint8 array (F, H, W, 3)."""
+def decode(pipe, latents: Latents, upcast: bool = False):
+    """(the frames of `latents` as a uint8 array (F, H, W, 3), None or what was wrong: 'nan' where the decode made
+    NaN/Inf, 'black' where every frame is black). `upcast`: the VAE decodes in float32 (a 16-bit VAE's overflow), then
+    goes back to its dtype."""
     import numpy as np
     import torch
     from diffusers.utils.torch_utils import get_module_execution_device
 
+    from lowvram_gen.engines.sd.pipeline import bad_output
+
     vae = pipe.vae
-    device = get_module_execution_device(vae)
+    original = vae.dtype
+    if upcast:
+        vae.to(dtype=torch.float32)
+    try:
+        device = get_module_execution_device(vae)
+        with torch.no_grad():
+            if is_ltx(pipe):
+                video = _decode_ltx(pipe, latents, device)
+            else:
+                z = latents.tensor.to(device=device, dtype=vae.dtype)
+                mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z.device, z.dtype)
+                std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z.device,
+                                                                                                       z.dtype)
+                video = vae.decode(z / std + mean, return_dict=False)[0]
+    finally:
+        if upcast:
+            vae.to(dtype=original)
+    bad = bad_output(video)  # decoded pixels are in [-1, 1]
     with torch.no_grad():
-        if is_ltx(pipe):
-            video = _decode_ltx(pipe, latents, device)
-        else:
-            z = latents.tensor.to(device=device, dtype=vae.dtype)
-            mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z.device, z.dtype)
-            std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z.device, z.dtype)
-            video = vae.decode(z / std + mean, return_dict=False)[0]
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # float [0, 1], (F, H, W, 3)
-    return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
+    return (np.clip(np.nan_to_num(frames), 0.0, 1.0) * 255).round().astype(np.uint8), bad
 
 
 def _decode_ltx(pipe, latents: Latents, device):

@@ -35,7 +35,7 @@ from lowvram_gen.engines.video import decode as decoding
 from lowvram_gen.engines.video.checks import VideoModel
 from lowvram_gen.engines.video.experts import Experts
 from lowvram_gen.engines.video.pipelines import call_pipe, sampler_name, set_video_sampler
-from lowvram_gen.errors import Cancelled
+from lowvram_gen.errors import BadOutput, Cancelled
 from lowvram_gen.hardware.device import DeviceInfo
 from lowvram_gen.ladder import Ladder
 from lowvram_gen.models.resolve import ModelSource
@@ -247,10 +247,9 @@ class _VideoJob:
         while True:
             started = time.perf_counter()
             self.runner.place_resident(False)
-            ok, frames = self.ladder.attempt("decode", lambda: decoding.decode(self.pipe, latents), self.where)
+            ok, decoded = self.ladder.attempt("decode", lambda: decoding.decode(self.pipe, latents), self.where)
             if ok:
-                self.ladder.record("decode", "ok", started, **self.where())
-                return frames
+                return self._checked(latents, *decoded, started)
             if not tiled:
                 tiled = True
                 what = "tiled VAE decode"
@@ -262,6 +261,22 @@ class _VideoJob:
                 raise self.ladder.exhausted(ADVICE)
             decoding.tiled(self.pipe)
             self.ladder.went_down(what)
+
+    def _checked(self, latents: decoding.Latents, frames, bad: str | None, started: float):
+        """The decoded frames; where a 16-bit VAE made NaN/Inf or black frames, decoded again in float32 (as images
+        are); still bad: BadOutput, in one sentence."""
+        import torch
+
+        if bad and self.pipe.vae.dtype != torch.float32:
+            self.ladder.record("decode", bad, started, "half-precision decode; decoded again in float32",
+                               **self.where())
+            started = time.perf_counter()
+            frames, bad = decoding.decode(self.pipe, latents, upcast=True)
+        if bad:
+            raise BadOutput(f"the model made {'NaN/Inf' if bad == 'nan' else 'all-black frames'} even when decoded "
+                            "in float32; the weights may be broken (check the files)")
+        self.ladder.record("decode", "ok", started, **self.where())
+        return frames
 
     def _upscaled(self, frames, target: tuple[int, int]):
         import numpy as np
