@@ -105,3 +105,80 @@ def test_scheduler_configs_load():
         # LTX's scheduler shifts by the token count (use_dynamic_shifting): the pipeline passes mu
         scheduler.set_timesteps(4, **({"mu": 1.0} if scheduler.config.get("use_dynamic_shifting") else {}))
         assert len(scheduler.timesteps) == 4, name
+
+
+# ------------------------------------------------------------------------------------------------ the measurements
+def _harness():
+    import sys
+
+    sys.path.insert(0, str(CONFIGS.parents[1] / "benchmarks"))
+    import video_memory
+
+    return video_memory
+
+
+@pytest.mark.parametrize("arch", ["wan21-1.3b", "wan21-14b", "wan22-5b", "ltx"])
+def test_width_scaled_configs_keep_depth_and_head_width(arch):
+    """benchmarks/video_memory.py's width-scaled transformers and text encoders: fewer heads, the same head width and
+    depth, and the widths that are multiples of the heads scaled with them (so the real model is 1/scale as wide)."""
+    vm = _harness()
+    for part in ("transformer", "text_encoder"):
+        real, scaled = vm.real_config(arch, part), vm.scaled_config(arch, part)
+        scale = vm.width_scale(arch, part)
+        assert 0 < scale < 1
+        if part == "transformer":
+            assert scaled["num_layers"] == real["num_layers"]
+            assert scaled["attention_head_dim"] == real["attention_head_dim"]
+            assert scaled["num_attention_heads"] == round(real["num_attention_heads"] * scale)
+            if "ffn_dim" in real:
+                assert abs(scaled["ffn_dim"] - real["ffn_dim"] * scale) <= 1
+        else:
+            assert (scaled["num_layers"], scaled["d_kv"], scaled["vocab_size"]) == (
+                real["num_layers"], real["d_kv"], real["vocab_size"])
+            assert scaled["d_model"] == scaled["num_heads"] * real["d_kv"]
+            assert abs(scaled["d_ff"] - real["d_ff"] * scale) <= 1
+
+
+def test_latent_shapes_and_tokens_follow_the_pipelines():
+    vm = _harness()
+    # Wan 2.1: (F-1)/4+1 latent frames at 8x, patches of 2x2: 81 frames at 832x480 -> 21 x 60 x 104, 32760 tokens
+    assert vm.latent_shape("wan21-14b", 81, 832, 480) == (21, 60, 104)
+    assert vm.video_tokens("wan21-14b", 81, 832, 480) == 21 * 30 * 52
+    # Wan 2.2 TI2V: 16x; 121 frames at 1280x704 -> 31 x 44 x 80
+    assert vm.latent_shape("wan22-5b", 121, 1280, 704) == (31, 44, 80)
+    # LTX: (F-1)/8+1 at 32x, patch 1
+    assert vm.video_tokens("ltx", 121, 768, 512) == 16 * 16 * 24
+
+
+def test_stored_measurements_cover_every_point_with_their_inputs():
+    vm = _harness()
+    data = json.loads(vm.RESULTS.read_text())
+    assert data["commands"] and all(c.startswith("python benchmarks/video_memory.py") for c in data["commands"])
+    stored = {p["id"]: p for p in data["points"]}
+    assert set(stored) == {p["id"] for p in vm.POINTS}
+    for pid, p in stored.items():
+        assert "error" not in p, pid
+        for key in ("arch", "width_scale", "frames", "width", "height", "batch", "config", "activation_bytes",
+                    "weights_rss_bytes"):
+            assert key in p, (pid, key)
+        assert p["activation_bytes"] > 0 and p["weights_rss_bytes"] > 0, pid
+        if p["kind"] == "transformer":
+            assert p["video_tokens"] == vm.video_tokens(p["arch"], p["frames"], p["width"], p["height"])
+            assert p["text_tokens"] == vm.TEXT_TOKENS[vm.family(p["arch"])]
+
+
+def test_written_scaled_folder_is_what_was_measured(tmp_path):
+    """--write-scaled gives the planner the folder the points measured: its transformer and text encoder counted on
+    the meta device have the parameter counts the workers built (stored with each point)."""
+    vm = _harness()
+    stored = {(p["arch"], p["kind"]): p["params"] for p in json.loads(vm.RESULTS.read_text())["points"]}
+    for arch in vm.ARCHS:
+        dest = vm.write_scaled_folder(arch, tmp_path / arch)
+        index = json.loads((dest / "model_index.json").read_text())
+        for part in ("transformer", "text_encoder"):
+            if (arch, part) not in stored:
+                continue
+            config = json.loads((dest / part / "config.json").read_text())
+            n = _count(index[part][0], index[part][1], config)
+            assert n == stored[(arch, part)], (arch, part, n)
+        assert not any(p.suffix != ".json" for p in dest.rglob("*") if p.is_file())
