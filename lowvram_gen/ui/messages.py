@@ -63,13 +63,6 @@ FLAGS: dict[str, str] = {
     "--controlnet": "a ControlNet unit's Model box",
     "--preprocessor": "a ControlNet unit's Preprocessor box",
     "--control-mode": "the ControlNet Control Mode",
-    # the Video tab's (issue 33)
-    "--frames": "the Frames slider (Video tab)",
-    "--fps": "the FPS box (Video tab)",
-    "--cfg-2": "the CFG 2 slider (Video tab)",
-    "--init-image": "the Video tab's Init image",
-    "--save-frames": "the Save frames box (Video tab)",
-    "--allow-upscale": "the Allow upscale box (Video tab)",
 }
 BOXES = {"--model", "--vqgan", "--clip", "--width", "--height", "--seed", "--sampler", "--schedule-type"}
 # a flag as a whole word (not part of a longer one), with a "pass " before it; one pass over the text, so
