@@ -613,7 +613,10 @@ def cmd_plan(args) -> int:
         from lowvram_gen.models.profile import with_vae
 
         profile = with_vae(profile, args.vae)
-    own = video.pop("size", None) or (native_side(profile),) * 2  # a clip's own size (832x480 for Wan 2.1)
+    from lowvram_gen.cli.video import default_size
+
+    # a clip's own size (832x480 for Wan 2.1), also for one frame of a video model (no --frames)
+    own = video.pop("size", None) or default_size(args.model) or (native_side(profile),) * 2
     width, height = width or own[0], height or own[1]
     from lowvram_gen.cli.controlnet import plan_lines
 
