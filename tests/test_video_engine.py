@@ -117,6 +117,36 @@ def test_on_step_and_the_preview_of_the_middle_frame(folders, tmp_path):
     assert previews == [((64, 64), 1, 2), ((64, 64), 2, 2)]
 
 
+def test_taesd_previews_are_refused_in_one_sentence_before_any_step(folders, tmp_path):
+    """No TAESD decoder is known for video latents: asking for one is the preview module's one sentence, raised before
+    the first step (as the image engine does), and nothing is saved."""
+    steps = []
+    with pytest.raises(InvalidRequest, match=r"^invalid live preview method: 'taesd'; no TAESD decoder is known for "
+                                             r"Wan's video latents: use auto or approx$"):
+        Session(device="cpu").generate(video_request(folders("wan21"), tmp_path / "out"),
+                                       on_step=lambda i, n: steps.append(i), on_preview=lambda *a: None,
+                                       preview_every=1, preview_method="taesd")
+    assert steps == [] and not any((tmp_path / "out").rglob("*.*"))
+
+
+def test_no_preview_where_no_latent_map_fits(folders, tmp_path):
+    """The tiny LTX folder's VAE has 8 latent channels, for which no map is published: the job shows no preview (not
+    a picture made of its first three channels) and still makes its clip."""
+    previews = []
+    result = Session(device="cpu").generate(video_request(folders("ltx"), tmp_path, save_frames=False),
+                                            on_preview=lambda im, i, n: previews.append(i), preview_every=1)
+    assert previews == [] and result.video is not None
+
+
+def test_the_records_name_their_latent_formats():
+    from lowvram_gen import families, preview
+
+    assert families.by_key("wan22-ti2v-5b").latent_format == "wan22"
+    assert families.by_key("ltx-video").latent_format == "ltxv"
+    assert families.by_key("wan21-t2v-1.3b").latent_format == "wan21"
+    assert {"wan21", "wan22", "ltxv"} <= set(preview.FORMATS)
+
+
 def test_interrupt_keeps_the_clip_as_it_was(folders, tmp_path):
     """Interrupt at the end of step 1 of 3: the steps stop, the clip is decoded as it was and saved, and the job ends
     raising Cancelled with it."""
