@@ -8,7 +8,9 @@ Sizes are 64x64 (the smallest side a request takes), 9 frames, 2 steps: each cli
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -270,3 +272,26 @@ def test_the_rng_source_draws_the_noise(folders, tmp_path):
               for rng in ("gpu", "cpu", "nv")}
     assert np.abs(frames["cpu"] - frames["gpu"]).max() == 0
     assert np.abs(frames["nv"] - frames["gpu"]).max() > TOLERANCE
+
+
+def test_a_batch_count_of_two_gives_every_clip_in_the_result_the_cli_and_the_api(folders, tmp_path, capsys):
+    """batch_count 2 on tiny Wan 2.1: two clips from two seeds; `videos` names both (`video` the first), `video --json`
+    and its paths print both, and the API's answer carries both in base64 (`videos`)."""
+    import base64
+    from types import SimpleNamespace
+
+    from lowvram_gen.api import video as api_video
+    from lowvram_gen.cli.output import print_result
+
+    request = video_request(folders("wan21"), tmp_path, batch_count=2, save_frames=False, steps=1)
+    result = Session(device="cpu").generate(request)
+    assert len(result.videos) == 2 and result.video == result.videos[0] != result.videos[1]
+    assert all(Path(p).is_file() for p in result.videos) and len(set(result.seeds)) == 2
+    assert result.as_json()["videos"] == result.videos
+    print_result(result, False, list(result.videos))
+    assert capsys.readouterr().out.splitlines() == result.videos
+    answered = api_video.answer(request, SimpleNamespace(error=None, result=result), "test")
+    assert [base64.b64decode(v) for v in answered["videos"]] == [Path(p).read_bytes() for p in result.videos]
+    assert base64.b64decode(answered["video"]) == Path(result.videos[0]).read_bytes()
+    one = dataclasses.replace(result, videos=result.videos[:1])
+    assert "videos" not in api_video.answer(request, SimpleNamespace(error=None, result=one), "test")

@@ -137,7 +137,7 @@ class _VideoJob:
             seconds=seconds, preset=self.ladder.preset_name, attempts=[a.as_dict() for a in self.ladder.attempts],
             summary=self.ladder.summary(seconds, self.size, target), generated_width=self.size[0],
             generated_height=self.size[1], upscaled=self.size != target, device=self.device.name,
-            warnings=warnings, video=clips[0], frames=frames, frame_count=count, fps=request.fps)
+            warnings=warnings, video=clips[0], videos=clips, frames=frames, frame_count=count, fps=request.fps)
 
     # -- denoise ------------------------------------------------------------------------------------------------
     def _denoise_stage(self, call, image, seed: int) -> _Denoised:
