@@ -295,3 +295,20 @@ def test_a_batch_count_of_two_gives_every_clip_in_the_result_the_cli_and_the_api
     assert base64.b64decode(answered["video"]) == Path(result.videos[0]).read_bytes()
     one = dataclasses.replace(result, videos=result.videos[:1])
     assert "videos" not in api_video.answer(request, SimpleNamespace(error=None, result=one), "test")
+
+
+def test_a_clip_too_big_for_the_card_is_refused_as_the_cards_before_loading(folders, tmp_path, monkeypatch):
+    """A simulated 1 GiB card with 64 GiB of RAM (Session.device answers the planner's simulated device, as `plan
+    --vram/--ram` makes it): the plan refuses the clip for VRAM, and the job says it is the card, with the error an
+    image that fits no rung on the card ends in (OutOfMemoryEverywhere), not NotEnoughRam; nothing loads."""
+    from lowvram_gen.errors import NotEnoughRam, OutOfMemoryEverywhere
+
+    real_device = Session.device
+    monkeypatch.setattr(Session, "device", lambda self, **kw: real_device(self, vram="1GiB", ram="64GiB"))
+    session = Session()
+    request = video_request(folders("wan21"), tmp_path, frames=121, width=2048, height=2048)
+    plan = session.plan(request.validated(), session.device())
+    assert plan.refusal and any(e.fits_host for e in plan.estimates)  # the RAM holds it, the card does not
+    with pytest.raises(OutOfMemoryEverywhere, match=r"^not enough VRAM on the card for this clip: .*VRAM") as caught:
+        session.generate(request)
+    assert not isinstance(caught.value, NotEnoughRam) and session.model is None
