@@ -459,7 +459,7 @@ class Session:
                 device = self.device()
                 the_plan = self.plan(request, device, source)
             if the_plan.refusal:
-                raise NotEnoughRam(the_plan.refusal)
+                raise video_checks.plan_refusal(the_plan)  # the RAM's (NotEnoughRam) or the card's
             first = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
             load_dtype = apply_mod.load_dtype(first, half_dtype(source.path) if first.half_storage else "float16")
             model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device,

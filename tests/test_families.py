@@ -63,10 +63,16 @@ def test_every_task_class_exists_and_is_claimed_by_its_record():
             assert hasattr(diffusers, record.controlnet.model_class)
 
 
+def _main_pipeline(record):
+    """The record's prompt-only pipeline class: txt2img, or txt2vid for a video family (Wan, LTX-Video)."""
+    return getattr(diffusers, record.tasks["txt2vid" if record.is_video else "txt2img"])
+
+
 def test_call_styles_agree_with_the_installed_pipelines():
-    """What each record says about CFG, the negative prompt and true CFG is what its txt2img __call__ takes."""
+    """What each record says about CFG, the negative prompt and true CFG is what its txt2img (txt2vid) __call__
+    takes."""
     for record in families.all_families():
-        params = inspect.signature(getattr(diffusers, record.tasks["txt2img"]).__call__).parameters
+        params = inspect.signature(_main_pipeline(record).__call__).parameters
         call = record.call
         assert ("negative_prompt" in params) == call.takes_negative_prompt, record.key
         assert ("true_cfg_scale" in params) == (call.optional_true_cfg or call.guidance is Guidance.TRUE_CFG), record.key
@@ -76,7 +82,7 @@ def test_call_styles_agree_with_the_installed_pipelines():
             assert call.takes_negative_prompt
         # a doubled CFG batch is classic CFG; classic CFG without one runs the prompt and the negative as two
         # forwards (Flux.2 Klein's base models): its __call__ never doubles the latents
-        source = inspect.getsource(getattr(diffusers, record.tasks["txt2img"]).__call__)
+        source = inspect.getsource(_main_pipeline(record).__call__)
         doubled = any(s in source for s in ("[latents] * 2", "latents_typed.repeat(2", "[latents] * (num_cfg + 1)"))
         # the batch of two halves (OmniGen: num_cfg + 1 copies, two for a prompt without input images)
         assert record.cfg_batch == (call.guidance is Guidance.CFG and doubled), record.key
@@ -86,13 +92,13 @@ def test_t5_lengths_are_the_pipelines_defaults():
     for record in families.all_families():
         if record.t5_tokens is None:
             continue
-        params = inspect.signature(getattr(diffusers, record.tasks["txt2img"]).__call__).parameters
+        params = inspect.signature(_main_pipeline(record).__call__).parameters
         assert params["max_sequence_length"].default == record.t5_tokens, record.key
 
 
 def test_lora_field_agrees_with_the_pipeline_loader():
     for record in families.all_families():
-        cls = getattr(diffusers, record.tasks["txt2img"])
+        cls = _main_pipeline(record)
         assert hasattr(cls, "load_lora_weights") == (record.lora is not None), record.key
 
 

@@ -43,11 +43,15 @@ def _expected_width(cfg: dict) -> int:
 
 
 def _vae(name: str) -> tuple[int, int]:
-    """(latent channels, pixels per latent pixel) from the VAE config: a Wan-style VAE halves the side per temporal
-    downsample entry, an AutoencoderKL per block past the first, a DC-AE per encoder stage past the first."""
+    """(latent channels, pixels per latent pixel) from the VAE config: a Wan-style VAE says `scale_factor_spatial`
+    where it patchifies too (Wan 2.2's 16x), else halves the side per temporal downsample entry; LTX-Video's patchifies
+    `patch_size` and halves per `spatio_temporal_scaling` stage (4 x 2**3 = 32); an AutoencoderKL per block past the
+    first, a DC-AE per encoder stage past the first."""
     cfg = _config(name, "vae")
     if "z_dim" in cfg:
-        return int(cfg["z_dim"]), 2 ** len(cfg["temperal_downsample"])
+        return int(cfg["z_dim"]), int(cfg.get("scale_factor_spatial") or 2 ** len(cfg["temperal_downsample"]))
+    if "spatio_temporal_scaling" in cfg:
+        return int(cfg["latent_channels"]), int(cfg["patch_size"]) * 2 ** sum(map(bool, cfg["spatio_temporal_scaling"]))
     stages = cfg.get("block_out_channels") or cfg["encoder_block_out_channels"]
     return int(cfg["latent_channels"]), 2 ** (len(stages) - 1)
 
@@ -115,9 +119,10 @@ def test_plan_json_names_the_real_shapes(capsys, name):
         assert e["class"] == _index(name)[e["name"]][1]
         assert e["tokens"] == _expected_text_tokens(name, e["name"]), e
         assert e["params"] == _meta_params(name, e["name"])
-        # unquantized, 2 bytes a parameter at bfloat16; at float16 T5 keeps its `wo` layers in float32 (more)
+        # unquantized, 2 bytes a parameter at bfloat16; at float16 T5 (and Wan's umT5) keeps its `wo` layers in
+        # float32 (more)
         assert shapes["quantize"] == "none"
-        if shapes["dtype"] == "bfloat16" or e["class"] != "T5EncoderModel":
+        if shapes["dtype"] == "bfloat16" or e["class"] not in ("T5EncoderModel", "UMT5EncoderModel"):
             assert e["bytes"] == 2 * e["params"], e
         else:
             assert 2 * e["params"] < e["bytes"] < 3 * e["params"], e
@@ -129,10 +134,12 @@ def test_the_plan_is_made_at_the_families_native_size(capsys, name):
     code, out, err = cli(capsys, "plan", "--model", name, "--vram", "24GiB", "--ram", "128GiB", "--json")
     assert code == 0, err
     result = json.loads(out)
-    native = families.by_key(name).native_side
-    assert (result["width"], result["height"]) == (native, native)
+    record = families.by_key(name)
+    # a video family's native size is its clips' (Wan 2.1 832x480, Wan 2.2 TI2V 1280x704, LTX-Video 704x480)
+    native = tuple(record.video.size) if record.is_video else (record.native_side,) * 2
+    assert (result["width"], result["height"]) == native
     _, scale = _vae(name)
-    assert result["shapes"]["tokens"] == math.prod([native // scale // _expected_edge(name)] * 2)
+    assert result["shapes"]["tokens"] == math.prod(side // scale // _expected_edge(name) for side in native)
 
 
 def test_the_text_line_names_the_shapes(capsys):

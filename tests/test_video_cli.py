@@ -332,3 +332,25 @@ def test_image_to_video_on_wan22_ti2v(tmp_path, capsys):
     assert data["video"] == str(out / "00000-5-a-red-fox.mp4") and data["frame_count"] == 5 and data["fps"] == 24.0
     sidecar = json.loads((out / "00000-5-a-red-fox.json").read_text())
     assert sidecar["meta"]["request"]["init_image"] == str(init)
+
+
+def test_plan_of_a_tiny_clip_counts_the_clips_tokens_in_text_and_json(wan21, capsys):
+    """`plan --frames` on the tiny Wan 2.1 folder: the shapes line and the JSON's `shapes.tokens` are the clip's tokens
+    (every latent frame's), not one frame's; worked out here from the folder's own VAE and transformer configs."""
+    vae = json.loads((wan21 / "vae" / "config.json").read_text())
+    patch = json.loads((wan21 / "transformer" / "config.json").read_text())["patch_size"]
+    temporal, spatial = 2 ** sum(map(bool, vae["temperal_downsample"])), 2 ** len(vae["temperal_downsample"])
+    frames, side = 9, 64
+    per_frame = (side // spatial // patch[1]) * (side // spatial // patch[2])
+    clip = ((frames - 1) // temporal + 1) * per_frame
+    argv = ["plan", "--model", str(wan21), "--frames", str(frames), "--width", str(side), "--height", str(side),
+            "--vram", "4GiB", "--ram", "16GiB"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    shapes = next(ln for ln in out.splitlines() if ln.startswith("shapes:"))
+    assert shapes.endswith(f": {clip} tokens") and "image tokens" not in out
+    assert out.count(f"video: {frames} frames -> {(frames - 1) // temporal + 1} latent frames, {clip} tokens") == 1
+    assert cli.main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["shapes"]["tokens"] == data["video"]["tokens"] == clip != per_frame
+    assert data["shapes"]["video"]["latent_frames"] == (frames - 1) // temporal + 1

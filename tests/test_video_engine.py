@@ -8,7 +8,9 @@ Sizes are 64x64 (the smallest side a request takes), 9 frames, 2 steps: each cli
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,6 +117,36 @@ def test_on_step_and_the_preview_of_the_middle_frame(folders, tmp_path):
                                    on_preview=lambda im, i, n: previews.append((im.size, i, n)), preview_every=1)
     assert steps == [(1, 2), (2, 2)]
     assert previews == [((64, 64), 1, 2), ((64, 64), 2, 2)]
+
+
+def test_taesd_previews_are_refused_in_one_sentence_before_any_step(folders, tmp_path):
+    """No TAESD decoder is known for video latents: asking for one is the preview module's one sentence, raised before
+    the first step (as the image engine does), and nothing is saved."""
+    steps = []
+    with pytest.raises(InvalidRequest, match=r"^invalid live preview method: 'taesd'; no TAESD decoder is known for "
+                                             r"Wan's video latents: use auto or approx$"):
+        Session(device="cpu").generate(video_request(folders("wan21"), tmp_path / "out"),
+                                       on_step=lambda i, n: steps.append(i), on_preview=lambda *a: None,
+                                       preview_every=1, preview_method="taesd")
+    assert steps == [] and not any((tmp_path / "out").rglob("*.*"))
+
+
+def test_no_preview_where_no_latent_map_fits(folders, tmp_path):
+    """The tiny LTX folder's VAE has 8 latent channels, for which no map is published: the job shows no preview (not
+    a picture made of its first three channels) and still makes its clip."""
+    previews = []
+    result = Session(device="cpu").generate(video_request(folders("ltx"), tmp_path, save_frames=False),
+                                            on_preview=lambda im, i, n: previews.append(i), preview_every=1)
+    assert previews == [] and result.video is not None
+
+
+def test_the_records_name_their_latent_formats():
+    from lowvram_gen import families, preview
+
+    assert families.by_key("wan22-ti2v-5b").latent_format == "wan22"
+    assert families.by_key("ltx-video").latent_format == "ltxv"
+    assert families.by_key("wan21-t2v-1.3b").latent_format == "wan21"
+    assert {"wan21", "wan22", "ltxv"} <= set(preview.FORMATS)
 
 
 def test_interrupt_keeps_the_clip_as_it_was(folders, tmp_path):
@@ -240,3 +272,43 @@ def test_the_rng_source_draws_the_noise(folders, tmp_path):
               for rng in ("gpu", "cpu", "nv")}
     assert np.abs(frames["cpu"] - frames["gpu"]).max() == 0
     assert np.abs(frames["nv"] - frames["gpu"]).max() > TOLERANCE
+
+
+def test_a_batch_count_of_two_gives_every_clip_in_the_result_the_cli_and_the_api(folders, tmp_path, capsys):
+    """batch_count 2 on tiny Wan 2.1: two clips from two seeds; `videos` names both (`video` the first), `video --json`
+    and its paths print both, and the API's answer carries both in base64 (`videos`)."""
+    import base64
+    from types import SimpleNamespace
+
+    from lowvram_gen.api import video as api_video
+    from lowvram_gen.cli.output import print_result
+
+    request = video_request(folders("wan21"), tmp_path, batch_count=2, save_frames=False, steps=1)
+    result = Session(device="cpu").generate(request)
+    assert len(result.videos) == 2 and result.video == result.videos[0] != result.videos[1]
+    assert all(Path(p).is_file() for p in result.videos) and len(set(result.seeds)) == 2
+    assert result.as_json()["videos"] == result.videos
+    print_result(result, False, list(result.videos))
+    assert capsys.readouterr().out.splitlines() == result.videos
+    answered = api_video.answer(request, SimpleNamespace(error=None, result=result), "test")
+    assert [base64.b64decode(v) for v in answered["videos"]] == [Path(p).read_bytes() for p in result.videos]
+    assert base64.b64decode(answered["video"]) == Path(result.videos[0]).read_bytes()
+    one = dataclasses.replace(result, videos=result.videos[:1])
+    assert "videos" not in api_video.answer(request, SimpleNamespace(error=None, result=one), "test")
+
+
+def test_a_clip_too_big_for_the_card_is_refused_as_the_cards_before_loading(folders, tmp_path, monkeypatch):
+    """A simulated 1 GiB card with 64 GiB of RAM (Session.device answers the planner's simulated device, as `plan
+    --vram/--ram` makes it): the plan refuses the clip for VRAM, and the job says it is the card, with the error an
+    image that fits no rung on the card ends in (OutOfMemoryEverywhere), not NotEnoughRam; nothing loads."""
+    from lowvram_gen.errors import NotEnoughRam, OutOfMemoryEverywhere
+
+    real_device = Session.device
+    monkeypatch.setattr(Session, "device", lambda self, **kw: real_device(self, vram="1GiB", ram="64GiB"))
+    session = Session()
+    request = video_request(folders("wan21"), tmp_path, frames=121, width=2048, height=2048)
+    plan = session.plan(request.validated(), session.device())
+    assert plan.refusal and any(e.fits_host for e in plan.estimates)  # the RAM holds it, the card does not
+    with pytest.raises(OutOfMemoryEverywhere, match=r"^not enough VRAM on the card for this clip: .*VRAM") as caught:
+        session.generate(request)
+    assert not isinstance(caught.value, NotEnoughRam) and session.model is None

@@ -93,7 +93,10 @@ def test_int8_runs_with_the_transformer_in_8_bits(folders, tmp_path):
 
 def test_int8_quantizes_both_experts(folders, tmp_path):
     session = Session()
+    from lowvram_gen.models.quantize import targets
+
     session.generate(video_request(folders("wan22-a14b-wide"), tmp_path, quantize="int8"))
+    assert {"transformer", "transformer_2"} <= set(targets(session.model.pipe))  # quantize's own targets, both
     for name in ("transformer", "transformer_2"):
         module = getattr(session.model.pipe, name)
         assert any(t.dtype in (torch.int8, torch.uint8) for t in module.state_dict().values()), name

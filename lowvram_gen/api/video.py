@@ -13,7 +13,8 @@ The body (every field optional but `prompt`; null is the default):
     sampler_name, model (a checkpoint of GET /sdapi/v1/sd-models by its title or name: never a path of the server's;
     default the API's model), init_image (a base64 image, as img2img's: image-to-video), save_frames (the frames as
     PNGs too), allow_upscale (a lower resolution with the frames upscaled after is a rung of the ladder).
-The answer: {"video": base64 of the clip, "format": "mp4" or "webp", "frames": [base64 PNG, ...] (with save_frames),
+The answer: {"video": base64 of the clip, "format": "mp4" or "webp", "videos": [base64 of each clip, ...] (only
+when a job made more than one: a batch count), "frames": [base64 PNG, ...] (with save_frames),
 "info": {the parameters that ran, seed, preset, attempts, warnings, what_ran, ...}}.
 
 A value refused is a 422 in FastAPI's validation shape whose `loc` names the body's field (`["body", "frames"]`),
@@ -122,9 +123,15 @@ def clip_of(outcome) -> str | None:
     """The clip's path: a finished job's result's, or among the files an interrupted job's Cancelled error kept (the
     engine decodes and saves the clip as it was when the steps stopped); None when it stopped before its first
     step."""
+    return next(iter(clips_of(outcome)), None)
+
+
+def clips_of(outcome) -> list[str]:
+    """Every clip's path, in order (a batch count makes several; the first is `clip_of`'s): a finished job's
+    result's `videos`, or the clips among the files an interrupted job kept."""
     if isinstance(outcome, Cancelled):
-        return next((str(p) for p in outcome.images if Path(p).suffix.lower() in _FORMATS), None)
-    return outcome.video
+        return [str(p) for p in outcome.images if Path(p).suffix.lower() in _FORMATS]
+    return list(getattr(outcome, "videos", None) or ([outcome.video] if outcome.video else []))
 
 
 def sidecar(clip: str) -> dict:
@@ -189,11 +196,14 @@ def answer(request: GenerationRequest, job, version: str) -> dict:
         result, what_ran, warnings = None, str(job.error), [f"interrupted: {job.error}"]
     else:
         result, what_ran, warnings = job.result, job.result.summary, list(job.result.warnings)
-    clip = clip_of(job.error if result is None else result)
+    clips = clips_of(job.error if result is None else result)
+    clip = clips[0] if clips else None
     side = sidecar(clip) if clip else {}
     out = {"video": answers.encoded(clip) if clip else None,
            "format": _FORMATS.get(Path(clip).suffix.lower(), Path(clip).suffix[1:]) if clip else None,
            "info": info(request, result, side, warnings, what_ran, version)}
+    if len(clips) > 1:  # a batch count's clips, each in base64 (the first is `video`)
+        out["videos"] = [answers.encoded(path) for path in clips]
     if request.save_frames:
         frames = list(result.frames) if result is not None else frames_of(clip, side) if clip else []
         out["frames"] = [answers.encoded(path) for path in frames]

@@ -613,7 +613,10 @@ def cmd_plan(args) -> int:
         from lowvram_gen.models.profile import with_vae
 
         profile = with_vae(profile, args.vae)
-    own = video.pop("size", None) or (native_side(profile),) * 2  # a clip's own size (832x480 for Wan 2.1)
+    from lowvram_gen.cli.video import default_size
+
+    # a clip's own size (832x480 for Wan 2.1), also for one frame of a video model (no --frames)
+    own = video.pop("size", None) or default_size(args.model) or (native_side(profile),) * 2
     width, height = width or own[0], height or own[1]
     from lowvram_gen.cli.controlnet import plan_lines
 
@@ -626,7 +629,9 @@ def cmd_plan(args) -> int:
     from lowvram_gen.planning.nearest import plan_nearest
     from lowvram_gen.planning.shapes import model_shapes, shape_lines
 
-    shapes = model_shapes(profile, width, height, result.preset.memory.dtype, result.preset.memory.quantize)
+    # a clip's plan: the shapes count the clip's tokens (all its latent frames), and shape_lines says its frames
+    shapes = model_shapes(profile, width, height, result.preset.memory.dtype, result.preset.memory.quantize,
+                          video=getattr(result, "video", None))
     nearest = plan_nearest(session, request, dev, (profile, folder), result, args.model)
     if args.json:
         print(json.dumps({"device": dev.as_dict(), "model": args.model, "vae": getattr(args, "vae", None),
@@ -648,8 +653,6 @@ def cmd_plan(args) -> int:
     print(f"job: {args.model} {width}x{height}, batch {batch}{clip_words(request)}{vae}")
     for line in shape_lines(shapes):
         print(line)
-    if getattr(result, "video", None) is not None:  # the frames, latent frames and tokens a clip's plan counted
-        print(result.video.line())
     print(f"bus: {result.bus.describe()}")
     wide = max(len(e.name) for e in result.estimates)
     print(f"   {'candidate':{wide}} {'VRAM':>9}  {'':7}  {'RAM':>9}  {'':7}  {'streamed/step':>13}  {'s/step':>6}  "

@@ -214,4 +214,5 @@ def run_video_command(args, session_kwargs: dict) -> int:
         bar.close()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    return print_result(result, args.json, [result.video] if result.video else [])
+    # every clip of a batch count, one path a line (its JSON's `videos`)
+    return print_result(result, args.json, list(result.videos) or ([result.video] if result.video else []))

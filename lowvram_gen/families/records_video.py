@@ -108,7 +108,7 @@ WAN_I2V_14B = Family(key="wan21-i2v-14b", name="Wan", label="Wan2.1-I2V-14B-480P
 WAN22_TI2V_5B = Family(key="wan22-ti2v-5b", name="Wan", label="Wan2.2-TI2V-5B", builtin="wan22-ti2v-5b",
                        hub_id="Wan-AI/Wan2.2-TI2V-5B-Diffusers", native_side=704,
                        aliases=("wan2.2", "wan22", "wan2.2-5b", "wan2.2-ti2v-5b", "wan-ai/wan2.2-ti2v-5b-diffusers"),
-                       **_WAN_COMMON, **_wan(WAN22_TI2V, WAN22_TI2V_SAMPLING))
+                       **{**_WAN_COMMON, "latent_format": "wan22"}, **_wan(WAN22_TI2V, WAN22_TI2V_SAMPLING))
 WAN22_T2V_A14B = Family(key="wan22-t2v-a14b", name="Wan", label="Wan2.2-T2V-A14B", builtin="wan22-t2v-a14b",
                         hub_id="Wan-AI/Wan2.2-T2V-A14B-Diffusers", native_side=720,
                         aliases=("wan2.2-a14b", "wan2.2-t2v-a14b", "wan-ai/wan2.2-t2v-a14b-diffusers"),
@@ -128,7 +128,7 @@ LTX_VIDEO = Family(
     # T5-XXL's 128 tokens by cross-attention; CFG doubles the batch
     t5_tokens=128, joint_tokens=0, cfg_batch=True, file_dtype="bfloat16",
     call=Call(Guidance.CFG, negative_prompt=True, takes_negative_prompt=True),
-    latent_format=None, lora="diffusers", textual_inversion=False,
+    latent_format="ltxv", lora="diffusers", textual_inversion=False,
     video=LTX, sampling=LTX_SAMPLING,
 )
 

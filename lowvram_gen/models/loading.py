@@ -77,7 +77,7 @@ def _from_folder(source: ModelSource, dtype: str, quantize: str = "none", quanti
         left_out = {name: None for name in text_encoder_names(source.path)} if without_text_encoders else {}
         quantized = {} if quantize == "none" else {
             name: load_component(source.path, name, dtype, quantize, quantize_on)
-            for name in _index(source.path) if _quantized(name) and name not in left_out}
+            for name in _index(source.path) if is_target(name) and name not in left_out}
         return _pipeline_class(source.path, AutoPipelineForText2Image).from_pretrained(
             str(source.path), dtype=getattr(torch, dtype), **absent_components(source.path), **quantized, **left_out)
     except (OSError, ValueError, KeyError, EnvironmentError) as exc:
@@ -93,12 +93,6 @@ def _is_video_folder(folder) -> bool:
         return False
     record = families.find_pipeline(name)
     return record is not None and record.is_video
-
-
-def _quantized(name: str) -> bool:
-    """Whether int8/int4 apply to the folder's component `name` as it loads: quantize's targets, and Wan 2.2 A14B's
-    second expert (`transformer_2`), which is a denoiser as the first is."""
-    return is_target(name) or name == "transformer_2"
 
 
 def _pipeline_class(folder, auto):
@@ -196,7 +190,7 @@ def _reload_own_components(model: LoadedModel, names: list[str], dtype: str, qua
                                       quantize_on)
     else:
         with returning_freed_memory():
-            modules = {name: load_component(model.source.path, name, dtype, quantize if _quantized(name) else "none",
+            modules = {name: load_component(model.source.path, name, dtype, quantize if is_target(name) else "none",
                                             quantize_on) for name in names}
     for name, module in modules.items():
         log.info("reloading %s of %s from disk to restore its precision", name, model.name)

@@ -47,9 +47,10 @@ class QuantizeUnavailable(LowVramError):
 
 
 def is_target(name: str) -> bool:
-    """Whether quantize applies to the component `name`: the denoiser, the ControlNets beside it (models/controlnet.py
-    names them controlnet0, ...) and the text encoders, never the VAE."""
-    return name in ("unet", "transformer") or name.startswith(("text_encoder", "controlnet"))
+    """Whether quantize applies to the component `name`: the denoiser (Wan 2.2 A14B's two experts, `transformer` and
+    `transformer_2`), the ControlNets beside it (models/controlnet.py names them controlnet0, ...) and the text
+    encoders, never the VAE."""
+    return name in ("unet", "transformer", "transformer_2") or name.startswith(("text_encoder", "controlnet"))
 
 
 def targets(pipe) -> list[str]:

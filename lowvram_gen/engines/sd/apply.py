@@ -540,12 +540,8 @@ def apply_settings(pipe, settings: MemorySettings, device: DeviceInfo, ops: Pipe
     if effective.quantize != "none":
         from lowvram_gen.models.quantize import kinds, targets
 
-        from lowvram_gen.models.quantize import kind_of
-
-        done = kinds(pipe)  # quantized while loading, or by an earlier apply
-        done.update({n: k for n in experts(pipe) if (k := kind_of(getattr(pipe, n))) is not None})
-        names = [*targets(pipe), *(n for n in experts(pipe) if n not in targets(pipe))]  # both experts
-        todo = [n for n in names if done.get(n) != effective.quantize and not (gguf and n == denoiser)]
+        done = kinds(pipe)  # quantized while loading, or by an earlier apply (both of Wan 2.2 A14B's experts)
+        todo = [n for n in targets(pipe) if done.get(n) != effective.quantize and not (gguf and n == denoiser)]
         if gguf:  # sdnq would quantize GGUF's packed uint8 blocks as if they were weights
             skipped.append(f"quantize {effective.quantize} of the {denoiser}: it holds GGUF-quantized weights "
                            "already (the text encoders are quantized)")

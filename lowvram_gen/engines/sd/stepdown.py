@@ -70,6 +70,8 @@ class Runner:
         self.resident_on_device = False  # where the split's resident part is now (the runner's apply leaves it off)
         self._placing: list = []  # the one-shot forward pre-hooks that will place it (place_resident(True))
         self.refiner = None  # the job's refiner (engines/sd/refiner.Refiner), set by the Session; None: none
+        # Wan 2.2 A14B's two experts' residency (engines/video/experts.Experts) of the last video job, set by it
+        self.experts = None
 
     def use(self, settings: MemorySettings) -> None:
         """Reconfigure the loaded pipeline for `settings` (a no-op when they are already applied)."""

@@ -7,7 +7,7 @@ layer the images use (the Runner's presets, the Ladder, budget streaming, int8/i
 - pipelines.py: the pipeline a job calls (image-to-video over the loaded components) and its sampler.
 - job.py: `run_video_job`, the denoise and the decode as stages of the ladder, and the clip saved.
 - decode.py: latents to frames, as the pipelines' own code does it, tiled on out-of-memory.
-- preview.py: the live preview of the middle frame, from the latents, on the CPU.
+- the live preview of the middle frame: lowvram_gen/preview.py's renderer (video_renderer), as the images'.
 
 Nothing here is imported by lowvram_gen at import time; torch and diffusers are imported where a job needs them.
 """

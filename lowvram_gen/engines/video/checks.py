@@ -141,3 +141,17 @@ def check(request: GenerationRequest, model: VideoModel) -> None:
         raise InvalidRequest("sampler", request.sampler,
                              f"{model.label} is a flow-matching model; a video job takes "
                              f"{', '.join(FLOW_SAMPLERS[:-1])} or {FLOW_SAMPLERS[-1]}")
+
+
+def plan_refusal(plan) -> Exception:
+    """The error of a clip the plan refuses (planning/video_fit.py), before anything loads: the system RAM's
+    (errors.NotEnoughRam: no candidate fits the RAM, or the preset the user named does not), else the card's
+    (errors.OutOfMemoryEverywhere, what an image that fits no rung of the ladder on the card ends in), its message
+    saying it is the card's memory that is short."""
+    from lowvram_gen.errors import NotEnoughRam, OutOfMemoryEverywhere
+
+    chosen = next((e for e in plan.estimates if e.name == plan.preset.name), None)
+    in_ram = any(e.fits_host for e in plan.estimates) and (chosen is None or chosen.fits_host)
+    if not in_ram:
+        return NotEnoughRam(plan.refusal)
+    return OutOfMemoryEverywhere(f"not enough VRAM on the card for this clip: {plan.refusal}")

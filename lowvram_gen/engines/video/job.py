@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from lowvram_gen import outputs
+from lowvram_gen import preview as previews
 from lowvram_gen.engines.sd import apply as apply_mod
 from lowvram_gen.engines.sd import rng_source
 from lowvram_gen.engines.sd.rng_source import generators
@@ -75,6 +76,8 @@ class _VideoJob:
         self.model, self.on_step, self.cancel = model, on_step, cancel
         self.on_preview = on_preview if preview_every > 0 and preview_method != "off" else None
         self.preview_every = preview_every
+        self.preview_method = preview_method
+        self.render = None  # the preview's renderer (preview.renderer), set before the first step
         self.pipe = runner.model.pipe
         self.size = (request.width, request.height)
         self.lowered = 0
@@ -95,6 +98,10 @@ class _VideoJob:
         self.runner.experts = experts  # the residency record of the last job (tests read it)
         image = _init_image(request)
         call = call_pipe(pipe, image is not None)
+        if self.on_preview is not None:
+            # as the image engine: the format's approximation of the middle latent frame, no preview where no map
+            # fits the latents (never a made-up picture), and "taesd" refused in one sentence before any step
+            self.render = previews.renderer(call, self.preview_method)[0]
         seeds = request.resolved_seeds()  # one clip per seed: batch count clips (a video job's batch size is 1)
         if self.source.is_tiny:
             warnings.append(NOISE_NOTE)
@@ -130,7 +137,7 @@ class _VideoJob:
             seconds=seconds, preset=self.ladder.preset_name, attempts=[a.as_dict() for a in self.ladder.attempts],
             summary=self.ladder.summary(seconds, self.size, target), generated_width=self.size[0],
             generated_height=self.size[1], upscaled=self.size != target, device=self.device.name,
-            warnings=warnings, video=clips[0], frames=frames, frame_count=count, fps=request.fps)
+            warnings=warnings, video=clips[0], videos=clips, frames=frames, frame_count=count, fps=request.fps)
 
     # -- denoise ------------------------------------------------------------------------------------------------
     def _denoise_stage(self, call, image, seed: int) -> _Denoised:
@@ -231,11 +238,11 @@ class _VideoJob:
         return {k: v for k, v in zip(keys, encoded) if v is not None}
 
     def _preview(self, call, latents, step: int, total: int) -> None:
-        """A PIL preview of the middle frame, made on the CPU from the latents."""
-        from lowvram_gen.engines.video.preview import middle_frame
-
+        """A PIL preview of the middle frame, made on the CPU from the latents (none where the format has no map)."""
+        if self.render is None:
+            return
         try:
-            image = middle_frame(call, latents.detach().to("cpu"), self.request.frames, *self.size)
+            image = self.render(latents.detach().to("cpu").float(), *self.size)
         except (ValueError, RuntimeError) as exc:  # a preview never stops the job
             log.info("no preview: %s", exc)
             return
