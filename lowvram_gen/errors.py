@@ -82,3 +82,8 @@ class OutOfMemoryEverywhere(LowVramError):
     def __init__(self, message: str, attempts: list | None = None):
         super().__init__(message)
         self.attempts = attempts or []
+
+
+class ClipTooBigForCard(OutOfMemoryEverywhere):
+    """A clip the plan refuses for the card before anything loads (no rung fits its frames at its size): trying again
+    fails the same way; the message says what would fit (FAULTS 37: never a silently shorter or smaller clip)."""

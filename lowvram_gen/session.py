@@ -332,6 +332,29 @@ class Session:
                                img2img_steps.job_steps(request), request.model)
             speed.record(dataclasses.replace(parts, measured_s=float(measured)))
 
+    def _planned_and_loaded(self, request: GenerationRequest, device: DeviceInfo, source, refused):
+        """The plan of `request` (made again after giving the loaded model back, where its RAM was what stood in the
+        way), `refused(plan)` raised when nothing fits, then the model loaded for the plan's first preset and the
+        runner on it (self.runner). Returns (plan, device, the first preset's effective settings, the load dtype)."""
+        the_plan = self.plan(request, device, source)
+        if the_plan.refusal and self.model is not None and self.model.source != source:
+            # the loaded model's RAM counts as the process's: give it back and plan again
+            log.info("unloading %s to make room in system RAM for %s", self.model.name, request.model)
+            self.model, self.runner = None, None
+            free_memory(device.kind)
+            device = self.device()
+            the_plan = self.plan(request, device, source)
+        if the_plan.refusal:
+            raise refused(the_plan)
+        first = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
+        load_dtype = apply_mod.load_dtype(first, half_dtype(source.path) if first.half_storage else "float16")
+        model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device,
+                                without_text_encoders=first.text_encoders == "reloaded")
+        if self.runner is None or self.runner.model is not model:
+            self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
+        self.runner.device = device
+        return the_plan, device, first, load_dtype
+
     def generate(self, request: GenerationRequest, on_step: ProgressFn | None = None,
                  cancel: threading.Event | None = None, *, skip: threading.Event | None = None,
                  on_preview: PreviewFn | None = None, preview_every: int = 0,
@@ -367,23 +390,9 @@ class Session:
             if video is not None:  # a video model asked for an image: before it loads
                 raise video_checks.refuse_video_model(request.model, video)
             request = self.with_sampling_defaults(request, source)  # once: the plan and the job see the numbers
-            the_plan = self.plan(request, device, source)
-            if the_plan.refusal and self.model is not None and self.model.source != source:
-                # the loaded model's RAM counts as the process's: give it back and plan again
-                log.info("unloading %s to make room in system RAM for %s", self.model.name, request.model)
-                self.model, self.runner = None, None
-                free_memory(device.kind)
-                device = self.device()
-                the_plan = self.plan(request, device, source)
-            if the_plan.refusal:
-                raise NotEnoughRam(the_plan.refusal)
-            first = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
-            load_dtype = apply_mod.load_dtype(first, half_dtype(source.path) if first.half_storage else "float16")
-            model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device,
-                                    without_text_encoders=first.text_encoders == "reloaded")
-            if self.runner is None or self.runner.model is not model:
-                self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
-            self.runner.device = device
+            the_plan, device, first, load_dtype = self._planned_and_loaded(
+                request, device, source, lambda plan: NotEnoughRam(plan.refusal))
+            model = self.runner.model
             self.runner.refiner = self._refiner(request, load_dtype, first.offload not in refiner.STREAMING,
                                                 first.quantize, device.torch_device)
             if (request.controlnets or attached(model.pipe)) and attach_for(model.pipe, request, load_dtype,
@@ -451,22 +460,8 @@ class Session:
             request = self.with_video_defaults(self.with_sampling_defaults(request, source), source)
             video_checks.check(request, video)  # frames, size, init image, sampler: before any loading
             device = self.device()
-            the_plan = self.plan(request, device, source)
-            if the_plan.refusal and self.model is not None and self.model.source != source:
-                log.info("unloading %s to make room in system RAM for %s", self.model.name, request.model)
-                self.model, self.runner = None, None
-                free_memory(device.kind)
-                device = self.device()
-                the_plan = self.plan(request, device, source)
-            if the_plan.refusal:
-                raise video_checks.plan_refusal(the_plan)  # the RAM's (NotEnoughRam) or the card's
-            first = apply_mod.effective_settings(the_plan.preset.memory, device)[0]
-            load_dtype = apply_mod.load_dtype(first, half_dtype(source.path) if first.half_storage else "float16")
-            model = self.load_model(request.model, request.config, load_dtype, first.quantize, device.torch_device,
-                                    without_text_encoders=first.text_encoders == "reloaded")
-            if self.runner is None or self.runner.model is not model:
-                self.runner = Runner(model, device, **({"ops_factory": self.ops_factory} if self.ops_factory else {}))
-            self.runner.device = device
+            # the RAM's refusal (NotEnoughRam) or the card's (ClipTooBigForCard)
+            the_plan, device, _, _ = self._planned_and_loaded(request, device, source, video_checks.plan_refusal)
             ladder = Ladder(the_plan.ladder, device.kind)
             try:
                 return run_video_job(self.runner, request, ladder, source, device, outdir, video, on_step, cancel,

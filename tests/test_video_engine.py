@@ -312,3 +312,8 @@ def test_a_clip_too_big_for_the_card_is_refused_as_the_cards_before_loading(fold
     with pytest.raises(OutOfMemoryEverywhere, match=r"^not enough VRAM on the card for this clip: .*VRAM") as caught:
         session.generate(request)
     assert not isinstance(caught.value, NotEnoughRam) and session.model is None
+    from lowvram_gen.batch.report import retry_or_fix
+    from lowvram_gen.errors import ClipTooBigForCard
+
+    # a batch line of such a clip is told what to fix (a retry fails the same way), not "run it again"
+    assert isinstance(caught.value, ClipTooBigForCard) and "would fit" in retry_or_fix(caught.value)

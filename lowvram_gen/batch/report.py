@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lowvram_gen.batch import manifest as bm
 from lowvram_gen.hardware.device import set_alloc_conf
-from lowvram_gen.errors import (BadOutput, Cancelled, InvalidRequest, ModelLoadError, NotEnoughRam,
+from lowvram_gen.errors import (BadOutput, Cancelled, ClipTooBigForCard, InvalidRequest, ModelLoadError, NotEnoughRam,
                                 OutOfMemoryEverywhere, OutputError, PresetError, UnwritableFolder)
 
 COLLECTIVE_TIMEOUT_DAYS = 30  # bounds a wait for the slowest process, not a job; a dead process ends the set anyway
@@ -105,6 +105,8 @@ _FIXES = (
                      "then run the same command again"),
     (ModelLoadError, "fix or replace the model or LoRA file the error names (or give the line another model), "
                      "then run the same command again"),
+    (ClipTooBigForCard, "the clip does not fit the card at any memory step: make it shorter or smaller as the error's "
+                        "'would fit' says (or allow upscaling), then run the same command again"),
     (NotEnoughRam, "the job does not fit the system RAM: free some (close other programs), or make the line's job "
                    "smaller as the error says, then run the same command again"),
     (UnwritableFolder, "make the folder the error names writable, then run the same command again"),

@@ -24,3 +24,37 @@ def print_result(result, as_json: bool, paths: list[str], said: list[str] = ()) 
         for path in paths:
             print(path)
     return 0
+
+
+def run_interruptible(run, unit: str, stopping: str):
+    """`run(on_step, cancel)` with a progress bar of `unit`s and Ctrl-C as A1111's Interrupt: the first stops the job
+    at its next step (`stopping` says what is kept), a second quits at once. A job that ends Cancelled prints the
+    files it kept, one a line, before the error goes on. The handler is only set on the main thread."""
+    import signal
+    import threading
+
+    from lowvram_gen.errors import Cancelled
+    from lowvram_gen.jobs.console import ProgressBar
+
+    cancel = threading.Event()
+    bar = ProgressBar(unit)
+
+    def on_interrupt(signum, frame):
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+        print(f"\nstopping at the next {unit}{stopping} (Ctrl-C again to quit now)", file=sys.stderr)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
+    try:
+        return run(bar.update, cancel)
+    except Cancelled as exc:
+        bar.close()
+        for path in exc.images:
+            print(path)
+        raise
+    finally:
+        bar.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

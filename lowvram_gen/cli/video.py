@@ -7,11 +7,9 @@ model_index.json (families/spec.py) or a built-in name, and torch loads only whe
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 
-from lowvram_gen.cli.output import print_result
+from lowvram_gen.cli.output import print_result, run_interruptible
 
 VIDEO_FAMILIES = "Wan 2.1/2.2 and LTX-Video"  # engines/video/checks.py's words (--help stays light)
 EPILOG = """\
@@ -187,32 +185,10 @@ def request_from_args(args):
 
 def run_video_command(args, session_kwargs: dict) -> int:
     request = request_from_args(args)
-    from lowvram_gen.errors import Cancelled
-    from lowvram_gen.jobs.console import ProgressBar
     from lowvram_gen.session import Session
 
     session = Session(**session_kwargs)
-    cancel = threading.Event()
-    bar = ProgressBar("step")
-
-    def on_interrupt(signum, frame):
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-        print("\nstopping at the next step and keeping the clip so far (Ctrl-C again to quit now)", file=sys.stderr)
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
-    try:
-        result = session.generate(request, on_step=bar.update, cancel=cancel)
-    except Cancelled as exc:
-        bar.close()
-        for path in exc.images:
-            print(path)
-        raise
-    finally:
-        bar.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    result = run_interruptible(lambda on_step, cancel: session.generate(request, on_step=on_step, cancel=cancel),
+                               "step", " and keeping the clip so far")
     # every clip of a batch count, one path a line (its JSON's `videos`)
     return print_result(result, args.json, list(result.videos) or ([result.video] if result.video else []))

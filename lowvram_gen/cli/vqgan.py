@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 
-from lowvram_gen.cli.output import print_result
-from lowvram_gen.jobs.console import ProgressBar
+from lowvram_gen.cli.output import print_result, run_interruptible
 from lowvram_gen.engines.vqgan.request import AUGMENTS, DEFAULT_AUGMENTS, INIT_NOISE, MAX_CUTN, MAX_ITERATIONS, OPTIMIZERS
 
 EPILOG = f"""\
@@ -80,32 +77,11 @@ def request_from_args(args):
 
 def run_vqgan_command(args, session_kwargs: dict) -> int:
     request = request_from_args(args)  # bad input: exit 2 before anything heavy is imported
-    from lowvram_gen.errors import Cancelled
     from lowvram_gen.session import Session
 
     session = Session(**session_kwargs)
-    cancel = threading.Event()
-    bar = ProgressBar("it")
-
-    def on_interrupt(signum, frame):
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-        print("\nstopping at the next iteration (Ctrl-C again to quit now)", file=sys.stderr)
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, on_interrupt) if main_thread else None
-    try:
-        result = session.generate_vqgan(request, on_step=bar.update, cancel=cancel)
-    except Cancelled as exc:
-        bar.close()
-        for path in exc.images:
-            print(path)
-        raise
-    finally:
-        bar.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    result = run_interruptible(lambda on_step, cancel: session.generate_vqgan(request, on_step=on_step, cancel=cancel),
+                               "it", "")
     return print_result(result, args.json, result.images + result.videos)
 
 

@@ -146,12 +146,12 @@ def check(request: GenerationRequest, model: VideoModel) -> None:
 def plan_refusal(plan) -> Exception:
     """The error of a clip the plan refuses (planning/video_fit.py), before anything loads: the system RAM's
     (errors.NotEnoughRam: no candidate fits the RAM, or the preset the user named does not), else the card's
-    (errors.OutOfMemoryEverywhere, what an image that fits no rung of the ladder on the card ends in), its message
+    (errors.ClipTooBigForCard, an OutOfMemoryEverywhere: what an image that fits no rung of the ladder on the card ends in), its message
     saying it is the card's memory that is short."""
-    from lowvram_gen.errors import NotEnoughRam, OutOfMemoryEverywhere
+    from lowvram_gen.errors import ClipTooBigForCard, NotEnoughRam
 
     chosen = next((e for e in plan.estimates if e.name == plan.preset.name), None)
     in_ram = any(e.fits_host for e in plan.estimates) and (chosen is None or chosen.fits_host)
     if not in_ram:
         return NotEnoughRam(plan.refusal)
-    return OutOfMemoryEverywhere(f"not enough VRAM on the card for this clip: {plan.refusal}")
+    return ClipTooBigForCard(f"not enough VRAM on the card for this clip: {plan.refusal}")
