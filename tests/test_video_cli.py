@@ -244,6 +244,13 @@ def test_video_makes_an_mp4_with_its_frames_and_json(wan21, tmp_path, capsys):
     assert max(float(np.abs(p - d).mean()) for p, d in zip(pngs, decoded)) < 6  # H.264's loss at crf 18
     sidecar = json.loads((out / "00000-7-a-fox-in-snow.json").read_text())
     assert sidecar["frame_count"] == 9 and sidecar["meta"]["seed"] == 7
+    # the frames the command saved are plain diffusers' at the same seed and precision (the issue's 2/255), with the
+    # steps, CFG and negative prompt the command ran (the family's CFG 5 where --cfg is not given; no negative)
+    import tiny_video
+
+    theirs = tiny_video.plain_frames(tiny_video.plain_pipeline(wan21), 7, prompt="a fox in snow", num_frames=9,
+                                     width=64, height=64, num_inference_steps=2, guidance_scale=5.0)
+    assert np.abs(tiny_video.saved_frames(data["frames"]).astype(int) - theirs.astype(int)).max() <= 2
 
 
 def test_video_prints_the_clip_path_without_json(wan21, tmp_path, capsys):
