@@ -909,7 +909,13 @@ def test_every_unqueued_handler_is_one_that_raises_nothing_for_the_user(tmp_path
             ("family_defaults", "on_pick"), ("token_counter", "counted"), ("forever", "again"),
             ("forever", "wire.<locals>.<lambda>"), ("settings", "_applied_entry.<locals>.entry"),
             ("settings", "_wire.<locals>.reset_all"), ("settings", "_wire.<locals>.restore"),
-            ("xyz", "build.<locals>.<lambda>")})  # the Script dropdown shows its controls: a visibility update
+            ("xyz", "build.<locals>.<lambda>"),  # the Script dropdown shows its controls: a visibility update
+            # the Video tab's: its own progress timer's start/refresh and end (ui/live.py's, keyed by its job),
+            # Interrupt, and a model pick filling in the model's own frames/fps/size/steps/CFG (read offline; a
+            # model it cannot tell leaves them as they are)
+            ("video", "_end_of_run.<locals>.<lambda>"), ("video", "_on_pick"),
+            ("video", "_shown_while_running.<locals>.refresh"), ("video", "_shown_while_running.<locals>.start"),
+            ("video", "build.<locals>.cancel")})
 
 
 @needs_browser
