@@ -32,6 +32,8 @@ OUT = ROOT / "benchmarks" / "results" / "video_host.json"
 # name: (shipped config, transformer overrides (fewer heads), frames, width, height)
 POINTS = {
     "wan21": ("wan21-t2v-1.3b", {"num_attention_heads": 4}, 17, 256, 256),
+    "wan22": ("wan22-ti2v-5b", {"num_attention_heads": 4}, 9, 320, 192),
+    "a14b": ("wan22-t2v-a14b", {"num_attention_heads": 4}, 9, 256, 256),  # both experts in RAM, one running
     # LTX attends across at its own width: the cross-attention width is cut with the heads
     "ltx": ("ltx-video", {"num_attention_heads": 4, "cross_attention_dim": 256}, 25, 256, 256),
 }
